@@ -1,0 +1,1 @@
+"""Tidelog's Python SDK (placeholder: the curated exports are filled in below)."""

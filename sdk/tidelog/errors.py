@@ -1,0 +1,372 @@
+"""Typed errors shared by the SDK and the services.
+
+One root, `TidelogError`, with narrow subclasses. Each class says whether a
+retry can succeed (`retriable`), which wire `ErrorCode` it travels as, and
+which gRPC status code a service answers with when the error fails a whole
+call. This module is the single place that maps between the three, in both
+directions:
+
+- services call `grpc_status_for(exc)` / `error_proto(exc)`;
+- clients call `error_from_code(code, message)` for per-partition errors and
+  `error_from_rpc(rpc_error)` for failed calls.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import grpc
+
+
+class TidelogError(Exception):
+    """Root of every Tidelog error."""
+
+    #: True when the same request may succeed if sent again (after a metadata
+    #: refresh or a backoff).
+    retriable: ClassVar[bool] = False
+    #: Wire code (tidelog.v1.ErrorCode value name).
+    code_name: ClassVar[str] = "UNKNOWN_SERVER_ERROR"
+    #: gRPC status used when this error fails a whole call.
+    grpc_status: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message: str = "") -> None:
+        super().__init__(message or self.__class__.__name__)
+        self.message = message or self.__class__.__name__
+
+
+class UnknownServerError(TidelogError):
+    """The server failed in a way it did not expect."""
+
+    code_name = "UNKNOWN_SERVER_ERROR"
+    grpc_status = grpc.StatusCode.INTERNAL
+
+
+class UnknownTopicOrPartitionError(TidelogError):
+    """The topic or partition does not exist (it may be being created)."""
+
+    retriable = True
+    code_name = "UNKNOWN_TOPIC_OR_PARTITION"
+    grpc_status = grpc.StatusCode.NOT_FOUND
+
+
+class InvalidTopicError(TidelogError):
+    """The topic name breaks the naming rule."""
+
+    code_name = "INVALID_TOPIC"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class OffsetOutOfRangeError(TidelogError):
+    """The requested offset is outside the partition's valid range."""
+
+    code_name = "OFFSET_OUT_OF_RANGE"
+    grpc_status = grpc.StatusCode.OUT_OF_RANGE
+
+
+class CorruptRecordError(TidelogError):
+    """A record batch failed its CRC32C check."""
+
+    code_name = "CORRUPT_MESSAGE"
+    grpc_status = grpc.StatusCode.DATA_LOSS
+
+
+class MessageTooLargeError(TidelogError):
+    """A record batch is larger than the topic allows (max.message.bytes)."""
+
+    code_name = "MESSAGE_TOO_LARGE"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidRecordError(TidelogError):
+    """A record batch is truncated or malformed."""
+
+    code_name = "INVALID_RECORD"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class UnsupportedCodecError(TidelogError):
+    """The compression codec is unknown."""
+
+    code_name = "INVALID_REQUEST"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotLeaderOrFollowerError(TidelogError):
+    """The broker does not lead this partition; refresh metadata and retry."""
+
+    retriable = True
+    code_name = "NOT_LEADER_OR_FOLLOWER"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class TopicAlreadyExistsError(TidelogError):
+    """A topic with that name already exists."""
+
+    code_name = "TOPIC_ALREADY_EXISTS"
+    grpc_status = grpc.StatusCode.ALREADY_EXISTS
+
+
+class InvalidPartitionsError(TidelogError):
+    """The partition count is not acceptable."""
+
+    code_name = "INVALID_PARTITIONS"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class InvalidReplicationFactorError(TidelogError):
+    """The replication factor is not acceptable."""
+
+    code_name = "INVALID_REPLICATION_FACTOR"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotEnoughReplicasError(TidelogError):
+    """Fewer in-sync replicas than min.insync.replicas."""
+
+    retriable = True
+    code_name = "NOT_ENOUGH_REPLICAS"
+    grpc_status = grpc.StatusCode.UNAVAILABLE
+
+
+class RequestTimedOutError(TidelogError):
+    """The request did not complete in time."""
+
+    retriable = True
+    code_name = "REQUEST_TIMED_OUT"
+    grpc_status = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class FencedLeaderEpochError(TidelogError):
+    """The request carries an older leader epoch than the broker's."""
+
+    retriable = True
+    code_name = "FENCED_LEADER_EPOCH"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class OutOfOrderSequenceError(TidelogError):
+    """An idempotent producer's sequence skipped ahead."""
+
+    code_name = "OUT_OF_ORDER_SEQUENCE_NUMBER"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class DuplicateSequenceError(TidelogError):
+    """The batch was already written."""
+
+    code_name = "DUPLICATE_SEQUENCE_NUMBER"
+    grpc_status = grpc.StatusCode.ALREADY_EXISTS
+
+
+class InvalidProducerEpochError(TidelogError):
+    """The producer was fenced by a newer instance with the same id."""
+
+    code_name = "INVALID_PRODUCER_EPOCH"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class InvalidConfigError(TidelogError):
+    """A config key is unknown or its value is out of range."""
+
+    code_name = "INVALID_CONFIG"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class StorageError(TidelogError):
+    """The broker could not read or write its disk."""
+
+    retriable = True
+    code_name = "STORAGE_ERROR"
+    grpc_status = grpc.StatusCode.INTERNAL
+
+
+class InvalidRequestError(TidelogError):
+    """A request field is invalid."""
+
+    code_name = "INVALID_REQUEST"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class IllegalGenerationError(TidelogError):
+    """The consumer group generation is stale."""
+
+    code_name = "ILLEGAL_GENERATION"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class UnknownMemberIdError(TidelogError):
+    """The member is not known to the group."""
+
+    code_name = "UNKNOWN_MEMBER_ID"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class RebalanceInProgressError(TidelogError):
+    """The group is rebalancing."""
+
+    retriable = True
+    code_name = "REBALANCE_IN_PROGRESS"
+    grpc_status = grpc.StatusCode.ABORTED
+
+
+class CoordinatorNotAvailableError(TidelogError):
+    """The coordinator cannot serve the request right now."""
+
+    retriable = True
+    code_name = "COORDINATOR_NOT_AVAILABLE"
+    grpc_status = grpc.StatusCode.UNAVAILABLE
+
+
+class InvalidTimestampError(TidelogError):
+    """The timestamp is invalid for the topic."""
+
+    code_name = "INVALID_TIMESTAMP"
+    grpc_status = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class GroupIdNotFoundError(TidelogError):
+    """The consumer group is not known."""
+
+    code_name = "GROUP_ID_NOT_FOUND"
+    grpc_status = grpc.StatusCode.NOT_FOUND
+
+
+class NonEmptyGroupError(TidelogError):
+    """The consumer group still has live members."""
+
+    code_name = "NON_EMPTY_GROUP"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+# Client-side errors: these never travel on the wire.
+
+
+class TidelogTimeoutError(TidelogError):
+    """A client-side wait (send, flush, poll of metadata) ran out of time."""
+
+    retriable = True
+    code_name = "REQUEST_TIMED_OUT"
+    grpc_status = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class BrokerNotAvailableError(TidelogError):
+    """No broker could be reached at the bootstrap or leader address."""
+
+    retriable = True
+    code_name = "UNKNOWN_SERVER_ERROR"
+    grpc_status = grpc.StatusCode.UNAVAILABLE
+
+
+class ClosedError(TidelogError):
+    """The producer or consumer was closed."""
+
+    code_name = "UNKNOWN_SERVER_ERROR"
+    grpc_status = grpc.StatusCode.CANCELLED
+
+
+class IllegalStateError(TidelogError):
+    """The client was used in a way its state does not allow (for example
+    poll() before assign())."""
+
+    code_name = "UNKNOWN_SERVER_ERROR"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class NoOffsetForPartitionError(TidelogError):
+    """A consumer has no position for a partition and auto_offset_reset="none"
+    forbids choosing one."""
+
+    code_name = "OFFSET_OUT_OF_RANGE"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class GroupsNotSupportedError(TidelogError):
+    """Consumer groups (group_id, subscribe, commit) are not available yet;
+    use assign() and seek()."""
+
+    code_name = "INVALID_REQUEST"
+    grpc_status = grpc.StatusCode.UNIMPLEMENTED
+
+
+# The one class each wire code decodes to (several classes may share a code;
+# the first listed here wins when decoding).
+_BY_CODE: dict[str, type[TidelogError]] = {}
+for _cls in (
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+    InvalidTopicError,
+    OffsetOutOfRangeError,
+    CorruptRecordError,
+    MessageTooLargeError,
+    InvalidRecordError,
+    NotLeaderOrFollowerError,
+    TopicAlreadyExistsError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    NotEnoughReplicasError,
+    RequestTimedOutError,
+    FencedLeaderEpochError,
+    OutOfOrderSequenceError,
+    DuplicateSequenceError,
+    InvalidProducerEpochError,
+    InvalidConfigError,
+    StorageError,
+    InvalidRequestError,
+    IllegalGenerationError,
+    UnknownMemberIdError,
+    RebalanceInProgressError,
+    CoordinatorNotAvailableError,
+    InvalidTimestampError,
+    GroupIdNotFoundError,
+    NonEmptyGroupError,
+):
+    _BY_CODE.setdefault(_cls.code_name, _cls)
+
+# gRPC status codes to the error a failed call raises when the server did not
+# say more precisely (see error_from_rpc).
+_BY_STATUS: dict[grpc.StatusCode, type[TidelogError]] = {
+    grpc.StatusCode.UNAVAILABLE: BrokerNotAvailableError,
+    grpc.StatusCode.DEADLINE_EXCEEDED: RequestTimedOutError,
+    grpc.StatusCode.NOT_FOUND: UnknownTopicOrPartitionError,
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequestError,
+    grpc.StatusCode.OUT_OF_RANGE: OffsetOutOfRangeError,
+    grpc.StatusCode.DATA_LOSS: CorruptRecordError,
+    grpc.StatusCode.ALREADY_EXISTS: TopicAlreadyExistsError,
+    grpc.StatusCode.CANCELLED: ClosedError,
+}
+
+# Metadata key in which a service names the precise ErrorCode of a failed call.
+ERROR_CODE_METADATA_KEY = "tidelog-error-code"
+
+
+def error_class_for_code(code_name: str) -> type[TidelogError]:
+    """The exception class for a wire ErrorCode name."""
+    return _BY_CODE.get(code_name, UnknownServerError)
+
+
+def error_from_code(code: int | str, message: str) -> TidelogError:
+    """Build the typed exception for a per-partition wire error."""
+    if isinstance(code, int):
+        from tidelog.v1 import common_pb2
+
+        code = common_pb2.ErrorCode.Name(code)
+    return error_class_for_code(code)(message)
+
+
+def error_from_rpc(exc: grpc.RpcError) -> TidelogError:
+    """Turn a failed gRPC call into the typed exception the server meant."""
+    status = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    for key, value in trailing or ():
+        if key == ERROR_CODE_METADATA_KEY:
+            return error_class_for_code(str(value))(details)
+    cls = _BY_STATUS.get(status, UnknownServerError)
+    return cls(f"{status.name}: {details}" if cls is UnknownServerError else details)
+
+
+def error_proto_fields(exc: TidelogError) -> tuple[int, str]:
+    """(ErrorCode value, message) for putting an error on the wire."""
+    from tidelog.v1 import common_pb2
+
+    return common_pb2.ErrorCode.Value(exc.code_name), exc.message

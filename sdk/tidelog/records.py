@@ -1,0 +1,559 @@
+"""The record batch: Tidelog's unit of production, storage and transfer.
+
+A batch is a fixed 61-byte header followed by a body. Producers encode
+batches, brokers check the header and checksum, assign offsets by patching
+the header, and store and serve the bytes unchanged; consumers decode them.
+This module owns the format; everything else goes through it.
+
+Header (big-endian, the field order and widths of Kafka's v2 batch header)::
+
+    offset size field
+    0      8    base_offset             int64  offset of the first record
+    8      4    batch_length            int32  bytes after this field
+    12     4    partition_leader_epoch  int32  set by the leader
+    16     1    magic                   int8   MAGIC (format version)
+    17     4    crc                     uint32 CRC32C of bytes [21, end)
+    21     2    attributes              int16  bits 0-2 codec (compression.py),
+                                               bit 3 timestamp type (1 = LogAppendTime)
+    23     4    last_offset_delta       int32  offset of the last record - base_offset
+    27     8    base_timestamp          int64  ms since the epoch
+    35     8    max_timestamp           int64  largest record timestamp (or append time)
+    43     8    producer_id             int64  -1 when not idempotent
+    51     2    producer_epoch          int16  -1 when not idempotent
+    53     4    base_sequence           int32  -1 when not idempotent
+    57     4    record_count            int32  >= 1
+
+The CRC does not cover base_offset, batch_length or partition_leader_epoch, so
+a broker assigns offsets and epochs without recomputing it. It does cover the
+attributes, so setting LogAppendTime recomputes it (cheap: CRC32C runs at
+~24 GB/s here).
+
+Body, possibly compressed as a whole by the codec in the attributes. Its
+layout is columnar, chosen for decode speed in Python: every per-record
+number sits in one little-endian array that `array.frombytes` reads in C,
+and the payloads are sliced out of one concatenated buffer. On this machine
+that decodes ~10x faster than Kafka's per-record varint layout in pure
+Python (see bench/codec_bench.py)::
+
+    u8            body_flags: bit 0 OFFSET_DELTAS, bit 1 TIMESTAMP_DELTAS, bit 2 HEADERS
+    [N x uint32]  offset deltas, when OFFSET_DELTAS (else record i has delta i;
+                  compaction leaves gaps, so they may be sparse)
+    [N x int64]   timestamp deltas from base_timestamp, when TIMESTAMP_DELTAS
+                  (else every record has base_timestamp)
+    N x int32     key lengths (-1: null key)
+    N x int32     value lengths (-1: null value, a tombstone)
+    [N x int32]   header block lengths, when HEADERS
+    keys, concatenated
+    values, concatenated
+    [header blocks, concatenated; each: u16 count, then per header
+     u16 key length, key (UTF-8), int32 value length (-1 null), value]
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate, repeat
+
+import crc32c
+
+from tidelog.compression import CODEC_MASK, CompressionType, compress, decompress
+from tidelog.errors import CorruptRecordError, InvalidRecordError, MessageTooLargeError
+
+MAGIC = 1
+HEADER_SIZE = 61
+# Bytes before batch_length's end: batch_length counts the bytes after this.
+LOG_OVERHEAD = 12
+# The CRC covers from the attributes to the end of the batch.
+CRC_START = 21
+
+TIMESTAMP_TYPE_BIT = 0x08
+CREATE_TIME = 0
+LOG_APPEND_TIME = 1
+
+_FLAG_OFFSET_DELTAS = 0x01
+_FLAG_TIMESTAMP_DELTAS = 0x02
+_FLAG_HEADERS = 0x04
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_BASE_OFFSET = struct.Struct(">q")
+_LENGTH_PREFIX = struct.Struct(">qi")
+_CRC = struct.Struct(">I")
+_ATTRIBUTES = struct.Struct(">h")
+_TIMESTAMP = struct.Struct(">q")
+_U16 = struct.Struct("<H")
+_I32 = struct.Struct("<i")
+assert _HEADER.size == HEADER_SIZE
+
+_NEEDS_BYTESWAP = sys.byteorder != "little"
+
+Header = tuple[str, bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The decoded fixed header of one batch."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes of the whole batch, header included."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> CompressionType:
+        return CompressionType(self.attributes & CODEC_MASK)
+
+    @property
+    def timestamp_type(self) -> int:
+        return LOG_APPEND_TIME if self.attributes & TIMESTAMP_TYPE_BIT else CREATE_TIME
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the header at `pos` without checking anything beyond its size."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise InvalidRecordError(
+            f"truncated batch: {len(buf) - pos} bytes left, a header needs {HEADER_SIZE}"
+        )
+    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+
+
+def validate_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, max_batch_bytes: int | None = None
+) -> BatchHeader:
+    """Check the batch at `pos`: size, magic, counts, codec and CRC32C.
+
+    Raises InvalidRecordError (truncated or malformed), MessageTooLargeError or
+    CorruptRecordError with a message that names the problem.
+    """
+    available = len(buf) - pos
+    header = read_header(buf, pos)
+    size = header.size
+    if header.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+        raise InvalidRecordError(
+            f"malformed batch: batch_length {header.batch_length} is smaller than the header"
+        )
+    if max_batch_bytes is not None and size > max_batch_bytes:
+        raise MessageTooLargeError(
+            f"batch of {size} bytes is larger than max.message.bytes={max_batch_bytes}"
+        )
+    if size > available:
+        raise InvalidRecordError(
+            f"truncated batch: header says {size} bytes, only {available} present"
+        )
+    if header.magic != MAGIC:
+        raise InvalidRecordError(f"unsupported batch magic {header.magic}, expected {MAGIC}")
+    if header.record_count < 1 or header.last_offset_delta < header.record_count - 1:
+        raise InvalidRecordError(
+            f"malformed batch: record_count {header.record_count}, "
+            f"last_offset_delta {header.last_offset_delta}"
+        )
+    if header.attributes & CODEC_MASK > CompressionType.ZSTD:
+        raise InvalidRecordError(f"unknown compression codec {header.attributes & CODEC_MASK}")
+    actual = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + size])
+    if actual != header.crc:
+        raise CorruptRecordError(
+            f"batch CRC32C mismatch: header says {header.crc:#010x}, body gives {actual:#010x}"
+        )
+    return header
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, max_batch_bytes: int | None = None
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Validate and yield (position, header) for each batch in a concatenation."""
+    pos = 0
+    end = len(buf)
+    if end == 0:
+        raise InvalidRecordError("no record batch: the records field is empty")
+    while pos < end:
+        header = validate_batch(buf, pos, max_batch_bytes)
+        yield pos, header
+        pos += header.size
+
+
+def batch_boundaries(buf: bytes | bytearray | memoryview, limit: int | None = None) -> int:
+    """Bytes of the longest prefix of `buf` made of whole batches (headers only,
+    no CRC check), stopping before `limit` bytes when given. Used to trim a
+    read to batch boundaries."""
+    end = len(buf) if limit is None else min(limit, len(buf))
+    pos = 0
+    unpack = _LENGTH_PREFIX.unpack_from
+    while pos + LOG_OVERHEAD <= end:
+        size = unpack(buf, pos)[1] + LOG_OVERHEAD
+        if pos + size > end:
+            break
+        pos += size
+    return pos
+
+
+def set_base_offset(buf: bytearray | memoryview, pos: int, base_offset: int) -> None:
+    """Patch the base offset of the batch at `pos` (outside the CRC)."""
+    _BASE_OFFSET.pack_into(buf, pos, base_offset)
+
+
+def set_partition_leader_epoch(buf: bytearray | memoryview, pos: int, epoch: int) -> None:
+    """Patch the leader epoch of the batch at `pos` (outside the CRC)."""
+    struct.pack_into(">i", buf, pos + 12, epoch)
+
+
+def set_log_append_time(buf: bytearray | memoryview, pos: int, append_time_ms: int) -> None:
+    """Mark the batch at `pos` as LogAppendTime with the given time, and
+    recompute its CRC (the attributes and max_timestamp are covered)."""
+    header = read_header(buf, pos)
+    _ATTRIBUTES.pack_into(buf, pos + 21, header.attributes | TIMESTAMP_TYPE_BIT)
+    _TIMESTAMP.pack_into(buf, pos + 35, append_time_ms)
+    crc = crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.size])
+    _CRC.pack_into(buf, pos + 17, crc)
+
+
+# --------------------------------------------------------------------------- encoding
+
+
+class BatchBuilder:
+    """Accumulates records for one partition and encodes them as one batch.
+
+    `append` is on the producer's per-record hot path, so it only stores
+    references; what the body layout needs (null keys, mixed timestamps) is
+    found at `build` time with C-speed scans. Not thread-safe: the producer's
+    accumulator guards it.
+    """
+
+    __slots__ = ("_headers", "_keys", "_timestamps", "_values", "codec", "estimated_size")
+
+    #: Per-record bytes of the body besides key and value (two length slots).
+    RECORD_OVERHEAD = 8
+
+    def __init__(self, codec: CompressionType = CompressionType.NONE) -> None:
+        self.codec = codec
+        self._keys: list[bytes | None] = []
+        self._values: list[bytes | None] = []
+        self._timestamps: list[int] = []
+        # Created on the first record that has headers, so batches without
+        # any pay nothing for them.
+        self._headers: list[Sequence[Header] | None] | None = None
+        #: Uncompressed bytes so far (an upper bound of the batch size).
+        self.estimated_size = HEADER_SIZE + 1
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def append(
+        self,
+        value: bytes | None,
+        key: bytes | None = None,
+        timestamp_ms: int = 0,
+        headers: Sequence[Header] | None = None,
+    ) -> int:
+        """Add one record; return its index in the batch."""
+        values = self._values
+        index = len(values)
+        values.append(value)
+        self._keys.append(key)
+        self._timestamps.append(timestamp_ms)
+        self.estimated_size += (
+            self.RECORD_OVERHEAD
+            + (0 if value is None else len(value))
+            + (0 if key is None else len(key))
+        )
+        if headers or self._headers is not None:
+            self._append_headers(index, headers)
+        return index
+
+    def _append_headers(self, index: int, headers: Sequence[Header] | None) -> None:
+        if self._headers is None:
+            self._headers = [None] * index
+        self._headers.append(headers)
+        if headers:
+            self.estimated_size += 4 + sum(8 + len(k) + len(v or b"") for k, v in headers)
+
+    def build(
+        self,
+        producer_id: int = -1,
+        producer_epoch: int = -1,
+        base_sequence: int = -1,
+    ) -> bytes:
+        """Encode the records as one batch with base offset 0."""
+        values = self._values
+        if not values:
+            raise ValueError("cannot build an empty batch")
+        keys = self._keys
+        timestamps = self._timestamps
+        any_key = keys.count(None) != len(keys)
+        mixed_ts = min(timestamps) != max(timestamps)
+        return encode_batch(
+            values,
+            keys=keys if any_key else None,
+            timestamps=timestamps if mixed_ts else None,
+            base_timestamp=timestamps[0],
+            headers=self._headers,
+            codec=self.codec,
+            producer_id=producer_id,
+            producer_epoch=producer_epoch,
+            base_sequence=base_sequence,
+            values_may_be_null=None in values,
+        )
+
+
+def _lengths(items: Sequence[bytes | None], may_be_null: bool) -> array:
+    if may_be_null:
+        return array("i", [-1 if item is None else len(item) for item in items])
+    return array("i", map(len, items))  # type: ignore[arg-type]
+
+
+def _le_bytes(arr: array) -> bytes:
+    if _NEEDS_BYTESWAP:
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _encode_headers(headers: Sequence[Header] | None) -> bytes:
+    if not headers:
+        return b""
+    out = bytearray(_U16.pack(len(headers)))
+    for key, value in headers:
+        raw_key = key.encode()
+        out += _U16.pack(len(raw_key))
+        out += raw_key
+        if value is None:
+            out += _I32.pack(-1)
+        else:
+            out += _I32.pack(len(value))
+            out += value
+    return bytes(out)
+
+
+def encode_batch(
+    values: Sequence[bytes | None],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    timestamps: Sequence[int] | None = None,
+    base_timestamp: int = 0,
+    headers: Sequence[Sequence[Header] | None] | None = None,
+    offset_deltas: Sequence[int] | None = None,
+    codec: CompressionType = CompressionType.NONE,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    base_offset: int = 0,
+    partition_leader_epoch: int = -1,
+    timestamp_type: int = CREATE_TIME,
+    values_may_be_null: bool = True,
+) -> bytes:
+    """Encode records as one batch.
+
+    `keys`, `timestamps`, `headers` and `offset_deltas` are per-record columns
+    (None: all keys null, every timestamp `base_timestamp`, no headers, dense
+    offsets). With `timestamps`, base_timestamp is the first record's.
+    """
+    count = len(values)
+    if count == 0:
+        raise ValueError("a batch holds at least one record")
+    flags = 0
+    parts: list[bytes] = []
+    if offset_deltas is not None:
+        flags |= _FLAG_OFFSET_DELTAS
+        parts.append(_le_bytes(array("I", offset_deltas)))
+        last_offset_delta = offset_deltas[-1]
+    else:
+        last_offset_delta = count - 1
+    if timestamps is not None:
+        flags |= _FLAG_TIMESTAMP_DELTAS
+        base_timestamp = timestamps[0]
+        parts.append(_le_bytes(array("q", [t - base_timestamp for t in timestamps])))
+        max_timestamp = max(timestamps)
+    else:
+        max_timestamp = base_timestamp
+    if keys is None:
+        parts.append(_le_bytes(array("i", [-1])) * count)
+        key_blob = b""
+    else:
+        parts.append(_le_bytes(_lengths(keys, True)))
+        key_blob = b"".join([k for k in keys if k is not None])
+    parts.append(_le_bytes(_lengths(values, values_may_be_null)))
+    value_blob = (
+        b"".join([v for v in values if v is not None]) if values_may_be_null else b"".join(values)  # type: ignore[arg-type]
+    )
+    header_blob = b""
+    if headers is not None:
+        flags |= _FLAG_HEADERS
+        blocks = [_encode_headers(h) for h in headers]
+        parts.append(_le_bytes(array("i", map(len, blocks))))
+        header_blob = b"".join(blocks)
+    body = b"".join([bytes((flags,)), *parts, key_blob, value_blob, header_blob])
+    if codec != CompressionType.NONE:
+        body = compress(codec, body)
+    attributes = int(codec) | (TIMESTAMP_TYPE_BIT if timestamp_type == LOG_APPEND_TIME else 0)
+    tail = (
+        struct.pack(
+            ">hiqqqhii",
+            attributes,
+            last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            count,
+        )
+        + body
+    )
+    crc = crc32c.crc32c(tail)
+    # batch_length counts everything after itself: epoch(4) + magic(1) + crc(4) + tail.
+    batch_length = 4 + 1 + 4 + len(tail)
+    return struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC, crc) + tail
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+@dataclass(slots=True)
+class DecodedBatch:
+    """The records of one batch as columns (one list entry per record)."""
+
+    header: BatchHeader
+    offsets: list[int]
+    timestamps: list[int]
+    keys: list[bytes | None]
+    values: list[bytes | None]
+    headers: list[list[Header]]
+
+
+def _read_array(typecode: str, body: bytes, pos: int, count: int) -> tuple[array, int]:
+    arr = array(typecode)
+    end = pos + count * arr.itemsize
+    if end > len(body):
+        raise InvalidRecordError("truncated batch body: a length column runs past the end")
+    arr.frombytes(body[pos:end])
+    if _NEEDS_BYTESWAP:
+        arr.byteswap()
+    return arr, end
+
+
+def _slice_column(blob: bytes, pos: int, lengths: array) -> tuple[list[bytes | None], int]:
+    """Slice `len(lengths)` payloads from `blob` at `pos`; -1 is a null."""
+    if lengths and min(lengths) < 0:
+        out: list[bytes | None] = []
+        for n in lengths:
+            if n < 0:
+                out.append(None)
+            else:
+                out.append(blob[pos : pos + n])
+                pos += n
+        return out, pos
+    ends = list(accumulate(lengths, initial=pos))
+    end = ends[-1]
+    return [blob[a:b] for a, b in zip(ends, ends[1:], strict=False)], end
+
+
+def _decode_header_block(block: bytes) -> list[Header]:
+    if not block:
+        return []
+    (count,) = _U16.unpack_from(block, 0)
+    pos = 2
+    out: list[Header] = []
+    for _ in range(count):
+        (klen,) = _U16.unpack_from(block, pos)
+        pos += 2
+        key = block[pos : pos + klen].decode()
+        pos += klen
+        (vlen,) = _I32.unpack_from(block, pos)
+        pos += 4
+        if vlen < 0:
+            out.append((key, None))
+        else:
+            out.append((key, block[pos : pos + vlen]))
+            pos += vlen
+    return out
+
+
+def decode_body(header: BatchHeader, raw_body: bytes) -> DecodedBatch:
+    """Decode a batch body (still compressed, as stored) into columns."""
+    body = decompress(header.attributes & CODEC_MASK, raw_body)
+    count = header.record_count
+    try:
+        flags = body[0]
+        pos = 1
+        if flags & _FLAG_OFFSET_DELTAS:
+            deltas, pos = _read_array("I", body, pos, count)
+            base = header.base_offset
+            offsets = [base + d for d in deltas]
+        else:
+            offsets = list(range(header.base_offset, header.base_offset + count))
+        if flags & _FLAG_TIMESTAMP_DELTAS:
+            ts_deltas, pos = _read_array("q", body, pos, count)
+            base_ts = header.base_timestamp
+            timestamps = [base_ts + d for d in ts_deltas]
+        else:
+            timestamps = list(repeat(header.base_timestamp, count))
+        if header.attributes & TIMESTAMP_TYPE_BIT:
+            timestamps = list(repeat(header.max_timestamp, count))
+        key_lengths, pos = _read_array("i", body, pos, count)
+        value_lengths, pos = _read_array("i", body, pos, count)
+        header_lengths = None
+        if flags & _FLAG_HEADERS:
+            header_lengths, pos = _read_array("i", body, pos, count)
+        if max(key_lengths) < 0:
+            keys: list[bytes | None] = list(repeat(None, count))
+        else:
+            keys, pos = _slice_column(body, pos, key_lengths)
+        values, pos = _slice_column(body, pos, value_lengths)
+        if header_lengths is not None:
+            blocks, pos = _slice_column(body, pos, header_lengths)
+            record_headers = [_decode_header_block(b or b"") for b in blocks]
+        else:
+            record_headers = []
+        if pos != len(body):
+            raise InvalidRecordError(
+                f"malformed batch body: {len(body) - pos} bytes left after {count} records"
+            )
+    except (IndexError, struct.error) as exc:
+        raise InvalidRecordError(f"malformed batch body: {exc}") from exc
+    return DecodedBatch(header, offsets, timestamps, keys, values, record_headers)
+
+
+def decode_batches(
+    buf: bytes | bytearray | memoryview, verify_crc: bool = True
+) -> Iterator[DecodedBatch]:
+    """Decode every whole batch in a concatenation (as a fetch returns them).
+
+    A trailing partial batch is ignored, as consumers must (the broker never
+    sends one, but a reader of raw segment files may see one).
+    """
+    view = memoryview(buf)
+    end = len(view)
+    pos = 0
+    while pos + HEADER_SIZE <= end:
+        header = read_header(view, pos)
+        size = header.size
+        if pos + size > end:
+            break
+        if verify_crc:
+            header = validate_batch(view, pos)
+        yield decode_body(header, bytes(view[pos + HEADER_SIZE : pos + size]))
+        pos += size
