@@ -1,0 +1,89 @@
+"""`tidelog-broker` / `python -m tidelog_broker`: start one broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from tidelog.errors import TidelogError
+
+from tidelog_broker.config import (
+    DEFAULT_PORT,
+    BrokerConfig,
+    build_config,
+    parse_settings,
+    read_properties,
+)
+from tidelog_broker.server import serve
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="tidelog-broker",
+        description="Run a Tidelog broker: partition logs on disk, served over gRPC.",
+    )
+    parser.add_argument(
+        "--listen",
+        default=f"127.0.0.1:{DEFAULT_PORT}",
+        help="host:port to serve on (default %(default)s; port 0 picks a free one)",
+    )
+    parser.add_argument("--data-dir", type=Path, default=Path("./data"), help="log directory")
+    parser.add_argument("--broker-id", type=int, default=None, help="this broker's id (default 0)")
+    parser.add_argument(
+        "--auto-create-topics",
+        action="store_true",
+        default=None,
+        help="create unknown topics on first produce (auto.create.topics.enable)",
+    )
+    parser.add_argument("--config", type=Path, help="properties file with Kafka's config names")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config, e.g. --set log.segment.bytes=104857600 (repeatable)",
+    )
+    parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    return parser.parse_args(argv)
+
+
+def config_from_args(args: argparse.Namespace) -> BrokerConfig:
+    host, _, port = args.listen.rpartition(":")
+    if not host or not port.isdigit():
+        raise TidelogError(f"--listen expects host:port, got {args.listen!r}")
+    config = BrokerConfig(host=host, port=int(port), data_dir=args.data_dir)
+    if args.config is not None:
+        config = build_config(config, read_properties(args.config))
+    config = build_config(config, parse_settings(args.set))
+    changes: dict[str, object] = {}
+    if args.broker_id is not None:
+        changes["broker_id"] = args.broker_id
+    if args.auto_create_topics is not None:
+        changes["auto_create_topics"] = args.auto_create_topics
+    return dataclasses.replace(config, **changes)  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args)
+    except TidelogError as exc:
+        print(f"tidelog-broker: {exc}", file=sys.stderr)
+        return 2
+    # SIGINT is handled inside serve(); this covers one before the loop is up.
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""gRPC front of topic administration (`tidelog.v1.Admin`) on a single broker.
+
+Each topic of a request succeeds or fails alone, with an in-band typed error
+(error_mapping). The coordinator serves the same service once the control
+plane exists.
+"""
+
+from __future__ import annotations
+
+import grpc
+from tidelog.v1 import admin_pb2, admin_pb2_grpc
+
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.error_mapping import error_proto
+from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.storage import config_to_strings
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    """CreateTopics, DeleteTopics and DescribeTopics."""
+
+    def __init__(self, manager: PartitionManager, config: BrokerConfig) -> None:
+        self._manager = manager
+        self._config = config
+
+    async def CreateTopics(
+        self, request: admin_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CreateTopicsResponse:
+        response = admin_pb2.CreateTopicsResponse()
+        for new in request.topics:
+            result = response.topics.add(name=new.name)
+            try:
+                self._manager.create_topic(
+                    new.name,
+                    new.partitions,
+                    new.replication_factor,
+                    dict(new.configs),
+                    validate_only=request.validate_only,
+                )
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"creating topic {new.name}"))
+        return response
+
+    async def DeleteTopics(
+        self, request: admin_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DeleteTopicsResponse:
+        response = admin_pb2.DeleteTopicsResponse()
+        for name in request.names:
+            result = response.topics.add(name=name)
+            try:
+                self._manager.delete_topic(name)
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"deleting topic {name}"))
+        return response
+
+    async def DescribeTopics(
+        self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeTopicsResponse:
+        response = admin_pb2.DescribeTopicsResponse()
+        broker_id = self._config.broker_id
+        for name in list(request.names) or self._manager.topic_names():
+            description = response.topics.add(name=name)
+            try:
+                topic = self._manager.topic(name)
+                views = self._manager.describe(name)
+            except Exception as exc:
+                description.error.CopyFrom(error_proto(exc, f"describing topic {name}"))
+                continue
+            description.configs.update(config_to_strings(topic.config))
+            for view in views:
+                description.partitions.add(
+                    partition=view.partition,
+                    leader_id=broker_id,
+                    replicas=[broker_id],
+                    isr=[broker_id],
+                    log_start_offset=view.log_start_offset,
+                    log_end_offset=view.log_end_offset,
+                    high_watermark=view.high_watermark,
+                    size_bytes=view.size_bytes,
+                    segment_count=view.segment_count,
+                )
+        return response

@@ -1,0 +1,131 @@
+"""The broker's own configuration: where it listens, where its data lives, and
+the cluster-wide defaults of every topic config.
+
+Sources, later ones winning: built-in defaults, a properties file
+(`--config FILE`, lines of `key=value` with Kafka's names, `#` comments), and
+`--set key=value` flags. Topic configs given here (`retention.ms`,
+`segment.bytes`, ...) become the defaults that each topic's overrides sit on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidelog.errors import InvalidConfigError
+
+from tidelog_broker.storage.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
+
+DEFAULT_PORT = 9392
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Settings of one broker process."""
+
+    #: broker.id: this broker's id in the cluster.
+    broker_id: int = 0
+    #: listeners: host and port the gRPC server binds.
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    #: advertised.host: what clients are told to connect to (default: host).
+    advertised_host: str | None = None
+    #: log.dirs: the data directory.
+    data_dir: Path = Path("./data")
+    #: auto.create.topics.enable: create a topic on first produce/metadata
+    #: request. Off by default, as a typo should not create a topic.
+    auto_create_topics: bool = False
+    #: num.partitions: partitions of an auto-created topic or a CreateTopics
+    #: request that leaves the count at 0.
+    num_partitions: int = 1
+    #: log.flush.scheduler.interval.ms: how often flush.ms is checked.
+    flush_check_interval_ms: int = 1000
+    #: Defaults of every topic config (Kafka's `log.*` broker settings).
+    log_defaults: LogConfig = field(default_factory=LogConfig)
+    #: Largest gRPC message accepted, bytes (a produce request with its batches).
+    max_request_bytes: int = 64 * 1024 * 1024
+
+    @property
+    def listen_address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+# Broker keys with Kafka's names -> (field, parser).
+def _parse_bool(key: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise InvalidConfigError(f"{key}={raw!r} is not a boolean: use true or false")
+
+
+def _parse_int(key: str, raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidConfigError(f"{key}={raw!r} is not an integer") from None
+
+
+_BROKER_KEYS = {
+    "broker.id": ("broker_id", _parse_int),
+    "auto.create.topics.enable": ("auto_create_topics", _parse_bool),
+    "num.partitions": ("num_partitions", _parse_int),
+    "log.flush.scheduler.interval.ms": ("flush_check_interval_ms", _parse_int),
+    "log.dirs": ("data_dir", lambda _k, raw: Path(raw)),
+    "advertised.host": ("advertised_host", lambda _k, raw: raw),
+}
+
+
+def _log_default_key(key: str) -> str | None:
+    """Kafka names broker-wide topic defaults `log.<topic key>` for some keys
+    (log.retention.ms, log.segment.bytes); accept both spellings."""
+    if key in TOPIC_CONFIGS:
+        return key
+    if key.startswith("log.") and key[4:] in TOPIC_CONFIGS:
+        return key[4:]
+    return None
+
+
+def read_properties(path: Path) -> dict[str, str]:
+    """Parse a Java-style properties file: `key=value` lines, `#` comments."""
+    out: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith(("#", "!")):
+            continue
+        key, sep, value = stripped.partition("=")
+        if not sep:
+            raise InvalidConfigError(f"{path}:{number}: expected key=value, got {stripped!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def build_config(base: BrokerConfig, settings: Mapping[str, str]) -> BrokerConfig:
+    """Apply `key=value` settings with Kafka's names to `base`."""
+    changes: dict[str, object] = {}
+    log_overrides: dict[str, str] = {}
+    for key, raw in settings.items():
+        if key in _BROKER_KEYS:
+            name, parse = _BROKER_KEYS[key]
+            changes[name] = parse(key, raw)
+        elif (topic_key := _log_default_key(key)) is not None:
+            log_overrides[topic_key] = raw
+        else:
+            raise InvalidConfigError(f"unknown broker config {key!r}")
+    if log_overrides:
+        changes["log_defaults"] = parse_topic_configs(log_overrides, base.log_defaults)
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+
+
+def parse_settings(pairs: Iterable[str]) -> dict[str, str]:
+    """Parse `key=value` command-line flags."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise InvalidConfigError(f"--set expects key=value, got {pair!r}")
+        out[key.strip()] = value.strip()
+    return out

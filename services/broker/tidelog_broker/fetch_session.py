@@ -1,0 +1,220 @@
+"""One consumer's fetch stream: its positions, its credit, its long-poll.
+
+The consumer paces the stream (ARCHITECTURE invariant 5): it grants byte
+credit, and the session never sends more record bytes than granted, except
+one whole batch when the credit left is smaller than the next batch (a batch
+is never split, and the consumer must always be able to make progress).
+Before answering, the session waits until `min_bytes` are available or
+`max_wait_ms` has passed; when nothing at all is available it keeps waiting
+instead of sending an empty response.
+
+Not thread-safe: one session lives on the broker's event loop, driven by the
+servicer's `Fetch` handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.v1 import log_pb2
+
+from tidelog_broker.error_mapping import error_proto
+from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
+
+DEFAULT_MAX_BYTES = 1024 * 1024
+DEFAULT_MIN_BYTES = 1
+DEFAULT_MAX_WAIT_MS = 500
+# A response is one gRPC message; keep it well under the channel's limit.
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+# Long-poll with nothing available waits for data, re-arming at this period.
+_FOREVER_S = 3600.0
+
+
+@dataclass
+class _Position:
+    offset: int
+    partition_max_bytes: int
+
+
+class FetchSession:
+    """Positions and credit of one Fetch stream; yields its responses."""
+
+    def __init__(self, manager: PartitionManager) -> None:
+        self._manager = manager
+        self._positions: dict[TopicPartitionKey, _Position] = {}
+        self._credit_bytes = 0
+        self._max_bytes = DEFAULT_MAX_BYTES
+        self._min_bytes = DEFAULT_MIN_BYTES
+        self._max_wait_ms = DEFAULT_MAX_WAIT_MS
+        # Set whenever a request changes positions or credit.
+        self._changed = asyncio.Event()
+        # Rotates which partition is read first, so that one busy partition
+        # cannot starve the others of a session's credit.
+        self._next_start = 0
+        # The consumer closed its side: no more credit will come.
+        self._input_closed = False
+        # Set when the request side failed; raised by responses().
+        self._failure: BaseException | None = None
+
+    def apply(self, request: log_pb2.FetchRequest) -> None:
+        """Take in one request from the consumer. Raises InvalidRequestError."""
+        if request.credit_bytes < 0:
+            raise InvalidRequestError(f"credit_bytes must be >= 0, got {request.credit_bytes}")
+        for name, value in (
+            ("max_bytes", request.max_bytes),
+            ("min_bytes", request.min_bytes),
+            ("max_wait_ms", request.max_wait_ms),
+        ):
+            if value < 0:
+                raise InvalidRequestError(
+                    f"{name} must be >= 0 (0 keeps the current value), got {value}"
+                )
+        if request.max_bytes:
+            self._max_bytes = min(request.max_bytes, MAX_RESPONSE_BYTES)
+        if request.min_bytes:
+            self._min_bytes = request.min_bytes
+        if request.max_wait_ms:
+            self._max_wait_ms = request.max_wait_ms
+        for tp in request.remove:
+            self._positions.pop((tp.topic, tp.partition), None)
+        for position in request.positions:
+            if position.fetch_offset < 0:
+                raise InvalidRequestError(
+                    f"fetch_offset must be >= 0 for {position.topic}-{position.partition}, "
+                    f"got {position.fetch_offset}"
+                )
+            if position.partition_max_bytes < 0:
+                raise InvalidRequestError("partition_max_bytes must be >= 0")
+            self._positions[(position.topic, position.partition)] = _Position(
+                position.fetch_offset, position.partition_max_bytes
+            )
+        self._credit_bytes += request.credit_bytes
+        self._changed.set()
+
+    def close_input(self) -> None:
+        """The consumer sends no more requests: finish once the credit is spent."""
+        self._input_closed = True
+        self._changed.set()
+
+    def fail(self, exc: BaseException) -> None:
+        """The request side failed (for example a bad request): end the stream."""
+        self._failure = exc
+        self._changed.set()
+
+    async def responses(self) -> AsyncIterator[log_pb2.FetchResponse]:
+        """Yield responses until the consumer's side ends and its credit is
+        spent; raise what `fail` was given."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if self._failure is not None:
+                raise self._failure
+            if self._credit_bytes <= 0 or not self._positions:
+                if self._input_closed:
+                    return
+                self._changed.clear()
+                await self._changed.wait()
+                continue
+            self._changed.clear()
+            deadline = loop.time() + self._max_wait_ms / 1000
+            while True:
+                batch = self._collect()
+                if batch.failed or batch.size >= self._min_bytes:
+                    break
+                remaining = deadline - loop.time()
+                if batch.size > 0 and remaining <= 0:
+                    break
+                # Nothing at all: wait for data with no deadline (no empty
+                # responses). Some, but under min_bytes: wait until the deadline.
+                await self._wait_for_data_or_change(remaining if batch.size > 0 else None)
+                if self._changed.is_set():
+                    break
+            if self._changed.is_set():
+                # Positions or credit moved while waiting: what was collected
+                # may be stale, so start over (positions were not advanced).
+                continue
+            self._advance(batch)
+            yield batch.response
+
+    async def _wait_for_data_or_change(self, timeout_s: float | None) -> None:
+        appended = asyncio.ensure_future(
+            self._manager.wait_for_append(list(self._positions), timeout_s or _FOREVER_S)
+        )
+        changed = asyncio.ensure_future(self._changed.wait())
+        try:
+            await asyncio.wait(
+                (appended, changed), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (appended, changed):
+                task.cancel()
+
+    def _collect(self) -> _Collected:
+        """Read what is available for every position, within the credit,
+        without moving the positions (see _advance)."""
+        collected = _Collected(log_pb2.FetchResponse())
+        budget = min(self._max_bytes, self._credit_bytes)
+        keys = list(self._positions)
+        start = self._next_start % len(keys)
+        for key in keys[start:] + keys[:start]:
+            if collected.size >= budget:
+                break
+            position = self._positions[key]
+            topic, partition = key
+            limit = budget - collected.size
+            if position.partition_max_bytes:
+                limit = min(limit, position.partition_max_bytes)
+            try:
+                data, next_offset, partition_log = self._manager.read(
+                    topic, partition, position.offset, limit
+                )
+            except TidelogError as exc:
+                collected.response.partitions.append(
+                    log_pb2.PartitionData(
+                        topic=topic,
+                        partition=partition,
+                        error=error_proto(exc, f"reading {topic}-{partition}"),
+                        fetch_offset=position.offset,
+                        next_offset=position.offset,
+                    )
+                )
+                collected.failed.append(key)
+                continue
+            if not data:
+                continue
+            collected.response.partitions.append(
+                log_pb2.PartitionData(
+                    topic=topic,
+                    partition=partition,
+                    fetch_offset=position.offset,
+                    next_offset=next_offset,
+                    high_watermark=self._manager.high_watermark(partition_log),
+                    log_start_offset=partition_log.log_start_offset,
+                    records=data,
+                )
+            )
+            collected.next_offsets[key] = next_offset
+            collected.size += len(data)
+        return collected
+
+    def _advance(self, collected: _Collected) -> None:
+        """Commit a response about to be sent: move positions, spend credit,
+        and stop reading partitions that failed (until a new position)."""
+        for key, next_offset in collected.next_offsets.items():
+            self._positions[key].offset = next_offset
+        for key in collected.failed:
+            del self._positions[key]
+        self._credit_bytes -= collected.size
+        self._next_start += 1
+
+
+@dataclass
+class _Collected:
+    """A response being assembled, and what sending it will change."""
+
+    response: log_pb2.FetchResponse
+    size: int = 0
+    next_offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
+    failed: list[TopicPartitionKey] = field(default_factory=list)

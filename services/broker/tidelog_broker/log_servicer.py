@@ -1,0 +1,148 @@
+"""gRPC front of the data plane (`tidelog.v1.Log`): validates requests, hands
+the work to the PartitionManager, and maps errors (error_mapping).
+
+A client can send anything; nothing it sends may stop the broker. Every
+per-partition failure becomes an in-band typed error, and a malformed
+request ends only its own call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.v1 import log_pb2, log_pb2_grpc
+
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.error_mapping import abort, error_proto
+from tidelog_broker.fetch_session import FetchSession
+from tidelog_broker.partition_manager import PartitionManager
+
+log = logging.getLogger("tidelog.broker")
+
+_VALID_ACKS = (-1, 0, 1)
+
+
+class LogServicer(log_pb2_grpc.LogServicer):
+    """Produce, Fetch, ListOffsets and Metadata for the partitions of this broker."""
+
+    def __init__(self, manager: PartitionManager, config: BrokerConfig) -> None:
+        self._manager = manager
+        self._config = config
+
+    async def Produce(
+        self,
+        request_iterator: AsyncIterator[log_pb2.ProduceRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[log_pb2.ProduceResponse]:
+        async for request in request_iterator:
+            if request.acks not in _VALID_ACKS:
+                await abort(
+                    context,
+                    InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}"),
+                    "producing",
+                )
+            response = log_pb2.ProduceResponse(correlation_id=request.correlation_id)
+            seen: set[tuple[str, int]] = set()
+            for part in request.partitions:
+                result = response.partitions.add(topic=part.topic, partition=part.partition)
+                key = (part.topic, part.partition)
+                try:
+                    if key in seen:
+                        raise InvalidRequestError(
+                            f"{part.topic}-{part.partition} appears twice in one request: "
+                            "put all its batches in one PartitionRecords"
+                        )
+                    seen.add(key)
+                    appended = self._manager.append(part.topic, part.partition, part.records)
+                except Exception as exc:
+                    result.error.CopyFrom(error_proto(exc, f"appending to {key[0]}-{key[1]}"))
+                    result.base_offset = -1
+                    result.log_append_time_ms = -1
+                    continue
+                result.base_offset = appended.base_offset
+                result.log_append_time_ms = appended.log_append_time_ms
+                result.log_start_offset = appended.log_start_offset
+            # acks=1 and acks=all are the same with one replica: the append is
+            # done. acks=0 asks for no answer at all.
+            if request.acks != 0:
+                yield response
+
+    async def Fetch(
+        self,
+        request_iterator: AsyncIterator[log_pb2.FetchRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[log_pb2.FetchResponse]:
+        session = FetchSession(self._manager)
+
+        async def read_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    session.apply(request)
+            except TidelogError as exc:
+                session.fail(exc)
+            except Exception as exc:
+                session.fail(exc)
+            else:
+                session.close_input()
+
+        reader = asyncio.ensure_future(read_requests())
+        try:
+            async for response in session.responses():
+                yield response
+        except TidelogError as exc:
+            await abort(context, exc, "fetching")
+        finally:
+            reader.cancel()
+
+    async def ListOffsets(
+        self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.ListOffsetsResponse:
+        response = log_pb2.ListOffsetsResponse()
+        for part in request.partitions:
+            result = response.partitions.add(topic=part.topic, partition=part.partition)
+            try:
+                offset, timestamp = self._manager.list_offset(
+                    part.topic, part.partition, part.timestamp_ms
+                )
+            except Exception as exc:
+                result.error.CopyFrom(
+                    error_proto(exc, f"listing offsets of {part.topic}-{part.partition}")
+                )
+                result.offset = -1
+                result.timestamp_ms = -1
+                continue
+            result.offset = offset
+            result.timestamp_ms = timestamp
+        return response
+
+    async def Metadata(
+        self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.MetadataResponse:
+        config = self._config
+        response = log_pb2.MetadataResponse(responder_id=config.broker_id)
+        response.brokers.add(
+            broker_id=config.broker_id,
+            host=config.advertised_host or config.host,
+            port=config.port,
+        )
+        names = list(request.topics) or self._manager.topic_names()
+        for name in names:
+            topic_md = response.topics.add(name=name)
+            try:
+                topic = self._manager.ensure_topic(name, request.allow_auto_topic_creation)
+            except Exception as exc:
+                topic_md.error.CopyFrom(error_proto(exc, f"describing topic {name}"))
+                continue
+            for partition in range(len(topic.logs)):
+                topic_md.partitions.add(
+                    partition=partition,
+                    leader_id=config.broker_id,
+                    leader_epoch=0,
+                    replicas=[config.broker_id],
+                    isr=[config.broker_id],
+                )
+        return response

@@ -1,0 +1,79 @@
+"""Durable topic metadata of a single broker: `<data-dir>/topics.json`.
+
+While Tidelog runs as one broker, the broker itself remembers which topics
+exist, how many partitions each has and its config overrides. (The
+coordinator takes this over on etcd; the broker then learns topics by watch.)
+
+Format: a JSON object `{"version": 1, "topics": {name: {"partitions": N,
+"configs": {key: value}}}}`, replaced atomically on every change (write to a
+temporary file, fsync, rename, fsync the directory) so that a crash leaves
+either the old or the new file, never a torn one. Not thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tidelog.errors import StorageError
+
+_FILE_NAME = "topics.json"
+_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """What defines a topic: its partition count and its config overrides."""
+
+    name: str
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+class TopicStore:
+    """Reads and writes the topic metadata file of one data directory."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._path = data_dir / _FILE_NAME
+
+    def load(self) -> dict[str, TopicSpec]:
+        """All topics on disk (empty when the file does not exist yet)."""
+        try:
+            raw = json.loads(self._path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            raise StorageError(f"cannot read topic metadata {self._path}: {exc}") from exc
+        if raw.get("version") != _FORMAT_VERSION:
+            raise StorageError(f"{self._path}: unsupported format version {raw.get('version')!r}")
+        return {
+            name: TopicSpec(name, int(spec["partitions"]), dict(spec.get("configs", {})))
+            for name, spec in raw["topics"].items()
+        }
+
+    def save(self, topics: dict[str, TopicSpec]) -> None:
+        """Replace the file with `topics`, atomically."""
+        body = {
+            "version": _FORMAT_VERSION,
+            "topics": {
+                spec.name: {"partitions": spec.partitions, "configs": spec.configs}
+                for spec in sorted(topics.values(), key=lambda s: s.name)
+            },
+        }
+        tmp = self._path.with_suffix(".json.tmp")
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w") as out:
+                json.dump(body, out, indent=2)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self._path)
+            dir_fd = os.open(self._path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        except OSError as exc:
+            raise StorageError(f"cannot write topic metadata {self._path}: {exc}") from exc
