@@ -1,0 +1,38 @@
+"""The broker's storage engine: partition logs on local disk.
+
+It knows nothing of gRPC or etcd; the broker's manager calls it from one
+asyncio event-loop thread, and no class here is thread-safe. Layers, from
+the bottom up, one class per on-disk artifact:
+
+- `files`: every on-disk name (log directories, segment files, markers).
+- `index`: `OffsetIndex` (.index) and `TimeIndex` (.timeindex), sparse and
+  derived from the log, kept in memory as arrays and appended to their files.
+- `segment`: `LogSegment`, one .log file of record batches with its indexes:
+  append, read whole batches, recover after a crash.
+- `partition_log`: `PartitionLog`, a directory of segments: offsets, rolling,
+  the flush policy and recovery point, recovery at open.
+- `config` (`LogConfig`, topic configs with Kafka's names) and `clock`
+  (injected time, `ManualClock` for tests).
+
+Errors: `PartitionLog` raises `tidelog.errors.StorageError` for any I/O error
+and `OffsetOutOfRangeError` for a read outside the log.
+"""
+
+from tidelog_broker.storage.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+from tidelog_broker.storage.config import LogConfig, config_to_strings, parse_topic_configs
+from tidelog_broker.storage.partition_log import AppendInfo, PartitionLog, ReadResult
+from tidelog_broker.storage.segment import LogSegment
+
+__all__ = [
+    "SYSTEM_CLOCK",
+    "AppendInfo",
+    "Clock",
+    "LogConfig",
+    "LogSegment",
+    "ManualClock",
+    "PartitionLog",
+    "ReadResult",
+    "SystemClock",
+    "config_to_strings",
+    "parse_topic_configs",
+]

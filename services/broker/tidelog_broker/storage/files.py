@@ -1,0 +1,70 @@
+"""Names of everything the storage engine puts on disk, in one place.
+
+A broker's data directory holds one directory per partition::
+
+    <data-dir>/<topic>-<partition>/
+        00000000000000000000.log        record batches, as produced (the data)
+        00000000000000000000.index      offset index of that segment (derived)
+        00000000000000000000.timeindex  time index of that segment (derived)
+        00000000000000004096.log        the next segment: named by its base offset
+        ...
+        recovery-point                  offset below which every byte was fsynced
+        clean-shutdown                  present only from a clean close to the next open
+
+Base offsets are zero-padded to 20 digits (the width of int64) so that `ls`
+lists segments in offset order. Topic names may contain '-' and '.', so the
+partition is what follows the last '-'.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+TIME_INDEX_SUFFIX = ".timeindex"
+SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+
+RECOVERY_POINT_FILE = "recovery-point"
+CLEAN_SHUTDOWN_FILE = "clean-shutdown"
+#: Suffix of a file being written before it is renamed over its final name.
+TEMP_SUFFIX = ".tmp"
+
+_OFFSET_DIGITS = 20
+
+
+def log_dir_name(topic: str, partition: int) -> str:
+    """`orders-3` for partition 3 of topic `orders`."""
+    return f"{topic}-{partition}"
+
+
+def log_dir(data_dir: Path, topic: str, partition: int) -> Path:
+    """The directory a partition's log lives in."""
+    return data_dir / log_dir_name(topic, partition)
+
+
+def parse_log_dir_name(name: str) -> tuple[str, int]:
+    """(topic, partition) from a log directory name; ValueError if it is not one."""
+    topic, sep, partition = name.rpartition("-")
+    if not sep or not topic or not partition.isdigit():
+        raise ValueError(f"{name!r} is not a log directory name (<topic>-<partition>)")
+    return topic, int(partition)
+
+
+def segment_file_name(base_offset: int, suffix: str) -> str:
+    """`00000000000000000042.log` for base offset 42 and suffix `.log`."""
+    return f"{base_offset:0{_OFFSET_DIGITS}d}{suffix}"
+
+
+def segment_path(directory: Path, base_offset: int, suffix: str) -> Path:
+    return directory / segment_file_name(base_offset, suffix)
+
+
+def parse_segment_file_name(name: str) -> tuple[int, str] | None:
+    """(base offset, suffix) of a segment file name, or None for any other file."""
+    for suffix in SEGMENT_SUFFIXES:
+        if name.endswith(suffix):
+            stem = name[: -len(suffix)]
+            if len(stem) == _OFFSET_DIGITS and stem.isdigit():
+                return int(stem), suffix
+    return None

@@ -1,0 +1,109 @@
+"""LogSegment: append, read whole batches, index entries, recovery of one file."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from storage_helpers import make_batch
+from tidelog.records import iter_batches, set_base_offset
+from tidelog_broker.storage.segment import AppendedBatch, LogSegment
+
+
+def _append(segment: LogSegment, batches: list[bytearray], interval_bytes: int = 0) -> bytes:
+    """Append batches in one write with dense offsets; return the stored bytes."""
+    records = bytearray(b"".join(batches))
+    placed = []
+    offset = segment.next_offset
+    for position, header in iter_batches(records):
+        set_base_offset(records, position, offset)
+        placed.append(
+            AppendedBatch(position, offset, offset + header.last_offset_delta, header.max_timestamp)
+        )
+        offset += header.last_offset_delta + 1
+    segment.append(records, placed, interval_bytes, now_ms=0)
+    return bytes(records)
+
+
+@pytest.fixture
+def segment(tmp_path: Path) -> Iterator[LogSegment]:
+    segment = LogSegment.create(tmp_path, base_offset=1000)
+    yield segment
+    segment.close()
+
+
+def test_read_returns_the_batch_containing_the_offset(segment: LogSegment) -> None:
+    stored = _append(segment, [make_batch(5, tag=i) for i in range(4)])
+    size = len(stored) // 4
+    assert segment.next_offset == 1020
+    result = segment.read(1007, 10**6, 10**9)  # inside the second batch
+    assert result.records == stored[size:]
+    assert result.next_offset == 1020
+    assert segment.read(1020, 10**6, 10**9).records == b""
+
+
+def test_read_trims_to_whole_batches_and_always_makes_progress(segment: LogSegment) -> None:
+    stored = _append(segment, [make_batch(1, value_bytes=100, tag=i) for i in range(4)])
+    size = len(stored) // 4
+    assert segment.read(1000, 2 * size + size // 2, 10**9).records == stored[: 2 * size]
+    assert segment.read(1000, 2 * size, 10**9).next_offset == 1002
+    # A first batch bigger than max_bytes comes whole, and alone.
+    assert segment.read(1001, 1, 10**9) == (stored[size : 2 * size], 1002)
+
+
+def test_read_stops_before_a_batch_at_or_past_max_offset(segment: LogSegment) -> None:
+    stored = _append(segment, [make_batch(3, tag=i) for i in range(4)])
+    size = len(stored) // 4
+    assert segment.read(1000, 10**6, 1006).records == stored[: 2 * size]
+    # A batch that starts below the bound is whole even if it ends past it.
+    assert segment.read(1000, 10**6, 1007).records == stored[: 3 * size]
+    assert segment.read(1006, 10**6, 1006).records == b""
+
+
+def test_offset_index_gets_an_entry_every_interval(segment: LogSegment) -> None:
+    stored = _append(segment, [make_batch(2, value_bytes=200, tag=i) for i in range(10)], 1000)
+    size = len(stored) // 10
+    per_entry = -(-1000 // size)  # batches between entries
+    expected = [(1000 + 2 * i, i * size) for i in range(per_entry, 10, per_entry)]
+    assert segment.offset_index.entries() == expected
+    for offset in range(1000, 1020):
+        batch = (offset - 1000) // 2
+        assert segment.read(offset, 1, 10**9).records == stored[batch * size : (batch + 1) * size]
+
+
+def test_recover_keeps_good_batches_and_rebuilds_the_same_indexes(segment: LogSegment) -> None:
+    stored = _append(segment, [make_batch(2, timestamp_ms=t, tag=t) for t in range(20)], 100)
+    offsets, times = segment.offset_index.entries(), segment.time_index.entries()
+    assert segment.recover(max_batch_bytes=None, index_interval_bytes=100) == 0
+    assert segment.offset_index.entries() == offsets
+    assert segment.time_index.entries() == times
+    assert segment.read(1000, 10**6, 10**9).records == stored
+
+
+def test_recover_cuts_a_torn_tail(segment: LogSegment) -> None:
+    stored = _append(segment, [make_batch(2, tag=i) for i in range(3)])
+    with open(segment.log_path, "ab") as f:
+        f.write(stored[:30])
+    assert segment.recover(10**6, 0) == 30
+    assert segment.log_path.stat().st_size == len(stored)
+    assert segment.next_offset == 1006
+
+
+def test_truncate_to_drops_the_containing_batch_and_after(segment: LogSegment) -> None:
+    stored = _append(segment, [make_batch(3, tag=i) for i in range(5)], 0)
+    size = len(stored) // 5
+    assert segment.truncate_to(1007) == 3 * size
+    assert segment.next_offset == 1006
+    assert segment.read(1000, 10**6, 10**9).records == stored[: 2 * size]
+    assert all(offset < 1006 for offset, _ in segment.offset_index.entries())
+    assert all(offset < 1006 for _, offset in segment.time_index.entries())
+    assert _append(segment, [make_batch(1)]) and segment.next_offset == 1007
+
+
+def test_time_lookup_decodes_only_the_holding_batch(segment: LogSegment) -> None:
+    _append(segment, [make_batch(2, timestamp_ms=t * 10) for t in range(10)], 50)
+    assert segment.find_offset_for_timestamp(0) == (1000, 0)
+    assert segment.find_offset_for_timestamp(41) == (1010, 50)
+    assert segment.find_offset_for_timestamp(90) == (1018, 90)
+    assert segment.find_offset_for_timestamp(91) is None
