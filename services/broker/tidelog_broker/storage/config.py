@@ -1,137 +1,19 @@
-"""Per-log configuration, with Kafka's topic-config names.
+"""Per-log configuration: the shared topic-config table, seen by the storage.
 
-`LogConfig` holds the effective settings of one partition log. It is built
-from a topic's overrides (strings, as they travel in the admin API) on top
-of broker-wide defaults; every key is validated here, in one place, with a
-message that names the key and the accepted range.
+The table of topic configs (Kafka's names, types, ranges, defaults and the
+validation messages) lives once, in the SDK's `tidelog.topic_configs`,
+because the coordinator, the brokers and clients must all agree on it. The
+storage engine calls the effective settings of one partition log a
+`LogConfig`; it is the same type.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from tidelog.topic_configs import (
+    TOPIC_CONFIGS,
+    config_to_strings,
+    parse_topic_configs,
+)
+from tidelog.topic_configs import TopicConfig as LogConfig
 
-from tidelog.errors import InvalidConfigError
-
-_DAY_MS = 24 * 60 * 60 * 1000
-
-
-@dataclass(frozen=True, slots=True)
-class LogConfig:
-    """Effective settings of one partition log. Immutable; replace to change."""
-
-    #: segment.bytes: roll the active segment before it grows past this.
-    segment_bytes: int = 1024 * 1024 * 1024
-    #: segment.ms: roll the active segment once its first batch is this old.
-    segment_ms: int = 7 * _DAY_MS
-    #: index.interval.bytes: one offset-index entry per this many log bytes.
-    index_interval_bytes: int = 4096
-    #: segment.index.bytes: roll when an index file would grow past this.
-    segment_index_bytes: int = 10 * 1024 * 1024
-    #: flush.messages: fsync after this many records (None: leave it to the OS).
-    flush_messages: int | None = None
-    #: flush.ms: fsync when unflushed data is this old (None: leave it to the OS).
-    flush_ms: int | None = None
-    #: max.message.bytes: largest batch accepted, header included.
-    max_message_bytes: int = 1024 * 1024 + 12
-    #: retention.ms: delete closed segments older than this (-1: keep forever).
-    retention_ms: int = 7 * _DAY_MS
-    #: retention.bytes: delete closed segments while the log is bigger (-1: no limit).
-    retention_bytes: int = -1
-    #: cleanup.policy: "delete", "compact" or "compact,delete".
-    cleanup_policy: str = "delete"
-    #: message.timestamp.type: "CreateTime" or "LogAppendTime".
-    message_timestamp_type: str = "CreateTime"
-
-    @property
-    def log_append_time(self) -> bool:
-        return self.message_timestamp_type == "LogAppendTime"
-
-
-def _int_in(low: int, high: int | None = None) -> Callable[[str, str], int]:
-    def parse(key: str, raw: str) -> int:
-        try:
-            value = int(raw)
-        except ValueError:
-            raise InvalidConfigError(f"{key}={raw!r} is not an integer") from None
-        if value < low or (high is not None and value > high):
-            bound = f"{low} to {high}" if high is not None else f"at least {low}"
-            raise InvalidConfigError(f"{key}={value} is out of range: use {bound}")
-        return value
-
-    return parse
-
-
-def _optional_int_in(low: int) -> Callable[[str, str], int | None]:
-    parse_int = _int_in(low)
-
-    def parse(key: str, raw: str) -> int | None:
-        if raw.strip().lower() in ("", "none", "null"):
-            return None
-        return parse_int(key, raw)
-
-    return parse
-
-
-def _limit_or_unlimited(key: str, raw: str) -> int:
-    value = _int_in(-1)(key, raw)
-    if value == 0:
-        raise InvalidConfigError(f"{key}=0 would delete everything: use -1 (unlimited) or > 0")
-    return value
-
-
-def _one_of(*choices: str) -> Callable[[str, str], str]:
-    def parse(key: str, raw: str) -> str:
-        normalized = ",".join(sorted(p.strip() for p in raw.split(",")))
-        for choice in choices:
-            if normalized == ",".join(sorted(choice.split(","))):
-                return choice
-        raise InvalidConfigError(f"{key}={raw!r} is not accepted: use one of {', '.join(choices)}")
-
-    return parse
-
-
-# Kafka name -> (LogConfig field, parser). The one table of accepted keys.
-TOPIC_CONFIGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-    "segment.bytes": ("segment_bytes", _int_in(1024, 2**31 - 1)),
-    "segment.ms": ("segment_ms", _int_in(1)),
-    "index.interval.bytes": ("index_interval_bytes", _int_in(0)),
-    "segment.index.bytes": ("segment_index_bytes", _int_in(64)),
-    "flush.messages": ("flush_messages", _optional_int_in(1)),
-    "flush.ms": ("flush_ms", _optional_int_in(0)),
-    "max.message.bytes": ("max_message_bytes", _int_in(64, 2**31 - 1)),
-    "retention.ms": ("retention_ms", _limit_or_unlimited),
-    "retention.bytes": ("retention_bytes", _limit_or_unlimited),
-    "cleanup.policy": ("cleanup_policy", _one_of("delete", "compact", "compact,delete")),
-    "message.timestamp.type": (
-        "message_timestamp_type",
-        _one_of("CreateTime", "LogAppendTime"),
-    ),
-}
-
-
-def parse_topic_configs(overrides: Mapping[str, str], base: LogConfig | None = None) -> LogConfig:
-    """Apply string overrides with Kafka's names to `base` (defaults if None).
-
-    Raises InvalidConfigError naming the key for an unknown key or a bad value.
-    """
-    changes: dict[str, Any] = {}
-    for key, raw in overrides.items():
-        try:
-            field, parse = TOPIC_CONFIGS[key]
-        except KeyError:
-            known = ", ".join(sorted(TOPIC_CONFIGS))
-            raise InvalidConfigError(f"unknown topic config {key!r}; known keys: {known}") from None
-        changes[field] = parse(key, str(raw))
-    return dataclasses.replace(base or LogConfig(), **changes)
-
-
-def config_to_strings(config: LogConfig) -> dict[str, str]:
-    """The effective config with Kafka's names, as the admin API shows it."""
-    out: dict[str, str] = {}
-    for key, (field, _) in TOPIC_CONFIGS.items():
-        value = getattr(config, field)
-        out[key] = "" if value is None else str(value)
-    return out
+__all__ = ["TOPIC_CONFIGS", "LogConfig", "config_to_strings", "parse_topic_configs"]
