@@ -1,0 +1,67 @@
+"""Channels to coordinator replicas, with failover to the next one on UNAVAILABLE.
+
+Any coordinator replica serves Group requests, so a client keeps one channel
+to one replica and moves to the next address when that one stops answering.
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import grpc
+import grpc.aio
+
+CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
+    # Notice a dead coordinator within seconds even when no call is active,
+    # so the heartbeat stream fails over well within the session timeout.
+    ("grpc.keepalive_time_ms", 5_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1_000),
+]
+
+
+def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
+    if isinstance(bootstrap, str):
+        bootstrap = bootstrap.split(",")
+    addresses = [a.strip() for a in bootstrap if a.strip()]
+    if not addresses:
+        raise ValueError("no coordinator address given")
+    return addresses
+
+
+class CoordinatorChannels:
+    """One live channel at a time, to `addresses[index]`."""
+
+    def __init__(self, bootstrap: str | Sequence[str]) -> None:
+        self.addresses = parse_bootstrap(bootstrap)
+        self.index = 0
+        self._channel: grpc.aio.Channel | None = None
+
+    @property
+    def address(self) -> str:
+        return self.addresses[self.index]
+
+    def channel(self) -> grpc.aio.Channel:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+        return self._channel
+
+    async def rotate(self) -> None:
+        """Move to the next address (after the current one failed)."""
+        await self.close()
+        self.index = (self.index + 1) % len(self.addresses)
+
+    async def close(self) -> None:
+        if self._channel is not None:
+            channel, self._channel = self._channel, None
+            await channel.close(None)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    )

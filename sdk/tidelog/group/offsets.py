@@ -1,0 +1,99 @@
+"""`OffsetStoreClient`: commit and fetch a group's offsets on the coordinator."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NamedTuple
+
+import grpc
+
+from tidelog.errors import CoordinatorNotAvailableError, error_from_code, error_from_rpc
+from tidelog.group._channels import CoordinatorChannels, is_unavailable
+from tidelog.types import TopicPartition
+from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
+
+
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset: the next record to consume, and free text."""
+
+    offset: int
+    metadata: str = ""
+
+
+class OffsetStoreClient:
+    """Unary offset calls with failover across coordinator replicas. One event loop."""
+
+    def __init__(self, bootstrap: str | Sequence[str], *, request_timeout_ms: int = 10_000) -> None:
+        self._channels = CoordinatorChannels(bootstrap)
+        self.request_timeout_ms = request_timeout_ms
+
+    async def _call(self, method: str, request: object) -> object:
+        attempts = max(2, len(self._channels.addresses) * 2)
+        last: BaseException | None = None
+        for attempt in range(attempts):
+            stub = group_pb2_grpc.GroupStub(self._channels.channel())
+            try:
+                return await getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)
+            except grpc.aio.AioRpcError as exc:
+                if not is_unavailable(exc):
+                    raise error_from_rpc(exc) from exc
+                last = exc
+                await self._channels.rotate()
+                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+        raise CoordinatorNotAvailableError(
+            f"no coordinator answered ({', '.join(self._channels.addresses)}): {last}"
+        )
+
+    async def commit(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+        *,
+        member_id: str = "",
+        member_epoch: int = -1,
+    ) -> None:
+        """Commit atomically; raises the typed error (ILLEGAL_GENERATION, ...)."""
+        items = []
+        for tp, value in offsets.items():
+            om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(int(value))
+            items.append(
+                group_pb2.OffsetCommit(
+                    topic=tp.topic, partition=tp.partition, offset=om.offset, metadata=om.metadata
+                )
+            )
+        response = await self._call(
+            "CommitOffsets",
+            group_pb2.CommitOffsetsRequest(
+                group_id=group_id, member_id=member_id, member_epoch=member_epoch, offsets=items
+            ),
+        )
+        assert isinstance(response, group_pb2.CommitOffsetsResponse)
+        if response.HasField("error") and response.error.code != common_pb2.NONE:
+            raise error_from_code(response.error.code, response.error.message)
+
+    async def fetch(
+        self, group_id: str, partitions: Iterable[TopicPartition] = ()
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Committed offsets; partitions without one are left out."""
+        response = await self._call(
+            "FetchOffsets",
+            group_pb2.FetchOffsetsRequest(
+                group_id=group_id,
+                partitions=[
+                    common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                    for tp in partitions
+                ],
+            ),
+        )
+        assert isinstance(response, group_pb2.FetchOffsetsResponse)
+        if response.HasField("error") and response.error.code != common_pb2.NONE:
+            raise error_from_code(response.error.code, response.error.message)
+        return {
+            TopicPartition(o.topic, o.partition): OffsetAndMetadata(o.offset, o.metadata)
+            for o in response.offsets
+            if o.offset >= 0
+        }
+
+    async def close(self) -> None:
+        await self._channels.close()

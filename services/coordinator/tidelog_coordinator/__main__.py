@@ -1,0 +1,70 @@
+"""`tidelog-coordinator`: run one coordinator replica until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.server import CoordinatorServer
+
+
+def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
+    parser = argparse.ArgumentParser(prog="tidelog-coordinator", description=__doc__)
+    parser.add_argument("--listen", default="127.0.0.1:9093", help="host:port to serve on")
+    parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoint host:port")
+    parser.add_argument("--prefix", default="/tidelog", help="key prefix of the cluster in etcd")
+    parser.add_argument("--id", default=None, help="replica name (default: host-pid)")
+    parser.add_argument("--advertised-host", default="", help="host clients should use")
+    parser.add_argument(
+        "--session-ttl-s",
+        type=int,
+        default=10,
+        help="TTL of this replica's etcd session: bounds the controller fail-over time",
+    )
+    parser.add_argument("--default-partitions", type=int, default=1)
+    parser.add_argument("--default-replication-factor", type=int, default=1)
+    parser.add_argument("--offsets-retention-minutes", type=int, default=7 * 24 * 60)
+    parser.add_argument("--offsets-retention-check-interval-ms", type=int, default=60_000)
+    parser.add_argument("--etcd-max-txn-ops", type=int, default=128)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    extra = {"coordinator_id": args.id} if args.id else {}
+    return CoordinatorConfig(
+        listen_address=args.listen,
+        etcd_endpoint=args.etcd,
+        etcd_prefix=args.prefix,
+        advertised_host=args.advertised_host,
+        session_ttl_s=args.session_ttl_s,
+        default_partitions=args.default_partitions,
+        default_replication_factor=args.default_replication_factor,
+        offsets_retention_minutes=args.offsets_retention_minutes,
+        offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
+        etcd_max_txn_ops=args.etcd_max_txn_ops,
+        **extra,
+    )
+
+
+async def serve(config: CoordinatorConfig) -> None:
+    server = CoordinatorServer(config)
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""`tidelog.v1.Admin` and `tidelog.v1.Cluster` on the coordinator.
+
+Validates and maps errors; MetadataManager does the work. Each topic of a
+request succeeds or fails alone, with its error in-band. Log offsets and
+sizes in DescribeTopics are the brokers' to report; here they are zero.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+
+import grpc
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
+
+from tidelog_coordinator.errors import abort, error_proto
+from tidelog_coordinator.metadata import MetadataManager, TopicRecord
+
+#: Topics in one request: keeps one call's etcd work bounded.
+MAX_TOPICS_PER_REQUEST = 1000
+
+
+class AdminServicer(admin_pb2_grpc.AdminServicer):
+    def __init__(self, metadata: MetadataManager) -> None:
+        self.metadata = metadata
+
+    async def CreateTopics(
+        self, request: admin_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CreateTopicsResponse:
+        if len(request.topics) > MAX_TOPICS_PER_REQUEST:
+            await abort(context, ValueError(), "creating topics")
+        results = []
+        for topic in request.topics:
+            try:
+                await self.metadata.create_topic(
+                    topic.name,
+                    topic.partitions,
+                    topic.replication_factor,
+                    dict(topic.configs),
+                    validate_only=request.validate_only,
+                )
+                results.append(admin_pb2.TopicResult(name=topic.name))
+            except Exception as exc:
+                results.append(
+                    admin_pb2.TopicResult(
+                        name=topic.name, error=error_proto(exc, f"creating topic {topic.name!r}")
+                    )
+                )
+        return admin_pb2.CreateTopicsResponse(topics=results)
+
+    async def DeleteTopics(
+        self, request: admin_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DeleteTopicsResponse:
+        results = []
+        for name in request.names:
+            try:
+                await self.metadata.delete_topic(name)
+                results.append(admin_pb2.TopicResult(name=name))
+            except Exception as exc:
+                results.append(
+                    admin_pb2.TopicResult(name=name, error=error_proto(exc, f"deleting {name!r}"))
+                )
+        return admin_pb2.DeleteTopicsResponse(topics=results)
+
+    async def DescribeTopics(
+        self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeTopicsResponse:
+        try:
+            described = await self.metadata.describe_topics(list(request.names))
+        except Exception as exc:
+            await abort(context, exc, "describing topics")
+        out = []
+        for name, item in zip(request.names or [None] * len(described), described, strict=True):
+            if isinstance(item, TopicRecord):
+                out.append(
+                    admin_pb2.TopicDescription(
+                        name=item.name,
+                        partitions=[
+                            admin_pb2.PartitionDescription(
+                                partition=p.partition,
+                                leader_id=p.leader,
+                                replicas=p.replicas,
+                                isr=p.isr,
+                            )
+                            for p in item.partitions
+                        ],
+                        configs=self.metadata.effective_configs(item.configs),
+                    )
+                )
+            else:
+                out.append(
+                    admin_pb2.TopicDescription(
+                        name=name or "", error=error_proto(item, "describing topics")
+                    )
+                )
+        return admin_pb2.DescribeTopicsResponse(topics=out)
+
+
+def controller_value_id(value: bytes | None) -> str:
+    return "" if value is None else str(json.loads(value).get("id", ""))
+
+
+class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
+    def __init__(
+        self, metadata: MetadataManager, controller_id: Callable[[], Awaitable[str]]
+    ) -> None:
+        self.metadata = metadata
+        self.controller_id = controller_id
+
+    async def DescribeCluster(
+        self, request: cluster_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_pb2.DescribeClusterResponse:
+        try:
+            cluster_id = await self.metadata.ensure_cluster_id()
+            brokers = await self.metadata.live_brokers()
+            coordinators = await self.metadata.coordinators()
+            controller = await self.controller_id()
+        except Exception as exc:
+            await abort(context, exc, "describing the cluster")
+        return cluster_pb2.DescribeClusterResponse(
+            cluster_id=cluster_id,
+            controller_id=controller,
+            brokers=[
+                log_pb2.BrokerInfo(broker_id=b.broker_id, host=b.host, port=b.port, rack=b.rack)
+                for b in brokers
+            ],
+            coordinators=[
+                cluster_pb2.CoordinatorInfo(id=c["id"], host=c["host"], port=int(c["port"]))
+                for c in coordinators
+            ],
+        )

@@ -1,0 +1,43 @@
+"""Settings of one coordinator replica, with their defaults and limits."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+
+
+def _default_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorConfig:
+    """Immutable; built once by __main__ (or a test)."""
+
+    #: host:port to serve gRPC on (port 0: any free port).
+    listen_address: str = "127.0.0.1:9093"
+    #: host:port of etcd.
+    etcd_endpoint: str = "127.0.0.1:2379"
+    #: Key prefix of this cluster in etcd.
+    etcd_prefix: str = "/tidelog"
+    #: This replica's name (in the controller election and DescribeCluster).
+    coordinator_id: str = field(default_factory=_default_id)
+    #: Host that clients should use for this replica (default: the listen host).
+    advertised_host: str = ""
+    #: TTL of this replica's own session: registration and controller
+    #: candidacy vanish this long after the process dies, so it bounds the
+    #: controller fail-over time.
+    session_ttl_s: int = 10
+    #: num.partitions: partitions of a topic created with partitions = 0.
+    default_partitions: int = 1
+    #: default.replication.factor: used when a request says 0.
+    default_replication_factor: int = 1
+    #: offsets.retention.minutes: committed offsets of a group without members
+    #: are deleted this long after their commit.
+    offsets_retention_minutes: int = 7 * 24 * 60
+    #: How often the controller looks for expired offsets.
+    offsets_retention_check_interval_ms: int = 60_000
+    #: etcd's --max-txn-ops (default 128): larger commits and topic creations
+    #: are split into transactions of at most this many operations.
+    etcd_max_txn_ops: int = 128

@@ -1,0 +1,128 @@
+"""This replica's session, registration and controller candidacy.
+
+`ReplicaLifecycle.run()` loops for the life of the process:
+1. create a Session (retrying while etcd is unreachable);
+2. register this replica under `coordinators/<id>` on the session's lease;
+3. campaign for controller; once elected, run the controller duties (offset
+   expiry now; partition leader election in issue 5) with every write fenced
+   by the election key's create revision;
+4. when the session is lost (etcd says the lease is gone, for example after
+   an outage longer than the TTL), stop the duties and start again at 1.
+
+Killing the process (even with SIGKILL) lets the lease expire within
+`session_ttl_s`; the next candidate, watching its predecessor's key, is then
+elected: that bounds the controller fail-over time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+
+import aetcd
+
+from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.etcd import Election, Session, is_unavailable
+from tidelog_coordinator.keys import Keys
+from tidelog_coordinator.offset_store import OffsetStore
+
+log = logging.getLogger("tidelog.coordinator.controller")
+
+RETRY_DELAY_S = 0.2
+
+
+class ReplicaLifecycle:
+    """Session, registration, election and controller duties of one replica."""
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        keys: Keys,
+        config: CoordinatorConfig,
+        host: str,
+        port: int,
+        offsets: OffsetStore,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.config = config
+        self.offsets = offsets
+        self.value = json.dumps(
+            {"id": config.coordinator_id, "host": host, "port": port}, separators=(",", ":")
+        ).encode()
+        self.session: Session | None = None
+        self.election: Election | None = None
+        #: True while this replica believes it is the controller.
+        self.is_controller = False
+        self.elected = asyncio.Event()
+
+    async def run(self) -> None:
+        while True:
+            try:
+                self.session = await Session.create(self.client, self.config.session_ttl_s)
+                await self.client.put(
+                    self.keys.coordinator(self.config.coordinator_id),
+                    self.value,
+                    lease=self.session.lease_id,
+                )
+                await self._lead_until_lost(self.session)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                level = logging.INFO if is_unavailable(exc) else logging.ERROR
+                log.log(level, "controller loop: %s; retrying", exc, exc_info=level > logging.INFO)
+                await asyncio.sleep(RETRY_DELAY_S)
+            finally:
+                self._step_down()
+
+    async def _lead_until_lost(self, session: Session) -> None:
+        election = Election(session, self.keys.election)
+        self.election = election
+        campaign = asyncio.create_task(election.campaign(self.value))
+        lost = asyncio.create_task(session.lost.wait())
+        try:
+            done, _ = await asyncio.wait({campaign, lost}, return_when=asyncio.FIRST_COMPLETED)
+            if lost in done:
+                return
+            campaign.result()  # re-raise a failed campaign
+            self.is_controller = True
+            self.elected.set()
+            log.info("%s is now the controller", self.config.coordinator_id)
+            duties = asyncio.create_task(self._duties(election))
+            try:
+                await asyncio.wait({duties, lost}, return_when=asyncio.FIRST_COMPLETED)
+                if duties.done():
+                    duties.result()
+            finally:
+                duties.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await duties
+        finally:
+            for task in (campaign, lost):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    async def _duties(self, election: Election) -> None:
+        interval_s = self.config.offsets_retention_check_interval_ms / 1000
+        while True:
+            try:
+                await self.offsets.expire_offsets(election.leader_compare())
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    log.exception("expiring offsets failed")
+            await asyncio.sleep(interval_s)
+
+    def _step_down(self) -> None:
+        if self.is_controller:
+            log.info("%s is no longer the controller", self.config.coordinator_id)
+        self.is_controller = False
+        self.elected.clear()
+
+    async def close(self) -> None:
+        """Resign and revoke the session: another replica takes over at once."""
+        self._step_down()
+        if self.session is not None:
+            await self.session.close()

@@ -1,0 +1,81 @@
+"""`Session`: a lease kept alive for the life of a process, like etcd's concurrency.Session.
+
+Everything ephemeral a replica writes (its coordinator registration, its
+election candidacy) is bound to its session's lease, so it vanishes when the
+process dies. The keepalive refreshes every TTL/3. While etcd is unreachable
+the session keeps trying: the lease may well survive (etcd restarts extend
+every lease by a full TTL), and nothing can be written meanwhile anyway. The
+session is `lost` only when etcd says the lease is gone; the owner then
+builds a new session and re-creates its keys.
+
+Not thread-safe: use from one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aetcd
+
+from tidelog_coordinator.etcd.client import is_unavailable
+
+log = logging.getLogger("tidelog.coordinator.session")
+
+# etcd refuses leases shorter than about 1.5 s (its minimum TTL follows
+# from the election timeout); 2 s is the shortest that always works.
+MIN_TTL_S = 2
+
+
+class Session:
+    """A lease and its keepalive task. Create with `await Session.create(...)`."""
+
+    def __init__(self, client: aetcd.Client, lease_id: int, ttl_s: int) -> None:
+        self.client = client
+        self.lease_id = lease_id
+        self.ttl_s = ttl_s
+        #: Set once etcd reports the lease expired or revoked.
+        self.lost = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def create(cls, client: aetcd.Client, ttl_s: int) -> Session:
+        ttl_s = max(MIN_TTL_S, int(ttl_s))
+        lease = await client.lease(ttl_s)
+        session = cls(client, lease.id, ttl_s)
+        session._task = asyncio.create_task(session._keepalive(), name=f"lease-{lease.id:x}")
+        return session
+
+    async def _keepalive(self) -> None:
+        interval_s = self.ttl_s / 3
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                reply = await self.client.refresh_lease(self.lease_id)
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    log.exception("refreshing lease %x failed", self.lease_id)
+                # Retry sooner than the period: one missed refresh must not
+                # cost the lease.
+                interval_s = 0.2
+                continue
+            interval_s = self.ttl_s / 3
+            if reply is None or reply.TTL <= 0:
+                log.warning("session lease %x is gone (expired or revoked)", self.lease_id)
+                self.lost.set()
+                return
+
+    async def close(self) -> None:
+        """Stop the keepalive and revoke the lease (its keys vanish now)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if not self.lost.is_set():
+            self.lost.set()
+            try:
+                await self.client.revoke_lease(self.lease_id)
+            except Exception as exc:
+                # The lease then expires by itself after its TTL.
+                log.warning("revoking lease %x failed: %s", self.lease_id, exc)

@@ -1,0 +1,134 @@
+"""`PrefixWatcher`: every key under a prefix, as a listing and then its changes.
+
+A follower of etcd state that survives etcd restarts and compaction:
+
+- it first lists the prefix (revision R) and delivers that as a reset batch;
+- it then watches from R + 1 and delivers each change, remembering the
+  revision of the last one;
+- after a lost connection (aetcd raises ConnectionFailedError and the watch
+  must be re-created) it watches again from last revision + 1, so no change
+  is missed and none is delivered twice;
+- if that revision was compacted meanwhile, it lists again and delivers a new
+  reset batch (the consumer replaces what it knew).
+
+The consumer's callback runs on the watcher's task, one batch at a time, in
+revision order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import aetcd
+import aetcd.exceptions
+
+from tidelog_coordinator.etcd.client import is_unavailable
+from tidelog_coordinator.keys import prefix_end
+
+log = logging.getLogger("tidelog.coordinator.watch")
+
+RETRY_DELAY_MIN_S = 0.05
+RETRY_DELAY_MAX_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One key's new value (None: deleted) at `mod_revision`."""
+
+    key: bytes
+    value: bytes | None
+    mod_revision: int
+    create_revision: int = 0
+    lease: int = 0
+
+
+@dataclass(slots=True)
+class WatchBatch:
+    """Changes to apply in order. When `reset`, `changes` is the complete
+    listing and replaces everything known before."""
+
+    reset: bool
+    changes: list[Change] = field(default_factory=list)
+    revision: int = 0
+
+
+class PrefixWatcher:
+    """Follows one prefix; run() until cancelled. Single consumer, one loop."""
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        prefix: bytes,
+        on_batch: Callable[[WatchBatch], Awaitable[None]],
+        name: str = "",
+    ) -> None:
+        self.client = client
+        self.prefix = prefix
+        self.on_batch = on_batch
+        self.name = name or prefix.decode()
+        #: Revision of the last change delivered (0: nothing listed yet).
+        self.revision = 0
+        #: Set after the first listing has been delivered.
+        self.synced = asyncio.Event()
+
+    async def run(self) -> None:
+        delay_s = RETRY_DELAY_MIN_S
+        need_listing = True
+        while True:
+            try:
+                if need_listing:
+                    await self._list()
+                    need_listing = False
+                await self._follow()
+            except aetcd.exceptions.RevisionCompactedError as exc:
+                log.info("watch %s: revision compacted (%s); listing again", self.name, exc)
+                need_listing = True
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    log.exception("watch %s failed; resuming", self.name)
+                else:
+                    log.info("watch %s: etcd unreachable (%s); resuming", self.name, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(RETRY_DELAY_MAX_S, delay_s * 2)
+                continue
+            delay_s = RETRY_DELAY_MIN_S
+
+    async def _list(self) -> None:
+        listing = await self.client.get_prefix(self.prefix)
+        self.revision = listing.header.revision
+        changes = [
+            Change(kv.key, kv.value, kv.mod_revision, kv.create_revision, kv.lease)
+            for kv in listing
+        ]
+        await self.on_batch(WatchBatch(True, changes, self.revision))
+        self.synced.set()
+
+    async def _follow(self) -> None:
+        watch = await self.client.watch(
+            self.prefix, range_end=prefix_end(self.prefix), start_revision=self.revision + 1
+        )
+        try:
+            async for event in watch:
+                kv = event.kv
+                deleted = event.kind == "DELETE"
+                change = Change(
+                    kv.key,
+                    None if deleted else kv.value,
+                    kv.mod_revision,
+                    kv.create_revision,
+                    kv.lease,
+                )
+                self.revision = max(self.revision, kv.mod_revision)
+                await self.on_batch(WatchBatch(False, [change], self.revision))
+        finally:
+            try:
+                await watch.cancel()
+            except Exception as exc:
+                log.debug("cancelling watch %s: %s", self.name, exc)
+        # The iterator ends without an error only when the watch was cancelled.
+        raise aetcd.exceptions.ConnectionFailedError("watch stream ended")

@@ -1,0 +1,490 @@
+"""Consumer group membership: sessions, target assignments, and pushing them.
+
+The protocol is KIP-848's, with etcd as the group's memory:
+
+- A member's session is its member key bound to its own etcd lease (TTL =
+  session timeout). The replica serving the member's Heartbeat stream
+  refreshes the lease on each request; when the member dies its requests
+  stop, the lease expires, etcd deletes the key, and every replica's watch
+  sees it.
+- The group's target assignment (and its generation, `group_epoch`) is in the
+  group state key. Any replica that serves members of the group, and the
+  controller, recompute it whenever members, subscriptions or topics change.
+  Assignors are deterministic, so racing replicas compute the same target;
+  the write compares the state key's mod revision, so exactly one lands per
+  generation and the others see it through the watch.
+- Cooperative, incremental handover: a member is pushed its target minus the
+  partitions another member still owns. Owners that must give a partition
+  up are pushed an assignment without it, release it, and acknowledge; that
+  acknowledgement (owned partitions in the member key) reaches the other
+  replicas through the watch, and the new owner is pushed the partition.
+  Partitions that do not move are never revoked.
+- Before pushing an assignment, the serving replica writes its epoch into
+  the member key (comparing the key's mod revision), so a commit on any
+  replica can check the member's epoch in etcd (fencing).
+
+`GroupCoordinator` is not thread-safe: one event loop. Per stream, pushes
+and acknowledgements are serialised by the stream's lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import re
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aetcd
+from tidelog.errors import (
+    InvalidRequestError,
+    TidelogError,
+    UnknownMemberIdError,
+)
+from tidelog.group.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
+from tidelog.types import TopicPartition
+from tidelog.v1 import common_pb2, group_pb2
+
+from tidelog_coordinator.errors import error_proto
+from tidelog_coordinator.group_state import GroupCache, GroupState, GroupView, MemberRecord
+from tidelog_coordinator.keys import Keys, dynamic_member_key, static_member_key
+
+log = logging.getLogger("tidelog.coordinator.groups")
+
+SESSION_TIMEOUT_MIN_MS = 2_000  # etcd's shortest dependable lease
+SESSION_TIMEOUT_MAX_MS = 30 * 60_000
+SESSION_TIMEOUT_DEFAULT_MS = 45_000
+REBALANCE_TIMEOUT_DEFAULT_MS = 60_000
+HEARTBEAT_INTERVAL_MAX_MS = 5_000
+#: Attempts of a compare-and-put on a member key before giving up (each
+#: failure means the key changed meanwhile; we re-read and try again).
+MEMBER_UPDATE_ATTEMPTS = 5
+GROUP_ID_MAX_CHARS = 249
+
+
+def validate_group_id(group_id: str) -> str:
+    if not group_id or len(group_id) > GROUP_ID_MAX_CHARS:
+        raise InvalidRequestError(f"group id must be 1 to {GROUP_ID_MAX_CHARS} characters")
+    return group_id
+
+
+def tp_protos(tps: frozenset[TopicPartition]) -> list[common_pb2.TopicPartition]:
+    return [common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(tps)]
+
+
+@dataclass(eq=False)
+class MemberStream:
+    """One member's Heartbeat stream on this replica."""
+
+    group_id: str
+    member_key: str
+    member_id: str
+    lease_id: int
+    rebalance_timeout_ms: int
+    heartbeat_interval_ms: int
+    #: Revision at which the member key was written on join: the cache must
+    #: reach it before a missing key means "session gone".
+    join_revision: int
+    #: Responses to send; None ends the stream.
+    outbox: asyncio.Queue[group_pb2.GroupHeartbeatResponse | None] = field(
+        default_factory=asyncio.Queue
+    )
+    last_pushed: tuple[int, frozenset[TopicPartition]] | None = None
+    #: Monotonic deadline for releasing partitions it must give up.
+    revoke_deadline: float | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    closed: bool = False
+
+    def close(self, error: TidelogError | None = None) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if error is not None:
+            self.outbox.put_nowait(
+                group_pb2.GroupHeartbeatResponse(
+                    error=error_proto(error, "serving the group session"),
+                    member_id=self.member_id,
+                )
+            )
+        self.outbox.put_nowait(None)
+
+
+class GroupCoordinator:
+    """Joins, heartbeats, leaves, target computation and pushes."""
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        keys: Keys,
+        is_controller: Callable[[], bool],
+        cache_revision: Callable[[], int],
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.cache = GroupCache(keys, self._on_groups_changed)
+        self.is_controller = is_controller
+        self.cache_revision = cache_revision
+        #: group id -> member key -> stream served here.
+        self.local: dict[str, dict[str, MemberStream]] = {}
+        self._dirty: set[str] = set()
+        self._drainer: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ join / leave
+
+    async def join(self, req: group_pb2.GroupHeartbeatRequest) -> MemberStream:
+        """Admit a member (new, re-attaching, or a restarted static instance)."""
+        group_id = validate_group_id(req.group_id)
+        session_ms = req.session_timeout_ms or SESSION_TIMEOUT_DEFAULT_MS
+        if not SESSION_TIMEOUT_MIN_MS <= session_ms <= SESSION_TIMEOUT_MAX_MS:
+            raise InvalidRequestError(
+                f"session_timeout_ms={session_ms} is out of range: use "
+                f"{SESSION_TIMEOUT_MIN_MS} to {SESSION_TIMEOUT_MAX_MS}"
+            )
+        rebalance_ms = req.rebalance_timeout_ms or REBALANCE_TIMEOUT_DEFAULT_MS
+        assignor = req.assignor or DEFAULT_ASSIGNOR
+        if assignor not in ASSIGNORS:
+            raise InvalidRequestError(
+                f"unknown assignor {assignor!r}: use one of {', '.join(sorted(ASSIGNORS))}"
+            )
+        if req.subscribed_topic_regex:
+            try:
+                re.compile(req.subscribed_topic_regex)
+            except re.error as exc:
+                raise InvalidRequestError(f"subscribed_topic_regex is invalid: {exc}") from None
+        elif not req.subscribed_topics:
+            raise InvalidRequestError("subscribe to at least one topic or a topic pattern")
+        ttl_s = max(2, math.ceil(session_ms / 1000))
+        instance_id = req.group_instance_id
+        if instance_id:
+            member_key = static_member_key(instance_id)
+        elif req.member_id:
+            member_key = dynamic_member_key(req.member_id)
+        else:
+            member_key = dynamic_member_key(uuid.uuid4().hex)
+        key = self.keys.member(group_id, member_key)
+        fresh = MemberRecord(
+            member_key=member_key,
+            member_id=member_key[2:] if not instance_id else uuid.uuid4().hex,
+            instance_id=instance_id,
+            client_id=req.client_id,
+            topics=tuple(sorted(set(req.subscribed_topics))),
+            pattern=req.subscribed_topic_regex,
+            assignor=assignor,
+            session_timeout_ms=session_ms,
+            rebalance_timeout_ms=rebalance_ms,
+        )
+        tx = self.client.transactions
+        existing = await self._read_member(group_id, member_key)
+        if existing is not None and req.member_id and existing.member_id == req.member_id:
+            # Re-attach (after a reconnect to this replica): same lease, same
+            # state; only the subscription may have changed.
+            record = existing.with_(
+                topics=fresh.topics,
+                pattern=fresh.pattern,
+                assignor=assignor,
+                client_id=fresh.client_id,
+                rebalance_timeout_ms=rebalance_ms,
+            )
+            lease_id = existing.lease
+            ok, responses = await self.client.transaction(
+                compare=[tx.mod(key) == existing.mod_revision],
+                success=[tx.put(key, record.to_json(), lease=lease_id)],
+                failure=[],
+            )
+            if not ok:
+                raise UnknownMemberIdError("the member changed while re-attaching: join again")
+            await self.client.refresh_lease(lease_id)
+        elif req.member_id and not instance_id:
+            raise UnknownMemberIdError(
+                f"member {req.member_id} of group {group_id!r} is unknown (its session "
+                "expired): join again as a new member"
+            )
+        else:
+            lease = await self.client.lease(ttl_s)
+            lease_id = lease.id
+            if existing is not None:
+                # A static instance restarted: it takes over the old key (and so
+                # the old target, with no rebalance) under a new member id,
+                # which fences the previous process.
+                record = fresh.with_(member_epoch=existing.member_epoch)
+                compare = [tx.mod(key) == existing.mod_revision]
+            else:
+                record = fresh
+                compare = [tx.create(key) == 0]
+            ok, responses = await self.client.transaction(
+                compare=compare, success=[tx.put(key, record.to_json(), lease=lease_id)], failure=[]
+            )
+            if not ok:
+                await self._revoke_quietly(lease_id)
+                raise UnknownMemberIdError("another member joined with the same id: join again")
+            if existing is not None:
+                await self._revoke_quietly(existing.lease)
+        revision = responses[0].response_put.header.revision
+        interval_ms = max(200, min(HEARTBEAT_INTERVAL_MAX_MS, session_ms // 3))
+        stream = MemberStream(
+            group_id=group_id,
+            member_key=member_key,
+            member_id=record.member_id,
+            lease_id=lease_id,
+            rebalance_timeout_ms=rebalance_ms,
+            heartbeat_interval_ms=interval_ms,
+            join_revision=revision,
+        )
+        previous = self.local.setdefault(group_id, {}).get(member_key)
+        if previous is not None:
+            previous.close(UnknownMemberIdError("another stream took over this member"))
+        self.local[group_id][member_key] = stream
+        log.info("member %s (%s) joined group %r", record.member_id, member_key, group_id)
+        stream.outbox.put_nowait(
+            group_pb2.GroupHeartbeatResponse(
+                member_id=record.member_id,
+                member_epoch=record.member_epoch,
+                heartbeat_interval_ms=interval_ms,
+            )
+        )
+        self._mark_dirty({group_id})
+        return stream
+
+    async def heartbeat(self, stream: MemberStream, req: group_pb2.GroupHeartbeatRequest) -> None:
+        """Keep the session alive; record an acknowledgement."""
+        reply = await self.client.refresh_lease(stream.lease_id)
+        if reply is None or reply.TTL <= 0:
+            stream.close(UnknownMemberIdError("the member's session expired: join again"))
+            return
+        if req.HasField("ack"):
+            owned = frozenset(TopicPartition(tp.topic, tp.partition) for tp in req.ack.owned)
+            async with stream.lock:
+                await self._update_member(stream, lambda rec: rec.with_(owned=owned))
+        if stream.revoke_deadline is not None and time.monotonic() > stream.revoke_deadline:
+            log.warning(
+                "member %s of %r did not release partitions within %d ms: removing it",
+                stream.member_id,
+                stream.group_id,
+                stream.rebalance_timeout_ms,
+            )
+            await self.leave(stream.group_id, stream.member_id)
+            stream.close(
+                UnknownMemberIdError(
+                    "removed from the group: partitions were not released within "
+                    "rebalance_timeout_ms"
+                )
+            )
+
+    def detach(self, stream: MemberStream) -> None:
+        """The stream ended. The lease is left to expire: the member may come
+        back (reconnect, static restart) within its session timeout."""
+        streams = self.local.get(stream.group_id, {})
+        if streams.get(stream.member_key) is stream:
+            del streams[stream.member_key]
+            if not streams:
+                del self.local[stream.group_id]
+        stream.close()
+
+    async def leave(self, group_id: str, member_id: str) -> None:
+        """Remove a member now: its key is deleted and its lease revoked."""
+        validate_group_id(group_id)
+        record = await self._find_member(group_id, member_id)
+        if record is None:
+            raise UnknownMemberIdError(f"member {member_id} is not in group {group_id!r}")
+        tx = self.client.transactions
+        key = self.keys.member(group_id, record.member_key)
+        await self.client.transaction(
+            compare=[tx.mod(key) == record.mod_revision], success=[tx.delete(key)], failure=[]
+        )
+        await self._revoke_quietly(record.lease)
+        local = self.local.get(group_id, {}).get(record.member_key)
+        if local is not None and local.member_id == member_id:
+            local.close()
+        log.info("member %s left group %r", member_id, group_id)
+
+    # ------------------------------------------------------------ reconcile
+
+    async def _on_groups_changed(self, group_ids: set[str]) -> None:
+        self._mark_dirty(group_ids)
+
+    def _mark_dirty(self, group_ids: set[str]) -> None:
+        # Coalesce: the events of one etcd transaction arrive one by one, and
+        # a burst of them should cost one reconcile, not one per event.
+        self._dirty |= group_ids
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain(), name="group-reconcile")
+
+    async def _drain(self) -> None:
+        await asyncio.sleep(0)
+        while self._dirty:
+            group_id = self._dirty.pop()
+            try:
+                await self._reconcile(group_id)
+            except Exception as exc:
+                # Retried on the next change of the group (every write we or
+                # anyone makes produces one) or the next heartbeat.
+                level = logging.INFO if _is_etcd_outage(exc) else logging.ERROR
+                log.log(
+                    level,
+                    "reconciling group %r failed: %s",
+                    group_id,
+                    exc,
+                    exc_info=level > logging.INFO,
+                )
+
+    async def _reconcile(self, group_id: str) -> None:
+        view = self.cache.groups.get(group_id, GroupView())
+        streams = self.local.get(group_id, {})
+        if not streams and not self.is_controller():
+            return
+        new_state = self._compute_target(view)
+        if new_state is not None:
+            await self._write_state(group_id, view.state, new_state)
+            return  # the watch event of the write brings us back here
+        for stream in list(streams.values()):
+            async with stream.lock:
+                await self._push(stream, view)
+
+    def _compute_target(self, view: GroupView) -> GroupState | None:
+        """The next group state, or None when the target does not change."""
+        if not view.members:
+            return None
+        topic_names = self.cache.topics
+        subscriptions = {k: m.subscribed(topic_names) for k, m in view.members.items()}
+        votes = collections.Counter(m.assignor for m in view.members.values())
+        # The most common choice wins; ties go to the name that sorts first.
+        assignor = min(votes, key=lambda a: (-votes[a], a))
+        counts = {t: topic_names[t] for subs in subscriptions.values() for t in subs}
+        state = view.state
+        previous = {}
+        if state is not None and state.assignor == assignor:
+            previous = {k: v for k, v in state.target.items() if k in view.members}
+        target = assign(assignor, subscriptions, counts, previous)
+        if state is not None and state.assignor == assignor and state.target == target:
+            return None
+        epoch = (state.group_epoch if state else 0) + 1
+        return GroupState(group_epoch=epoch, assignor=assignor, target=target)
+
+    async def _write_state(self, group_id: str, old: GroupState | None, new: GroupState) -> None:
+        tx = self.client.transactions
+        key = self.keys.group_state(group_id)
+        compare = tx.create(key) == 0 if old is None else tx.mod(key) == old.mod_revision
+        ok, _ = await self.client.transaction(
+            compare=[compare], success=[tx.put(key, new.to_json())], failure=[]
+        )
+        if ok:
+            log.info("group %r: generation %d (%s)", group_id, new.group_epoch, new.assignor)
+
+    async def _push(self, stream: MemberStream, view: GroupView) -> None:
+        if stream.closed:
+            return
+        member = view.members.get(stream.member_key)
+        if member is None:
+            if self.cache_revision() >= stream.join_revision:
+                stream.close(UnknownMemberIdError("the member's session expired: join again"))
+            return
+        if member.member_id != stream.member_id:
+            stream.close(
+                UnknownMemberIdError("another instance with the same group_instance_id joined")
+            )
+            return
+        if view.state is None:
+            return
+        target = view.state.target.get(stream.member_key, frozenset())
+        held_elsewhere: set[TopicPartition] = set()
+        for key, other in view.members.items():
+            if key != stream.member_key:
+                held_elsewhere |= other.owned
+        assignment = frozenset(target - held_elsewhere)
+        epoch = view.state.group_epoch
+        if member.owned - assignment:
+            if stream.revoke_deadline is None:
+                stream.revoke_deadline = time.monotonic() + stream.rebalance_timeout_ms / 1000
+        else:
+            stream.revoke_deadline = None
+        if stream.last_pushed == (epoch, assignment):
+            return
+        written = await self._update_member(
+            stream, lambda rec: rec.with_(member_epoch=epoch, assigned=assignment)
+        )
+        if not written:
+            return
+        stream.last_pushed = (epoch, assignment)
+        stream.outbox.put_nowait(
+            group_pb2.GroupHeartbeatResponse(
+                member_id=stream.member_id,
+                member_epoch=epoch,
+                heartbeat_interval_ms=stream.heartbeat_interval_ms,
+                assignment=group_pb2.Assignment(partitions=tp_protos(assignment)),
+                group_epoch=epoch,
+            )
+        )
+
+    # ------------------------------------------------------------ etcd helpers
+
+    async def _update_member(
+        self, stream: MemberStream, change: Callable[[MemberRecord], MemberRecord]
+    ) -> bool:
+        """Compare-and-put `change(record)` on the member key; False if fenced."""
+        tx = self.client.transactions
+        key = self.keys.member(stream.group_id, stream.member_key)
+        record = self.cache.groups.get(stream.group_id, GroupView()).members.get(stream.member_key)
+        for _ in range(MEMBER_UPDATE_ATTEMPTS):
+            if record is None or record.member_id != stream.member_id:
+                record = await self._read_member(stream.group_id, stream.member_key)
+                if record is None or record.member_id != stream.member_id:
+                    stream.close(UnknownMemberIdError("the member's session ended: join again"))
+                    return False
+            new = change(record)
+            if new == record:
+                return True
+            ok, _ = await self.client.transaction(
+                compare=[tx.mod(key) == record.mod_revision],
+                success=[tx.put(key, new.to_json(), lease=stream.lease_id)],
+                failure=[],
+            )
+            if ok:
+                return True
+            record = None  # changed meanwhile: read it again
+        return False
+
+    async def _read_member(self, group_id: str, member_key: str) -> MemberRecord | None:
+        got = await self.client.get(self.keys.member(group_id, member_key))
+        if got is None:
+            return None
+        return MemberRecord.from_kv(
+            member_key, got.value, got.lease, got.mod_revision, got.create_revision
+        )
+
+    async def _find_member(self, group_id: str, member_id: str) -> MemberRecord | None:
+        """The member with this id, read from etcd (the cache may lag)."""
+        prefix = self.keys.members(group_id)
+        for kv in await self.client.get_prefix(prefix):
+            record = MemberRecord.from_kv(
+                self.keys.tail(kv.key, prefix),
+                kv.value,
+                kv.lease,
+                kv.mod_revision,
+                kv.create_revision,
+            )
+            if record.member_id == member_id:
+                return record
+        return None
+
+    async def _revoke_quietly(self, lease_id: int) -> None:
+        try:
+            await self.client.revoke_lease(lease_id)
+        except Exception as exc:
+            # It then expires by itself within the session timeout.
+            log.info("revoking lease %x failed: %s", lease_id, exc)
+
+    async def close_all(self, error: TidelogError) -> None:
+        """End every stream (shutdown): members reconnect to another replica."""
+        for streams in list(self.local.values()):
+            for stream in list(streams.values()):
+                stream.close(error)
+
+
+def _is_etcd_outage(exc: BaseException) -> bool:
+    from tidelog_coordinator.etcd import is_unavailable
+
+    return is_unavailable(exc)

@@ -1,0 +1,178 @@
+"""`tidelog.v1.Group`: heartbeat streams, leave, offsets and group admin.
+
+Validates and maps errors; GroupCoordinator and OffsetStore do the work.
+Errors of the heartbeat stream travel in-band (the response's `error`) and
+end the stream; unary calls answer with an in-band error too, so a client
+sees the precise ErrorCode either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+from tidelog.errors import InvalidRequestError
+from tidelog.types import TopicPartition
+from tidelog.v1 import group_pb2, group_pb2_grpc
+
+from tidelog_coordinator.errors import error_proto
+from tidelog_coordinator.group_coordinator import GroupCoordinator, MemberStream, tp_protos
+from tidelog_coordinator.offset_store import OffsetEntry, OffsetStore
+
+log = logging.getLogger("tidelog.coordinator.groups")
+
+#: Partitions in one commit: bounds one request's etcd transactions.
+MAX_OFFSETS_PER_COMMIT = 10_000
+
+
+class GroupServicer(group_pb2_grpc.GroupServicer):
+    def __init__(self, groups: GroupCoordinator, offsets: OffsetStore) -> None:
+        self.groups = groups
+        self.offsets = offsets
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        try:
+            first = await anext(aiter(request_iterator))
+        except StopAsyncIteration:
+            return
+        try:
+            stream = await self.groups.join(first)
+        except Exception as exc:
+            yield group_pb2.GroupHeartbeatResponse(error=error_proto(exc, "joining the group"))
+            return
+        reader = asyncio.create_task(self._read(stream, request_iterator))
+        try:
+            while True:
+                response = await stream.outbox.get()
+                if response is None:
+                    break
+                yield response
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            self.groups.detach(stream)
+
+    async def _read(
+        self, stream: MemberStream, requests: AsyncIterator[group_pb2.GroupHeartbeatRequest]
+    ) -> None:
+        try:
+            async for request in requests:
+                try:
+                    await self.groups.heartbeat(stream, request)
+                except Exception as exc:
+                    # One failed heartbeat (etcd briefly away) is not the end of
+                    # the session: the lease outlives it; the member retries.
+                    log.info("heartbeat of %s failed: %s", stream.member_id, exc)
+        except Exception as exc:
+            log.info("heartbeat stream of %s broke: %s", stream.member_id, exc)
+        finally:
+            stream.close()
+
+    async def LeaveGroup(
+        self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.LeaveGroupResponse:
+        try:
+            await self.groups.leave(request.group_id, request.member_id)
+        except Exception as exc:
+            return group_pb2.LeaveGroupResponse(error=error_proto(exc, "leaving the group"))
+        return group_pb2.LeaveGroupResponse()
+
+    async def CommitOffsets(
+        self, request: group_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.CommitOffsetsResponse:
+        try:
+            if len(request.offsets) > MAX_OFFSETS_PER_COMMIT:
+                raise InvalidRequestError(
+                    f"{len(request.offsets)} offsets in one commit: at most "
+                    f"{MAX_OFFSETS_PER_COMMIT}"
+                )
+            entries = [
+                OffsetEntry(TopicPartition(o.topic, o.partition), o.offset, o.metadata)
+                for o in request.offsets
+            ]
+            await self.offsets.commit(
+                request.group_id, request.member_id, request.member_epoch, entries
+            )
+        except Exception as exc:
+            return group_pb2.CommitOffsetsResponse(error=error_proto(exc, "committing offsets"))
+        return group_pb2.CommitOffsetsResponse()
+
+    async def FetchOffsets(
+        self, request: group_pb2.FetchOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.FetchOffsetsResponse:
+        try:
+            entries = await self.offsets.fetch(
+                request.group_id,
+                [TopicPartition(tp.topic, tp.partition) for tp in request.partitions],
+            )
+        except Exception as exc:
+            return group_pb2.FetchOffsetsResponse(error=error_proto(exc, "fetching offsets"))
+        return group_pb2.FetchOffsetsResponse(
+            offsets=[
+                group_pb2.CommittedOffset(
+                    topic=e.tp.topic,
+                    partition=e.tp.partition,
+                    offset=e.offset,
+                    metadata=e.metadata,
+                    commit_time_ms=e.commit_time_ms,
+                )
+                for e in entries
+            ]
+        )
+
+    async def ListGroups(
+        self, request: group_pb2.ListGroupsRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.ListGroupsResponse:
+        groups = await self.offsets.list_groups()
+        return group_pb2.ListGroupsResponse(
+            groups=[
+                group_pb2.GroupListing(group_id=g, state=s, member_count=n) for g, s, n in groups
+            ]
+        )
+
+    async def DescribeGroup(
+        self, request: group_pb2.DescribeGroupRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.DescribeGroupResponse:
+        try:
+            view = await self.offsets.describe_group(request.group_id)
+        except Exception as exc:
+            return group_pb2.DescribeGroupResponse(
+                group_id=request.group_id, error=error_proto(exc, "describing the group")
+            )
+        target = view.state.target if view.state else {}
+        return group_pb2.DescribeGroupResponse(
+            group_id=request.group_id,
+            state=view.status(),
+            group_epoch=view.state.group_epoch if view.state else 0,
+            assignor=view.state.assignor if view.state else "",
+            members=[
+                group_pb2.GroupMemberDescription(
+                    member_id=m.member_id,
+                    group_instance_id=m.instance_id,
+                    client_id=m.client_id,
+                    member_epoch=m.member_epoch,
+                    subscribed_topics=list(m.topics),
+                    subscribed_topic_regex=m.pattern,
+                    owned=tp_protos(m.owned),
+                    target=tp_protos(target.get(key, frozenset())),
+                )
+                for key, m in sorted(view.members.items())
+            ],
+        )
+
+    async def DeleteGroup(
+        self, request: group_pb2.DeleteGroupRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.DeleteGroupResponse:
+        try:
+            await self.offsets.delete_group(request.group_id)
+        except Exception as exc:
+            return group_pb2.DeleteGroupResponse(error=error_proto(exc, "deleting the group"))
+        return group_pb2.DeleteGroupResponse()

@@ -1,0 +1,218 @@
+"""What the coordinator knows of consumer groups: records, and a cache fed by a watch.
+
+`MemberRecord` and `GroupState` are the JSON values of the member and state
+keys (see keys.py). `GroupCache` mirrors every key under `groups/` and
+`topics/` through two PrefixWatchers, so each replica can compute targets and
+pushes without reading etcd on every event; anything that fences (commits,
+state writes) still compares revisions in etcd, so a stale cache can only
+make a transaction fail and be retried, never write something wrong.
+
+Not thread-safe: one event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from tidelog.types import TopicPartition
+
+from tidelog_coordinator.etcd import WatchBatch
+from tidelog_coordinator.keys import Keys
+
+
+def tps_to_json(tps: Iterable[TopicPartition]) -> list[list[Any]]:
+    return [[tp.topic, tp.partition] for tp in sorted(tps)]
+
+
+def tps_from_json(items: Iterable[Any]) -> frozenset[TopicPartition]:
+    return frozenset(TopicPartition(str(t), int(p)) for t, p in items)
+
+
+@dataclass(frozen=True, slots=True)
+class MemberRecord:
+    """One live member (the value of its lease-bound member key)."""
+
+    member_key: str
+    member_id: str
+    instance_id: str
+    client_id: str
+    topics: tuple[str, ...]
+    pattern: str
+    assignor: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    #: Epoch of the last assignment sent to the member (commits must carry it).
+    member_epoch: int = 0
+    #: The last assignment sent.
+    assigned: frozenset[TopicPartition] = frozenset()
+    #: What the member acknowledged owning.
+    owned: frozenset[TopicPartition] = frozenset()
+    # From etcd, not stored in the value:
+    lease: int = 0
+    mod_revision: int = 0
+    create_revision: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "member_id": self.member_id,
+                "instance_id": self.instance_id,
+                "client_id": self.client_id,
+                "topics": list(self.topics),
+                "pattern": self.pattern,
+                "assignor": self.assignor,
+                "session_timeout_ms": self.session_timeout_ms,
+                "rebalance_timeout_ms": self.rebalance_timeout_ms,
+                "member_epoch": self.member_epoch,
+                "assigned": tps_to_json(self.assigned),
+                "owned": tps_to_json(self.owned),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_kv(
+        cls, member_key: str, value: bytes, lease: int, mod_revision: int, create_revision: int
+    ) -> MemberRecord:
+        d = json.loads(value)
+        return cls(
+            member_key=member_key,
+            member_id=d["member_id"],
+            instance_id=d.get("instance_id", ""),
+            client_id=d.get("client_id", ""),
+            topics=tuple(d.get("topics", ())),
+            pattern=d.get("pattern", ""),
+            assignor=d.get("assignor", ""),
+            session_timeout_ms=int(d.get("session_timeout_ms", 0)),
+            rebalance_timeout_ms=int(d.get("rebalance_timeout_ms", 0)),
+            member_epoch=int(d.get("member_epoch", 0)),
+            assigned=tps_from_json(d.get("assigned", ())),
+            owned=tps_from_json(d.get("owned", ())),
+            lease=lease,
+            mod_revision=mod_revision,
+            create_revision=create_revision,
+        )
+
+    def subscribed(self, topic_names: Iterable[str]) -> frozenset[str]:
+        """The topics this member consumes among those that exist."""
+        if self.pattern:
+            regex = re.compile(self.pattern)
+            return frozenset(t for t in topic_names if regex.fullmatch(t))
+        existing = set(topic_names)
+        return frozenset(t for t in self.topics if t in existing)
+
+    def with_(self, **changes: Any) -> MemberRecord:
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupState:
+    """The group's generation and target assignment (the state key)."""
+
+    group_epoch: int = 0
+    assignor: str = ""
+    target: dict[str, frozenset[TopicPartition]] = field(default_factory=dict)
+    mod_revision: int = 0
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {
+                "group_epoch": self.group_epoch,
+                "assignor": self.assignor,
+                "target": {m: tps_to_json(tps) for m, tps in sorted(self.target.items())},
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_kv(cls, value: bytes, mod_revision: int) -> GroupState:
+        d = json.loads(value)
+        return cls(
+            group_epoch=int(d["group_epoch"]),
+            assignor=d.get("assignor", ""),
+            target={m: tps_from_json(v) for m, v in d.get("target", {}).items()},
+            mod_revision=mod_revision,
+        )
+
+
+@dataclass(slots=True)
+class GroupView:
+    members: dict[str, MemberRecord] = field(default_factory=dict)
+    state: GroupState | None = None
+
+    def member_by_id(self, member_id: str) -> MemberRecord | None:
+        for member in self.members.values():
+            if member.member_id == member_id:
+                return member
+        return None
+
+    def status(self) -> str:
+        """Kafka-like state name: Empty, Reconciling or Stable."""
+        if not self.members:
+            return "Empty"
+        target = self.state.target if self.state else {}
+        for key, member in self.members.items():
+            if member.owned != target.get(key, frozenset()):
+                return "Reconciling"
+            if self.state is not None and member.member_epoch != self.state.group_epoch:
+                return "Reconciling"
+        return "Stable"
+
+
+class GroupCache:
+    """Groups and topic partition counts as of the last watch events."""
+
+    def __init__(self, keys: Keys, on_group_change: Callable[[set[str]], Awaitable[None]]) -> None:
+        self.keys = keys
+        self.groups: dict[str, GroupView] = {}
+        #: topic -> partition count.
+        self.topics: dict[str, int] = {}
+        self._on_group_change = on_group_change
+
+    async def apply_groups(self, batch: WatchBatch) -> None:
+        changed: set[str] = set()
+        if batch.reset:
+            changed.update(self.groups)
+            self.groups = {}
+        for change in batch.changes:
+            parsed = self.keys.parse_group_key(change.key)
+            if parsed is None:
+                continue
+            group_id, kind, member_key = parsed
+            view = self.groups.setdefault(group_id, GroupView())
+            changed.add(group_id)
+            if kind == "state":
+                view.state = (
+                    None
+                    if change.value is None
+                    else GroupState.from_kv(change.value, change.mod_revision)
+                )
+            elif change.value is None:
+                view.members.pop(member_key, None)
+            else:
+                view.members[member_key] = MemberRecord.from_kv(
+                    member_key,
+                    change.value,
+                    change.lease,
+                    change.mod_revision,
+                    change.create_revision,
+                )
+            if not view.members and view.state is None:
+                del self.groups[group_id]
+        await self._on_group_change(changed)
+
+    async def apply_topics(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.topics = {}
+        for change in batch.changes:
+            name = self.keys.tail(change.key, self.keys.topics)
+            if change.value is None:
+                self.topics.pop(name, None)
+            else:
+                self.topics[name] = len(json.loads(change.value)["partitions"])
+        # Partition counts feed every group's target.
+        await self._on_group_change(set(self.groups))

@@ -1,0 +1,244 @@
+"""Cluster metadata in etcd: brokers, coordinator replicas, topics and partitions.
+
+`MetadataManager` does the work of the Admin service (the servicer validates
+the request shape and maps errors): it reads live brokers, places replicas,
+and writes each new topic and the initial state of its partitions with
+transactions that compare the topic key's create revision, so two replicas
+creating the same topic at once cannot both succeed, and a topic deleted and
+re-created meanwhile is never written into by the older request.
+
+Any replica may create topics: placement is a pure function of the brokers
+registered at the time, and the compare on the topic key serialises
+creations, so routing them through the controller would add a hop and a
+failure mode without making anything safer. The controller keeps the duties
+that need a single actor over time (offset expiry now, leader election in
+issue 5).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aetcd
+from tidelog.errors import (
+    InvalidPartitionsError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.names import validate_topic_name
+from tidelog.topic_configs import config_to_strings, parse_topic_configs, validate_topic_configs
+
+from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.keys import Keys, prefix_end
+from tidelog_coordinator.placement import BrokerSlot, place_replicas
+
+#: Upper bound on partitions per topic: each is an etcd key and a directory
+#: on its brokers; Kafka users rarely need more.
+MAX_PARTITIONS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerRecord:
+    broker_id: int
+    host: str
+    port: int
+    rack: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionRecord:
+    partition: int
+    replicas: list[int]
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRecord:
+    name: str
+    topic_id: str
+    partitions: list[PartitionRecord]
+    #: Overrides only; effective configs add the defaults.
+    configs: dict[str, str]
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+class MetadataManager:
+    """Topic and cluster admin over etcd. Safe for concurrent use on one loop."""
+
+    def __init__(self, client: aetcd.Client, keys: Keys, config: CoordinatorConfig) -> None:
+        self.client = client
+        self.keys = keys
+        self.config = config
+
+    # ------------------------------------------------------------ cluster
+
+    async def ensure_cluster_id(self) -> str:
+        """The cluster id, created on first use (create revision == 0)."""
+        tx = self.client.transactions
+        new_id = uuid.uuid4().hex
+        ok, responses = await self.client.transaction(
+            compare=[tx.create(self.keys.cluster_id) == 0],
+            success=[tx.put(self.keys.cluster_id, new_id.encode())],
+            failure=[tx.get(self.keys.cluster_id)],
+        )
+        return new_id if ok else responses[0][0][0].decode()
+
+    async def live_brokers(self) -> list[BrokerRecord]:
+        listing = await self.client.get_prefix(self.keys.brokers)
+        brokers = []
+        for kv in listing:
+            data = json.loads(kv.value)
+            brokers.append(
+                BrokerRecord(
+                    int(data["id"]), data["host"], int(data["port"]), data.get("rack") or ""
+                )
+            )
+        return sorted(brokers, key=lambda b: b.broker_id)
+
+    async def coordinators(self) -> list[dict[str, Any]]:
+        listing = await self.client.get_prefix(self.keys.coordinators)
+        return sorted((json.loads(kv.value) for kv in listing), key=lambda c: c["id"])
+
+    # ------------------------------------------------------------ topics
+
+    async def create_topic(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: dict[str, str],
+        validate_only: bool = False,
+    ) -> TopicRecord:
+        """Validate, place and (unless validate_only) write one topic."""
+        validate_topic_name(name)
+        partitions = partitions or self.config.default_partitions
+        if partitions < 1 or partitions > MAX_PARTITIONS:
+            raise InvalidPartitionsError(
+                f"{partitions} partitions requested for {name!r}: use 1 to {MAX_PARTITIONS}"
+            )
+        if replication_factor < 0:
+            raise InvalidPartitionsError(f"replication factor {replication_factor} is negative")
+        replication_factor = replication_factor or self.config.default_replication_factor
+        overrides = validate_topic_configs(configs)
+        brokers = await self.live_brokers()
+        slots = [BrokerSlot(b.broker_id, b.rack) for b in brokers]
+        placement = place_replicas(name, slots, partitions, replication_factor)
+        record = TopicRecord(
+            name=name,
+            topic_id=uuid.uuid4().hex,
+            partitions=[
+                PartitionRecord(i, replicas, replicas[0], 0, list(replicas))
+                for i, replicas in enumerate(placement)
+            ],
+            configs=overrides,
+        )
+        if await self.client.get(self.keys.topic(name)) is not None:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+        if not validate_only:
+            await self._write_topic(record)
+        return record
+
+    async def _write_topic(self, record: TopicRecord) -> None:
+        tx = self.client.transactions
+        topic_value = _json(
+            {
+                "name": record.name,
+                "topic_id": record.topic_id,
+                "partitions": [
+                    {"partition": p.partition, "replicas": p.replicas} for p in record.partitions
+                ],
+                "configs": record.configs,
+                "version": 1,
+                "created_ms": int(time.time() * 1000),
+            }
+        )
+        states = [
+            tx.put(
+                self.keys.partition_state(record.name, p.partition),
+                _json({"leader": p.leader, "leader_epoch": 0, "isr": p.isr, "version": 1}),
+            )
+            for p in record.partitions
+        ]
+        topic_key = self.keys.topic(record.name)
+        chunk = max(1, self.config.etcd_max_txn_ops - 2)
+        # etcd caps operations per transaction (--max-txn-ops): the first
+        # transaction creates the topic key (if absent) with as many partition
+        # states as fit; later ones add the rest only while the topic key is
+        # still the one we created. Brokers treat a partition without a state
+        # key as not ready yet.
+        ok, responses = await self.client.transaction(
+            compare=[tx.create(topic_key) == 0],
+            success=[tx.put(topic_key, topic_value), *states[:chunk]],
+            failure=[],
+        )
+        if not ok:
+            raise TopicAlreadyExistsError(f"topic {record.name!r} already exists")
+        created = responses[0].response_put.header.revision
+        for i in range(chunk, len(states), chunk):
+            ok, _ = await self.client.transaction(
+                compare=[tx.create(topic_key) == created], success=states[i : i + chunk], failure=[]
+            )
+            if not ok:
+                raise UnknownTopicOrPartitionError(
+                    f"topic {record.name!r} was deleted while being created"
+                )
+
+    async def delete_topic(self, name: str) -> None:
+        """Delete the topic and its partition states in one transaction."""
+        validate_topic_name(name)
+        tx = self.client.transactions
+        topic_key = self.keys.topic(name)
+        states = self.keys.partition_states(name)
+        ok, _ = await self.client.transaction(
+            compare=[tx.version(topic_key) > 0],
+            success=[tx.delete(topic_key), tx.delete(states, prefix_end(states))],
+            failure=[],
+        )
+        if not ok:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+
+    async def describe_topics(self, names: Sequence[str]) -> list[TopicRecord | Exception]:
+        """Each named topic (every topic when `names` is empty), or its error."""
+        listing = await self.client.get_prefix(self.keys.topics)
+        topics = {json.loads(kv.value)["name"]: json.loads(kv.value) for kv in listing}
+        wanted = list(names) or sorted(topics)
+        states: dict[tuple[str, int], dict[str, Any]] = {}
+        partitions_prefix = self.keys._k("partitions", "")
+        for kv in await self.client.get_prefix(partitions_prefix):
+            parts = kv.key[len(partitions_prefix) :].decode().split("/")
+            if len(parts) == 3 and parts[2] == "state":
+                states[(parts[0], int(parts[1]))] = json.loads(kv.value)
+        out: list[TopicRecord | Exception] = []
+        for name in wanted:
+            data = topics.get(name)
+            if data is None:
+                out.append(UnknownTopicOrPartitionError(f"topic {name!r} does not exist"))
+                continue
+            parts_out = []
+            for p in data["partitions"]:
+                state = states.get((name, p["partition"]), {})
+                parts_out.append(
+                    PartitionRecord(
+                        p["partition"],
+                        list(p["replicas"]),
+                        int(state.get("leader", -1)),
+                        int(state.get("leader_epoch", 0)),
+                        list(state.get("isr", [])),
+                    )
+                )
+            out.append(TopicRecord(name, data["topic_id"], parts_out, dict(data["configs"])))
+        return out
+
+    @staticmethod
+    def effective_configs(overrides: dict[str, str]) -> dict[str, str]:
+        return config_to_strings(parse_topic_configs(overrides))

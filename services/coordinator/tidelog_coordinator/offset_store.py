@@ -1,0 +1,259 @@
+"""Committed offsets in etcd, and group-level admin (list, describe, delete).
+
+A commit is one etcd transaction covering every partition of the request,
+with one compare that fences it:
+- a member's commit compares the mod revision of its member key, as read
+  when its member id and epoch were checked: the key (and so the session,
+  the member id and the epoch) is exactly what was checked, or nothing is
+  written (a zombie whose session expired finds no key: UNKNOWN_MEMBER_ID; a
+  stale epoch: ILLEGAL_GENERATION);
+- an admin commit (empty member id, epoch -1) compares that the group's
+  member range is empty (etcd compares an empty range against a zero
+  key-value, so `version == 0` holds exactly when no member key exists).
+
+A request larger than etcd's --max-txn-ops is split into transactions that
+each carry the same compare; each is atomic, the request as a whole is not.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aetcd
+from tidelog.errors import (
+    GroupIdNotFoundError,
+    IllegalGenerationError,
+    InvalidRequestError,
+    NonEmptyGroupError,
+    UnknownMemberIdError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.names import validate_topic_name
+from tidelog.types import TopicPartition
+
+from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.group_coordinator import GroupCoordinator, validate_group_id
+from tidelog_coordinator.group_state import GroupView, MemberRecord
+from tidelog_coordinator.keys import Keys, prefix_end
+
+log = logging.getLogger("tidelog.coordinator.offsets")
+
+METADATA_MAX_BYTES = 4096
+COMMIT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetEntry:
+    tp: TopicPartition
+    offset: int
+    metadata: str = ""
+    commit_time_ms: int = 0
+
+
+class OffsetStore:
+    """Offsets and group admin over etcd. One event loop."""
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        keys: Keys,
+        config: CoordinatorConfig,
+        groups: GroupCoordinator,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.config = config
+        self.groups = groups
+
+    # ------------------------------------------------------------ commit / fetch
+
+    def _validate(self, entries: Sequence[OffsetEntry]) -> None:
+        topics = self.groups.cache.topics
+        seen: set[TopicPartition] = set()
+        for e in entries:
+            validate_topic_name(e.tp.topic)
+            if e.tp in seen:
+                raise InvalidRequestError(f"{e.tp.topic}-{e.tp.partition} appears twice")
+            seen.add(e.tp)
+            if e.offset < 0:
+                raise InvalidRequestError(
+                    f"offset {e.offset} for {e.tp.topic}-{e.tp.partition} is negative"
+                )
+            if len(e.metadata.encode()) > METADATA_MAX_BYTES:
+                raise InvalidRequestError(f"metadata is longer than {METADATA_MAX_BYTES} bytes")
+            count = topics.get(e.tp.topic)
+            if count is None or e.tp.partition < 0 or e.tp.partition >= count:
+                raise UnknownTopicOrPartitionError(f"{e.tp.topic}-{e.tp.partition} does not exist")
+
+    async def commit(
+        self, group_id: str, member_id: str, member_epoch: int, entries: Sequence[OffsetEntry]
+    ) -> None:
+        validate_group_id(group_id)
+        self._validate(entries)
+        if not entries:
+            return
+        tx = self.client.transactions
+        now_ms = int(time.time() * 1000)
+        puts = [
+            tx.put(
+                self.keys.offset(group_id, e.tp),
+                json.dumps(
+                    {"offset": e.offset, "metadata": e.metadata, "commit_time_ms": now_ms},
+                    separators=(",", ":"),
+                ).encode(),
+            )
+            for e in entries
+        ]
+        if not member_id:
+            if member_epoch != -1:
+                raise UnknownMemberIdError(
+                    "a commit without member_id must use member_epoch -1 (admin commit)"
+                )
+            members = self.keys.members(group_id)
+            compare = tx.version(members, prefix_end(members)) == 0
+            if not await self._transact(compare, puts):
+                raise NonEmptyGroupError(
+                    f"group {group_id!r} has live members: stop them before changing its offsets"
+                )
+            return
+        view = self.groups.cache.groups.get(group_id, GroupView())
+        record = view.member_by_id(member_id)
+        for _ in range(COMMIT_ATTEMPTS):
+            if record is None:
+                record = await self.groups._find_member(group_id, member_id)
+            if record is None:
+                raise UnknownMemberIdError(
+                    f"member {member_id} is not in group {group_id!r} (its session expired?)"
+                )
+            if record.member_epoch != member_epoch:
+                fresh = await self.groups._find_member(group_id, member_id)
+                if fresh is None or fresh.member_epoch != member_epoch:
+                    current = "none" if fresh is None else str(fresh.member_epoch)
+                    raise IllegalGenerationError(
+                        f"member epoch {member_epoch} of {member_id} is stale: current is {current}"
+                    )
+                record = fresh
+            key = self.keys.member(group_id, record.member_key)
+            if await self._transact(tx.mod(key) == record.mod_revision, puts):
+                return
+            record = None  # the member key changed since we read it: check again
+        raise IllegalGenerationError(
+            f"member {member_id} of {group_id!r} kept changing during the commit: retry"
+        )
+
+    async def _transact(self, compare: Any, ops: list[Any]) -> bool:
+        chunk = max(1, self.config.etcd_max_txn_ops - 1)
+        for i in range(0, len(ops), chunk):
+            ok, _ = await self.client.transaction(
+                compare=[compare], success=ops[i : i + chunk], failure=[]
+            )
+            if not ok:
+                return False
+        return True
+
+    async def fetch(self, group_id: str, tps: Iterable[TopicPartition]) -> list[OffsetEntry]:
+        """Committed offsets (offset -1 where none); every committed one if `tps` is empty."""
+        validate_group_id(group_id)
+        prefix = self.keys.offsets(group_id)
+        committed: dict[TopicPartition, OffsetEntry] = {}
+        for kv in await self.client.get_prefix(prefix):
+            parsed = self.keys.parse_offset_key(kv.key)
+            if parsed is None:
+                continue
+            d = json.loads(kv.value)
+            committed[parsed[1]] = OffsetEntry(
+                parsed[1], int(d["offset"]), d.get("metadata", ""), int(d.get("commit_time_ms", 0))
+            )
+        wanted = list(tps)
+        if not wanted:
+            return [committed[tp] for tp in sorted(committed)]
+        return [committed.get(tp, OffsetEntry(tp, -1)) for tp in wanted]
+
+    # ------------------------------------------------------------ group admin
+
+    async def list_groups(self) -> list[tuple[str, str, int]]:
+        """(group id, state, member count) of every group with members, state or offsets."""
+        groups = {g: (v.status(), len(v.members)) for g, v in self.groups.cache.groups.items()}
+        for kv in await self.client.get_prefix(self.keys.all_offsets, keys_only=True):
+            parsed = self.keys.parse_offset_key(kv.key)
+            if parsed is not None:
+                groups.setdefault(parsed[0], ("Empty", 0))
+        return [(g, s, n) for g, (s, n) in sorted(groups.items())]
+
+    async def describe_group(self, group_id: str) -> GroupView:
+        """Read from etcd, not the cache: admin tools want the latest."""
+        validate_group_id(group_id)
+        from tidelog_coordinator.group_state import GroupState
+
+        view = GroupView()
+        members = self.keys.members(group_id)
+        for kv in await self.client.get_prefix(self.keys.group(group_id)):
+            if kv.key == self.keys.group_state(group_id):
+                view.state = GroupState.from_kv(kv.value, kv.mod_revision)
+            elif kv.key.startswith(members):
+                member_key = self.keys.tail(kv.key, members)
+                view.members[member_key] = MemberRecord.from_kv(
+                    member_key, kv.value, kv.lease, kv.mod_revision, kv.create_revision
+                )
+        if view.state is None and not view.members:
+            offsets = await self.client.get_prefix(self.keys.offsets(group_id), keys_only=True)
+            if not offsets:
+                raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
+        return view
+
+    async def delete_group(self, group_id: str) -> None:
+        validate_group_id(group_id)
+        tx = self.client.transactions
+        group = self.keys.group(group_id)
+        offsets = self.keys.offsets(group_id)
+        members = self.keys.members(group_id)
+        exists = await self.client.get_prefix(
+            group, keys_only=True
+        ) or await self.client.get_prefix(offsets, keys_only=True)
+        if not exists:
+            raise GroupIdNotFoundError(f"group {group_id!r} does not exist")
+        ok, _ = await self.client.transaction(
+            compare=[tx.version(members, prefix_end(members)) == 0],
+            success=[tx.delete(group, prefix_end(group)), tx.delete(offsets, prefix_end(offsets))],
+            failure=[],
+        )
+        if not ok:
+            raise NonEmptyGroupError(f"group {group_id!r} has live members: it cannot be deleted")
+
+    # ------------------------------------------------------------ retention (controller)
+
+    async def expire_offsets(self, leader_compare: Any, now_ms: int | None = None) -> int:
+        """Delete offsets older than offsets.retention.minutes of groups without
+        members; the controller calls this, fenced by its election key."""
+        now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        cutoff_ms = now_ms - self.config.offsets_retention_minutes * 60_000
+        expired: dict[str, list[bytes]] = {}
+        for kv in await self.client.get_prefix(self.keys.all_offsets):
+            parsed = self.keys.parse_offset_key(kv.key)
+            if parsed is None:
+                continue
+            if int(json.loads(kv.value).get("commit_time_ms", 0)) < cutoff_ms:
+                expired.setdefault(parsed[0], []).append(kv.key)
+        tx = self.client.transactions
+        deleted = 0
+        for group_id, keys in expired.items():
+            members = self.keys.members(group_id)
+            ops = [tx.delete(k) for k in keys]
+            chunk = max(1, self.config.etcd_max_txn_ops - 2)
+            for i in range(0, len(ops), chunk):
+                ok, _ = await self.client.transaction(
+                    compare=[leader_compare, tx.version(members, prefix_end(members)) == 0],
+                    success=ops[i : i + chunk],
+                    failure=[],
+                )
+                if not ok:
+                    break
+                deleted += len(ops[i : i + chunk])
+        if deleted:
+            log.info("expired %d committed offsets", deleted)
+        return deleted

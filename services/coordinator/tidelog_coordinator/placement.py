@@ -1,0 +1,79 @@
+"""Replica placement of new topics: a pure function of the live brokers.
+
+Replica j of partition i goes on broker (start + i + j) mod n of the live
+brokers sorted by id (the Kafka paper's scheme, as Kafka's AdminUtils does
+it), so leaders (replica 0) and followers spread evenly. `start` comes from
+the topic name, so that many single-partition topics do not all put their
+leader on the lowest broker id, while staying deterministic.
+
+Rack-aware when every broker names a rack: the brokers are listed rack by
+rack in turn (a1, b1, c1, a2, b2, ...), and each partition's replicas are
+taken from its start position onward, skipping brokers in a rack the
+partition already uses while an unused rack remains. So with replication
+factor <= number of racks, no partition has two replicas in one rack.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tidelog.errors import InvalidReplicationFactorError
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSlot:
+    """What placement needs to know of a live broker."""
+
+    broker_id: int
+    rack: str = ""
+
+
+def _rack_alternated(brokers: Sequence[BrokerSlot]) -> list[BrokerSlot]:
+    by_rack: dict[str, list[BrokerSlot]] = {}
+    for broker in sorted(brokers, key=lambda b: b.broker_id):
+        by_rack.setdefault(broker.rack, []).append(broker)
+    racks = sorted(by_rack)
+    out: list[BrokerSlot] = []
+    for i in range(max(len(v) for v in by_rack.values())):
+        out.extend(by_rack[r][i] for r in racks if i < len(by_rack[r]))
+    return out
+
+
+def place_replicas(
+    topic: str, brokers: Sequence[BrokerSlot], partitions: int, replication_factor: int
+) -> list[list[int]]:
+    """Broker ids of each partition's replicas, the preferred leader first."""
+    n = len(brokers)
+    if replication_factor < 1 or replication_factor > n:
+        raise InvalidReplicationFactorError(
+            f"replication factor {replication_factor} is not possible with "
+            f"{n} live broker{'s' if n != 1 else ''}: use 1 to {n}"
+        )
+    start = zlib.crc32(topic.encode()) % n
+    rack_aware = all(b.rack for b in brokers) and len({b.rack for b in brokers}) > 1
+    if not rack_aware:
+        ordered = sorted(brokers, key=lambda b: b.broker_id)
+        return [
+            [ordered[(start + i + j) % n].broker_id for j in range(replication_factor)]
+            for i in range(partitions)
+        ]
+    ordered = _rack_alternated(brokers)
+    rack_count = len({b.rack for b in brokers})
+    placement: list[list[int]] = []
+    for i in range(partitions):
+        chosen: list[BrokerSlot] = []
+        racks_used: set[str] = set()
+        pos = start + i
+        while len(chosen) < replication_factor:
+            candidate = ordered[pos % n]
+            pos += 1
+            if candidate in chosen:
+                continue
+            if candidate.rack in racks_used and len(racks_used) < rack_count:
+                continue
+            chosen.append(candidate)
+            racks_used.add(candidate.rack)
+        placement.append([b.broker_id for b in chosen])
+    return placement

@@ -1,0 +1,147 @@
+"""The coordinator process: etcd follower, gRPC server, lifecycle, clean shutdown.
+
+Serves `tidelog.v1.Admin`, `tidelog.v1.Cluster` and `tidelog.v1.Group`, plus gRPC health checking
+(`grpc.health.v1.Health`, status under "") and server reflection.
+
+Start: connect to etcd (lazily; the process starts even while etcd is down
+and serves COORDINATOR_NOT_AVAILABLE until it is back), follow `groups/` and
+`topics/` with resilient watches, run the replica lifecycle (session,
+registration, controller election), then serve.
+
+Shutdown (SIGTERM or SIGINT): health NOT_SERVING, member streams are ended so
+their members reconnect elsewhere, the session is revoked (the controller
+role moves at once rather than after the TTL), then the server stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from tidelog.errors import CoordinatorNotAvailableError
+from tidelog.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    cluster_pb2,
+    cluster_pb2_grpc,
+    group_pb2,
+    group_pb2_grpc,
+)
+
+from tidelog_coordinator.admin_servicer import (
+    AdminServicer,
+    ClusterServicer,
+    controller_value_id,
+)
+from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.controller import ReplicaLifecycle
+from tidelog_coordinator.etcd import Election, PrefixWatcher, connect
+from tidelog_coordinator.group_coordinator import GroupCoordinator
+from tidelog_coordinator.group_servicer import GroupServicer
+from tidelog_coordinator.keys import Keys
+from tidelog_coordinator.metadata import MetadataManager
+from tidelog_coordinator.offset_store import OffsetStore
+
+log = logging.getLogger("tidelog.coordinator")
+
+SHUTDOWN_GRACE_S = 2.0
+
+
+class CoordinatorServer:
+    """One coordinator replica."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        self.config = config
+        self.keys = Keys(config.etcd_prefix)
+        self.client = connect(config.etcd_endpoint)
+        self.metadata = MetadataManager(self.client, self.keys, config)
+        self.lifecycle: ReplicaLifecycle | None = None
+        self.groups = GroupCoordinator(
+            self.client,
+            self.keys,
+            is_controller=lambda: self.lifecycle is not None and self.lifecycle.is_controller,
+            cache_revision=lambda: self._groups_watcher.revision,
+        )
+        self.offsets = OffsetStore(self.client, self.keys, config, self.groups)
+        self._groups_watcher = PrefixWatcher(
+            self.client, self.keys.groups, self.groups.cache.apply_groups, name="groups"
+        )
+        self._topics_watcher = PrefixWatcher(
+            self.client, self.keys.topics, self.groups.cache.apply_topics, name="topics"
+        )
+        self._server: grpc.aio.Server | None = None
+        self._health = HealthServicer()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.bound_port = 0
+
+    async def _controller_id(self) -> str:
+        return controller_value_id(await Election.leader(self.client, self.keys.election))
+
+    async def start(self) -> None:
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.metadata), server)
+        cluster_pb2_grpc.add_ClusterServicer_to_server(
+            ClusterServicer(self.metadata, self._controller_id), server
+        )
+        group_pb2_grpc.add_GroupServicer_to_server(GroupServicer(self.groups, self.offsets), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        reflection.enable_server_reflection(
+            (
+                admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+                cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name,
+                group_pb2.DESCRIPTOR.services_by_name["Group"].full_name,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        self.bound_port = server.add_insecure_port(self.config.listen_address)
+        if self.bound_port == 0:
+            raise OSError(f"cannot listen on {self.config.listen_address}")
+        host = self.config.advertised_host or self.config.listen_address.rpartition(":")[0]
+        self.lifecycle = ReplicaLifecycle(
+            self.client, self.keys, self.config, host, self.bound_port, self.offsets
+        )
+        self._tasks = [
+            asyncio.create_task(self._topics_watcher.run(), name="watch-topics"),
+            asyncio.create_task(self._groups_watcher.run(), name="watch-groups"),
+            asyncio.create_task(self.lifecycle.run(), name="lifecycle"),
+        ]
+        await server.start()
+        self._server = server
+        await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "coordinator %s serving on %s:%d (etcd %s, prefix %s)",
+            self.config.coordinator_id,
+            host,
+            self.bound_port,
+            self.config.etcd_endpoint,
+            self.keys.prefix,
+        )
+
+    async def wait_synced(self) -> None:
+        """Until both caches hold a first listing (tests; startup logs)."""
+        await self._topics_watcher.synced.wait()
+        await self._groups_watcher.synced.wait()
+
+    async def stop(self) -> None:
+        await self._health.enter_graceful_shutdown()
+        await self.groups.close_all(
+            CoordinatorNotAvailableError("the coordinator is shutting down: reconnect")
+        )
+        if self.lifecycle is not None:
+            await self.lifecycle.close()
+        if self._server is not None:
+            await self._server.stop(SHUTDOWN_GRACE_S)
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.client.close()
+        log.info("coordinator %s stopped", self.config.coordinator_id)

@@ -1,0 +1,148 @@
+"""Real service processes for tests: a broker on a free loopback port.
+
+`start_broker(data_dir, port)` runs `python -m tidelog_broker` with the
+test's interpreter, waits until its gRPC health check (service "") answers
+SERVING, and returns a `BrokerProcess`. Every process is stopped through its
+own PID (SIGTERM, then SIGKILL), never by name, so tests can run beside other
+brokers on the machine. The broker's output goes to `<data_dir>.log`, which a
+failing start names in its error.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+START_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 10.0
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_serving(
+    address: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None
+) -> None:
+    """Wait until the gRPC health check at `address` answers SERVING."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline:
+            if proc is not None and proc.poll() is not None:
+                raise RuntimeError(f"the process exited with {proc.returncode} before serving")
+            try:
+                reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+                last = reply.status
+            except grpc.RpcError as exc:
+                last = exc.code()
+            time.sleep(0.05)
+    raise TimeoutError(f"{address} did not answer SERVING within {timeout_s} s (last: {last})")
+
+
+class BrokerProcess:
+    """One broker process. Not thread-safe; one owner (a test or fixture)."""
+
+    def __init__(
+        self, data_dir: Path, port: int, extra_args: Sequence[str], broker_id: int = 0
+    ) -> None:
+        self.data_dir = data_dir
+        self.port = port
+        self.extra_args = tuple(extra_args)
+        self.broker_id = broker_id
+        self.log_path = data_dir.with_name(data_dir.name + ".log")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "the broker is not running"
+        return self.proc.pid
+
+    def spawn(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "tidelog_broker",
+            "--listen",
+            self.address,
+            "--data-dir",
+            str(self.data_dir),
+            "--broker-id",
+            str(self.broker_id),
+            *self.extra_args,
+        ]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_serving(self.address, timeout_s, self.proc)
+        except (RuntimeError, TimeoutError) as exc:
+            self.kill()
+            raise RuntimeError(f"broker did not start: {exc}; see {self.log_path}") from exc
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in time; the exit code."""
+        if self.proc is None:
+            return None
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+        return proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    def restart(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Stop, then start again on the same port and data dir."""
+        self.stop()
+        self.spawn(timeout_s)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def start_broker(
+    data_dir: Path,
+    port: int | None = None,
+    extra_args: Sequence[str] = ("--auto-create-topics",),
+    *,
+    broker_id: int = 0,
+    timeout_s: float = START_TIMEOUT_S,
+) -> BrokerProcess:
+    """Start a broker and wait until it serves. Port None: a free one."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    broker = BrokerProcess(data_dir, free_port() if port is None else port, extra_args, broker_id)
+    broker.spawn(timeout_s)
+    return broker
