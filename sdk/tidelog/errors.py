@@ -13,7 +13,7 @@ directions:
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import grpc
 
@@ -349,7 +349,7 @@ def error_from_code(code: int | str, message: str) -> TidelogError:
     if isinstance(code, int):
         from tidelog.v1 import common_pb2
 
-        code = common_pb2.ErrorCode.Name(code)
+        code = common_pb2.ErrorCode.Name(common_pb2.ErrorCode.ValueType(code))
     return error_class_for_code(code)(message)
 
 
@@ -357,7 +357,7 @@ def error_from_rpc(exc: grpc.RpcError) -> TidelogError:
     """Turn a failed gRPC call into the typed exception the server meant."""
     status = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
-    trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == ERROR_CODE_METADATA_KEY:
             return error_class_for_code(str(value))(details)

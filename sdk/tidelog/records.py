@@ -56,7 +56,7 @@ import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, repeat
+from itertools import accumulate, pairwise, repeat
 
 import crc32c
 
@@ -426,7 +426,9 @@ def encode_batch(
     crc = crc32c.crc32c(tail)
     # batch_length counts everything after itself: epoch(4) + magic(1) + crc(4) + tail.
     batch_length = 4 + 1 + 4 + len(tail)
-    return struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC, crc) + tail
+    return (
+        struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC, crc) + tail
+    )
 
 
 # --------------------------------------------------------------------------- decoding
@@ -468,7 +470,7 @@ def _slice_column(blob: bytes, pos: int, lengths: array) -> tuple[list[bytes | N
         return out, pos
     ends = list(accumulate(lengths, initial=pos))
     end = ends[-1]
-    return [blob[a:b] for a, b in zip(ends, ends[1:], strict=False)], end
+    return [blob[a:b] for a, b in pairwise(ends)], end
 
 
 def _decode_header_block(block: bytes) -> list[Header]:

@@ -50,10 +50,30 @@ class TopicConfig:
     cleanup_policy: str = "delete"
     #: message.timestamp.type: "CreateTime" or "LogAppendTime".
     message_timestamp_type: str = "CreateTime"
+    #: delete.retention.ms: how long a tombstone outlives its record timestamp
+    #: in a compacted log (time for consumers to see the delete).
+    delete_retention_ms: int = _DAY_MS
+    #: min.cleanable.dirty.ratio: clean once dirty bytes / all bytes reach this.
+    min_cleanable_dirty_ratio: float = 0.5
+    #: min.compaction.lag.ms: records younger than this are never compacted.
+    min_compaction_lag_ms: int = 0
+    #: compression.type: "producer" (keep the producer's codec) or a codec the
+    #: broker re-encodes every batch with: none, gzip, snappy, lz4, zstd.
+    compression_type: str = "producer"
 
     @property
     def log_append_time(self) -> bool:
         return self.message_timestamp_type == "LogAppendTime"
+
+    @property
+    def compact(self) -> bool:
+        """cleanup.policy includes compact."""
+        return "compact" in self.cleanup_policy
+
+    @property
+    def delete(self) -> bool:
+        """cleanup.policy includes delete (retention applies)."""
+        return "delete" in self.cleanup_policy
 
 
 def _int_in(low: int, high: int | None = None) -> Callable[[str, str], int]:
@@ -77,6 +97,19 @@ def _optional_int_in(low: int) -> Callable[[str, str], int | None]:
         if raw.strip().lower() in ("", "none", "null"):
             return None
         return parse_int(key, raw)
+
+    return parse
+
+
+def _float_in(low: float, high: float) -> Callable[[str, str], float]:
+    def parse(key: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise InvalidConfigError(f"{key}={raw!r} is not a number") from None
+        if not low <= value <= high:
+            raise InvalidConfigError(f"{key}={value} is out of range: use {low} to {high}")
+        return value
 
     return parse
 
@@ -114,6 +147,13 @@ TOPIC_CONFIGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "message.timestamp.type": (
         "message_timestamp_type",
         _one_of("CreateTime", "LogAppendTime"),
+    ),
+    "delete.retention.ms": ("delete_retention_ms", _int_in(0)),
+    "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _float_in(0.0, 1.0)),
+    "min.compaction.lag.ms": ("min_compaction_lag_ms", _int_in(0)),
+    "compression.type": (
+        "compression_type",
+        _one_of("producer", "none", "gzip", "snappy", "lz4", "zstd"),
     ),
 }
 

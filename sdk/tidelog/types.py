@@ -40,7 +40,16 @@ class ConsumerRecord:
     one per record, so construction cost matters (~2x cheaper).
     """
 
-    __slots__ = ("headers", "key", "offset", "partition", "timestamp", "timestamp_type", "topic", "value")
+    __slots__ = (
+        "headers",
+        "key",
+        "offset",
+        "partition",
+        "timestamp",
+        "timestamp_type",
+        "topic",
+        "value",
+    )
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidelog.v1 import common_pb2 as tidelog_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xac\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\x32\x86\x02\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xac\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\"\'\n\x16\x44\x65scribeConfigsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"C\n\x17\x44\x65scribeConfigsResponse\x12(\n\x06topics\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.TopicConfigs\"h\n\x0cTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.tidelog.v1.ConfigEntry\"T\n\x0b\x43onfigEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12(\n\x06source\x18\x03 \x01(\x0e\x32\x18.tidelog.v1.ConfigSource\"[\n\x13\x41lterConfigsRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.AlterTopicConfigs\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x92\x01\n\x11\x41lterTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x03set\x18\x02 \x03(\x0b\x32&.tidelog.v1.AlterTopicConfigs.SetEntry\x12\x0e\n\x06\x64\x65lete\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x41lterConfigsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult*{\n\x0c\x43onfigSource\x12\x1d\n\x19\x43ONFIG_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONFIG_SOURCE_DEFAULT\x10\x01\x12\x18\n\x14\x43ONFIG_SOURCE_BROKER\x10\x02\x12\x17\n\x13\x43ONFIG_SOURCE_TOPIC\x10\x03\x32\xb5\x03\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponse\x12Z\n\x0f\x44\x65scribeConfigs\x12\".tidelog.v1.DescribeConfigsRequest\x1a#.tidelog.v1.DescribeConfigsResponse\x12Q\n\x0c\x41lterConfigs\x12\x1f.tidelog.v1.AlterConfigsRequest\x1a .tidelog.v1.AlterConfigsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,6 +36,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_NEWTOPIC_CONFIGSENTRY']._serialized_options = b'8\001'
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._loaded_options = None
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_options = b'8\001'
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._loaded_options = None
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_options = b'8\001'
+  _globals['_CONFIGSOURCE']._serialized_start=1716
+  _globals['_CONFIGSOURCE']._serialized_end=1839
   _globals['_CREATETOPICSREQUEST']._serialized_start=63
   _globals['_CREATETOPICSREQUEST']._serialized_end=145
   _globals['_NEWTOPIC']._serialized_start=148
@@ -60,6 +64,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_end=320
   _globals['_PARTITIONDESCRIPTION']._serialized_start=897
   _globals['_PARTITIONDESCRIPTION']._serialized_end=1105
-  _globals['_ADMIN']._serialized_start=1108
-  _globals['_ADMIN']._serialized_end=1370
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_start=1107
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_end=1146
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_start=1148
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_end=1215
+  _globals['_TOPICCONFIGS']._serialized_start=1217
+  _globals['_TOPICCONFIGS']._serialized_end=1321
+  _globals['_CONFIGENTRY']._serialized_start=1323
+  _globals['_CONFIGENTRY']._serialized_end=1407
+  _globals['_ALTERCONFIGSREQUEST']._serialized_start=1409
+  _globals['_ALTERCONFIGSREQUEST']._serialized_end=1500
+  _globals['_ALTERTOPICCONFIGS']._serialized_start=1503
+  _globals['_ALTERTOPICCONFIGS']._serialized_end=1649
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_start=1607
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_end=1649
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_start=1651
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_end=1714
+  _globals['_ADMIN']._serialized_start=1842
+  _globals['_ADMIN']._serialized_end=2279
 # @@protoc_insertion_point(module_scope)

@@ -10,6 +10,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from tidelog.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -21,6 +22,34 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _ConfigSource:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _ConfigSourceEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ConfigSource.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    CONFIG_SOURCE_UNSPECIFIED: _ConfigSource.ValueType  # 0
+    """Not set (never sent by a broker)."""
+    CONFIG_SOURCE_DEFAULT: _ConfigSource.ValueType  # 1
+    """Tidelog's built-in default."""
+    CONFIG_SOURCE_BROKER: _ConfigSource.ValueType  # 2
+    """The broker's config file or --set flags (cluster-wide default)."""
+    CONFIG_SOURCE_TOPIC: _ConfigSource.ValueType  # 3
+    """An override set on this topic."""
+
+class ConfigSource(_ConfigSource, metaclass=_ConfigSourceEnumTypeWrapper):
+    """Where a config's effective value comes from."""
+
+CONFIG_SOURCE_UNSPECIFIED: ConfigSource.ValueType  # 0
+"""Not set (never sent by a broker)."""
+CONFIG_SOURCE_DEFAULT: ConfigSource.ValueType  # 1
+"""Tidelog's built-in default."""
+CONFIG_SOURCE_BROKER: ConfigSource.ValueType  # 2
+"""The broker's config file or --set flags (cluster-wide default)."""
+CONFIG_SOURCE_TOPIC: ConfigSource.ValueType  # 3
+"""An override set on this topic."""
+Global___ConfigSource: _TypeAlias = ConfigSource  # noqa: Y015
 
 @_typing.final
 class CreateTopicsRequest(_message.Message):
@@ -331,3 +360,207 @@ class PartitionDescription(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___PartitionDescription: _TypeAlias = PartitionDescription  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAMES_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Topics to describe; empty means every topic."""
+
+    def __init__(
+        self,
+        *,
+        names: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["names", b"names"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsRequest: _TypeAlias = DescribeConfigsRequest  # noqa: Y015
+
+@_typing.final
+class DescribeConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicConfigs]:
+        """One entry per topic, in request order."""
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___TopicConfigs] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DescribeConfigsResponse: _TypeAlias = DescribeConfigsResponse  # noqa: Y015
+
+@_typing.final
+class TopicConfigs(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    ENTRIES_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The topic's name."""
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Unset when the topic was described."""
+
+    @_builtins.property
+    def entries(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConfigEntry]:
+        """Every topic config key, sorted by name."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        error: _common_pb2.Error | None = ...,
+        entries: _abc.Iterable[Global___ConfigEntry] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["entries", b"entries", "error", b"error", "name", b"name"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TopicConfigs: _TypeAlias = TopicConfigs  # noqa: Y015
+
+@_typing.final
+class ConfigEntry(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    VALUE_FIELD_NUMBER: _builtins.int
+    SOURCE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """Kafka's name of the config, for example "retention.ms"."""
+    value: _builtins.str
+    """The effective value, as a string ("" for an unset optional value)."""
+    source: Global___ConfigSource.ValueType
+    """Where the value comes from."""
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        value: _builtins.str = ...,
+        source: Global___ConfigSource.ValueType = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["name", b"name", "source", b"source", "value", b"value"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConfigEntry: _TypeAlias = ConfigEntry  # noqa: Y015
+
+@_typing.final
+class AlterConfigsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """Check the changes, apply nothing."""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlterTopicConfigs]:
+        """The changes, one entry per topic."""
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___AlterTopicConfigs] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterConfigsRequest: _TypeAlias = AlterConfigsRequest  # noqa: Y015
+
+@_typing.final
+class AlterTopicConfigs(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    @_typing.final
+    class SetEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.str
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.str = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+    NAME_FIELD_NUMBER: _builtins.int
+    SET_FIELD_NUMBER: _builtins.int
+    DELETE_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The topic to change."""
+    @_builtins.property
+    def set(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
+        """Overrides to set, Kafka's names to values as strings."""
+
+    @_builtins.property
+    def delete(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Overrides to remove: the key falls back to the broker's default."""
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        set: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        delete: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delete", b"delete", "name", b"name", "set", b"set"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterTopicConfigs: _TypeAlias = AlterTopicConfigs  # noqa: Y015
+
+@_typing.final
+class AlterConfigsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicResult]:
+        """One result per topic, in request order."""
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___TopicResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterConfigsResponse: _TypeAlias = AlterConfigsResponse  # noqa: Y015

@@ -49,6 +49,16 @@ class AdminStub:
                 request_serializer=tidelog_dot_v1_dot_admin__pb2.DescribeTopicsRequest.SerializeToString,
                 response_deserializer=tidelog_dot_v1_dot_admin__pb2.DescribeTopicsResponse.FromString,
                 _registered_method=True)
+        self.DescribeConfigs = channel.unary_unary(
+                '/tidelog.v1.Admin/DescribeConfigs',
+                request_serializer=tidelog_dot_v1_dot_admin__pb2.DescribeConfigsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_admin__pb2.DescribeConfigsResponse.FromString,
+                _registered_method=True)
+        self.AlterConfigs = channel.unary_unary(
+                '/tidelog.v1.Admin/AlterConfigs',
+                request_serializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServicer:
@@ -75,6 +85,23 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeConfigs(self, request, context):
+        """Every config of topics, with its effective value and where it comes from
+        (a topic override, the broker's config file, or the built-in default).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterConfigs(self, request, context):
+        """Set or remove topic config overrides (incrementally: keys not named keep
+        their value). Takes effect without a restart. Unknown keys and invalid
+        values fail the topic with INVALID_CONFIG naming the key and the range.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -92,6 +119,16 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.DescribeTopics,
                     request_deserializer=tidelog_dot_v1_dot_admin__pb2.DescribeTopicsRequest.FromString,
                     response_serializer=tidelog_dot_v1_dot_admin__pb2.DescribeTopicsResponse.SerializeToString,
+            ),
+            'DescribeConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConfigs,
+                    request_deserializer=tidelog_dot_v1_dot_admin__pb2.DescribeConfigsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_admin__pb2.DescribeConfigsResponse.SerializeToString,
+            ),
+            'AlterConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterConfigs,
+                    request_deserializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -175,6 +212,60 @@ class Admin:
             '/tidelog.v1.Admin/DescribeTopics',
             tidelog_dot_v1_dot_admin__pb2.DescribeTopicsRequest.SerializeToString,
             tidelog_dot_v1_dot_admin__pb2.DescribeTopicsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/DescribeConfigs',
+            tidelog_dot_v1_dot_admin__pb2.DescribeConfigsRequest.SerializeToString,
+            tidelog_dot_v1_dot_admin__pb2.DescribeConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/AlterConfigs',
+            tidelog_dot_v1_dot_admin__pb2.AlterConfigsRequest.SerializeToString,
+            tidelog_dot_v1_dot_admin__pb2.AlterConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

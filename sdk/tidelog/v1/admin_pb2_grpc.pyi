@@ -40,6 +40,15 @@ class AdminStub:
     """Delete topics and their data."""
     DescribeTopics: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DescribeTopicsRequest, _admin_pb2.DescribeTopicsResponse]
     """Partitions, leaders, offsets and sizes on disk of topics."""
+    DescribeConfigs: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DescribeConfigsRequest, _admin_pb2.DescribeConfigsResponse]
+    """Every config of topics, with its effective value and where it comes from
+    (a topic override, the broker's config file, or the built-in default).
+    """
+    AlterConfigs: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AlterConfigsRequest, _admin_pb2.AlterConfigsResponse]
+    """Set or remove topic config overrides (incrementally: keys not named keep
+    their value). Takes effect without a restart. Unknown keys and invalid
+    values fail the topic with INVALID_CONFIG naming the key and the range.
+    """
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -50,6 +59,15 @@ class AdminAsyncStub(AdminStub):
     """Delete topics and their data."""
     DescribeTopics: _aio.UnaryUnaryMultiCallable[_admin_pb2.DescribeTopicsRequest, _admin_pb2.DescribeTopicsResponse]  # type: ignore[assignment]
     """Partitions, leaders, offsets and sizes on disk of topics."""
+    DescribeConfigs: _aio.UnaryUnaryMultiCallable[_admin_pb2.DescribeConfigsRequest, _admin_pb2.DescribeConfigsResponse]  # type: ignore[assignment]
+    """Every config of topics, with its effective value and where it comes from
+    (a topic override, the broker's config file, or the built-in default).
+    """
+    AlterConfigs: _aio.UnaryUnaryMultiCallable[_admin_pb2.AlterConfigsRequest, _admin_pb2.AlterConfigsResponse]  # type: ignore[assignment]
+    """Set or remove topic config overrides (incrementally: keys not named keep
+    their value). Takes effect without a restart. Unknown keys and invalid
+    values fail the topic with INVALID_CONFIG naming the key and the range.
+    """
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -75,5 +93,26 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.DescribeTopicsResponse, _abc.Awaitable[_admin_pb2.DescribeTopicsResponse]]:
         """Partitions, leaders, offsets and sizes on disk of topics."""
+
+    @_abc_1.abstractmethod
+    def DescribeConfigs(
+        self,
+        request: _admin_pb2.DescribeConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DescribeConfigsResponse, _abc.Awaitable[_admin_pb2.DescribeConfigsResponse]]:
+        """Every config of topics, with its effective value and where it comes from
+        (a topic override, the broker's config file, or the built-in default).
+        """
+
+    @_abc_1.abstractmethod
+    def AlterConfigs(
+        self,
+        request: _admin_pb2.AlterConfigsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AlterConfigsResponse, _abc.Awaitable[_admin_pb2.AlterConfigsResponse]]:
+        """Set or remove topic config overrides (incrementally: keys not named keep
+        their value). Takes effect without a restart. Unknown keys and invalid
+        values fail the topic with INVALID_CONFIG naming the key and the range.
+        """
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

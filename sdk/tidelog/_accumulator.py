@@ -1,0 +1,380 @@
+"""The producer's record accumulator: records grouped into per-partition batches.
+
+`send()` on any thread appends a record here under one lock and gets back a
+`FutureRecordMetadata`; the sender (on the event loop) drains batches that
+are full, have waited `linger_ms`, or are flushed. This module owns:
+
+- the open batch of each partition, stored as columns (values, keys,
+  timestamps, headers) that `records.encode_batch` turns into one batch when
+  drained: an append is three list appends, nothing else;
+- the FIFO of sealed batches, which keeps per-partition order;
+- retries: a batch that failed with a retriable error waits here for its
+  backoff, and its partition is *muted* (no later batch of it is drained)
+  until the retry is resolved, so retries do not reorder that partition's
+  later batches (already in-flight ones may still overtake: see
+  ProducerConfig.max_in_flight_requests);
+- buffer memory accounting (`buffer_memory`): send() blocks while the bytes
+  of unfinished batches exceed it;
+- the sticky partition of keyless records (KIP-480).
+
+Thread-safe: every public method takes `_lock`. The sender is woken through
+the `wake` callable (a hop to the event loop) only when a batch is created or
+sealed, never per record.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+
+from tidelog._futures import BatchResult, FutureRecordMetadata
+from tidelog.compression import CompressionType
+from tidelog.errors import ClosedError, TidelogTimeoutError
+from tidelog.partitioner import StickyPartitioner
+from tidelog.records import HEADER_SIZE, Header, encode_batch
+from tidelog.types import TopicPartition
+
+#: Per-record body bytes besides key and value (the two length slots);
+#: BatchBuilder.RECORD_OVERHEAD.
+RECORD_OVERHEAD = 8
+#: Batch bytes besides its records: the header and the body flags byte.
+BATCH_OVERHEAD = HEADER_SIZE + 1
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Sequence[Header] | None) -> int:
+    """Bytes a record adds to an uncompressed batch."""
+    size = RECORD_OVERHEAD + (0 if value is None else len(value)) + (0 if key is None else len(key))
+    if headers:
+        size += 4 + sum(8 + len(k) + len(v or b"") for k, v in headers)
+    return size
+
+
+class BufferFullError(Exception):
+    """Internal: the buffer is full and the caller asked not to block."""
+
+
+class ProducerBatch:
+    """One partition's records on their way to the broker (columns until
+    encoded). Owned by the accumulator until drained, then by the sender."""
+
+    __slots__ = (
+        "attempts",
+        "created",
+        "encoded",
+        "headers",
+        "keys",
+        "last_error",
+        "partition",
+        "result",
+        "retry_at",
+        "sequence",
+        "size",
+        "timestamps",
+        "topic",
+        "tp",
+        "values",
+    )
+
+    def __init__(self, topic: str, partition: int, sequence: int, now: float) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.tp = TopicPartition(topic, partition)
+        #: Position among the partition's batches (orders retries).
+        self.sequence = sequence
+        self.created = now
+        self.values: list[bytes | None] = []
+        # None until the first keyed record / record with headers, so batches
+        # without any pay nothing for them.
+        self.keys: list[bytes | None] | None = None
+        self.headers: list[Sequence[Header] | None] | None = None
+        self.timestamps: list[int] = []
+        self.size = BATCH_OVERHEAD
+        self.result = BatchResult(topic, partition, self.timestamps)
+        self.encoded: bytes | None = None
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.last_error: BaseException | None = None
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def encode(self, codec: CompressionType) -> bytes:
+        """The batch's bytes (encoded once; retries resend the same bytes)."""
+        if self.encoded is None:
+            values = self.values
+            timestamps = self.timestamps
+            mixed_ts = min(timestamps) != max(timestamps)
+            self.encoded = encode_batch(
+                values,
+                keys=self.keys,
+                timestamps=timestamps if mixed_ts else None,
+                base_timestamp=timestamps[0],
+                headers=self.headers,
+                codec=codec,
+                values_may_be_null=None in values,
+            )
+            # The columns are no longer needed; the timestamps stay (shared
+            # with the result, which reports them).
+            self.values = []
+            self.keys = self.headers = None
+        return self.encoded
+
+    def record_count(self) -> int:
+        return len(self.timestamps)
+
+
+class RecordAccumulator:
+    """Batches by partition, ready for the sender (see module doc)."""
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        linger_ms: int,
+        buffer_memory: int,
+        wake: Callable[[], None],
+        partitioner: StickyPartitioner | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._batch_size = batch_size
+        self._linger_s = linger_ms / 1000
+        self._buffer_memory = buffer_memory
+        self._wake = wake
+        self._sticky = partitioner or StickyPartitioner()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._acquire = self._lock.acquire
+        self._release = self._lock.release
+        self._space = threading.Condition(self._lock)
+        # topic -> partition -> open batch
+        self._open: dict[str, dict[int, ProducerBatch]] = {}
+        self._sealed: deque[ProducerBatch] = deque()
+        self._retries: dict[TopicPartition, list[ProducerBatch]] = {}
+        self._muted: set[TopicPartition] = set()
+        self._incomplete: dict[int, ProducerBatch] = {}
+        self._sequences: dict[tuple[str, int], int] = {}
+        # The sticky partition of each topic, read on every keyless append.
+        self._sticky_current: dict[str, int] = {}
+        self._buffered = 0
+        self.closed = False
+
+    # ------------------------------------------------------------ caller side
+
+    def append(
+        self,
+        topic: str,
+        partition: int,
+        partition_count: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[Header] | None,
+        timestamp_ms: int,
+        size: int,
+        max_block_s: float | None,
+    ) -> FutureRecordMetadata:
+        """Add a record; `partition` < 0 means "the sticky partition".
+
+        Blocks up to `max_block_s` for buffer space (raising
+        TidelogTimeoutError); max_block_s=None raises BufferFullError at once
+        instead, for callers on the event loop that must not block it.
+        """
+        # Bound acquire/release in try/finally: measurably cheaper than
+        # `with self._lock` on this hot path (one lock per record).
+        self._acquire()
+        try:
+            if self._buffered + size > self._buffer_memory or self.closed:
+                self._wait_for_space(size, max_block_s)
+            by_partition = self._open.get(topic)
+            chosen = self._sticky_current.get(topic, -1) if partition < 0 else partition
+            batch = None if by_partition is None else by_partition.get(chosen)
+            if batch is None or batch.size + size > self._batch_size:
+                batch = self._batch_for(topic, partition, partition_count, size)
+            values = batch.values
+            index = len(values)
+            values.append(value)
+            batch.timestamps.append(timestamp_ms)
+            if key is not None or batch.keys is not None:
+                if batch.keys is None:
+                    batch.keys = [None] * index
+                batch.keys.append(key)
+            if headers or batch.headers is not None:
+                if batch.headers is None:
+                    batch.headers = [None] * index
+                batch.headers.append(headers)
+            batch.size += size
+            self._buffered += size
+            if batch.size >= self._batch_size:
+                self._seal(batch)
+                self._wake()
+        finally:
+            self._release()
+        return FutureRecordMetadata((batch.result, index))
+
+    def _batch_for(
+        self, topic: str, partition: int, partition_count: int, size: int
+    ) -> ProducerBatch:
+        """The slow path of append: the open batch is missing or full."""
+        by_partition = self._open.get(topic)
+        if by_partition is None:
+            by_partition = self._open[topic] = {}
+        if partition < 0:
+            # Keyless record: its sticky partition's batch was sent or is full,
+            # or there is no sticky partition yet. Move on, as KIP-480 does.
+            current = self._sticky_current.get(topic)
+            if current is not None:
+                self._sticky.on_new_batch(topic, partition_count, current)
+            partition = self._sticky.partition(topic, partition_count)
+            self._sticky_current[topic] = partition
+            batch = by_partition.get(partition)
+            if batch is not None and batch.size + size <= self._batch_size:
+                return batch
+        old = by_partition.get(partition)
+        if old is not None:
+            self._seal(old)
+        key = (topic, partition)
+        sequence = self._sequences.get(key, 0)
+        self._sequences[key] = sequence + 1
+        batch = ProducerBatch(topic, partition, sequence, self._clock())
+        by_partition[partition] = batch
+        self._incomplete[id(batch)] = batch
+        # The sender must learn of the new batch to time its linger.
+        self._wake()
+        return batch
+
+    def _wait_for_space(self, size: int, max_block_s: float | None) -> None:
+        if self.closed:
+            raise ClosedError("the producer is closed")
+        if not self._buffered:
+            return  # one record larger than the whole buffer still goes
+        if max_block_s is None:
+            raise BufferFullError()
+        deadline = self._clock() + max_block_s
+        while self._buffered + size > self._buffer_memory and self._buffered and not self.closed:
+            remaining = deadline - self._clock()
+            if remaining <= 0:
+                raise TidelogTimeoutError(
+                    f"buffer_memory ({self._buffer_memory} bytes) stayed full for "
+                    f"max_block_ms ({max_block_s * 1000:.0f} ms)"
+                )
+            self._space.wait(remaining)
+        if self.closed:
+            raise ClosedError("the producer closed while send() waited for buffer space")
+
+    def _seal(self, batch: ProducerBatch) -> None:
+        del self._open[batch.topic][batch.partition]
+        self._sealed.append(batch)
+
+    def seal_all(self) -> None:
+        """Make every open batch ready now (flush, close)."""
+        with self._lock:
+            for by_partition in self._open.values():
+                for batch in list(by_partition.values()):
+                    self._seal(batch)
+        self._wake()
+
+    def incomplete(self) -> list[BatchResult]:
+        """Results of every batch not yet delivered or failed."""
+        with self._lock:
+            return [b.result for b in self._incomplete.values()]
+
+    def has_room(self) -> bool:
+        return self._buffered < self._buffer_memory
+
+    # ------------------------------------------------------------ sender side
+
+    def drain(
+        self, now: float, delivery_timeout_s: float
+    ) -> tuple[list[ProducerBatch], list[ProducerBatch], float | None]:
+        """Take the batches ready to send, in order.
+
+        Returns (ready, expired, next_deadline): `expired` batches waited
+        longer than the delivery timeout and must be failed; next_deadline is
+        when the next open batch's linger (or a retry's backoff) ends.
+        """
+        ready: list[ProducerBatch] = []
+        expired: list[ProducerBatch] = []
+        next_deadline: float | None = None
+        with self._lock:
+            for tp, batches in list(self._retries.items()):
+                if batches[0].retry_at <= now:
+                    ready.extend(batches)
+                    del self._retries[tp]
+                else:
+                    deadline = batches[0].retry_at
+                    next_deadline = (
+                        deadline if next_deadline is None else min(next_deadline, deadline)
+                    )
+            muted = self._muted
+            if self._sealed:
+                kept: deque[ProducerBatch] = deque()
+                for batch in self._sealed:
+                    if batch.tp in muted:
+                        kept.append(batch)
+                    elif now - batch.created > delivery_timeout_s:
+                        expired.append(batch)
+                    else:
+                        ready.append(batch)
+                self._sealed = kept
+            for by_partition in self._open.values():
+                for batch in list(by_partition.values()):
+                    deadline = batch.created + self._linger_s
+                    if batch.tp in muted:
+                        continue
+                    if deadline <= now:
+                        del by_partition[batch.partition]
+                        ready.append(batch)
+                    else:
+                        next_deadline = (
+                            deadline if next_deadline is None else min(next_deadline, deadline)
+                        )
+        return ready, expired, next_deadline
+
+    def requeue(self, batches: Iterable[ProducerBatch], retry_at: float) -> None:
+        """Put batches back to be sent at `retry_at`, muting their partitions
+        until they are resolved; keeps each partition's batches in order."""
+        with self._lock:
+            for batch in batches:
+                batch.attempts += 1
+                batch.retry_at = retry_at
+                pending = self._retries.setdefault(batch.tp, [])
+                pending.append(batch)
+                pending.sort(key=lambda b: b.sequence)
+                self._muted.add(batch.tp)
+
+    def resolved(self, batch: ProducerBatch) -> None:
+        """A batch succeeded or failed for good: free its memory, unmute."""
+        with self._lock:
+            if self._incomplete.pop(id(batch), None) is None:
+                return
+            self._buffered -= batch.size - BATCH_OVERHEAD
+            tp = batch.tp
+            # Unmute once no batch of this partition awaits a retry or is
+            # still out on a retry.
+            if (
+                tp in self._muted
+                and tp not in self._retries
+                and not any(b.tp == tp and b.attempts > 0 for b in self._incomplete.values())
+            ):
+                self._muted.discard(tp)
+            self._space.notify_all()
+
+    def is_empty(self) -> bool:
+        with self._lock:
+            return not self._incomplete
+
+    def take_all(self) -> list[ProducerBatch]:
+        """Remove every batch not yet handed to the sender (close)."""
+        with self._lock:
+            self.closed = True
+            out = list(self._sealed)
+            self._sealed.clear()
+            for by_partition in self._open.values():
+                out.extend(by_partition.values())
+                by_partition.clear()
+            for batches in self._retries.values():
+                out.extend(batches)
+            self._retries.clear()
+            self._space.notify_all()
+            return out

@@ -1,0 +1,252 @@
+"""Connections to brokers and the cluster metadata a client works from.
+
+`Cluster` owns, for one client:
+
+- one grpc.aio channel per broker address (created on first use, with the
+  message size and keepalive options every Tidelog client uses);
+- bootstrap: the first Metadata call goes to the configured servers in turn
+  until one answers;
+- the metadata cache: an immutable `MetadataSnapshot` replaced as a whole on
+  each refresh, so other threads (the producer's send()) may read it without
+  a lock; refreshes are coalesced (concurrent callers share one RPC).
+
+Everything except reading `snapshot` must run on the client's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from tidelog.config import GRPC_MAX_MESSAGE_BYTES, CommonConfig
+from tidelog.errors import (
+    BrokerNotAvailableError,
+    TidelogError,
+    error_from_code,
+    error_from_rpc,
+)
+from tidelog.v1 import admin_pb2_grpc, log_pb2, log_pb2_grpc
+
+
+def channel_options(config: CommonConfig) -> list[tuple[str, int | str]]:
+    """The gRPC options of every Tidelog client channel."""
+    return [
+        ("grpc.max_send_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.max_receive_message_length", GRPC_MAX_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", config.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", 20_000),
+        ("grpc.primary_user_agent", config.client_id),
+        # Reconnect quickly after a broker restart instead of gRPC's default
+        # exponential backoff up to 120 s; our own retry loop paces attempts.
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 2_000),
+    ]
+
+
+@dataclass(frozen=True)
+class TopicMetadata:
+    """One topic as the cache holds it."""
+
+    name: str
+    #: Leader broker id per partition (index = partition number); -1: none.
+    leaders: tuple[int, ...]
+    #: Set when the broker could not describe the topic.
+    error: TidelogError | None = None
+
+    @property
+    def partition_count(self) -> int:
+        return len(self.leaders)
+
+
+@dataclass(frozen=True)
+class MetadataSnapshot:
+    """The cluster as of one Metadata answer (never mutated)."""
+
+    brokers: dict[int, str] = field(default_factory=dict)
+    topics: dict[str, TopicMetadata] = field(default_factory=dict)
+    #: time.monotonic() of the answer.
+    fetched_at: float = 0.0
+    #: Partition count of every topic without error: the producer's per-record
+    #: lookup, one dict access.
+    partition_counts: dict[str, int] = field(default_factory=dict)
+
+    def partition_count(self, topic: str) -> int | None:
+        """Partitions of `topic`, or None when unknown or in error."""
+        meta = self.topics.get(topic)
+        if meta is None or meta.error is not None or not meta.leaders:
+            return None
+        return meta.partition_count
+
+    def leader_address(self, topic: str, partition: int) -> str | None:
+        meta = self.topics.get(topic)
+        if meta is None or partition >= len(meta.leaders):
+            return None
+        return self.brokers.get(meta.leaders[partition])
+
+
+class Cluster:
+    """Channels by broker address plus the metadata cache (see module doc)."""
+
+    def __init__(self, config: CommonConfig, *, allow_auto_topic_creation: bool = False) -> None:
+        self._config = config
+        self._auto_create = allow_auto_topic_creation
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._options = channel_options(config)
+        self.snapshot = MetadataSnapshot()
+        # Topics the client cares about: a refresh asks for all of them so
+        # that one answer updates every user of the cache.
+        self._interest: set[str] = set()
+        self._refreshing: asyncio.Future[MetadataSnapshot] | None = None
+        self._closed = False
+
+    # ------------------------------------------------------------ channels
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        if self._closed:
+            raise BrokerNotAvailableError("the client is closed")
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(address, options=self._options)
+            self._channels[address] = channel
+        return channel
+
+    # The stubs are typed Any: the generated .pyi files describe the
+    # synchronous API, while these run on grpc.aio channels (awaitables and
+    # stream calls with read/write), which they would mistype.
+    def log_stub(self, address: str) -> Any:
+        return log_pb2_grpc.LogStub(self.channel(address))
+
+    def admin_stub(self, address: str) -> Any:
+        return admin_pb2_grpc.AdminStub(self.channel(address))
+
+    def any_address(self) -> Sequence[str]:
+        """Addresses to try for a request any broker can answer: known
+        brokers first (they answered before), then the bootstrap list."""
+        known = list(self.snapshot.brokers.values())
+        return known + [a for a in self._config.addresses if a not in known]
+
+    async def close(self) -> None:
+        self._closed = True
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close(grace=None)
+
+    # ------------------------------------------------------------ metadata
+
+    def add_interest(self, topics: Iterable[str]) -> bool:
+        """Remember topics for future refreshes; True if any was new."""
+        before = len(self._interest)
+        self._interest.update(topics)
+        return len(self._interest) != before
+
+    async def refresh(self, topics: Iterable[str] = ()) -> MetadataSnapshot:
+        """Fetch metadata for `topics` plus every topic asked for before.
+
+        Concurrent callers share one RPC. Raises BrokerNotAvailableError when
+        no server answers.
+        """
+        if self.add_interest(topics) and self._refreshing is not None:
+            # A refresh already running may not include the new topics.
+            await asyncio.shield(self._refreshing)
+        if self._refreshing is None:
+            self._refreshing = asyncio.get_running_loop().create_future()
+            task = asyncio.ensure_future(self._refresh_once())
+            task.add_done_callback(self._refresh_done)
+        return await asyncio.shield(self._refreshing)
+
+    def _refresh_done(self, task: asyncio.Future[MetadataSnapshot]) -> None:
+        waiter, self._refreshing = self._refreshing, None
+        assert waiter is not None
+        if task.cancelled():
+            waiter.cancel()
+        elif task.exception() is not None:
+            waiter.set_exception(task.exception())  # type: ignore[arg-type]
+        else:
+            waiter.set_result(task.result())
+        # Nobody may be waiting (a cancelled caller): mark it retrieved so
+        # asyncio does not log "exception was never retrieved".
+        if not waiter.cancelled():
+            waiter.exception()
+
+    async def _refresh_once(self) -> MetadataSnapshot:
+        request = log_pb2.MetadataRequest(
+            topics=sorted(self._interest), allow_auto_topic_creation=self._auto_create
+        )
+        timeout_s = self._config.request_timeout_ms / 1000
+        last_error: Exception | None = None
+        for address in self.any_address():
+            try:
+                response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                last_error = error_from_rpc(exc)
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    continue
+                raise last_error from exc
+            self.snapshot = self._snapshot_from(response, address)
+            return self.snapshot
+        raise BrokerNotAvailableError(
+            f"no broker answered Metadata at {', '.join(self.any_address())}: {last_error}"
+        )
+
+    def _snapshot_from(
+        self, response: log_pb2.MetadataResponse, answered_by: str
+    ) -> MetadataSnapshot:
+        brokers: dict[int, str] = {}
+        for broker in response.brokers:
+            host = broker.host
+            # A broker listening on all interfaces may advertise 0.0.0.0 or
+            # nothing; the address that reached it is then the best we have.
+            if not host or host in ("0.0.0.0", "::", "[::]") or not broker.port:
+                brokers[broker.broker_id] = answered_by
+            else:
+                host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+                brokers[broker.broker_id] = f"{host}:{broker.port}"
+        topics: dict[str, TopicMetadata] = {}
+        for topic in response.topics:
+            error = (
+                error_from_code(topic.error.code, topic.error.message) if topic.error.code else None
+            )
+            ordered = sorted(topic.partitions, key=lambda p: p.partition)
+            leaders = tuple(p.leader_id if not p.error.code else -1 for p in ordered)
+            topics[topic.name] = TopicMetadata(topic.name, leaders, error)
+        counts = {
+            name: meta.partition_count
+            for name, meta in topics.items()
+            if meta.error is None and meta.leaders
+        }
+        return MetadataSnapshot(brokers, topics, time.monotonic(), counts)
+
+    def is_stale(self) -> bool:
+        age_s = time.monotonic() - self.snapshot.fetched_at
+        return age_s * 1000 > self._config.metadata_max_age_ms
+
+    async def topic(self, name: str, *, timeout_s: float) -> TopicMetadata:
+        """Metadata of one topic, refreshing (and retrying retriable errors,
+        such as a topic being auto-created) until `timeout_s` passes."""
+        deadline = time.monotonic() + timeout_s
+        backoff_s = self._config.retry_backoff_ms / 1000
+        while True:
+            meta = self.snapshot.topics.get(name)
+            if meta is not None and meta.error is None and meta.leaders:
+                return meta
+            try:
+                snapshot = await self.refresh([name])
+                meta = snapshot.topics.get(name)
+                if meta is not None and meta.error is None and meta.leaders:
+                    return meta
+                error: TidelogError = (
+                    meta.error
+                    if meta is not None and meta.error is not None
+                    else BrokerNotAvailableError(f"no metadata for topic {name!r}")
+                )
+            except TidelogError as exc:
+                error = exc
+            if not error.retriable or time.monotonic() + backoff_s > deadline:
+                raise error
+            await asyncio.sleep(backoff_s)

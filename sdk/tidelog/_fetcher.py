@@ -1,0 +1,444 @@
+"""The consumer's fetcher: Fetch sessions and position resets, on the event loop.
+
+`Fetcher` owns, for one consumer:
+
+- one `FetchSession` (a bidi Fetch call) per leader address. The session's
+  first request grants `window` bytes of credit; the broker streams
+  responses while credit remains; the consumer grants bytes back as the
+  application consumes them (`grant`), so at most `window` bytes of fetched
+  data are ever buffered, however slow the application;
+- the loop-side state of each assigned partition: its epoch (bumped by every
+  seek, so the answers of an old position are recognised), the session that
+  reads it, and `fetch_next`, where a new session must resume;
+- position resets (auto_offset_reset, seek_to_beginning/end) via ListOffsets;
+- retriable partition errors (not leader, unknown partition) and dropped
+  streams: refresh metadata and place the partition again after a backoff.
+
+It never decodes records. What the calling side needs goes into the `inbox`
+deque (thread-safe append/popleft) as tuples:
+
+    (DATA, session, tp, PartitionData)   record bytes (or a stale answer)
+    (RESET, tp, epoch, offset)           the position resolved for `epoch`
+    (ERROR, tp, epoch, TidelogError)     a partition error to raise from poll
+
+and `notify()` is called once per broker response. The calling side
+(`SubscriptionState`) returns credit for every DATA item it takes.
+
+Not thread-safe: call it on the event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from tidelog._connection import Cluster
+from tidelog.config import ConsumerConfig
+from tidelog.errors import (
+    BrokerNotAvailableError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    TidelogError,
+    error_from_code,
+    error_from_rpc,
+)
+from tidelog.types import TopicPartition
+from tidelog.v1 import common_pb2, log_pb2
+
+log = logging.getLogger(__name__)
+
+DATA = 0
+RESET = 1
+ERROR = 2
+
+#: ListOffsets timestamps for the reset strategies.
+EARLIEST = -2
+LATEST = -1
+STRATEGY_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
+
+_OUT_OF_RANGE = common_pb2.OFFSET_OUT_OF_RANGE
+#: Kafka's reconnect.backoff.max.ms default.
+_MAX_RECONNECT_BACKOFF_S = 1.0
+
+
+@dataclass
+class _Partition:
+    """Loop-side state of one assigned partition."""
+
+    tp: TopicPartition
+    epoch: int
+    #: Next offset to fetch: where a new session resumes. None: being reset.
+    fetch_next: int | None = None
+    #: The last position sent to the broker: an error answer for it is current.
+    sent_position: int | None = None
+    session: FetchSession | None = None
+
+
+class FetchSession:
+    """One bidi Fetch call to one broker (see module doc)."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, fetcher: Fetcher, address: str, config: ConsumerConfig) -> None:
+        self.id = next(self._ids)
+        self.address = address
+        self._fetcher = fetcher
+        self._config = config
+        self.closed = False
+        self._requests: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
+        self._first = True
+        self._call = fetcher.cluster.log_stub(address).Fetch(self._request_iterator())
+        self._reader = asyncio.ensure_future(self._read_loop())
+
+    async def _request_iterator(self) -> AsyncIterator[log_pb2.FetchRequest]:
+        while True:
+            request = await self._requests.get()
+            if request is None:
+                return
+            yield request
+
+    def send(
+        self,
+        positions: Iterable[tuple[TopicPartition, int]] = (),
+        remove: Iterable[TopicPartition] = (),
+        credit_bytes: int = 0,
+    ) -> None:
+        if self.closed:
+            return
+        request = log_pb2.FetchRequest(
+            positions=[
+                log_pb2.FetchPosition(
+                    topic=tp.topic,
+                    partition=tp.partition,
+                    fetch_offset=offset,
+                    partition_max_bytes=self._config.max_partition_fetch_bytes,
+                )
+                for tp, offset in positions
+            ],
+            remove=[common_pb2.TopicPartition(topic=t, partition=p) for t, p in remove],
+            credit_bytes=credit_bytes,
+        )
+        if self._first:
+            # Session settings travel once; the window is the opening credit.
+            self._first = False
+            request.credit_bytes += self._config.window_bytes
+            request.max_bytes = self._config.response_max_bytes
+            request.min_bytes = self._config.fetch_min_bytes
+            request.max_wait_ms = self._config.fetch_max_wait_ms
+        self._requests.put_nowait(request)
+
+    async def _read_loop(self) -> None:
+        error: TidelogError | None = None
+        try:
+            async for response in self._call:
+                self._fetcher.on_response(self, response)
+            error = BrokerNotAvailableError(f"{self.address} ended the fetch stream")
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED and self.closed:
+                return
+            error = (
+                BrokerNotAvailableError(f"fetch stream to {self.address}: {exc.details()}")
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                else error_from_rpc(exc)
+            )
+        except asyncio.CancelledError:
+            if self.closed:
+                raise
+            error = BrokerNotAvailableError(f"the fetch stream to {self.address} was reset")
+        if not self.closed:
+            self.close()
+            self._fetcher.on_session_failed(self, error)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._requests.put_nowait(None)
+            self._call.cancel()
+
+    async def wait_closed(self) -> None:
+        self.close()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+class Fetcher:
+    """Fetch sessions and position resets for one consumer (see module doc)."""
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        config: ConsumerConfig,
+        inbox: deque[tuple],
+        notify: Callable[[], None],
+    ) -> None:
+        self.cluster = cluster
+        self._config = config
+        self._inbox = inbox
+        self._notify = notify
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._sessions: dict[str, FetchSession] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._backoff_s = config.retry_backoff_ms / 1000
+        self._timeout_s = config.request_timeout_ms / 1000
+        self._closed = False
+        # Session failures since the last response: reconnects back off
+        # exponentially (up to _MAX_RECONNECT_BACKOFF_S) while a broker is down.
+        self._failures = 0
+
+    # ------------------------------------------------------------ commands
+
+    def assign(self, assignment: dict[TopicPartition, tuple[int, int | None]]) -> None:
+        """Fetch exactly these partitions: tp -> (epoch, offset or None to
+        reset by auto_offset_reset)."""
+        for tp in list(self._partitions):
+            if tp not in assignment:
+                self._unplace(self._partitions.pop(tp))
+        for tp, (epoch, offset) in assignment.items():
+            if tp in self._partitions:
+                continue
+            self._partitions[tp] = _Partition(tp, epoch)
+            if offset is None:
+                self.reset(tp, epoch, self._config.auto_offset_reset)
+            else:
+                self.seek(tp, epoch, offset)
+
+    def seek(self, tp: TopicPartition, epoch: int, offset: int) -> None:
+        part = self._partitions.get(tp)
+        if part is None:
+            return
+        part.epoch = epoch
+        part.fetch_next = offset
+        self._spawn(self._place(part))
+
+    def reset(self, tp: TopicPartition, epoch: int, strategy: str) -> None:
+        """Resolve the position by `strategy` ("earliest", "latest", "none")."""
+        part = self._partitions.get(tp)
+        if part is None:
+            return
+        part.epoch = epoch
+        part.fetch_next = None
+        if strategy == "none":
+            self._emit(
+                (
+                    ERROR,
+                    tp,
+                    epoch,
+                    NoOffsetForPartitionError(
+                        f"no position for {tp.topic}-{tp.partition} and auto_offset_reset='none'"
+                    ),
+                )
+            )
+            return
+        self._spawn(self._reset(part, epoch, STRATEGY_TIMESTAMPS[strategy]))
+
+    def grant(self, credits: dict[int, int]) -> None:
+        """Return consumed bytes to their sessions (session id -> bytes)."""
+        for session in self._sessions.values():
+            credit = credits.get(session.id)
+            if credit:
+                session.send(credit_bytes=credit)
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._tasks):
+            task.cancel()
+        for session in list(self._sessions.values()):
+            await session.wait_closed()
+        self._sessions.clear()
+
+    # ------------------------------------------------------------ internals
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        if self._closed:
+            coro.close()
+            return
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("fetcher task failed", exc_info=task.exception())
+
+    def _emit(self, item: tuple) -> None:
+        self._inbox.append(item)
+        self._notify()
+
+    def _unplace(self, part: _Partition) -> None:
+        if part.session is not None:
+            part.session.send(remove=[part.tp])
+            part.session = None
+
+    async def _reset(self, part: _Partition, epoch: int, timestamp: int) -> None:
+        tp = part.tp
+        while not self._closed and self._partitions.get(tp) is part and part.epoch == epoch:
+            try:
+                offsets = await self.list_offsets({tp: timestamp})
+                offset = offsets[tp][0]
+                break
+            except TidelogError as exc:
+                if not exc.retriable:
+                    if part.epoch == epoch:
+                        self._emit((ERROR, tp, epoch, exc))
+                    return
+                log.info("resetting %s: %s; retrying", tp, exc)
+                await asyncio.sleep(self._backoff_s)
+        else:
+            return
+        if self._partitions.get(tp) is not part or part.epoch != epoch:
+            return  # seeked or unassigned meanwhile: this answer is stale
+        part.fetch_next = offset
+        self._emit((RESET, tp, epoch, offset))
+        await self._place(part)
+
+    async def _place(self, part: _Partition) -> None:
+        """Send the partition's position to the session of its leader."""
+        tp = part.tp
+        while not self._closed and self._partitions.get(tp) is part:
+            if part.fetch_next is None:
+                return
+            address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
+            if address is None:
+                try:
+                    await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
+                except TidelogError as exc:
+                    if not exc.retriable:
+                        self._emit((ERROR, tp, part.epoch, exc))
+                        return
+                    log.info("no leader for %s yet: %s", tp, exc)
+                    await asyncio.sleep(self._backoff_s)
+                continue
+            session = self._sessions.get(address)
+            if session is None or session.closed:
+                session = self._sessions[address] = FetchSession(self, address, self._config)
+            if part.session is not None and part.session is not session:
+                part.session.send(remove=[tp])
+            part.session = session
+            part.sent_position = part.fetch_next
+            session.send(positions=[(tp, part.fetch_next)])
+            return
+
+    async def _replace_later(self, part: _Partition, refresh: bool) -> None:
+        delay = self._backoff_s * (2 ** min(self._failures, 16))
+        await asyncio.sleep(min(delay, max(_MAX_RECONNECT_BACKOFF_S, self._backoff_s)))
+        if refresh:
+            try:
+                await self.cluster.refresh([part.tp.topic])
+            except TidelogError as exc:
+                log.info("metadata refresh failed: %s", exc)
+        await self._place(part)
+
+    # ------------------------------------------------------------ answers
+
+    def on_response(self, session: FetchSession, response: log_pb2.FetchResponse) -> None:
+        self._failures = 0
+        returned = 0
+        for data in response.partitions:
+            tp = TopicPartition(data.topic, data.partition)
+            part = self._partitions.get(tp)
+            if part is None or part.session is not session:
+                # Unassigned or moved: nobody will consume it; give the
+                # credit straight back.
+                returned += len(data.records)
+                continue
+            if data.error.code:
+                self._on_partition_error(part, data)
+                continue
+            fetch_next = part.fetch_next
+            if fetch_next is not None and data.fetch_offset <= fetch_next < data.next_offset:
+                part.fetch_next = data.next_offset
+            self._inbox.append((DATA, session, tp, data))
+        if returned:
+            session.send(credit_bytes=returned)
+        self._notify()
+
+    def _on_partition_error(self, part: _Partition, data: log_pb2.PartitionData) -> None:
+        if data.fetch_offset not in (part.fetch_next, part.sent_position):
+            return  # the answer to a position we have since moved away from
+        error = error_from_code(data.error.code, data.error.message)
+        # The broker stopped reading the partition: it needs a new position.
+        part.sent_position = None
+        if data.error.code == _OUT_OF_RANGE:
+            strategy = self._config.auto_offset_reset
+            if strategy == "none":
+                self._inbox.append(
+                    (ERROR, part.tp, part.epoch, OffsetOutOfRangeError(error.message))
+                )
+            else:
+                log.info("%s: %s; resetting to %s", part.tp, error.message, strategy)
+                self.reset(part.tp, part.epoch, strategy)
+        elif error.retriable:
+            log.info("%s: %s; retrying", part.tp, error.message)
+            self._spawn(self._replace_later(part, refresh=True))
+        else:
+            self._inbox.append((ERROR, part.tp, part.epoch, error))
+
+    def on_session_failed(self, session: FetchSession, error: TidelogError) -> None:
+        if self._sessions.get(session.address) is session:
+            del self._sessions[session.address]
+        if self._closed:
+            return
+        # Warn once per outage; the retries that follow are expected.
+        level = logging.WARNING if self._failures == 0 else logging.DEBUG
+        log.log(level, "fetch session to %s failed: %s; reconnecting", session.address, error)
+        self._failures += 1
+        for part in self._partitions.values():
+            if part.session is session:
+                part.session = None
+                self._spawn(self._replace_later(part, refresh=True))
+
+    # ------------------------------------------------------------ unary calls
+
+    async def list_offsets(
+        self, query: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        """ListOffsets for each tp (-1 latest, -2 earliest, else a time):
+        tp -> (offset, timestamp). Raises the first partition's error."""
+        by_address: dict[str, list[TopicPartition]] = {}
+        for tp in query:
+            address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
+            if address is None:
+                meta = await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
+                if tp.partition >= meta.partition_count:
+                    raise error_from_code(
+                        common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                        f"{tp.topic} has no partition {tp.partition}",
+                    )
+                address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
+                if address is None:
+                    raise BrokerNotAvailableError(f"no leader for {tp.topic}-{tp.partition}")
+            by_address.setdefault(address, []).append(tp)
+        out: dict[TopicPartition, tuple[int, int]] = {}
+        for address, tps in by_address.items():
+            request = log_pb2.ListOffsetsRequest(
+                partitions=[
+                    log_pb2.ListOffsetsPartition(
+                        topic=tp.topic, partition=tp.partition, timestamp_ms=query[tp]
+                    )
+                    for tp in tps
+                ]
+            )
+            try:
+                response = await self.cluster.log_stub(address).ListOffsets(
+                    request, timeout=self._timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                raise error_from_rpc(exc) from exc
+            for result in response.partitions:
+                if result.error.code:
+                    raise error_from_code(result.error.code, result.error.message)
+                out[TopicPartition(result.topic, result.partition)] = (
+                    result.offset,
+                    result.timestamp_ms,
+                )
+        return out

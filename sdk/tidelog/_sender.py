@@ -1,0 +1,409 @@
+"""The producer's sender: drains the accumulator and talks Produce to brokers.
+
+One `Sender` task per producer, on the producer's event loop. It:
+
+- drains batches that are ready (full, lingered, flushed, or due for retry),
+  encodes them (`records.encode_batch`, compressed once), groups them by
+  leader, and packs them into ProduceRequests of at most max_request_size;
+- keeps one `ProduceStream` (a bidi Produce call) per broker address and
+  pipelines up to max_in_flight_requests requests on it, matching answers by
+  correlation_id (the broker answers in order);
+- resolves each batch's result from its PartitionProduceResult; a retriable
+  error (NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, timeouts, a
+  dropped stream) refreshes metadata and requeues the batch with backoff
+  until retries or delivery_timeout_ms run out; other errors fail it.
+
+Not thread-safe: everything runs on the event loop. The accumulator is the
+only thing shared with the calling threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from tidelog._accumulator import ProducerBatch, RecordAccumulator
+from tidelog._connection import Cluster
+from tidelog.config import ProducerConfig
+from tidelog.errors import (
+    BrokerNotAvailableError,
+    ClosedError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    TidelogError,
+    TidelogTimeoutError,
+    UnknownTopicOrPartitionError,
+    error_from_code,
+    error_from_rpc,
+)
+from tidelog.v1 import log_pb2
+
+log = logging.getLogger(__name__)
+
+#: What a stream call's read() returns at the end (missing from grpc's stubs).
+_EOF: Any = grpc.aio.EOF  # type: ignore[attr-defined]
+
+
+@dataclass
+class _InFlight:
+    """One request awaiting its answer."""
+
+    correlation_id: int
+    sent_at: float
+    #: (topic, partition) -> the batches concatenated in its PartitionRecords.
+    batches: dict[tuple[str, int], list[ProducerBatch]] = field(default_factory=dict)
+
+
+class ProduceStream:
+    """One bidi Produce call to one broker, with pipelined requests."""
+
+    def __init__(self, sender: Sender, cluster: Cluster, address: str, config: ProducerConfig):
+        self.address = address
+        self._sender = sender
+        self._config = config
+        self._call = cluster.log_stub(address).Produce()
+        self._inflight: deque[_InFlight] = deque()
+        self._slots = asyncio.Semaphore(config.max_in_flight_requests)
+        self._has_inflight = asyncio.Event()
+        self._next_correlation_id = 1
+        self.broken = False
+        self._closed = False
+        self._reader = asyncio.ensure_future(self._read_loop())
+
+    async def send(self, request: log_pb2.ProduceRequest, entry: _InFlight) -> None:
+        """Write one request (waits for a free in-flight slot first)."""
+        await self._slots.acquire()
+        if self.broken:
+            self._slots.release()
+            self._sender.on_request_failed(
+                entry, BrokerNotAvailableError(f"the produce stream to {self.address} closed")
+            )
+            return
+        entry.correlation_id = request.correlation_id = self._next_correlation_id
+        self._next_correlation_id += 1
+        entry.sent_at = time.monotonic()
+        expects_answer = self._config.acks != 0
+        if expects_answer:
+            self._inflight.append(entry)
+            self._has_inflight.set()
+        try:
+            await self._call.write(request)
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+            # The reader sees the same failure and fails the in-flight
+            # requests, this one included; only a fire-and-forget request
+            # must be failed here.
+            self._mark_broken()
+            if not expects_answer:
+                self._slots.release()
+                self._sender.on_request_failed(entry, _stream_error(exc, self.address))
+            return
+        if not expects_answer:
+            self._slots.release()
+            self._sender.on_response(entry, None)
+
+    async def _read_loop(self) -> None:
+        timeout_s = self._config.request_timeout_ms / 1000
+        error: TidelogError | None = None
+        try:
+            while True:
+                if not self._inflight:
+                    self._has_inflight.clear()
+                    await self._has_inflight.wait()
+                oldest = self._inflight[0]
+                remaining = oldest.sent_at + timeout_s - time.monotonic()
+                try:
+                    response = await asyncio.wait_for(self._call.read(), max(remaining, 0.001))
+                except TimeoutError:
+                    error = RequestTimedOutError(
+                        f"no produce answer from {self.address} in {timeout_s:.1f} s"
+                    )
+                    break
+                if response is _EOF:
+                    error = BrokerNotAvailableError(f"{self.address} ended the produce stream")
+                    break
+                entry = self._inflight.popleft()
+                if response.correlation_id != entry.correlation_id:
+                    error = BrokerNotAvailableError(
+                        f"{self.address} answered correlation id {response.correlation_id}, "
+                        f"expected {entry.correlation_id}; reconnecting"
+                    )
+                    self._inflight.appendleft(entry)
+                    break
+                self._slots.release()
+                self._sender.on_response(entry, response)
+        except grpc.aio.AioRpcError as exc:
+            error = _stream_error(exc, self.address)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._closed or (task is not None and task.cancelling()):
+                error = ClosedError("the producer is closed")
+                raise
+            # grpc.aio raises CancelledError from read() when the call itself
+            # was cancelled (by _mark_broken after a failed write): a broken
+            # stream, retriable, not a shutdown.
+            error = BrokerNotAvailableError(f"the produce stream to {self.address} was reset")
+        finally:
+            self._mark_broken()
+            failed = list(self._inflight)
+            self._inflight.clear()
+            for entry in failed:
+                self._slots.release()
+                self._sender.on_request_failed(entry, error or ClosedError("stream closed"))
+
+    def _mark_broken(self) -> None:
+        if not self.broken:
+            self.broken = True
+            self._sender.forget_stream(self)
+            self._call.cancel()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._mark_broken()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+def _stream_error(exc: grpc.aio.AioRpcError | Exception, address: str) -> TidelogError:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+            return BrokerNotAvailableError(f"produce stream to {address}: {exc.details()}")
+        return error_from_rpc(exc)
+    return BrokerNotAvailableError(f"produce stream to {address}: {exc}")
+
+
+class Sender:
+    """The producer's I/O task (see module doc)."""
+
+    def __init__(self, cluster: Cluster, accumulator: RecordAccumulator, config: ProducerConfig):
+        self._cluster = cluster
+        self._acc = accumulator
+        self._config = config
+        self._codec = config.codec
+        self._wakeup = asyncio.Event()
+        self._streams: dict[str, ProduceStream] = {}
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._backoff_s = config.retry_backoff_ms / 1000
+        self._delivery_timeout_s = config.delivery_timeout_ms / 1000
+        self._metadata_wanted = False
+        #: Set whenever a batch is resolved: an AsyncProducer waiting for
+        #: buffer space awaits it.
+        self.space_freed = asyncio.Event()
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    def wake(self) -> None:
+        """Look at the accumulator again (on the loop thread)."""
+        self._wakeup.set()
+
+    # ------------------------------------------------------------ main loop
+
+    async def _run(self) -> None:
+        while True:
+            self._wakeup.clear()
+            now = time.monotonic()
+            ready, expired, deadline = self._acc.drain(now, self._delivery_timeout_s)
+            for batch in expired:
+                self._fail(
+                    batch,
+                    batch.last_error
+                    or TidelogTimeoutError(
+                        f"batch for {batch.topic}-{batch.partition} not sent within "
+                        f"delivery_timeout_ms={self._config.delivery_timeout_ms}"
+                    ),
+                )
+            if self._metadata_wanted or self._cluster.is_stale():
+                await self._refresh_metadata()
+            if ready:
+                await self._send(ready)
+                continue
+            if self._closing and self._acc.is_empty():
+                return
+            timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), timeout)
+
+    async def _refresh_metadata(self) -> None:
+        self._metadata_wanted = False
+        try:
+            await self._cluster.refresh()
+        except TidelogError as exc:
+            # Batches keep their own deadlines; the next round tries again.
+            log.warning("metadata refresh failed: %s", exc)
+            self._metadata_wanted = True
+            await asyncio.sleep(self._backoff_s)
+
+    async def _send(self, ready: list[ProducerBatch]) -> None:
+        snapshot = self._cluster.snapshot
+        by_address: dict[str, list[ProducerBatch]] = {}
+        leaderless: list[ProducerBatch] = []
+        for batch in ready:
+            address = snapshot.leader_address(batch.topic, batch.partition)
+            if address is None:
+                leaderless.append(batch)
+            else:
+                by_address.setdefault(address, []).append(batch)
+        if leaderless:
+            self._retry_or_fail(
+                leaderless,
+                UnknownTopicOrPartitionError(
+                    f"no leader known for {leaderless[0].topic}-{leaderless[0].partition}"
+                ),
+            )
+        for address, batches in by_address.items():
+            stream = self._streams.get(address)
+            if stream is None or stream.broken:
+                stream = self._streams[address] = ProduceStream(
+                    self, self._cluster, address, self._config
+                )
+            for request, entry in self._requests(batches):
+                await stream.send(request, entry)
+
+    def _requests(
+        self, batches: list[ProducerBatch]
+    ) -> list[tuple[log_pb2.ProduceRequest, _InFlight]]:
+        """Pack batches into requests of at most max_request_size bytes."""
+        out: list[tuple[log_pb2.ProduceRequest, _InFlight]] = []
+        limit = self._config.max_request_size
+        codec = self._codec
+        current: dict[tuple[str, int], list[ProducerBatch]] = {}
+        current_bytes = 0
+
+        def finish() -> None:
+            request = log_pb2.ProduceRequest(
+                acks=int(self._config.acks),
+                timeout_ms=self._config.request_timeout_ms,
+                partitions=[
+                    log_pb2.PartitionRecords(
+                        topic=topic,
+                        partition=partition,
+                        records=b"".join([b.encoded or b"" for b in group]),
+                    )
+                    for (topic, partition), group in current.items()
+                ],
+            )
+            out.append((request, _InFlight(0, 0.0, dict(current))))
+
+        for batch in batches:
+            size = len(batch.encode(codec))
+            if current and current_bytes + size > limit:
+                finish()
+                current = {}
+                current_bytes = 0
+            current.setdefault((batch.topic, batch.partition), []).append(batch)
+            current_bytes += size
+        if current:
+            finish()
+        return out
+
+    # ------------------------------------------------------------ answers
+
+    def on_response(self, entry: _InFlight, response: log_pb2.ProduceResponse | None) -> None:
+        """Resolve the batches of one answered request (None: acks=0)."""
+        if response is None:
+            for group in entry.batches.values():
+                for batch in group:
+                    self._complete(batch, -1, -1)
+            return
+        answered: set[tuple[str, int]] = set()
+        for result in response.partitions:
+            key = (result.topic, result.partition)
+            answered_group = entry.batches.get(key)
+            if answered_group is None:
+                log.warning("produce answer names %s-%d, which the request did not", *key)
+                continue
+            answered.add(key)
+            if result.error.code:
+                error = error_from_code(result.error.code, result.error.message)
+                self._retry_or_fail(answered_group, error)
+                continue
+            # Batches in one PartitionRecords get consecutive offsets.
+            offset = result.base_offset
+            for batch in answered_group:
+                self._complete(batch, offset, result.log_append_time_ms)
+                offset += batch.record_count()
+        for key, group in entry.batches.items():
+            if key not in answered:
+                self._retry_or_fail(
+                    group, BrokerNotAvailableError(f"produce answer left out {key[0]}-{key[1]}")
+                )
+
+    def on_request_failed(self, entry: _InFlight, error: TidelogError) -> None:
+        for group in entry.batches.values():
+            self._retry_or_fail(group, error)
+
+    def forget_stream(self, stream: ProduceStream) -> None:
+        if self._streams.get(stream.address) is stream:
+            del self._streams[stream.address]
+
+    def _complete(self, batch: ProducerBatch, base_offset: int, append_time_ms: int) -> None:
+        batch.result.complete(base_offset, append_time_ms)
+        self._resolved(batch)
+
+    def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        batch.result.fail(error)
+        self._resolved(batch)
+
+    def _resolved(self, batch: ProducerBatch) -> None:
+        self._acc.resolved(batch)
+        self.space_freed.set()
+        if self._closing:
+            # close() waits for the run loop to see the accumulator empty.
+            self.wake()
+
+    def _retry_or_fail(self, batches: list[ProducerBatch], error: TidelogError) -> None:
+        now = time.monotonic()
+        retry: list[ProducerBatch] = []
+        for batch in batches:
+            batch.last_error = error
+            if (
+                error.retriable
+                and batch.attempts < self._config.retries
+                and now + self._backoff_s - batch.created < self._delivery_timeout_s
+            ):
+                retry.append(batch)
+            else:
+                self._fail(batch, error)
+        if retry:
+            if isinstance(
+                error,
+                NotLeaderOrFollowerError | UnknownTopicOrPartitionError | BrokerNotAvailableError,
+            ):
+                self._metadata_wanted = True
+            self._acc.requeue(retry, now + self._backoff_s)
+            self.wake()
+
+    # ------------------------------------------------------------ shutdown
+
+    async def close(self, timeout_s: float | None) -> None:
+        """Send what is buffered (within `timeout_s`), then stop; batches still
+        unsent fail with ClosedError."""
+        self._closing = True
+        self._acc.seal_all()
+        self.wake()
+        if self._task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+            except TimeoutError:
+                log.warning("producer close timed out; failing unsent batches")
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for batch in self._acc.take_all():
+            self._fail(batch, ClosedError("the producer closed before the batch was sent"))
+        for stream in list(self._streams.values()):
+            await stream.close()
+        # Anything still unresolved was in flight on a stream just closed.
+        for result in self._acc.incomplete():
+            if not result.done():
+                result.fail(ClosedError("the producer closed before the broker answered"))

@@ -1,0 +1,291 @@
+"""The consumer's calling-side state: assignment, positions, decoded records.
+
+`SubscriptionState` lives where the application calls poll(): the caller's
+thread for the sync Consumer, the event loop for AsyncConsumer. It takes the
+fetcher's inbox items (see `_fetcher`), decodes record batches right there
+(so decoding never runs on, or waits for, the I/O loop), and hands records
+out in offset order. Per partition it keeps:
+
+- `epoch`: bumped by every seek; fetcher answers for an older epoch are
+  dropped;
+- `fetched_to`: the offset after the last record taken from the inbox
+  (None while a reset is pending). A DATA answer is used when its range
+  [fetch_offset, next_offset) contains `fetched_to`; anything else is an
+  answer to an old position. Accepting any covering answer (rather than
+  chaining exact fetch offsets) stays correct after a seek, since offsets
+  never change meaning, and cannot stall on answers whose boundaries differ;
+- the decoded records not yet returned. The position (next offset poll()
+  returns) is the first of them, or `fetched_to` when there are none.
+
+Not thread-safe: one caller at a time, as with Kafka's consumer.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable
+from itertools import repeat
+from typing import Any
+
+from tidelog._fetcher import DATA, RESET
+from tidelog.config import ConsumerConfig
+from tidelog.errors import IllegalStateError, TidelogError
+from tidelog.records import HEADER_SIZE, decode_body, read_header, validate_batch
+from tidelog.types import ConsumerRecord, TopicPartition
+from tidelog.v1 import log_pb2
+
+_NO_HEADERS: tuple[()] = ()
+_EMPTY: list[ConsumerRecord] = []
+
+
+class _PartitionState:
+    __slots__ = ("epoch", "fetched_to", "highwater", "index", "records", "tp")
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+        self.epoch = 0
+        self.fetched_to: int | None = None
+        self.records: list[ConsumerRecord] = _EMPTY
+        self.index = 0
+        self.highwater: int | None = None
+
+    def position(self) -> int | None:
+        if self.index < len(self.records):
+            return self.records[self.index].offset
+        return self.fetched_to
+
+
+class SubscriptionState:
+    """Assigned partitions, positions and decoded records (see module doc).
+
+    `commands` receives the fetcher calls to make on the event loop, as
+    (method name, args) pairs; `grant` receives the credit to return.
+    """
+
+    def __init__(
+        self,
+        config: ConsumerConfig,
+        inbox: deque[tuple],
+        commands: Callable[[str, tuple[Any, ...]], None],
+    ) -> None:
+        self._config = config
+        self._inbox = inbox
+        self._commands = commands
+        self._states: dict[TopicPartition, _PartitionState] = {}
+        # Partitions holding decoded records not yet returned, in arrival order.
+        self._ready: deque[_PartitionState] = deque()
+        self._pending_error: BaseException | None = None
+        # Consumed bytes not yet granted back, per fetch session id.
+        self._credit: dict[int, int] = {}
+        self._credit_total = 0
+        self._grant_threshold = max(config.window_bytes // 4, 1)
+        self._check_crcs = config.check_crcs
+        self._key_deserializer = config.key_deserializer
+        self._value_deserializer = config.value_deserializer
+
+    # ------------------------------------------------------------ assignment
+
+    def assign(self, tps: list[TopicPartition]) -> None:
+        wanted = dict.fromkeys(tps)
+        for tp in list(self._states):
+            if tp not in wanted:
+                del self._states[tp]
+        self._ready = deque(s for s in self._ready if s.tp in wanted)
+        assignment: dict[TopicPartition, tuple[int, int | None]] = {}
+        for tp in wanted:
+            state = self._states.get(tp)
+            if state is None:
+                state = self._states[tp] = _PartitionState(tp)
+            assignment[tp] = (state.epoch, state.fetched_to)
+        self._commands("assign", (assignment,))
+
+    def assignment(self) -> set[TopicPartition]:
+        return set(self._states)
+
+    def state(self, tp: TopicPartition) -> _PartitionState:
+        state = self._states.get(tp)
+        if state is None:
+            raise IllegalStateError(f"{tp.topic}-{tp.partition} is not assigned to this consumer")
+        return state
+
+    def _restart(self, state: _PartitionState, fetched_to: int | None) -> None:
+        state.epoch += 1
+        state.fetched_to = fetched_to
+        state.records = _EMPTY
+        state.index = 0
+        if state in self._ready:
+            self._ready.remove(state)
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        state = self.state(tp)
+        self._restart(state, offset)
+        self._commands("seek", (tp, state.epoch, offset))
+
+    def reset(self, tp: TopicPartition, strategy: str) -> None:
+        state = self.state(tp)
+        self._restart(state, None)
+        self._commands("reset", (tp, state.epoch, strategy))
+
+    def position(self, tp: TopicPartition) -> int | None:
+        """The next offset poll() returns; None while a reset is pending."""
+        return self.state(tp).position()
+
+    def highwater(self, tp: TopicPartition) -> int | None:
+        return self.state(tp).highwater
+
+    # ------------------------------------------------------------ polling
+
+    def collect(self, max_records: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Take up to `max_records` records from what has been fetched,
+        without waiting. Raises a partition error only when no records are
+        returned with it (otherwise on the next call)."""
+        if self._pending_error is not None:
+            error, self._pending_error = self._pending_error, None
+            raise error
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        count = 0
+        ready = self._ready
+        inbox = self._inbox
+        try:
+            while count < max_records:
+                if ready:
+                    state = ready[0]
+                    start = state.index
+                    records = state.records
+                    end = min(len(records), start + max_records - count)
+                    taken = records[start:end] if start or end < len(records) else records
+                    state.index = end
+                    if end >= len(records):
+                        state.records = _EMPTY
+                        state.index = 0
+                        ready.popleft()
+                    got = out.get(state.tp)
+                    if got is None:
+                        out[state.tp] = taken
+                    else:
+                        got.extend(taken)
+                    count += end - start
+                    continue
+                if not inbox:
+                    break
+                self._take(inbox.popleft())
+        except TidelogError as exc:
+            if not out:
+                raise
+            self._pending_error = exc
+        finally:
+            if self._credit_total >= self._grant_threshold:
+                self.flush_credit()
+        return out
+
+    def absorb(self) -> None:
+        """Take every inbox item (resets, errors, data) without returning
+        records: position() uses it while waiting for a reset."""
+        inbox = self._inbox
+        try:
+            while inbox:
+                self._take(inbox.popleft())
+        finally:
+            if self._credit_total >= self._grant_threshold:
+                self.flush_credit()
+
+    def has_buffered(self) -> bool:
+        return bool(self._ready) or bool(self._inbox)
+
+    def flush_credit(self) -> None:
+        if self._credit_total:
+            credit, self._credit = self._credit, {}
+            self._credit_total = 0
+            self._commands("grant", (credit,))
+
+    def _take(self, item: tuple) -> None:
+        kind = item[0]
+        if kind == DATA:
+            _, session, tp, data = item
+            raw = data.records  # read once: each access copies the bytes
+            if raw:
+                self._credit[session.id] = self._credit.get(session.id, 0) + len(raw)
+                self._credit_total += len(raw)
+            self._take_data(tp, data, raw)
+            return
+        _, tp, epoch, payload = item
+        state = self._states.get(tp)
+        if state is None or state.epoch != epoch:
+            return  # about a position since abandoned
+        if kind == RESET:
+            # Records fetched before the reset point stay: they were valid.
+            state.fetched_to = payload
+            return
+        raise payload
+
+    def _take_data(self, tp: TopicPartition, data: log_pb2.PartitionData, raw: bytes) -> None:
+        state = self._states.get(tp)
+        if state is None:
+            return
+        fetched_to = state.fetched_to
+        if fetched_to is None or not data.fetch_offset <= fetched_to < data.next_offset:
+            return  # an answer for an old position
+        state.highwater = data.high_watermark
+        records = self._decode(tp, raw, fetched_to)
+        state.fetched_to = data.next_offset
+        if not records:
+            return
+        if state.index < len(state.records):
+            # Still holding records (absorb() ran outside collect): keep them.
+            state.records = state.records[state.index :] + records
+        else:
+            state.records = records
+            self._ready.append(state)
+        state.index = 0
+
+    def _decode(self, tp: TopicPartition, buf: bytes, start: int) -> list[ConsumerRecord]:
+        """Decode whole batches from `buf`, keeping records at offset >= start."""
+        out: list[ConsumerRecord] = []
+        topic, partition = tp
+        pos = 0
+        end = len(buf)
+        view = memoryview(buf)
+        key_deserializer = self._key_deserializer
+        value_deserializer = self._value_deserializer
+        while pos + HEADER_SIZE <= end:
+            header = read_header(view, pos)
+            size = header.size
+            if pos + size > end:
+                break  # a partial batch is never sent, but never trust it
+            if header.next_offset <= start:
+                pos += size  # entirely before the position: skip, undecoded
+                continue
+            if self._check_crcs:
+                header = validate_batch(view, pos)
+            batch = decode_body(header, buf[pos + HEADER_SIZE : pos + size])
+            pos += size
+            offsets = batch.offsets
+            keys = batch.keys
+            values = batch.values
+            if key_deserializer is not None:
+                keys = [None if k is None else key_deserializer(k) for k in keys]
+            if value_deserializer is not None:
+                values = [None if v is None else value_deserializer(v) for v in values]
+            records = list(
+                map(
+                    ConsumerRecord,
+                    repeat(topic),
+                    repeat(partition),
+                    offsets,
+                    batch.timestamps,
+                    repeat(header.timestamp_type),
+                    keys,
+                    values,
+                    batch.headers or repeat(_NO_HEADERS),
+                )
+            )
+            if offsets[0] < start:
+                records = records[bisect_left(offsets, start) :]
+            if out:
+                out.extend(records)
+            else:
+                out = records
+        return out

@@ -1,0 +1,95 @@
+"""`tidelog consume TOPIC`: print records, one value per line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import datetime
+
+from tidelog.cli._common import AddBootstrap
+from tidelog.consumer import Consumer
+from tidelog.errors import InvalidRequestError
+from tidelog.types import TopicPartition
+
+
+def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:  # type: ignore[type-arg]
+    parser = sub.add_parser("consume", help="print records of a topic")
+    parser.add_argument("topic")
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
+    start.add_argument("--offset", type=int, help="start at this offset (needs --partition)")
+    start.add_argument(
+        "--from-time",
+        metavar="ISO-8601",
+        help="start at the first record at or after this time, e.g. 2026-11-25T10:00:00Z",
+    )
+    parser.add_argument("--partition", type=int, help="read only this partition")
+    parser.add_argument("--max-messages", type=int, help="exit after this many records")
+    parser.add_argument(
+        "--timeout-ms",
+        type=int,
+        help="exit after this long without a new record (default: wait forever)",
+    )
+    parser.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
+    parser.add_argument("--print-offset", action="store_true", help="print PARTITION:OFFSET first")
+    add_bootstrap(parser)
+    parser.set_defaults(handler=_consume)
+
+
+def _parse_time_ms(text: str) -> int:
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidRequestError(
+            f"--from-time {text!r} is not an ISO-8601 time such as 2026-11-25T10:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        raise InvalidRequestError(f"--from-time {text!r} needs a time zone, e.g. a trailing Z")
+    return int(moment.timestamp() * 1000)
+
+
+def _consume(args: argparse.Namespace) -> int:
+    if args.offset is not None and args.partition is None:
+        raise InvalidRequestError("--offset needs --partition: offsets are per partition")
+    out = sys.stdout.buffer
+    printed = 0
+    with Consumer(
+        bootstrap_servers=args.bootstrap_server,
+        auto_offset_reset="earliest" if args.from_beginning else "latest",
+        consumer_timeout_ms=args.timeout_ms if args.timeout_ms is not None else float("inf"),
+    ) as consumer:
+        partitions = (
+            [args.partition]
+            if args.partition is not None
+            else sorted(consumer.partitions_for_topic(args.topic))
+        )
+        assignment = [TopicPartition(args.topic, p) for p in partitions]
+        consumer.assign(assignment)
+        if args.from_beginning:
+            consumer.seek_to_beginning(*assignment)
+        elif args.offset is not None:
+            consumer.seek(assignment[0], args.offset)
+        elif args.from_time is not None:
+            timestamp_ms = _parse_time_ms(args.from_time)
+            found = consumer.offsets_for_times({tp: timestamp_ms for tp in assignment})
+            for tp in assignment:
+                match = found.get(tp)
+                if match is None:
+                    consumer.seek_to_end(tp)
+                else:
+                    consumer.seek(tp, match.offset)
+        else:
+            consumer.seek_to_end(*assignment)
+        for record in consumer:
+            if args.print_offset:
+                out.write(f"{record.partition}:{record.offset}\t".encode())
+            if args.print_key:
+                out.write(record.key if record.key is not None else b"null")
+                out.write(b"\t")
+            out.write(record.value if record.value is not None else b"null")
+            out.write(b"\n")
+            printed += 1
+            if args.max_messages is not None and printed >= args.max_messages:
+                break
+    out.flush()
+    return 0

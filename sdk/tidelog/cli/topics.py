@@ -1,0 +1,162 @@
+"""`tidelog topics create|list|describe|alter|delete`."""
+
+from __future__ import annotations
+
+import argparse
+
+from tidelog.admin import AdminClient
+from tidelog.cli._common import AddBootstrap
+from tidelog.types import NewTopic
+
+
+def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:  # type: ignore[type-arg]
+    topics = sub.add_parser("topics", help="create, list, describe and delete topics")
+    actions = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    create = actions.add_parser("create", help="create a topic")
+    create.add_argument("name")
+    create.add_argument("--partitions", type=int, default=1)
+    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a topic config with Kafka's name, e.g. retention.ms=86400000 (repeatable)",
+    )
+    create.set_defaults(handler=_create)
+
+    listing = actions.add_parser("list", help="list topic names")
+    listing.set_defaults(handler=_list)
+
+    describe = actions.add_parser("describe", help="partitions, leaders, offsets, sizes")
+    describe.add_argument("name", nargs="?", help="a topic (default: all)")
+    describe.add_argument(
+        "--configs",
+        action="store_true",
+        help="also print every topic config and where it comes from (topic override, "
+        "broker default, built-in default)",
+    )
+    describe.set_defaults(handler=_describe)
+
+    alter = actions.add_parser("alter", help="set or remove topic config overrides")
+    alter.add_argument("name")
+    alter.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set an override with Kafka's name, e.g. retention.ms=86400000 (repeatable)",
+    )
+    alter.add_argument(
+        "--delete-config",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help="remove an override: the key falls back to the broker's default (repeatable)",
+    )
+    alter.set_defaults(handler=_alter)
+
+    delete = actions.add_parser("delete", help="delete a topic and its data")
+    delete.add_argument("name")
+    delete.set_defaults(handler=_delete)
+
+    for parser in (create, listing, describe, alter, delete):
+        add_bootstrap(parser)
+
+
+def _parse_configs(pairs: list[str]) -> dict[str, str]:
+    configs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"tidelog: --config expects key=value, got {pair!r}")
+        configs[key.strip()] = value.strip()
+    return configs
+
+
+def _create(args: argparse.Namespace) -> int:
+    with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
+        admin.create_topics(
+            [
+                NewTopic(
+                    args.name,
+                    num_partitions=args.partitions,
+                    replication_factor=args.replication_factor,
+                    topic_configs=_parse_configs(args.config),
+                )
+            ]
+        )
+    print(f"created topic {args.name} with {args.partitions} partition(s)")
+    return 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
+        for name in sorted(admin.list_topics()):
+            print(name)
+    return 0
+
+
+def _human_bytes(n: int) -> str:
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{n} B"
+
+
+def _describe(args: argparse.Namespace) -> int:
+    with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
+        descriptions = admin.describe_topics([args.name] if args.name else None)
+        configs = admin.describe_configs([t.name for t in descriptions]) if args.configs else {}
+    for topic in descriptions:
+        print(f"topic {topic.name}  partitions {len(topic.partitions)}")
+        header = ("partition", "leader", "replicas", "isr", "start", "end", "size", "segments")
+        rows = [
+            (
+                str(p.partition),
+                str(p.leader),
+                ",".join(map(str, p.replicas)),
+                ",".join(map(str, p.isr)),
+                str(p.log_start_offset),
+                str(p.log_end_offset),
+                _human_bytes(p.size_bytes),
+                str(p.segment_count),
+            )
+            for p in topic.partitions
+        ]
+        widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+        for row in [header, *rows]:
+            print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+        if args.configs:
+            entries = configs.get(topic.name, {})
+            print("  configs (* = topic override):")
+            for key in sorted(entries):
+                entry = entries[key]
+                mark = "*" if entry.is_override else " "
+                print(f"   {mark}{key}={entry.value}  ({entry.source})")
+    return 0
+
+
+def _alter(args: argparse.Namespace) -> int:
+    changes: dict[str, str | None] = dict(_parse_configs(args.config))
+    for key in args.delete_config:
+        changes[key.strip()] = None
+    if not changes:
+        raise SystemExit("tidelog: topics alter needs --config KEY=VALUE or --delete-config KEY")
+    with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
+        admin.alter_configs({args.name: changes})
+    print(
+        f"altered configs of topic {args.name}: "
+        + ", ".join(f"{k}={v}" if v is not None else f"-{k}" for k, v in changes.items())
+    )
+    return 0
+
+
+def _delete(args: argparse.Namespace) -> int:
+    with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
+        admin.delete_topics([args.name])
+    print(f"deleted topic {args.name}")
+    return 0

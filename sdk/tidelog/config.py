@@ -1,0 +1,227 @@
+"""Client options: one frozen dataclass per client, with Kafka's names and defaults.
+
+The public constructors (`Producer(...)`, `Consumer(...)`, `AdminClient(...)`)
+take these fields as keyword-only arguments and build the dataclass, which
+checks every value once, up front, so a typo fails at construction rather than
+deep inside the sender. Field names are Kafka's with dots turned into
+underscores (`linger.ms` -> `linger_ms`); units are last in the name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from tidelog.compression import CompressionType
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9392"
+MIB = 1024 * 1024
+
+#: gRPC's own cap on a message; Tidelog raises it to fit a full fetch
+#: response (fetch_max_bytes, 50 MiB by default) plus framing.
+GRPC_MAX_MESSAGE_BYTES = 64 * MIB
+
+
+def _parse_bootstrap(servers: str | Sequence[str]) -> tuple[str, ...]:
+    if isinstance(servers, str):
+        servers = servers.split(",")
+    out = tuple(s.strip() for s in servers if s.strip())
+    if not out:
+        raise ValueError("bootstrap_servers is empty: give at least one 'host:port'")
+    for address in out:
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"bootstrap server {address!r} is not 'host:port'")
+    return out
+
+
+def _positive(name: str, value: int) -> None:
+    if value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def _non_negative(name: str, value: int) -> None:
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommonConfig:
+    """Options every client has."""
+
+    #: "host:port" of one or more brokers (or the gateway), as a list or a
+    #: comma-separated string. Only used to discover the cluster.
+    bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
+    #: Sent as the gRPC user agent, so broker logs can say who called.
+    client_id: str = "tidelog-python"
+    #: How long one request (a unary call, or a produce answer) may take.
+    request_timeout_ms: int = 30_000
+    #: Pause before retrying a failed request or a metadata refresh.
+    retry_backoff_ms: int = 100
+    #: Refresh cached metadata at least this often, even without errors.
+    metadata_max_age_ms: int = 300_000
+    #: gRPC keepalive ping interval on idle connections. 5.5 minutes, because
+    #: a gRPC server by default treats pings closer than 5 minutes apart on a
+    #: connection without data as abuse and closes it (GOAWAY too_many_pings).
+    keepalive_time_ms: int = 330_000
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "bootstrap_servers", _parse_bootstrap(self.bootstrap_servers))
+        _positive("request_timeout_ms", self.request_timeout_ms)
+        _non_negative("retry_backoff_ms", self.retry_backoff_ms)
+        _positive("metadata_max_age_ms", self.metadata_max_age_ms)
+        _positive("keepalive_time_ms", self.keepalive_time_ms)
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """The bootstrap servers, parsed."""
+        return tuple(self.bootstrap_servers)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProducerConfig(CommonConfig):
+    """Options of `Producer` and `AsyncProducer`."""
+
+    #: 0: do not wait for the broker (offsets are -1); 1: the leader has it
+    #: in its log; -1 or "all": every in-sync replica has it.
+    acks: int | Literal["all"] = 1
+    #: How long a batch that is not full waits for more records before it is
+    #: sent. A few ms lets a busy producer fill batches.
+    linger_ms: int = 5
+    #: Target bytes of one batch (per partition). Kafka's default is 16 KB;
+    #: ours is 256 KB because a gRPC message costs far more than a Kafka
+    #: request (~1,800 unary round trips/s, and 16 KB stream messages move
+    #: ~110 MB/s against ~1,100 MB/s at 256 KB; see ARCHITECTURE.md). Small
+    #: batches would make the per-message cost dominate.
+    batch_size: int = 256 * 1024
+    #: Codec for batch bodies: None/"none", "gzip", "snappy", "lz4", "zstd".
+    compression_type: str | CompressionType | None = None
+    #: Largest produce request in bytes, and so the largest record.
+    max_request_size: int = 1 * MIB
+    #: Bytes of records the producer may hold before send() blocks.
+    buffer_memory: int = 64 * MIB
+    #: How long send() may block for metadata or buffer space.
+    max_block_ms: int = 60_000
+    #: Upper bound on the time from send() to success or failure, retries
+    #: included. Must be >= linger_ms + request_timeout_ms.
+    delivery_timeout_ms: int = 120_000
+    #: How many times a batch is retried after a retriable error (bounded by
+    #: delivery_timeout_ms in any case).
+    retries: int = 2_147_483_647
+    #: Produce requests sent on a connection without waiting for answers.
+    #: With more than one, a retried batch can land after a later batch of the
+    #: same partition that succeeded; set 1 when strict order matters.
+    max_in_flight_requests: int = 5
+    #: Turn keys and values into bytes (kafka-python's serializers).
+    key_serializer: Callable[[Any], bytes | None] | None = None
+    value_serializer: Callable[[Any], bytes | None] | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        acks: Any = self.acks
+        if acks == "all":
+            acks = -1
+        if acks not in (0, 1, -1):
+            raise ValueError(f"acks must be 0, 1, -1 or 'all', got {self.acks!r}")
+        object.__setattr__(self, "acks", acks)
+        object.__setattr__(self, "compression_type", CompressionType.parse(self.compression_type))
+        _non_negative("linger_ms", self.linger_ms)
+        _positive("batch_size", self.batch_size)
+        _positive("max_request_size", self.max_request_size)
+        _positive("buffer_memory", self.buffer_memory)
+        _non_negative("max_block_ms", self.max_block_ms)
+        _non_negative("retries", self.retries)
+        _positive("max_in_flight_requests", self.max_in_flight_requests)
+        if self.max_request_size > GRPC_MAX_MESSAGE_BYTES - MIB:
+            raise ValueError(
+                f"max_request_size {self.max_request_size} leaves no room under the "
+                f"{GRPC_MAX_MESSAGE_BYTES}-byte gRPC message limit"
+            )
+        if self.delivery_timeout_ms < self.linger_ms + self.request_timeout_ms:
+            raise ValueError(
+                f"delivery_timeout_ms ({self.delivery_timeout_ms}) must be >= linger_ms + "
+                f"request_timeout_ms ({self.linger_ms + self.request_timeout_ms})"
+            )
+
+    @property
+    def codec(self) -> CompressionType:
+        return CompressionType.parse(self.compression_type)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConsumerConfig(CommonConfig):
+    """Options of `Consumer` and `AsyncConsumer`."""
+
+    #: Consumer groups arrive in a later release; only None is accepted now.
+    group_id: str | None = None
+    #: The broker answers once this many bytes are available ...
+    fetch_min_bytes: int = 1
+    #: ... or once this much time has passed.
+    fetch_max_wait_ms: int = 500
+    #: Largest fetch response (bytes of record data).
+    fetch_max_bytes: int = 50 * MIB
+    #: Largest amount of one partition's data in one response.
+    max_partition_fetch_bytes: int = 1 * MIB
+    #: Bytes of fetched data the broker may send ahead of the application
+    #: (the credit window of the fetch stream). It bounds the consumer's
+    #: memory; two or more responses' worth keeps the stream busy while the
+    #: application works. None: 4 x max_partition_fetch_bytes, at least 8 MiB.
+    fetch_buffer_bytes: int | None = None
+    #: Most records one poll() returns.
+    max_poll_records: int = 500
+    #: Where to start when there is no position or it is out of range:
+    #: "earliest", "latest", or "none" (raise).
+    auto_offset_reset: Literal["earliest", "latest", "none"] = "earliest"
+    #: Verify each batch's CRC32C while decoding (~24 GB/s, so on by default).
+    check_crcs: bool = True
+    key_deserializer: Callable[[bytes], Any] | None = None
+    value_deserializer: Callable[[bytes], Any] | None = None
+    #: Iteration (`for record in consumer`) stops after this long without a
+    #: record; None iterates forever (kafka-python's consumer_timeout_ms).
+    consumer_timeout_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError(
+                f"auto_offset_reset must be 'earliest', 'latest' or 'none', "
+                f"got {self.auto_offset_reset!r}"
+            )
+        _non_negative("fetch_min_bytes", self.fetch_min_bytes)
+        _non_negative("fetch_max_wait_ms", self.fetch_max_wait_ms)
+        _positive("fetch_max_bytes", self.fetch_max_bytes)
+        _positive("max_partition_fetch_bytes", self.max_partition_fetch_bytes)
+        _positive("max_poll_records", self.max_poll_records)
+        if self.fetch_max_bytes > GRPC_MAX_MESSAGE_BYTES - MIB:
+            raise ValueError(
+                f"fetch_max_bytes {self.fetch_max_bytes} leaves no room under the "
+                f"{GRPC_MAX_MESSAGE_BYTES}-byte gRPC message limit"
+            )
+        if self.fetch_buffer_bytes is None:
+            object.__setattr__(
+                self, "fetch_buffer_bytes", max(4 * self.max_partition_fetch_bytes, 8 * MIB)
+            )
+        _positive("fetch_buffer_bytes", self.window_bytes)
+
+    @property
+    def window_bytes(self) -> int:
+        """The credit window (fetch_buffer_bytes with its default filled in)."""
+        assert self.fetch_buffer_bytes is not None
+        return self.fetch_buffer_bytes
+
+    @property
+    def response_max_bytes(self) -> int:
+        """max_bytes asked of the broker: never more than the window."""
+        return min(self.fetch_max_bytes, self.window_bytes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdminConfig(CommonConfig):
+    """Options of `AdminClient` and `AsyncAdminClient`."""
+
+
+def field_names(cls: type) -> frozenset[str]:
+    """The option names a config class accepts (to reject unknown ones early)."""
+    return frozenset(f.name for f in dataclasses.fields(cls))

@@ -1,0 +1,401 @@
+"""`Producer` (blocking, thread-safe) and `AsyncProducer` (asyncio).
+
+Both are thin fronts over the same parts: a `RecordAccumulator` that batches
+records per partition, a `Sender` task that ships batches over Produce
+streams, and a `Cluster` for connections and metadata. The synchronous
+Producer runs the sender on its own background event loop (`LoopThread`);
+`send()` only appends to the accumulator in the calling thread, so the cost
+of a record is an append under one lock plus a tuple-sized future.
+
+Usage, as with kafka-python and aiokafka::
+
+    with Producer("127.0.0.1:9392", linger_ms=5) as producer:
+        future = producer.send("orders", b"value", key=b"k")
+        metadata = future.get(timeout=10)
+
+    async with AsyncProducer("127.0.0.1:9392") as producer:
+        metadata = await producer.send_and_wait("orders", b"value")
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tidelog._accumulator import (
+    BATCH_OVERHEAD,
+    RECORD_OVERHEAD,
+    BufferFullError,
+    RecordAccumulator,
+    record_size,
+)
+from tidelog._connection import Cluster
+from tidelog._futures import FutureRecordMetadata, failed_future
+from tidelog._loop_thread import LoopThread
+from tidelog._sender import Sender
+from tidelog.config import DEFAULT_BOOTSTRAP, ProducerConfig
+from tidelog.errors import (
+    ClosedError,
+    MessageTooLargeError,
+    TidelogTimeoutError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.partitioner import partition_for_key
+from tidelog.records import Header
+from tidelog.types import RecordMetadata
+
+__all__ = ["AsyncProducer", "FutureRecordMetadata", "Producer"]
+
+_now_ns = time.time_ns
+
+
+def _as_bytes(data: object, what: str) -> bytes:
+    """bytes-like to bytes; anything else is a usage error (use a serializer)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(
+        f"{what} must be bytes-like, not {type(data).__name__}; "
+        f"pass {what}_serializer= to convert other types"
+    )
+
+
+def _check_headers(headers: Sequence[Header]) -> list[Header]:
+    out = list(headers)
+    for item in out:
+        if (
+            not isinstance(item, tuple)
+            or len(item) != 2
+            or not isinstance(item[0], str)
+            or not (item[1] is None or isinstance(item[1], bytes))
+        ):
+            raise TypeError(f"a header must be a (str, bytes | None) tuple, got {item!r}")
+    return out
+
+
+class _ProducerCore:
+    """What both producers share: config, accumulator, record checks."""
+
+    def __init__(self, config: ProducerConfig, wake: Callable[[], None]) -> None:
+        self.config = config
+        self.cluster = Cluster(config, allow_auto_topic_creation=True)
+        self.accumulator = RecordAccumulator(
+            batch_size=config.batch_size,
+            linger_ms=config.linger_ms,
+            buffer_memory=config.buffer_memory,
+            wake=wake,
+        )
+        self.sender: Sender | None = None
+        # The largest record that fits a request on its own.
+        self.max_record_size = config.max_request_size - BATCH_OVERHEAD
+        self.key_serializer = config.key_serializer
+        self.value_serializer = config.value_serializer
+        #: No serializer: bytes go in as they are (the send() fast path).
+        self.plain_bytes = self.key_serializer is None and self.value_serializer is None
+
+    def prepare(
+        self,
+        topic: str,
+        value: Any,
+        key: Any,
+        headers: Sequence[Header] | None,
+        timestamp_ms: int | None,
+    ) -> tuple[bytes | None, bytes | None, list[Header] | None, int, int]:
+        """Serialize and check one record: (key, value, headers, size, timestamp)."""
+        if self.key_serializer is not None:
+            key = self.key_serializer(key)
+        if self.value_serializer is not None:
+            value = self.value_serializer(value)
+        if value is not None and type(value) is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and type(key) is not bytes:
+            key = _as_bytes(key, "key")
+        if headers:
+            checked = _check_headers(headers)
+            size = record_size(key, value, checked)
+        else:
+            checked = None
+            size = (
+                RECORD_OVERHEAD
+                + (0 if value is None else len(value))
+                + (0 if key is None else len(key))
+            )
+        if timestamp_ms is None:
+            timestamp_ms = _now_ns() // 1_000_000
+        return key, value, checked, size, timestamp_ms
+
+    def too_large(self, topic: str, partition: int | None, size: int) -> FutureRecordMetadata:
+        return failed_future(
+            topic,
+            -1 if partition is None else partition,
+            MessageTooLargeError(
+                f"the record is {size} bytes, more than max_request_size "
+                f"({self.config.max_request_size}) allows"
+            ),
+        )
+
+    def choose_partition(
+        self, topic: str, key: bytes | None, partition: int | None, count: int
+    ) -> int:
+        """Explicit partition, else the key's murmur2 partition, else -1 (sticky)."""
+        if partition is not None:
+            if not 0 <= partition < count:
+                raise UnknownTopicOrPartitionError(
+                    f"partition {partition} of {topic!r} does not exist "
+                    f"(the topic has {count} partitions)"
+                )
+            return partition
+        if key is not None:
+            return partition_for_key(key, count)
+        return -1
+
+
+class Producer:
+    """A thread-safe producer that batches records and sends them in the
+    background. Options: see `tidelog.config.ProducerConfig`.
+    """
+
+    def __init__(self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **options: Any):
+        self._config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
+        self._loop_thread = LoopThread(f"tidelog-producer-{self._config.client_id}")
+        self._core = _ProducerCore(self._config, self._wake_sender)
+        self._acc = self._core.accumulator
+        self._max_block_s = self._config.max_block_ms / 1000
+        self._closed = False
+        self._loop_thread.run(self._start())
+
+    async def _start(self) -> None:
+        self._core.sender = Sender(self._core.cluster, self._acc, self._config)
+        self._core.sender.start()
+
+    def _wake_sender(self) -> None:
+        sender = self._core.sender
+        if sender is not None:
+            self._loop_thread.call_soon(sender.wake)
+
+    def _partition_count(self, topic: str) -> int:
+        """Block (up to max_block_ms) for the topic's metadata."""
+        if self._closed:
+            raise ClosedError("the producer is closed")
+        meta = self._loop_thread.run(
+            self._core.cluster.topic(topic, timeout_s=self._max_block_s),
+            timeout=self._max_block_s + 1,
+        )
+        return meta.partition_count
+
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Sequence[Header] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> FutureRecordMetadata:
+        """Queue one record; return a future of its RecordMetadata.
+
+        Blocks only for the topic's first metadata lookup or when
+        buffer_memory is full (both bounded by max_block_ms). Errors of
+        delivery are reported through the future; usage errors (wrong types,
+        closed producer) raise here.
+        """
+        core = self._core
+        if (
+            type(value) is bytes
+            and key is None
+            and not headers
+            and timestamp_ms is None
+            and core.plain_bytes
+        ):
+            # The common case, checked in one expression: a keyless bytes
+            # value with nothing to serialize (saves a call per record).
+            size = RECORD_OVERHEAD + len(value)
+            timestamp_ms = _now_ns() // 1_000_000
+        else:
+            key, value, headers, size, timestamp_ms = core.prepare(
+                topic, value, key, headers, timestamp_ms
+            )
+        if size > core.max_record_size:
+            return core.too_large(topic, partition, size)
+        count = core.cluster.snapshot.partition_counts.get(topic)
+        if count is None:
+            count = self._partition_count(topic)
+        if partition is None and key is None:
+            chosen = -1
+        else:
+            chosen = core.choose_partition(topic, key, partition, count)
+        return self._acc.append(
+            topic, chosen, count, key, value, headers, timestamp_ms, size, self._max_block_s
+        )
+
+    def send_and_wait(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Sequence[Header] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        timeout: float | None = None,
+    ) -> RecordMetadata:
+        """Send one record and wait for it: sends at once, without lingering."""
+        future = self.send(topic, value, key, headers, partition, timestamp_ms)
+        self._acc.seal_all()
+        return future.get(timeout)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything buffered now and wait until every record sent so
+        far is delivered or failed. Raises TidelogTimeoutError on timeout."""
+        self._acc.seal_all()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for result in self._acc.incomplete():
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not result.wait(remaining):
+                raise TidelogTimeoutError(f"flush did not finish in {timeout} s")
+
+    def partitions_for(self, topic: str) -> set[int]:
+        """The partition numbers of `topic` (created if auto-creation is on)."""
+        return set(range(self._partition_count(topic)))
+
+    def close(self, timeout: float | None = None) -> None:
+        """Send what is buffered (waiting up to `timeout`, forever when None),
+        then release connections. Records not delivered by then fail with
+        ClosedError. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._loop_thread.run(self._close(timeout))
+        finally:
+            self._loop_thread.stop()
+
+    async def _close(self, timeout: float | None) -> None:
+        if self._core.sender is not None:
+            await self._core.sender.close(timeout)
+        await self._core.cluster.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncProducer:
+    """The asyncio producer: call it from one event loop. Options: see
+    `tidelog.config.ProducerConfig`.
+
+    `await send(...)` queues the record and returns a future to await
+    (aiokafka's shape): ``fut = await producer.send(t, v); md = await fut``.
+    """
+
+    def __init__(self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **options: Any):
+        self._config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
+        self._core = _ProducerCore(self._config, self._wake_sender)
+        self._acc = self._core.accumulator
+        self._max_block_s = self._config.max_block_ms / 1000
+        self._started = False
+        self._closed = False
+
+    def _wake_sender(self) -> None:
+        if self._core.sender is not None:
+            self._core.sender.wake()
+
+    async def start(self) -> None:
+        """Connect to the cluster. Idempotent."""
+        if self._started:
+            return
+        self._started = True
+        self._core.sender = Sender(self._core.cluster, self._acc, self._config)
+        self._core.sender.start()
+        await self._core.cluster.refresh()
+
+    async def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Sequence[Header] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> FutureRecordMetadata:
+        """Queue one record; return an awaitable future of its RecordMetadata."""
+        if not self._started or self._closed:
+            raise ClosedError(
+                "call `await producer.start()` first"
+                if not self._closed
+                else "the producer is closed"
+            )
+        key, value, headers, size, timestamp_ms = self._core.prepare(
+            topic, value, key, headers, timestamp_ms
+        )
+        if size > self._core.max_record_size:
+            return self._core.too_large(topic, partition, size)
+        count = self._core.cluster.snapshot.partition_counts.get(topic)
+        if count is None:
+            meta = await self._core.cluster.topic(topic, timeout_s=self._max_block_s)
+            count = meta.partition_count
+        if partition is None and key is None:
+            chosen = -1
+        else:
+            chosen = self._core.choose_partition(topic, key, partition, count)
+        deadline = time.monotonic() + self._max_block_s
+        sender = self._core.sender
+        assert sender is not None
+        while True:
+            try:
+                return self._acc.append(
+                    topic, chosen, count, key, value, headers, timestamp_ms, size, None
+                )
+            except BufferFullError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TidelogTimeoutError(
+                        f"buffer_memory stayed full for max_block_ms ({self._config.max_block_ms})"
+                    ) from None
+                sender.space_freed.clear()
+                try:
+                    await asyncio.wait_for(sender.space_freed.wait(), remaining)
+                except TimeoutError:
+                    continue
+
+    async def send_and_wait(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        headers: Sequence[Header] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> RecordMetadata:
+        """Send one record and wait for its RecordMetadata (no lingering)."""
+        future = await self.send(topic, value, key, headers, partition, timestamp_ms)
+        self._acc.seal_all()
+        return await future
+
+    async def flush(self) -> None:
+        """Send everything buffered and wait until all of it is resolved."""
+        self._acc.seal_all()
+        for result in self._acc.incomplete():
+            await result.wait_async()
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        meta = await self._core.cluster.topic(topic, timeout_s=self._max_block_s)
+        return set(range(meta.partition_count))
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Flush (up to `timeout`) and close. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._core.sender is not None:
+            await self._core.sender.close(timeout)
+        await self._core.cluster.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

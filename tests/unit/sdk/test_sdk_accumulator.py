@@ -1,0 +1,194 @@
+"""The producer's accumulator and futures, without any I/O."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from tidelog._accumulator import RecordAccumulator, record_size
+from tidelog.errors import ClosedError, TidelogTimeoutError
+from tidelog.records import decode_batches
+from tidelog.types import RecordMetadata, TopicPartition
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(batch_size: int = 1000, linger_ms: int = 5, buffer_memory: int = 1 << 20, clock=None):  # type: ignore[no-untyped-def]
+    wakes: list[int] = []
+    clock = clock or Clock()
+    acc = RecordAccumulator(
+        batch_size=batch_size,
+        linger_ms=linger_ms,
+        buffer_memory=buffer_memory,
+        wake=lambda: wakes.append(1),
+        clock=clock,
+    )
+    return acc, wakes, clock
+
+
+def append(acc, value=b"v" * 10, key=None, partition=0, count=1, headers=None, ts=1):  # type: ignore[no-untyped-def]
+    return acc.append(
+        "t", partition, count, key, value, headers, ts, record_size(key, value, headers), 1.0
+    )
+
+
+def test_records_of_a_partition_share_one_batch_until_full() -> None:
+    acc, wakes, _ = make(batch_size=200)
+    futures = [append(acc) for _ in range(6)]
+    # 62 bytes of overhead + 18 per record: the batch fills at 8 records.
+    assert {id(f[0]) for f in futures} == {id(futures[0][0])}
+    assert [f[1] for f in futures] == list(range(6))
+    assert len(wakes) == 1  # the new batch, not every record
+    more = [append(acc) for _ in range(4)]
+    assert more[-1][0] is not futures[0][0]
+    assert len(wakes) >= 2  # sealed (full) and the next batch created
+
+
+def test_drain_returns_full_batches_at_once_and_open_ones_after_linger() -> None:
+    acc, _, clock = make(batch_size=100)
+    for _ in range(3):
+        append(acc, partition=0)  # fills partition 0's batch
+    append(acc, partition=1)
+    ready, expired, deadline = acc.drain(clock(), 120.0)
+    assert [b.tp for b in ready] == [TopicPartition("t", 0)]
+    assert not expired
+    assert deadline == pytest.approx(clock() + 0.005)
+    clock.now += 0.006
+    ready, _, _ = acc.drain(clock(), 120.0)
+    assert [b.tp for b in ready] == [TopicPartition("t", 0), TopicPartition("t", 1)]
+
+
+def test_encoded_batch_round_trips() -> None:
+    acc, _, clock = make()
+    append(acc, value=b"a", key=b"k1", ts=10, headers=[("h", b"x")])
+    append(acc, value=None, key=None, ts=11)
+    acc.seal_all()
+    (batch,), _, _ = acc.drain(clock(), 120.0)
+    (decoded,) = decode_batches(batch.encode(batch_codec()))
+    assert decoded.values == [b"a", None]
+    assert decoded.keys == [b"k1", None]
+    assert decoded.timestamps == [10, 11]
+    assert decoded.headers == [[("h", b"x")], []]
+
+
+def batch_codec():  # type: ignore[no-untyped-def]
+    from tidelog.compression import CompressionType
+
+    return CompressionType.NONE
+
+
+def test_future_resolves_with_offsets_and_callbacks() -> None:
+    acc, _, clock = make()
+    futures = [append(acc, ts=50 + i) for i in range(3)]
+    seen: list[RecordMetadata] = []
+    futures[2].add_callback(seen.append)
+    acc.seal_all()
+    (batch,), _, _ = acc.drain(clock(), 120.0)
+    assert not futures[0].done()
+    batch.result.complete(base_offset=40)
+    acc.resolved(batch)
+    assert futures[1].get(0) == RecordMetadata("t", 0, 41, 51)
+    assert seen == [RecordMetadata("t", 0, 42, 52)]
+    late: list[RecordMetadata] = []
+    futures[0].add_callback(late.append)  # already done: runs at once
+    assert late[0].offset == 40
+    assert acc.is_empty()
+
+
+def test_future_failure_raises_the_typed_error() -> None:
+    acc, _, clock = make()
+    future = append(acc)
+    errors: list[BaseException] = []
+    future.add_errback(errors.append)
+    acc.seal_all()
+    (batch,), _, _ = acc.drain(clock(), 120.0)
+    batch.result.fail(ClosedError("gone"))
+    with pytest.raises(ClosedError):
+        future.get(0)
+    assert isinstance(future.exception(), ClosedError)
+    assert isinstance(errors[0], ClosedError)
+
+
+def test_get_times_out_while_pending() -> None:
+    acc, _, _ = make()
+    with pytest.raises(TidelogTimeoutError):
+        append(acc).get(0.01)
+
+
+def test_retry_mutes_the_partition_and_keeps_order() -> None:
+    acc, _, clock = make(batch_size=116)  # exactly three 18-byte records
+    for _ in range(9):
+        append(acc)  # three full batches of partition 0
+    ready, _, _ = acc.drain(clock(), 120.0)
+    first, second, third = ready
+    acc.requeue([second, first], retry_at=clock() + 1)
+    for _ in range(3):
+        append(acc)
+    ready, _, deadline = acc.drain(clock(), 120.0)
+    assert ready == []  # muted: nothing of partition 0 overtakes the retry
+    assert deadline == pytest.approx(clock() + 1)
+    clock.now += 1
+    ready, _, _ = acc.drain(clock(), 120.0)
+    assert ready[:2] == [first, second]
+    for batch in (first, second, third):
+        batch.result.complete(0)
+        acc.resolved(batch)
+    ready, _, _ = acc.drain(clock(), 120.0)
+    assert ready  # unmuted
+
+
+def test_sealed_batches_expire_after_the_delivery_timeout() -> None:
+    acc, _, clock = make()
+    append(acc)
+    acc.seal_all()
+    clock.now += 200
+    ready, expired, _ = acc.drain(clock(), 120.0)
+    assert not ready and len(expired) == 1
+
+
+def test_send_blocks_for_buffer_memory_then_times_out() -> None:
+    acc, _, _ = make(buffer_memory=100, clock=time.monotonic)  # the wait is real
+    append(acc, value=b"x" * 80)
+    with pytest.raises(TidelogTimeoutError):
+        acc.append("t", 0, 1, None, b"y" * 80, None, 1, 88, 0.05)
+
+
+def test_buffer_space_freed_by_a_resolved_batch_unblocks_send() -> None:
+    acc, _, clock = make(buffer_memory=100)
+    append(acc, value=b"x" * 80)
+    acc.seal_all()
+    (batch,), _, _ = acc.drain(clock(), 120.0)
+    result: list[object] = []
+    thread = threading.Thread(
+        target=lambda: result.append(acc.append("t", 0, 1, None, b"y" * 80, None, 1, 88, 5.0))
+    )
+    thread.start()
+    batch.result.complete(0)
+    acc.resolved(batch)
+    thread.join(5)
+    assert result
+
+
+def test_sticky_partition_for_keyless_records() -> None:
+    acc, _, _ = make(batch_size=116)
+    futures = [append(acc, partition=-1, count=3) for _ in range(3)]
+    assert len({f[0].partition for f in futures}) == 1
+    nxt = append(acc, partition=-1, count=3)
+    # The sticky batch was full: the next keyless record moved elsewhere.
+    assert nxt[0].partition != futures[0][0].partition
+
+
+def test_closed_accumulator_rejects_records() -> None:
+    acc, _, _ = make()
+    acc.take_all()
+    with pytest.raises(ClosedError):
+        append(acc)

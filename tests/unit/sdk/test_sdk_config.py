@@ -1,0 +1,59 @@
+"""Option validation happens once, at construction."""
+
+from __future__ import annotations
+
+import pytest
+from tidelog import ConsumerConfig, ProducerConfig
+from tidelog.compression import CompressionType
+from tidelog.errors import UnsupportedCodecError
+
+pytestmark = pytest.mark.timeout(10)
+
+
+def test_producer_defaults() -> None:
+    config = ProducerConfig()
+    assert config.bootstrap_servers == ("127.0.0.1:9392",)
+    assert config.batch_size == 256 * 1024
+    assert config.acks == 1
+    assert config.compression_type is CompressionType.NONE
+
+
+def test_acks_all_is_minus_one_and_codecs_parse() -> None:
+    config = ProducerConfig(acks="all", compression_type="zstd", bootstrap_servers="a:1, b:2")
+    assert config.acks == -1
+    assert config.codec is CompressionType.ZSTD
+    assert config.bootstrap_servers == ("a:1", "b:2")
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"acks": 2},
+        {"batch_size": 0},
+        {"bootstrap_servers": "nohostport"},
+        {"bootstrap_servers": ""},
+        {"delivery_timeout_ms": 10},
+        {"max_request_size": 128 * 1024 * 1024},
+    ],
+)
+def test_bad_producer_options_fail_early(options: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        ProducerConfig(**options)  # type: ignore[arg-type]
+
+
+def test_unknown_codec() -> None:
+    with pytest.raises(UnsupportedCodecError):
+        ProducerConfig(compression_type="brotli")
+
+
+def test_consumer_window_default_and_reset_policy() -> None:
+    config = ConsumerConfig()
+    assert config.window_bytes == 8 * 1024 * 1024
+    assert config.response_max_bytes == 8 * 1024 * 1024
+    with pytest.raises(ValueError):
+        ConsumerConfig(auto_offset_reset="middle")  # type: ignore[arg-type]
+
+
+def test_unknown_option_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        ProducerConfig(lingerms=5)  # type: ignore[call-arg]

@@ -1,0 +1,72 @@
+"""Wire error codes and gRPC statuses map to the typed errors clients raise."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from tidelog import errors
+from tidelog.v1 import common_pb2
+
+pytestmark = pytest.mark.timeout(10)
+
+
+@pytest.mark.parametrize(
+    ("code", "cls", "retriable"),
+    [
+        (common_pb2.NOT_LEADER_OR_FOLLOWER, errors.NotLeaderOrFollowerError, True),
+        (common_pb2.UNKNOWN_TOPIC_OR_PARTITION, errors.UnknownTopicOrPartitionError, True),
+        (common_pb2.REQUEST_TIMED_OUT, errors.RequestTimedOutError, True),
+        (common_pb2.OFFSET_OUT_OF_RANGE, errors.OffsetOutOfRangeError, False),
+        (common_pb2.MESSAGE_TOO_LARGE, errors.MessageTooLargeError, False),
+        (common_pb2.TOPIC_ALREADY_EXISTS, errors.TopicAlreadyExistsError, False),
+        (common_pb2.INVALID_TOPIC, errors.InvalidTopicError, False),
+        (common_pb2.CORRUPT_MESSAGE, errors.CorruptRecordError, False),
+    ],
+)
+def test_error_from_code(code: int, cls: type[errors.TidelogError], retriable: bool) -> None:
+    exc = errors.error_from_code(code, "details")
+    assert type(exc) is cls
+    assert exc.retriable is retriable
+    assert exc.message == "details"
+    assert isinstance(exc, errors.TidelogError)
+
+
+def test_every_wire_code_has_a_class() -> None:
+    for name, value in common_pb2.ErrorCode.items():
+        if value == 0:
+            continue
+        exc = errors.error_from_code(value, "x")
+        assert exc.code_name == name, name
+
+
+class _FakeRpcError(grpc.RpcError):
+    def __init__(self, status: grpc.StatusCode, details: str, trailing=()) -> None:  # type: ignore[no-untyped-def]
+        self._status, self._details, self._trailing = status, details, trailing
+
+    def code(self) -> grpc.StatusCode:
+        return self._status
+
+    def details(self) -> str:
+        return self._details
+
+    def trailing_metadata(self):  # type: ignore[no-untyped-def]
+        return self._trailing
+
+
+def test_error_from_rpc_prefers_the_precise_code_in_trailing_metadata() -> None:
+    rpc = _FakeRpcError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "bad name",
+        ((errors.ERROR_CODE_METADATA_KEY, "INVALID_TOPIC"),),
+    )
+    assert type(errors.error_from_rpc(rpc)) is errors.InvalidTopicError
+
+
+def test_error_from_rpc_falls_back_to_the_status() -> None:
+    exc = errors.error_from_rpc(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down"))
+    assert isinstance(exc, errors.BrokerNotAvailableError) and exc.retriable
+
+
+def test_client_side_errors() -> None:
+    assert issubclass(errors.GroupsNotSupportedError, errors.TidelogError)
+    assert issubclass(errors.NoOffsetForPartitionError, errors.TidelogError)
