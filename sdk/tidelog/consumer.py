@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import math
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
@@ -196,7 +197,9 @@ class Consumer:
 
     def _next_slow(self) -> ConsumerRecord:
         timeout_ms = self._config.consumer_timeout_ms
-        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        # kafka-python users write float("inf") for "forever"; so does None.
+        forever = timeout_ms is None or math.isinf(timeout_ms)
+        deadline = None if forever else time.monotonic() + timeout_ms / 1000  # type: ignore[operator]
         while True:
             if self._closed:
                 raise StopIteration

@@ -8,11 +8,11 @@ from datetime import datetime
 
 from tidelog.cli._common import AddBootstrap
 from tidelog.consumer import Consumer
-from tidelog.errors import InvalidRequestError
+from tidelog.errors import InvalidRequestError, UnknownTopicOrPartitionError
 from tidelog.types import TopicPartition
 
 
-def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
     parser = sub.add_parser("consume", help="print records of a topic")
     parser.add_argument("topic")
     start = parser.add_mutually_exclusive_group()
@@ -56,13 +56,15 @@ def _consume(args: argparse.Namespace) -> int:
     with Consumer(
         bootstrap_servers=args.bootstrap_server,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
-        consumer_timeout_ms=args.timeout_ms if args.timeout_ms is not None else float("inf"),
+        consumer_timeout_ms=args.timeout_ms,
     ) as consumer:
-        partitions = (
-            [args.partition]
-            if args.partition is not None
-            else sorted(consumer.partitions_for_topic(args.topic))
-        )
+        if args.partition is not None:
+            partitions = [args.partition]
+        else:
+            known = consumer.partitions_for_topic(args.topic)
+            if not known:
+                raise UnknownTopicOrPartitionError(f"topic {args.topic!r} does not exist")
+            partitions = sorted(known)
         assignment = [TopicPartition(args.topic, p) for p in partitions]
         consumer.assign(assignment)
         if args.from_beginning:

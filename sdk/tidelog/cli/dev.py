@@ -30,7 +30,7 @@ READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 
 
-def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
     parser = sub.add_parser("dev", help="run a local cluster in the foreground (make run)")
     parser.add_argument(
         "--data-dir", type=Path, default=Path(".tidelog"), help="where data lives (reused)"

@@ -9,7 +9,7 @@ from tidelog.cli._common import AddBootstrap, Progress
 from tidelog.producer import Producer
 
 
-def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
     parser = sub.add_parser("produce", help="send lines of stdin as records")
     parser.add_argument("topic")
     parser.add_argument("--partition", type=int, default=None, help="send every record here")

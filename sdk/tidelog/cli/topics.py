@@ -9,7 +9,7 @@ from tidelog.cli._common import AddBootstrap
 from tidelog.types import NewTopic
 
 
-def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
     topics = sub.add_parser("topics", help="create, list, describe and delete topics")
     actions = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
 

@@ -29,7 +29,11 @@ from tidelog_broker.partition_manager import PartitionManager
 
 log = logging.getLogger("tidelog.broker")
 
-SHUTDOWN_GRACE_S = 5.0
+# Produce and Fetch streams stay open for as long as their clients live, so
+# shutdown cannot wait for them to end: after this grace the server cancels
+# them. An append runs without an await, so a cancel never tears one; clients
+# see the stream end and reconnect.
+SHUTDOWN_GRACE_S = 1.0
 
 
 class BrokerServer:
@@ -71,6 +75,9 @@ class BrokerServer:
         await server.start()
         self._server = server
         self._background.append(asyncio.create_task(self.manager.run_flush_scheduler()))
+        self._background.append(asyncio.create_task(self.manager.run_retention()))
+        if self.config.cleaner_enable:
+            self._background.append(asyncio.create_task(self.manager.run_cleaner()))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("tidelog.v1.Log", health_pb2.HealthCheckResponse.SERVING)
         log.info(
