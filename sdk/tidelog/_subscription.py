@@ -22,9 +22,11 @@ Not thread-safe: one caller at a time, as with Kafka's consumer.
 
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
 
@@ -37,6 +39,31 @@ from tidelog.v1 import log_pb2
 
 _NO_HEADERS: tuple[()] = ()
 _EMPTY: list[ConsumerRecord] = []
+
+
+# Builds a ConsumerRecord from a tuple of its fields in C (no Python frame
+# per record, unlike calling the class).
+_new_tuple = tuple.__new__
+
+
+@contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector while a batch is decoded.
+
+    Decoding allocates a few objects per record (the record tuple, its key
+    and value), none of them in a cycle. Left on, the collector runs every
+    ~700 allocations and, with a large fetch alive, keeps traversing it:
+    measured here, that doubled the cost of building records. Reference
+    counting still frees everything; the collector resumes right after.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 class _PartitionState:
@@ -243,6 +270,10 @@ class SubscriptionState:
 
     def _decode(self, tp: TopicPartition, buf: bytes, start: int) -> list[ConsumerRecord]:
         """Decode whole batches from `buf`, keeping records at offset >= start."""
+        with _gc_paused():
+            return self._decode_batches(tp, buf, start)
+
+    def _decode_batches(self, tp: TopicPartition, buf: bytes, start: int) -> list[ConsumerRecord]:
         out: list[ConsumerRecord] = []
         topic, partition = tp
         pos = 0
@@ -271,15 +302,19 @@ class SubscriptionState:
                 values = [None if v is None else value_deserializer(v) for v in values]
             records = list(
                 map(
-                    ConsumerRecord,
-                    repeat(topic),
-                    repeat(partition),
-                    offsets,
-                    batch.timestamps,
-                    repeat(header.timestamp_type),
-                    keys,
-                    values,
-                    batch.headers or repeat(_NO_HEADERS),
+                    _new_tuple,
+                    repeat(ConsumerRecord),
+                    zip(
+                        repeat(topic),
+                        repeat(partition),
+                        offsets,
+                        batch.timestamps,
+                        repeat(header.timestamp_type),
+                        keys,
+                        values,
+                        batch.headers or repeat(_NO_HEADERS),
+                        strict=False,
+                    ),
                 )
             )
             if offsets[0] < start:
