@@ -427,7 +427,12 @@ _LIVE_CLUSTERS: dict[str, KafkaCluster] = {}
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    # As Kafka's Uuid.randomUuid(): never starting with "-", which the storage tool's
+    # argument parser would take for an option ("--cluster-id: expected one argument").
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 class KafkaCluster:

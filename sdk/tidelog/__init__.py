@@ -21,6 +21,7 @@ from tidelog.compression import CompressionType
 from tidelog.config import AdminConfig, ConsumerConfig, ProducerConfig
 from tidelog.consumer import AsyncConsumer, Consumer
 from tidelog.errors import TidelogError
+from tidelog.group import OffsetAndMetadata, RebalanceListener
 from tidelog.producer import AsyncProducer, Producer
 from tidelog.types import (
     ConsumerRecord,
@@ -49,10 +50,12 @@ __all__ = [
     "ConsumerRecord",
     "FutureRecordMetadata",
     "NewTopic",
+    "OffsetAndMetadata",
     "OffsetAndTimestamp",
     "PartitionInfo",
     "Producer",
     "ProducerConfig",
+    "RebalanceListener",
     "RecordMetadata",
     "TidelogError",
     "TopicDescription",

@@ -310,7 +310,13 @@ class Fetcher:
             address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
             if address is None:
                 try:
-                    await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
+                    meta = await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
+                    if tp.partition < meta.partition_count and meta.leaders[tp.partition] < 0:
+                        # Known topic, no live leader right now (a broker is
+                        # down or the partition is being created): wait, then
+                        # ask again, instead of spinning on the cached answer.
+                        await asyncio.sleep(self._backoff_s)
+                        await self.cluster.refresh([tp.topic])
                 except TidelogError as exc:
                     if not exc.retriable:
                         self._emit((ERROR, tp, part.epoch, exc))

@@ -113,7 +113,12 @@ class SubscriptionState:
 
     # ------------------------------------------------------------ assignment
 
-    def assign(self, tps: list[TopicPartition]) -> None:
+    def assign(
+        self, tps: list[TopicPartition], positions: dict[TopicPartition, int] | None = None
+    ) -> None:
+        """Read exactly `tps`. A partition new to the assignment starts at
+        `positions[tp]` when given (a committed offset), else it is reset by
+        auto_offset_reset; partitions kept keep their position."""
         wanted = dict.fromkeys(tps)
         for tp in list(self._states):
             if tp not in wanted:
@@ -124,6 +129,8 @@ class SubscriptionState:
             state = self._states.get(tp)
             if state is None:
                 state = self._states[tp] = _PartitionState(tp)
+                if positions is not None:
+                    state.fetched_to = positions.get(tp)
             assignment[tp] = (state.epoch, state.fetched_to)
         self._commands("assign", (assignment,))
 

@@ -1,5 +1,6 @@
 """`AdminClient` (blocking) and `AsyncAdminClient`: create, delete, describe
-topics, and describe and alter their configs.
+topics, and describe and alter their configs; list, describe, reset and
+delete consumer groups (`_admin_groups`).
 
 The Admin service is unary; any broker (or the gateway) answers it, so calls
 go to the first address that is reachable. Each call raises the typed error
@@ -17,14 +18,16 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from tidelog._admin_groups import GroupAdmin, GroupDescription, GroupListing
 from tidelog._connection import Cluster
 from tidelog._loop_thread import LoopThread
 from tidelog.config import DEFAULT_BOOTSTRAP, AdminConfig
 from tidelog.errors import BrokerNotAvailableError, ClosedError, error_from_code, error_from_rpc
-from tidelog.types import NewTopic, PartitionInfo, TopicDescription
+from tidelog.group import OffsetAndMetadata
+from tidelog.types import NewTopic, PartitionInfo, TopicDescription, TopicPartition
 from tidelog.v1 import admin_pb2
 
-__all__ = ["AdminClient", "AsyncAdminClient", "ConfigEntry"]
+__all__ = ["AdminClient", "AsyncAdminClient", "ConfigEntry", "GroupDescription", "GroupListing"]
 
 T = TypeVar("T")
 
@@ -86,6 +89,8 @@ class AsyncAdminClient:
         self._cluster = Cluster(self._config)
         self._timeout_s = self._config.request_timeout_ms / 1000
         self._closed = False
+        # Consumer groups live on the coordinator (found through the brokers).
+        self._groups = GroupAdmin(self._cluster, self._config)
 
     async def _call(self, fn: Callable[[Any], Awaitable[T]]) -> T:
         """Run one unary call on the first reachable address."""
@@ -182,9 +187,48 @@ class AsyncAdminClient:
         response = await self._call(lambda s: s.AlterConfigs(request, timeout=self._timeout_s))
         _raise_first_error(response.topics)
 
+    # ------------------------------------------------------------ consumer groups
+    # (need a cluster: brokers with --etcd and a coordinator)
+
+    async def list_consumer_groups(self) -> list[GroupListing]:
+        """Every group with members or committed offsets, by id."""
+        return await self._groups.list_groups()
+
+    async def describe_consumer_groups(
+        self, group_ids: Iterable[str]
+    ) -> dict[str, GroupDescription]:
+        """State, generation, assignor and members (owned and target partitions)."""
+        return {g: await self._groups.describe_group(g) for g in group_ids}
+
+    async def list_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Committed offsets of a group (of `partitions`; all when None)."""
+        return await self._groups.committed(group_id, list(partitions or ()))
+
+    async def alter_consumer_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
+    ) -> None:
+        """Set a group's committed offsets (an offset reset). Refused with
+        NonEmptyGroupError while the group has live members."""
+        await self._groups.alter_offsets(group_id, offsets)
+
+    async def delete_consumer_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete groups and their offsets; NonEmptyGroupError while one has members."""
+        for group_id in group_ids:
+            await self._groups.delete_group(group_id)
+
+    async def list_offsets(
+        self, query: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        """Log offsets by time: tp -> -2 (earliest), -1 (latest) or a time in
+        ms; answers tp -> (offset, timestamp), offset -1 when none is that late."""
+        return await self._groups.list_offsets(query)
+
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            await self._groups.close()
             await self._cluster.close()
 
     async def __aenter__(self) -> AsyncAdminClient:
@@ -238,6 +282,44 @@ class AdminClient:
         """Set topic config overrides, {topic: {key: value}} (None removes
         one); see AsyncAdminClient.alter_configs."""
         self._loop_thread.run(self._async.alter_configs(configs, validate_only), self._timeout_s)
+
+    # ------------------------------------------------------------ consumer groups
+
+    def list_consumer_groups(self) -> list[GroupListing]:
+        """Every group with members or committed offsets, by id."""
+        return self._loop_thread.run(self._async.list_consumer_groups(), self._timeout_s)
+
+    def describe_consumer_groups(self, group_ids: Iterable[str]) -> dict[str, GroupDescription]:
+        """State, generation, assignor and members of each group."""
+        return self._loop_thread.run(
+            self._async.describe_consumer_groups(list(group_ids)), self._timeout_s
+        )
+
+    def list_consumer_group_offsets(
+        self, group_id: str, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """Committed offsets of a group (of `partitions`; all when None)."""
+        return self._loop_thread.run(
+            self._async.list_consumer_group_offsets(group_id, partitions), self._timeout_s
+        )
+
+    def alter_consumer_group_offsets(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
+    ) -> None:
+        """Set a group's committed offsets; refused while it has live members."""
+        self._loop_thread.run(
+            self._async.alter_consumer_group_offsets(group_id, offsets), self._timeout_s
+        )
+
+    def delete_consumer_groups(self, group_ids: Iterable[str]) -> None:
+        """Delete groups and their offsets; refused while one has members."""
+        self._loop_thread.run(self._async.delete_consumer_groups(list(group_ids)), self._timeout_s)
+
+    def list_offsets(
+        self, query: Mapping[TopicPartition, int]
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        """Log offsets by time (see AsyncAdminClient.list_offsets)."""
+        return self._loop_thread.run(self._async.list_offsets(query), self._timeout_s)
 
     def close(self) -> None:
         if self._closed:

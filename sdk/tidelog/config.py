@@ -154,8 +154,30 @@ class ProducerConfig(CommonConfig):
 class ConsumerConfig(CommonConfig):
     """Options of `Consumer` and `AsyncConsumer`."""
 
-    #: Consumer groups arrive in a later release; only None is accepted now.
+    #: The consumer group to join (subscribe() needs one; assign() does not).
+    #: Groups need a cluster: brokers started with --etcd, and a coordinator.
     group_id: str | None = None
+    #: Static membership: a stable name for this instance (a pod name). A
+    #: member that restarts within session_timeout_ms gets its partitions
+    #: back without a rebalance; close() then does not leave the group.
+    group_instance_id: str | None = None
+    #: How the group's partitions are spread: "cooperative-sticky" (only
+    #: partitions that move are revoked), "range" or "roundrobin".
+    partition_assignment_strategy: str = "cooperative-sticky"
+    #: The member is removed this long after its last heartbeat (a crash).
+    session_timeout_ms: int = 45_000
+    #: Heartbeat at least this often (the coordinator may ask for less).
+    heartbeat_interval_ms: int = 3_000
+    #: If poll() is not called for this long, the consumer leaves the group
+    #: (its partitions move to live members) and says why in its log; the
+    #: next poll() rejoins. Also the time allowed to release partitions.
+    max_poll_interval_ms: int = 300_000
+    #: Commit the positions of owned partitions every auto_commit_interval_ms
+    #: (inside poll), before partitions are revoked, and on close. The
+    #: committed position is that of records already returned, so a crash
+    #: re-delivers at most the records of the last interval (at-least-once).
+    enable_auto_commit: bool = True
+    auto_commit_interval_ms: int = 5_000
     #: The broker answers once this many bytes are available ...
     fetch_min_bytes: int = 1
     #: ... or once this much time has passed.
@@ -194,6 +216,21 @@ class ConsumerConfig(CommonConfig):
         _positive("fetch_max_bytes", self.fetch_max_bytes)
         _positive("max_partition_fetch_bytes", self.max_partition_fetch_bytes)
         _positive("max_poll_records", self.max_poll_records)
+        if self.partition_assignment_strategy not in ("cooperative-sticky", "range", "roundrobin"):
+            raise ValueError(
+                "partition_assignment_strategy must be 'cooperative-sticky', 'range' or "
+                f"'roundrobin', got {self.partition_assignment_strategy!r}"
+            )
+        if self.session_timeout_ms < 2_000:
+            raise ValueError(
+                f"session_timeout_ms must be >= 2000 (etcd's shortest lease), "
+                f"got {self.session_timeout_ms}"
+            )
+        _positive("heartbeat_interval_ms", self.heartbeat_interval_ms)
+        _positive("max_poll_interval_ms", self.max_poll_interval_ms)
+        _positive("auto_commit_interval_ms", self.auto_commit_interval_ms)
+        if self.group_id is not None and not self.group_id:
+            raise ValueError("group_id must not be empty (None: no group)")
         if self.fetch_max_bytes > GRPC_MAX_MESSAGE_BYTES - MIB:
             raise ValueError(
                 f"fetch_max_bytes {self.fetch_max_bytes} leaves no room under the "

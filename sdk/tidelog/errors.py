@@ -281,8 +281,9 @@ class NoOffsetForPartitionError(TidelogError):
 
 
 class GroupsNotSupportedError(TidelogError):
-    """Consumer groups (group_id, subscribe, commit) are not available yet;
-    use assign() and seek()."""
+    """Consumer groups (group_id, subscribe, commit) need a cluster: the
+    servers reached run standalone (a broker without --etcd). Use assign()
+    and seek(), or start brokers in cluster mode with a coordinator."""
 
     code_name = "INVALID_REQUEST"
     grpc_status = grpc.StatusCode.UNIMPLEMENTED

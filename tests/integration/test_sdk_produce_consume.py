@@ -9,6 +9,7 @@ import pytest
 from tidelog import AdminClient, Consumer, ConsumerRecord, NewTopic, Producer, TopicPartition
 from tidelog.errors import (
     GroupsNotSupportedError,
+    IllegalStateError,
     MessageTooLargeError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
@@ -331,8 +332,14 @@ def test_serializers_and_type_checks(broker_address: str, topic_name: str) -> No
         producer.send(topic_name, "not bytes")  # type: ignore[arg-type]
 
 
-def test_groups_are_not_supported_yet(broker_address: str) -> None:
-    with pytest.raises(GroupsNotSupportedError):
-        Consumer(bootstrap_servers=broker_address, group_id="g")
-    with pytest.raises(GroupsNotSupportedError):
+def test_groups_need_a_cluster(broker_address: str) -> None:
+    # A standalone broker (no --etcd) has no coordinator: subscribing says so.
+    with pytest.raises(GroupsNotSupportedError, match="standalone"):
+        Consumer("some-topic", bootstrap_servers=broker_address, group_id="g")
+    with (
+        Consumer(bootstrap_servers=broker_address, group_id="g") as consumer,
+        pytest.raises(GroupsNotSupportedError),
+    ):
+        consumer.subscribe(["some-topic"])
+    with pytest.raises(IllegalStateError, match="group_id"):
         Consumer("some-topic", bootstrap_servers=broker_address)

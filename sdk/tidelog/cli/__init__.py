@@ -1,5 +1,5 @@
-"""`tidelog`, the command-line client: topics, produce, consume, and `dev`,
-the local cluster that `make run` starts.
+"""`tidelog`, the command-line client: topics, produce, consume, groups, and
+`dev`, the local cluster that `make run` starts.
 
 Every command takes `--bootstrap-server host:port` (or TIDELOG_BOOTSTRAP) and
 defaults to the local cluster. Results go to stdout; progress and errors go
@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tidelog.cli import consume, dev, produce, topics
+from tidelog.cli import consume, dev, groups, produce, topics
 from tidelog.cli._common import add_bootstrap_argument, fail
 from tidelog.errors import TidelogError
 
@@ -19,7 +19,7 @@ from tidelog.errors import TidelogError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidelog", description="Tidelog command-line client.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev, topics, produce, consume):
+    for module in (dev, topics, produce, consume, groups):
         module.register(sub, add_bootstrap_argument)
     return parser
 

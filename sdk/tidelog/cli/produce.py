@@ -61,7 +61,8 @@ def _produce(args: argparse.Namespace) -> int:
         if error is None:
             acknowledged += 1
         else:
-            failures[f"{type(error).__name__}: {error}"] = failures.get(str(error), 0) + 1
+            reason = f"{type(error).__name__}: {error}"
+            failures[reason] = failures.get(reason, 0) + 1
     print(f"{acknowledged} records acknowledged")
     for message, count in failures.items():
         print(f"tidelog: {count} records failed: {message}", file=sys.stderr)

@@ -73,6 +73,7 @@ class GroupMembership:
         assignor: str = DEFAULT_ASSIGNOR,
         session_timeout_ms: int = 45_000,
         rebalance_timeout_ms: int = 60_000,
+        heartbeat_interval_ms: int | None = None,
         listener: RebalanceListener | None = None,
     ) -> None:
         if not topics and not pattern:
@@ -98,7 +99,10 @@ class GroupMembership:
         self.assignment: frozenset[TopicPartition] = frozenset()
         #: Counts of assignment changes applied (tests, metrics).
         self.rebalances = 0
-        self.heartbeat_interval_ms = max(200, session_timeout_ms // 3)
+        #: The member's own upper bound on the interval (the coordinator's
+        #: answer may only shorten it).
+        self._heartbeat_max_ms = heartbeat_interval_ms or max(200, session_timeout_ms // 3)
+        self.heartbeat_interval_ms = self._heartbeat_max_ms
         #: Last fatal error (the loop keeps rejoining after retriable ones).
         self.error: TidelogError | None = None
         self._changed = asyncio.Condition()
@@ -118,12 +122,16 @@ class GroupMembership:
         async with asyncio.timeout(timeout_s), self._changed:
             await self._changed.wait_for(lambda: predicate(self))
 
-    async def leave(self) -> None:
-        """Leave now: partitions are revoked here and move at once."""
+    async def leave(self, revoke: bool = True) -> None:
+        """Leave now: partitions are revoked here and move at once. With
+        `revoke=False` the listener is not called and the partitions are
+        simply dropped (the caller treats them as lost: a consumer that
+        stopped polling cannot run its callbacks)."""
         member_id = self.member_id
         await self._stop_task()
-        if self.assignment:
+        if self.assignment and revoke:
             await self._revoke(self.assignment)
+        self.assignment = frozenset()
         if member_id:
             stub = group_pb2_grpc.GroupStub(self._channels.channel())
             try:
@@ -156,6 +164,12 @@ class GroupMembership:
             self._task = None
 
     # ------------------------------------------------------------ offsets
+
+    async def committed(
+        self, partitions: Sequence[TopicPartition] = ()
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets (of `partitions`; all when empty)."""
+        return await self._offsets.fetch(self.group_id, partitions)
 
     async def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
         """Commit with this member's epoch; retried once if the epoch moved on
@@ -257,7 +271,7 @@ class GroupMembership:
         if response.member_id:
             self.member_id = response.member_id
         if response.heartbeat_interval_ms:
-            self.heartbeat_interval_ms = response.heartbeat_interval_ms
+            self.heartbeat_interval_ms = min(response.heartbeat_interval_ms, self._heartbeat_max_ms)
         self.member_epoch = response.member_epoch
         if response.group_epoch:
             self.group_epoch = response.group_epoch

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tidelog.errors import TidelogError
 
+from tidelog_broker.cluster_link import ClusterConfig
 from tidelog_broker.config import (
     DEFAULT_PORT,
     BrokerConfig,
@@ -48,8 +49,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="KEY=VALUE",
         help="override one config, e.g. --set log.segment.bytes=104857600 (repeatable)",
     )
+    parser.add_argument(
+        "--etcd",
+        default=None,
+        metavar="HOST:PORT",
+        help="cluster mode: register in this etcd and learn topics from it (no topics.json)",
+    )
+    parser.add_argument(
+        "--etcd-prefix",
+        default="/tidelog",
+        help="key prefix of the cluster in etcd (the coordinator's --prefix; default %(default)s)",
+    )
+    parser.add_argument("--rack", default="", help="broker.rack, for rack-aware placement")
+    parser.add_argument(
+        "--session-ttl-s",
+        type=int,
+        default=10,
+        help="cluster mode: seconds after its death until the broker leaves the cluster",
+    )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     return parser.parse_args(argv)
+
+
+def cluster_from_args(args: argparse.Namespace) -> ClusterConfig | None:
+    if not args.etcd:
+        return None
+    host, _, port = args.etcd.rpartition(":")
+    if not host or not port.isdigit():
+        raise TidelogError(f"--etcd expects host:port, got {args.etcd!r}")
+    return ClusterConfig(args.etcd, args.etcd_prefix, args.rack, max(2, args.session_ttl_s))
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -76,12 +104,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         config = config_from_args(args)
+        cluster = cluster_from_args(args)
     except TidelogError as exc:
         print(f"tidelog-broker: {exc}", file=sys.stderr)
         return 2
     # SIGINT is handled inside serve(); this covers one before the loop is up.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config))
+        asyncio.run(serve(config, cluster))
     return 0
 
 

@@ -15,9 +15,15 @@ from tidelog_broker.error_mapping import error_proto
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.storage import config_to_strings
 
+_CONFIG_SOURCES = {
+    "default": admin_pb2.CONFIG_SOURCE_DEFAULT,
+    "broker": admin_pb2.CONFIG_SOURCE_BROKER,
+    "topic": admin_pb2.CONFIG_SOURCE_TOPIC,
+}
+
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    """CreateTopics, DeleteTopics and DescribeTopics."""
+    """CreateTopics, DeleteTopics, DescribeTopics, DescribeConfigs, AlterConfigs."""
 
     def __init__(self, manager: PartitionManager, config: BrokerConfig) -> None:
         self._manager = manager
@@ -79,4 +85,38 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     size_bytes=view.size_bytes,
                     segment_count=view.segment_count,
                 )
+        return response
+
+    async def DescribeConfigs(
+        self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeConfigsResponse:
+        response = admin_pb2.DescribeConfigsResponse()
+        for name in list(request.names) or self._manager.topic_names():
+            result = response.topics.add(name=name)
+            try:
+                values = self._manager.describe_configs(name)
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"describing configs of {name}"))
+                continue
+            for value in values:
+                result.entries.add(
+                    name=value.name, value=value.value, source=_CONFIG_SOURCES[value.source]
+                )
+        return response
+
+    async def AlterConfigs(
+        self, request: admin_pb2.AlterConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.AlterConfigsResponse:
+        response = admin_pb2.AlterConfigsResponse()
+        for change in request.topics:
+            result = response.topics.add(name=change.name)
+            try:
+                self._manager.alter_configs(
+                    change.name,
+                    dict(change.set),
+                    list(change.delete),
+                    validate_only=request.validate_only,
+                )
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"altering configs of {change.name}"))
         return response

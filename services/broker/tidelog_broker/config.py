@@ -42,6 +42,15 @@ class BrokerConfig:
     num_partitions: int = 1
     #: log.flush.scheduler.interval.ms: how often flush.ms is checked.
     flush_check_interval_ms: int = 1000
+    #: log.retention.check.interval.ms: how often retention.ms/bytes are applied.
+    retention_check_interval_ms: int = 5 * 60 * 1000
+    #: log.cleaner.enable: run the compaction cleaner for compacted topics.
+    cleaner_enable: bool = True
+    #: log.cleaner.backoff.ms: pause between cleaner rounds.
+    cleaner_backoff_ms: int = 15 * 1000
+    #: log.cleaner.dedupe.buffer.size: memory bound of the cleaner's offset map
+    #: (latest offset per key hash), bytes; it bounds the keys deduped per round.
+    cleaner_dedupe_buffer_bytes: int = 128 * 1024 * 1024
     #: Defaults of every topic config (Kafka's `log.*` broker settings).
     log_defaults: LogConfig = field(default_factory=LogConfig)
     #: Largest gRPC message accepted, bytes (a produce request with its batches).
@@ -69,11 +78,22 @@ def _parse_int(key: str, raw: str) -> int:
         raise InvalidConfigError(f"{key}={raw!r} is not an integer") from None
 
 
+def _parse_positive_int(key: str, raw: str) -> int:
+    value = _parse_int(key, raw)
+    if value < 1:
+        raise InvalidConfigError(f"{key}={value} is out of range: use at least 1")
+    return value
+
+
 _BROKER_KEYS = {
     "broker.id": ("broker_id", _parse_int),
     "auto.create.topics.enable": ("auto_create_topics", _parse_bool),
     "num.partitions": ("num_partitions", _parse_int),
     "log.flush.scheduler.interval.ms": ("flush_check_interval_ms", _parse_int),
+    "log.retention.check.interval.ms": ("retention_check_interval_ms", _parse_positive_int),
+    "log.cleaner.enable": ("cleaner_enable", _parse_bool),
+    "log.cleaner.backoff.ms": ("cleaner_backoff_ms", _parse_positive_int),
+    "log.cleaner.dedupe.buffer.size": ("cleaner_dedupe_buffer_bytes", _parse_positive_int),
     "log.dirs": ("data_dir", lambda _k, raw: Path(raw)),
     "advertised.host": ("advertised_host", lambda _k, raw: raw),
 }

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
@@ -29,9 +29,17 @@ _VALID_ACKS = (-1, 0, 1)
 class LogServicer(log_pb2_grpc.LogServicer):
     """Produce, Fetch, ListOffsets and Metadata for the partitions of this broker."""
 
-    def __init__(self, manager: PartitionManager, config: BrokerConfig) -> None:
+    def __init__(
+        self,
+        manager: PartitionManager,
+        config: BrokerConfig,
+        metadata: Callable[[log_pb2.MetadataRequest], Awaitable[log_pb2.MetadataResponse]]
+        | None = None,
+    ) -> None:
         self._manager = manager
         self._config = config
+        # Cluster mode: Metadata comes from the broker's etcd view (ClusterLink).
+        self._cluster_metadata = metadata
 
     async def Produce(
         self,
@@ -122,6 +130,8 @@ class LogServicer(log_pb2_grpc.LogServicer):
     async def Metadata(
         self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> log_pb2.MetadataResponse:
+        if self._cluster_metadata is not None:
+            return await self._cluster_metadata(request)
         config = self._config
         response = log_pb2.MetadataResponse(responder_id=config.broker_id)
         response.brokers.add(

@@ -8,30 +8,53 @@ It knows nothing of gRPC.
 Concurrency: every method runs on the broker's one asyncio event loop, so no
 locks are needed. Appends and reads do their file I/O inline: they hit the
 page cache and take microseconds, far less than a hop to a thread would cost.
-Only long waits (long-poll fetches) are awaited.
+Only long waits (long-poll fetches) are awaited, and the two kinds of long
+work are sent to worker threads (asyncio.to_thread) so that they never stall
+produce or fetch: unlinking the files retention and compaction drop (renamed
+`.deleted` on the loop first, which is cheap), and the cleaner's rounds,
+which work on a snapshot of plain data; the swap of cleaned segments into a
+log then happens back on the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import shutil
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from tidelog import records
+from tidelog.compression import CompressionType
 from tidelog.errors import (
+    InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidRequestError,
+    NotLeaderOrFollowerError,
     TidelogError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
 from tidelog.names import validate_topic_name
+from tidelog.topic_configs import TOPIC_CONFIGS, validate_topic_configs
 
+from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.storage import SYSTEM_CLOCK, Clock, LogConfig, PartitionLog, parse_topic_configs
-from tidelog_broker.storage.files import log_dir_name
+from tidelog_broker.storage import (
+    SYSTEM_CLOCK,
+    Clock,
+    LogConfig,
+    PartitionLog,
+    config_to_strings,
+    parse_topic_configs,
+)
+from tidelog_broker.storage import cleaner as log_cleaner
+from tidelog_broker.storage.files import log_dir_name, parse_log_dir_name
+from tidelog_broker.storage.partition_log import unlink_files
 from tidelog_broker.topic_store import TopicSpec, TopicStore
 
 log = logging.getLogger("tidelog.broker")
@@ -53,6 +76,16 @@ class ProduceResult:
 
 
 @dataclass(frozen=True)
+class ConfigValue:
+    """One topic config as DescribeConfigs reports it."""
+
+    name: str
+    value: str
+    #: "topic" (an override), "broker" (the broker's config file) or "default".
+    source: str
+
+
+@dataclass(frozen=True)
 class PartitionView:
     """A snapshot of one partition for describe and fetch responses."""
 
@@ -66,30 +99,44 @@ class PartitionView:
 
 
 class Topic:
-    """A topic hosted on this broker: its spec, effective config and logs."""
+    """A topic hosted on this broker: its spec, effective config and logs.
+
+    Standalone, `logs` holds every partition. In cluster mode it holds only
+    the partitions this broker leads (ascending); `hosted` maps partition
+    number to log either way, and `spec.partitions` is the topic's count."""
 
     def __init__(self, spec: TopicSpec, config: LogConfig, logs: list[PartitionLog]) -> None:
         self.spec = spec
         self.config = config
         self.logs = logs
+        self.hosted = {partition_log.partition: partition_log for partition_log in logs}
 
 
 class PartitionManager:
     """Hosts partition logs and serves produce, read and offset requests."""
 
-    def __init__(self, config: BrokerConfig, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(
+        self, config: BrokerConfig, clock: Clock = SYSTEM_CLOCK, *, cluster_mode: bool = False
+    ) -> None:
         self._config = config
         self._clock = clock
+        # Cluster mode: topics come from etcd through the cluster-mode hooks
+        # below (ClusterLink), not from topics.json, and are never auto-created.
+        self._cluster_mode = cluster_mode
         self._store = TopicStore(config.data_dir)
         self._topics: dict[str, Topic] = {}
         # Futures of long-polling fetches, woken when their partitions grow.
         self._append_waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
+        # Set at close: a cleaner round in a worker thread stops at its next batch.
+        self._cleaner_cancel = threading.Event()
 
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
         """Open every topic's logs, running recovery where needed."""
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._cluster_mode:
+            return
         for spec in self._store.load().values():
             self._topics[spec.name] = self._open_topic(spec)
         log.info(
@@ -101,6 +148,7 @@ class PartitionManager:
 
     def close(self) -> None:
         """Flush and close every log (a clean shutdown: next start skips recovery)."""
+        self._cleaner_cancel.set()
         for topic in self._topics.values():
             for partition_log in topic.logs:
                 partition_log.close()
@@ -110,7 +158,7 @@ class PartitionManager:
                 if not waiter.done():
                     waiter.cancel()
 
-    def _open_topic(self, spec: TopicSpec) -> Topic:
+    def _open_topic(self, spec: TopicSpec, partitions: Iterable[int] | None = None) -> Topic:
         config = parse_topic_configs(spec.configs, self._config.log_defaults)
         logs = [
             PartitionLog.open(
@@ -120,7 +168,7 @@ class PartitionManager:
                 config,
                 self._clock,
             )
-            for p in range(spec.partitions)
+            for p in (range(spec.partitions) if partitions is None else sorted(partitions))
         ]
         return Topic(spec, config, logs)
 
@@ -137,12 +185,19 @@ class PartitionManager:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist") from None
 
     def partition_log(self, topic: str, partition: int) -> PartitionLog:
-        logs = self.topic(topic).logs
-        if not 0 <= partition < len(logs):
+        hosted = self.topic(topic)
+        count = hosted.spec.partitions
+        if not 0 <= partition < count:
             raise UnknownTopicOrPartitionError(
-                f"topic {topic!r} has partitions 0 to {len(logs) - 1}; {partition} does not exist"
+                f"topic {topic!r} has partitions 0 to {count - 1}; {partition} does not exist"
             )
-        return logs[partition]
+        partition_log = hosted.hosted.get(partition)
+        if partition_log is None:
+            raise NotLeaderOrFollowerError(
+                f"broker {self._config.broker_id} does not lead {topic}-{partition}: "
+                "refresh metadata and ask its leader"
+            )
+        return partition_log
 
     def create_topic(
         self,
@@ -191,14 +246,86 @@ class PartitionManager:
         topic = self._topics.get(name)
         if topic is not None:
             return topic
-        if auto_create and self._config.auto_create_topics:
+        if auto_create and self._config.auto_create_topics and not self._cluster_mode:
             created = self.create_topic(name)
             assert created is not None
             return created
         raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
     def _save_specs(self) -> None:
+        if self._cluster_mode:
+            return  # etcd holds the topics
         self._store.save({name: topic.spec for name, topic in self._topics.items()})
+
+    # ------------------------------------------------------------ cluster mode
+
+    def host_partitions(self, spec: TopicSpec, partitions: Iterable[int]) -> None:
+        """Cluster mode: host exactly `partitions` of topic `spec` (open or
+        create their logs; close, without deleting, the ones no longer
+        listed) and apply `spec.configs` to every log (no restart). Idempotent,
+        so replaying the same etcd state changes nothing."""
+        wanted = set(partitions)
+        topic = self._topics.get(spec.name)
+        if topic is None:
+            # Known even when no partition is hosted here, so that requests
+            # for it get NOT_LEADER_OR_FOLLOWER rather than UNKNOWN_TOPIC.
+            self._topics[spec.name] = self._open_topic(spec, wanted)
+            if wanted:
+                log.info("hosting %s partitions %s", spec.name, sorted(wanted))
+            return
+        if spec.configs != topic.spec.configs:
+            topic.config = parse_topic_configs(spec.configs, self._config.log_defaults)
+            for partition_log in topic.logs:
+                partition_log.update_config(topic.config)
+            log.info("configs of topic %s are now %s", spec.name, spec.configs)
+        topic.spec = spec
+        if wanted == set(topic.hosted):
+            return
+        for partition in set(topic.hosted) - wanted:
+            topic.hosted.pop(partition).close()
+            self._wake((spec.name, partition))
+        added = self._open_topic(spec, wanted - set(topic.hosted))
+        topic.hosted.update(added.hosted)
+        topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
+        log.info("hosting %s partitions %s", spec.name, sorted(wanted))
+
+    def drop_topic(self, name: str, delete_data: bool) -> None:
+        """Cluster mode: stop hosting a topic; with `delete_data`, remove its
+        logs (the topic was deleted). Unknown names are ignored (idempotent)."""
+        topic = self._topics.pop(name, None)
+        if topic is None:
+            return
+        for partition, partition_log in topic.hosted.items():
+            if delete_data:
+                partition_log.delete()
+            else:
+                partition_log.close()
+            self._wake((name, partition))
+        log.info("%s topic %s", "deleted" if delete_data else "closed", name)
+
+    def local_topics(self) -> dict[str, list[int]]:
+        """Cluster mode: topics with log directories on disk, open or not
+        (to find logs of topics deleted while this broker was down)."""
+        out: dict[str, list[int]] = {}
+        for entry in self._config.data_dir.iterdir():
+            if not entry.is_dir() or entry.name == "etcd":
+                continue
+            try:
+                topic, partition = parse_log_dir_name(entry.name)
+            except ValueError:
+                continue
+            out.setdefault(topic, []).append(partition)
+        return out
+
+    def delete_local_logs(self, name: str, partitions: Iterable[int]) -> None:
+        """Cluster mode: delete logs of a topic this broker does not host."""
+        hosted = self._topics.get(name)
+        for partition in partitions:
+            if hosted is not None and partition in hosted.hosted:
+                continue
+            # Not open, so no file handles to close: remove the directory.
+            shutil.rmtree(self._config.data_dir / log_dir_name(name, partition), ignore_errors=True)
+        log.info("deleted stray logs of topic %s", name)
 
     # ------------------------------------------------------------ produce
 
@@ -212,7 +339,16 @@ class PartitionManager:
             self.ensure_topic(topic, auto_create=True).spec.name, partition
         )
         buf = bytearray(data)  # the log patches base offsets in place
-        batches = list(records.iter_batches(buf, partition_log.config.max_message_bytes))
+        config = partition_log.config
+        batches = list(records.iter_batches(buf, config.max_message_bytes))
+        # The only two reasons to look inside batches, both opt-in per topic.
+        if config.compression_type != "producer":
+            codec = CompressionType.parse(config.compression_type)
+            if record_policy.needs_recompression(batches, codec):
+                buf = record_policy.recompress(buf, batches, codec)
+                batches = list(records.iter_batches(buf, config.max_message_bytes))
+        if config.compact:
+            record_policy.reject_null_keys(buf, batches, topic)
         info = partition_log.append(buf, batches)
         self._wake((topic, partition))
         return ProduceResult(
@@ -312,3 +448,112 @@ class PartitionManager:
                         partition_log.maybe_flush(now_ms)
                     except TidelogError:
                         log.exception("flush of %s-%d failed", topic.spec.name, partition)
+
+    async def run_retention(self) -> None:
+        """Apply retention.ms and retention.bytes every log.retention.check.interval.ms."""
+        interval_s = self._config.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.apply_retention()
+
+    async def apply_retention(self) -> int:
+        """One retention pass over every log; returns the files unlinked.
+
+        Segments leave their logs on the loop (a rename each); the unlinks,
+        which can take milliseconds per large file, run in a worker thread.
+        """
+        doomed: list[Path] = []
+        for topic in list(self._topics.values()):
+            for partition_log in topic.logs:
+                try:
+                    doomed.extend(partition_log.delete_old_segments())
+                except TidelogError:
+                    log.exception("retention of %s failed", partition_log.name)
+        if not doomed:
+            return 0
+        return await asyncio.to_thread(unlink_files, doomed)
+
+    async def run_cleaner(self) -> None:
+        """Compact logs whose cleanup.policy has compact, every log.cleaner.backoff.ms."""
+        interval_s = self._config.cleaner_backoff_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.clean_logs()
+
+    async def clean_logs(self, force: bool = False) -> list[log_cleaner.CleanResult]:
+        """One cleaning round over every compacted log that is dirty enough
+        (any dirt at all with `force`). Logs are cleaned one at a time, in a
+        worker thread; the swap happens here, on the loop."""
+        max_entries = max(
+            1, self._config.cleaner_dedupe_buffer_bytes // log_cleaner.MAP_ENTRY_BYTES
+        )
+        results: list[log_cleaner.CleanResult] = []
+        for topic in list(self._topics.values()):
+            for partition_log in topic.logs:
+                plan = partition_log.plan_cleaning(max_entries, force)
+                if plan is None:
+                    continue
+                result: log_cleaner.CleanResult | None = None
+                try:
+                    result = await asyncio.to_thread(log_cleaner.clean, plan, self._cleaner_cancel)
+                except (log_cleaner.CleanerCancelledError, log_cleaner.StaleSnapshotError) as exc:
+                    log.info("cleaning %s stopped: %s", partition_log.name, exc)
+                except Exception:
+                    log.exception("cleaning %s failed", partition_log.name)
+                try:
+                    doomed = partition_log.finish_cleaning(result)
+                except TidelogError:
+                    log.exception("swapping cleaned segments into %s failed", partition_log.name)
+                    continue
+                if result is not None:
+                    results.append(result)
+                if doomed:
+                    await asyncio.to_thread(unlink_files, doomed)
+        return results
+
+    # ------------------------------------------------------------ configs
+
+    def describe_configs(self, name: str) -> list[ConfigValue]:
+        """Every topic config of `name`: effective value and its source."""
+        topic = self.topic(name)
+        effective = config_to_strings(topic.config)
+        broker = config_to_strings(self._config.log_defaults)
+        builtin = config_to_strings(LogConfig())
+        out = []
+        for key in sorted(effective):
+            if key in topic.spec.configs:
+                source = "topic"
+            elif broker[key] != builtin[key]:
+                source = "broker"
+            else:
+                source = "default"
+            out.append(ConfigValue(key, effective[key], source))
+        return out
+
+    def alter_configs(
+        self,
+        name: str,
+        set_configs: dict[str, str],
+        delete_configs: Iterable[str] = (),
+        validate_only: bool = False,
+    ) -> None:
+        """Set and remove overrides of one topic; every log applies the new
+        config from its next operation on (no restart). Raises
+        InvalidConfigError naming the key for an unknown key or a bad value."""
+        topic = self.topic(name)
+        overrides = dict(topic.spec.configs)
+        overrides.update(validate_topic_configs(set_configs))
+        for key in delete_configs:
+            if key not in TOPIC_CONFIGS:
+                known = ", ".join(sorted(TOPIC_CONFIGS))
+                raise InvalidConfigError(f"unknown topic config {key!r}; known keys: {known}")
+            overrides.pop(key, None)
+        config = parse_topic_configs(overrides, self._config.log_defaults)
+        if validate_only:
+            return
+        topic.spec = dataclasses.replace(topic.spec, configs=overrides)
+        topic.config = config
+        for partition_log in topic.logs:
+            partition_log.update_config(config)
+        self._save_specs()
+        log.info("altered configs of topic %s: %s", name, overrides)

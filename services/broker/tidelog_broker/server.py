@@ -7,6 +7,12 @@ server reflection, so that generic tools such as grpcurl work.
 Shutdown (SIGTERM or SIGINT): health goes NOT_SERVING, new calls are
 refused, calls in flight get a grace period, then every log is flushed and
 closed so the next start skips recovery.
+
+Cluster mode (`--etcd`): topics come from etcd (ClusterLink) instead of
+topics.json, Admin calls are forwarded to a coordinator, and the broker also
+serves `tidelog.v1.Cluster` (DescribeCluster) so that clients bootstrapped
+from it find the coordinators. On shutdown its registration is revoked first,
+so it leaves the cluster at once rather than after its session TTL.
 """
 
 from __future__ import annotations
@@ -20,9 +26,22 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
+from tidelog.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    cluster_pb2,
+    cluster_pb2_grpc,
+    log_pb2,
+    log_pb2_grpc,
+)
 
 from tidelog_broker.admin_servicer import AdminServicer
+from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
+from tidelog_broker.cluster_servicers import (
+    AdminForwarder,
+    BrokerClusterServicer,
+    add_admin_forwarder,
+)
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_servicer import LogServicer
 from tidelog_broker.partition_manager import PartitionManager
@@ -39,9 +58,11 @@ SHUTDOWN_GRACE_S = 1.0
 class BrokerServer:
     """One broker: its PartitionManager behind a grpc.aio server."""
 
-    def __init__(self, config: BrokerConfig) -> None:
+    def __init__(self, config: BrokerConfig, cluster: ClusterConfig | None = None) -> None:
         self.config = config
-        self.manager = PartitionManager(config)
+        self.manager = PartitionManager(config, cluster_mode=cluster is not None)
+        self.link = None if cluster is None else ClusterLink(cluster, config, self.manager)
+        self._forwarder = None if self.link is None else AdminForwarder(self.link)
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._background: list[asyncio.Task[None]] = []
@@ -57,21 +78,32 @@ class BrokerServer:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.aio.server(options=options)
-        log_pb2_grpc.add_LogServicer_to_server(LogServicer(self.manager, self.config), server)
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.manager, self.config), server)
+        services = [
+            log_pb2.DESCRIPTOR.services_by_name["Log"].full_name,
+            admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        if self.link is None:
+            log_pb2_grpc.add_LogServicer_to_server(LogServicer(self.manager, self.config), server)
+            admin_pb2_grpc.add_AdminServicer_to_server(
+                AdminServicer(self.manager, self.config), server
+            )
+        else:
+            log_pb2_grpc.add_LogServicer_to_server(
+                LogServicer(self.manager, self.config, self.link.metadata), server
+            )
+            assert self._forwarder is not None
+            add_admin_forwarder(self._forwarder, server)
+            cluster_pb2_grpc.add_ClusterServicer_to_server(BrokerClusterServicer(self.link), server)
+            services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        reflection.enable_server_reflection(
-            (
-                log_pb2.DESCRIPTOR.services_by_name["Log"].full_name,
-                admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
-                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
-                reflection.SERVICE_NAME,
-            ),
-            server,
-        )
+        reflection.enable_server_reflection(tuple(services), server)
         self.bound_port = server.add_insecure_port(self.config.listen_address)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.config.listen_address}")
+        if self.link is not None:
+            await self.link.start(self.bound_port)
         await server.start()
         self._server = server
         self._background.append(asyncio.create_task(self.manager.run_flush_scheduler()))
@@ -90,6 +122,10 @@ class BrokerServer:
 
     async def stop(self) -> None:
         await self._health.enter_graceful_shutdown()
+        if self.link is not None:
+            await self.link.stop()
+        if self._forwarder is not None:
+            await self._forwarder.close()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
         for task in self._background:
@@ -100,9 +136,9 @@ class BrokerServer:
         log.info("broker %d stopped", self.config.broker_id)
 
 
-async def serve(config: BrokerConfig) -> None:
+async def serve(config: BrokerConfig, cluster: ClusterConfig | None = None) -> None:
     """Run a broker until SIGTERM or SIGINT."""
-    broker = BrokerServer(config)
+    broker = BrokerServer(config, cluster)
     await broker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -10,7 +10,11 @@ the bottom up, one class per on-disk artifact:
 - `segment`: `LogSegment`, one .log file of record batches with its indexes:
   append, read whole batches, recover after a crash.
 - `partition_log`: `PartitionLog`, a directory of segments: offsets, rolling,
-  the flush policy and recovery point, recovery at open.
+  the flush policy and recovery point, recovery at open, retention (log start
+  offset), and the crash-safe swap of compacted segments.
+- `cleaner`: one compaction round over a snapshot of a log's closed segments
+  (offset map of key hashes, rewrite to `.cleaned` files); the only code here
+  that runs in a worker thread, and it shares nothing with the event loop.
 - `config` (`LogConfig`, topic configs with Kafka's names) and `clock`
   (injected time, `ManualClock` for tests).
 

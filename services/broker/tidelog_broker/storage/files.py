@@ -10,6 +10,14 @@ A broker's data directory holds one directory per partition::
         ...
         recovery-point                  offset below which every byte was fsynced
         clean-shutdown                  present only from a clean close to the next open
+        log-start-offset                first offset still readable (retention moves it)
+        cleaner-checkpoint              compaction's clean offset and gap limit
+
+Transient names, each removed or completed by the next open after a crash:
+`<segment file>.deleted` (retention or a swap renamed it; unlinked by a worker
+thread), `<segment file>.cleaned` (the cleaner is still writing it) and
+`<segment file>.swap` (a cleaned segment, committed, waiting to replace the
+segments it was cleaned from; see `partition_log.py`).
 
 Base offsets are zero-padded to 20 digits (the width of int64) so that `ls`
 lists segments in offset order. Topic names may contain '-' and '.', so the
@@ -27,6 +35,14 @@ SEGMENT_SUFFIXES = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 
 RECOVERY_POINT_FILE = "recovery-point"
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
+LOG_START_OFFSET_FILE = "log-start-offset"
+CLEANER_CHECKPOINT_FILE = "cleaner-checkpoint"
+#: Appended to a segment file's name: renamed away, to be unlinked off the event loop.
+DELETED_SUFFIX = ".deleted"
+#: Appended to a segment file's name while the cleaner writes it (incomplete).
+CLEANED_SUFFIX = ".cleaned"
+#: Appended to a cleaned segment file's name once it is complete and committed.
+SWAP_SUFFIX = ".swap"
 #: Suffix of a file being written before it is renamed over its final name.
 TEMP_SUFFIX = ".tmp"
 

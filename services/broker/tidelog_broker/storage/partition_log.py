@@ -1,7 +1,7 @@
 """The log of one partition: a directory of segments, the recovery point, flushing.
 
 Directory layout and file names: see `files.py`. Besides the segments, the
-directory holds two small files, both advisory:
+directory holds small files:
 
 - `recovery-point`: the offset below which every byte has been fsynced, as
   ASCII decimal and a newline. Written after the fsyncs it vouches for, by
@@ -9,6 +9,40 @@ directory holds two small files, both advisory:
   the next open recover more than it had to.
 - `clean-shutdown`: empty; written by `close` after everything is flushed and
   removed (durably) by the next `open` before anything is written.
+- `log-start-offset`: the first readable offset, ASCII decimal. Retention
+  writes it before renaming the segments it drops; `open` deletes segments
+  that lie wholly below it (a retention pass cut short by a crash). A lost
+  update is harmless: the first segment's base offset is a lower bound.
+- `cleaner-checkpoint`: two offsets, `clean_offset gap_limit`. Below the
+  clean offset every key appears at most once (the cleaner maps only what is
+  above it). Below the gap limit, segments may have been rewritten by the
+  cleaner and hold offset gaps, so the density checks of recovery are relaxed
+  there to "offsets increase"; above it, a gap still counts as damage.
+
+Retention (`delete_old_segments`, cleanup.policy with delete): whole closed
+segments past retention.ms (their largest timestamp) or beyond retention.bytes
+are dropped from the front, never the active one. They are renamed to
+`.deleted` on the event loop (cheap) and unlinked by the caller in a worker
+thread; `open` removes leftovers.
+
+Compaction (`plan_cleaning`, `cleaner.clean` in a worker thread,
+`finish_cleaning`): the cleaner writes each group of cleaned segments as
+fsynced `.cleaned` files. The swap, on the event loop, is crash-safe:
+
+1. the gap limit is raised to the new clean offset and the checkpoint written
+   durably, before any rewritten segment can become part of the log;
+2. every `.cleaned` file is renamed `.swap` (index files first, the .log
+   last: a `.log.swap` is the commit point of its group), directory fsynced;
+3. per group: the replaced segments are renamed `.deleted` (the first one
+   last), then the `.swap` files are renamed into the first one's names;
+4. the clean offset is raised and the checkpoint written again.
+
+`open` completes an interrupted swap: for each `<B>.log.swap` it removes the
+segments whose base offset lies in [B, end of the swap's offsets) and renames
+the swap files into place (a replaced segment past that end can only hold
+records the cleaner dropped, which are harmless to keep). Stray `.cleaned`
+files and index `.swap` files without their `.log.swap` are deleted. So a
+crash at any point leaves each offset in exactly one segment.
 
 Open loads every segment cheaply (indexes plus a walk of the last few batch
 headers). Unless the marker says the log was closed cleanly, every segment
@@ -34,9 +68,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.errors import OffsetOutOfRangeError, StorageError
-from tidelog.records import BatchHeader, set_base_offset, set_log_append_time
+from tidelog.records import (
+    HEADER_SIZE,
+    BatchHeader,
+    read_header,
+    set_base_offset,
+    set_log_append_time,
+)
 
 from tidelog_broker.storage import files
+from tidelog_broker.storage.cleaner import (
+    CleanPlan,
+    CleanResult,
+    SegmentSnapshot,
+)
 from tidelog_broker.storage.clock import SYSTEM_CLOCK, Clock
 from tidelog_broker.storage.config import LogConfig
 from tidelog_broker.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex, TimeIndex
@@ -90,8 +135,9 @@ def _fsync_directory(directory: Path) -> None:
 class PartitionLog:
     """The log of one partition, in its own directory.
 
-    Offsets are dense and assigned here; batches are stored and served as
-    bytes, never decoded (except to answer `offset_for_timestamp`).
+    Offsets are assigned here, dense (compaction later leaves gaps below the
+    clean offset); batches are stored and served as bytes, never decoded
+    (except to answer `offset_for_timestamp`; the cleaner works on files).
 
     Not thread-safe: one asyncio event-loop thread calls it.
     """
@@ -105,6 +151,9 @@ class PartitionLog:
         clock: Clock,
         segments: list[LogSegment],
         recovery_point: int,
+        log_start_offset: int = 0,
+        clean_offset: int = 0,
+        gap_limit: int = 0,
     ) -> None:
         """Use `PartitionLog.open`."""
         self.directory = directory
@@ -122,6 +171,12 @@ class PartitionLog:
         # fsyncs the directory so the new name survives a crash.
         self._directory_dirty = False
         self._closed = False
+        self._log_start_offset = max(log_start_offset, segments[0].base_offset)
+        self._clean_offset = clean_offset
+        self._gap_limit = gap_limit
+        # The segments (and their sizes) a cleaning round in flight was
+        # planned on; finish_cleaning swaps only if they are all still there.
+        self._cleaning: tuple[tuple[LogSegment, int], ...] | None = None
 
     @property
     def name(self) -> str:
@@ -158,14 +213,31 @@ class PartitionLog:
             marker.unlink()
             _fsync_directory(directory)
         recovery_point = _read_recovery_point(directory)
+        log_start_offset = _read_offset_file(directory / files.LOG_START_OFFSET_FILE) or 0
+        clean_offset, gap_limit = _read_cleaner_checkpoint(directory)
         now_ms = clock.time_ms()
+        base_offsets = _segment_base_offsets(directory)
+        # Segments wholly below the log start: a retention pass was cut short.
+        while len(base_offsets) > 1 and base_offsets[1] <= log_start_offset:
+            _delete_segment_files(directory, base_offsets.pop(0))
         segments = [
-            LogSegment.open(directory, base_offset, now_ms)
-            for base_offset in _segment_base_offsets(directory)
+            LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
+            for base_offset in base_offsets
         ]
         if not segments:
-            segments = [LogSegment.create(directory, 0)]
-        log = cls(directory, topic, partition, config, clock, segments, 0)
+            segments = [LogSegment.create(directory, log_start_offset)]
+        log = cls(
+            directory,
+            topic,
+            partition,
+            config,
+            clock,
+            segments,
+            0,
+            log_start_offset,
+            clean_offset,
+            gap_limit,
+        )
         trust_all = clean_shutdown and recovery_point is not None
         log._recover(-1 if recovery_point is None else recovery_point, trust_all)
         return log
@@ -178,9 +250,10 @@ class PartitionLog:
             if damaged_at is not None:
                 segment.delete()
                 continue
-            if kept and kept[-1].next_offset != segment.base_offset:
-                # Offsets are dense (no compaction yet), so a hole means the
-                # previous segment lost its tail.
+            if kept and self._segments_do_not_meet(kept[-1], segment):
+                # Offsets are dense outside the cleaned part, so a hole there
+                # means the previous segment lost its tail; an overlap is
+                # damage anywhere.
                 damaged_at = kept[-1].next_offset
                 segment.delete()
                 continue
@@ -210,9 +283,21 @@ class PartitionLog:
             self._directory_dirty = True
         self._segments = kept
         self._base_offsets = [segment.base_offset for segment in kept]
+        self._log_start_offset = min(
+            max(self._log_start_offset, kept[0].base_offset), self.log_end_offset
+        )
+        self._clean_offset = min(
+            max(self._clean_offset, self._log_start_offset), self.log_end_offset
+        )
         self._recovery_point = max(
             self.log_start_offset, min(max(recovery_point, 0), self.log_end_offset)
         )
+
+    def _segments_do_not_meet(self, previous: LogSegment, segment: LogSegment) -> bool:
+        if previous.next_offset > segment.base_offset:
+            return True
+        gap = previous.next_offset < segment.base_offset
+        return gap and previous.base_offset >= self._gap_limit
 
     # ------------------------------------------------------------------ state
 
@@ -226,7 +311,18 @@ class PartitionLog:
 
     @property
     def log_start_offset(self) -> int:
-        return self._segments[0].base_offset
+        """The first offset a read may ask for (retention moves it forward)."""
+        return self._log_start_offset
+
+    @property
+    def clean_offset(self) -> int:
+        """Below this offset the log is compacted (each key at most once)."""
+        return self._clean_offset
+
+    @property
+    def log_bytes(self) -> int:
+        """Bytes of the .log files (what retention.bytes limits)."""
+        return sum(segment.size_bytes for segment in self._segments)
 
     @property
     def log_end_offset(self) -> int:
@@ -383,6 +479,213 @@ class PartitionLog:
                         return found
         return None
 
+    # ------------------------------------------------------------------ retention
+
+    def delete_old_segments(self) -> list[Path]:
+        """Apply retention.ms and retention.bytes when cleanup.policy has
+        delete: drop whole closed segments from the front (never the active
+        one) and move the log start offset past them. No per-record work:
+        a segment's age is its largest timestamp.
+
+        The files are renamed `.deleted` here, which is cheap; the caller
+        unlinks the returned paths off the event loop (`unlink_files`).
+        """
+        config = self._config
+        if not config.delete or self._closed:
+            return []
+        segments = self._segments
+        closed = len(segments) - 1
+        count = 0
+        if config.retention_ms >= 0:
+            horizon_ms = self._clock.time_ms() - config.retention_ms
+            while count < closed and segments[count].max_timestamp < horizon_ms:
+                count += 1
+        if config.retention_bytes >= 0:
+            excess = self.log_bytes - config.retention_bytes
+            excess -= sum(segment.size_bytes for segment in segments[:count])
+            while count < closed and excess >= segments[count].size_bytes:
+                excess -= segments[count].size_bytes
+                count += 1
+        if not count:
+            return []
+        with _storage_errors(f"deleting old segments of {self.name}"):
+            return self._delete_first_segments(count)
+
+    def _delete_first_segments(self, count: int) -> list[Path]:
+        doomed = self._segments[:count]
+        del self._segments[:count]
+        del self._base_offsets[:count]
+        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
+        self._clean_offset = max(self._clean_offset, self._log_start_offset)
+        self._recovery_point = max(self._recovery_point, self._log_start_offset)
+        # Before the renames: if they survive a crash and this does not, the
+        # first segment still bounds the start; if this survives and they do
+        # not, open drops the segments below it.
+        _write_offset_file(self.directory / files.LOG_START_OFFSET_FILE, self._log_start_offset)
+        renamed: list[Path] = []
+        for segment in doomed:
+            segment.close()
+            renamed.extend(_rename_deleted(segment.file_paths))
+        self._directory_dirty = True
+        logger.info(
+            "%s: retention deleted %d segments; the log now starts at offset %d",
+            self.name,
+            count,
+            self._log_start_offset,
+        )
+        return renamed
+
+    # ------------------------------------------------------------------ compaction
+
+    def plan_cleaning(self, max_map_entries: int, force: bool = False) -> CleanPlan | None:
+        """A snapshot for one cleaning round (`cleaner.clean`), or None when
+        cleanup.policy has no compact, nothing is dirty, or the dirty ratio is
+        below min.cleanable.dirty.ratio (unless `force`). Only closed segments
+        older than min.compaction.lag.ms are planned. Every plan must be
+        followed by `finish_cleaning` (with None if the round failed)."""
+        config = self._config
+        if not config.compact or self._closed or self._cleaning is not None:
+            return None
+        now_ms = self._clock.time_ms()
+        segments = self._segments
+        end = len(segments) - 1
+        if config.min_compaction_lag_ms > 0:
+            horizon_ms = now_ms - config.min_compaction_lag_ms
+            for i in range(end):
+                if segments[i].max_timestamp > horizon_ms:
+                    end = i
+                    break
+        if end == 0:
+            return None
+        end_offset = segments[end].base_offset
+        clean_offset = max(self._clean_offset, self._log_start_offset)
+        if clean_offset >= end_offset:
+            return None
+        clean_bytes = dirty_bytes = 0
+        for i in range(end):
+            if segments[i + 1].base_offset <= clean_offset:
+                clean_bytes += segments[i].size_bytes
+            else:
+                dirty_bytes += segments[i].size_bytes
+        if not force and (
+            dirty_bytes == 0
+            or dirty_bytes / (clean_bytes + dirty_bytes) < config.min_cleanable_dirty_ratio
+        ):
+            return None
+        self._cleaning = tuple((segment, segment.size_bytes) for segment in segments[:end])
+        return CleanPlan(
+            directory=self.directory,
+            name=self.name,
+            segments=tuple(
+                SegmentSnapshot(
+                    segment.base_offset,
+                    segment.log_path,
+                    segment.size_bytes,
+                    segments[i + 1].base_offset,
+                )
+                for i, segment in enumerate(segments[:end])
+            ),
+            clean_offset=clean_offset,
+            end_offset=end_offset,
+            max_map_entries=max_map_entries,
+            delete_horizon_ms=now_ms - config.delete_retention_ms,
+            segment_bytes=config.segment_bytes,
+            index_interval_bytes=config.index_interval_bytes,
+            now_ms=now_ms,
+        )
+
+    @property
+    def cleaning(self) -> bool:
+        """A cleaning round is planned and not finished."""
+        return self._cleaning is not None
+
+    def finish_cleaning(self, result: CleanResult | None) -> list[Path]:
+        """Swap the cleaned segments of a round into the log (see the module
+        docstring for the crash-safe order), or discard them if a segment they
+        replace changed meanwhile (retention, truncation). None: the round
+        failed. Returns files renamed `.deleted`, for the caller to unlink off
+        the event loop."""
+        planned, self._cleaning = self._cleaning, None
+        if result is None or not result.groups:
+            return []
+        if self._closed:
+            return []  # deleted or closed: open removes .cleaned files
+        with _storage_errors(f"swapping cleaned segments into {self.name}"):
+            if planned is None or not self._still_planned(result, planned):
+                logger.info("%s: segments changed during cleaning; discarding the round", self.name)
+                paths: list[Path] = []
+                for group in result.groups:
+                    paths.extend(_rename_deleted(_cleaned_paths(self.directory, group.base_offset)))
+                return paths
+            return self._swap_in(result)
+
+    def _still_planned(
+        self, result: CleanResult, planned: tuple[tuple[LogSegment, int], ...]
+    ) -> bool:
+        by_base = {segment.base_offset: (segment, size) for segment, size in planned}
+        active = self._segments[-1]
+        for group in result.groups:
+            for base_offset in group.replaces:
+                segment, size = by_base[base_offset]
+                i = bisect_right(self._base_offsets, base_offset) - 1
+                if (
+                    i < 0
+                    or self._segments[i] is not segment
+                    or segment is active
+                    or segment.size_bytes != size
+                ):
+                    return False
+        return True
+
+    def _swap_in(self, result: CleanResult) -> list[Path]:
+        directory = self.directory
+        # 1. Segments below the new clean offset may hold gaps from now on.
+        self._gap_limit = max(self._gap_limit, result.clean_offset)
+        _write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit)
+        # 2. Commit every group: .cleaned -> .swap, the .log last.
+        for group in result.groups:
+            for path in reversed(_cleaned_paths(directory, group.base_offset)):
+                os.replace(path, _with_suffix(path, files.CLEANED_SUFFIX, files.SWAP_SUFFIX))
+        _fsync_directory(directory)
+        # 3. Replace the segments of each group.
+        deleted: list[Path] = []
+        now_ms = self._clock.time_ms()
+        for group in result.groups:
+            first = bisect_right(self._base_offsets, group.base_offset) - 1
+            replaced = self._segments[first : first + len(group.replaces)]
+            for segment in reversed(replaced[1:]):
+                segment.close()
+                deleted.extend(_rename_deleted(segment.file_paths))
+            replaced[0].close()
+            # Renamed away rather than replaced by the swap: a rename over a
+            # file frees its blocks on the spot (~1 ms per MB here), which
+            # belongs in the worker thread with the other unlinks.
+            deleted.extend(_rename_deleted(replaced[0].file_paths))
+            for path in reversed(_swap_paths(directory, group.base_offset)):
+                os.replace(path, _with_suffix(path, files.SWAP_SUFFIX, ""))
+            segment = LogSegment.open(directory, group.base_offset, now_ms, allow_gaps=True)
+            if segment.needs_recovery:
+                segment.recover(None, self._config.index_interval_bytes)
+            self._segments[first : first + len(replaced)] = [segment]
+            self._base_offsets[first : first + len(replaced)] = [group.base_offset]
+        _fsync_directory(directory)
+        # 4. Everything below the map's end is deduplicated now.
+        self._clean_offset = max(self._clean_offset, result.clean_offset)
+        _write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit)
+        logger.info(
+            "%s: cleaned %d segments into %d: %d of %d records removed, %d bytes written "
+            "in %.2f s; clean up to offset %d",
+            self.name,
+            sum(len(group.replaces) for group in result.groups),
+            len(result.groups),
+            result.records_removed,
+            result.records_read,
+            result.bytes_written,
+            result.elapsed_s,
+            self._clean_offset,
+        )
+        return deleted
+
     # ------------------------------------------------------------------ flush
 
     def flush(self) -> None:
@@ -436,6 +739,8 @@ class PartitionLog:
             self._segments[-1].flush()
             _fsync_directory(self.directory)
             self._directory_dirty = False
+            self._log_start_offset = min(self._log_start_offset, self.log_end_offset)
+            self._clean_offset = min(self._clean_offset, self.log_end_offset)
             self._recovery_point = min(self._recovery_point, self.log_end_offset)
             _write_recovery_point(self.directory, self._recovery_point)
 
@@ -468,16 +773,25 @@ class PartitionLog:
 
 
 def _segment_base_offsets(directory: Path) -> list[int]:
-    """Base offsets of the segments in `directory`, sorted. Index files without
-    a .log and leftover temporary files are removed (they can only come from a
-    crash mid-roll or mid-deletion)."""
+    """Base offsets of the segments in `directory`, sorted, after finishing
+    what a crash interrupted: leftover temporary, `.deleted` and `.cleaned`
+    files are removed, committed swaps completed (see the module docstring),
+    and index files without a .log removed (a crash mid-roll or mid-deletion).
+    """
     logs: set[int] = set()
     indexes: list[tuple[int, Path]] = []
+    swaps: dict[int, list[Path]] = {}
     for entry in os.scandir(directory):
-        if entry.name.endswith(files.TEMP_SUFFIX):
+        name = entry.name
+        if name.endswith((files.TEMP_SUFFIX, files.DELETED_SUFFIX, files.CLEANED_SUFFIX)):
             os.unlink(entry.path)
             continue
-        parsed = files.parse_segment_file_name(entry.name)
+        if name.endswith(files.SWAP_SUFFIX):
+            parsed = files.parse_segment_file_name(name[: -len(files.SWAP_SUFFIX)])
+            if parsed is not None:
+                swaps.setdefault(parsed[0], []).append(Path(entry.path))
+            continue
+        parsed = files.parse_segment_file_name(name)
         if parsed is None:
             continue
         base_offset, suffix = parsed
@@ -485,10 +799,151 @@ def _segment_base_offsets(directory: Path) -> list[int]:
             logs.add(base_offset)
         else:
             indexes.append((base_offset, Path(entry.path)))
+    if swaps:
+        _complete_swaps(directory, swaps, logs)
     for base_offset, path in indexes:
         if base_offset not in logs:
-            path.unlink()
+            path.unlink(missing_ok=True)
     return sorted(logs)
+
+
+def _complete_swaps(directory: Path, swaps: dict[int, list[Path]], logs: set[int]) -> None:
+    """Finish the swaps whose `.log.swap` exists; drop index swaps without one."""
+    for base_offset in sorted(swaps):
+        log_swap = files.segment_path(directory, base_offset, files.LOG_SUFFIX + files.SWAP_SUFFIX)
+        if log_swap not in swaps[base_offset]:
+            for path in swaps[base_offset]:
+                path.unlink()
+            continue
+        end = max(_swap_next_offset(log_swap, base_offset), base_offset + 1)
+        for other in sorted(logs):
+            if base_offset < other < end:
+                _delete_segment_files(directory, other)
+                logs.discard(other)
+        for path in sorted(swaps[base_offset], key=lambda p: p == log_swap):
+            os.replace(path, _with_suffix(path, files.SWAP_SUFFIX, ""))
+        logs.add(base_offset)
+        logger.warning(
+            "%s: completed an interrupted swap of cleaned segment %d (offsets up to %d)",
+            directory.name,
+            base_offset,
+            end,
+        )
+    _fsync_directory(directory)
+
+
+def _swap_next_offset(path: Path, base_offset: int) -> int:
+    """The offset after the last whole batch of a swap file (headers only:
+    it was fsynced before it was committed)."""
+    next_offset = base_offset
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        position = 0
+        while position + HEADER_SIZE <= size:
+            header = read_header(os.pread(f.fileno(), HEADER_SIZE, position))
+            if header.size < HEADER_SIZE or position + header.size > size:
+                break
+            next_offset = header.next_offset
+            position += header.size
+    return next_offset
+
+
+def _with_suffix(path: Path, old: str, new: str) -> Path:
+    assert path.name.endswith(old)
+    return path.with_name(path.name[: len(path.name) - len(old)] + new)
+
+
+def _cleaned_paths(directory: Path, base_offset: int) -> list[Path]:
+    """The .cleaned files of a group, index files first, the .log last."""
+    return [
+        files.segment_path(directory, base_offset, suffix + files.CLEANED_SUFFIX)
+        for suffix in (files.INDEX_SUFFIX, files.TIME_INDEX_SUFFIX, files.LOG_SUFFIX)
+    ]
+
+
+def _swap_paths(directory: Path, base_offset: int) -> list[Path]:
+    """The .swap files of a group, index files first, the .log last."""
+    return [
+        files.segment_path(directory, base_offset, suffix + files.SWAP_SUFFIX)
+        for suffix in (files.INDEX_SUFFIX, files.TIME_INDEX_SUFFIX, files.LOG_SUFFIX)
+    ]
+
+
+def _delete_segment_files(directory: Path, base_offset: int) -> None:
+    for suffix in files.SEGMENT_SUFFIXES:
+        files.segment_path(directory, base_offset, suffix).unlink(missing_ok=True)
+
+
+def _rename_deleted(paths: Sequence[Path]) -> list[Path]:
+    """Rename files to `<name>.deleted` (cheap); return the new paths."""
+    renamed = []
+    for path in paths:
+        target = path.with_name(path.name + files.DELETED_SUFFIX)
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:
+            continue
+        renamed.append(target)
+    return renamed
+
+
+def unlink_files(paths: Sequence[Path]) -> int:
+    """Unlink files (a worker thread's job: unlinking a large file can take
+    milliseconds). Returns how many were removed; errors are logged."""
+    removed = 0
+    for path in paths:
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("cannot unlink %s: %s (the next open removes it)", path, exc)
+    return removed
+
+
+def _read_offset_file(path: Path) -> int | None:
+    try:
+        return int(path.read_text(encoding="ascii").strip())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        logger.warning("%s unreadable (%s): ignoring it", path, exc)
+        return None
+
+
+def _write_offset_file(path: Path, offset: int) -> None:
+    temp = path.with_name(path.name + files.TEMP_SUFFIX)
+    temp.write_text(f"{offset}\n", encoding="ascii")
+    os.replace(temp, path)
+
+
+def _read_cleaner_checkpoint(directory: Path) -> tuple[int, int]:
+    """(clean offset, gap limit); (0, 0) when the log was never cleaned."""
+    path = directory / files.CLEANER_CHECKPOINT_FILE
+    try:
+        clean_offset, gap_limit = map(int, path.read_text(encoding="ascii").split())
+    except FileNotFoundError:
+        return 0, 0
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        # Written durably by rename, so this is damage from outside: without
+        # the gap limit, compacted segments would look damaged. Refuse.
+        raise OSError(
+            f"{path} unreadable ({exc}): cannot tell compacted segments from damage"
+        ) from exc
+    return clean_offset, gap_limit
+
+
+def _write_cleaner_checkpoint(directory: Path, clean_offset: int, gap_limit: int) -> None:
+    """Durably: the gap limit must be on disk before a gapped segment is."""
+    path = directory / files.CLEANER_CHECKPOINT_FILE
+    temp = path.with_name(path.name + files.TEMP_SUFFIX)
+    with open(temp, "w", encoding="ascii") as out:
+        out.write(f"{clean_offset} {gap_limit}\n")
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temp, path)
+    _fsync_directory(directory)
 
 
 def _read_recovery_point(directory: Path) -> int | None:

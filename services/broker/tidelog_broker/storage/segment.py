@@ -8,7 +8,9 @@ covered by any checksum: the base offset, the length and the leader epoch of
 each batch (the broker patches them without recomputing the CRC). Recovery
 therefore also checks that base offsets are dense and that every length
 lands on the next batch, which catches damage to the first two; damage to
-a leader epoch alone cannot be detected.
+a leader epoch alone cannot be detected. A segment written by the cleaner
+(`allow_gaps`) may have gaps between batches: there base offsets need only
+increase, which still catches a base offset damaged downward.
 
 The indexes (`index.py`) are derived from the .log and are rebuilt whenever
 they look wrong or the segment is recovered.
@@ -108,13 +110,23 @@ class LogSegment:
     Not thread-safe: one asyncio event-loop thread calls it.
     """
 
-    def __init__(self, directory: Path, base_offset: int) -> None:
-        """Open (creating if missing) the three files. Use `create` or `open`."""
+    def __init__(
+        self, directory: Path, base_offset: int, file_suffix: str = "", allow_gaps: bool = False
+    ) -> None:
+        """Open (creating if missing) the three files. Use `create` or `open`.
+
+        `file_suffix` is appended to every file name (the cleaner writes a
+        segment as `.cleaned` files). `allow_gaps`: offsets may skip between
+        batches (a compacted segment).
+        """
         self.directory = directory
         self.base_offset = base_offset
-        self.log_path = files.segment_path(directory, base_offset, files.LOG_SUFFIX)
-        index_path = files.segment_path(directory, base_offset, files.INDEX_SUFFIX)
-        time_index_path = files.segment_path(directory, base_offset, files.TIME_INDEX_SUFFIX)
+        self.allow_gaps = allow_gaps
+        self.log_path = files.segment_path(directory, base_offset, files.LOG_SUFFIX + file_suffix)
+        index_path = files.segment_path(directory, base_offset, files.INDEX_SUFFIX + file_suffix)
+        time_index_path = files.segment_path(
+            directory, base_offset, files.TIME_INDEX_SUFFIX + file_suffix
+        )
         #: False when an index file was missing (it must then be rebuilt).
         self._indexes_existed = index_path.exists() and time_index_path.exists()
         # O_APPEND + os.write: unbuffered, every byte goes to the end; reads use
@@ -141,20 +153,24 @@ class LogSegment:
         self.needs_recovery = False
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int) -> LogSegment:
+    def create(
+        cls, directory: Path, base_offset: int, file_suffix: str = "", allow_gaps: bool = False
+    ) -> LogSegment:
         """A new, empty segment (files created; truncated if stale ones exist)."""
-        segment = cls(directory, base_offset)
+        segment = cls(directory, base_offset, file_suffix, allow_gaps)
         if segment._size_bytes or len(segment.offset_index) or len(segment.time_index):
             segment._truncate_at(0)
         segment._indexes_existed = True
         return segment
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int, now_ms: int) -> LogSegment:
+    def open(
+        cls, directory: Path, base_offset: int, now_ms: int, allow_gaps: bool = False
+    ) -> LogSegment:
         """An existing segment, without checking CRCs: its indexes are loaded,
         its tail is walked from the last index entry to find `next_offset`,
         and `needs_recovery` is set if anything does not add up."""
-        segment = cls(directory, base_offset)
+        segment = cls(directory, base_offset, allow_gaps=allow_gaps)
         segment.needs_recovery = not segment._load_tail_state()
         if segment._size_bytes:
             # The first append's time is not on disk; restarting the segment.ms
@@ -169,6 +185,11 @@ class LogSegment:
     def size_bytes(self) -> int:
         """Bytes in the .log file."""
         return self._size_bytes
+
+    @property
+    def file_paths(self) -> tuple[Path, Path, Path]:
+        """The .log, .index and .timeindex paths (the .log first)."""
+        return (self.log_path, self.offset_index.path, self.time_index.path)
 
     @property
     def disk_bytes(self) -> int:
@@ -228,7 +249,7 @@ class LogSegment:
             header = self._header_or_none(position)
             if (
                 header is None
-                or header.base_offset != expected_base
+                or not self._base_offset_fits(header.base_offset, expected_base)
                 or position + header.size > size
             ):
                 return False
@@ -245,6 +266,11 @@ class LogSegment:
         last_timestamp = time_index.last_timestamp
         self._time_indexed_max = NO_TIMESTAMP if last_timestamp is None else last_timestamp
         return True
+
+    def _base_offset_fits(self, base_offset: int, expected: int) -> bool:
+        """A batch's base offset follows the previous batch's next offset:
+        exactly, or (compacted segment) anywhere after it."""
+        return base_offset == expected or (self.allow_gaps and base_offset > expected)
 
     def _note_batch(
         self,
@@ -402,7 +428,8 @@ class LogSegment:
     # ------------------------------------------------------------------ recovery
 
     def recover(self, max_batch_bytes: int | None, index_interval_bytes: int) -> int:
-        """Check every batch (CRC32C, dense offsets), rebuild both indexes, and
+        """Check every batch (CRC32C, dense or with `allow_gaps` increasing
+        offsets), rebuild both indexes, and
         cut the .log after the last good batch. Returns the bytes dropped.
 
         A batch longer than `max_batch_bytes` (None: no limit) counts as damage.
@@ -436,7 +463,7 @@ class LogSegment:
             except (InvalidRecordError, CorruptRecordError, MessageTooLargeError):
                 break
             if (
-                header.base_offset != self._next_offset
+                not self._base_offset_fits(header.base_offset, self._next_offset)
                 or header.last_offset - self.base_offset > MAX_RELATIVE_OFFSET
             ):
                 break
