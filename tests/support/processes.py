@@ -96,7 +96,9 @@ class BrokerProcess:
             wait_serving(self.address, timeout_s, self.proc)
         except (RuntimeError, TimeoutError) as exc:
             self.kill()
-            raise RuntimeError(f"broker did not start: {exc}; see {self.log_path}") from exc
+            raise RuntimeError(
+                f"broker did not start: {exc}; the end of {self.log_path}:\n{self.log_tail()}"
+            ) from exc
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> int | None:
         """SIGTERM, then SIGKILL if it does not exit in time; the exit code."""
