@@ -11,6 +11,7 @@ import json
 from collections.abc import Awaitable, Callable
 
 import grpc
+from tidelog.errors import InvalidRequestError
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
 
 from tidelog_coordinator.errors import abort, error_proto
@@ -94,6 +95,56 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     )
                 )
         return admin_pb2.DescribeTopicsResponse(topics=out)
+
+    async def DescribeConfigs(
+        self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeConfigsResponse:
+        names = list(request.names)
+        if not names:
+            try:
+                names = await self.metadata.topic_names()
+            except Exception as exc:
+                await abort(context, exc, "listing topics")
+        response = admin_pb2.DescribeConfigsResponse()
+        for name in names:
+            result = response.topics.add(name=name)
+            try:
+                entries = await self.metadata.describe_configs(name)
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"describing configs of {name!r}"))
+                continue
+            for key, value, is_override in entries:
+                result.entries.add(
+                    name=key,
+                    value=value,
+                    source=admin_pb2.CONFIG_SOURCE_TOPIC
+                    if is_override
+                    else admin_pb2.CONFIG_SOURCE_DEFAULT,
+                )
+        return response
+
+    async def AlterConfigs(
+        self, request: admin_pb2.AlterConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.AlterConfigsResponse:
+        if len(request.topics) > MAX_TOPICS_PER_REQUEST:
+            await abort(
+                context,
+                InvalidRequestError(f"at most {MAX_TOPICS_PER_REQUEST} topics per request"),
+                "altering configs",
+            )
+        response = admin_pb2.AlterConfigsResponse()
+        for change in request.topics:
+            result = response.topics.add(name=change.name)
+            try:
+                await self.metadata.alter_configs(
+                    change.name,
+                    dict(change.set),
+                    list(change.delete),
+                    validate_only=request.validate_only,
+                )
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"altering configs of {change.name!r}"))
+        return response
 
 
 def controller_value_id(value: bytes | None) -> str:

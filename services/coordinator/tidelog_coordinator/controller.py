@@ -22,10 +22,10 @@ import json
 import logging
 
 import aetcd
+from tidelog._etcd import Election, Session, is_unavailable
+from tidelog._etcd.keys import Keys
 
 from tidelog_coordinator.config import CoordinatorConfig
-from tidelog_coordinator.etcd import Election, Session, is_unavailable
-from tidelog_coordinator.keys import Keys
 from tidelog_coordinator.offset_store import OffsetStore
 
 log = logging.getLogger("tidelog.coordinator.controller")

@@ -17,6 +17,7 @@ import logging
 from typing import NoReturn
 
 import grpc
+from tidelog._etcd import is_unavailable
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     CoordinatorNotAvailableError,
@@ -24,8 +25,6 @@ from tidelog.errors import (
     UnknownServerError,
 )
 from tidelog.v1 import common_pb2
-
-from tidelog_coordinator.etcd import is_unavailable
 
 log = logging.getLogger("tidelog.coordinator")
 

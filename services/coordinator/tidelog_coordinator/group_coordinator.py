@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aetcd
+from tidelog._etcd.keys import Keys, dynamic_member_key, static_member_key
 from tidelog.errors import (
     InvalidRequestError,
     TidelogError,
@@ -51,7 +52,6 @@ from tidelog.v1 import common_pb2, group_pb2
 
 from tidelog_coordinator.errors import error_proto
 from tidelog_coordinator.group_state import GroupCache, GroupState, GroupView, MemberRecord
-from tidelog_coordinator.keys import Keys, dynamic_member_key, static_member_key
 
 log = logging.getLogger("tidelog.coordinator.groups")
 
@@ -485,6 +485,6 @@ class GroupCoordinator:
 
 
 def _is_etcd_outage(exc: BaseException) -> bool:
-    from tidelog_coordinator.etcd import is_unavailable
+    from tidelog._etcd import is_unavailable
 
     return is_unavailable(exc)

@@ -25,17 +25,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import aetcd
+from tidelog._etcd.keys import Keys, prefix_end
 from tidelog.errors import (
+    InvalidConfigError,
     InvalidPartitionsError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
 from tidelog.names import validate_topic_name
-from tidelog.topic_configs import config_to_strings, parse_topic_configs, validate_topic_configs
+from tidelog.topic_configs import (
+    TOPIC_CONFIGS,
+    config_to_strings,
+    parse_topic_configs,
+    validate_topic_configs,
+)
 
 from tidelog_coordinator.config import CoordinatorConfig
-from tidelog_coordinator.keys import Keys, prefix_end
 from tidelog_coordinator.placement import BrokerSlot, place_replicas
+
+#: Attempts of an AlterConfigs read-modify-write before giving up (each
+#: failure means the topic key changed meanwhile; we re-read and try again).
+ALTER_CONFIGS_ATTEMPTS = 5
 
 #: Upper bound on partitions per topic: each is an etcd key and a directory
 #: on its brokers; Kafka users rarely need more.
@@ -207,6 +217,10 @@ class MetadataManager:
         if not ok:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
+    async def topic_names(self) -> list[str]:
+        listing = await self.client.get_prefix(self.keys.topics, keys_only=True)
+        return sorted(self.keys.tail(kv.key, self.keys.topics) for kv in listing)
+
     async def describe_topics(self, names: Sequence[str]) -> list[TopicRecord | Exception]:
         """Each named topic (every topic when `names` is empty), or its error."""
         listing = await self.client.get_prefix(self.keys.topics)
@@ -242,3 +256,62 @@ class MetadataManager:
     @staticmethod
     def effective_configs(overrides: dict[str, str]) -> dict[str, str]:
         return config_to_strings(parse_topic_configs(overrides))
+
+    # ------------------------------------------------------------ configs
+
+    async def describe_configs(self, name: str) -> list[tuple[str, str, bool]]:
+        """Every topic config of `name`: (key, effective value, is an override),
+        sorted by key. The coordinator has no broker config file: a value is
+        either the topic's override or Tidelog's default."""
+        validate_topic_name(name)
+        got = await self.client.get(self.keys.topic(name))
+        if got is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        overrides = dict(json.loads(got.value).get("configs", {}))
+        effective = self.effective_configs(overrides)
+        return [(key, effective[key], key in overrides) for key in sorted(effective)]
+
+    async def alter_configs(
+        self,
+        name: str,
+        set_configs: dict[str, str],
+        delete_configs: Sequence[str],
+        validate_only: bool = False,
+    ) -> dict[str, str]:
+        """Set and remove overrides of one topic (incrementally) and return the
+        new overrides. Validated with `tidelog.topic_configs`; written with a
+        transaction comparing the topic key's mod revision, so a concurrent
+        change (or a delete and re-create) is never overwritten: we re-read
+        and apply again. Brokers see the new value through their watch."""
+        validate_topic_name(name)
+        for key in delete_configs:
+            if key not in TOPIC_CONFIGS:
+                known = ", ".join(sorted(TOPIC_CONFIGS))
+                raise InvalidConfigError(f"unknown topic config {key!r}; known keys: {known}")
+        canonical = validate_topic_configs(set_configs)
+        tx = self.client.transactions
+        topic_key = self.keys.topic(name)
+        for _ in range(ALTER_CONFIGS_ATTEMPTS):
+            got = await self.client.get(topic_key)
+            if got is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            data = json.loads(got.value)
+            overrides = dict(data.get("configs", {}))
+            overrides.update(canonical)
+            for key in delete_configs:
+                overrides.pop(key, None)
+            parse_topic_configs(overrides)  # the combination must hold too
+            if validate_only:
+                return overrides
+            data["configs"] = overrides
+            data["version"] = int(data.get("version", 1)) + 1
+            ok, _ = await self.client.transaction(
+                compare=[tx.mod(topic_key) == got.mod_revision],
+                success=[tx.put(topic_key, _json(data))],
+                failure=[],
+            )
+            if ok:
+                return overrides
+        raise InvalidConfigError(
+            f"topic {name!r} kept changing while its configs were altered: try again"
+        )

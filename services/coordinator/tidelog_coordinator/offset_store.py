@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aetcd
+from tidelog._etcd.keys import Keys, prefix_end
 from tidelog.errors import (
     GroupIdNotFoundError,
     IllegalGenerationError,
@@ -39,7 +40,6 @@ from tidelog.types import TopicPartition
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.group_coordinator import GroupCoordinator, validate_group_id
 from tidelog_coordinator.group_state import GroupView, MemberRecord
-from tidelog_coordinator.keys import Keys, prefix_end
 
 log = logging.getLogger("tidelog.coordinator.offsets")
 

@@ -23,6 +23,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from tidelog._etcd import Election, PrefixWatcher, connect
+from tidelog._etcd.keys import Keys
 from tidelog.errors import CoordinatorNotAvailableError
 from tidelog.v1 import (
     admin_pb2,
@@ -40,10 +42,8 @@ from tidelog_coordinator.admin_servicer import (
 )
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.controller import ReplicaLifecycle
-from tidelog_coordinator.etcd import Election, PrefixWatcher, connect
 from tidelog_coordinator.group_coordinator import GroupCoordinator
 from tidelog_coordinator.group_servicer import GroupServicer
-from tidelog_coordinator.keys import Keys
 from tidelog_coordinator.metadata import MetadataManager
 from tidelog_coordinator.offset_store import OffsetStore
 

@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 import aetcd
 import aetcd.exceptions
 
-from tidelog_coordinator.etcd.client import is_unavailable
-from tidelog_coordinator.keys import prefix_end
+from tidelog._etcd.client import is_unavailable
+from tidelog._etcd.keys import prefix_end
 
-log = logging.getLogger("tidelog.coordinator.watch")
+log = logging.getLogger("tidelog.etcd.watch")
 
 RETRY_DELAY_MIN_S = 0.05
 RETRY_DELAY_MAX_S = 1.0

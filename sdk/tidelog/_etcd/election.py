@@ -20,9 +20,9 @@ from typing import Any
 
 import aetcd
 
-from tidelog_coordinator.etcd.session import Session
+from tidelog._etcd.session import Session
 
-log = logging.getLogger("tidelog.coordinator.election")
+log = logging.getLogger("tidelog.etcd.election")
 
 
 class Election:

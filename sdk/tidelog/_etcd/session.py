@@ -19,9 +19,9 @@ import logging
 
 import aetcd
 
-from tidelog_coordinator.etcd.client import is_unavailable
+from tidelog._etcd.client import is_unavailable
 
-log = logging.getLogger("tidelog.coordinator.session")
+log = logging.getLogger("tidelog.etcd.session")
 
 # etcd refuses leases shorter than about 1.5 s (its minimum TTL follows
 # from the election timeout); 2 s is the shortest that always works.

@@ -1,0 +1,32 @@
+"""etcd primitives shared by the services (internal: no client imports this).
+
+The coordinator and the broker (in cluster mode) both hold sessions, follow
+prefixes and spell keys the same way, and services never import each other,
+so the primitives live here, in the SDK package that both depend on. Nothing
+under `tidelog` outside this package imports it: a client never needs etcd.
+In the spirit of etcd's client/v3/concurrency package:
+
+- `connect`: an aetcd client with the channel options the services need;
+- `Keys` (in `keys`): the etcd key layout of a cluster;
+- `Session`: a lease kept alive every TTL/3, with a `lost` event;
+- `Election`: candidates ordered by create revision, each watching only its
+  predecessor; the leader's writes compare its key's create revision;
+- `PrefixWatcher`: a listing then every change under a prefix, resumed from
+  the last seen revision after a lost connection, re-listed after compaction.
+"""
+
+from tidelog._etcd.client import EtcdUnavailableError, connect, is_unavailable
+from tidelog._etcd.election import Election
+from tidelog._etcd.session import Session
+from tidelog._etcd.watch import Change, PrefixWatcher, WatchBatch
+
+__all__ = [
+    "Change",
+    "Election",
+    "EtcdUnavailableError",
+    "PrefixWatcher",
+    "Session",
+    "WatchBatch",
+    "connect",
+    "is_unavailable",
+]

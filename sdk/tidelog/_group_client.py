@@ -1,0 +1,272 @@
+"""The event-loop side of a consumer's group membership.
+
+`GroupClient` finds the coordinators, runs a `GroupMembership` (the
+heartbeat stream) and turns each assignment change into an event for the
+calling side, which applies it inside poll() (the caller's thread for the
+sync Consumer, as Kafka does):
+
+    ("revoked", partitions, done)   stop consuming them: commit, call the
+                                    listener, then resolve `done`; only then
+                                    does the membership acknowledge, and the
+                                    coordinator hands them to their new owner
+    ("lost", partitions, done)      the session ended (or the consumer left
+                                    because poll() was not called): they may
+                                    already belong to others; no commit
+    ("assigned", partitions, None)  start consuming them from the committed
+                                    offsets (or auto_offset_reset)
+
+Finding the coordinators: the client is given broker addresses. Brokers in
+cluster mode (and coordinators) serve `tidelog.v1.Cluster/DescribeCluster`,
+whose answer lists the live coordinator replicas; a standalone broker does
+not serve it (UNIMPLEMENTED), which becomes GroupsNotSupportedError.
+
+max_poll_interval_ms: a watchdog notices when poll() has not been called for
+that long, logs a warning saying so, and leaves the group without calling the
+listener (the application is stuck; its partitions must move now). The
+partitions are reported lost at the next poll(), which then rejoins.
+
+Everything here runs on the consumer's event loop except `events` (a deque:
+thread-safe append/popleft) and the `last_poll`/`in_poll` stamps, which the
+calling side writes and the watchdog only reads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import grpc
+import grpc.aio
+
+from tidelog._connection import Cluster
+from tidelog.config import ConsumerConfig
+from tidelog.errors import (
+    BrokerNotAvailableError,
+    CoordinatorNotAvailableError,
+    GroupsNotSupportedError,
+    TidelogError,
+    error_from_rpc,
+)
+from tidelog.group import GroupMembership, OffsetAndMetadata
+from tidelog.types import TopicPartition
+from tidelog.v1 import cluster_pb2, cluster_pb2_grpc
+
+log = logging.getLogger("tidelog.consumer")
+
+REVOKED = "revoked"
+LOST = "lost"
+ASSIGNED = "assigned"
+
+
+class GroupEvent(NamedTuple):
+    kind: str
+    partitions: frozenset[TopicPartition]
+    #: Resolved by the calling side once applied (revoked and lost only).
+    done: asyncio.Future[None] | None
+
+
+async def discover_coordinators(cluster: Cluster, timeout_s: float) -> list[str]:
+    """Coordinator addresses, asked of the first server that answers."""
+    last: BaseException | None = None
+    for address in cluster.any_address():
+        stub: Any = cluster_pb2_grpc.ClusterStub(cluster.channel(address))
+        try:
+            reply = await stub.DescribeCluster(
+                cluster_pb2.DescribeClusterRequest(), timeout=timeout_s
+            )
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                raise GroupsNotSupportedError(
+                    f"{address} runs standalone (no --etcd), so it has no consumer groups: "
+                    "use assign() and seek(), or run a cluster (`tidelog dev`)"
+                ) from None
+            last = error_from_rpc(exc)
+            continue
+        addresses = [f"{c.host}:{c.port}" for c in reply.coordinators if c.host and c.port]
+        if addresses:
+            return addresses
+        last = CoordinatorNotAvailableError(f"{address}: no coordinator is registered")
+    if isinstance(last, CoordinatorNotAvailableError):
+        raise last
+    raise BrokerNotAvailableError(
+        f"no server answered DescribeCluster at {', '.join(cluster.any_address())}: {last}"
+    )
+
+
+class GroupClient:
+    """One consumer's membership in one group (see module doc). One event loop."""
+
+    def __init__(
+        self, cluster: Cluster, config: ConsumerConfig, notify: Callable[[], None]
+    ) -> None:
+        assert config.group_id is not None
+        self.group_id = config.group_id
+        self._cluster = cluster
+        self._config = config
+        self._notify = notify
+        self.events: deque[GroupEvent] = deque()
+        self.membership: GroupMembership | None = None
+        self.topics: list[str] = []
+        self.pattern = ""
+        #: Set when the watchdog made the consumer leave; the next poll rejoins.
+        self.left_for_poll_timeout = False
+        #: Written by the calling side (monotonic seconds; inside poll()).
+        self.last_poll = time.monotonic()
+        self.in_poll = False
+        self._closing = False
+        self._watchdog: asyncio.Task[None] | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def join(self, topics: Sequence[str], pattern: str) -> None:
+        """Join (or rejoin) with this subscription; returns once the stream is started."""
+        await self._stop_membership(leave=True)
+        self._closing = False
+        self.topics, self.pattern = list(topics), pattern
+        config = self._config
+        coordinators = await self._discover()
+        self.membership = GroupMembership(
+            coordinators,
+            self.group_id,
+            topics=self.topics,
+            pattern=pattern,
+            group_instance_id=config.group_instance_id or "",
+            client_id=config.client_id,
+            assignor=config.partition_assignment_strategy,
+            session_timeout_ms=config.session_timeout_ms,
+            rebalance_timeout_ms=config.max_poll_interval_ms,
+            heartbeat_interval_ms=config.heartbeat_interval_ms,
+            listener=self,
+        )
+        self.left_for_poll_timeout = False
+        self.last_poll = time.monotonic()
+        await self.membership.start()
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.ensure_future(self._watch_polls())
+
+    async def _discover(self) -> list[str]:
+        """Coordinator addresses, retrying retriable errors (etcd restarting)
+        until request_timeout_ms."""
+        timeout_s = self._config.request_timeout_ms / 1000
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return await discover_coordinators(self._cluster, timeout_s)
+            except TidelogError as exc:
+                if not exc.retriable or time.monotonic() + 0.2 > deadline:
+                    raise
+                log.info("finding the coordinators of group %r: %s; retrying", self.group_id, exc)
+                await asyncio.sleep(0.2)
+
+    async def close(self, leave: bool | None = None) -> None:
+        """End the membership; the calling side has already revoked (and
+        committed) what it owned, so callbacks are no longer forwarded."""
+        self._closing = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watchdog
+        await self._stop_membership(leave)
+        for event in self.events:
+            if event.done is not None and not event.done.done():
+                event.done.set_result(None)
+
+    async def _stop_membership(self, leave: bool | None) -> None:
+        membership, self.membership = self.membership, None
+        if membership is not None:
+            closing, self._closing = self._closing, True
+            try:
+                await membership.close(leave)
+            finally:
+                self._closing = closing
+
+    # ------------------------------------------------------------ listener (from membership)
+
+    def _emit(self, kind: str, partitions: frozenset[TopicPartition], wait: bool) -> Any:
+        done = asyncio.get_running_loop().create_future() if wait else None
+        self.events.append(GroupEvent(kind, partitions, done))
+        self._notify()
+        return done
+
+    async def on_partitions_revoked(self, revoked: frozenset[TopicPartition]) -> None:
+        if not self._closing:
+            await self._emit(REVOKED, revoked, wait=True)
+
+    async def on_partitions_lost(self, lost: frozenset[TopicPartition]) -> None:
+        if not self._closing:
+            await self._emit(LOST, lost, wait=True)
+
+    def on_partitions_assigned(self, assigned: frozenset[TopicPartition]) -> None:
+        if not self._closing:
+            self._emit(ASSIGNED, assigned, wait=False)
+
+    # ------------------------------------------------------------ offsets
+
+    def _member(self) -> GroupMembership:
+        if self.membership is None:
+            raise CoordinatorNotAvailableError(
+                f"not a member of group {self.group_id!r} right now (call poll() to rejoin)"
+            )
+        return self.membership
+
+    async def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
+        """Commit, retrying retriable errors (etcd or the coordinator briefly
+        unreachable) until request_timeout_ms, as Kafka's commitSync does."""
+        if not offsets:
+            return
+        deadline = time.monotonic() + self._config.request_timeout_ms / 1000
+        backoff_s = max(0.05, self._config.retry_backoff_ms / 1000)
+        while True:
+            try:
+                await self._member().commit(offsets)
+                return
+            except TidelogError as exc:
+                if not exc.retriable or time.monotonic() + backoff_s > deadline:
+                    raise
+                log.info("committing offsets of group %r: %s; retrying", self.group_id, exc)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(1.0, backoff_s * 2)
+
+    async def committed(
+        self, partitions: Sequence[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        return await self._member().committed(partitions)
+
+    # ------------------------------------------------------------ max_poll_interval_ms
+
+    async def _watch_polls(self) -> None:
+        limit_s = self._config.max_poll_interval_ms / 1000
+        while True:
+            await asyncio.sleep(min(1.0, limit_s / 4))
+            membership = self.membership
+            stalled_s = time.monotonic() - self.last_poll
+            if membership is None or self.in_poll or stalled_s <= limit_s:
+                continue
+            log.warning(
+                "consumer %r: poll() was not called for %.1f s, longer than "
+                "max_poll_interval_ms=%d; leaving group %r so that its partitions move to "
+                "live members. The next poll() rejoins. If processing a poll's records takes "
+                "this long, raise max_poll_interval_ms or lower max_poll_records.",
+                self._config.client_id,
+                stalled_s,
+                self._config.max_poll_interval_ms,
+                self.group_id,
+            )
+            owned = membership.assignment
+            self.membership = None
+            self.left_for_poll_timeout = True
+            # Unblock a revocation waiting on the stuck caller: it is moot now.
+            for event in self.events:
+                if event.done is not None and not event.done.done():
+                    event.done.set_result(None)
+            await membership.leave(revoke=False)
+            await membership.close(leave=False)
+            if owned:
+                self._emit(LOST, owned, wait=False)
+            else:
+                self._notify()

@@ -1,0 +1,505 @@
+"""A broker in cluster mode: its registration in etcd and what it learns there.
+
+Owns everything the broker knows about etcd (the PartitionManager knows
+nothing of it and only gets `host_partitions` / `drop_topic` calls):
+
+- registration: `<prefix>/brokers/ids/<id>` = {id, host, port, rack}, bound
+  to the broker's session lease (refreshed every TTL/3 by `Session`). A key
+  held by another live lease (this broker's previous incarnation, killed less
+  than a TTL ago, or a misconfigured twin) is waited out, not overwritten.
+  When etcd says the lease is gone (etcd lost its data, or a long outage
+  outlived the TTL) a new session registers again: no restart needed;
+- which partitions it hosts: it follows `<prefix>/topics/` and
+  `<prefix>/partitions/` with resumable watches. Until replication exists
+  (issue 5) only a partition's leader (the first replica of the placement,
+  as written in its state key) holds data; followers hold nothing. Every
+  change is reconciled into the PartitionManager: partitions opened or
+  created, configs applied (`PartitionLog.update_config`), data deleted
+  when the topic is deleted;
+- what clients ask through a broker: Metadata (every live broker, each
+  partition's leader), DescribeCluster (so a client bootstrapped from a
+  broker finds the coordinators), and where to forward Admin calls.
+
+Logs of topics deleted while the broker was down are found at the first
+listing and deleted, but only when `<data-dir>/cluster.json` says the data
+directory belongs to this cluster (same cluster id): a broker pointed at the
+wrong etcd prefix must never delete data. The file also records each hosted
+topic's id, so a topic deleted and re-created under the same name while the
+broker was down does not inherit the old records.
+
+Not thread-safe: everything runs on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import aetcd
+import grpc
+import grpc.aio
+from tidelog._etcd import Election, PrefixWatcher, Session, WatchBatch, connect, is_unavailable
+from tidelog._etcd.keys import Keys
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
+
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.topic_store import TopicSpec
+
+log = logging.getLogger("tidelog.broker.cluster")
+
+#: Pause between attempts while etcd is unreachable or our id is taken.
+RETRY_DELAY_S = 0.5
+_META_FILE = "cluster.json"
+#: How long a Metadata request may wait for a topic it auto-creates.
+AUTO_CREATE_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """How a broker joins a cluster (`tidelog-broker --etcd ...`)."""
+
+    #: etcd endpoint, host:port.
+    etcd_endpoint: str
+    #: Key prefix of the cluster in etcd (the coordinator's --prefix).
+    etcd_prefix: str = "/tidelog"
+    #: broker.rack: placement spreads replicas across racks.
+    rack: str = ""
+    #: The registration lease: a broker that dies disappears this long after.
+    session_ttl_s: int = 10
+
+
+@dataclass(frozen=True)
+class _Topic:
+    name: str
+    topic_id: str
+    #: Replica broker ids per partition (index = partition).
+    replicas: list[list[int]]
+    configs: dict[str, str]
+    create_revision: int
+
+
+@dataclass(frozen=True)
+class _State:
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    mod_revision: int
+
+
+class ClusterLink:
+    """The broker's view of the cluster in etcd (see module doc)."""
+
+    def __init__(
+        self, cluster: ClusterConfig, broker: BrokerConfig, manager: PartitionManager
+    ) -> None:
+        self.cluster = cluster
+        self.broker = broker
+        self.manager = manager
+        self.keys = Keys(cluster.etcd_prefix)
+        self.client: aetcd.Client = connect(cluster.etcd_endpoint)
+        self.host = broker.advertised_host or broker.host
+        self.port = broker.port
+        self.brokers: dict[int, dict[str, Any]] = {}
+        self.coordinators: dict[str, dict[str, Any]] = {}
+        self.topics: dict[str, _Topic] = {}
+        self.states: dict[tuple[str, int], _State] = {}
+        #: Set once registered (tests, logs); cleared while re-registering.
+        self.registered = asyncio.Event()
+        self.cluster_id = ""
+        self._session: Session | None = None
+        self._meta_path = broker.data_dir / _META_FILE
+        self._local_ids: dict[str, str] = {}
+        self._local_cluster_id = ""
+        self._strays_checked = False
+        self._watchers = [
+            PrefixWatcher(self.client, self.keys.brokers, self._on_brokers, name="brokers"),
+            PrefixWatcher(
+                self.client, self.keys.coordinators, self._on_coordinators, name="coordinators"
+            ),
+            PrefixWatcher(self.client, self.keys.topics, self._on_topics, name="topics"),
+            PrefixWatcher(
+                self.client, self.keys._k("partitions", ""), self._on_states, name="partitions"
+            ),
+        ]
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self, port: int) -> None:
+        """Register (in the background, retried) and follow etcd."""
+        self.port = port
+        self._load_meta()
+        self._tasks = [
+            asyncio.create_task(self._registration(), name="broker-registration"),
+            *(asyncio.create_task(w.run(), name=f"watch-{w.name}") for w in self._watchers),
+        ]
+
+    async def wait_synced(self, timeout_s: float) -> None:
+        async with asyncio.timeout(timeout_s):
+            for watcher in self._watchers:
+                await watcher.synced.wait()
+
+    async def stop(self) -> None:
+        """Revoke the session (the broker disappears from the cluster now)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._session is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._session.close(), 2)
+        with contextlib.suppress(Exception):
+            await self.client.close()
+
+    # ------------------------------------------------------------ registration
+
+    def _registration_value(self) -> bytes:
+        value = {
+            "id": self.broker.broker_id,
+            "host": self.host,
+            "port": self.port,
+            "rack": self.cluster.rack,
+        }
+        return json.dumps(value, sort_keys=True).encode()
+
+    async def _registration(self) -> None:
+        while True:
+            try:
+                if self._session is None or self._session.lost.is_set():
+                    self._session = await Session.create(self.client, self.cluster.session_ttl_s)
+                await self._ensure_cluster_id()
+                if not await self._register(self._session):
+                    await asyncio.sleep(RETRY_DELAY_S)
+                    continue
+                self.registered.set()
+                log.info(
+                    "broker %d registered in etcd %s under %s (lease %x)",
+                    self.broker.broker_id,
+                    self.cluster.etcd_endpoint,
+                    self.keys.prefix,
+                    self._session.lease_id,
+                )
+                await self._session.lost.wait()
+                self.registered.clear()
+                log.warning(
+                    "broker %d lost its etcd session; registering again", self.broker.broker_id
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    log.exception("registering broker %d failed", self.broker.broker_id)
+                else:
+                    log.info("etcd unreachable (%s); retrying registration", exc)
+                await asyncio.sleep(RETRY_DELAY_S)
+
+    async def _register(self, session: Session) -> bool:
+        """Put our key bound to `session`; False while another lease holds it."""
+        key = self.keys.broker(self.broker.broker_id)
+        tx = self.client.transactions
+        ok, responses = await self.client.transaction(
+            compare=[tx.create(key) == 0],
+            success=[tx.put(key, self._registration_value(), lease=session.lease_id)],
+            failure=[tx.get(key)],
+        )
+        if ok:
+            return True
+        holder = responses[0][0][1]
+        if holder.lease == session.lease_id:
+            return True
+        log.warning(
+            "broker id %d is registered by another live process (lease %x, %s); waiting for it "
+            "to go away (a previous incarnation disappears within its session TTL)",
+            self.broker.broker_id,
+            holder.lease,
+            holder.value.decode(errors="replace"),
+        )
+        return False
+
+    async def _ensure_cluster_id(self) -> None:
+        if self.cluster_id:
+            return
+        tx = self.client.transactions
+        new_id = uuid.uuid4().hex
+        ok, responses = await self.client.transaction(
+            compare=[tx.create(self.keys.cluster_id) == 0],
+            success=[tx.put(self.keys.cluster_id, new_id.encode())],
+            failure=[tx.get(self.keys.cluster_id)],
+        )
+        self.cluster_id = new_id if ok else responses[0][0][0].decode()
+        if not self._local_cluster_id:
+            self._local_cluster_id = self.cluster_id
+            self._save_meta()
+        elif self._local_cluster_id != self.cluster_id:
+            log.error(
+                "data dir %s belongs to cluster %s, but etcd prefix %s holds cluster %s: "
+                "stray logs will not be deleted",
+                self.broker.data_dir,
+                self._local_cluster_id,
+                self.keys.prefix,
+                self.cluster_id,
+            )
+
+    # ------------------------------------------------------------ cluster.json
+
+    def _load_meta(self) -> None:
+        try:
+            raw = json.loads(self._meta_path.read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s: %s", self._meta_path, exc)
+            return
+        self._local_cluster_id = str(raw.get("cluster_id", ""))
+        self._local_ids = {str(k): str(v) for k, v in raw.get("topics", {}).items()}
+
+    def _save_meta(self) -> None:
+        body = {"cluster_id": self._local_cluster_id, "topics": self._local_ids}
+        tmp = self._meta_path.with_suffix(".json.tmp")
+        try:
+            self._meta_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "w") as out:
+                json.dump(body, out, indent=2, sort_keys=True)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self._meta_path)
+        except OSError as exc:
+            log.error("cannot write %s: %s", self._meta_path, exc)
+
+    # ------------------------------------------------------------ watches
+
+    async def _on_brokers(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.brokers.clear()
+        for change in batch.changes:
+            broker_id = self.keys.tail(change.key, self.keys.brokers)
+            if not broker_id.isdigit():
+                continue
+            if change.value is None:
+                self.brokers.pop(int(broker_id), None)
+            else:
+                self.brokers[int(broker_id)] = json.loads(change.value)
+
+    async def _on_coordinators(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.coordinators.clear()
+        for change in batch.changes:
+            name = self.keys.tail(change.key, self.keys.coordinators)
+            if change.value is None:
+                self.coordinators.pop(name, None)
+            else:
+                self.coordinators[name] = json.loads(change.value)
+
+    async def _on_topics(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.topics.clear()
+        for change in batch.changes:
+            name = self.keys.tail(change.key, self.keys.topics)
+            if change.value is None:
+                self.topics.pop(name, None)
+                continue
+            data = json.loads(change.value)
+            partitions = sorted(data["partitions"], key=lambda p: p["partition"])
+            self.topics[name] = _Topic(
+                name,
+                str(data["topic_id"]),
+                [list(p["replicas"]) for p in partitions],
+                dict(data.get("configs", {})),
+                change.create_revision,
+            )
+        self._reconcile(full_listing=batch.reset)
+
+    async def _on_states(self, batch: WatchBatch) -> None:
+        prefix = self.keys._k("partitions", "")
+        if batch.reset:
+            self.states.clear()
+        for change in batch.changes:
+            parts = change.key[len(prefix) :].decode().split("/")
+            if len(parts) != 3 or parts[2] != "state" or not parts[1].isdigit():
+                continue
+            tp = (parts[0], int(parts[1]))
+            if change.value is None:
+                self.states.pop(tp, None)
+                continue
+            data = json.loads(change.value)
+            self.states[tp] = _State(
+                int(data.get("leader", -1)),
+                int(data.get("leader_epoch", 0)),
+                [int(b) for b in data.get("isr", [])],
+                change.mod_revision,
+            )
+        self._reconcile(full_listing=False)
+
+    def state(self, topic: _Topic, partition: int) -> _State | None:
+        """The partition's state, unless it belongs to an older topic of the
+        same name (written before this topic was created)."""
+        state = self.states.get((topic.name, partition))
+        if state is None or state.mod_revision < topic.create_revision:
+            return None
+        return state
+
+    # ------------------------------------------------------------ reconcile
+
+    def _reconcile(self, full_listing: bool) -> None:
+        """Make the PartitionManager host what etcd says this broker leads."""
+        me = self.broker.broker_id
+        ids_changed = False
+        for name, topic in self.topics.items():
+            led = [
+                p
+                for p in range(len(topic.replicas))
+                if (state := self.state(topic, p)) is not None and state.leader == me
+            ]
+            known = self._local_ids.get(name)
+            if known is not None and known != topic.topic_id:
+                # Re-created under the same name: the old records must go.
+                log.info("topic %s was re-created (id %s, was %s)", name, topic.topic_id, known)
+                self.manager.drop_topic(name, delete_data=True)
+                self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+                del self._local_ids[name]
+                ids_changed = True
+            try:
+                self.manager.host_partitions(
+                    TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
+                )
+            except Exception:
+                log.exception("hosting partitions %s of %s failed", led, name)
+                continue
+            if led and self._local_ids.get(name) != topic.topic_id:
+                self._local_ids[name] = topic.topic_id
+                ids_changed = True
+        for name in self.manager.topic_names():
+            if name not in self.topics:
+                self.manager.drop_topic(name, delete_data=True)
+                # Also logs closed earlier (their state key went first).
+                self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+                if self._local_ids.pop(name, None) is not None:
+                    ids_changed = True
+        if full_listing and not self._strays_checked:
+            ids_changed |= self._delete_strays()
+        if ids_changed:
+            self._save_meta()
+
+    def _delete_strays(self) -> bool:
+        """At the first listing: delete logs of topics deleted while we were down."""
+        if not self.cluster_id or self._local_cluster_id != self.cluster_id:
+            return False  # not sure this data dir is ours: keep everything
+        self._strays_checked = True
+        changed = False
+        for name, partitions in self.manager.local_topics().items():
+            if name not in self.topics:
+                self.manager.delete_local_logs(name, partitions)
+                changed |= self._local_ids.pop(name, None) is not None
+        return changed
+
+    # ------------------------------------------------------------ answers
+
+    def live_brokers(self) -> dict[int, dict[str, Any]]:
+        brokers = dict(self.brokers)
+        me = self.broker.broker_id
+        if me not in brokers:
+            # Not (yet) registered: still describe ourselves to our clients.
+            brokers[me] = {"id": me, "host": self.host, "port": self.port}
+        return brokers
+
+    async def metadata(self, request: log_pb2.MetadataRequest) -> log_pb2.MetadataResponse:
+        """Metadata from etcd: every live broker; each partition's leader
+        (-1 while its leader is not alive or its state is not written yet).
+        With auto.create.topics.enable and a request that allows it, unknown
+        topics are created on a coordinator first (as Kafka's brokers do)."""
+        if request.allow_auto_topic_creation and self.broker.auto_create_topics:
+            missing = [n for n in request.topics if n not in self.topics]
+            if missing:
+                await self._auto_create(missing)
+        response = log_pb2.MetadataResponse(responder_id=self.broker.broker_id)
+        brokers = self.live_brokers()
+        for broker_id, info in sorted(brokers.items()):
+            response.brokers.add(
+                broker_id=broker_id,
+                host=str(info.get("host", "")),
+                port=int(info.get("port", 0)),
+                rack=str(info.get("rack") or ""),
+            )
+        for name in list(request.topics) or sorted(self.topics):
+            topic_md = response.topics.add(name=name)
+            topic = self.topics.get(name)
+            if topic is None:
+                topic_md.error.code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+                topic_md.error.message = f"topic {name!r} does not exist"
+                continue
+            for partition, replicas in enumerate(topic.replicas):
+                state = self.state(topic, partition)
+                leader = -1 if state is None or state.leader not in brokers else state.leader
+                topic_md.partitions.add(
+                    partition=partition,
+                    leader_id=leader,
+                    leader_epoch=0 if state is None else state.leader_epoch,
+                    replicas=replicas,
+                    isr=[] if state is None else state.isr,
+                )
+        return response
+
+    async def _auto_create(self, names: list[str]) -> None:
+        """CreateTopics on a coordinator with the broker's defaults, then wait
+        (briefly) until the watches have delivered the new topics."""
+        request = admin_pb2.CreateTopicsRequest(
+            topics=[
+                admin_pb2.NewTopic(name=n, partitions=self.broker.num_partitions) for n in names
+            ]
+        )
+        for address in self.coordinator_addresses():
+            try:
+                async with grpc.aio.insecure_channel(address) as channel:
+                    stub: Any = admin_pb2_grpc.AdminStub(channel)
+                    await stub.CreateTopics(request, timeout=AUTO_CREATE_TIMEOUT_S)
+                break
+            except grpc.aio.AioRpcError as exc:
+                log.info("auto-creating %s on %s failed: %s", names, address, exc.details())
+        deadline = asyncio.get_running_loop().time() + AUTO_CREATE_TIMEOUT_S
+        while asyncio.get_running_loop().time() < deadline:
+            ready = [
+                n
+                for n in names
+                if (t := self.topics.get(n)) is not None
+                and all(self.state(t, p) is not None for p in range(len(t.replicas)))
+            ]
+            if len(ready) == len(names):
+                return
+            await asyncio.sleep(0.02)
+
+    def coordinator_addresses(self) -> list[str]:
+        return [
+            f"{c['host']}:{c['port']}"
+            for _, c in sorted(self.coordinators.items())
+            if c.get("host") and c.get("port")
+        ]
+
+    async def describe_cluster(self) -> cluster_pb2.DescribeClusterResponse:
+        controller = await Election.leader(self.client, self.keys.election)
+        return cluster_pb2.DescribeClusterResponse(
+            cluster_id=self.cluster_id,
+            controller_id="" if controller is None else str(json.loads(controller).get("id", "")),
+            brokers=[
+                log_pb2.BrokerInfo(
+                    broker_id=broker_id,
+                    host=str(info.get("host", "")),
+                    port=int(info.get("port", 0)),
+                    rack=str(info.get("rack") or ""),
+                )
+                for broker_id, info in sorted(self.brokers.items())
+            ],
+            coordinators=[
+                cluster_pb2.CoordinatorInfo(
+                    id=str(c.get("id", name)), host=str(c["host"]), port=int(c["port"])
+                )
+                for name, c in sorted(self.coordinators.items())
+            ],
+        )

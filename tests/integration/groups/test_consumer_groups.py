@@ -1,0 +1,243 @@
+"""SDK consumers in groups against a real cluster (etcd, coordinator, 3 brokers)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+
+import pytest
+from tidelog import AdminClient, TopicPartition
+from tidelog.errors import InvalidConfigError, NonEmptyGroupError
+
+from tests.integration.groups.conftest import (
+    SESSION_MS,
+    ConsumerProcess,
+    create_topic,
+    produce,
+    wait_until,
+)
+from tests.support.cluster import ClusterProcesses
+
+pytestmark = pytest.mark.timeout(90)
+
+Start = Callable[..., ConsumerProcess]
+
+
+def _all_assigned(members: list[ConsumerProcess], partitions: int) -> bool:
+    owned = [m.assignment() for m in members]
+    union = set().union(*owned)
+    return union == set(range(partitions)) and sum(map(len, owned)) == partitions and all(owned)
+
+
+def test_three_consumers_share_twelve_partitions_and_lose_nothing_when_one_is_killed(
+    cluster: ClusterProcesses, consumers: Start, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 12)
+    members = [consumers(group, topic) for _ in range(3)]
+    wait_until(lambda: _all_assigned(members, 12), 30, "12 partitions spread over 3 members")
+    produce(cluster, topic, 12, 50)
+    wait_until(
+        lambda: len(set().union(*(m.processed() for m in members))) == 600, 30, "600 processed"
+    )
+
+    victim = max(members, key=lambda m: len(m.assignment()))
+    moved = victim.assignment()
+    victim.kill()
+    produce(cluster, topic, 12, 50)  # while the victim's partitions are orphaned
+    survivors = [m for m in members if m is not victim]
+    took = wait_until(
+        lambda: _all_assigned(survivors, 12), SESSION_MS / 1000 + 10, "partitions moved"
+    )
+    assert took < SESSION_MS / 1000 + 5, took
+    assert moved <= set().union(*(m.assignment() for m in survivors))
+    everything = {(p, o) for p in range(12) for o in range(100)}
+    wait_until(
+        lambda: set().union(*(m.processed() for m in members)) >= everything,
+        30,
+        "every record processed (commit after processing: none lost)",
+    )
+    assert set().union(*(m.processed() for m in members)) == everything
+
+
+def test_cooperative_sticky_fourth_member_revokes_only_the_moving_partitions(
+    cluster: ClusterProcesses, consumers: Start, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 12)
+    members = [consumers(group, topic) for _ in range(3)]
+    wait_until(lambda: _all_assigned(members, 12), 30, "3 members own 12 partitions")
+    before = [m.assignment() for m in members]
+    revoked_before = [m.count("revoked") for m in members]
+
+    fourth = consumers(group, topic)
+    members.append(fourth)
+    wait_until(lambda: _all_assigned(members, 12), 30, "4 members own 12 partitions")
+    got = fourth.assignment()
+    assert len(got) == 3
+    revoked: set[int] = set()
+    for member, owned, count in zip(members[:3], before, revoked_before, strict=True):
+        events = [e for e in member.snapshot() if e["event"] == "revoked"][count:]
+        for event in events:
+            assert set(event["partitions"]) <= owned  # only what it had
+            revoked |= set(event["partitions"])
+        assert member.assignment() <= owned  # nothing new for the old members
+        assert member.count("lost") == 0
+    assert revoked == got  # exactly the partitions that moved were revoked
+
+
+def test_static_member_restart_within_the_session_timeout_causes_no_rebalance(
+    cluster: ClusterProcesses, consumers: Start, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 4)
+    a = consumers(group, topic, "--instance", "pod-a", session_ms=6000)
+    b = consumers(group, topic, "--instance", "pod-b", session_ms=6000)
+    wait_until(lambda: _all_assigned([a, b], 4), 30, "2 static members own 4 partitions")
+    with AdminClient(cluster.bootstrap) as admin:
+        epoch = admin.describe_consumer_groups([group])[group].group_epoch
+        owned_a = a.assignment()
+        b_events = len(b.snapshot())
+        a.stop()  # SIGTERM: a static member closes without leaving
+        again = consumers(group, topic, "--instance", "pod-a", session_ms=6000)
+        wait_until(lambda: again.assignment() == owned_a, 20, "pod-a gets its partitions back")
+        assert admin.describe_consumer_groups([group])[group].group_epoch == epoch
+    assert not [e for e in b.snapshot()[b_events:] if e["event"] != "records"]
+
+
+def test_auto_commit_and_cli_describe_and_reset_offsets(
+    cluster: ClusterProcesses, consumers: Start, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 3)
+    produce(cluster, topic, 3, 10)
+    member = consumers(group, topic, "--auto-commit")
+    wait_until(lambda: len(member.processed()) == 30, 30, "30 records consumed")
+    with AdminClient(cluster.bootstrap) as admin:
+        wait_until(
+            lambda: (
+                {
+                    tp.partition: om.offset
+                    for tp, om in admin.list_consumer_group_offsets(group).items()
+                }
+                == {0: 10, 1: 10, 2: 10}
+            ),
+            10,
+            "auto-commit committed every position",
+        )
+    produce(cluster, topic, 3, 5)  # consumed and committed too; then stop it
+    wait_until(lambda: len(member.processed()) == 45, 30, "45 records consumed")
+
+    def cli(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "tidelog.cli", *args, "--bootstrap-server", cluster.bootstrap],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=check,
+        )
+
+    refused = cli("groups", "reset-offsets", group, "--topic", topic, "--to-earliest", check=False)
+    assert refused.returncode != 0 and "NonEmptyGroupError" in refused.stderr, refused.stderr
+    member.stop()
+    with AdminClient(cluster.bootstrap) as admin:
+        wait_until(
+            lambda: admin.describe_consumer_groups([group])[group].members == [], 10, "empty"
+        )
+    cli("groups", "reset-offsets", group, "--topic", topic, "--to-offset", "2")
+    out = cli("groups", "describe", group).stdout
+    rows = [line.split() for line in out.splitlines() if line.startswith(topic)]
+    assert [(r[1], r[3], r[4], r[5]) for r in rows] == [(str(p), "2", "15", "13") for p in range(3)]
+    assert group in cli("groups", "list").stdout
+    cli("groups", "reset-offsets", group, "--topic", topic, "--shift-by", "-1")
+    with AdminClient(cluster.bootstrap) as admin:
+        offsets = admin.list_consumer_group_offsets(group)
+        assert {tp.partition: om.offset for tp, om in offsets.items()} == {0: 1, 1: 1, 2: 1}
+    cli("groups", "delete", group)
+    with AdminClient(cluster.bootstrap) as admin:
+        assert admin.list_consumer_group_offsets(group, [TopicPartition(topic, 0)]) == {}
+
+
+def test_max_poll_interval_leaves_the_group_and_the_next_poll_rejoins(
+    cluster: ClusterProcesses, consumers: Start, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 4)
+    produce(cluster, topic, 4, 5)
+    stuck = consumers(group, topic, "--max-poll-interval-ms", "2000", "--stall-after", "1")
+    other = consumers(group, topic)
+    wait_until(lambda: stuck.count("stalling") == 1, 30, "the consumer stalls")
+    # Its partitions move to the live member while it does not poll.
+    wait_until(lambda: other.assignment() == set(range(4)), 15, "other owns everything")
+    wait_until(lambda: stuck.count("lost") >= 1, 15, "the stalled member reports them lost")
+    wait_until(lambda: stuck.assignment() and _all_assigned([stuck, other], 4), 20, "rejoined")
+    log = stuck.log_path.read_text()
+    assert "max_poll_interval_ms=2000" in log and "leaving group" in log
+
+
+def test_a_zombie_member_cannot_commit(cluster: ClusterProcesses, names: tuple[str, str]) -> None:
+    import asyncio
+
+    from tidelog.errors import IllegalGenerationError, UnknownMemberIdError
+    from tidelog.group import GroupMembership
+
+    topic, group = names
+    create_topic(cluster, topic, 2)
+    coordinator = cluster.coordinators[0].address
+
+    async def scenario() -> None:
+        zombie = GroupMembership(coordinator, group, topics=[topic], session_timeout_ms=2000)
+        await zombie.start()
+        await zombie.wait_for(lambda m: len(m.assignment) == 2, 20)
+        await zombie._stop_task()  # frozen: no more heartbeats, no leave
+        live = GroupMembership(coordinator, group, topics=[topic], session_timeout_ms=5000)
+        await live.start()
+        await live.wait_for(lambda m: len(m.assignment) == 2, 20)
+        with pytest.raises((UnknownMemberIdError, IllegalGenerationError)):
+            await zombie.commit({TopicPartition(topic, 0): 1})
+        await live.commit({TopicPartition(topic, 0): 1})
+        await live.close()
+        await zombie.close(leave=False)
+
+    asyncio.run(scenario())
+
+
+def test_standalone_admin_calls_are_forwarded_and_topic_configs_follow_etcd(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    topic, _ = names
+    create_topic(cluster, topic, 3)
+    produce(cluster, topic, 3, 2)
+    with AdminClient(cluster.bootstrap) as admin:
+        # Placement from the coordinator, offsets and sizes from the leaders.
+        described = admin.describe_topics([topic])[0].partitions
+        assert [p.log_end_offset for p in described] == [2, 2, 2]
+        assert {p.leader for p in described} == {0, 1, 2}
+        admin.alter_configs({topic: {"retention.ms": "3600000"}})
+        configs = admin.describe_configs([topic])[topic]
+        assert configs["retention.ms"].value == "3600000" and configs["retention.ms"].is_override
+        with pytest.raises(InvalidConfigError, match=r"retention\.ms"):
+            admin.alter_configs({topic: {"retention.ms": "-5"}})
+        admin.delete_topics([topic])
+    # Every broker deleted its data of the topic.
+    wait_until(
+        lambda: (
+            not any(
+                (b.data_dir / f"{topic}-{p}").exists() for b in cluster.brokers for p in range(3)
+            )
+        ),
+        10,
+        "data deleted on the brokers",
+    )
+
+
+def test_delete_refused_while_members_are_live(
+    cluster: ClusterProcesses, consumers: Start, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 1)
+    member = consumers(group, topic)
+    wait_until(lambda: member.assignment() == {0}, 30, "assigned")
+    with AdminClient(cluster.bootstrap) as admin, pytest.raises(NonEmptyGroupError):
+        admin.delete_consumer_groups([group])
