@@ -1,0 +1,628 @@
+"""Tidelog's benchmark harness: ``python -m bench`` (``make bench``, ``make bench-kafka``).
+
+Plain (``make bench``, Tidelog alone, a few minutes): produce throughput for 100 B and 1 KB
+records (one synchronous Producer, acks=1); a consumer catching up 5 million 100 B records and
+the 2 GB log of 1 KB records (the broker's RSS after it is checked against 300 MB); end-to-end
+latency at 10,000 records/s; the record codec micro-benchmark. Next to produce and consume runs
+the gRPC ceiling (bench/grpc_ceiling.py): the bare transport moving the same bytes in messages
+of the same size.
+
+``--with-kafka`` (``make bench-kafka``, issue 6) adds Apache Kafka on the same machine in the
+same invocation (bench/kafka_baseline.py), the paper's producer (batches of 1 and 50) and
+consumer (10 million 200 B records, 200 KB fetches) tests, replication (``--replication``: a
+3-broker Kafka; Tidelog has none yet) and fetch latency as the log grows (``--big``: 100 MB,
+1 GB, 5 GB). Runs repeat (``--repeat``, default 3 with Kafka), alternating which system goes
+first; the report gives medians and min-max.
+
+Writes ``<output>/latest.json`` (default bench/results) and, with ``--with-kafka`` (or
+``--docs``) and not ``--quick``, regenerates docs/benchmarks.md and docs/benchmarks.png.
+A missed target prints BELOW; it never fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import random
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench import kafka_baseline as kb
+from bench import kafka_fetch, report, workloads
+from bench._processes import BrokerProcess, hwm_mb, rss_mb, tidelog_broker
+from bench.grpc_ceiling import ceiling_server
+
+ROOT = Path(__file__).resolve().parents[1]
+KIB = 1024
+MIB = 1024 * 1024
+PRODUCE_MESSAGE_BYTES = 256 * KIB  # the Producer's default batch_size: one batch per message
+CONSUME_MESSAGE_BYTES = 1 * MIB  # the Consumer's default max_partition_fetch_bytes
+PAPER_FETCH_BYTES = 204_800  # "about 200 KB per fetch"
+# The same batching as Tidelog's default.
+KAFKA_BATCH: dict[str, Any] = {"batch_size": 262_144, "linger_ms": 5}
+
+DESCRIPTIONS = {
+    "produce_100B": "one producer, acks=1, 100-byte values, no key, batches of 256 KiB, "
+    "linger 5 ms (Kafka: batch.size=262144, linger.ms=5, ProducerPerformance). p50/p99 are "
+    "send-to-acknowledgement latencies (Tidelog: one record in a thousand probed).",
+    "consume_100B_5M": "one consumer catching up the log produce_100B wrote, from offset 0, "
+    "1 MiB per partition fetch (Kafka: ConsumerPerformance, same fetch sizes).",
+    "produce_1KB": "as produce_100B with 1 KiB values; it writes the ~2 GB log of the RSS check.",
+    "consume_1KB_2GB": "reading that ~2 GB log back; the broker's peak RSS afterwards is the "
+    "issue-2 memory check.",
+    "e2e_latency_10k": "a producer sends 100-byte records at a fixed 10,000 records/s "
+    "(linger 0, acks=1) while a consumer reads the tail; latency = consumer receive time - "
+    "send time, both in one process (Kafka: FixedRateLatency, one JVM). First 2 s not counted.",
+    "paper_produce_batch1": "the Kafka paper's producer test: 200-byte messages, one "
+    "producer, acks=1, batch.size holding one message, linger 0.",
+    "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
+    "paper_consume_10M": "the paper's consumer test: one consumer reading 10 million 200-byte "
+    "messages with 200 KB per fetch (max_partition_fetch_bytes = fetch_max_bytes = 204800).",
+    "replication_1KB_acks_all": "1 KiB records, acks=all, replication factor 3 on three local "
+    "brokers (opt-in: --replication).",
+    "fetch_latency_*": "one fetch of one stored batch (raw Fetch: Tidelog's gRPC stream with one "
+    "byte of credit per seek; Kafka's Fetch v4 with partition_max_bytes=1) at the tail and at a "
+    "random old offset, as the log of 1 KiB records grows (opt-in: --big for 100 MB/1 GB/5 GB).",
+}
+
+
+#: What the profiles (pyinstrument, on this machine) say bounds Tidelog where it is behind.
+BOUNDS = """## What bounds Tidelog (profiles)
+
+Tidelog is behind Kafka on consume (1 client, 1 partition) and below issue 2's targets on
+produce and consume of 100 B records. Profiled with pyinstrument (in the `dev` extra). In every
+throughput workload the broker is not the limit: its CPU per million records is a fraction of
+the client's (see the CPU columns), and the gRPC ceiling moves the same bytes 3-10x faster.
+
+- **Produce, 100 B** (target 500k/s): bound by the client's per-record Python work on one GIL.
+  `Producer.send` + `RecordAccumulator.append` cost ~2-3 us per record in the caller's thread
+  (argument checks, the timestamp, the lock, three list appends, the future tuple), and the
+  sender thread's batch encoding and gRPC writes take the same GIL. 500k/s leaves 2 us per
+  record for all of it. What would move it: a `send_many`/batch append API (one lock and
+  one call per batch of values), or encoding in a C extension; the wire is not the limit.
+- **Consume, 100 B** (target 1M/s): bound by building one `ConsumerRecord` per record in
+  `poll()` (`_subscription._decode_batches`: the columnar slices of the values, then the
+  record tuples; CRC32C is ~10%). At ~0.6M/s that is ~1.6 us per record in Python. What
+  would move it: handing out values lazily (a batch view that builds records on access) or
+  an Arrow/columnar poll API for bulk consumers.
+- **1 KiB records**: both sides copy each value (into the batch on produce, out of the fetch
+  buffer on consume); the broker's share grows (CRC, append, gRPC message handling) but the
+  client still dominates.
+- **End-to-end latency**: the fixed-rate producer and the consumer share one Python process;
+  GIL hand-offs (5 ms switch interval) between the pacing thread, the two SDK event-loop
+  threads and the consumer thread show up in p99.
+"""
+
+
+@dataclass
+class Sizes:
+    produce_100: int = 5_000_000
+    produce_1k: int = 2_000_000
+    e2e_rate: int = 10_000
+    e2e_seconds: float = 10.0
+    e2e_warmup_s: float = 2.0
+    batch1: int = 20_000
+    batch50: int = 500_000
+    paper_consume: int = 10_000_000
+    replication: int = 300_000
+    fetch_mb: tuple[int, ...] = (100, 1000, 5000)
+    fetch_samples: int = 300
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            produce_100=100_000,
+            produce_1k=20_000,
+            e2e_seconds=1.0,
+            e2e_warmup_s=0.5,
+            batch1=1_000,
+            batch50=20_000,
+            paper_consume=100_000,
+            replication=20_000,
+            fetch_mb=(10, 50, 100),
+            fetch_samples=50,
+        )
+
+
+@dataclass
+class Ctx:
+    args: argparse.Namespace
+    sizes: Sizes
+    broker: BrokerProcess
+    ceiling: tuple[str, int] | None
+    kafka: kb.KafkaCluster | None
+    install: kb.KafkaInstall | None
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    #: (system, source workload) -> (topic, records): logs later workloads read.
+    logs: dict[tuple[str, str], tuple[str, int]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def systems(self, r: int) -> list[str]:
+        order = ["tidelog", "kafka"] if self.kafka is not None else ["tidelog"]
+        return order if r % 2 == 0 else order[::-1]
+
+    def add(self, result: dict[str, Any]) -> None:
+        self.runs.append(result)
+        rps = result.get("records_per_s")
+        p99 = result.get("p99_ms")
+        print(
+            f"  {result['workload']:<28}{result['system']:<13}"
+            + (f"{rps:>14,.0f} rec/s" if rps is not None else "")
+            + (f"   p99 {p99:.2f} ms" if p99 is not None else ""),
+            flush=True,
+        )
+
+    def kafka_topic(self, name: str, rf: int = 1, cluster: kb.KafkaCluster | None = None) -> str:
+        cluster = cluster or self.kafka
+        assert cluster is not None
+        kb.create_topic(cluster.bootstrap, name, 1, rf, install=self.install)
+        return name
+
+
+# ---------------------------------------------------------------------------- workloads
+
+
+def _tidelog_produce(
+    ctx: Ctx, topic: str, count: int, record_bytes: int, workload: str, **kw: Any
+) -> dict[str, Any]:
+    workloads.create_topic(ctx.broker.address, topic)
+    return workloads.produce(
+        ctx.broker.address, ctx.broker.pid, topic, count, record_bytes, workload=workload, **kw
+    )
+
+
+def _kafka_produce(
+    ctx: Ctx, topic: str, count: int, record_bytes: int, workload: str, **kw: Any
+) -> dict[str, Any]:
+    assert ctx.kafka is not None
+    ctx.kafka_topic(topic)
+    options = kw or KAFKA_BATCH
+    return kb.producer_perf(
+        ctx.kafka.bootstrap,
+        topic,
+        count,
+        record_bytes,
+        acks="1",
+        install=ctx.install,
+        workload=workload,
+        **options,
+    )
+
+
+def run_produce(ctx: Ctx, name: str, record_bytes: int, count: int) -> None:
+    for r in range(ctx.args.repeat):
+        for system in ctx.systems(r):
+            topic = f"{name}-{r}"
+            if system == "tidelog":
+                ctx.add(_tidelog_produce(ctx, topic, count, record_bytes, name))
+                if ctx.ceiling is not None:
+                    total = count * (record_bytes + workloads.RECORD_OVERHEAD)
+                    ctx.add(
+                        workloads.ceiling(
+                            *ctx.ceiling,
+                            "upload",
+                            PRODUCE_MESSAGE_BYTES,
+                            total,
+                            record_bytes,
+                            name,
+                        )
+                    )
+            else:
+                ctx.add(_kafka_produce(ctx, topic, count, record_bytes, name))
+            ctx.logs.setdefault((system, name), (topic, count))
+
+
+def _ensure_log(
+    ctx: Ctx, system: str, source: str, record_bytes: int, count: int
+) -> tuple[str, int]:
+    """The log a consume workload reads: the one its produce workload wrote, else write it."""
+    if (system, source) in ctx.logs:
+        return ctx.logs[(system, source)]
+    topic = f"{source}-data"
+    t0 = time.perf_counter()
+    if system == "tidelog":
+        _tidelog_produce(ctx, topic, count, record_bytes, source)
+    else:
+        _kafka_produce(ctx, topic, count, record_bytes, source)
+    print(
+        f"  ({system}: wrote {count:,} x {record_bytes} B to {topic} in "
+        f"{time.perf_counter() - t0:.1f} s)",
+        flush=True,
+    )
+    ctx.logs[(system, source)] = (topic, count)
+    return topic, count
+
+
+def run_consume(
+    ctx: Ctx, name: str, source: str, record_bytes: int, count: int, fetch_bytes: int | None
+) -> None:
+    for system in ctx.systems(0):
+        _ensure_log(ctx, system, source, record_bytes, count)
+    for r in range(ctx.args.repeat):
+        for system in ctx.systems(r):
+            topic, available = ctx.logs[(system, source)]
+            n = min(count, available)
+            if system == "tidelog":
+                ctx.add(
+                    workloads.consume(
+                        ctx.broker.address,
+                        ctx.broker.pid,
+                        topic,
+                        n,
+                        record_bytes,
+                        workload=name,
+                        fetch_bytes=fetch_bytes,
+                    )
+                )
+                if ctx.ceiling is not None:
+                    total = n * (record_bytes + workloads.RECORD_OVERHEAD)
+                    message = fetch_bytes or CONSUME_MESSAGE_BYTES
+                    ctx.add(
+                        workloads.ceiling(
+                            *ctx.ceiling, "download", message, total, record_bytes, name
+                        )
+                    )
+            else:
+                assert ctx.kafka is not None
+                ctx.add(
+                    kb.consumer_perf(
+                        ctx.kafka.bootstrap,
+                        topic,
+                        n,
+                        fetch_max_bytes=fetch_bytes or CONSUME_MESSAGE_BYTES,
+                        record_size=record_bytes,
+                        install=ctx.install,
+                        workload=name,
+                    )
+                )
+
+
+def run_e2e(ctx: Ctx, name: str) -> None:
+    s = ctx.sizes
+    for r in range(ctx.args.repeat):
+        for system in ctx.systems(r):
+            topic = f"{name}-{r}"
+            if system == "tidelog":
+                ctx.add(
+                    workloads.end_to_end_latency(
+                        ctx.broker.address,
+                        ctx.broker.pid,
+                        topic,
+                        rate=s.e2e_rate,
+                        seconds=s.e2e_seconds,
+                        record_bytes=100,
+                        workload=name,
+                        warmup_s=s.e2e_warmup_s,
+                    )
+                )
+            else:
+                assert ctx.kafka is not None
+                ctx.kafka_topic(topic)
+                ctx.add(
+                    kb.end_to_end_latency(
+                        ctx.kafka.bootstrap,
+                        topic,
+                        int(s.e2e_rate * s.e2e_seconds),
+                        100,
+                        rate_per_s=s.e2e_rate,
+                        warmup_records=int(s.e2e_rate * s.e2e_warmup_s),
+                        install=ctx.install,
+                        workload=name,
+                    )
+                )
+
+
+def run_paper_produce(ctx: Ctx, batch: int) -> None:
+    name = f"paper_produce_batch{batch}"
+    count = ctx.sizes.batch1 if batch == 1 else ctx.sizes.batch50
+    linger = 0 if batch == 1 else 10
+    for r in range(ctx.args.repeat):
+        for system in ctx.systems(r):
+            topic = f"{name}-{r}"
+            if system == "tidelog":
+                ctx.add(
+                    _tidelog_produce(
+                        ctx,
+                        topic,
+                        count,
+                        200,
+                        name,
+                        batch_size=workloads.batch_size_for(batch, 200),
+                        linger_ms=linger,
+                    )
+                )
+            else:
+                ctx.add(_kafka_produce(ctx, topic, count, 200, name, batch_records=batch))
+
+
+def run_replication(ctx: Ctx) -> None:
+    name = "replication_1KB_acks_all"
+    ctx.add(
+        {
+            "workload": name,
+            "system": "tidelog",
+            "records_per_s": None,
+            "mb_per_s": None,
+            "p50_ms": None,
+            "p99_ms": None,
+            "p999_ms": None,
+            "rss_mb": None,
+            "cpu_s_per_million": {"broker": None, "client": None},
+            "records": 0,
+            "record_bytes": 1024,
+            "detail": {"status": "not available yet (Tidelog has no replication)"},
+        }
+    )
+    if ctx.kafka is None:
+        return
+    if not ctx.args.replication:
+        ctx.notes.append(f"{name}: Kafka's 3-broker run skipped (opt-in: --replication)")
+        return
+    t0 = time.perf_counter()
+    with kb.KafkaCluster(ctx.install, broker_count=3) as cluster:
+        print(f"  (3-broker Kafka up in {time.perf_counter() - t0:.0f} s)", flush=True)
+        for r in range(ctx.args.repeat):
+            topic = ctx.kafka_topic(f"{name}-{r}", rf=3, cluster=cluster)
+            ctx.add(
+                kb.producer_perf(
+                    cluster.bootstrap,
+                    topic,
+                    ctx.sizes.replication,
+                    1024,
+                    acks="all",
+                    install=ctx.install,
+                    workload=name,
+                    **KAFKA_BATCH,
+                )
+            )
+
+
+def run_fetch_latency(ctx: Ctx) -> None:
+    record_bytes = 1024
+    written = {"tidelog": 0, "kafka": 0}
+    topic = "fetch-latency"
+    workloads.create_topic(ctx.broker.address, topic)
+    if ctx.kafka is not None:
+        ctx.kafka_topic(topic)
+    rng = random.Random(20110612)
+    for mb in ctx.sizes.fetch_mb:
+        target = mb * 1_000_000 // record_bytes
+        label = f"{mb}MB" if mb < 1000 else f"{mb // 1000}GB"
+        for system in ctx.systems(0):
+            more = target - written[system]
+            t0 = time.perf_counter()
+            if system == "tidelog":
+                workloads.produce(
+                    ctx.broker.address,
+                    ctx.broker.pid,
+                    topic,
+                    more,
+                    record_bytes,
+                    workload="grow",
+                )
+                written[system] += more + 1  # + the producer's warm-up record
+            else:
+                assert ctx.kafka is not None
+                kb.producer_perf(
+                    ctx.kafka.bootstrap,
+                    topic,
+                    more,
+                    record_bytes,
+                    install=ctx.install,
+                    **KAFKA_BATCH,
+                )
+                written[system] += more
+            print(
+                f"  ({system}: log grown to {label} in {time.perf_counter() - t0:.1f} s)",
+                flush=True,
+            )
+        for r in range(ctx.args.repeat):
+            for system in ctx.systems(r):
+                for where in ("tail", "random"):
+                    name = f"fetch_latency_{where}_{label}"
+                    kw: dict[str, Any] = dict(
+                        samples=ctx.sizes.fetch_samples,
+                        where=where,
+                        workload=name,
+                        record_bytes=record_bytes,
+                        rng=rng,
+                    )
+                    if system == "tidelog":
+                        ctx.add(
+                            workloads.fetch_latency(
+                                ctx.broker.address, ctx.broker.pid, topic, written[system], **kw
+                            )
+                        )
+                    else:
+                        assert ctx.kafka is not None
+                        ctx.add(
+                            kafka_fetch.fetch_latency(
+                                ctx.kafka.bootstrap, ctx.kafka.pids, topic, written[system], **kw
+                            )
+                        )
+
+
+def plan(ctx: Ctx) -> list[tuple[str, Callable[[], None]]]:
+    s = ctx.sizes
+    steps: list[tuple[str, Callable[[], None]]] = [
+        ("produce_100B", lambda: run_produce(ctx, "produce_100B", 100, s.produce_100)),
+        (
+            "consume_100B_5M",
+            lambda: run_consume(ctx, "consume_100B_5M", "produce_100B", 100, s.produce_100, None),
+        ),
+        ("produce_1KB", lambda: run_produce(ctx, "produce_1KB", 1024, s.produce_1k)),
+        (
+            "consume_1KB_2GB",
+            lambda: run_consume(ctx, "consume_1KB_2GB", "produce_1KB", 1024, s.produce_1k, None),
+        ),
+        ("e2e_latency_10k", lambda: run_e2e(ctx, "e2e_latency_10k")),
+    ]
+    paper: list[tuple[str, Callable[[], None]]] = [
+        ("paper_produce_batch1", lambda: run_paper_produce(ctx, 1)),
+        ("paper_produce_batch50", lambda: run_paper_produce(ctx, 50)),
+        (
+            "paper_consume_10M",
+            lambda: run_consume(
+                ctx, "paper_consume_10M", "produce_200B", 200, s.paper_consume, PAPER_FETCH_BYTES
+            ),
+        ),
+        ("replication_1KB_acks_all", lambda: run_replication(ctx)),
+    ]
+    fetch = [("fetch_latency", lambda: run_fetch_latency(ctx))]
+    only = [o for o in (ctx.args.only or "").split(",") if o]
+    if only:
+        every = steps + paper + fetch
+        return [(n, f) for n, f in every if any(n.startswith(o) for o in only)]
+    if ctx.args.with_kafka:
+        steps += paper
+        if ctx.args.big or ctx.args.quick:
+            steps += fetch
+        else:
+            ctx.notes.append("fetch_latency_*: skipped (opt-in: --big, 100 MB to 5 GB)")
+    elif ctx.args.big:
+        steps += fetch
+    return steps
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--with-kafka", action="store_true", help="also run Apache Kafka (issue 6)")
+    ap.add_argument("--repeat", type=int, help="runs per workload (default 1; 3 with Kafka)")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
+    ap.add_argument("--only", help="comma-separated workload names or prefixes")
+    ap.add_argument("--big", action="store_true", help="fetch latency up to a 5 GB log")
+    ap.add_argument("--replication", action="store_true", help="Kafka with 3 brokers, acks=all")
+    ap.add_argument("--no-ceiling", action="store_true", help="skip the gRPC ceiling baseline")
+    ap.add_argument("--no-codec", action="store_true", help="skip the codec micro-benchmark")
+    ap.add_argument(
+        "--output",
+        type=Path,
+        default=ROOT / "bench" / "results",
+        help="directory for latest.json (default bench/results)",
+    )
+    ap.add_argument(
+        "--render",
+        type=Path,
+        metavar="JSON",
+        help="only regenerate docs/benchmarks.md and .png from a latest.json",
+    )
+    docs = ap.add_mutually_exclusive_group()
+    docs.add_argument(
+        "--docs",
+        action="store_true",
+        default=None,
+        help="regenerate docs/benchmarks.md and .png (default: with --with-kafka)",
+    )
+    docs.add_argument("--no-docs", dest="docs", action="store_false")
+    args = ap.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 3 if args.with_kafka else 1
+    if args.repeat < 1:
+        ap.error("--repeat must be >= 1")
+    if args.docs is None:
+        args.docs = args.with_kafka and not args.quick
+    return args
+
+
+@contextlib.contextmanager
+def _kafka(
+    args: argparse.Namespace, notes: list[str]
+) -> Iterator[tuple[kb.KafkaCluster | None, kb.KafkaInstall | None]]:
+    if not args.with_kafka:
+        yield None, None
+        return
+    try:
+        install = kb.ensure_kafka()
+        t0 = time.perf_counter()
+        cluster = kb.KafkaCluster(install, broker_count=1)
+        cluster.start()
+    except kb.KafkaUnavailable as exc:
+        why = f"Kafka baseline skipped: {exc.reason}"
+        print(why, file=sys.stderr)
+        notes.append(why)
+        yield None, None
+        return
+    try:
+        print(
+            f"kafka {install.version} up in {time.perf_counter() - t0:.1f} s "
+            f"(pid {cluster.pid}, {cluster.bootstrap})",
+            flush=True,
+        )
+        yield cluster, install
+    finally:
+        cluster.stop()
+
+
+def _write_docs(doc: dict[str, Any]) -> None:
+    png = ROOT / "docs" / "benchmarks.png"
+    chart = "benchmarks.png" if report.write_chart(doc, png) else None
+    report.write_markdown(doc, ROOT / "docs" / "benchmarks.md", chart, DESCRIPTIONS, BOUNDS)
+    print(f"wrote {ROOT / 'docs' / 'benchmarks.md'}" + (f" and {png}" if chart else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.render:
+        doc = json.loads(args.render.read_text())
+        report.print_report(doc)
+        _write_docs(doc)
+        return 0
+    sizes = Sizes.quick() if args.quick else Sizes()
+    t_start = time.perf_counter()
+    notes: list[str] = []
+    micro = None
+    memory: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        broker = stack.enter_context(tidelog_broker())
+        memory["rss_start_mb"] = rss_mb(broker.pid)
+        print(f"tidelog broker pid {broker.pid} at {broker.address}", flush=True)
+        ceiling = None if args.no_ceiling else stack.enter_context(ceiling_server())
+        kafka, install = stack.enter_context(_kafka(args, notes))
+        ctx = Ctx(args, sizes, broker, ceiling, kafka, install, notes=notes)
+        for name, step in plan(ctx):
+            t0 = time.perf_counter()
+            print(f"[{name}]", flush=True)
+            try:
+                step()
+            except Exception as exc:  # one workload failing must not lose the others
+                why = f"{name}: failed: {type(exc).__name__}: {exc}"
+                traceback.print_exc()
+                notes.append(why.splitlines()[0])
+            print(f"  ({time.perf_counter() - t0:.1f} s)", flush=True)
+        memory["rss_end_mb"] = rss_mb(broker.pid)
+        memory["peak_mb"] = hwm_mb(broker.pid)
+    if not args.no_codec and not args.only:
+        from bench import codec_bench
+
+        micro = codec_bench.run()
+    options = {k: v for k, v in vars(args).items() if k not in ("docs", "no_ceiling", "no_codec")}
+    options["output"] = str(args.output)
+    doc = report.build_doc(
+        ctx.runs,
+        options=options,
+        micro=micro,
+        broker_memory=memory,
+        notes=notes,
+        elapsed_s=time.perf_counter() - t_start,
+    )
+    report.print_report(doc)
+    out = args.output / "latest.json"
+    report.write_json(doc, out)
+    print(f"\nwrote {out}")
+    if args.docs:
+        _write_docs(doc)
+    print(f"total {time.perf_counter() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,453 @@
+"""Tidelog workloads, driven through the public SDK against one broker process.
+
+Every function returns one result dict in the schema of bench/kafka_baseline.py (``workload,
+system, records_per_s, mb_per_s, p50_ms, p99_ms, p999_ms, rss_mb, cpu_s_per_million{broker,
+client}, records, record_bytes, detail``). ``mb_per_s`` counts record values only (decimal
+MB), as Kafka's figures here do. The client runs in this process (the SDK's background threads
+included), so its CPU is this process's CPU over the workload; the broker's is its PID's.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import statistics
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog._accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD
+from tidelog.v1 import log_pb2, log_pb2_grpc
+
+from bench import grpc_ceiling
+from bench._processes import Meter
+
+Result = dict[str, Any]
+
+#: One produce in this many carries an acknowledgement-latency probe (a callback).
+_PROBE_EVERY = 1000
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100) of an already sorted list."""
+    if not sorted_values:
+        return None
+    k = min(len(sorted_values) - 1, max(0, round(q / 100 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[k]
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+def make_result(
+    workload: str,
+    system: str,
+    records: int,
+    record_bytes: int,
+    seconds: float,
+    meter: dict[str, float | None],
+    latencies_ms: Sequence[float] | None = None,
+    detail: dict[str, Any] | None = None,
+) -> Result:
+    lat = sorted(latencies_ms or ())
+    rps = records / seconds if seconds > 0 else 0.0
+    per_m = 1e6 / records if records else 0.0
+    server_cpu = meter.get("server_cpu_s")
+    return {
+        "workload": workload,
+        "system": system,
+        "records_per_s": round(rps, 1),
+        "mb_per_s": round(rps * record_bytes / 1e6, 2),
+        "p50_ms": _ms(percentile(lat, 50)),
+        "p99_ms": _ms(percentile(lat, 99)),
+        "p999_ms": _ms(percentile(lat, 99.9)),
+        "rss_mb": meter.get("rss_mb"),
+        "cpu_s_per_million": {
+            "broker": None if server_cpu is None else round(server_cpu * per_m, 3),
+            "client": round((meter.get("client_cpu_s") or 0.0) * per_m, 3),
+        },
+        "records": records,
+        "record_bytes": record_bytes,
+        "detail": {"wall_s": round(seconds, 3), **(detail or {})},
+    }
+
+
+def create_topic(address: str, topic: str, partitions: int = 1) -> None:
+    with AdminClient(bootstrap_servers=address) as admin:
+        admin.create_topics([NewTopic(topic, partitions)])
+
+
+def delete_topic(address: str, topic: str) -> None:
+    with AdminClient(bootstrap_servers=address) as admin:
+        admin.delete_topics([topic])
+
+
+def batch_size_for(records: int, record_bytes: int) -> int:
+    """A producer batch_size that seals a batch after exactly `records` records."""
+    return BATCH_OVERHEAD + records * (RECORD_OVERHEAD + record_bytes)
+
+
+# ---------------------------------------------------------------------------- produce
+
+
+def produce(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    count: int,
+    record_bytes: int,
+    *,
+    workload: str,
+    acks: int | str = 1,
+    linger_ms: int = 5,
+    batch_size: int | None = None,
+) -> Result:
+    """One synchronous Producer sends `count` keyless records as fast as it can, then flushes.
+
+    p50/p99 are acknowledgement latencies (send() to the future's callback) of one record in
+    every thousand, as Kafka's ProducerPerformance reports send-to-callback latencies.
+    """
+    value = os.urandom(record_bytes)
+    options: dict[str, Any] = {"acks": acks, "linger_ms": linger_ms}
+    if batch_size is not None:
+        options["batch_size"] = batch_size
+    latencies: list[float] = []
+    perf = time.perf_counter
+
+    def probe(sent: float) -> Any:
+        return lambda _md: latencies.append((perf() - sent) * 1000)
+
+    with Producer(bootstrap_servers=address, **options) as producer:
+        producer.send(topic, value).get(30)  # metadata, connection, first batch
+        meter = Meter(broker_pid)
+        t0 = perf()
+        send = producer.send
+        rounds, rest = divmod(count, _PROBE_EVERY)
+        inner = range(_PROBE_EVERY - 1)
+        for _ in range(rounds):
+            send(topic, value).add_callback(probe(perf()))
+            for _ in inner:
+                send(topic, value)
+        for _ in range(rest):
+            send(topic, value)
+        producer.flush(timeout=900)
+        seconds = perf() - t0
+        m = meter.done()
+    return make_result(
+        workload,
+        "tidelog",
+        count,
+        record_bytes,
+        seconds,
+        m,
+        latencies,
+        {"producer": {**options, "batch_size": batch_size or 256 * 1024}, "topic": topic},
+    )
+
+
+# ---------------------------------------------------------------------------- consume
+
+
+def consume(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    count: int,
+    record_bytes: int,
+    *,
+    workload: str,
+    fetch_bytes: int | None = None,
+    timeout_s: float = 600.0,
+) -> Result:
+    """One Consumer reads `count` records from the start of partition 0 (catching up).
+
+    The loop only counts the records poll() returns (decoded into ConsumerRecords by the SDK).
+    """
+    options: dict[str, Any] = {"max_poll_records": 1_000_000}
+    if fetch_bytes is not None:
+        options.update(max_partition_fetch_bytes=fetch_bytes, fetch_max_bytes=fetch_bytes)
+    tp = TopicPartition(topic, 0)
+    consumer = Consumer(bootstrap_servers=address, **options)
+    try:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        meter = Meter(broker_pid)
+        t0 = time.perf_counter()
+        deadline = t0 + timeout_s
+        got = 0
+        poll = consumer.poll
+        while got < count and time.perf_counter() < deadline:
+            for records in poll(timeout_ms=1000, max_records=count - got).values():
+                got += len(records)
+        seconds = time.perf_counter() - t0
+        m = meter.done()
+    finally:
+        consumer.close()
+    detail: dict[str, Any] = {"consumer": options, "topic": topic}
+    if got < count:
+        detail["short_by"] = count - got
+    return make_result(workload, "tidelog", got, record_bytes, seconds, m, None, detail)
+
+
+# ---------------------------------------------------------------------------- latency
+
+_STAMP = struct.Struct(">QQ")  # send time (perf_counter_ns), sequence number
+
+
+def end_to_end_latency(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    *,
+    rate: int,
+    seconds: float,
+    record_bytes: int,
+    workload: str,
+    warmup_s: float = 2.0,
+) -> Result:
+    """Produce at a fixed rate (linger_ms=0, acks=1) while a consumer thread reads the tail.
+
+    Latency = the time the consumer's poll() returned the record minus the time it was given
+    to send(), both from the same monotonic clock. Records of the first `warmup_s` are not
+    counted (as in Kafka's FixedRateLatency); the coordinated-omission corrected figures
+    (from each record's scheduled send time) are under detail.
+    """
+    warmup = int(rate * warmup_s)
+    total = warmup + int(rate * seconds)
+    trailers = 0
+    pad = b"\x00" * max(0, record_bytes - _STAMP.size)
+    create_topic(address, topic)
+    tp = TopicPartition(topic, 0)
+    latencies: list[float] = []
+    received = [0]
+    ready = threading.Event()
+    stop = threading.Event()
+    ns = time.perf_counter_ns
+
+    def consume_tail() -> None:
+        with Consumer(bootstrap_servers=address, fetch_max_wait_ms=100) as consumer:
+            consumer.assign([tp])
+            consumer.seek_to_end(tp)
+            consumer.position(tp)
+            ready.set()
+            unpack = _STAMP.unpack_from
+            while received[0] < total and not stop.is_set():
+                polled = consumer.poll(timeout_ms=100)
+                now = ns()
+                for records in polled.values():
+                    for record in records:
+                        sent, seq = unpack(record.value or b"")
+                        if seq >= total:
+                            continue  # the warm-up record and the trailers
+                        if seq >= warmup:
+                            latencies.append((now - sent) / 1e6)
+                        received[0] += 1
+
+    reader = threading.Thread(target=consume_tail, name="bench-e2e-consumer", daemon=True)
+    reader.start()
+    if not ready.wait(30):
+        stop.set()
+        raise RuntimeError("the latency consumer did not start within 30 s")
+    schedule_lag: list[float] = []
+    with Producer(bootstrap_servers=address, acks=1, linger_ms=0) as producer:
+        producer.send(topic, _STAMP.pack(ns(), 1 << 62) + pad).get(30)  # warm; seq ignored
+        send = producer.send
+        meter = Meter(broker_pid)
+        t0 = ns()
+        interval = 1e9 / rate
+        i = 0
+        while i < total:
+            due = min(total, int((ns() - t0) / interval) + 1)
+            while i < due:
+                now = ns()
+                send(topic, _STAMP.pack(now, i) + pad)
+                if i >= warmup:
+                    schedule_lag.append((now - (t0 + i * interval)) / 1e6)
+                i += 1
+            time.sleep(0.0002)
+        producer.flush(timeout=60)
+        sent_s = (ns() - t0) / 1e9
+        # Trailers (not measured) until the reader has every measured record: a fetch that
+        # missed the wake-up of the last append would otherwise hold it until the next one.
+        trailers = 0
+        deadline = time.monotonic() + 20
+        while received[0] < total and reader.is_alive() and time.monotonic() < deadline:
+            reader.join(timeout=0.05)
+            if received[0] < total:
+                send(topic, _STAMP.pack(ns(), total + trailers) + pad)
+                trailers += 1
+        stop.set()
+    reader.join(timeout=5)
+    m = meter.done()
+    lag = sorted(schedule_lag)
+    lat = latencies
+    # Coordinated-omission corrected: a record sent late by the pacer waited that long too.
+    corrected = sorted(a + b for a, b in zip(sorted(lat), lag, strict=False)) if lag else []
+    detail = {
+        "rate_target": rate,
+        "achieved_send_rate": round(total / sent_s, 1),
+        "warmup_records": warmup,
+        "received": received[0],
+        "trailer_records": trailers,
+        "measured": len(lat),
+        "mean_ms": round(statistics.fmean(lat), 3) if lat else None,
+        "max_ms": round(max(lat), 3) if lat else None,
+        "send_schedule_lag_p99_ms": _ms(percentile(lag, 99)),
+        "p99_ms_upper_bound_with_lag": _ms(percentile(corrected, 99)),
+        "producer": {"acks": 1, "linger_ms": 0},
+    }
+    # CPU per million over every record sent and consumed (warm-up included), as Kafka's.
+    result = make_result(workload, "tidelog", total, record_bytes, sent_s, m, lat, detail)
+    result["records"] = len(lat)
+    achieved = round(total / sent_s, 1)
+    result["records_per_s"] = achieved
+    result["mb_per_s"] = round(achieved * record_bytes / 1e6, 3)
+    return result
+
+
+# ---------------------------------------------------------------------------- fetch latency
+
+
+def fetch_latency(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    end_offset: int,
+    *,
+    samples: int,
+    where: str,
+    workload: str,
+    record_bytes: int,
+    rng: random.Random,
+) -> Result:
+    """Latency of one fetch at the tail (the last record) or at a random old offset.
+
+    A raw Fetch stream (no SDK decoding): each sample moves the position (a seek) and grants
+    one byte of credit, so the broker answers with exactly one stored batch; the latency is
+    the time from sending the request to receiving that response.
+    """
+    requests: list[log_pb2.FetchRequest | None] = []
+    cond = threading.Condition()
+
+    def request_iter() -> Any:
+        while True:
+            with cond:
+                while not requests:
+                    cond.wait()
+                req = requests.pop(0)
+            if req is None:
+                return
+            yield req
+
+    latencies: list[float] = []
+    with grpc.insecure_channel(
+        address, options=[("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    ) as channel:
+        stub = log_pb2_grpc.LogStub(channel)
+        responses = stub.Fetch(request_iter(), timeout=600)
+        meter = Meter(broker_pid)
+        # The session's credit balance: a response of one whole batch overdraws it, so each
+        # request grants what brings it back to exactly one byte.
+        balance = 0
+        returned = 0
+        try:
+            for i in range(samples + 5):
+                if where == "tail":
+                    offset = max(0, end_offset - 1)
+                else:
+                    offset = rng.randrange(0, max(1, end_offset - 1000))
+                req = log_pb2.FetchRequest(
+                    positions=[
+                        log_pb2.FetchPosition(topic=topic, partition=0, fetch_offset=offset)
+                    ],
+                    credit_bytes=1 - balance,
+                    max_bytes=1024 * 1024,
+                    min_bytes=1,
+                    max_wait_ms=500,
+                )
+                balance = 1
+                # Bounded: a sample without an answer in 10 s cancels the stream.
+                watchdog = threading.Timer(10.0, responses.cancel)
+                watchdog.start()
+                t0 = time.perf_counter()
+                with cond:
+                    requests.append(req)
+                    cond.notify()
+                try:
+                    while True:
+                        resp = next(responses)  # type: ignore[call-overload]
+                        part = resp.partitions[0]
+                        if part.HasField("error") and part.error.code:
+                            raise RuntimeError(f"fetch error at {offset}: {part.error}")
+                        balance -= len(part.records)
+                        if part.fetch_offset == offset:
+                            break
+                except grpc.RpcError as exc:
+                    raise RuntimeError(f"no fetch answer at offset {offset} in 10 s") from exc
+                finally:
+                    watchdog.cancel()
+                if i >= 5:  # the first few warm the stream
+                    latencies.append((time.perf_counter() - t0) * 1000)
+                    returned += len(part.records)
+        finally:
+            with cond:
+                requests.append(None)
+                cond.notify()
+            responses.cancel()
+        m = meter.done()
+    return make_result(
+        workload,
+        "tidelog",
+        len(latencies),
+        record_bytes,
+        sum(latencies) / 1000,
+        m,
+        latencies,
+        {
+            "where": where,
+            "end_offset": end_offset,
+            "samples": len(latencies),
+            "mean_bytes_returned": round(returned / max(1, len(latencies))),
+            "request": "Fetch stream, a seek + credit for one batch per sample",
+        },
+    )
+
+
+# ---------------------------------------------------------------------------- gRPC ceiling
+
+
+def ceiling(
+    address: str,
+    pid: int,
+    direction: str,
+    message_bytes: int,
+    total_bytes: int,
+    record_bytes: int,
+    workload: str,
+) -> Result:
+    """The raw grpc.aio transport moving the same bytes in messages of the same size."""
+    got = grpc_ceiling.measure(address, pid, direction, message_bytes, total_bytes)
+    bytes_per_s = float(got["bytes_per_s"] or 0.0)
+    records = int(float(got["bytes"] or 0) / (record_bytes + RECORD_OVERHEAD))
+    seconds = float(got["wall_s"] or 1e-9)
+    result = make_result(
+        workload,
+        "grpc-ceiling",
+        records,
+        record_bytes,
+        seconds,
+        got,
+        None,
+        {
+            "direction": direction,
+            "message_bytes": message_bytes,
+            "wire_mb_per_s": round(bytes_per_s / 1e6, 1),
+            "records_per_s_is": "wire bytes/s / (record_bytes + 8)",
+        },
+    )
+    return result
