@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: install run test test-unit test-integration bench bench-kafka lint format proto proto-check clean
+.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check clean
 
 install: $(STAMP)
 
@@ -32,8 +32,15 @@ test-unit: install
 test-integration: install
 	$(BIN)/python -m pytest -q tests/integration
 
+# The long fault runs (kill -9 loops for minutes), left out of `make test`.
+soak: install
+	$(BIN)/python -m pytest -q -m soak tests/fault
+
+# Throughput, latency and memory beside the same run's baselines, then the
+# control plane's numbers (rebalance time, offset commits per second).
 bench: install
 	$(BIN)/python -m bench
+	$(BIN)/python -m bench.group_bench
 
 bench-kafka: install
 	$(BIN)/python -m bench --with-kafka

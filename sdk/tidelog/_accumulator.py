@@ -11,8 +11,9 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
 - retries: a batch that failed with a retriable error waits here for its
   backoff, and its partition is *muted* (no later batch of it is drained)
   until the retry is resolved, so retries do not reorder that partition's
-  later batches (already in-flight ones may still overtake: see
-  ProducerConfig.max_in_flight_requests);
+  later batches (already in-flight ones may still overtake, unless the
+  producer is idempotent: brokers then refuse them as out of order and the
+  sender retries them after the earlier batch; see `has_earlier_unresolved`);
 - buffer memory accounting (`buffer_memory`): send() blocks while the bytes
   of unfinished batches exceed it;
 - the sticky partition of keyless records (KIP-480).
@@ -61,12 +62,15 @@ class ProducerBatch:
 
     __slots__ = (
         "attempts",
+        "base_sequence",
         "created",
         "encoded",
         "headers",
         "keys",
         "last_error",
         "partition",
+        "producer_epoch",
+        "producer_id",
         "result",
         "retry_at",
         "sequence",
@@ -96,6 +100,11 @@ class ProducerBatch:
         self.attempts = 0
         self.retry_at = 0.0
         self.last_error: BaseException | None = None
+        # Idempotent producers: set by the sender when the batch is first
+        # drained (-1 until then, and always without idempotence).
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.base_sequence = -1
 
     def __len__(self) -> int:
         return len(self.values)
@@ -114,6 +123,9 @@ class ProducerBatch:
                 headers=self.headers,
                 codec=codec,
                 values_may_be_null=None in values,
+                producer_id=self.producer_id,
+                producer_epoch=self.producer_epoch,
+                base_sequence=self.base_sequence,
             )
             # The columns are no longer needed; the timestamps stay (shared
             # with the result, which reports them).
@@ -285,13 +297,15 @@ class RecordAccumulator:
     # ------------------------------------------------------------ sender side
 
     def drain(
-        self, now: float, delivery_timeout_s: float
+        self, now: float, delivery_timeout_s: float, new_batches: bool = True
     ) -> tuple[list[ProducerBatch], list[ProducerBatch], float | None]:
         """Take the batches ready to send, in order.
 
         Returns (ready, expired, next_deadline): `expired` batches waited
         longer than the delivery timeout and must be failed; next_deadline is
-        when the next open batch's linger (or a retry's backoff) ends.
+        when the next open batch's linger (or a retry's backoff) ends. With
+        `new_batches` False only retries are taken (an idempotent producer
+        waiting for its producer id), though sealed batches still expire.
         """
         ready: list[ProducerBatch] = []
         expired: list[ProducerBatch] = []
@@ -310,13 +324,15 @@ class RecordAccumulator:
             if self._sealed:
                 kept: deque[ProducerBatch] = deque()
                 for batch in self._sealed:
-                    if batch.tp in muted:
-                        kept.append(batch)
-                    elif now - batch.created > delivery_timeout_s:
+                    if now - batch.created > delivery_timeout_s and batch.tp not in muted:
                         expired.append(batch)
+                    elif batch.tp in muted or not new_batches:
+                        kept.append(batch)
                     else:
                         ready.append(batch)
                 self._sealed = kept
+            if not new_batches:
+                return ready, expired, next_deadline
             for by_partition in self._open.values():
                 for batch in list(by_partition.values()):
                     deadline = batch.created + self._linger_s
@@ -331,6 +347,25 @@ class RecordAccumulator:
                         )
         return ready, expired, next_deadline
 
+    def has_earlier_unresolved(self, batch: ProducerBatch) -> bool:
+        """Whether an earlier batch of the same partition, numbered by the
+        same producer id and epoch, is still in flight or awaiting a retry
+        (so a sequence gap the broker reported will close once it lands)."""
+        with self._lock:
+            return any(
+                other.tp == batch.tp
+                and other.sequence < batch.sequence
+                and other.base_sequence >= 0
+                and other.producer_id == batch.producer_id
+                and other.producer_epoch == batch.producer_epoch
+                for other in self._incomplete.values()
+            )
+
+    def has_numbered_unresolved(self) -> bool:
+        """Whether any batch that has a producer sequence is unresolved."""
+        with self._lock:
+            return any(b.base_sequence >= 0 for b in self._incomplete.values())
+
     def requeue(self, batches: Iterable[ProducerBatch], retry_at: float) -> None:
         """Put batches back to be sent at `retry_at`, muting their partitions
         until they are resolved; keeps each partition's batches in order."""
@@ -343,11 +378,13 @@ class RecordAccumulator:
                 pending.sort(key=lambda b: b.sequence)
                 self._muted.add(batch.tp)
 
-    def resolved(self, batch: ProducerBatch) -> None:
-        """A batch succeeded or failed for good: free its memory, unmute."""
+    def resolved(self, batch: ProducerBatch) -> bool:
+        """A batch succeeded or failed for good: free its memory, unmute.
+        Returns True when its partition was unmuted (batches held back may
+        now be drained: the sender must look again)."""
         with self._lock:
             if self._incomplete.pop(id(batch), None) is None:
-                return
+                return False
             self._buffered -= batch.size - BATCH_OVERHEAD
             tp = batch.tp
             # Unmute once no batch of this partition awaits a retry or is
@@ -358,7 +395,11 @@ class RecordAccumulator:
                 and not any(b.tp == tp and b.attempts > 0 for b in self._incomplete.values())
             ):
                 self._muted.discard(tp)
+                unmuted = True
+            else:
+                unmuted = False
             self._space.notify_all()
+            return unmuted
 
     def is_empty(self) -> bool:
         with self._lock:

@@ -26,12 +26,26 @@ import grpc.aio
 
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, CommonConfig
 from tidelog.errors import (
+    ERROR_CODE_METADATA_KEY,
     BrokerNotAvailableError,
     TidelogError,
     error_from_code,
     error_from_rpc,
 )
-from tidelog.v1 import admin_pb2_grpc, log_pb2, log_pb2_grpc
+from tidelog.v1 import admin_pb2_grpc, cluster_pb2_grpc, log_pb2, log_pb2_grpc
+
+
+def call_error(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:
+    """The error of a failed call that must not be mistaken for a verdict:
+    a Tidelog server names its error in the trailing metadata, so a status
+    without that name (UNAVAILABLE, or UNKNOWN/INTERNAL raised by gRPC itself
+    while a broker dies) is a transport failure, retriable."""
+    trailing: Any = exc.trailing_metadata() or ()
+    if any(key == ERROR_CODE_METADATA_KEY for key, _ in trailing):
+        return error_from_rpc(exc)
+    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return error_from_rpc(exc)
+    return BrokerNotAvailableError(f"{address}: {exc.code().name}: {exc.details()}")
 
 
 def channel_options(config: CommonConfig) -> list[tuple[str, int | str]]:
@@ -124,6 +138,9 @@ class Cluster:
 
     def admin_stub(self, address: str) -> Any:
         return admin_pb2_grpc.AdminStub(self.channel(address))
+
+    def cluster_stub(self, address: str) -> Any:
+        return cluster_pb2_grpc.ClusterStub(self.channel(address))
 
     def any_address(self) -> Sequence[str]:
         """Addresses to try for a request any broker can answer: known

@@ -9,9 +9,18 @@ One `Sender` task per producer, on the producer's event loop. It:
   pipelines up to max_in_flight_requests requests on it, matching answers by
   correlation_id (the broker answers in order);
 - resolves each batch's result from its PartitionProduceResult; a retriable
-  error (NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, timeouts, a
-  dropped stream) refreshes metadata and requeues the batch with backoff
-  until retries or delivery_timeout_ms run out; other errors fail it.
+  error (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS, UNKNOWN_TOPIC_OR_PARTITION,
+  timeouts, a dropped stream) refreshes metadata where a leader may have
+  moved and requeues the batch with exponential backoff (retry_backoff_ms
+  doubling up to retry_backoff_max_ms, with jitter) until retries or
+  delivery_timeout_ms run out, then fails it with an error that names the
+  partition and the last error; other errors fail it at once;
+- for an idempotent producer (`_idempotence.ProducerIdentity`): waits for a
+  producer id before draining new batches, numbers batches as they are first
+  drained, sends at most one batch per partition per request (so a retry
+  repeats exactly one written batch, which the broker answers with its
+  original offsets), and treats OUT_OF_ORDER_SEQUENCE_NUMBER as "retry after
+  the earlier batch" while an earlier batch of the partition is unresolved.
 
 Not thread-safe: everything runs on the event loop. The accumulator is the
 only thing shared with the calling threads.
@@ -22,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -31,18 +41,20 @@ import grpc
 import grpc.aio
 
 from tidelog._accumulator import ProducerBatch, RecordAccumulator
-from tidelog._connection import Cluster
+from tidelog._connection import Cluster, call_error
+from tidelog._idempotence import ProducerIdentity
 from tidelog.config import ProducerConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
     ClosedError,
+    InvalidProducerEpochError,
     NotLeaderOrFollowerError,
+    OutOfOrderSequenceError,
     RequestTimedOutError,
     TidelogError,
     TidelogTimeoutError,
     UnknownTopicOrPartitionError,
     error_from_code,
-    error_from_rpc,
 )
 from tidelog.v1 import log_pb2
 
@@ -176,7 +188,7 @@ def _stream_error(exc: grpc.aio.AioRpcError | Exception, address: str) -> Tidelo
     if isinstance(exc, grpc.aio.AioRpcError):
         if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
             return BrokerNotAvailableError(f"produce stream to {address}: {exc.details()}")
-        return error_from_rpc(exc)
+        return call_error(exc, f"produce stream to {address}")
     return BrokerNotAvailableError(f"produce stream to {address}: {exc}")
 
 
@@ -193,8 +205,10 @@ class Sender:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._backoff_s = config.retry_backoff_ms / 1000
+        self._backoff_max_s = max(config.retry_backoff_max_ms / 1000, self._backoff_s)
         self._delivery_timeout_s = config.delivery_timeout_ms / 1000
         self._metadata_wanted = False
+        self._identity = ProducerIdentity(cluster, config)
         #: Set whenever a batch is resolved: an AsyncProducer waiting for
         #: buffer space awaits it.
         self.space_freed = asyncio.Event()
@@ -209,19 +223,29 @@ class Sender:
     # ------------------------------------------------------------ main loop
 
     async def _run(self) -> None:
+        identity = self._identity
         while True:
             self._wakeup.clear()
+            if (
+                identity.needs_id()
+                and time.monotonic() >= identity.retry_at
+                and (identity.producer_id < 0 or not self._acc.has_numbered_unresolved())
+            ):
+                await identity.init(self._backoff_s, self._backoff_max_s)
             now = time.monotonic()
-            ready, expired, deadline = self._acc.drain(now, self._delivery_timeout_s)
-            for batch in expired:
-                self._fail(
-                    batch,
-                    batch.last_error
-                    or TidelogTimeoutError(
-                        f"batch for {batch.topic}-{batch.partition} not sent within "
-                        f"delivery_timeout_ms={self._config.delivery_timeout_ms}"
-                    ),
+            ready, expired, deadline = self._acc.drain(
+                now, self._delivery_timeout_s, new_batches=identity.can_number
+            )
+            if identity.needs_id() and identity.retry_at > now:
+                deadline = (
+                    identity.retry_at if deadline is None else min(deadline, identity.retry_at)
                 )
+            for batch in expired:
+                self._fail(batch, self._timed_out(batch, batch.last_error or identity.last_error))
+            if identity.fatal is not None:
+                for batch in ready:
+                    self._fail(batch, identity.fatal)
+                ready = []
             if self._metadata_wanted or self._cluster.is_stale():
                 await self._refresh_metadata()
             if ready:
@@ -243,7 +267,22 @@ class Sender:
             self._metadata_wanted = True
             await asyncio.sleep(self._backoff_s)
 
+    def _timed_out(self, batch: ProducerBatch, last_error: BaseException | None) -> TidelogError:
+        error = TidelogTimeoutError(
+            f"{batch.topic}-{batch.partition}: {batch.record_count()} records not delivered "
+            f"within delivery_timeout_ms={self._config.delivery_timeout_ms} "
+            f"({batch.attempts} retries); last error: "
+            + (f"{type(last_error).__name__}: {last_error}" if last_error else "none (never sent)")
+        )
+        error.__cause__ = last_error
+        return error
+
     async def _send(self, ready: list[ProducerBatch]) -> None:
+        identity = self._identity
+        if identity.enabled and identity.producer_id >= 0:
+            for batch in ready:
+                if batch.base_sequence < 0:
+                    identity.number(batch)
         snapshot = self._cluster.snapshot
         by_address: dict[str, list[ProducerBatch]] = {}
         leaderless: list[ProducerBatch] = []
@@ -276,6 +315,9 @@ class Sender:
         out: list[tuple[log_pb2.ProduceRequest, _InFlight]] = []
         limit = self._config.max_request_size
         codec = self._codec
+        # Idempotent: one batch per partition per request, so that a retry
+        # repeats exactly one batch the broker may have written.
+        one_per_partition = self._identity.enabled
         current: dict[tuple[str, int], list[ProducerBatch]] = {}
         current_bytes = 0
 
@@ -296,11 +338,12 @@ class Sender:
 
         for batch in batches:
             size = len(batch.encode(codec))
-            if current and current_bytes + size > limit:
+            key = (batch.topic, batch.partition)
+            if current and (current_bytes + size > limit or (one_per_partition and key in current)):
                 finish()
                 current = {}
                 current_bytes = 0
-            current.setdefault((batch.topic, batch.partition), []).append(batch)
+            current.setdefault(key, []).append(batch)
             current_bytes += size
         if current:
             finish()
@@ -325,6 +368,14 @@ class Sender:
             answered.add(key)
             if result.error.code:
                 error = error_from_code(result.error.code, result.error.message)
+                if isinstance(error, InvalidProducerEpochError):
+                    fatal = self._identity.fence(error)
+                    for batch in answered_group:
+                        self._fail(batch, fatal)
+                    continue
+                if isinstance(error, OutOfOrderSequenceError):
+                    self._out_of_order(answered_group, error)
+                    continue
                 self._retry_or_fail(answered_group, error)
                 continue
             # Batches in one PartitionRecords get consecutive offsets.
@@ -351,36 +402,68 @@ class Sender:
         self._resolved(batch)
 
     def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        self._identity.failed_for_good(batch)
         batch.result.fail(error)
         self._resolved(batch)
 
+    def _out_of_order(self, batches: list[ProducerBatch], error: OutOfOrderSequenceError) -> None:
+        """A sequence gap: while an earlier batch of the partition is
+        unresolved (it failed retriably and is being retried), the gap is
+        that batch and closes when it lands, so retry after it; otherwise
+        the broker lost records it had acknowledged (or never got them), and
+        the batch fails."""
+        for batch in batches:
+            if self._acc.has_earlier_unresolved(batch):
+                self._retry_or_fail(
+                    [batch],
+                    RequestTimedOutError(
+                        f"{batch.topic}-{batch.partition}: waiting for an earlier batch "
+                        f"({error.message})"
+                    ),
+                )
+            else:
+                self._fail(batch, error)
+
     def _resolved(self, batch: ProducerBatch) -> None:
-        self._acc.resolved(batch)
+        unmuted = self._acc.resolved(batch)
         self.space_freed.set()
-        if self._closing:
+        # Unmuted: batches sealed while its retries were out wait for a drain
+        # that nothing else would trigger once send() calls stop.
+        if unmuted or self._closing or self._identity.reset_wanted:
             # close() waits for the run loop to see the accumulator empty.
             self.wake()
 
+    def _backoff(self, attempts: int) -> float:
+        """retry_backoff_ms doubled per attempt, capped, with 20 % jitter."""
+        delay = min(self._backoff_s * 2 ** min(attempts, 30), self._backoff_max_s)
+        return delay * random.uniform(0.8, 1.2)
+
     def _retry_or_fail(self, batches: list[ProducerBatch], error: TidelogError) -> None:
+        if not batches:
+            return
         now = time.monotonic()
+        backoff_s = self._backoff(batches[0].attempts)
         retry: list[ProducerBatch] = []
         for batch in batches:
             batch.last_error = error
-            if (
-                error.retriable
-                and batch.attempts < self._config.retries
-                and now + self._backoff_s - batch.created < self._delivery_timeout_s
-            ):
-                retry.append(batch)
-            else:
+            if not error.retriable:
                 self._fail(batch, error)
+            elif now + backoff_s - batch.created >= self._delivery_timeout_s:
+                self._fail(batch, self._timed_out(batch, error))
+            elif batch.attempts >= self._config.retries:
+                self._fail(batch, error)
+            else:
+                retry.append(batch)
         if retry:
             if isinstance(
                 error,
-                NotLeaderOrFollowerError | UnknownTopicOrPartitionError | BrokerNotAvailableError,
+                NotLeaderOrFollowerError
+                | UnknownTopicOrPartitionError
+                | BrokerNotAvailableError
+                | RequestTimedOutError,
             ):
                 self._metadata_wanted = True
-            self._acc.requeue(retry, now + self._backoff_s)
+            self._acc.requeue(retry, now + backoff_s)
             self.wake()
 
     # ------------------------------------------------------------ shutdown

@@ -85,7 +85,8 @@ class ProducerConfig(CommonConfig):
     """Options of `Producer` and `AsyncProducer`."""
 
     #: 0: do not wait for the broker (offsets are -1); 1: the leader has it
-    #: in its log; -1 or "all": every in-sync replica has it.
+    #: in its log; -1 or "all": every in-sync replica has it. "all" also turns
+    #: on enable_idempotence unless it is set to False.
     acks: int | Literal["all"] = 1
     #: How long a batch that is not full waits for more records before it is
     #: sent. A few ms lets a busy producer fill batches.
@@ -111,9 +112,28 @@ class ProducerConfig(CommonConfig):
     #: delivery_timeout_ms in any case).
     retries: int = 2_147_483_647
     #: Produce requests sent on a connection without waiting for answers.
-    #: With more than one, a retried batch can land after a later batch of the
-    #: same partition that succeeded; set 1 when strict order matters.
+    #: Without idempotence, a retried batch can land after a later batch of
+    #: the same partition that succeeded (set 1 when strict order matters);
+    #: with it, brokers refuse the gap and order is kept with up to 5.
     max_in_flight_requests: int = 5
+    #: Upper bound of the retry backoff, which doubles from retry_backoff_ms
+    #: with each attempt of a batch (with jitter), as Kafka's
+    #: retry.backoff.max.ms does.
+    retry_backoff_max_ms: int = 1_000
+    #: Exactly once per partition: the producer takes a producer id from the
+    #: cluster at start (InitProducerId) and numbers its records per
+    #: partition; brokers drop a retried batch they already wrote (answering
+    #: with its original offsets) and refuse gaps, so retries neither
+    #: duplicate nor reorder records. None (the default): on when acks is
+    #: "all"/-1, retries > 0 and max_in_flight_requests <= 5, off otherwise
+    #: (our default acks is 1, so it is off by default). True requires
+    #: exactly those settings and fails the constructor otherwise.
+    enable_idempotence: bool | None = None
+    #: Optional stable name of this producer (Kafka's transactional.id,
+    #: without transactions): a new producer started with the same key gets
+    #: the same producer id with a higher epoch, and brokers then refuse the
+    #: older instance's batches (InvalidProducerEpochError: it is fenced).
+    producer_key: str | None = None
     #: Turn keys and values into bytes (kafka-python's serializers).
     key_serializer: Callable[[Any], bytes | None] | None = None
     value_serializer: Callable[[Any], bytes | None] | None = None
@@ -134,6 +154,24 @@ class ProducerConfig(CommonConfig):
         _non_negative("max_block_ms", self.max_block_ms)
         _non_negative("retries", self.retries)
         _positive("max_in_flight_requests", self.max_in_flight_requests)
+        _non_negative("retry_backoff_max_ms", self.retry_backoff_max_ms)
+        if self.enable_idempotence:
+            problems = []
+            if acks != -1:
+                problems.append(f"acks='all' (got {self.acks!r})")
+            if self.retries <= 0:
+                problems.append(f"retries > 0 (got {self.retries})")
+            if self.max_in_flight_requests > 5:
+                problems.append(f"max_in_flight_requests <= 5 (got {self.max_in_flight_requests})")
+            if problems:
+                raise ValueError("enable_idempotence=True requires " + " and ".join(problems))
+        if self.producer_key is not None and not self.idempotent:
+            raise ValueError(
+                "producer_key needs an idempotent producer: set acks='all' "
+                "(enable_idempotence is then on)"
+            )
+        if self.producer_key is not None and not 0 < len(self.producer_key) <= 255:
+            raise ValueError("producer_key must be 1 to 255 characters (None: no key)")
         if self.max_request_size > GRPC_MAX_MESSAGE_BYTES - MIB:
             raise ValueError(
                 f"max_request_size {self.max_request_size} leaves no room under the "
@@ -148,6 +186,13 @@ class ProducerConfig(CommonConfig):
     @property
     def codec(self) -> CompressionType:
         return CompressionType.parse(self.compression_type)
+
+    @property
+    def idempotent(self) -> bool:
+        """enable_idempotence with its default resolved (see the field)."""
+        if self.enable_idempotence is not None:
+            return self.enable_idempotence
+        return self.acks == -1 and self.retries > 0 and self.max_in_flight_requests <= 5
 
 
 @dataclass(frozen=True, kw_only=True)

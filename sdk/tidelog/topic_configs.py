@@ -60,6 +60,12 @@ class TopicConfig:
     #: compression.type: "producer" (keep the producer's codec) or a codec the
     #: broker re-encodes every batch with: none, gzip, snappy, lz4, zstd.
     compression_type: str = "producer"
+    #: min.insync.replicas: with acks=all, a write needs at least this many
+    #: in-sync replicas (leader included), else NOT_ENOUGH_REPLICAS.
+    min_insync_replicas: int = 1
+    #: unclean.leader.election.enable: when no in-sync replica is alive, elect
+    #: the first live replica (losing what only the ISR had) instead of waiting.
+    unclean_leader_election_enable: bool = False
 
     @property
     def log_append_time(self) -> bool:
@@ -114,6 +120,15 @@ def _float_in(low: float, high: float) -> Callable[[str, str], float]:
     return parse
 
 
+def _bool(key: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise InvalidConfigError(f"{key}={raw!r} is not a boolean: use true or false")
+
+
 def _limit_or_unlimited(key: str, raw: str) -> int:
     value = _int_in(-1)(key, raw)
     if value == 0:
@@ -155,6 +170,8 @@ TOPIC_CONFIGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
         "compression_type",
         _one_of("producer", "none", "gzip", "snappy", "lz4", "zstd"),
     ),
+    "min.insync.replicas": ("min_insync_replicas", _int_in(1)),
+    "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
 }
 
 
@@ -181,7 +198,10 @@ def config_to_strings(config: TopicConfig) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, (field, _) in TOPIC_CONFIGS.items():
         value = getattr(config, field)
-        out[key] = "" if value is None else str(value)
+        if isinstance(value, bool):
+            out[key] = "true" if value else "false"  # Kafka's spelling
+        else:
+            out[key] = "" if value is None else str(value)
     return out
 
 

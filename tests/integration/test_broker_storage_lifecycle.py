@@ -236,7 +236,8 @@ def test_topic_compression_type_recompresses_batches(
     values = [b'{"user": %d, "event": "click"}' % i for i in range(50)]
     keys = [b"u%d" % i for i in range(50)]
     timestamps = [1_700_000_000_000 + i for i in range(50)]
-    for codec in (CompressionType.NONE, CompressionType.GZIP, CompressionType.ZSTD):
+    codecs = (CompressionType.NONE, CompressionType.GZIP, CompressionType.ZSTD)
+    for n, codec in enumerate(codecs):
         batch = records.encode_batch(
             values,
             keys=keys,
@@ -245,7 +246,8 @@ def test_topic_compression_type_recompresses_batches(
             codec=codec,
             producer_id=7,
             producer_epoch=1,
-            base_sequence=0,
+            # Consecutive sequences: the broker drops a repeated one (idempotence).
+            base_sequence=50 * n,
         )
         assert not _produce(address, topic_name, batch).HasField("error")
     decoded = _read_all(address, topic_name)

@@ -21,6 +21,10 @@ clusters (or tests) can share one etcd. Values are UTF-8 JSON.
     <prefix>/groups/<group>/state                    {group_epoch, assignor, target:
                                                      {member_key: [[topic, p], ...]}}
     <prefix>/offsets/<group>/<topic>/<p>             {offset, metadata, commit_time_ms}
+    <prefix>/producer_ids/next                       the next producer id to allocate
+                                                     (decimal), raised by transaction
+    <prefix>/producer_ids/keys/<producer_key>        {producer_id, epoch} of the producer
+                                                     that last initialised with that key
 
 Two deliberate departures from the first sketch of this layout:
 - offsets live under `offsets/`, not `groups/<g>/offsets/`: every coordinator
@@ -30,7 +34,7 @@ Two deliberate departures from the first sketch of this layout:
   key, not in the group state: they change when that member acknowledges,
   written by the one replica serving it, and vanish with its session.
 
-Group ids and instance ids may hold any character, so they are
+Group ids, instance ids and producer keys may hold any character, so they are
 percent-encoded in keys; topic names are already safe ([a-zA-Z0-9._-]).
 A member's key is `i-<instance id>` for a static member (so a restarted
 instance finds its old key) and `m-<member id>` otherwise.
@@ -119,6 +123,14 @@ class Keys:
 
     def offset(self, group_id: str, tp: TopicPartition) -> bytes:
         return self._k("offsets", _q(group_id), tp.topic, str(tp.partition))
+
+    # Idempotent producers
+    @property
+    def producer_id_counter(self) -> bytes:
+        return self._k("producer_ids", "next")
+
+    def producer_key(self, producer_key: str) -> bytes:
+        return self._k("producer_ids", "keys", _q(producer_key))
 
     # Parsing (for watch events and listings)
     def parse_group_key(self, key: bytes) -> tuple[str, str, str] | None:

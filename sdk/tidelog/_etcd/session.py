@@ -31,19 +31,29 @@ MIN_TTL_S = 2
 class Session:
     """A lease and its keepalive task. Create with `await Session.create(...)`."""
 
+    def valid(self) -> bool:
+        """True while the lease is surely alive (not lost, not past valid_until)."""
+        return not self.lost.is_set() and asyncio.get_running_loop().time() < self.valid_until
+
     def __init__(self, client: aetcd.Client, lease_id: int, ttl_s: int) -> None:
         self.client = client
         self.lease_id = lease_id
         self.ttl_s = ttl_s
         #: Set once etcd reports the lease expired or revoked.
         self.lost = asyncio.Event()
+        #: Event-loop time before which the lease cannot have expired: TTL
+        #: after the last grant or refresh was *sent* (etcd started its clock
+        #: later). A broker leads only until then (no split brain).
+        self.valid_until = asyncio.get_running_loop().time() + ttl_s
         self._task: asyncio.Task[None] | None = None
 
     @classmethod
     async def create(cls, client: aetcd.Client, ttl_s: int) -> Session:
         ttl_s = max(MIN_TTL_S, int(ttl_s))
+        sent = asyncio.get_running_loop().time()
         lease = await client.lease(ttl_s)
         session = cls(client, lease.id, ttl_s)
+        session.valid_until = sent + ttl_s
         session._task = asyncio.create_task(session._keepalive(), name=f"lease-{lease.id:x}")
         return session
 
@@ -51,6 +61,7 @@ class Session:
         interval_s = self.ttl_s / 3
         while True:
             await asyncio.sleep(interval_s)
+            sent = asyncio.get_running_loop().time()
             try:
                 reply = await self.client.refresh_lease(self.lease_id)
             except Exception as exc:
@@ -65,6 +76,7 @@ class Session:
                 log.warning("session lease %x is gone (expired or revoked)", self.lease_id)
                 self.lost.set()
                 return
+            self.valid_until = sent + min(self.ttl_s, reply.TTL)
 
     async def close(self) -> None:
         """Stop the keepalive and revoke the lease (its keys vanish now)."""

@@ -25,19 +25,23 @@ _sym_db = _symbol_database.Default()
 from tidelog.v1 import log_pb2 as tidelog_dot_v1_dot_log__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tidelog/v1/cluster.proto\x12\ntidelog.v1\x1a\x14tidelog/v1/log.proto\"\x18\n\x16\x44\x65scribeClusterRequest\"\xa0\x01\n\x17\x44\x65scribeClusterResponse\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x15\n\rcontroller_id\x18\x02 \x01(\t\x12\'\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x16.tidelog.v1.BrokerInfo\x12\x31\n\x0c\x63oordinators\x18\x04 \x03(\x0b\x32\x1b.tidelog.v1.CoordinatorInfo\"9\n\x0f\x43oordinatorInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x32\x65\n\x07\x43luster\x12Z\n\x0f\x44\x65scribeCluster\x12\".tidelog.v1.DescribeClusterRequest\x1a#.tidelog.v1.DescribeClusterResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tidelog/v1/cluster.proto\x12\ntidelog.v1\x1a\x14tidelog/v1/log.proto\"-\n\x15InitProducerIdRequest\x12\x14\n\x0cproducer_key\x18\x01 \x01(\t\"E\n\x16InitProducerIdResponse\x12\x13\n\x0bproducer_id\x18\x01 \x01(\x03\x12\x16\n\x0eproducer_epoch\x18\x02 \x01(\x05\"\x18\n\x16\x44\x65scribeClusterRequest\"\xa0\x01\n\x17\x44\x65scribeClusterResponse\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x15\n\rcontroller_id\x18\x02 \x01(\t\x12\'\n\x07\x62rokers\x18\x03 \x03(\x0b\x32\x16.tidelog.v1.BrokerInfo\x12\x31\n\x0c\x63oordinators\x18\x04 \x03(\x0b\x32\x1b.tidelog.v1.CoordinatorInfo\"9\n\x0f\x43oordinatorInfo\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x32\xbe\x01\n\x07\x43luster\x12Z\n\x0f\x44\x65scribeCluster\x12\".tidelog.v1.DescribeClusterRequest\x1a#.tidelog.v1.DescribeClusterResponse\x12W\n\x0eInitProducerId\x12!.tidelog.v1.InitProducerIdRequest\x1a\".tidelog.v1.InitProducerIdResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tidelog.v1.cluster_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_DESCRIBECLUSTERREQUEST']._serialized_start=62
-  _globals['_DESCRIBECLUSTERREQUEST']._serialized_end=86
-  _globals['_DESCRIBECLUSTERRESPONSE']._serialized_start=89
-  _globals['_DESCRIBECLUSTERRESPONSE']._serialized_end=249
-  _globals['_COORDINATORINFO']._serialized_start=251
-  _globals['_COORDINATORINFO']._serialized_end=308
-  _globals['_CLUSTER']._serialized_start=310
-  _globals['_CLUSTER']._serialized_end=411
+  _globals['_INITPRODUCERIDREQUEST']._serialized_start=62
+  _globals['_INITPRODUCERIDREQUEST']._serialized_end=107
+  _globals['_INITPRODUCERIDRESPONSE']._serialized_start=109
+  _globals['_INITPRODUCERIDRESPONSE']._serialized_end=178
+  _globals['_DESCRIBECLUSTERREQUEST']._serialized_start=180
+  _globals['_DESCRIBECLUSTERREQUEST']._serialized_end=204
+  _globals['_DESCRIBECLUSTERRESPONSE']._serialized_start=207
+  _globals['_DESCRIBECLUSTERRESPONSE']._serialized_end=367
+  _globals['_COORDINATORINFO']._serialized_start=369
+  _globals['_COORDINATORINFO']._serialized_end=426
+  _globals['_CLUSTER']._serialized_start=429
+  _globals['_CLUSTER']._serialized_end=619
 # @@protoc_insertion_point(module_scope)

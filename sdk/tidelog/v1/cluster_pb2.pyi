@@ -23,6 +23,55 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class InitProducerIdRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_KEY_FIELD_NUMBER: _builtins.int
+    producer_key: _builtins.str
+    """Optional stable name of the producer (like Kafka's transactional.id).
+    Empty: a new producer id with epoch 0 on every call. Set: the same
+    producer id as the last call with this key, with the epoch one higher,
+    so that brokers reject the older instance's batches
+    (INVALID_PRODUCER_EPOCH). Past epoch 32767 a new id is allocated.
+    """
+    def __init__(
+        self,
+        *,
+        producer_key: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_key", b"producer_key"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InitProducerIdRequest: _TypeAlias = InitProducerIdRequest  # noqa: Y015
+
+@_typing.final
+class InitProducerIdResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PRODUCER_ID_FIELD_NUMBER: _builtins.int
+    PRODUCER_EPOCH_FIELD_NUMBER: _builtins.int
+    producer_id: _builtins.int
+    """>= 0; stamped on every batch the producer sends."""
+    producer_epoch: _builtins.int
+    """0 to 32767 (int16 in the batch header)."""
+    def __init__(
+        self,
+        *,
+        producer_id: _builtins.int = ...,
+        producer_epoch: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["producer_epoch", b"producer_epoch", "producer_id", b"producer_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InitProducerIdResponse: _TypeAlias = InitProducerIdResponse  # noqa: Y015
+
+@_typing.final
 class DescribeClusterRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

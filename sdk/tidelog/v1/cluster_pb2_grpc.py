@@ -39,6 +39,11 @@ class ClusterStub:
                 request_serializer=tidelog_dot_v1_dot_cluster__pb2.DescribeClusterRequest.SerializeToString,
                 response_deserializer=tidelog_dot_v1_dot_cluster__pb2.DescribeClusterResponse.FromString,
                 _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/tidelog.v1.Cluster/InitProducerId',
+                request_serializer=tidelog_dot_v1_dot_cluster__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_cluster__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
 
 
 class ClusterServicer:
@@ -50,6 +55,16 @@ class ClusterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducerId(self, request, context):
+        """A producer id and epoch for an idempotent producer (Kafka's
+        InitProducerId). Coordinators allocate ids from a counter in etcd; a
+        broker in cluster mode forwards the call to a coordinator; a standalone
+        broker allocates from a counter file in its data directory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ClusterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -57,6 +72,11 @@ def add_ClusterServicer_to_server(servicer, server):
                     servicer.DescribeCluster,
                     request_deserializer=tidelog_dot_v1_dot_cluster__pb2.DescribeClusterRequest.FromString,
                     response_serializer=tidelog_dot_v1_dot_cluster__pb2.DescribeClusterResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=tidelog_dot_v1_dot_cluster__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_cluster__pb2.InitProducerIdResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,6 +106,33 @@ class Cluster:
             '/tidelog.v1.Cluster/DescribeCluster',
             tidelog_dot_v1_dot_cluster__pb2.DescribeClusterRequest.SerializeToString,
             tidelog_dot_v1_dot_cluster__pb2.DescribeClusterResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Cluster/InitProducerId',
+            tidelog_dot_v1_dot_cluster__pb2.InitProducerIdRequest.SerializeToString,
+            tidelog_dot_v1_dot_cluster__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,

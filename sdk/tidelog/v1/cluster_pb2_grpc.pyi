@@ -35,11 +35,23 @@ class ClusterStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> ClusterAsyncStub: ...
     DescribeCluster: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.DescribeClusterRequest, _cluster_pb2.DescribeClusterResponse]
+    InitProducerId: _grpc.UnaryUnaryMultiCallable[_cluster_pb2.InitProducerIdRequest, _cluster_pb2.InitProducerIdResponse]
+    """A producer id and epoch for an idempotent producer (Kafka's
+    InitProducerId). Coordinators allocate ids from a counter in etcd; a
+    broker in cluster mode forwards the call to a coordinator; a standalone
+    broker allocates from a counter file in its data directory.
+    """
 
 @_typing.type_check_only
 class ClusterAsyncStub(ClusterStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     DescribeCluster: _aio.UnaryUnaryMultiCallable[_cluster_pb2.DescribeClusterRequest, _cluster_pb2.DescribeClusterResponse]  # type: ignore[assignment]
+    InitProducerId: _aio.UnaryUnaryMultiCallable[_cluster_pb2.InitProducerIdRequest, _cluster_pb2.InitProducerIdResponse]  # type: ignore[assignment]
+    """A producer id and epoch for an idempotent producer (Kafka's
+    InitProducerId). Coordinators allocate ids from a counter in etcd; a
+    broker in cluster mode forwards the call to a coordinator; a standalone
+    broker allocates from a counter file in its data directory.
+    """
 
 class ClusterServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -48,5 +60,17 @@ class ClusterServicer(metaclass=_abc_1.ABCMeta):
         request: _cluster_pb2.DescribeClusterRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_cluster_pb2.DescribeClusterResponse, _abc.Awaitable[_cluster_pb2.DescribeClusterResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def InitProducerId(
+        self,
+        request: _cluster_pb2.InitProducerIdRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_cluster_pb2.InitProducerIdResponse, _abc.Awaitable[_cluster_pb2.InitProducerIdResponse]]:
+        """A producer id and epoch for an idempotent producer (Kafka's
+        InitProducerId). Coordinators allocate ids from a counter in etcd; a
+        broker in cluster mode forwards the call to a coordinator; a standalone
+        broker allocates from a counter file in its data directory.
+        """
 
 def add_ClusterServicer_to_server(servicer: ClusterServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -64,8 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--session-ttl-s",
         type=int,
-        default=10,
-        help="cluster mode: seconds after its death until the broker leaves the cluster",
+        default=2,
+        help="cluster mode: seconds after its death until the broker leaves the cluster "
+        "(and its partitions get new leaders; default %(default)s, the least etcd allows)",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
     return parser.parse_args(argv)

@@ -9,13 +9,21 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   than a TTL ago, or a misconfigured twin) is waited out, not overwritten.
   When etcd says the lease is gone (etcd lost its data, or a long outage
   outlived the TTL) a new session registers again: no restart needed;
-- which partitions it hosts: it follows `<prefix>/topics/` and
-  `<prefix>/partitions/` with resumable watches. Until replication exists
-  (issue 5) only a partition's leader (the first replica of the placement,
-  as written in its state key) holds data; followers hold nothing. Every
-  change is reconciled into the PartitionManager: partitions opened or
-  created, configs applied (`PartitionLog.update_config`), data deleted
-  when the topic is deleted;
+- which partitions it hosts, and in which role: it follows
+  `<prefix>/topics/` and `<prefix>/partitions/` with resumable watches. Every
+  replica of a partition hosts its log; the state key's leader leads (serves
+  produce and consumer fetch), the others follow it (ReplicaFetchers pull
+  from the leader). Every change is reconciled into the PartitionManager:
+  partitions opened or created, roles, epochs and ISR applied (`set_role`),
+  configs applied (`PartitionLog.update_config`), data deleted when the
+  topic is deleted;
+- as leader, ISR changes the PartitionManager proposes: written to the state
+  key in a transaction that compares its mod revision and its value (so its
+  leader and leader epoch): a deposed leader's write fails, and the watch
+  then tells it who leads;
+- the lease: a leader writes only while its session's lease is surely alive
+  (`Session.valid`), so a broker cut off from etcd stops accepting writes
+  before the controller can elect another leader (no split brain);
 - what clients ask through a broker: Metadata (every live broker, each
   partition's leader), DescribeCluster (so a client bootstrapped from a
   broker finds the coordinators), and where to forward Admin calls.
@@ -50,6 +58,8 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_p
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.replica_fetcher import ReplicaFetchers
+from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.topic_store import TopicSpec
 
 log = logging.getLogger("tidelog.broker.cluster")
@@ -71,8 +81,9 @@ class ClusterConfig:
     etcd_prefix: str = "/tidelog"
     #: broker.rack: placement spreads replicas across racks.
     rack: str = ""
-    #: The registration lease: a broker that dies disappears this long after.
-    session_ttl_s: int = 10
+    #: The registration lease: a broker that dies disappears this long after
+    #: (and the partitions it led get new leaders then: the fail-over time).
+    session_ttl_s: int = 2
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,10 @@ class ClusterLink:
         #: Set once registered (tests, logs); cleared while re-registering.
         self.registered = asyncio.Event()
         self.cluster_id = ""
+        #: etcd revision of our registration: a leadership written before it
+        #: belongs to a previous incarnation (maybe with a torn log), so it is
+        #: not taken up until the controller confirms it with a new state.
+        self.registration_revision = 0
         self._session: Session | None = None
         self._meta_path = broker.data_dir / _META_FILE
         self._local_ids: dict[str, str] = {}
@@ -129,6 +144,9 @@ class ClusterLink:
             ),
         ]
         self._tasks: list[asyncio.Task[None]] = []
+        self.fetchers = ReplicaFetchers(manager, broker, self.broker_address)
+        manager.lease_valid = self.lease_valid
+        manager.isr_writer = self.write_isr
 
     # ------------------------------------------------------------ lifecycle
 
@@ -153,6 +171,7 @@ class ClusterLink:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.fetchers.close()
         if self._session is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._session.close(), 2)
@@ -211,9 +230,13 @@ class ClusterLink:
             failure=[tx.get(key)],
         )
         if ok:
+            self.registration_revision = responses[0].response_put.header.revision
+            self._reconcile(full_listing=False)
             return True
         holder = responses[0][0][1]
         if holder.lease == session.lease_id:
+            self.registration_revision = holder.create_revision
+            self._reconcile(full_listing=False)
             return True
         log.warning(
             "broker id %d is registered by another live process (lease %x, %s); waiting for it "
@@ -349,14 +372,16 @@ class ClusterLink:
     # ------------------------------------------------------------ reconcile
 
     def _reconcile(self, full_listing: bool) -> None:
-        """Make the PartitionManager host what etcd says this broker leads."""
+        """Make the PartitionManager host the partitions this broker is a
+        replica of, each in the role etcd gives it; follow the leaders."""
         me = self.broker.broker_id
         ids_changed = False
+        followed: dict[int, dict[tuple[str, int], int]] = {}
         for name, topic in self.topics.items():
             led = [
                 p
                 for p in range(len(topic.replicas))
-                if (state := self.state(topic, p)) is not None and state.leader == me
+                if self.state(topic, p) is not None and me in topic.replicas[p]
             ]
             known = self._local_ids.get(name)
             if known is not None and known != topic.topic_id:
@@ -373,6 +398,30 @@ class ClusterLink:
             except Exception:
                 log.exception("hosting partitions %s of %s failed", led, name)
                 continue
+            for p in led:
+                state = self.state(topic, p)
+                assert state is not None
+                if state.leader == me and state.mod_revision > self.registration_revision > 0:
+                    role = Role.LEADER
+                elif state.leader == me:
+                    role = Role.NONE  # see registration_revision
+                elif state.leader >= 0:
+                    role = Role.FOLLOWER
+                    followed.setdefault(state.leader, {})[(name, p)] = state.leader_epoch
+                else:
+                    role = Role.NONE
+                try:
+                    self.manager.set_role(
+                        name,
+                        p,
+                        role=role,
+                        leader_id=state.leader,
+                        leader_epoch=state.leader_epoch,
+                        replicas=topic.replicas[p],
+                        isr=state.isr,
+                    )
+                except Exception:
+                    log.exception("applying the state of %s-%d failed", name, p)
             if led and self._local_ids.get(name) != topic.topic_id:
                 self._local_ids[name] = topic.topic_id
                 ids_changed = True
@@ -383,6 +432,7 @@ class ClusterLink:
                 self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
                 if self._local_ids.pop(name, None) is not None:
                     ids_changed = True
+        self.fetchers.assign(followed)
         if full_listing and not self._strays_checked:
             ids_changed |= self._delete_strays()
         if ids_changed:
@@ -399,6 +449,58 @@ class ClusterLink:
                 self.manager.delete_local_logs(name, partitions)
                 changed |= self._local_ids.pop(name, None) is not None
         return changed
+
+    # ------------------------------------------------------------ replication
+
+    def lease_valid(self) -> bool:
+        """Registered, and the session lease surely alive: may lead."""
+        session = self._session
+        return session is not None and self.registered.is_set() and session.valid()
+
+    def broker_address(self, broker_id: int) -> str | None:
+        info = self.brokers.get(broker_id)
+        if info is None or not info.get("host") or not info.get("port"):
+            return None
+        return f"{info['host']}:{info['port']}"
+
+    async def write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
+        """As leader: write a new ISR, fenced by the state key's mod revision
+        and value (leader, leader epoch), as last seen by the watch."""
+        topic = self.topics.get(replication.topic)
+        known = None if topic is None else self.state(topic, replication.partition)
+        if (
+            known is None
+            or known.leader != self.broker.broker_id
+            or known.leader_epoch != replication.leader_epoch
+            or not self.lease_valid()
+        ):
+            return
+        key = self.keys.partition_state(replication.topic, replication.partition)
+        current = await self.client.get(key)
+        if current is None or current.mod_revision != known.mod_revision:
+            return  # the watch is about to bring a newer state
+        data = json.loads(current.value)
+        if (
+            int(data.get("leader", -1)) != self.broker.broker_id
+            or int(data.get("leader_epoch", -1)) != replication.leader_epoch
+        ):
+            return
+        data["isr"] = isr
+        data["version"] = int(data.get("version", 1)) + 1
+        tx = self.client.transactions
+        ok, _ = await self.client.transaction(
+            compare=[tx.mod(key) == known.mod_revision, tx.value(key) == current.value],
+            success=[tx.put(key, json.dumps(data, sort_keys=True).encode())],
+            failure=[],
+        )
+        log.info(
+            "%s-%d: ISR %s -> %s %s",
+            replication.topic,
+            replication.partition,
+            known.isr,
+            isr,
+            "written" if ok else "not written (the state changed meanwhile)",
+        )
 
     # ------------------------------------------------------------ answers
 

@@ -24,6 +24,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.error_mapping import abort
+from tidelog_broker.producer_ids import ProducerIdForwarder
 
 #: A forwarded admin call may create thousands of partition keys in etcd.
 FORWARD_TIMEOUT_S = 30.0
@@ -165,6 +166,13 @@ def add_admin_forwarder(forwarder: AdminForwarder, server: grpc.aio.Server) -> N
 class BrokerClusterServicer(cluster_pb2_grpc.ClusterServicer):
     def __init__(self, link: ClusterLink) -> None:
         self._link = link
+        self._producer_ids = ProducerIdForwarder(link)
+
+    async def InitProducerId(
+        self, request: cluster_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_pb2.InitProducerIdResponse:
+        # Producer ids live in etcd; a coordinator allocates them.
+        return await self._producer_ids.forward(request, context)
 
     async def DescribeCluster(
         self, request: cluster_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext

@@ -55,6 +55,15 @@ class BrokerConfig:
     log_defaults: LogConfig = field(default_factory=LogConfig)
     #: Largest gRPC message accepted, bytes (a produce request with its batches).
     max_request_bytes: int = 64 * 1024 * 1024
+    #: replica.lag.time.max.ms: a follower not caught up for this long leaves the ISR.
+    replica_lag_time_max_ms: int = 30_000
+    #: replica.fetch.wait.max.ms: how long a leader holds a follower's fetch
+    #: when nothing is new (also how often an idle follower reports in).
+    replica_fetch_wait_max_ms: int = 500
+    #: replica.fetch.max.bytes: record bytes per answer to a follower.
+    replica_fetch_max_bytes: int = 8 * 1024 * 1024
+    #: request.timeout.ms default for acks=all produce requests that set none.
+    produce_timeout_ms: int = 30_000
 
     @property
     def listen_address(self) -> str:
@@ -96,6 +105,9 @@ _BROKER_KEYS = {
     "log.cleaner.dedupe.buffer.size": ("cleaner_dedupe_buffer_bytes", _parse_positive_int),
     "log.dirs": ("data_dir", lambda _k, raw: Path(raw)),
     "advertised.host": ("advertised_host", lambda _k, raw: raw),
+    "replica.lag.time.max.ms": ("replica_lag_time_max_ms", _parse_positive_int),
+    "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", _parse_positive_int),
+    "replica.fetch.max.bytes": ("replica_fetch_max_bytes", _parse_positive_int),
 }
 
 

@@ -29,8 +29,6 @@ DEFAULT_MIN_BYTES = 1
 DEFAULT_MAX_WAIT_MS = 500
 # A response is one gRPC message; keep it well under the channel's limit.
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
-# Long-poll with nothing available waits for data, re-arming at this period.
-_FOREVER_S = 3600.0
 
 
 @dataclass
@@ -139,17 +137,17 @@ class FetchSession:
             yield batch.response
 
     async def _wait_for_data_or_change(self, timeout_s: float | None) -> None:
-        appended = asyncio.ensure_future(
-            self._manager.wait_for_append(list(self._positions), timeout_s or _FOREVER_S)
-        )
+        # Registered before the first await: see register_append_waiter.
+        keys = list(self._positions)
+        appended = self._manager.register_append_waiter(keys)
         changed = asyncio.ensure_future(self._changed.wait())
         try:
             await asyncio.wait(
                 (appended, changed), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
-            for task in (appended, changed):
-                task.cancel()
+            changed.cancel()
+            self._manager.discard_append_waiter(keys, appended)
 
     def _collect(self) -> _Collected:
         """Read what is available for every position, within the credit,

@@ -9,8 +9,10 @@ request ends only its own call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 
 import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
@@ -24,6 +26,18 @@ from tidelog_broker.partition_manager import PartitionManager
 log = logging.getLogger("tidelog.broker")
 
 _VALID_ACKS = (-1, 0, 1)
+#: Answers a Produce stream may owe at once (acks=all ones wait for the HW):
+#: beyond this the stream stops reading requests, which pushes back on the client.
+MAX_PENDING_RESPONSES = 1024
+
+
+@dataclass
+class _AckWait:
+    """One partition of an acks=all request, waiting for the HW."""
+
+    result: log_pb2.PartitionProduceResult
+    last_offset: int
+    leader_epoch: int
 
 
 class LogServicer(log_pb2_grpc.LogServicer):
@@ -46,38 +60,121 @@ class LogServicer(log_pb2_grpc.LogServicer):
         request_iterator: AsyncIterator[log_pb2.ProduceRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[log_pb2.ProduceResponse]:
-        async for request in request_iterator:
-            if request.acks not in _VALID_ACKS:
-                await abort(
-                    context,
-                    InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}"),
-                    "producing",
-                )
-            response = log_pb2.ProduceResponse(correlation_id=request.correlation_id)
-            seen: set[tuple[str, int]] = set()
-            for part in request.partitions:
-                result = response.partitions.add(topic=part.topic, partition=part.partition)
-                key = (part.topic, part.partition)
-                try:
-                    if key in seen:
-                        raise InvalidRequestError(
-                            f"{part.topic}-{part.partition} appears twice in one request: "
-                            "put all its batches in one PartitionRecords"
+        # Requests are appended in arrival order by one task; answers leave in
+        # the same order through a FIFO of futures, so several acks=all
+        # requests can wait for their HW at once without reordering answers.
+        loop = asyncio.get_running_loop()
+        pending: asyncio.Queue[asyncio.Future[log_pb2.ProduceResponse] | None] = asyncio.Queue(
+            MAX_PENDING_RESPONSES
+        )
+
+        async def read_requests() -> None:
+            try:
+                async for request in request_iterator:
+                    if request.acks not in _VALID_ACKS:
+                        failed: asyncio.Future[log_pb2.ProduceResponse] = loop.create_future()
+                        failed.set_exception(
+                            InvalidRequestError(
+                                f"acks must be -1 (all), 0 or 1, got {request.acks}"
+                            )
                         )
-                    seen.add(key)
-                    appended = self._manager.append(part.topic, part.partition, part.records)
-                except Exception as exc:
-                    result.error.CopyFrom(error_proto(exc, f"appending to {key[0]}-{key[1]}"))
-                    result.base_offset = -1
-                    result.log_append_time_ms = -1
-                    continue
-                result.base_offset = appended.base_offset
-                result.log_append_time_ms = appended.log_append_time_ms
-                result.log_start_offset = appended.log_start_offset
-            # acks=1 and acks=all are the same with one replica: the append is
-            # done. acks=0 asks for no answer at all.
-            if request.acks != 0:
+                        await pending.put(failed)
+                        return
+                    response, waits = self._append_request(request)
+                    if request.acks == 0:
+                        continue  # no answer at all
+                    answer: asyncio.Future[log_pb2.ProduceResponse]
+                    if waits:
+                        timeout_ms = request.timeout_ms or self._config.produce_timeout_ms
+                        answer = asyncio.ensure_future(
+                            self._await_acks(response, waits, timeout_ms / 1000)
+                        )
+                    else:
+                        answer = loop.create_future()
+                        answer.set_result(response)
+                    await pending.put(answer)
+            finally:
+                with contextlib.suppress(asyncio.QueueFull):
+                    pending.put_nowait(None)
+
+        reader = asyncio.ensure_future(read_requests())
+        try:
+            while True:
+                answer = await pending.get()
+                if answer is None:
+                    if reader.done() and not reader.cancelled() and reader.exception():
+                        raise reader.exception()  # type: ignore[misc]
+                    return
+                try:
+                    response = await answer
+                except TidelogError as exc:
+                    await abort(context, exc, "producing")
                 yield response
+        finally:
+            reader.cancel()
+            while not pending.empty():
+                left = pending.get_nowait()
+                if left is not None:
+                    left.cancel()
+
+    def _append_request(
+        self, request: log_pb2.ProduceRequest
+    ) -> tuple[log_pb2.ProduceResponse, list[_AckWait]]:
+        """Append every partition of one request; with acks=all, also what
+        its answer must wait for (each partition's last offset and epoch)."""
+        response = log_pb2.ProduceResponse(correlation_id=request.correlation_id)
+        waits: list[_AckWait] = []
+        seen: set[tuple[str, int]] = set()
+        for part in request.partitions:
+            result = response.partitions.add(topic=part.topic, partition=part.partition)
+            key = (part.topic, part.partition)
+            try:
+                if key in seen:
+                    raise InvalidRequestError(
+                        f"{part.topic}-{part.partition} appears twice in one request: "
+                        "put all its batches in one PartitionRecords"
+                    )
+                seen.add(key)
+                appended = self._manager.append(
+                    part.topic, part.partition, part.records, acks=request.acks
+                )
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"appending to {key[0]}-{key[1]}"))
+                result.base_offset = -1
+                result.log_append_time_ms = -1
+                continue
+            result.base_offset = appended.base_offset
+            result.log_append_time_ms = appended.log_append_time_ms
+            result.log_start_offset = appended.log_start_offset
+            replication = self._manager.replication(part.topic, part.partition)
+            if request.acks == -1 and replication is not None:
+                waits.append(_AckWait(result, appended.last_offset, replication.leader_epoch))
+        return response, waits
+
+    async def _await_acks(
+        self, response: log_pb2.ProduceResponse, waits: list[_AckWait], timeout_s: float
+    ) -> log_pb2.ProduceResponse:
+        """acks=all: the answer once the HW passed every partition's last
+        offset; a partition that times out or loses its leadership gets its
+        error (retriable) instead of an offset."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        for wait in waits:
+            result = wait.result
+            try:
+                await self._manager.wait_for_high_watermark(
+                    result.topic,
+                    result.partition,
+                    wait.last_offset,
+                    wait.leader_epoch,
+                    max(0.0, deadline - asyncio.get_running_loop().time()),
+                )
+            except Exception as exc:
+                result.error.CopyFrom(
+                    error_proto(exc, f"waiting for acks=all of {result.topic}-{result.partition}")
+                )
+                result.base_offset = -1
+                result.log_append_time_ms = -1
+        return response
 
     async def Fetch(
         self,

@@ -23,7 +23,7 @@ import dataclasses
 import logging
 import shutil
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +34,9 @@ from tidelog.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     InvalidRequestError,
+    NotEnoughReplicasError,
     NotLeaderOrFollowerError,
+    RequestTimedOutError,
     TidelogError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -44,6 +46,7 @@ from tidelog.topic_configs import TOPIC_CONFIGS, validate_topic_configs
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.storage import (
     SYSTEM_CLOCK,
     Clock,
@@ -73,6 +76,8 @@ class ProduceResult:
     base_offset: int
     log_append_time_ms: int
     log_start_offset: int
+    #: Offset of the last record appended (acks=all waits until the HW passes it).
+    last_offset: int = -1
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,14 @@ class PartitionManager:
         self._append_waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
         # Set at close: a cleaner round in a worker thread stops at its next batch.
         self._cleaner_cancel = threading.Event()
+        # Cluster mode: role, epoch, ISR and HW of every hosted partition.
+        self._replication: dict[TopicPartitionKey, PartitionReplication] = {}
+        #: Cluster mode: False while this broker's etcd lease may have expired;
+        #: a leader then refuses writes (no split brain). Set by ClusterLink.
+        self.lease_valid: Callable[[], bool] = lambda: True
+        #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
+        self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
+        self._isr_tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ lifecycle
 
@@ -283,6 +296,7 @@ class PartitionManager:
             return
         for partition in set(topic.hosted) - wanted:
             topic.hosted.pop(partition).close()
+            self._replication.pop((spec.name, partition), None)
             self._wake((spec.name, partition))
         added = self._open_topic(spec, wanted - set(topic.hosted))
         topic.hosted.update(added.hosted)
@@ -300,6 +314,7 @@ class PartitionManager:
                 partition_log.delete()
             else:
                 partition_log.close()
+            self._replication.pop((name, partition), None)
             self._wake((name, partition))
         log.info("%s topic %s", "deleted" if delete_data else "closed", name)
 
@@ -327,9 +342,223 @@ class PartitionManager:
             shutil.rmtree(self._config.data_dir / log_dir_name(name, partition), ignore_errors=True)
         log.info("deleted stray logs of topic %s", name)
 
+    # ------------------------------------------------------------ replication
+
+    def replication(self, topic: str, partition: int) -> PartitionReplication | None:
+        """Cluster mode: the role and ISR of a hosted partition (None: unknown)."""
+        return self._replication.get((topic, partition))
+
+    def _leader_replication(
+        self, topic: str, partition: int, write: bool
+    ) -> PartitionReplication | None:
+        """Cluster mode: the partition's state if this broker leads it (and,
+        for a write, still holds its etcd lease); else NotLeaderOrFollower.
+        Followers serve neither produce nor consumer fetch (Kafka's default)."""
+        if not self._cluster_mode:
+            return None
+        replication = self._replication.get((topic, partition))
+        me = self._config.broker_id
+        if replication is None or not replication.is_leader:
+            leader = "unknown" if replication is None else replication.leader_id
+            raise NotLeaderOrFollowerError(
+                f"broker {me} does not lead {topic}-{partition} (leader: {leader}): "
+                "refresh metadata and ask its leader"
+            )
+        if write and not self.lease_valid():
+            raise NotLeaderOrFollowerError(
+                f"broker {me} may have lost its etcd session, so it may no longer lead "
+                f"{topic}-{partition}: refresh metadata and retry"
+            )
+        return replication
+
+    def set_role(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        role: Role,
+        leader_id: int,
+        leader_epoch: int,
+        replicas: list[int],
+        isr: list[int],
+    ) -> PartitionReplication:
+        """Cluster mode: apply a hosted partition's state from etcd.
+        Idempotent: the same state again changes nothing. A new epoch or
+        role starts afresh (a new leader records its epoch in the log's
+        epoch history at its log end offset); an ISR change alone keeps the
+        followers' progress and may move the HW."""
+        key = (topic, partition)
+        partition_log = self.partition_log(topic, partition)
+        me = self._config.broker_id
+        old = self._replication.get(key)
+        if old is not None and old.role is role and old.leader_epoch == leader_epoch:
+            old.replicas = list(replicas)
+            if old.isr != isr:
+                old.isr = list(isr)
+                old.isr_change_pending = False
+                if old.is_leader:
+                    old.advance_high_watermark(me, partition_log.log_end_offset)
+                self._wake(key)
+            return old
+        state = PartitionReplication(
+            topic,
+            partition,
+            role,
+            leader_id,
+            leader_epoch,
+            list(replicas),
+            list(isr),
+            since_ms=self._clock.monotonic_ms(),
+            # A HW learnt as follower is kept: it never moves backwards here.
+            high_watermark=0 if old is None else old.high_watermark,
+        )
+        if role is Role.LEADER:
+            partition_log.leader_epochs.assign(leader_epoch, partition_log.log_end_offset)
+            state.start_leading(me, partition_log.log_end_offset)
+        self._replication[key] = state
+        log.info(
+            "%s-%d: %s, leader %d, epoch %d, isr %s, log end %d",
+            topic,
+            partition,
+            role.value,
+            leader_id,
+            leader_epoch,
+            isr,
+            partition_log.log_end_offset,
+        )
+        # Waiting acks=all requests and long-polls look at the new role.
+        self._wake(key)
+        return state
+
+    async def wait_for_high_watermark(
+        self, topic: str, partition: int, offset: int, leader_epoch: int, timeout_s: float
+    ) -> None:
+        """acks=all: return once the HW is past `offset` (the last offset of
+        the batches appended in `leader_epoch`). RequestTimedOutError after
+        timeout_s; NotLeaderOrFollowerError if leadership moved meanwhile
+        (the records may or may not survive: the producer retries)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        key = (topic, partition)
+        while True:
+            replication = self._replication.get(key)
+            if (
+                replication is None
+                or not replication.is_leader
+                or replication.leader_epoch != leader_epoch
+            ):
+                raise NotLeaderOrFollowerError(
+                    f"leadership of {topic}-{partition} moved while waiting for acks=all"
+                )
+            if replication.high_watermark > offset:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise RequestTimedOutError(
+                    f"{topic}-{partition}: in-sync replicas {replication.isr} did not confirm "
+                    f"offset {offset} within {timeout_s * 1000:.0f} ms (high watermark "
+                    f"{replication.high_watermark})"
+                )
+            await self.wait_for_append([key], remaining)
+
+    def on_follower_fetch(
+        self, topic: str, partition: int, follower: int, fetch_offset: int
+    ) -> tuple[PartitionReplication, PartitionLog]:
+        """Leader: a follower fetches from `fetch_offset` (its log end): track
+        its progress, move the HW, propose an ISR expansion. Raises
+        NotLeaderOrFollowerError when this broker does not lead it."""
+        partition_log = self.partition_log(topic, partition)
+        replication = self._leader_replication(topic, partition, write=False)
+        assert replication is not None
+        me = self._config.broker_id
+        leo = partition_log.log_end_offset
+        replication.on_follower_fetch(follower, fetch_offset, leo, self._clock.monotonic_ms())
+        if replication.advance_high_watermark(me, leo):
+            self._wake((topic, partition))
+        expanded = replication.isr_to_expand(me)
+        if expanded is not None:
+            self._propose_isr(replication, expanded)
+        return replication, partition_log
+
+    def append_replicated(
+        self, topic: str, partition: int, data: bytes, leader_high_watermark: int
+    ) -> None:
+        """Follower: append batches exactly as the leader stored them."""
+        partition_log = self.partition_log(topic, partition)
+        if data:
+            batches = list(records.iter_batches(data, None))
+            partition_log.append_replicated(data, batches)
+        replication = self._replication.get((topic, partition))
+        if replication is not None and not replication.is_leader:
+            high_watermark = min(leader_high_watermark, partition_log.log_end_offset)
+            replication.high_watermark = max(replication.high_watermark, high_watermark)
+
+    def truncate_replica(self, topic: str, partition: int, offset: int) -> int:
+        """Follower: drop a divergent suffix from `offset`; the new log end."""
+        partition_log = self.partition_log(topic, partition)
+        before = partition_log.log_end_offset
+        partition_log.truncate_to(offset)
+        # Also when nothing was cut: an epoch that wrote nothing up to here
+        # (this broker led it briefly) must leave the history, or the next
+        # fetch names it again and diverges again.
+        partition_log.leader_epochs.truncate_from_end(offset)
+        log.warning(
+            "%s-%d: truncated divergent records from offset %d (log end was %d, now %d)",
+            topic,
+            partition,
+            offset,
+            before,
+            partition_log.log_end_offset,
+        )
+        return partition_log.log_end_offset
+
+    def _propose_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
+        if self.isr_writer is None or replication.isr_change_pending:
+            return
+        replication.isr_change_pending = True
+        task = asyncio.ensure_future(self._write_isr(replication, isr))
+        self._isr_tasks.add(task)
+        task.add_done_callback(self._isr_tasks.discard)
+
+    async def _write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
+        assert self.isr_writer is not None
+        try:
+            await self.isr_writer(replication, isr)
+        except Exception:
+            log.exception(
+                "writing ISR %s of %s-%d failed", isr, replication.topic, replication.partition
+            )
+        finally:
+            # The watch brings the written state (set_role clears the flag
+            # too); clearing here lets a failed or fenced write be retried.
+            replication.isr_change_pending = False
+
+    async def run_isr_checks(self) -> None:
+        """Leader: shrink the ISR of followers lagging for replica.lag.time.max.ms."""
+        lag_ms = self._config.replica_lag_time_max_ms
+        interval_s = max(0.05, lag_ms / 2000)
+        me = self._config.broker_id
+        while True:
+            await asyncio.sleep(interval_s)
+            now_ms = self._clock.monotonic_ms()
+            for replication in list(self._replication.values()):
+                if not replication.is_leader:
+                    continue
+                shrunk = replication.isr_to_shrink(me, now_ms, lag_ms)
+                if shrunk is not None:
+                    log.info(
+                        "%s-%d: followers %s lag more than %d ms; shrinking the ISR to %s",
+                        replication.topic,
+                        replication.partition,
+                        sorted(set(replication.isr) - set(shrunk)),
+                        lag_ms,
+                        shrunk,
+                    )
+                    self._propose_isr(replication, shrunk)
+
     # ------------------------------------------------------------ produce
 
-    def append(self, topic: str, partition: int, data: bytes) -> ProduceResult:
+    def append(self, topic: str, partition: int, data: bytes, acks: int = 1) -> ProduceResult:
         """Validate and append one partition's batches (all or nothing).
 
         Every batch is checked (size, header, CRC32C) before any byte is
@@ -338,6 +567,17 @@ class PartitionManager:
         partition_log = self.partition_log(
             self.ensure_topic(topic, auto_create=True).spec.name, partition
         )
+        replication = self._leader_replication(topic, partition, write=True)
+        if (
+            acks == -1
+            and replication is not None
+            and len(replication.isr) < partition_log.config.min_insync_replicas
+        ):
+            raise NotEnoughReplicasError(
+                f"{topic}-{partition} has {len(replication.isr)} in-sync replicas "
+                f"{replication.isr}, min.insync.replicas is "
+                f"{partition_log.config.min_insync_replicas}: nothing written, retry later"
+            )
         buf = bytearray(data)  # the log patches base offsets in place
         config = partition_log.config
         batches = list(records.iter_batches(buf, config.max_message_bytes))
@@ -349,10 +589,20 @@ class PartitionManager:
                 batches = list(records.iter_batches(buf, config.max_message_bytes))
         if config.compact:
             record_policy.reject_null_keys(buf, batches, topic)
+        if replication is not None:
+            # Outside the CRC: followers and a future leader's divergence
+            # check read which epoch wrote each batch.
+            for position, _ in batches:
+                records.set_partition_leader_epoch(buf, position, replication.leader_epoch)
         info = partition_log.append(buf, batches)
+        if replication is not None:
+            replication.advance_high_watermark(self._config.broker_id, partition_log.log_end_offset)
         self._wake((topic, partition))
         return ProduceResult(
-            info.first_offset, info.log_append_time_ms, partition_log.log_start_offset
+            info.first_offset,
+            info.log_append_time_ms,
+            partition_log.log_start_offset,
+            info.last_offset,
         )
 
     # ------------------------------------------------------------ fetch
@@ -363,35 +613,53 @@ class PartitionManager:
         """Read whole batches from `offset`, at most `max_bytes` (but at least
         one batch), up to the high watermark. Returns (records, next_offset, log)."""
         partition_log = self.partition_log(topic, partition)
+        self._leader_replication(topic, partition, write=False)
         result = partition_log.read(offset, max_bytes, self.high_watermark(partition_log))
         return result.records, result.next_offset, partition_log
 
-    @staticmethod
-    def high_watermark(partition_log: PartitionLog) -> int:
-        # One replica: everything appended is committed. Replication moves
-        # this to the smallest log end offset of the in-sync replicas.
-        return partition_log.log_end_offset
+    def high_watermark(self, partition_log: PartitionLog) -> int:
+        """What consumers may read up to: the smallest log end offset of the
+        in-sync replicas (replicated partitions), else the log end."""
+        replication = self._replication.get((partition_log.topic, partition_log.partition))
+        if replication is None:
+            return partition_log.log_end_offset
+        return min(replication.high_watermark, partition_log.log_end_offset)
 
     async def wait_for_append(
         self, partitions: Iterable[TopicPartitionKey], timeout_s: float
     ) -> None:
         """Return when any of `partitions` gets new data, or after timeout_s."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
         keys = list(partitions)
-        for key in keys:
-            self._append_waiters.setdefault(key, set()).add(waiter)
+        waiter = self.register_append_waiter(keys)
         try:
             await asyncio.wait_for(waiter, timeout_s)
         except TimeoutError:
             pass
         finally:
-            for key in keys:
-                waiters = self._append_waiters.get(key)
-                if waiters is not None:
-                    waiters.discard(waiter)
-                    if not waiters:
-                        del self._append_waiters[key]
+            self.discard_append_waiter(keys, waiter)
+
+    def register_append_waiter(self, keys: list[TopicPartitionKey]) -> asyncio.Future[None]:
+        """A future resolved by the next append to any of `keys`.
+
+        Registered at once, with no await: a caller that has just found
+        nothing to read and registers in the same step cannot miss an append
+        in between (a wake-up lost that way stalls a consumer at the tail).
+        Pair with `discard_append_waiter`.
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._append_waiters.setdefault(key, set()).add(waiter)
+        return waiter
+
+    def discard_append_waiter(
+        self, keys: list[TopicPartitionKey], waiter: asyncio.Future[None]
+    ) -> None:
+        for key in keys:
+            waiters = self._append_waiters.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._append_waiters[key]
 
     def _wake(self, key: TopicPartitionKey) -> None:
         waiters = self._append_waiters.pop(key, None)
@@ -408,6 +676,7 @@ class PartitionManager:
         `timestamp_ms`, or (-1, -1) when there is none.
         """
         partition_log = self.partition_log(topic, partition)
+        self._leader_replication(topic, partition, write=False)
         if timestamp_ms == LATEST_TIMESTAMP:
             return self.high_watermark(partition_log), -1
         if timestamp_ms == EARLIEST_TIMESTAMP:

@@ -26,6 +26,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
+from tidelog.internal import replica_pb2, replica_pb2_grpc
 from tidelog.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -45,6 +46,8 @@ from tidelog_broker.cluster_servicers import (
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_servicer import LogServicer
 from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.producer_ids import LocalProducerIds, StandaloneClusterServicer
+from tidelog_broker.replica_servicer import ReplicaServicer
 
 log = logging.getLogger("tidelog.broker")
 
@@ -89,6 +92,11 @@ class BrokerServer:
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminServicer(self.manager, self.config), server
             )
+            # InitProducerId from a local counter (idempotent producers).
+            cluster_pb2_grpc.add_ClusterServicer_to_server(
+                StandaloneClusterServicer(LocalProducerIds(self.config.data_dir)), server
+            )
+            services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
         else:
             log_pb2_grpc.add_LogServicer_to_server(
                 LogServicer(self.manager, self.config, self.link.metadata), server
@@ -97,6 +105,10 @@ class BrokerServer:
             add_admin_forwarder(self._forwarder, server)
             cluster_pb2_grpc.add_ClusterServicer_to_server(BrokerClusterServicer(self.link), server)
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
+            replica_pb2_grpc.add_ReplicaServicer_to_server(
+                ReplicaServicer(self.manager, self.config), server
+            )
+            services.append(replica_pb2.DESCRIPTOR.services_by_name["Replica"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(tuple(services), server)
         self.bound_port = server.add_insecure_port(self.config.listen_address)
@@ -110,6 +122,8 @@ class BrokerServer:
         self._background.append(asyncio.create_task(self.manager.run_retention()))
         if self.config.cleaner_enable:
             self._background.append(asyncio.create_task(self.manager.run_cleaner()))
+        if self.link is not None:
+            self._background.append(asyncio.create_task(self.manager.run_isr_checks()))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("tidelog.v1.Log", health_pb2.HealthCheckResponse.SERVING)
         log.info(

@@ -29,6 +29,12 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser.add_argument("--offsets-retention-minutes", type=int, default=7 * 24 * 60)
     parser.add_argument("--offsets-retention-check-interval-ms", type=int, default=60_000)
     parser.add_argument("--etcd-max-txn-ops", type=int, default=128)
+    parser.add_argument(
+        "--leader-imbalance-check-interval-ms",
+        type=int,
+        default=5_000,
+        help="how often leadership returns to preferred replicas (0: never)",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -46,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         default_replication_factor=args.default_replication_factor,
         offsets_retention_minutes=args.offsets_retention_minutes,
         offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
+        leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         etcd_max_txn_ops=args.etcd_max_txn_ops,
         **extra,
     )

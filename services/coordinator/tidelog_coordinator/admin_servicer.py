@@ -16,6 +16,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc,
 
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicRecord
+from tidelog_coordinator.producer_ids import ProducerIdAllocator
 
 #: Topics in one request: keeps one call's etcd work bounded.
 MAX_TOPICS_PER_REQUEST = 1000
@@ -157,6 +158,16 @@ class ClusterServicer(cluster_pb2_grpc.ClusterServicer):
     ) -> None:
         self.metadata = metadata
         self.controller_id = controller_id
+        self.producer_ids = ProducerIdAllocator(metadata.client, metadata.keys)
+
+    async def InitProducerId(
+        self, request: cluster_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_pb2.InitProducerIdResponse:
+        try:
+            producer_id, epoch = await self.producer_ids.init_producer_id(request.producer_key)
+        except Exception as exc:
+            await abort(context, exc, "allocating a producer id")
+        return cluster_pb2.InitProducerIdResponse(producer_id=producer_id, producer_epoch=epoch)
 
     async def DescribeCluster(
         self, request: cluster_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext

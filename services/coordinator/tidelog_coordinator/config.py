@@ -41,3 +41,7 @@ class CoordinatorConfig:
     #: etcd's --max-txn-ops (default 128): larger commits and topic creations
     #: are split into transactions of at most this many operations.
     etcd_max_txn_ops: int = 128
+    #: leader.imbalance.check.interval.ms: how often the controller moves
+    #: leadership back to each partition's preferred (first) replica when it
+    #: is in the ISR (0: never).
+    leader_imbalance_check_interval_ms: int = 5_000

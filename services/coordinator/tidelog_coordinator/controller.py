@@ -4,8 +4,8 @@
 1. create a Session (retrying while etcd is unreachable);
 2. register this replica under `coordinators/<id>` on the session's lease;
 3. campaign for controller; once elected, run the controller duties (offset
-   expiry now; partition leader election in issue 5) with every write fenced
-   by the election key's create revision;
+   expiry; partition leader election, see leader_election.py) with every
+   write fenced by the election key's create revision;
 4. when the session is lost (etcd says the lease is gone, for example after
    an outage longer than the TTL), stop the duties and start again at 1.
 
@@ -26,6 +26,7 @@ from tidelog._etcd import Election, Session, is_unavailable
 from tidelog._etcd.keys import Keys
 
 from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.leader_election import LeaderElector
 from tidelog_coordinator.offset_store import OffsetStore
 
 log = logging.getLogger("tidelog.coordinator.controller")
@@ -106,6 +107,18 @@ class ReplicaLifecycle:
                     await task
 
     async def _duties(self, election: Election) -> None:
+        elector = LeaderElector(
+            self.client, self.keys, self.config.leader_imbalance_check_interval_ms
+        )
+        elections = asyncio.create_task(elector.run(election.leader_compare()))
+        try:
+            await self._expire_offsets(election)
+        finally:
+            elections.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await elections
+
+    async def _expire_offsets(self, election: Election) -> None:
         interval_s = self.config.offsets_retention_check_interval_ms / 1000
         while True:
             try:

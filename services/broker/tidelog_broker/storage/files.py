@@ -12,6 +12,8 @@ A broker's data directory holds one directory per partition::
         clean-shutdown                  present only from a clean close to the next open
         log-start-offset                first offset still readable (retention moves it)
         cleaner-checkpoint              compaction's clean offset and gap limit
+        00000000000000004096.snapshot   idempotent producers' state below that offset
+                                        (producer_state.py)
 
 Transient names, each removed or completed by the next open after a crash:
 `<segment file>.deleted` (retention or a swap renamed it; unlinked by a worker
@@ -37,6 +39,7 @@ RECOVERY_POINT_FILE = "recovery-point"
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
 LOG_START_OFFSET_FILE = "log-start-offset"
 CLEANER_CHECKPOINT_FILE = "cleaner-checkpoint"
+LEADER_EPOCH_CHECKPOINT_FILE = "leader-epoch-checkpoint"
 #: Appended to a segment file's name: renamed away, to be unlinked off the event loop.
 DELETED_SUFFIX = ".deleted"
 #: Appended to a segment file's name while the cleaner writes it (incomplete).
@@ -45,6 +48,8 @@ CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 #: Suffix of a file being written before it is renamed over its final name.
 TEMP_SUFFIX = ".tmp"
+#: Producer state snapshot, named by the offset it describes (producer_state.py).
+SNAPSHOT_SUFFIX = ".snapshot"
 
 _OFFSET_DIGITS = 20
 
@@ -83,4 +88,18 @@ def parse_segment_file_name(name: str) -> tuple[int, str] | None:
             stem = name[: -len(suffix)]
             if len(stem) == _OFFSET_DIGITS and stem.isdigit():
                 return int(stem), suffix
+    return None
+
+
+def snapshot_path(directory: Path, offset: int) -> Path:
+    """`<directory>/00000000000000000042.snapshot` for offset 42."""
+    return directory / segment_file_name(offset, SNAPSHOT_SUFFIX)
+
+
+def parse_snapshot_file_name(name: str) -> int | None:
+    """The offset of a producer snapshot's file name, or None for any other file."""
+    if name.endswith(SNAPSHOT_SUFFIX):
+        stem = name[: -len(SNAPSHOT_SUFFIX)]
+        if len(stem) == _OFFSET_DIGITS and stem.isdigit():
+            return int(stem)
     return None

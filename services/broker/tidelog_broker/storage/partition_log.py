@@ -85,6 +85,8 @@ from tidelog_broker.storage.cleaner import (
 from tidelog_broker.storage.clock import SYSTEM_CLOCK, Clock
 from tidelog_broker.storage.config import LogConfig
 from tidelog_broker.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex, TimeIndex
+from tidelog_broker.storage.leader_epoch import LeaderEpochCache
+from tidelog_broker.storage.producer_state import ProducerStateManager
 from tidelog_broker.storage.segment import AppendedBatch, LogSegment
 
 logger = logging.getLogger("tidelog.broker.storage")
@@ -102,6 +104,9 @@ class AppendInfo:
     log_append_time_ms: int
     records_count: int
     size_bytes: int
+    #: Idempotent producer retry: nothing was written; the offsets are those
+    #: the batches got when first appended (producer_state.py).
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,11 @@ class PartitionLog:
         # The segments (and their sizes) a cleaning round in flight was
         # planned on; finish_cleaning swaps only if they are all still there.
         self._cleaning: tuple[tuple[LogSegment, int], ...] | None = None
+        #: Epoch history (replication): which leader epoch wrote which offsets.
+        self.leader_epochs = LeaderEpochCache.load(directory)
+        #: Idempotent producers' sequences (rebuilt by `open`). Followers call
+        #: `producer_state.update(header, first_offset)` for each batch they append.
+        self.producer_state = ProducerStateManager(directory)
 
     @property
     def name(self) -> str:
@@ -240,6 +250,9 @@ class PartitionLog:
         )
         trust_all = clean_shutdown and recovery_point is not None
         log._recover(-1 if recovery_point is None else recovery_point, trust_all)
+        # Recovery may have cut a torn tail: epochs past the end wrote nothing kept.
+        log.leader_epochs.truncate_from_end(log.log_end_offset)
+        log.producer_state.rebuild(log._segments, log.log_end_offset)
         return log
 
     def _recover(self, recovery_point: int, trust_all: bool) -> None:
@@ -359,6 +372,12 @@ class PartitionLog:
         """
         if not batches:
             raise ValueError("append needs at least one batch")
+        # Idempotent producers: rejected or repeated batches write nothing.
+        duplicate = self.producer_state.check(batches)
+        if duplicate is not None:
+            return AppendInfo(
+                duplicate.first_offset, duplicate.last_offset, -1, -1, 0, 0, duplicate=True
+            )
         append_time_ms = self._clock.time_ms() if self._config.log_append_time else -1
         first_offset = self.log_end_offset
         next_offset = first_offset
@@ -389,6 +408,9 @@ class PartitionLog:
             self._segments[-1].append(
                 records, placed, self._config.index_interval_bytes, self._clock.time_ms()
             )
+            update_producer = self.producer_state.update
+            for (_, header), batch in zip(batches, placed, strict=True):
+                update_producer(header, batch.base_offset)
             if self._first_unflushed_monotonic_ms is None:
                 self._first_unflushed_monotonic_ms = self._clock.monotonic_ms()
             self._unflushed_records += records_count
@@ -400,6 +422,75 @@ class PartitionLog:
             last_offset=next_offset - 1,
             max_timestamp=max_timestamp,
             log_append_time_ms=append_time_ms,
+            records_count=records_count,
+            size_bytes=len(records),
+        )
+
+    def append_replicated(
+        self, records: bytes | bytearray, batches: list[tuple[int, BatchHeader]]
+    ) -> AppendInfo:
+        """Append batches a leader already placed (a follower's append): the
+        base offsets in the headers are kept and must continue this log
+        exactly (the first batch at log_end_offset, dense after). Records the
+        epoch of every batch stamped with a newer leader epoch.
+
+        Raises ValueError, writing nothing, when the offsets do not fit.
+        """
+        if not batches:
+            raise ValueError("append needs at least one batch")
+        first_offset = self.log_end_offset
+        next_offset = first_offset
+        max_timestamp = -1
+        records_count = 0
+        expected_position = 0
+        placed: list[AppendedBatch] = []
+        epochs: list[tuple[int, int]] = []
+        latest_epoch = self.leader_epochs.latest_epoch
+        for position, header in batches:
+            if position != expected_position:
+                raise ValueError(f"batches do not tile records: a batch at {position}")
+            if header.base_offset != next_offset:
+                raise ValueError(
+                    f"{self.name}: replicated batch at offset {header.base_offset}, "
+                    f"expected {next_offset}"
+                )
+            expected_position = position + header.size
+            if header.partition_leader_epoch > latest_epoch:
+                latest_epoch = header.partition_leader_epoch
+                epochs.append((latest_epoch, header.base_offset))
+            last_offset = header.base_offset + header.last_offset_delta
+            placed.append(
+                AppendedBatch(position, header.base_offset, last_offset, header.max_timestamp)
+            )
+            max_timestamp = max(max_timestamp, header.max_timestamp)
+            records_count += header.record_count
+            next_offset = last_offset + 1
+        if expected_position != len(records):
+            raise ValueError(f"batches cover {expected_position} of {len(records)} bytes")
+        with _storage_errors(f"appending replicated batches to {self.name}"):
+            for epoch, start in epochs:
+                self.leader_epochs.assign(epoch, start)
+            if self._should_roll(len(records), next_offset - 1, len(placed)):
+                self._roll()
+            self._segments[-1].append(
+                records, placed, self._config.index_interval_bytes, self._clock.time_ms()
+            )
+            # A follower keeps producer state too, so that it can dedupe
+            # retries the moment it becomes leader (it trusts the leader's
+            # checks and only records the batches).
+            for _position, header in batches:
+                self.producer_state.update(header, header.base_offset)
+            if self._first_unflushed_monotonic_ms is None:
+                self._first_unflushed_monotonic_ms = self._clock.monotonic_ms()
+            self._unflushed_records += records_count
+            flush_messages = self._config.flush_messages
+            if flush_messages is not None and self._unflushed_records >= flush_messages:
+                self._flush()
+        return AppendInfo(
+            first_offset=first_offset,
+            last_offset=next_offset - 1,
+            max_timestamp=max_timestamp,
+            log_append_time_ms=-1,
             records_count=records_count,
             size_bytes=len(records),
         )
@@ -429,6 +520,8 @@ class PartitionLog:
         # The old segment is not fsynced here (that could stall the event
         # loop); flush() or close() does it, and recovery covers a crash.
         base_offset = self.log_end_offset
+        if self.producer_state.producers:
+            self.producer_state.take_snapshot(base_offset)
         self._segments.append(LogSegment.create(self.directory, base_offset))
         self._base_offsets.append(base_offset)
         self._directory_dirty = True
@@ -522,6 +615,7 @@ class PartitionLog:
         # first segment still bounds the start; if this survives and they do
         # not, open drops the segments below it.
         _write_offset_file(self.directory / files.LOG_START_OFFSET_FILE, self._log_start_offset)
+        self.producer_state.delete_snapshots_below(self._log_start_offset)
         renamed: list[Path] = []
         for segment in doomed:
             segment.close()
@@ -743,6 +837,8 @@ class PartitionLog:
             self._clean_offset = min(self._clean_offset, self.log_end_offset)
             self._recovery_point = min(self._recovery_point, self.log_end_offset)
             _write_recovery_point(self.directory, self._recovery_point)
+            self.leader_epochs.truncate_from_end(self.log_end_offset)
+            self.producer_state.rebuild(self._segments, self.log_end_offset)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -752,6 +848,10 @@ class PartitionLog:
             return
         with _storage_errors(f"closing {self.name}"):
             self._flush()
+            if self.producer_state.producers:
+                self.producer_state.take_snapshot(
+                    self.log_end_offset, supersedes_above=self._segments[-1].base_offset
+                )
             for segment in self._segments:
                 segment.close()
             self._closed = True

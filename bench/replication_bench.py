@@ -1,0 +1,146 @@
+"""Replication numbers (issue 5): produce throughput with acks=all and
+replication factor 3 on three local brokers against acks=1 with one replica,
+and fail-over time from a leader's SIGKILL to the producer's next
+acknowledged write (p50 and worst over 10 kills), with default settings.
+
+    .venv/bin/python -m bench.replication_bench [--records 200000] [--kills 10]
+
+Starts its own etcd, coordinator and brokers (tests/support), stops them by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tidelog import AdminClient, NewTopic, Producer
+
+from tests.support.coordinator import start_coordinator
+from tests.support.etcd import EtcdProcess
+from tests.support.processes import BrokerProcess, start_broker
+
+VALUE = b"x" * 100
+
+
+def start(root: Path, etcd: EtcdProcess) -> tuple[object, list[BrokerProcess]]:
+    coordinator = start_coordinator(
+        etcd.endpoint, root / "logs", prefix="/bench", coordinator_id="c0"
+    )
+    brokers = [
+        start_broker(
+            root / f"broker-{i}",
+            extra_args=["--etcd", etcd.endpoint, "--etcd-prefix", "/bench"],  # default TTL
+            broker_id=i,
+        )
+        for i in range(3)
+    ]
+    time.sleep(2)
+    return coordinator, brokers
+
+
+def throughput(bootstrap: str, topic: str, records: int, acks: int | str) -> float:
+    with Producer(bootstrap_servers=bootstrap, acks=acks, linger_ms=5) as producer:
+        started = time.perf_counter()
+        for i in range(records):
+            producer.send(topic, value=VALUE, partition=i % 3)
+        producer.flush()
+        return records / (time.perf_counter() - started)
+
+
+def leader_of(bootstrap: str, topic: str) -> int:
+    with AdminClient(bootstrap_servers=bootstrap) as admin:
+        return admin.describe_topics([topic])[0].partitions[0].leader
+
+
+def failover(bootstrap: str, brokers: list[BrokerProcess], kills: int) -> list[float]:
+    topic = "failover"
+    acked: list[tuple[float, float]] = []  # (sent, acked)
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def produce() -> None:
+        with Producer(
+            bootstrap_servers=bootstrap, acks="all", linger_ms=0, retry_backoff_ms=20
+        ) as producer:
+            while not stop.is_set():
+                sent = time.monotonic()
+
+                def done(_md: object, sent: float = sent) -> None:
+                    with lock:
+                        acked.append((sent, time.monotonic()))
+
+                producer.send(topic, value=VALUE, partition=0).add_callback(done)
+                time.sleep(0.002)
+            producer.flush()
+
+    thread = threading.Thread(target=produce, daemon=True)
+    thread.start()
+    time.sleep(2)
+    times = []
+    for _ in range(kills):
+        leader = leader_of(bootstrap, topic)
+        victim = brokers[leader]
+        killed = time.monotonic()
+        victim.kill()
+        while True:
+            with lock:
+                after = [a for s, a in acked if s > killed]
+            if after:
+                times.append(min(after) - killed)
+                break
+            if time.monotonic() - killed > 30:
+                times.append(float("inf"))
+                break
+            time.sleep(0.01)
+        victim.spawn()
+        time.sleep(3)  # back in the ISR before the next kill
+    stop.set()
+    thread.join(30)
+    return times
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--kills", type=int, default=10)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="tidelog-replication-bench-"))
+    etcd = EtcdProcess.start(root)
+    coordinator, brokers = start(root, etcd)
+    bootstrap = ",".join(b.address for b in brokers)
+    try:
+        with AdminClient(bootstrap_servers=bootstrap) as admin:
+            admin.create_topics(
+                [
+                    NewTopic("rf3", 3, 3, topic_configs={"min.insync.replicas": "2"}),
+                    NewTopic("rf1", 3, 1),
+                    NewTopic("failover", 1, 3, topic_configs={"min.insync.replicas": "2"}),
+                ]
+            )
+        time.sleep(2)
+        throughput(bootstrap, "rf1", 20_000, 1)  # warm up
+        rf1 = throughput(bootstrap, "rf1", args.records, 1)
+        rf3 = throughput(bootstrap, "rf3", args.records, "all")
+        print(f"acks=1   RF 1: {rf1:,.0f} records/s (100 B values)")
+        print(f"acks=all RF 3: {rf3:,.0f} records/s = {rf3 / rf1:.2f} of acks=1 RF 1")
+        times = failover(bootstrap, brokers, args.kills)
+        print(
+            "fail-over, SIGKILL of the leader -> next acknowledged write: "
+            f"p50 {statistics.median(times):.2f} s, worst {max(times):.2f} s over {len(times)} "
+            f"kills: {[round(t, 2) for t in times]}"
+        )
+    finally:
+        for broker in brokers:
+            broker.stop()
+        coordinator.stop()  # type: ignore[attr-defined]
+        etcd.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,126 @@
+"""Replication state of one partition on this broker: its role, and as
+leader, each follower's progress, the ISR and the high watermark.
+
+The leader learns a follower's log end offset (LEO) from the fetch offset of
+its ReplicaFetch requests. The high watermark (HW) is the smallest LEO over
+the ISR, the leader included; it never moves backwards. A follower is
+"caught up" at a fetch whose offset reaches the leader's LEO as it was when
+the previous answer to that follower was sent (Kafka's rule: under constant
+load a follower that keeps up still counts as caught up). The ISR itself is
+what etcd says: this class only proposes changes (`isr_to_shrink`,
+`isr_to_expand`); the ClusterLink writes them, fenced by the partition
+state's revision and leader epoch, and the watch brings them back.
+
+Not thread-safe: the broker's event loop owns it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Role(Enum):
+    LEADER = "leader"
+    FOLLOWER = "follower"
+    #: Hosting the log, but no live leader to follow (leader -1).
+    NONE = "none"
+
+
+@dataclass
+class FollowerProgress:
+    #: The follower's log end offset, as its last fetch said (-1: unknown).
+    log_end_offset: int = -1
+    #: Monotonic ms of the last fetch that found it caught up.
+    last_caught_up_ms: int = 0
+    #: The leader's LEO when the last answer to this follower was sent.
+    leader_leo_at_last_answer: int = 0
+
+
+@dataclass
+class PartitionReplication:
+    """Role, epoch, ISR and (as leader) the followers of one partition."""
+
+    topic: str
+    partition: int
+    role: Role
+    leader_id: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    #: Monotonic ms when this broker took its current role.
+    since_ms: int
+    high_watermark: int = 0
+    followers: dict[int, FollowerProgress] = field(default_factory=dict)
+    #: An ISR change is being written to etcd (one at a time).
+    isr_change_pending: bool = False
+    #: As leader: the log end offset when this epoch began. A follower joins
+    #: the ISR only once it has everything up to here too, because the HW a
+    #: new leader starts from may lag what the previous leader committed.
+    epoch_start_offset: int = 0
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    def start_leading(self, me: int, leader_leo: int) -> None:
+        """Fresh follower progress: every follower counts as caught up now, so
+        it has replica.lag.time.max.ms to show up before it leaves the ISR."""
+        self.followers = {
+            r: FollowerProgress(last_caught_up_ms=self.since_ms) for r in self.replicas if r != me
+        }
+        self.epoch_start_offset = leader_leo
+        self.advance_high_watermark(me, leader_leo)
+
+    def on_follower_fetch(
+        self, follower: int, fetch_offset: int, leader_leo: int, now_ms: int
+    ) -> None:
+        """Record a follower's fetch (its LEO is `fetch_offset`)."""
+        progress = self.followers.setdefault(follower, FollowerProgress(last_caught_up_ms=now_ms))
+        progress.log_end_offset = fetch_offset
+        if fetch_offset >= leader_leo or fetch_offset >= progress.leader_leo_at_last_answer:
+            progress.last_caught_up_ms = now_ms
+
+    def on_answer(self, follower: int, leader_leo: int) -> None:
+        progress = self.followers.get(follower)
+        if progress is not None:
+            progress.leader_leo_at_last_answer = leader_leo
+
+    def advance_high_watermark(self, me: int, leader_leo: int) -> bool:
+        """Recompute HW = min LEO over the ISR; True when it moved forward."""
+        low = leader_leo
+        for member in self.isr:
+            if member == me:
+                continue
+            progress = self.followers.get(member)
+            low = min(low, -1 if progress is None else progress.log_end_offset)
+        if low > self.high_watermark:
+            self.high_watermark = low
+            return True
+        return False
+
+    def isr_to_shrink(self, me: int, now_ms: int, lag_ms: int) -> list[int] | None:
+        """The ISR without followers that were not caught up for `lag_ms`, or None."""
+        lagging = [
+            r
+            for r in self.isr
+            if r != me
+            and (p := self.followers.get(r)) is not None
+            and now_ms - p.last_caught_up_ms > lag_ms
+        ]
+        if not lagging:
+            return None
+        return [r for r in self.isr if r not in lagging]
+
+    def isr_to_expand(self, me: int) -> list[int] | None:
+        """The ISR plus followers that reached the HW (and this epoch's data), or None."""
+        joining = [
+            r
+            for r, p in self.followers.items()
+            if r not in self.isr
+            and r in self.replicas
+            and p.log_end_offset >= max(self.high_watermark, self.epoch_start_offset)
+        ]
+        if not joining:
+            return None
+        return [r for r in self.replicas if r in self.isr or r in joining]

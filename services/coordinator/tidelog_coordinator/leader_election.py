@@ -1,0 +1,204 @@
+"""Partition leader election: the controller duty that keeps every partition
+led by a live in-sync replica.
+
+One pass (`elect_once`) reads the live brokers, the topics and every
+partition state, and for each partition decides:
+
+- its leader is gone (registration vanished) or it has none (-1): the first
+  replica, in placement order, that is in the ISR and alive leads, with the
+  leader epoch bumped and the ISR cut to live members; no such replica and
+  `unclean.leader.election.enable`: the first live replica leads with
+  ISR = [it] (what only the ISR had is lost); else the partition stays
+  leaderless (leader -1, epoch bumped to fence the old leader, ISR kept, so
+  that an ISR member that returns is elected);
+- its leader is alive but other ISR members are gone: they leave the ISR at
+  once (as KRaft fences a broker that lost its session), so a broker that
+  comes back with a torn log cannot be elected before it caught up again;
+- preferred leader election (every `leader_imbalance_check_interval_ms`): the
+  first replica is alive, in the ISR, and not the leader: it leads again.
+
+Every write is a transaction comparing the state key's mod revision (a write
+by the leader, such as an ISR change, in between makes the pass skip it; the
+next pass sees the new state) and the controller's election key (fencing).
+Passes run when the brokers/ prefix changes and every second otherwise.
+
+Not thread-safe: runs on the coordinator's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+
+import aetcd
+from tidelog._etcd import PrefixWatcher, WatchBatch, is_unavailable
+from tidelog._etcd.keys import Keys
+from tidelog.topic_configs import parse_topic_configs
+
+log = logging.getLogger("tidelog.coordinator.election")
+
+#: A pass also runs this often without any broker change (leader -1
+#: partitions of new topics, lost watch events).
+PASS_INTERVAL_S = 1.0
+
+
+def decide(
+    replicas: list[int],
+    state: dict[str, Any],
+    live: set[int],
+    unclean: bool,
+    preferred: bool,
+    restarted: frozenset[int] | set[int] = frozenset(),
+) -> dict[str, Any] | None:
+    """The new state of one partition, or None to leave it (pure; tested alone).
+
+    `restarted`: live brokers registered after this state was written. They
+    died and came back since, maybe with a torn log, so they count as gone
+    (not in the ISR, not leading) unless nobody else can lead.
+    """
+    leader = int(state.get("leader", -1))
+    epoch = int(state.get("leader_epoch", 0))
+    isr = [int(b) for b in state.get("isr", [])]
+    version = int(state.get("version", 1))
+    steady = live - set(restarted)
+    live_isr = [b for b in isr if b in steady]
+    if leader < 0 or (leader not in steady and not live_isr):
+        # Leaderless, or only restarted ISR members left: one of them is the
+        # best there is (it leads in a new epoch).
+        live_isr = [b for b in isr if b in live]
+    if leader >= 0 and leader in steady:
+        if preferred and replicas and replicas[0] != leader and replicas[0] in live_isr:
+            return {
+                "leader": replicas[0],
+                "leader_epoch": epoch + 1,
+                "isr": live_isr,
+                "version": version + 1,
+            }
+        if live_isr != isr:
+            return {
+                "leader": leader,
+                "leader_epoch": epoch,
+                "isr": live_isr,
+                "version": version + 1,
+            }
+        return None
+    candidates = [r for r in replicas if r in live_isr]
+    if candidates:
+        return {
+            "leader": candidates[0],
+            "leader_epoch": epoch + 1,
+            "isr": live_isr,
+            "version": version + 1,
+        }
+    live_replicas = [r for r in replicas if r in live]
+    if unclean and live_replicas:
+        return {
+            "leader": live_replicas[0],
+            "leader_epoch": epoch + 1,
+            "isr": [live_replicas[0]],
+            "version": version + 1,
+        }
+    if leader != -1:
+        # Nobody may lead: fence the old leader, keep the ISR to wait for.
+        return {"leader": -1, "leader_epoch": epoch + 1, "isr": isr, "version": version + 1}
+    return None
+
+
+class LeaderElector:
+    """Runs election passes while this replica is the controller."""
+
+    def __init__(self, client: aetcd.Client, keys: Keys, preferred_interval_ms: int) -> None:
+        self.client = client
+        self.keys = keys
+        self.preferred_interval_s = preferred_interval_ms / 1000
+        self._trigger = asyncio.Event()
+
+    async def run(self, fence: Any) -> None:
+        """Passes until cancelled; `fence` is the election's leader compare."""
+        watcher = PrefixWatcher(self.client, self.keys.brokers, self._on_brokers, name="elector")
+        watch = asyncio.create_task(watcher.run())
+        last_preferred = time.monotonic()
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._trigger.wait(), PASS_INTERVAL_S)
+                self._trigger.clear()
+                preferred = (
+                    self.preferred_interval_s > 0
+                    and time.monotonic() - last_preferred >= self.preferred_interval_s
+                )
+                try:
+                    await self.elect_once(fence, preferred)
+                    if preferred:
+                        last_preferred = time.monotonic()
+                except Exception as exc:
+                    if not is_unavailable(exc):
+                        log.exception("leader election pass failed")
+                    await asyncio.sleep(0.2)
+        finally:
+            watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watch
+
+    async def _on_brokers(self, batch: WatchBatch) -> None:
+        self._trigger.set()
+
+    async def elect_once(self, fence: Any, preferred: bool) -> int:
+        """One pass over every partition; returns how many states it wrote."""
+        registered = {
+            int(json.loads(kv.value)["id"]): kv.create_revision
+            for kv in await self.client.get_prefix(self.keys.brokers)
+        }
+        live = set(registered)
+        topics = {}
+        for kv in await self.client.get_prefix(self.keys.topics):
+            data = json.loads(kv.value)
+            topics[data["name"]] = data
+        prefix = self.keys._k("partitions", "")
+        written = 0
+        tx = self.client.transactions
+        for kv in await self.client.get_prefix(prefix):
+            parts = kv.key[len(prefix) :].decode().split("/")
+            if len(parts) != 3 or parts[2] != "state" or not parts[1].isdigit():
+                continue
+            topic = topics.get(parts[0])
+            if topic is None:
+                continue
+            partition = int(parts[1])
+            placement = {int(p["partition"]): p["replicas"] for p in topic["partitions"]}
+            replicas = [int(r) for r in placement.get(partition, [])]
+            try:
+                unclean = parse_topic_configs(
+                    topic.get("configs", {})
+                ).unclean_leader_election_enable
+            except Exception:
+                unclean = False
+            state = json.loads(kv.value)
+            restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
+            new = decide(replicas, state, live, unclean, preferred, restarted)
+            if new is None:
+                continue
+            ok, _ = await self.client.transaction(
+                compare=[fence, tx.mod(kv.key) == kv.mod_revision],
+                success=[tx.put(kv.key, json.dumps(new, sort_keys=True).encode())],
+                failure=[],
+            )
+            if ok:
+                written += 1
+                log.info(
+                    "%s-%d: leader %s -> %s, epoch %s -> %s, isr %s -> %s (live brokers %s)",
+                    parts[0],
+                    partition,
+                    state.get("leader"),
+                    new["leader"],
+                    state.get("leader_epoch"),
+                    new["leader_epoch"],
+                    state.get("isr"),
+                    new["isr"],
+                    sorted(live),
+                )
+        return written

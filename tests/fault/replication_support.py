@@ -1,0 +1,314 @@
+"""A replicated cluster for fault tests: etcd, a coordinator, three brokers
+with short session TTLs, and the workload helpers the tests share (a
+producer that records what was acknowledged, a killer that SIGKILLs
+leaders, a reader that reads every partition back).
+
+Every process is started by the test and stopped through its own PID.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.config import ProducerConfig
+from tidelog.v1 import log_pb2, log_pb2_grpc
+
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.etcd import EtcdProcess
+from tests.support.processes import BrokerProcess, start_broker
+
+SESSION_TTL_S = 2
+#: Followers that stop fetching leave the ISR after this (tests: short).
+REPLICA_LAG_MS = 3000
+
+
+@dataclass
+class ReplicatedCluster:
+    etcd: EtcdProcess
+    root: Path
+    prefix: str
+    coordinator: CoordinatorProcess | None = None
+    brokers: list[BrokerProcess] = field(default_factory=list)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.address for b in self.brokers)
+
+    def start(self, count: int = 3, broker_settings: Sequence[str] = ()) -> None:
+        self.coordinator = start_coordinator(
+            self.etcd.endpoint,
+            self.root / "logs",
+            prefix=self.prefix,
+            coordinator_id="c0",
+            session_ttl_s=SESSION_TTL_S,
+        )
+        for broker_id in range(count):
+            args = [
+                "--etcd", self.etcd.endpoint,
+                "--etcd-prefix", self.prefix,
+                "--session-ttl-s", str(SESSION_TTL_S),
+                "--set", f"replica.lag.time.max.ms={REPLICA_LAG_MS}",
+            ]  # fmt: skip
+            for setting in broker_settings:
+                args += ["--set", setting]
+            self.brokers.append(
+                start_broker(
+                    self.root / f"broker-{broker_id}", extra_args=args, broker_id=broker_id
+                )
+            )
+
+    def stop(self) -> None:
+        for broker in self.brokers:
+            broker.stop()
+        if self.coordinator is not None:
+            self.coordinator.stop()
+
+    def metadata(self, topic: str) -> log_pb2.MetadataResponse | None:
+        for broker in self.brokers:
+            if broker.proc is None:
+                continue
+            try:
+                with grpc.insecure_channel(broker.address) as channel:
+                    return log_pb2_grpc.LogStub(channel).Metadata(
+                        log_pb2.MetadataRequest(topics=[topic]), timeout=2
+                    )
+            except grpc.RpcError:
+                continue
+        return None
+
+    def leaders(self, topic: str) -> dict[int, int]:
+        reply = self.metadata(topic)
+        if reply is None:
+            return {}
+        return {p.partition: p.leader_id for p in reply.topics[0].partitions}
+
+    def isr(self, topic: str) -> dict[int, list[int]]:
+        reply = self.metadata(topic)
+        if reply is None:
+            return {}
+        return {p.partition: list(p.isr) for p in reply.topics[0].partitions}
+
+    def wait_full_isr(self, topic: str, replicas: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            isr = self.isr(topic)
+            leaders = self.leaders(topic)
+            if (
+                isr
+                and all(len(m) == replicas for m in isr.values())
+                and all(v >= 0 for v in leaders.values())
+            ):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def create_topic(
+        self, name: str, partitions: int, replicas: int, configs: dict[str, str]
+    ) -> None:
+        with AdminClient(bootstrap_servers=self.bootstrap) as admin:
+            admin.create_topics([NewTopic(name, partitions, replicas, topic_configs=configs)])
+        assert self.wait_full_isr(name, replicas, 20), self.isr(name)
+
+
+def idempotence_available() -> bool:
+    return any(f.name == "enable_idempotence" for f in dataclasses.fields(ProducerConfig))
+
+
+class AckedProducer:
+    """Sends `total` records (value = b"<partition>:<seq>") round-robin to
+    the partitions, from a thread, spread evenly over `duration_s`, and
+    records which were acknowledged."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        partitions: int,
+        total: int,
+        duration_s: float = 0.0,
+        **options: Any,
+    ):
+        self.duration_s = duration_s
+        self.topic = topic
+        self.partitions = partitions
+        self.total = total
+        self.options = options
+        self.bootstrap = bootstrap
+        self.acked: dict[int, list[int]] = defaultdict(list)
+        self.failed = 0
+        self.ack_times: list[float] = []
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.stop = threading.Event()
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> None:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the producer did not finish"
+
+    def _on_ok(self, partition: int, seq: int) -> None:
+        with self._lock:
+            self.acked[partition].append(seq)
+            self.ack_times.append(time.monotonic())
+
+    def _on_error(self, error: BaseException) -> None:
+        with self._lock:
+            self.failed += 1
+
+    def _run(self) -> None:
+        try:
+            with Producer(bootstrap_servers=self.bootstrap, **self.options) as producer:
+                seqs = [0] * self.partitions
+                started = time.monotonic()
+                for i in range(self.total):
+                    if self.stop.is_set():
+                        break
+                    if self.duration_s and i % 500 == 0:
+                        due = started + self.duration_s * i / self.total
+                        time.sleep(max(0.0, due - time.monotonic()))
+                    partition = i % self.partitions
+                    seq = seqs[partition]
+                    seqs[partition] += 1
+                    future = producer.send(
+                        self.topic, value=f"{partition}:{seq}".encode(), partition=partition
+                    )
+                    future.add_callback(lambda _md, p=partition, s=seq: self._on_ok(p, s))
+                    future.add_errback(self._on_error)
+                producer.flush()
+        except BaseException as exc:  # reported by the test
+            self.error = exc
+
+    def acked_count(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self.acked.values())
+
+
+class LeaderKiller:
+    """Every `period_s`, SIGKILLs the leader of a random partition and
+    restarts it (optionally tearing a follower's log tail while it is down)."""
+
+    def __init__(self, cluster: ReplicatedCluster, topic: str, period_s: float, seed: int = 7):
+        self.cluster = cluster
+        self.topic = topic
+        self.period_s = period_s
+        self.random = random.Random(seed)
+        self.kills = 0
+        self.torn = 0
+        self.stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.error: BaseException | None = None
+        self.tear_follower = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self) -> None:
+        self.stop.set()
+        self._thread.join(60)
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.wait(self.period_s):
+                leaders = self.cluster.leaders(self.topic)
+                live = [b for b in leaders.values() if b >= 0]
+                if not live:
+                    continue
+                victim_id = self.random.choice(live)
+                victim = self.cluster.brokers[victim_id]
+                victim.kill()
+                self.kills += 1
+                if self.tear_follower:
+                    self._tear_a_follower(victim_id)
+                time.sleep(0.5)
+                victim.spawn()
+        except BaseException as exc:
+            self.error = exc
+
+    def _tear_a_follower(self, leader_id: int) -> None:
+        """Kill a follower too and cut its active segment at a random byte."""
+        others = [
+            b for b in self.cluster.brokers if b.broker_id != leader_id and b.proc is not None
+        ]
+        if len(others) < 2:
+            return
+        follower = self.random.choice(others)
+        follower.kill()
+        for log_dir in follower.data_dir.glob(f"{self.topic}-*"):
+            segments = sorted(log_dir.glob("*.log"))
+            if not segments:
+                continue
+            active = segments[-1]
+            size = active.stat().st_size
+            if size > 0:
+                os.truncate(active, self.random.randrange(size))
+                self.torn += 1
+        follower.spawn()
+
+
+def read_back(
+    bootstrap: str, topic: str, partitions: int, timeout_s: float
+) -> dict[int, list[int]]:
+    """Every record of every partition, in log order, as seqs."""
+    out: dict[int, list[int]] = defaultdict(list)
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    with Consumer(bootstrap_servers=bootstrap, enable_auto_commit=False) as consumer:
+        consumer.assign(tps)
+        consumer.seek_to_beginning(*tps)
+        ends = consumer.end_offsets(tps)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if all(consumer.position(tp) >= ends[tp] for tp in tps):
+                break
+            for batch in consumer.poll(timeout_ms=500, max_records=100_000).values():
+                for record in batch:
+                    partition, seq = record.value.decode().split(":")
+                    out[int(partition)].append(int(seq))
+    return out
+
+
+@dataclass
+class Verdict:
+    acked: int
+    read: int
+    lost: int
+    duplicates: int
+    out_of_order: int
+
+
+def compare(acked: dict[int, list[int]], read: dict[int, list[int]]) -> Verdict:
+    lost = duplicates = out_of_order = 0
+    for partition in set(acked) | set(read):
+        seen = read.get(partition, [])
+        counts: dict[int, int] = defaultdict(int)
+        for seq in seen:
+            counts[seq] += 1
+        duplicates += sum(c - 1 for c in counts.values() if c > 1)
+        lost += sum(1 for seq in acked.get(partition, []) if counts.get(seq, 0) == 0)
+        acked_set = set(acked.get(partition, []))
+        last = -1
+        for seq in seen:
+            if seq in acked_set:
+                if seq < last:
+                    out_of_order += 1
+                last = max(last, seq)
+    return Verdict(
+        sum(len(v) for v in acked.values()),
+        sum(len(v) for v in read.values()),
+        lost,
+        duplicates,
+        out_of_order,
+    )
