@@ -100,8 +100,9 @@ def check_acks_all(
 
 @pytest.mark.timeout(90)
 def test_acks_all_loses_nothing_while_leaders_are_killed(cluster: ReplicatedCluster) -> None:
+    # The size: 200k records with idempotence, a leader killed every 3 s.
     producer, killer = run_with_kills(
-        cluster, acks="all", records=60_000, duration_s=12, kill_every_s=3
+        cluster, acks="all", records=200_000, duration_s=15, kill_every_s=3
     )
     check_acks_all(cluster, producer, killer, "acks=all, leaders killed")
 
