@@ -33,9 +33,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tidelog import AdminClient, NewTopic
+
 from bench import kafka_baseline as kb
 from bench import kafka_fetch, report, workloads
-from bench._processes import BrokerProcess, hwm_mb, rss_mb, tidelog_broker
+from bench._processes import BrokerProcess, hwm_mb, rss_mb, tidelog_broker, tidelog_cluster
 from bench.grpc_ceiling import ceiling_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,8 +66,8 @@ DESCRIPTIONS = {
     "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
     "paper_consume_10M": "the paper's consumer test: one consumer reading 10 million 200-byte "
     "messages with 200 KB per fetch (max_partition_fetch_bytes = fetch_max_bytes = 204800).",
-    "replication_1KB_acks_all": "1 KiB records, acks=all, replication factor 3 on three local "
-    "brokers (opt-in: --replication).",
+    "replication_1KB_acks_all": "1 KiB records, acks=all, replication factor 3 and "
+    "min.insync.replicas=2 on three local brokers of each system (opt-in: --replication).",
     "fetch_latency_*": "one fetch of one stored batch (raw Fetch: Tidelog's gRPC stream with one "
     "byte of credit per seek; Kafka's Fetch v4 with partition_max_bytes=1) at the tail and at a "
     "random old offset, as the log of 1 KiB records grows (opt-in: --big for 100 MB/1 GB/5 GB).",
@@ -342,45 +344,57 @@ def run_paper_produce(ctx: Ctx, batch: int) -> None:
 
 
 def run_replication(ctx: Ctx) -> None:
+    """1 KiB records, acks=all, replication factor 3 (min.insync.replicas=2) on
+    three local brokers of each system. Opt-in: both start whole clusters."""
     name = "replication_1KB_acks_all"
-    ctx.add(
-        {
-            "workload": name,
-            "system": "tidelog",
-            "records_per_s": None,
-            "mb_per_s": None,
-            "p50_ms": None,
-            "p99_ms": None,
-            "p999_ms": None,
-            "rss_mb": None,
-            "cpu_s_per_million": {"broker": None, "client": None},
-            "records": 0,
-            "record_bytes": 1024,
-            "detail": {"status": "not available yet (Tidelog has no replication)"},
-        }
-    )
-    if ctx.kafka is None:
-        return
     if not ctx.args.replication:
-        ctx.notes.append(f"{name}: Kafka's 3-broker run skipped (opt-in: --replication)")
+        ctx.notes.append(f"{name}: skipped (opt-in: --replication)")
         return
+    for r in range(ctx.args.repeat):
+        for system in ctx.systems(r):
+            if system == "tidelog":
+                ctx.add(_tidelog_replicated_produce(ctx, name, r))
+            else:
+                ctx.add(_kafka_replicated_produce(ctx, name, r))
+
+
+def _tidelog_replicated_produce(ctx: Ctx, name: str, run: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with tidelog_cluster(brokers=3) as cluster:
+        print(f"  (3-broker Tidelog up in {time.perf_counter() - t0:.0f} s)", flush=True)
+        topic = f"{name}-{run}"
+        with AdminClient(bootstrap_servers=cluster.bootstrap) as admin:
+            admin.create_topics([NewTopic(topic, 1, 3, topic_configs={"min.insync.replicas": "2"})])
+            leader = admin.describe_topics([topic])[0].partitions[0].leader
+        return workloads.produce(
+            cluster.bootstrap,
+            next(b.pid for b in cluster.brokers if b.broker_id == leader),
+            topic,
+            ctx.sizes.replication,
+            1024,
+            workload=name,
+            acks="all",
+        )
+
+
+def _kafka_replicated_produce(ctx: Ctx, name: str, run: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     with kb.KafkaCluster(ctx.install, broker_count=3) as cluster:
         print(f"  (3-broker Kafka up in {time.perf_counter() - t0:.0f} s)", flush=True)
-        for r in range(ctx.args.repeat):
-            topic = ctx.kafka_topic(f"{name}-{r}", rf=3, cluster=cluster)
-            ctx.add(
-                kb.producer_perf(
-                    cluster.bootstrap,
-                    topic,
-                    ctx.sizes.replication,
-                    1024,
-                    acks="all",
-                    install=ctx.install,
-                    workload=name,
-                    **KAFKA_BATCH,
-                )
-            )
+        topic = f"{name}-{run}"
+        kb.create_topic(
+            cluster.bootstrap, topic, 1, 3, {"min.insync.replicas": "2"}, install=ctx.install
+        )
+        return kb.producer_perf(
+            cluster.bootstrap,
+            topic,
+            ctx.sizes.replication,
+            1024,
+            acks="all",
+            install=ctx.install,
+            workload=name,
+            **KAFKA_BATCH,
+        )
 
 
 def run_fetch_latency(ctx: Ctx) -> None:

@@ -23,9 +23,21 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # `python bench/...` as well as `python -m bench`
     sys.path.insert(0, str(ROOT))
 
+from tests.support.cluster import ClusterProcesses, start_cluster  # noqa: E402
+from tests.support.etcd import EtcdProcess  # noqa: E402
 from tests.support.processes import BrokerProcess, free_port, start_broker  # noqa: E402
 
-__all__ = ["BrokerProcess", "Meter", "free_port", "hwm_mb", "rss_mb", "tidelog_broker", "tmpdir"]
+__all__ = [
+    "BrokerProcess",
+    "ClusterProcesses",
+    "Meter",
+    "free_port",
+    "hwm_mb",
+    "rss_mb",
+    "tidelog_broker",
+    "tidelog_cluster",
+    "tmpdir",
+]
 
 
 @contextlib.contextmanager
@@ -36,6 +48,22 @@ def tmpdir(prefix: str) -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def tidelog_cluster(brokers: int = 3) -> Iterator[ClusterProcesses]:
+    """etcd, a coordinator and `brokers` brokers in cluster mode, with temporary
+    data directories; every process stopped by PID on exit."""
+    with tmpdir("tidelog-bench-cluster-") as root:
+        etcd = EtcdProcess.start(root / "etcd")
+        try:
+            cluster = start_cluster(root, etcd=etcd, brokers=brokers)
+            try:
+                yield cluster
+            finally:
+                cluster.stop()
+        finally:
+            etcd.stop()
 
 
 @contextlib.contextmanager
