@@ -146,7 +146,7 @@ def _dev(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
-    endpoints = []
+    endpoints: list[tuple[str, str, Path | None, Path]] = []
     try:
         etcd_port = args.etcd_port or _free_port()
         etcd_dir = data_dir / "etcd"
@@ -182,7 +182,8 @@ def _dev(args: argparse.Namespace) -> int:
             coordinator_log,
         )  # fmt: skip
         wait_until_serving(coordinator_address, READY_TIMEOUT_S, coordinator)
-        endpoints.append(("coordinator", coordinator_address, etcd_dir, coordinator_log))
+        # The coordinator keeps no data of its own: its state lives in etcd.
+        endpoints.append(("coordinator", coordinator_address, None, coordinator_log))
 
         brokers = []
         for broker_id in range(args.brokers):
@@ -204,7 +205,8 @@ def _dev(args: argparse.Namespace) -> int:
         bootstrap = endpoints[2][1]
         print("Tidelog is running.")
         for name, address, directory, log_path in endpoints:
-            print(f"  {name}: {address}  data {directory}  log {log_path}")
+            data = f"  data {directory}" if directory is not None else "  state in etcd"
+            print(f"  {name}: {address}{data}  log {log_path}")
         print(f"  clients: --bootstrap-server {bootstrap} (any broker)")
         print()
         print("Try, in another terminal (with .venv/bin on PATH):")
