@@ -37,6 +37,7 @@ from typing import Any
 import aetcd
 from tidelog._etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog._etcd.keys import Keys
+from tidelog.errors import InvalidConfigError
 from tidelog.topic_configs import parse_topic_configs
 
 log = logging.getLogger("tidelog.coordinator.election")
@@ -175,7 +176,11 @@ class LeaderElector:
                 unclean = parse_topic_configs(
                     topic.get("configs", {})
                 ).unclean_leader_election_enable
-            except Exception:
+            except InvalidConfigError:
+                # Configs are validated when written; a bad one read back means
+                # a hand-edited key: fall back to the safe choice (no unclean
+                # election) rather than stop electing leaders.
+                log.warning("topic %s has invalid configs; unclean election off", parts[0])
                 unclean = False
             state = json.loads(kv.value)
             restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
