@@ -90,7 +90,7 @@ the client's (see the CPU columns), and the gRPC ceiling moves the same bytes 3-
   one call per batch of values), or encoding in a C extension; the wire is not the limit.
 - **Consume, 100 B** (target 1M/s): bound by building one `ConsumerRecord` per record in
   `poll()` (`_subscription._decode_batches`: the columnar slices of the values, then the
-  record tuples; CRC32C is ~10%). At ~0.6M/s that is ~1.6 us per record in Python. What
+  record tuples; CRC32C is ~10%). At ~1M/s that is ~1 us per record in Python. What
   would move it: handing out values lazily (a batch view that builds records on access) or
   an Arrow/columnar poll API for bulk consumers.
 - **1 KiB records**: both sides copy each value (into the batch on produce, out of the fetch
