@@ -138,6 +138,12 @@ def _dev(args: argparse.Namespace) -> int:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                # Out of the terminal's process group: Ctrl-C reaches only this
+                # process, which stops the others in order (brokers, then the
+                # coordinator, then etcd). Were etcd to get the SIGINT too, it
+                # would exit first, no lease could be revoked, and the next
+                # start would wait out every session TTL before electing.
+                start_new_session=True,
             )
         processes.append(process)
         return process
