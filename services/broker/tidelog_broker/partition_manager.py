@@ -512,6 +512,25 @@ class PartitionManager:
         )
         return partition_log.log_end_offset
 
+    def reset_replica(self, topic: str, partition: int, offset: int) -> None:
+        """Follower: our log ends below the leader's log start offset
+        `offset` (retention deleted what we still needed): restart the log
+        empty at `offset` (PartitionLog.reset_to)."""
+        partition_log = self.partition_log(topic, partition)
+        before_start = partition_log.log_start_offset
+        before_end = partition_log.log_end_offset
+        partition_log.reset_to(offset)
+        log.warning(
+            "%s-%d: log (offsets %d to %d) is behind the leader's log start offset %d: "
+            "reset to an empty log at offset %d",
+            topic,
+            partition,
+            before_start,
+            before_end,
+            offset,
+            offset,
+        )
+
     def _propose_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
         if self.isr_writer is None or replication.isr_change_pending:
             return

@@ -7,9 +7,12 @@ of the log's last batch), read the answer, apply it, repeat. Applying means:
 append the batches as they are (`PartitionLog.append_replicated`, keeping
 the leader's offsets), take the leader's HW (capped at our log end), or,
 when the leader reports a diverging epoch, truncate the divergent suffix and
-fetch again. A partition whose answer is an error (the leader moved, an epoch
-mismatch) waits a short backoff before it is asked for again; etcd's watch
-meanwhile tells the ClusterLink where it went.
+fetch again. When our log ends below the leader's log start offset (the
+leader answers OFFSET_OUT_OF_RANGE: retention deleted what we still need),
+the log is reset to an empty one at the leader's log start and fetched again
+at once. A partition whose answer is another error (the leader moved, an
+epoch mismatch) waits a short backoff before it is asked for again; etcd's
+watch meanwhile tells the ClusterLink where it went.
 
 An answer is applied only while the partition is still followed, in the same
 epoch as when it was asked for and while the PartitionManager still has it
@@ -165,6 +168,10 @@ class ReplicaFetcher:
                 or replication.leader_epoch != epoch
             ):
                 continue  # no longer ours to apply (see module doc)
+            if data.error.code == common_pb2.OFFSET_OUT_OF_RANGE and self._behind_leader_start(
+                key, data.log_start_offset
+            ):
+                continue
             if data.error.code != common_pb2.NONE:
                 log.debug(
                     "replicating %s-%d from broker %d: %s",
@@ -192,6 +199,28 @@ class ReplicaFetcher:
                     exc,
                 )
                 self._retry_at[key] = now + ERROR_BACKOFF_S
+
+    def _behind_leader_start(self, key: TopicPartitionKey, leader_log_start: int) -> bool:
+        """Our log ends below the leader's log start (retention deleted what
+        we still need): restart it empty there and refetch at once. False
+        (nothing done) otherwise, or when the reset failed."""
+        topic, partition = key
+        try:
+            if leader_log_start <= self._manager.partition_log(topic, partition).log_end_offset:
+                return False
+            self._manager.reset_replica(topic, partition, leader_log_start)
+        except TidelogError as exc:
+            log.warning(
+                "resetting %s-%d to the log start %d of broker %d failed: %s",
+                topic,
+                partition,
+                leader_log_start,
+                self.leader_id,
+                exc,
+            )
+            return False
+        self._retry_at.pop(key, None)
+        return True
 
     def _truncate(self, key: TopicPartitionKey, diverging: replica_pb2.DivergingEpoch) -> None:
         """Cut our log where it leaves the leader's (KIP-320): at the leader's

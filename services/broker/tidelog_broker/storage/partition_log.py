@@ -13,6 +13,8 @@ directory holds small files:
   writes it before renaming the segments it drops; `open` deletes segments
   that lie wholly below it (a retention pass cut short by a crash). A lost
   update is harmless: the first segment's base offset is a lower bound.
+  `reset_to` writes it durably before dropping every segment; `open` empties
+  a log that lies wholly below it (a reset cut short by a crash).
 - `cleaner-checkpoint`: two offsets, `clean_offset gap_limit`. Below the
   clean offset every key appears at most once (the cleaner maps only what is
   above it). Below the gap limit, segments may have been rewritten by the
@@ -234,6 +236,17 @@ class PartitionLog:
             LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
             for base_offset in base_offsets
         ]
+        # The whole log lies below the log start: a `reset_to` was cut short
+        # after it wrote the new start. Finish it: the log is empty there.
+        reset = (
+            bool(segments)
+            and segments[-1].base_offset < log_start_offset
+            and segments[-1].next_offset <= log_start_offset
+        )
+        if reset:
+            for segment in segments:
+                segment.delete()
+            segments = []
         if not segments:
             segments = [LogSegment.create(directory, log_start_offset)]
         log = cls(
@@ -248,6 +261,9 @@ class PartitionLog:
             clean_offset,
             gap_limit,
         )
+        if reset:
+            log._forget_history()
+            _fsync_directory(directory)
         trust_all = clean_shutdown and recovery_point is not None
         log._recover(-1 if recovery_point is None else recovery_point, trust_all)
         # Recovery may have cut a torn tail: epochs past the end wrote nothing kept.
@@ -840,6 +856,51 @@ class PartitionLog:
             self.leader_epochs.truncate_from_end(self.log_end_offset)
             self.producer_state.rebuild(self._segments, self.log_end_offset)
 
+    def reset_to(self, offset: int) -> None:
+        """Drop every record and restart the log, empty, at `offset`: log
+        start = log end = recovery point = `offset`, no epoch history, no
+        producer state. Durable when it returns.
+
+        For a follower whose log ends below the leader's log start offset
+        (retention deleted what it still needed while it was away): it can
+        never fetch those records, so it starts over where the leader's log
+        starts (Kafka's truncateFullyAndStartAt).
+
+        Crash-safe for `offset` >= the old log end (the follower's case): the
+        new log start is written durably first, so a crash part-way leaves a
+        log wholly below it, which `open` empties at `offset`.
+        """
+        if offset < 0:
+            raise ValueError(f"cannot reset {self.name} to negative offset {offset}")
+        with _storage_errors(f"resetting {self.name} to offset {offset}"):
+            directory = self.directory
+            _write_offset_file(directory / files.LOG_START_OFFSET_FILE, offset, durable=True)
+            self._forget_history()
+            deleted: list[Path] = []
+            for segment in self._segments:
+                segment.close()
+                deleted.extend(_rename_deleted(segment.file_paths))
+            self._segments = [LogSegment.create(directory, offset)]
+            self._base_offsets = [offset]
+            self._segments[0].flush()
+            _fsync_directory(directory)
+            self._directory_dirty = False
+            self._log_start_offset = offset
+            self._clean_offset = offset
+            self._recovery_point = offset
+            self._unflushed_records = 0
+            self._first_unflushed_monotonic_ms = None
+            _write_recovery_point(directory, offset)
+        # The renamed files are unreachable now; a failed unlink is retried
+        # by the next open.
+        unlink_files(deleted)
+        logger.warning("%s: reset to an empty log at offset %d", self.name, offset)
+
+    def _forget_history(self) -> None:
+        """Empty the epoch history and the producer state (files included)."""
+        self.leader_epochs.truncate_from_end(0)  # every entry starts at >= 0
+        self.producer_state.clear()
+
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
@@ -1012,10 +1073,18 @@ def _read_offset_file(path: Path) -> int | None:
         return None
 
 
-def _write_offset_file(path: Path, offset: int) -> None:
+def _write_offset_file(path: Path, offset: int, durable: bool = False) -> None:
     temp = path.with_name(path.name + files.TEMP_SUFFIX)
-    temp.write_text(f"{offset}\n", encoding="ascii")
+    if not durable:
+        temp.write_text(f"{offset}\n", encoding="ascii")
+        os.replace(temp, path)
+        return
+    with open(temp, "w", encoding="ascii") as out:
+        out.write(f"{offset}\n")
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(temp, path)
+    _fsync_directory(path.parent)
 
 
 def _read_cleaner_checkpoint(directory: Path) -> tuple[int, int]:

@@ -304,6 +304,13 @@ class ProducerStateManager:
                     files.snapshot_path(self.directory, older).unlink(missing_ok=True)
         return path
 
+    def clear(self) -> None:
+        """Forget every producer and delete every snapshot (the log was
+        emptied, `PartitionLog.reset_to`). Raises OSError."""
+        self._producers = {}
+        for snapshot in self.snapshot_offsets():
+            files.snapshot_path(self.directory, snapshot).unlink(missing_ok=True)
+
     def delete_snapshots_above(self, offset: int) -> None:
         """Remove snapshots of offsets > `offset` (the log was cut there)."""
         for snapshot in self.snapshot_offsets():
