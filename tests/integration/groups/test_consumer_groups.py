@@ -166,8 +166,11 @@ def test_max_poll_interval_leaves_the_group_and_the_next_poll_rejoins(
     create_topic(cluster, topic, 4)
     produce(cluster, topic, 4, 5)
     stuck = consumers(group, topic, "--max-poll-interval-ms", "2000", "--stall-after", "1")
-    other = consumers(group, topic)
+    # It must own the records before anyone else joins: a second member
+    # started at once could take every partition, consume and commit them
+    # all first, and leave the first nothing to stall on.
     wait_until(lambda: stuck.count("stalling") == 1, 30, "the consumer stalls")
+    other = consumers(group, topic)
     # Its partitions move to the live member while it does not poll.
     wait_until(lambda: other.assignment() == set(range(4)), 15, "other owns everything")
     wait_until(lambda: stuck.count("lost") >= 1, 15, "the stalled member reports them lost")
