@@ -19,16 +19,15 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import ERROR_CODE_METADATA_KEY, CoordinatorNotAvailableError
+from tidelog.errors import CoordinatorNotAvailableError
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc
 
 from tidelog_broker.cluster_link import ClusterLink
+from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
 from tidelog_broker.error_mapping import abort
 from tidelog_broker.producer_ids import ProducerIdForwarder
 
 #: A forwarded admin call may create thousands of partition keys in etcd.
-FORWARD_TIMEOUT_S = 30.0
-_RETRY_CODES = (grpc.StatusCode.UNAVAILABLE,)
 
 
 #: Invocation metadata key: "answer DescribeTopics from your own logs".
@@ -49,28 +48,13 @@ class AdminForwarder:
         return admin_pb2_grpc.AdminStub(channel)
 
     async def forward(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
-        addresses = self._link.coordinator_addresses()
-        last = "no coordinator is registered in etcd"
-        for address in addresses:
-            try:
-                return await getattr(self._stub(address), method)(
-                    request, timeout=FORWARD_TIMEOUT_S
-                )
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() in _RETRY_CODES:
-                    last = f"{address}: {exc.details()}"
-                    continue
-                trailing: Any = exc.trailing_metadata() or ()
-                code = next((v for k, v in trailing if k == ERROR_CODE_METADATA_KEY), "")
-                await context.abort(
-                    exc.code(),
-                    exc.details() or "",
-                    trailing_metadata=((ERROR_CODE_METADATA_KEY, code),) if code else (),
-                )
-        await abort(
+        return await forward_to_coordinator(
+            self._link.coordinator_addresses(),
+            lambda address: getattr(self._stub(address), method)(
+                request, timeout=FORWARD_TIMEOUT_S
+            ),
             context,
-            CoordinatorNotAvailableError(f"cannot forward {method} to a coordinator: {last}"),
-            f"forwarding {method}",
+            method,
         )
 
     async def DescribeTopics(

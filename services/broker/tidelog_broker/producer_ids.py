@@ -29,8 +29,6 @@ from typing import Any
 import grpc
 import grpc.aio
 from tidelog.errors import (
-    ERROR_CODE_METADATA_KEY,
-    CoordinatorNotAvailableError,
     GroupsNotSupportedError,
     InvalidRequestError,
     StorageError,
@@ -38,6 +36,7 @@ from tidelog.errors import (
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc
 
 from tidelog_broker.cluster_link import ClusterLink
+from tidelog_broker.coordinator_forwarding import forward_to_coordinator
 from tidelog_broker.error_mapping import abort
 
 log = logging.getLogger("tidelog.broker")
@@ -46,7 +45,8 @@ PRODUCER_IDS_FILE = "producer-ids.json"
 #: The largest epoch a batch header can carry (int16).
 MAX_EPOCH = 32_767
 MAX_PRODUCER_KEY_CHARS = 255
-FORWARD_TIMEOUT_S = 10.0
+#: Deadline of a forwarded InitProducerId: a producer waits for it at start.
+INIT_PRODUCER_ID_TIMEOUT_S = 10.0
 
 
 def _check_key(producer_key: str) -> None:
@@ -150,29 +150,15 @@ class ProducerIdForwarder:
     async def forward(
         self, request: cluster_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> cluster_pb2.InitProducerIdResponse:
-        last = "no coordinator is registered in etcd"
-        for address in self._link.coordinator_addresses():
-            try:
-                response: cluster_pb2.InitProducerIdResponse = await self._stub(
-                    address
-                ).InitProducerId(request, timeout=FORWARD_TIMEOUT_S)
-                return response
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    last = f"{address}: {exc.details()}"
-                    continue
-                trailing: Any = exc.trailing_metadata() or ()
-                code = next((v for k, v in trailing if k == ERROR_CODE_METADATA_KEY), "")
-                await context.abort(
-                    exc.code(),
-                    exc.details() or "",
-                    trailing_metadata=((ERROR_CODE_METADATA_KEY, code),) if code else (),
-                )
-        await abort(
+        response: cluster_pb2.InitProducerIdResponse = await forward_to_coordinator(
+            self._link.coordinator_addresses(),
+            lambda address: self._stub(address).InitProducerId(
+                request, timeout=INIT_PRODUCER_ID_TIMEOUT_S
+            ),
             context,
-            CoordinatorNotAvailableError(f"cannot forward InitProducerId to a coordinator: {last}"),
-            "forwarding InitProducerId",
+            "InitProducerId",
         )
+        return response
 
     async def close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
