@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tidelog.cli.dev import etcd_binary
+from tidelog_server.dev import etcd_binary
 
 START_TIMEOUT_S = 15.0
 

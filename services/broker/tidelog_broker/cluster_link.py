@@ -52,9 +52,16 @@ from typing import Any
 import aetcd
 import grpc
 import grpc.aio
-from tidelog._etcd import Election, PrefixWatcher, Session, WatchBatch, connect, is_unavailable
-from tidelog._etcd.keys import Keys
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
+from tidelog_server.etcd import (
+    Election,
+    PrefixWatcher,
+    Session,
+    WatchBatch,
+    connect,
+    is_unavailable,
+)
+from tidelog_server.etcd.keys import Keys
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager

@@ -35,10 +35,10 @@ import time
 from typing import Any
 
 import aetcd
-from tidelog._etcd import PrefixWatcher, WatchBatch, is_unavailable
-from tidelog._etcd.keys import Keys
 from tidelog.errors import InvalidConfigError
-from tidelog.topic_configs import parse_topic_configs
+from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.topic_configs import parse_topic_configs
 
 log = logging.getLogger("tidelog.coordinator.election")
 

@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import aetcd
-from tidelog._etcd.keys import Keys, prefix_end
 from tidelog.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.names import validate_topic_name
-from tidelog.topic_configs import (
+from tidelog_server.etcd.keys import Keys, prefix_end
+from tidelog_server.names import validate_topic_name
+from tidelog_server.topic_configs import (
     TOPIC_CONFIGS,
     config_to_strings,
     parse_topic_configs,
@@ -279,7 +279,7 @@ class MetadataManager:
         validate_only: bool = False,
     ) -> dict[str, str]:
         """Set and remove overrides of one topic (incrementally) and return the
-        new overrides. Validated with `tidelog.topic_configs`; written with a
+        new overrides. Validated with `tidelog_server.topic_configs`; written with a
         transaction comparing the topic key's mod revision, so a concurrent
         change (or a delete and re-create) is never overwritten: we re-read
         and apply again. Brokers see the new value through their watch."""

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aetcd
-from tidelog._etcd.keys import Keys, prefix_end
 from tidelog.errors import (
     GroupIdNotFoundError,
     IllegalGenerationError,
@@ -34,8 +33,9 @@ from tidelog.errors import (
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.names import validate_topic_name
 from tidelog.types import TopicPartition
+from tidelog_server.etcd.keys import Keys, prefix_end
+from tidelog_server.names import validate_topic_name
 
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.group_coordinator import GroupCoordinator, validate_group_id

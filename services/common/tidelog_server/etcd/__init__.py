@@ -15,10 +15,10 @@ In the spirit of etcd's client/v3/concurrency package:
   the last seen revision after a lost connection, re-listed after compaction.
 """
 
-from tidelog._etcd.client import EtcdUnavailableError, connect, is_unavailable
-from tidelog._etcd.election import Election
-from tidelog._etcd.session import Session
-from tidelog._etcd.watch import Change, PrefixWatcher, WatchBatch
+from tidelog_server.etcd.client import EtcdUnavailableError, connect, is_unavailable
+from tidelog_server.etcd.election import Election
+from tidelog_server.etcd.session import Session
+from tidelog_server.etcd.watch import Change, PrefixWatcher, WatchBatch
 
 __all__ = [
     "Change",
