@@ -159,17 +159,16 @@ class LeaderElector:
         for kv in await self.client.get_prefix(self.keys.topics):
             data = json.loads(kv.value)
             topics[data["name"]] = data
-        prefix = self.keys._k("partitions", "")
         written = 0
         tx = self.client.transactions
-        for kv in await self.client.get_prefix(prefix):
-            parts = kv.key[len(prefix) :].decode().split("/")
-            if len(parts) != 3 or parts[2] != "state" or not parts[1].isdigit():
+        for kv in await self.client.get_prefix(self.keys.all_partition_states):
+            tp = self.keys.parse_partition_state_key(kv.key)
+            if tp is None:
                 continue
-            topic = topics.get(parts[0])
+            topic = topics.get(tp.topic)
             if topic is None:
                 continue
-            partition = int(parts[1])
+            partition = tp.partition
             placement = {int(p["partition"]): p["replicas"] for p in topic["partitions"]}
             replicas = [int(r) for r in placement.get(partition, [])]
             try:
@@ -180,7 +179,7 @@ class LeaderElector:
                 # Configs are validated when written; a bad one read back means
                 # a hand-edited key: fall back to the safe choice (no unclean
                 # election) rather than stop electing leaders.
-                log.warning("topic %s has invalid configs; unclean election off", parts[0])
+                log.warning("topic %s has invalid configs; unclean election off", tp.topic)
                 unclean = False
             state = json.loads(kv.value)
             restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
@@ -196,7 +195,7 @@ class LeaderElector:
                 written += 1
                 log.info(
                     "%s-%d: leader %s -> %s, epoch %s -> %s, isr %s -> %s (live brokers %s)",
-                    parts[0],
+                    tp.topic,
                     partition,
                     state.get("leader"),
                     new["leader"],

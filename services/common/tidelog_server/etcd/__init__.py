@@ -1,13 +1,14 @@
-"""etcd primitives shared by the services (internal: no client imports this).
+"""etcd primitives shared by the services (a client never needs etcd).
 
 The coordinator and the broker (in cluster mode) both hold sessions, follow
 prefixes and spell keys the same way, and services never import each other,
-so the primitives live here, in the SDK package that both depend on. Nothing
-under `tidelog` outside this package imports it: a client never needs etcd.
+so the primitives live here, in the server core that both depend on.
 In the spirit of etcd's client/v3/concurrency package:
 
 - `connect`: an aetcd client with the channel options the services need;
-- `Keys` (in `keys`): the etcd key layout of a cluster;
+- `Keys` (in `keys`): the etcd key layout of a cluster, with one parser per
+  kind of key; `records`: typed values stored under those keys;
+- `ensure_cluster_id` (in `cluster_id`): the cluster id, created once;
 - `Session`: a lease kept alive every TTL/3, with a `lost` event;
 - `Election`: candidates ordered by create revision, each watching only its
   predecessor; the leader's writes compare its key's create revision;
