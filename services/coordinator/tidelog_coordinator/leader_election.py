@@ -38,6 +38,7 @@ import aetcd
 from tidelog.errors import InvalidConfigError
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import PartitionState
 from tidelog_server.topic_configs import parse_topic_configs
 
 log = logging.getLogger("tidelog.coordinator.election")
@@ -49,22 +50,19 @@ PASS_INTERVAL_S = 1.0
 
 def decide(
     replicas: list[int],
-    state: dict[str, Any],
+    state: PartitionState,
     live: set[int],
     unclean: bool,
     preferred: bool,
     restarted: frozenset[int] | set[int] = frozenset(),
-) -> dict[str, Any] | None:
+) -> PartitionState | None:
     """The new state of one partition, or None to leave it (pure; tested alone).
 
     `restarted`: live brokers registered after this state was written. They
     died and came back since, maybe with a torn log, so they count as gone
     (not in the ISR, not leading) unless nobody else can lead.
     """
-    leader = int(state.get("leader", -1))
-    epoch = int(state.get("leader_epoch", 0))
-    isr = [int(b) for b in state.get("isr", [])]
-    version = int(state.get("version", 1))
+    leader, epoch, isr, version = state.leader, state.leader_epoch, list(state.isr), state.version
     steady = live - set(restarted)
     live_isr = [b for b in isr if b in steady]
     if leader < 0 or (leader not in steady and not live_isr):
@@ -73,39 +71,19 @@ def decide(
         live_isr = [b for b in isr if b in live]
     if leader >= 0 and leader in steady:
         if preferred and replicas and replicas[0] != leader and replicas[0] in live_isr:
-            return {
-                "leader": replicas[0],
-                "leader_epoch": epoch + 1,
-                "isr": live_isr,
-                "version": version + 1,
-            }
+            return PartitionState(replicas[0], epoch + 1, tuple(live_isr), version + 1)
         if live_isr != isr:
-            return {
-                "leader": leader,
-                "leader_epoch": epoch,
-                "isr": live_isr,
-                "version": version + 1,
-            }
+            return PartitionState(leader, epoch, tuple(live_isr), version + 1)
         return None
     candidates = [r for r in replicas if r in live_isr]
     if candidates:
-        return {
-            "leader": candidates[0],
-            "leader_epoch": epoch + 1,
-            "isr": live_isr,
-            "version": version + 1,
-        }
+        return PartitionState(candidates[0], epoch + 1, tuple(live_isr), version + 1)
     live_replicas = [r for r in replicas if r in live]
     if unclean and live_replicas:
-        return {
-            "leader": live_replicas[0],
-            "leader_epoch": epoch + 1,
-            "isr": [live_replicas[0]],
-            "version": version + 1,
-        }
+        return PartitionState(live_replicas[0], epoch + 1, (live_replicas[0],), version + 1)
     if leader != -1:
         # Nobody may lead: fence the old leader, keep the ISR to wait for.
-        return {"leader": -1, "leader_epoch": epoch + 1, "isr": isr, "version": version + 1}
+        return PartitionState(-1, epoch + 1, tuple(isr), version + 1)
     return None
 
 
@@ -181,14 +159,14 @@ class LeaderElector:
                 # election) rather than stop electing leaders.
                 log.warning("topic %s has invalid configs; unclean election off", tp.topic)
                 unclean = False
-            state = json.loads(kv.value)
+            state = PartitionState.decode(kv.value)
             restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
             new = decide(replicas, state, live, unclean, preferred, restarted)
             if new is None:
                 continue
             ok, _ = await self.client.transaction(
                 compare=[fence, tx.mod(kv.key) == kv.mod_revision],
-                success=[tx.put(kv.key, json.dumps(new, sort_keys=True).encode())],
+                success=[tx.put(kv.key, new.encode())],
                 failure=[],
             )
             if ok:
@@ -197,12 +175,12 @@ class LeaderElector:
                     "%s-%d: leader %s -> %s, epoch %s -> %s, isr %s -> %s (live brokers %s)",
                     tp.topic,
                     partition,
-                    state.get("leader"),
-                    new["leader"],
-                    state.get("leader_epoch"),
-                    new["leader_epoch"],
-                    state.get("isr"),
-                    new["isr"],
+                    state.leader,
+                    new.leader,
+                    state.leader_epoch,
+                    new.leader_epoch,
+                    list(state.isr),
+                    list(new.isr),
                     sorted(live),
                 )
         return written
