@@ -11,13 +11,17 @@ DATA_DIR ?= .tidelog
 
 install: $(STAMP)
 
-# Reinstall only when the dependency list changes: `make install` is quick
-# when nothing did.
-$(STAMP): pyproject.toml
-	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Tidelog needs Python 3.11+, found " + sys.version' 
+# One distribution per part, each with its own pyproject.toml; all installed
+# editable into .venv with the developer tools.
+PARTS := sdk services/common services/broker services/coordinator
+
+# Reinstall only when a dependency list changes: `make install` is quick when
+# nothing did.
+$(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
+	@tools/check-prereqs.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet $(addprefix -e ,$(PARTS)) -r requirements-dev.txt
 	@touch $(STAMP)
 
 run: install
@@ -49,6 +53,9 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/buf lint
+	tools/buf-breaking.sh $(BIN)/buf
 
 format: install
 	$(BIN)/ruff check --fix .
@@ -58,15 +65,20 @@ format: install
 proto: install
 	PYTHON=$(BIN)/python tools/genproto.sh
 
-# Fail when the committed generated code differs from what protos/ generate.
+# Fail when the committed generated code differs from what protos/ generate
+# (tools/genproto.sh says which distribution each proto directory goes to).
+GENERATED := sdk/tidelog/v1 services/common/tidelog_server/internal
 proto-check: install
 	@tmp=$$(mktemp -d) && trap 'rm -rf $$tmp' EXIT && \
 	  PYTHON=$(BIN)/python tools/genproto.sh $$tmp >/dev/null && \
-	  for d in $$(cd $$tmp && find . -name '*_pb2*' -o -name '__init__.py' | sort); do \
-	    cmp -s $$tmp/$$d sdk/$$d || { echo "generated code is stale: sdk/$$d differs; run 'make proto'"; exit 1; }; \
-	  done && \
-	  stale=$$(cd sdk && find tidelog/v1 tidelog/internal -name '*_pb2*' 2>/dev/null | while read f; do test -e $$tmp/$$f || echo $$f; done) && \
-	  { test -z "$$stale" || { echo "generated files without a .proto: $$stale; run 'make proto'"; exit 1; }; }
+	  for d in $(GENERATED); do \
+	    for f in $$(cd $$tmp/$$d && ls); do \
+	      cmp -s $$tmp/$$d/$$f $$d/$$f || { echo "generated code is stale: $$d/$$f differs; run 'make proto'"; exit 1; }; \
+	    done; \
+	    for f in $$(cd $$d && ls | grep -E '_pb2|__init__'); do \
+	      test -e $$tmp/$$d/$$f || { echo "generated file without a .proto: $$d/$$f; run 'make proto'"; exit 1; }; \
+	    done; \
+	  done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache

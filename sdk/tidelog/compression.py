@@ -10,19 +10,35 @@ number never changes: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd.
   carries the length and the checksum.
 - lz4: the LZ4 frame format (python-lz4).
 - zstd: a zstd frame with its content size (zstandard).
+
+gzip is always there; the libraries of the other three are optional, installed
+by the extras `tidelog[snappy]`, `tidelog[lz4]`, `tidelog[zstd]` (or
+`tidelog[all]`). Naming a codec whose library is missing, or reading a batch
+compressed with it, raises UnsupportedCodecError naming the extra to install.
 """
 
 from __future__ import annotations
 
 import enum
+import importlib
 import zlib
 from collections.abc import Callable
-
-import cramjam
-import lz4.frame
-import zstandard
+from types import ModuleType
 
 from tidelog.errors import InvalidRecordError, UnsupportedCodecError
+
+
+def _optional(module: str) -> ModuleType | None:
+    """The codec library `module`, or None when its extra is not installed."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        return None
+
+
+cramjam = _optional("cramjam")
+lz4_frame = _optional("lz4.frame")
+zstandard = _optional("zstandard")
 
 
 class CompressionType(enum.IntEnum):
@@ -40,14 +56,15 @@ class CompressionType(enum.IntEnum):
         if name is None:
             return cls.NONE
         if isinstance(name, int):
-            return cls(name)
+            return require_available(cls(name))
         try:
-            return cls[name.strip().upper()]
+            codec = cls[name.strip().upper()]
         except KeyError:
             accepted = ", ".join(c.name.lower() for c in cls)
             raise UnsupportedCodecError(
                 f"unknown compression type {name!r}; use one of {accepted}"
             ) from None
+        return require_available(codec)
 
 
 CODEC_MASK = 0x07
@@ -56,8 +73,12 @@ CODEC_MASK = 0x07
 _GZIP_LEVEL = 6
 _ZSTD_LEVEL = 3
 
-_zstd_compressor = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-_zstd_decompressor = zstandard.ZstdDecompressor()
+#: The extra (`pip install 'tidelog[<extra>]'`) and the library of each optional codec.
+_EXTRAS: dict[CompressionType, tuple[str, str]] = {
+    CompressionType.SNAPPY: ("snappy", "cramjam"),
+    CompressionType.LZ4: ("lz4", "lz4"),
+    CompressionType.ZSTD: ("zstd", "zstandard"),
+}
 
 
 def _gzip_compress(data: bytes) -> bytes:
@@ -69,26 +90,42 @@ def _gzip_decompress(data: bytes) -> bytes:
     return zlib.decompress(data, 16 + zlib.MAX_WBITS)
 
 
+# Only the codecs whose library is installed: the others are reported by
+# require_available.
 _COMPRESS: dict[CompressionType, Callable[[bytes], bytes]] = {
     CompressionType.GZIP: _gzip_compress,
-    CompressionType.SNAPPY: lambda data: bytes(cramjam.snappy.compress_raw(data)),
-    CompressionType.LZ4: lambda data: lz4.frame.compress(data),
-    CompressionType.ZSTD: _zstd_compressor.compress,
 }
-
 _DECOMPRESS: dict[CompressionType, Callable[[bytes], bytes]] = {
     CompressionType.GZIP: _gzip_decompress,
-    CompressionType.SNAPPY: lambda data: bytes(cramjam.snappy.decompress_raw(data)),
-    CompressionType.LZ4: lambda data: lz4.frame.decompress(data),
-    CompressionType.ZSTD: _zstd_decompressor.decompress,
 }
+if cramjam is not None:
+    _snappy = cramjam.snappy
+    _COMPRESS[CompressionType.SNAPPY] = lambda data: bytes(_snappy.compress_raw(data))
+    _DECOMPRESS[CompressionType.SNAPPY] = lambda data: bytes(_snappy.decompress_raw(data))
+if lz4_frame is not None:
+    _COMPRESS[CompressionType.LZ4] = lz4_frame.compress
+    _DECOMPRESS[CompressionType.LZ4] = lz4_frame.decompress
+if zstandard is not None:
+    _COMPRESS[CompressionType.ZSTD] = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress
+    _DECOMPRESS[CompressionType.ZSTD] = zstandard.ZstdDecompressor().decompress
+
+
+def require_available(codec: CompressionType) -> CompressionType:
+    """`codec`, or UnsupportedCodecError naming the extra that installs its library."""
+    if codec != CompressionType.NONE and codec not in _COMPRESS:
+        extra, library = _EXTRAS[codec]
+        raise UnsupportedCodecError(
+            f"{codec.name.lower()} compression needs the {library!r} package, which is not "
+            f"installed: pip install 'tidelog[{extra}]' (or 'tidelog[all]')"
+        )
+    return codec
 
 
 def compress(codec: CompressionType, data: bytes) -> bytes:
     """Compress a batch body with `codec` (NONE returns `data` unchanged)."""
     if codec == CompressionType.NONE:
         return data
-    return _COMPRESS[codec](data)
+    return _COMPRESS[require_available(codec)](data)
 
 
 def decompress(codec: int, data: bytes) -> bytes:
@@ -96,8 +133,8 @@ def decompress(codec: int, data: bytes) -> bytes:
     if codec == CompressionType.NONE:
         return data
     try:
-        fn = _DECOMPRESS[CompressionType(codec)]
-    except (ValueError, KeyError):
+        fn = _DECOMPRESS[require_available(CompressionType(codec))]
+    except ValueError:
         raise InvalidRecordError(f"unknown compression codec {codec} in batch attributes") from None
     try:
         return fn(data)

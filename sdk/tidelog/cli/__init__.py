@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tidelog.cli import consume, dev, groups, produce, topics
+from tidelog.cli import consume, dev_cluster, groups, produce, topics
 from tidelog.cli._common import add_bootstrap_argument, fail
 from tidelog.errors import TidelogError
 
@@ -19,12 +19,15 @@ from tidelog.errors import TidelogError
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tidelog", description="Tidelog command-line client.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev, topics, produce, consume, groups):
+    for module in (dev_cluster, topics, produce, consume, groups):
         module.register(sub, add_bootstrap_argument)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["dev"]:
+        return dev_cluster.run(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return int(args.handler(args) or 0)

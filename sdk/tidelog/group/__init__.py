@@ -1,19 +1,17 @@
-"""Consumer groups, client side: membership (the heartbeat protocol), offsets, assignors.
+"""Consumer groups, client side: membership (the heartbeat protocol), offsets.
 
 Used by the Consumer (`Consumer(group_id=..., subscribe([...]))`) and by admin
-tools; the assignors are shared with the coordinator, which runs them.
+tools. The assignors run in the coordinator (`tidelog_coordinator.assignors`):
+a member only names the one it wants.
 """
 
-from tidelog.group.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
-from tidelog.group.membership import GroupMembership, RebalanceListener
+from tidelog.group.membership import DEFAULT_ASSIGNOR, GroupMembership, RebalanceListener
 from tidelog.group.offsets import OffsetAndMetadata, OffsetStoreClient
 
 __all__ = [
-    "ASSIGNORS",
     "DEFAULT_ASSIGNOR",
     "GroupMembership",
     "OffsetAndMetadata",
     "OffsetStoreClient",
     "RebalanceListener",
-    "assign",
 ]

@@ -35,10 +35,12 @@ import grpc
 
 from tidelog.errors import IllegalGenerationError, TidelogError, error_from_code
 from tidelog.group._channels import CoordinatorChannels, is_unavailable
-from tidelog.group.assignors import DEFAULT_ASSIGNOR
 from tidelog.group.offsets import OffsetAndMetadata, OffsetStoreClient
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
+
+#: The assignor a member asks for when it names none (the coordinator runs it).
+DEFAULT_ASSIGNOR = "cooperative-sticky"
 
 log = logging.getLogger("tidelog.group")
 

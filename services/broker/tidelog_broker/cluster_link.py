@@ -45,16 +45,24 @@ import contextlib
 import json
 import logging
 import os
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import aetcd
 import grpc
 import grpc.aio
-from tidelog._etcd import Election, PrefixWatcher, Session, WatchBatch, connect, is_unavailable
-from tidelog._etcd.keys import Keys
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
+from tidelog_server.etcd import (
+    Election,
+    PrefixWatcher,
+    Session,
+    WatchBatch,
+    connect,
+    is_unavailable,
+)
+from tidelog_server.etcd.cluster_id import ensure_cluster_id
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import PartitionState
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager
@@ -140,7 +148,7 @@ class ClusterLink:
             ),
             PrefixWatcher(self.client, self.keys.topics, self._on_topics, name="topics"),
             PrefixWatcher(
-                self.client, self.keys._k("partitions", ""), self._on_states, name="partitions"
+                self.client, self.keys.all_partition_states, self._on_states, name="partitions"
             ),
         ]
         self._tasks: list[asyncio.Task[None]] = []
@@ -250,14 +258,7 @@ class ClusterLink:
     async def _ensure_cluster_id(self) -> None:
         if self.cluster_id:
             return
-        tx = self.client.transactions
-        new_id = uuid.uuid4().hex
-        ok, responses = await self.client.transaction(
-            compare=[tx.create(self.keys.cluster_id) == 0],
-            success=[tx.put(self.keys.cluster_id, new_id.encode())],
-            failure=[tx.get(self.keys.cluster_id)],
-        )
-        self.cluster_id = new_id if ok else responses[0][0][0].decode()
+        self.cluster_id = await ensure_cluster_id(self.client, self.keys)
         if not self._local_cluster_id:
             self._local_cluster_id = self.cluster_id
             self._save_meta()
@@ -341,23 +342,19 @@ class ClusterLink:
         self._reconcile(full_listing=batch.reset)
 
     async def _on_states(self, batch: WatchBatch) -> None:
-        prefix = self.keys._k("partitions", "")
         if batch.reset:
             self.states.clear()
         for change in batch.changes:
-            parts = change.key[len(prefix) :].decode().split("/")
-            if len(parts) != 3 or parts[2] != "state" or not parts[1].isdigit():
+            parsed = self.keys.parse_partition_state_key(change.key)
+            if parsed is None:
                 continue
-            tp = (parts[0], int(parts[1]))
+            tp = (parsed.topic, parsed.partition)
             if change.value is None:
                 self.states.pop(tp, None)
                 continue
-            data = json.loads(change.value)
+            state = PartitionState.decode(change.value)
             self.states[tp] = _State(
-                int(data.get("leader", -1)),
-                int(data.get("leader_epoch", 0)),
-                [int(b) for b in data.get("isr", [])],
-                change.mod_revision,
+                state.leader, state.leader_epoch, list(state.isr), change.mod_revision
             )
         self._reconcile(full_listing=False)
 

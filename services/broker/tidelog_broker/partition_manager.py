@@ -41,8 +41,8 @@ from tidelog.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.names import validate_topic_name
-from tidelog.topic_configs import TOPIC_CONFIGS, validate_topic_configs
+from tidelog_server.names import validate_topic_name
+from tidelog_server.topic_configs import TOPIC_CONFIGS, validate_topic_configs
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig

@@ -33,8 +33,8 @@ from typing import Any
 import grpc
 import grpc.aio
 from tidelog.errors import TidelogError
-from tidelog.internal import replica_pb2, replica_pb2_grpc
 from tidelog.v1 import common_pb2
+from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 from tidelog.errors import FencedLeaderEpochError, NotLeaderOrFollowerError, TidelogError
-from tidelog.internal import replica_pb2, replica_pb2_grpc
+from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import error_proto

@@ -26,7 +26,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from tidelog.internal import replica_pb2, replica_pb2_grpc
 from tidelog.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -35,6 +34,7 @@ from tidelog.v1 import (
     log_pb2,
     log_pb2_grpc,
 )
+from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.admin_servicer import AdminServicer
 from tidelog_broker.cluster_link import ClusterConfig, ClusterLink

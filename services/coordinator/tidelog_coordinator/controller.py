@@ -22,8 +22,8 @@ import json
 import logging
 
 import aetcd
-from tidelog._etcd import Election, Session, is_unavailable
-from tidelog._etcd.keys import Keys
+from tidelog_server.etcd import Election, Session, is_unavailable
+from tidelog_server.etcd.keys import Keys
 
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.leader_election import LeaderElector

@@ -1,14 +1,14 @@
 """The coordinator's exception-to-wire-error mapping: the shared ErrorMapper
-(tidelog._service_errors, which documents the two shapes) with one addition:
+(tidelog_server.service_errors, which documents the two shapes) with one addition:
 etcd being unreachable is COORDINATOR_NOT_AVAILABLE (retriable), not a bug."""
 
 from __future__ import annotations
 
 import logging
 
-from tidelog._etcd import is_unavailable
-from tidelog._service_errors import ErrorMapper
 from tidelog.errors import CoordinatorNotAvailableError, TidelogError
+from tidelog_server.etcd import is_unavailable
+from tidelog_server.service_errors import ErrorMapper
 
 
 def _etcd_outage(exc: BaseException, what: str) -> TidelogError | None:

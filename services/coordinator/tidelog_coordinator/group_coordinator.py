@@ -40,16 +40,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aetcd
-from tidelog._etcd.keys import Keys, dynamic_member_key, static_member_key
 from tidelog.errors import (
     InvalidRequestError,
     TidelogError,
     UnknownMemberIdError,
 )
-from tidelog.group.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2
+from tidelog_server.etcd.keys import Keys, dynamic_member_key, static_member_key
 
+from tidelog_coordinator.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
 from tidelog_coordinator.errors import error_proto
 from tidelog_coordinator.group_state import GroupCache, GroupState, GroupView, MemberRecord
 
@@ -485,6 +485,6 @@ class GroupCoordinator:
 
 
 def _is_etcd_outage(exc: BaseException) -> bool:
-    from tidelog._etcd import is_unavailable
+    from tidelog_server.etcd import is_unavailable
 
     return is_unavailable(exc)

@@ -18,9 +18,9 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tidelog._etcd import WatchBatch
-from tidelog._etcd.keys import Keys
 from tidelog.types import TopicPartition
+from tidelog_server.etcd import WatchBatch
+from tidelog_server.etcd.keys import Keys
 
 
 def tps_to_json(tps: Iterable[TopicPartition]) -> list[list[Any]]:

@@ -35,10 +35,11 @@ import time
 from typing import Any
 
 import aetcd
-from tidelog._etcd import PrefixWatcher, WatchBatch, is_unavailable
-from tidelog._etcd.keys import Keys
 from tidelog.errors import InvalidConfigError
-from tidelog.topic_configs import parse_topic_configs
+from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import PartitionState
+from tidelog_server.topic_configs import parse_topic_configs
 
 log = logging.getLogger("tidelog.coordinator.election")
 
@@ -49,22 +50,19 @@ PASS_INTERVAL_S = 1.0
 
 def decide(
     replicas: list[int],
-    state: dict[str, Any],
+    state: PartitionState,
     live: set[int],
     unclean: bool,
     preferred: bool,
     restarted: frozenset[int] | set[int] = frozenset(),
-) -> dict[str, Any] | None:
+) -> PartitionState | None:
     """The new state of one partition, or None to leave it (pure; tested alone).
 
     `restarted`: live brokers registered after this state was written. They
     died and came back since, maybe with a torn log, so they count as gone
     (not in the ISR, not leading) unless nobody else can lead.
     """
-    leader = int(state.get("leader", -1))
-    epoch = int(state.get("leader_epoch", 0))
-    isr = [int(b) for b in state.get("isr", [])]
-    version = int(state.get("version", 1))
+    leader, epoch, isr, version = state.leader, state.leader_epoch, list(state.isr), state.version
     steady = live - set(restarted)
     live_isr = [b for b in isr if b in steady]
     if leader < 0 or (leader not in steady and not live_isr):
@@ -73,39 +71,19 @@ def decide(
         live_isr = [b for b in isr if b in live]
     if leader >= 0 and leader in steady:
         if preferred and replicas and replicas[0] != leader and replicas[0] in live_isr:
-            return {
-                "leader": replicas[0],
-                "leader_epoch": epoch + 1,
-                "isr": live_isr,
-                "version": version + 1,
-            }
+            return PartitionState(replicas[0], epoch + 1, tuple(live_isr), version + 1)
         if live_isr != isr:
-            return {
-                "leader": leader,
-                "leader_epoch": epoch,
-                "isr": live_isr,
-                "version": version + 1,
-            }
+            return PartitionState(leader, epoch, tuple(live_isr), version + 1)
         return None
     candidates = [r for r in replicas if r in live_isr]
     if candidates:
-        return {
-            "leader": candidates[0],
-            "leader_epoch": epoch + 1,
-            "isr": live_isr,
-            "version": version + 1,
-        }
+        return PartitionState(candidates[0], epoch + 1, tuple(live_isr), version + 1)
     live_replicas = [r for r in replicas if r in live]
     if unclean and live_replicas:
-        return {
-            "leader": live_replicas[0],
-            "leader_epoch": epoch + 1,
-            "isr": [live_replicas[0]],
-            "version": version + 1,
-        }
+        return PartitionState(live_replicas[0], epoch + 1, (live_replicas[0],), version + 1)
     if leader != -1:
         # Nobody may lead: fence the old leader, keep the ISR to wait for.
-        return {"leader": -1, "leader_epoch": epoch + 1, "isr": isr, "version": version + 1}
+        return PartitionState(-1, epoch + 1, tuple(isr), version + 1)
     return None
 
 
@@ -159,17 +137,16 @@ class LeaderElector:
         for kv in await self.client.get_prefix(self.keys.topics):
             data = json.loads(kv.value)
             topics[data["name"]] = data
-        prefix = self.keys._k("partitions", "")
         written = 0
         tx = self.client.transactions
-        for kv in await self.client.get_prefix(prefix):
-            parts = kv.key[len(prefix) :].decode().split("/")
-            if len(parts) != 3 or parts[2] != "state" or not parts[1].isdigit():
+        for kv in await self.client.get_prefix(self.keys.all_partition_states):
+            tp = self.keys.parse_partition_state_key(kv.key)
+            if tp is None:
                 continue
-            topic = topics.get(parts[0])
+            topic = topics.get(tp.topic)
             if topic is None:
                 continue
-            partition = int(parts[1])
+            partition = tp.partition
             placement = {int(p["partition"]): p["replicas"] for p in topic["partitions"]}
             replicas = [int(r) for r in placement.get(partition, [])]
             try:
@@ -180,30 +157,30 @@ class LeaderElector:
                 # Configs are validated when written; a bad one read back means
                 # a hand-edited key: fall back to the safe choice (no unclean
                 # election) rather than stop electing leaders.
-                log.warning("topic %s has invalid configs; unclean election off", parts[0])
+                log.warning("topic %s has invalid configs; unclean election off", tp.topic)
                 unclean = False
-            state = json.loads(kv.value)
+            state = PartitionState.decode(kv.value)
             restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
             new = decide(replicas, state, live, unclean, preferred, restarted)
             if new is None:
                 continue
             ok, _ = await self.client.transaction(
                 compare=[fence, tx.mod(kv.key) == kv.mod_revision],
-                success=[tx.put(kv.key, json.dumps(new, sort_keys=True).encode())],
+                success=[tx.put(kv.key, new.encode())],
                 failure=[],
             )
             if ok:
                 written += 1
                 log.info(
                     "%s-%d: leader %s -> %s, epoch %s -> %s, isr %s -> %s (live brokers %s)",
-                    parts[0],
+                    tp.topic,
                     partition,
-                    state.get("leader"),
-                    new["leader"],
-                    state.get("leader_epoch"),
-                    new["leader_epoch"],
-                    state.get("isr"),
-                    new["isr"],
+                    state.leader,
+                    new.leader,
+                    state.leader_epoch,
+                    new.leader_epoch,
+                    list(state.isr),
+                    list(new.isr),
                     sorted(live),
                 )
         return written

@@ -18,22 +18,25 @@ issue 5).
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aetcd
-from tidelog._etcd.keys import Keys, prefix_end
 from tidelog.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.names import validate_topic_name
-from tidelog.topic_configs import (
+from tidelog.types import TopicPartition
+from tidelog_server.clock import SYSTEM_CLOCK, Clock
+from tidelog_server.etcd.cluster_id import ensure_cluster_id
+from tidelog_server.etcd.keys import Keys, prefix_end
+from tidelog_server.etcd.records import PartitionState
+from tidelog_server.names import validate_topic_name
+from tidelog_server.topic_configs import (
     TOPIC_CONFIGS,
     config_to_strings,
     parse_topic_configs,
@@ -85,23 +88,23 @@ def _json(value: Any) -> bytes:
 class MetadataManager:
     """Topic and cluster admin over etcd. Safe for concurrent use on one loop."""
 
-    def __init__(self, client: aetcd.Client, keys: Keys, config: CoordinatorConfig) -> None:
+    def __init__(
+        self,
+        client: aetcd.Client,
+        keys: Keys,
+        config: CoordinatorConfig,
+        clock: Clock = SYSTEM_CLOCK,
+    ) -> None:
         self.client = client
         self.keys = keys
         self.config = config
+        self.clock = clock
 
     # ------------------------------------------------------------ cluster
 
     async def ensure_cluster_id(self) -> str:
-        """The cluster id, created on first use (create revision == 0)."""
-        tx = self.client.transactions
-        new_id = uuid.uuid4().hex
-        ok, responses = await self.client.transaction(
-            compare=[tx.create(self.keys.cluster_id) == 0],
-            success=[tx.put(self.keys.cluster_id, new_id.encode())],
-            failure=[tx.get(self.keys.cluster_id)],
-        )
-        return new_id if ok else responses[0][0][0].decode()
+        """The cluster id, created on first use."""
+        return await ensure_cluster_id(self.client, self.keys)
 
     async def live_brokers(self) -> list[BrokerRecord]:
         listing = await self.client.get_prefix(self.keys.brokers)
@@ -169,13 +172,13 @@ class MetadataManager:
                 ],
                 "configs": record.configs,
                 "version": 1,
-                "created_ms": int(time.time() * 1000),
+                "created_ms": self.clock.time_ms(),
             }
         )
         states = [
             tx.put(
                 self.keys.partition_state(record.name, p.partition),
-                _json({"leader": p.leader, "leader_epoch": 0, "isr": p.isr, "version": 1}),
+                PartitionState(p.leader, 0, tuple(p.isr)).encode(),
             )
             for p in record.partitions
         ]
@@ -226,12 +229,11 @@ class MetadataManager:
         listing = await self.client.get_prefix(self.keys.topics)
         topics = {json.loads(kv.value)["name"]: json.loads(kv.value) for kv in listing}
         wanted = list(names) or sorted(topics)
-        states: dict[tuple[str, int], dict[str, Any]] = {}
-        partitions_prefix = self.keys._k("partitions", "")
-        for kv in await self.client.get_prefix(partitions_prefix):
-            parts = kv.key[len(partitions_prefix) :].decode().split("/")
-            if len(parts) == 3 and parts[2] == "state":
-                states[(parts[0], int(parts[1]))] = json.loads(kv.value)
+        states: dict[TopicPartition, PartitionState] = {}
+        for kv in await self.client.get_prefix(self.keys.all_partition_states):
+            tp = self.keys.parse_partition_state_key(kv.key)
+            if tp is not None:
+                states[tp] = PartitionState.decode(kv.value)
         out: list[TopicRecord | Exception] = []
         for name in wanted:
             data = topics.get(name)
@@ -240,14 +242,14 @@ class MetadataManager:
                 continue
             parts_out = []
             for p in data["partitions"]:
-                state = states.get((name, p["partition"]), {})
+                state = states.get(TopicPartition(name, p["partition"]), PartitionState())
                 parts_out.append(
                     PartitionRecord(
                         p["partition"],
                         list(p["replicas"]),
-                        int(state.get("leader", -1)),
-                        int(state.get("leader_epoch", 0)),
-                        list(state.get("isr", [])),
+                        state.leader,
+                        state.leader_epoch,
+                        list(state.isr),
                     )
                 )
             out.append(TopicRecord(name, data["topic_id"], parts_out, dict(data["configs"])))
@@ -279,7 +281,7 @@ class MetadataManager:
         validate_only: bool = False,
     ) -> dict[str, str]:
         """Set and remove overrides of one topic (incrementally) and return the
-        new overrides. Validated with `tidelog.topic_configs`; written with a
+        new overrides. Validated with `tidelog_server.topic_configs`; written with a
         transaction comparing the topic key's mod revision, so a concurrent
         change (or a delete and re-create) is never overwritten: we re-read
         and apply again. Brokers see the new value through their watch."""

@@ -19,13 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aetcd
-from tidelog._etcd.keys import Keys, prefix_end
 from tidelog.errors import (
     GroupIdNotFoundError,
     IllegalGenerationError,
@@ -34,8 +32,10 @@ from tidelog.errors import (
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
-from tidelog.names import validate_topic_name
 from tidelog.types import TopicPartition
+from tidelog_server.clock import SYSTEM_CLOCK, Clock
+from tidelog_server.etcd.keys import Keys, prefix_end
+from tidelog_server.names import validate_topic_name
 
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.group_coordinator import GroupCoordinator, validate_group_id
@@ -64,11 +64,13 @@ class OffsetStore:
         keys: Keys,
         config: CoordinatorConfig,
         groups: GroupCoordinator,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         self.client = client
         self.keys = keys
         self.config = config
         self.groups = groups
+        self.clock = clock
 
     # ------------------------------------------------------------ commit / fetch
 
@@ -98,7 +100,7 @@ class OffsetStore:
         if not entries:
             return
         tx = self.client.transactions
-        now_ms = int(time.time() * 1000)
+        now_ms = self.clock.time_ms()
         puts = [
             tx.put(
                 self.keys.offset(group_id, e.tp),
@@ -230,7 +232,7 @@ class OffsetStore:
     async def expire_offsets(self, leader_compare: Any, now_ms: int | None = None) -> int:
         """Delete offsets older than offsets.retention.minutes of groups without
         members; the controller calls this, fenced by its election key."""
-        now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
+        now_ms = now_ms if now_ms is not None else self.clock.time_ms()
         cutoff_ms = now_ms - self.config.offsets_retention_minutes * 60_000
         expired: dict[str, list[bytes]] = {}
         for kv in await self.client.get_prefix(self.keys.all_offsets):

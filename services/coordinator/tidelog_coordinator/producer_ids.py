@@ -19,8 +19,8 @@ from __future__ import annotations
 import json
 
 import aetcd
-from tidelog._etcd.keys import Keys
 from tidelog.errors import CoordinatorNotAvailableError, InvalidRequestError
+from tidelog_server.etcd.keys import Keys
 
 #: The largest epoch a batch header can carry (int16).
 MAX_EPOCH = 32_767

@@ -23,8 +23,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
-from tidelog._etcd import Election, PrefixWatcher, connect
-from tidelog._etcd.keys import Keys
 from tidelog.errors import CoordinatorNotAvailableError
 from tidelog.v1 import (
     admin_pb2,
@@ -34,6 +32,8 @@ from tidelog.v1 import (
     group_pb2,
     group_pb2_grpc,
 )
+from tidelog_server.etcd import Election, PrefixWatcher, connect
+from tidelog_server.etcd.keys import Keys
 
 from tidelog_coordinator.admin_servicer import (
     AdminServicer,

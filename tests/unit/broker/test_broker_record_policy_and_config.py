@@ -7,9 +7,9 @@ import pytest
 from tidelog.compression import CompressionType
 from tidelog.errors import InvalidConfigError, InvalidRecordError
 from tidelog.records import decode_batches, encode_batch, iter_batches
-from tidelog.topic_configs import config_to_strings, parse_topic_configs
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig, build_config
+from tidelog_server.topic_configs import config_to_strings, parse_topic_configs
 
 
 def _batches(*encoded: bytes) -> tuple[bytearray, list]:

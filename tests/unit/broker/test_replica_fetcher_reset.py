@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from tidelog.internal import replica_pb2
 from tidelog.records import encode_batch, iter_batches
 from tidelog.v1 import common_pb2
 from tidelog_broker.replica_fetcher import ReplicaFetcher
 from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.storage import LogConfig, ManualClock, PartitionLog
+from tidelog_server.internal import replica_pb2
 
 TOPIC, PARTITION, EPOCH = "orders", 0, 4
 KEY = (TOPIC, PARTITION)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tidelog.group.assignors import ASSIGNORS, assign, cooperative_sticky_assign
 from tidelog.types import TopicPartition
+from tidelog_coordinator.assignors import ASSIGNORS, assign, cooperative_sticky_assign
 
 topic_counts = st.dictionaries(
     st.sampled_from(["a", "b", "c", "d"]), st.integers(1, 12), min_size=1

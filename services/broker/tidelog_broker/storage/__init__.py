@@ -22,7 +22,8 @@ Errors: `PartitionLog` raises `tidelog.errors.StorageError` for any I/O error
 and `OffsetOutOfRangeError` for a read outside the log.
 """
 
-from tidelog_broker.storage.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+from tidelog_server.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
+
 from tidelog_broker.storage.config import LogConfig, config_to_strings, parse_topic_configs
 from tidelog_broker.storage.partition_log import AppendInfo, PartitionLog, ReadResult
 from tidelog_broker.storage.segment import LogSegment

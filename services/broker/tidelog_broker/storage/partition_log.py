@@ -77,6 +77,7 @@ from tidelog.records import (
     set_base_offset,
     set_log_append_time,
 )
+from tidelog_server.clock import SYSTEM_CLOCK, Clock
 
 from tidelog_broker.storage import files
 from tidelog_broker.storage.cleaner import (
@@ -84,7 +85,6 @@ from tidelog_broker.storage.cleaner import (
     CleanResult,
     SegmentSnapshot,
 )
-from tidelog_broker.storage.clock import SYSTEM_CLOCK, Clock
 from tidelog_broker.storage.config import LogConfig
 from tidelog_broker.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex, TimeIndex
 from tidelog_broker.storage.leader_epoch import LeaderEpochCache

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import aetcd
 import aetcd.exceptions
 
-from tidelog._etcd.client import is_unavailable
-from tidelog._etcd.keys import prefix_end
+from tidelog_server.etcd.client import is_unavailable
+from tidelog_server.etcd.keys import prefix_end
 
 log = logging.getLogger("tidelog.etcd.watch")
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import aetcd
 
-from tidelog._etcd.session import Session
+from tidelog_server.etcd.session import Session
 
 log = logging.getLogger("tidelog.etcd.election")
 

@@ -1,4 +1,6 @@
-"""The naming rule for topics, shared by clients (fail early) and brokers (enforce).
+"""The naming rule for topics, enforced by the coordinator and the brokers.
+
+Clients do not check it: the services answer INVALID_TOPIC naming the rule.
 
 Kafka's rule: 1 to 249 characters from [a-zA-Z0-9._-], and not "." or "..".
 The limit of 249 leaves room for the partition suffix in the log directory

@@ -15,7 +15,7 @@ or after max_wait_ms.
 
 from collections import abc as _abc
 from grpc import aio as _aio
-from tidelog.internal import replica_pb2 as _replica_pb2
+from tidelog_server.internal import replica_pb2 as _replica_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys

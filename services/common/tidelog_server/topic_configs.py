@@ -2,9 +2,10 @@
 
 Shared by every part that validates topic configs: the coordinator (which
 now serves CreateTopics and must reject a bad config before any broker sees
-it), brokers (which build their per-log settings from it) and clients (fail
-early). Copied from the broker's `storage/config.py` with the same keys,
-ranges and messages, so that the broker can switch to this module.
+it) and brokers (which build their per-log settings from it). Clients send
+configs as strings and learn of a bad one from the INVALID_CONFIG answer.
+Copied from the broker's `storage/config.py` with the same keys, ranges and
+messages, so that the broker can switch to this module.
 
 `TopicConfig` holds the effective settings of one topic; it is built from a
 topic's overrides (strings, as they travel in the admin API) on top of

@@ -8,7 +8,9 @@ endpoints and three commands to try, and stops every process it started on
 Ctrl-C or SIGTERM (brokers first, etcd last).
 
 The services are separate programs (`python -m tidelog_broker`, `python -m
-tidelog_coordinator`); the SDK does not import them, it only runs them.
+tidelog_coordinator`); this module does not import them, it only runs them.
+Run as `tidelog dev` (the client's CLI execs `python -m tidelog_server.dev`),
+`tidelog-dev` or `python -m tidelog_server.dev`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-
 from tidelog.cli._common import AddBootstrap, fail
 
 FIRST_PORT = 9392
@@ -239,3 +240,15 @@ def _dev(args: argparse.Namespace) -> int:
         return fail(str(exc))
     finally:
         stop_all()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`tidelog-dev [options]`: the options of `tidelog dev`."""
+    parser = argparse.ArgumentParser(prog="tidelog")
+    register(parser.add_subparsers(dest="command", required=True), lambda _parser: None)
+    args = parser.parse_args(["dev", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.handler(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

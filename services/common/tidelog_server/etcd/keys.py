@@ -91,6 +91,10 @@ class Keys:
     def topic(self, name: str) -> bytes:
         return self._k("topics", name)
 
+    @property
+    def all_partition_states(self) -> bytes:
+        return self._k("partitions", "")
+
     def partition_states(self, topic: str) -> bytes:
         return self._k("partitions", topic, "")
 
@@ -150,6 +154,14 @@ class Keys:
         if len(parts) != 3 or not parts[2].isdigit():
             return None
         return unquote(parts[0]), TopicPartition(parts[1], int(parts[2]))
+
+    def parse_partition_state_key(self, key: bytes) -> TopicPartition | None:
+        """The partition of a key under partitions/, or None for any other key."""
+        rest = key.decode()[len(self.prefix) + len("/partitions/") :]
+        parts = rest.split("/")
+        if len(parts) != 3 or parts[2] != "state" or not parts[1].isdigit():
+            return None
+        return TopicPartition(parts[0], int(parts[1]))
 
     def tail(self, key: bytes, prefix: bytes) -> str:
         """The part of `key` after `prefix`, decoded."""

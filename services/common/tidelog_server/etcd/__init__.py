@@ -1,13 +1,14 @@
-"""etcd primitives shared by the services (internal: no client imports this).
+"""etcd primitives shared by the services (a client never needs etcd).
 
 The coordinator and the broker (in cluster mode) both hold sessions, follow
 prefixes and spell keys the same way, and services never import each other,
-so the primitives live here, in the SDK package that both depend on. Nothing
-under `tidelog` outside this package imports it: a client never needs etcd.
+so the primitives live here, in the server core that both depend on.
 In the spirit of etcd's client/v3/concurrency package:
 
 - `connect`: an aetcd client with the channel options the services need;
-- `Keys` (in `keys`): the etcd key layout of a cluster;
+- `Keys` (in `keys`): the etcd key layout of a cluster, with one parser per
+  kind of key; `records`: typed values stored under those keys;
+- `ensure_cluster_id` (in `cluster_id`): the cluster id, created once;
 - `Session`: a lease kept alive every TTL/3, with a `lost` event;
 - `Election`: candidates ordered by create revision, each watching only its
   predecessor; the leader's writes compare its key's create revision;
@@ -15,10 +16,10 @@ In the spirit of etcd's client/v3/concurrency package:
   the last seen revision after a lost connection, re-listed after compaction.
 """
 
-from tidelog._etcd.client import EtcdUnavailableError, connect, is_unavailable
-from tidelog._etcd.election import Election
-from tidelog._etcd.session import Session
-from tidelog._etcd.watch import Change, PrefixWatcher, WatchBatch
+from tidelog_server.etcd.client import EtcdUnavailableError, connect, is_unavailable
+from tidelog_server.etcd.election import Election
+from tidelog_server.etcd.session import Session
+from tidelog_server.etcd.watch import Change, PrefixWatcher, WatchBatch
 
 __all__ = [
     "Change",

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from tidelog.internal import replica_pb2 as tidelog_dot_internal_dot_replica__pb2
+from tidelog_server.internal import replica_pb2 as tidelog__server_dot_internal_dot_replica__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tidelog/internal/replica_pb2_grpc.py depends on'
+        + ' but the generated code in tidelog_server/internal/replica_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,8 +36,8 @@ class ReplicaStub:
         """
         self.ReplicaFetch = channel.stream_stream(
                 '/tidelog.internal.Replica/ReplicaFetch',
-                request_serializer=tidelog_dot_internal_dot_replica__pb2.ReplicaFetchRequest.SerializeToString,
-                response_deserializer=tidelog_dot_internal_dot_replica__pb2.ReplicaFetchResponse.FromString,
+                request_serializer=tidelog__server_dot_internal_dot_replica__pb2.ReplicaFetchRequest.SerializeToString,
+                response_deserializer=tidelog__server_dot_internal_dot_replica__pb2.ReplicaFetchResponse.FromString,
                 _registered_method=True)
 
 
@@ -57,8 +57,8 @@ def add_ReplicaServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'ReplicaFetch': grpc.stream_stream_rpc_method_handler(
                     servicer.ReplicaFetch,
-                    request_deserializer=tidelog_dot_internal_dot_replica__pb2.ReplicaFetchRequest.FromString,
-                    response_serializer=tidelog_dot_internal_dot_replica__pb2.ReplicaFetchResponse.SerializeToString,
+                    request_deserializer=tidelog__server_dot_internal_dot_replica__pb2.ReplicaFetchRequest.FromString,
+                    response_serializer=tidelog__server_dot_internal_dot_replica__pb2.ReplicaFetchResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -86,8 +86,8 @@ class Replica:
             request_iterator,
             target,
             '/tidelog.internal.Replica/ReplicaFetch',
-            tidelog_dot_internal_dot_replica__pb2.ReplicaFetchRequest.SerializeToString,
-            tidelog_dot_internal_dot_replica__pb2.ReplicaFetchResponse.FromString,
+            tidelog__server_dot_internal_dot_replica__pb2.ReplicaFetchRequest.SerializeToString,
+            tidelog__server_dot_internal_dot_replica__pb2.ReplicaFetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,7 +1,7 @@
 """Partition assignors: pure functions from (members, subscriptions, partitions) to owners.
 
-Owned by the SDK so that the coordinator (which runs them: assignment is
-server-side, KIP-848 style) and tests share one implementation. Every
+Run by the coordinator (assignment is server-side, KIP-848 style); a member
+only names the assignor it wants. Every
 assignor is deterministic: the same input gives the same output on every
 coordinator replica, so replicas racing to write a group's new target
 assignment write the same thing and the etcd transaction that compares the
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from tidelog.group.membership import DEFAULT_ASSIGNOR
 from tidelog.types import TopicPartition
 
 #: member key -> partitions it should own.
@@ -28,7 +29,7 @@ AssignmentMap = dict[str, frozenset[TopicPartition]]
 #: member key -> the topics it subscribes to (patterns already resolved).
 Subscriptions = Mapping[str, frozenset[str]]
 
-DEFAULT_ASSIGNOR = "cooperative-sticky"
+__all__ = ["ASSIGNORS", "DEFAULT_ASSIGNOR", "assign", "cooperative_sticky_assign"]
 
 
 def _partitions(

@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import grpc
-
 from tidelog.errors import ERROR_CODE_METADATA_KEY, TidelogError, UnknownServerError
 from tidelog.v1 import common_pb2
 

@@ -19,7 +19,7 @@ import logging
 
 import aetcd
 
-from tidelog._etcd.client import is_unavailable
+from tidelog_server.etcd.client import is_unavailable
 
 log = logging.getLogger("tidelog.etcd.session")
 
