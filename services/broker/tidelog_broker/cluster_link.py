@@ -526,7 +526,9 @@ class ClusterLink:
             replication.partition,
             known.isr,
             isr,
-            "written" if ok else "not written (the state changed meanwhile)",
+            "written"
+            if ok
+            else "not written (the state or a joining replica's registration changed)",
         )
 
     # ------------------------------------------------------------ answers
