@@ -160,7 +160,7 @@ class ClusterLink:
             ),
         ]
         self._tasks: list[asyncio.Task[None]] = []
-        self.fetchers = ReplicaFetchers(manager, broker, self.broker_address)
+        self.fetchers = ReplicaFetchers(manager, broker, self.broker_address, self.lease_valid)
         manager.lease_valid = self.lease_valid
         manager.isr_writer = self.write_isr
         manager.registration_of = self.registration_of
