@@ -23,8 +23,8 @@ from pathlib import Path
 import grpc
 import pytest
 from tidelog import records
-from tidelog.internal import replica_pb2, replica_pb2_grpc
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
+from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tests.fault.replication_support import REPLICA_LAG_MS, ReplicatedCluster
 from tests.support.etcd import EtcdProcess

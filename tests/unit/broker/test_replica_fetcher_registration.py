@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from tidelog.internal import replica_pb2
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.replica_fetcher import ReplicaFetcher
 from tidelog_broker.storage import LogConfig, ManualClock, PartitionLog
+from tidelog_server.internal import replica_pb2
 
 KEY = ("orders", 0)
 
