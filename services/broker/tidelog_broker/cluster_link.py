@@ -20,7 +20,13 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
 - as leader, ISR changes the PartitionManager proposes: written to the state
   key in a transaction that compares its mod revision and its value (so its
   leader and leader epoch): a deposed leader's write fails, and the watch
-  then tells it who leads;
+  then tells it who leads. A replica joining the ISR must also still hold
+  the registration its fetches were bound to (its key's create revision), so
+  a broker whose lease expired meanwhile does not join;
+- which brokers are live: a broker is live while its registration key exists;
+  the key's create revision identifies the registration (a broker that
+  re-registers gets a new one). Replica fetches and ISR expansion are bound
+  to it (`registration_of`);
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
@@ -126,6 +132,8 @@ class ClusterLink:
         self.host = broker.advertised_host or broker.host
         self.port = broker.port
         self.brokers: dict[int, dict[str, Any]] = {}
+        #: Live broker id -> create revision of its registration key.
+        self.registrations: dict[int, int] = {}
         self.coordinators: dict[str, dict[str, Any]] = {}
         self.topics: dict[str, _Topic] = {}
         self.states: dict[tuple[str, int], _State] = {}
@@ -152,9 +160,10 @@ class ClusterLink:
             ),
         ]
         self._tasks: list[asyncio.Task[None]] = []
-        self.fetchers = ReplicaFetchers(manager, broker, self.broker_address)
+        self.fetchers = ReplicaFetchers(manager, broker, self.broker_address, self.lease_valid)
         manager.lease_valid = self.lease_valid
         manager.isr_writer = self.write_isr
+        manager.registration_of = self.registration_of
 
     # ------------------------------------------------------------ lifecycle
 
@@ -303,14 +312,17 @@ class ClusterLink:
     async def _on_brokers(self, batch: WatchBatch) -> None:
         if batch.reset:
             self.brokers.clear()
+            self.registrations.clear()
         for change in batch.changes:
             broker_id = self.keys.tail(change.key, self.keys.brokers)
             if not broker_id.isdigit():
                 continue
             if change.value is None:
                 self.brokers.pop(int(broker_id), None)
+                self.registrations.pop(int(broker_id), None)
             else:
                 self.brokers[int(broker_id)] = json.loads(change.value)
+                self.registrations[int(broker_id)] = change.create_revision
 
     async def _on_coordinators(self, batch: WatchBatch) -> None:
         if batch.reset:
@@ -454,6 +466,11 @@ class ClusterLink:
         session = self._session
         return session is not None and self.registered.is_set() and session.valid()
 
+    def registration_of(self, broker_id: int) -> int | None:
+        """The create revision of a live broker's registration; None when it
+        is not registered (never was, or its lease expired)."""
+        return self.registrations.get(broker_id)
+
     def broker_address(self, broker_id: int) -> str | None:
         info = self.brokers.get(broker_id)
         if info is None or not info.get("host") or not info.get("port"):
@@ -482,11 +499,24 @@ class ClusterLink:
             or int(data.get("leader_epoch", -1)) != replication.leader_epoch
         ):
             return
+        # Joining replicas must still hold the registration their fetches
+        # were bound to: compared in etcd, in case our watch is behind.
+        joining = [r for r in isr if r not in known.isr and r != self.broker.broker_id]
+        registrations: dict[int, int] = {}
+        for r in joining:
+            progress = replication.followers.get(r)
+            if progress is None or progress.registration != self.registration_of(r):
+                return
+            registrations[r] = progress.registration
         data["isr"] = isr
         data["version"] = int(data.get("version", 1)) + 1
         tx = self.client.transactions
         ok, _ = await self.client.transaction(
-            compare=[tx.mod(key) == known.mod_revision, tx.value(key) == current.value],
+            compare=[
+                tx.mod(key) == known.mod_revision,
+                tx.value(key) == current.value,
+                *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
+            ],
             success=[tx.put(key, json.dumps(data, sort_keys=True).encode())],
             failure=[],
         )
@@ -496,7 +526,9 @@ class ClusterLink:
             replication.partition,
             known.isr,
             isr,
-            "written" if ok else "not written (the state changed meanwhile)",
+            "written"
+            if ok
+            else "not written (the state or a joining replica's registration changed)",
         )
 
     # ------------------------------------------------------------ answers

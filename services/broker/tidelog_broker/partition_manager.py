@@ -46,7 +46,7 @@ from tidelog_server.topic_configs import TOPIC_CONFIGS, validate_topic_configs
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.replica_state import PartitionReplication, Role
+from tidelog_broker.replica_state import PartitionReplication, RegistrationOf, Role
 from tidelog_broker.storage import (
     SYSTEM_CLOCK,
     Clock,
@@ -139,6 +139,10 @@ class PartitionManager:
         #: Cluster mode: False while this broker's etcd lease may have expired;
         #: a leader then refuses writes (no split brain). Set by ClusterLink.
         self.lease_valid: Callable[[], bool] = lambda: True
+        #: Cluster mode: the etcd registration revision of a live broker (None:
+        #: not registered, so not alive); set by ClusterLink. Replica fetches
+        #: and ISR expansion are bound to it.
+        self.registration_of: RegistrationOf = lambda _broker_id: None
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
@@ -461,21 +465,46 @@ class PartitionManager:
                 )
             await self.wait_for_append([key], remaining)
 
+    def follower_registration(self, replication: PartitionReplication, follower: int) -> int:
+        """Leader: the registration revision under which `follower` may fetch
+        this partition. Only a replica assigned to it and registered live in
+        etcd may: anything else (an id that is not a replica, a dead broker's
+        id) gets NotLeaderOrFollowerError naming the replica and partition,
+        and never a record (followers read past the HW)."""
+        name = f"{replication.topic}-{replication.partition}"
+        if follower not in replication.replicas or follower == self._config.broker_id:
+            raise NotLeaderOrFollowerError(
+                f"replica {follower} is not a follower of {name} (its replicas are "
+                f"{replication.replicas}, led by broker {self._config.broker_id})"
+            )
+        registration = self.registration_of(follower)
+        if registration is None:
+            raise NotLeaderOrFollowerError(
+                f"replica {follower} of {name} is not registered live in etcd: it may fetch "
+                "again once its broker has registered"
+            )
+        return registration
+
     def on_follower_fetch(
         self, topic: str, partition: int, follower: int, fetch_offset: int
     ) -> tuple[PartitionReplication, PartitionLog]:
         """Leader: a follower fetches from `fetch_offset` (its log end): track
         its progress, move the HW, propose an ISR expansion. Raises
-        NotLeaderOrFollowerError when this broker does not lead it."""
+        NotLeaderOrFollowerError when this broker does not lead it or the
+        follower may not fetch it (`follower_registration`)."""
         partition_log = self.partition_log(topic, partition)
         replication = self._leader_replication(topic, partition, write=False)
         assert replication is not None
+        registration = self.follower_registration(replication, follower)
         me = self._config.broker_id
         leo = partition_log.log_end_offset
-        replication.on_follower_fetch(follower, fetch_offset, leo, self._clock.monotonic_ms())
+        now_ms = self._clock.monotonic_ms()
+        replication.on_follower_fetch(follower, fetch_offset, leo, now_ms, registration)
         if replication.advance_high_watermark(me, leo):
             self._wake((topic, partition))
-        expanded = replication.isr_to_expand(me)
+        expanded = replication.isr_to_expand(
+            now_ms, self._config.replica_lag_time_max_ms, self.registration_of
+        )
         if expanded is not None:
             self._propose_isr(replication, expanded)
         return replication, partition_log

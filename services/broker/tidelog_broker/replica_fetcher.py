@@ -14,6 +14,12 @@ at once. A partition whose answer is another error (the leader moved, an
 epoch mismatch) waits a short backoff before it is asked for again; etcd's
 watch meanwhile tells the ClusterLink where it went.
 
+A fetcher fetches only while this broker holds its etcd registration
+(`registered`): a process whose lease expired (frozen, cut off, or a
+previous incarnation whose id a new process has taken) must not report its
+log end offset as that replica's progress; the leader refuses such fetches
+too, and the fetcher starts again once the broker has registered anew.
+
 An answer is applied only while the partition is still followed, in the same
 epoch as when it was asked for and while the PartitionManager still has it
 as a follower: a late answer from a deposed leader never reaches a log this
@@ -46,6 +52,8 @@ log = logging.getLogger("tidelog.broker.replication")
 ERROR_BACKOFF_S = 0.1
 #: Pause before reconnecting a broken stream.
 RECONNECT_BACKOFF_S = 0.1
+#: Pause between looks at our registration while we are not registered.
+UNREGISTERED_BACKOFF_S = 0.1
 
 
 class ReplicaFetcher:
@@ -57,11 +65,13 @@ class ReplicaFetcher:
         manager: PartitionManager,
         config: BrokerConfig,
         address_of: Callable[[int], str | None],
+        registered: Callable[[], bool] = lambda: True,
     ) -> None:
         self.leader_id = leader_id
         self._manager = manager
         self._config = config
         self._address_of = address_of
+        self._registered = registered
         #: Followed partitions -> the leader epoch etcd gave for them.
         self.partitions: dict[TopicPartitionKey, int] = {}
         self._retry_at: dict[TopicPartitionKey, float] = {}
@@ -128,6 +138,9 @@ class ReplicaFetcher:
                 if not self.partitions:
                     call.cancel()
                     return
+                continue
+            if not self._registered():
+                await asyncio.sleep(UNREGISTERED_BACKOFF_S)  # see module doc
                 continue
             request = replica_pb2.ReplicaFetchRequest(
                 replica_id=self._config.broker_id,
@@ -246,10 +259,12 @@ class ReplicaFetchers:
         manager: PartitionManager,
         config: BrokerConfig,
         address_of: Callable[[int], str | None],
+        registered: Callable[[], bool] = lambda: True,
     ) -> None:
         self._manager = manager
         self._config = config
         self._address_of = address_of
+        self._registered = registered
         self._fetchers: dict[int, ReplicaFetcher] = {}
 
     def assign(self, followed: dict[int, dict[TopicPartitionKey, int]]) -> None:
@@ -257,7 +272,9 @@ class ReplicaFetchers:
         for leader_id, partitions in followed.items():
             fetcher = self._fetchers.get(leader_id)
             if fetcher is None:
-                fetcher = ReplicaFetcher(leader_id, self._manager, self._config, self._address_of)
+                fetcher = ReplicaFetcher(
+                    leader_id, self._manager, self._config, self._address_of, self._registered
+                )
                 self._fetchers[leader_id] = fetcher
                 fetcher.start()
             fetcher.set_partitions(partitions)

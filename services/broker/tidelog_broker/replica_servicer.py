@@ -9,6 +9,15 @@ the batches past the fetch offset, as stored. With nothing new (no data, no
 HW the follower has not seen) it long-polls on the partitions' append
 waiters, which appends and HW moves both wake, for at most max_wait_ms.
 
+Who may fetch: followers read past the high watermark, so a partition is
+served only to a replica id assigned to it and registered live in etcd
+(`PartitionManager.follower_registration`); any other id gets
+NOT_LEADER_OR_FOLLOWER for that partition, with no records, and its fetch
+offset is not taken as progress. One stream speaks for one replica id.
+This binds a fetch to a live registration, not to a proven identity: until
+replication has its own listener with certificates, a client that can reach
+this port can still pose as a live follower.
+
 Not thread-safe: runs on the broker's event loop.
 """
 
@@ -51,7 +60,18 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
     ) -> AsyncIterator[replica_pb2.ReplicaFetchResponse]:
         # The HW last sent to this follower per partition: a new one is news.
         sent_hw: dict[TopicPartitionKey, int] = {}
+        replica_id: int | None = None
         async for request in request_iterator:
+            if replica_id is None:
+                replica_id = request.replica_id
+            elif request.replica_id != replica_id:
+                # One follower per stream: the progress a stream reports, and
+                # the HWs it was sent, belong to one replica.
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"this ReplicaFetch stream fetches for replica {replica_id}, "
+                    f"not {request.replica_id}: open one stream per replica",
+                )
             yield await self._answer(request, sent_hw)
 
     async def _answer(
@@ -104,6 +124,8 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                         f"broker {self._config.broker_id} does not lead "
                         f"{part.topic}-{part.partition}"
                     )
+                # Before anything is read: only a live assigned replica may.
+                self._manager.follower_registration(replication, request.replica_id)
                 if part.current_leader_epoch < replication.leader_epoch:
                     raise FencedLeaderEpochError(
                         f"{part.topic}-{part.partition}: follower epoch "

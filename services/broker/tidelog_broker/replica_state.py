@@ -11,11 +11,19 @@ what etcd says: this class only proposes changes (`isr_to_shrink`,
 `isr_to_expand`); the ClusterLink writes them, fenced by the partition
 state's revision and leader epoch, and the watch brings them back.
 
+A follower joins the ISR only by the rule of `may_join_isr`: it is
+registered live in etcd (its broker key exists, with the registration its
+last fetch was made under) and it fetched up to the HW (and this epoch's
+start) within replica.lag.time.max.ms. A last-known LEO alone is not enough:
+a frozen follower's LEO stays where it was, and while the HW stands still
+it would look caught up forever.
+
 Not thread-safe: the broker's event loop owns it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -35,6 +43,39 @@ class FollowerProgress:
     last_caught_up_ms: int = 0
     #: The leader's LEO when the last answer to this follower was sent.
     leader_leo_at_last_answer: int = 0
+    #: Monotonic ms of the follower's last fetch (its LEO is from then).
+    last_fetch_ms: int = 0
+    #: The etcd revision of the follower's broker registration when it made
+    #: that fetch (0: none): progress made under an earlier registration (a
+    #: previous incarnation of the broker) does not count for the ISR.
+    registration: int = 0
+
+
+#: The registration revision of a live broker, or None when it is not
+#: registered (its lease expired): what the ClusterLink's watch knows.
+RegistrationOf = Callable[[int], int | None]
+
+
+def may_join_isr(
+    progress: FollowerProgress,
+    *,
+    now_ms: int,
+    lag_ms: int,
+    high_watermark: int,
+    epoch_start_offset: int,
+    live_registration: int | None,
+) -> bool:
+    """Whether a follower outside the ISR may join it (pure; tested alone).
+
+    Live: its broker is registered now, under the registration its last
+    fetch was made with. Caught up recently: that fetch, at most `lag_ms`
+    ago, reached the HW and this epoch's start offset."""
+    return (
+        live_registration is not None
+        and progress.registration == live_registration
+        and now_ms - progress.last_fetch_ms <= lag_ms
+        and progress.log_end_offset >= max(high_watermark, epoch_start_offset)
+    )
 
 
 @dataclass
@@ -73,11 +114,14 @@ class PartitionReplication:
         self.advance_high_watermark(me, leader_leo)
 
     def on_follower_fetch(
-        self, follower: int, fetch_offset: int, leader_leo: int, now_ms: int
+        self, follower: int, fetch_offset: int, leader_leo: int, now_ms: int, registration: int
     ) -> None:
-        """Record a follower's fetch (its LEO is `fetch_offset`)."""
+        """Record a fetch of `follower`, one of the replicas, made under its
+        broker registration `registration` (its LEO is `fetch_offset`)."""
         progress = self.followers.setdefault(follower, FollowerProgress(last_caught_up_ms=now_ms))
         progress.log_end_offset = fetch_offset
+        progress.last_fetch_ms = now_ms
+        progress.registration = registration
         if fetch_offset >= leader_leo or fetch_offset >= progress.leader_leo_at_last_answer:
             progress.last_caught_up_ms = now_ms
 
@@ -112,14 +156,23 @@ class PartitionReplication:
             return None
         return [r for r in self.isr if r not in lagging]
 
-    def isr_to_expand(self, me: int) -> list[int] | None:
-        """The ISR plus followers that reached the HW (and this epoch's data), or None."""
+    def isr_to_expand(
+        self, now_ms: int, lag_ms: int, registration_of: RegistrationOf
+    ) -> list[int] | None:
+        """The ISR plus the followers that `may_join_isr`, or None."""
         joining = [
             r
             for r, p in self.followers.items()
             if r not in self.isr
             and r in self.replicas
-            and p.log_end_offset >= max(self.high_watermark, self.epoch_start_offset)
+            and may_join_isr(
+                p,
+                now_ms=now_ms,
+                lag_ms=lag_ms,
+                high_watermark=self.high_watermark,
+                epoch_start_offset=self.epoch_start_offset,
+                live_registration=registration_of(r),
+            )
         ]
         if not joining:
             return None
