@@ -19,7 +19,7 @@ from tidelog.types import TopicPartition
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
 
 from tests.integration.coordinator.conftest import StartCoordinator
-from tests.integration.coordinator.helpers import etcd_client
+from tests.integration.coordinator.helpers import etcd_client, eventually
 from tests.integration.coordinator.test_groups import describe, setup_topic
 from tests.support.etcd import EtcdProcess
 
@@ -301,5 +301,64 @@ def test_oversized_fields_are_refused_naming_the_limit(
             await member.commit({TopicPartition("t", 0): 2**53})
         finally:
             await member.close()
+
+    asyncio.run(run())
+
+
+def test_acknowledgement_cannot_claim_partitions_that_were_not_assigned(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    """A member claiming another member's partition in its ack would keep the
+    partition from its owner (the coordinator waits for owners to release)."""
+    coordinator = coordinators()
+
+    async def run() -> None:
+        await setup_topic(etcd, prefix, coordinator.address, "t", 1)
+        await setup_topic(etcd, prefix, coordinator.address, "u", 1)
+        honest = GroupMembership(
+            coordinator.address, "g", topics=["u"], session_timeout_ms=SESSION_MS
+        )
+        requests: asyncio.Queue[group_pb2.GroupHeartbeatRequest] = asyncio.Queue()
+        requests.put_nowait(join_request(subscribed_topics=["t"]))
+
+        async def send() -> AsyncIterator[group_pb2.GroupHeartbeatRequest]:
+            while True:
+                yield await requests.get()
+
+        try:
+            await honest.start()
+            await honest.wait_for(lambda m: len(m.assignment) == 1, timeout_s=10)
+            async with grpc.aio.insecure_channel(coordinator.address) as channel:
+                call = group_pb2_grpc.GroupStub(channel).Heartbeat(send())
+                try:
+                    async for response in call:
+                        assert response.error.code == common_pb2.NONE
+                        if response.HasField("assignment"):
+                            break
+                    claimed = [
+                        common_pb2.TopicPartition(topic="t", partition=0),
+                        common_pb2.TopicPartition(topic="u", partition=0),
+                    ]
+                    requests.put_nowait(
+                        group_pb2.GroupHeartbeatRequest(
+                            ack=group_pb2.AssignmentAck(
+                                member_epoch=response.member_epoch, owned=claimed
+                            )
+                        )
+                    )
+
+                    async def acknowledged() -> bool:
+                        d = await describe(coordinator.address, "g")
+                        hostile = [m for m in d.members if m.member_id == response.member_id]
+                        return bool(hostile and hostile[0].owned)
+
+                    await eventually(acknowledged, 10, "the hostile member's ack to be recorded")
+                    d = await describe(coordinator.address, "g")
+                    (hostile,) = [m for m in d.members if m.member_id == response.member_id]
+                    assert [(tp.topic, tp.partition) for tp in hostile.owned] == [("t", 0)]
+                finally:
+                    call.cancel()
+        finally:
+            await honest.close()
 
     asyncio.run(run())
