@@ -59,7 +59,7 @@ from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2
 
 from tidelog_coordinator.errors import error_proto
-from tidelog_coordinator.group_limits import check_heartbeat, validate_group_id
+from tidelog_coordinator.group_limits import GROUP_MAX_MEMBERS, check_heartbeat, validate_group_id
 from tidelog_coordinator.group_state import (
     GroupCache,
     GroupState,
@@ -133,12 +133,14 @@ class GroupCoordinator:
         keys: Keys,
         is_controller: Callable[[], bool],
         cache_revision: Callable[[], int],
+        max_members: int = GROUP_MAX_MEMBERS,
     ) -> None:
         self.client = client
         self.keys = keys
         self.cache = GroupCache(keys, self._on_groups_changed)
         self.is_controller = is_controller
         self.cache_revision = cache_revision
+        self.max_members = max_members
         #: group id -> member key -> stream served here.
         self.local: dict[str, dict[str, MemberStream]] = {}
         self._dirty: set[str] = set()
@@ -222,6 +224,8 @@ class GroupCoordinator:
                 "expired): join again as a new member"
             )
         else:
+            if existing is None:
+                self._check_room(group_id)
             lease = await self.client.lease(ttl_s)
             lease_id = lease.id
             token, token_sha256 = new_member_token()
@@ -268,6 +272,14 @@ class GroupCoordinator:
         )
         self._mark_dirty({group_id})
         return stream
+
+    def _check_room(self, group_id: str) -> None:
+        members = len(self.cache.groups.get(group_id, GroupView()).members)
+        if members >= self.max_members:
+            raise InvalidRequestError(
+                f"group {group_id!r} has {members} members: at most {self.max_members} "
+                "(--group-max-members)"
+            )
 
     async def heartbeat(self, stream: MemberStream, req: group_pb2.GroupHeartbeatRequest) -> None:
         """Keep the session alive; record an acknowledgement."""

@@ -31,8 +31,15 @@ MEMBER_TOKEN_MAX_CHARS = 64
 GROUP_INSTANCE_ID_MAX_CHARS = 249
 CLIENT_ID_MAX_CHARS = 255
 ASSIGNOR_MAX_CHARS = 64
-#: Topics named in one subscription (each at most 249 characters).
+#: Topics named in one subscription (each at most 249 characters), and
+#: their characters in total: the subscription is stored in the member key.
 SUBSCRIBED_TOPICS_MAX = 1_000
+SUBSCRIBED_TOPICS_MAX_CHARS = 64 * 1024
+#: Members of one group (the default of --group-max-members). Each costs a
+#: lease, a key and a share of every reconcile of the group (the assignors
+#: run over all members); checked against the replica's cache, so racing
+#: joins on several replicas may overshoot it by a few.
+GROUP_MAX_MEMBERS = 1_000
 SUBSCRIBED_TOPIC_REGEX_MAX_CHARS = 1_000
 #: Memory RE2 may use for one compiled pattern (its default is 8 MiB).
 REGEX_MAX_MEM_BYTES = 1 << 20
@@ -101,8 +108,15 @@ def check_heartbeat(req: group_pb2.GroupHeartbeatRequest) -> None:
     check_chars("client_id", req.client_id, CLIENT_ID_MAX_CHARS)
     check_chars("assignor", req.assignor, ASSIGNOR_MAX_CHARS)
     check_count("subscribed_topics", req.subscribed_topics, SUBSCRIBED_TOPICS_MAX)
+    total = 0
     for topic in req.subscribed_topics:
         _check_topic("subscribed_topics", topic)
+        total += len(topic)
+    if total > SUBSCRIBED_TOPICS_MAX_CHARS:
+        raise InvalidRequestError(
+            f"subscribed_topics has {total} characters in all: "
+            f"at most {SUBSCRIBED_TOPICS_MAX_CHARS}"
+        )
     if req.subscribed_topic_regex:
         compile_pattern(req.subscribed_topic_regex)
     if req.HasField("ack"):

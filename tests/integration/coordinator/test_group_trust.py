@@ -267,6 +267,12 @@ def test_oversized_fields_are_refused_naming_the_limit(
             assert answer.error.code == common_pb2.INVALID_REQUEST, field
             assert field in answer.error.message and "at most" in answer.error.message
             assert answer.ByteSize() < 1_000, f"{field}: the value came back"
+        long_names = [f"{i:03}" + "x" * 246 for i in range(300)]
+        answer = await first_response(
+            coordinator.address, join_request(subscribed_topics=long_names)
+        )
+        assert answer.error.code == common_pb2.INVALID_REQUEST
+        assert "characters in all: at most 65536" in answer.error.message
         left = await unary(
             coordinator.address,
             "LeaveGroup",
@@ -360,5 +366,42 @@ def test_acknowledgement_cannot_claim_partitions_that_were_not_assigned(
                     call.cancel()
         finally:
             await honest.close()
+
+    asyncio.run(run())
+
+
+def test_a_full_group_refuses_new_members_but_not_a_static_restart(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    coordinator = coordinators(extra_args=("--group-max-members", "2"))
+
+    async def run() -> None:
+        await setup_topic(etcd, prefix, coordinator.address, "t", 2)
+        members = [
+            GroupMembership(coordinator.address, "g", topics=["t"], session_timeout_ms=5_000,
+                            group_instance_id=f"pod-{i}")
+            for i in range(2)
+        ]  # fmt: skip
+        replacement = GroupMembership(
+            coordinator.address, "g", topics=["t"], session_timeout_ms=5_000,
+            group_instance_id="pod-0",
+        )  # fmt: skip
+        try:
+            for m in members:
+                await m.start()
+            await members[1].wait_for(lambda m: len(m.assignment) == 1, timeout_s=10)
+            await members[0].wait_for(lambda m: len(m.assignment) == 1, timeout_s=10)
+            third = await first_response(coordinator.address, join_request())
+            assert third.error.code == common_pb2.INVALID_REQUEST
+            assert "at most 2" in third.error.message
+            async with etcd_client(etcd.endpoint) as client:
+                assert len(await client.get_prefix(Keys(prefix).members("g"))) == 2
+            mine = members[0].assignment
+            await members[0].close()  # static: the session stays
+            await replacement.start()
+            await replacement.wait_for(lambda m: m.assignment == mine, timeout_s=10)
+        finally:
+            for m in (*members, replacement):
+                await m.close(leave=True)
 
     asyncio.run(run())
