@@ -401,7 +401,7 @@ class GroupCoordinator:
         if not view.members:
             return None
         topic_names = self.cache.topics
-        subscriptions = {k: m.subscribed(topic_names) for k, m in view.members.items()}
+        subscriptions = {k: self.cache.subscribed(m) for k, m in view.members.items()}
         votes = collections.Counter(m.assignor for m in view.members.values())
         # The most common choice wins; ties go to the name that sorts first.
         assignor = min(votes, key=lambda a: (-votes[a], a))

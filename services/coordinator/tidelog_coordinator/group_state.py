@@ -194,6 +194,10 @@ class GroupView:
         return "Stable"
 
 
+#: Distinct patterns whose matches GroupCache remembers at once.
+PATTERN_MATCHES_MAX = 10_000
+
+
 class GroupCache:
     """Groups and topic partition counts as of the last watch events."""
 
@@ -203,6 +207,23 @@ class GroupCache:
         #: topic -> partition count.
         self.topics: dict[str, int] = {}
         self._on_group_change = on_group_change
+        #: pattern -> the topics it matches among `topics`, forgotten when
+        #: topics change. RE2 is linear, but its Python binding costs about
+        #: 2 us a name (10k topics: 20 ms, 25x Python's `re` on simple
+        #: patterns), so each distinct pattern is matched once per topic
+        #: change instead of once per member per reconcile.
+        self._matches: dict[str, frozenset[str]] = {}
+
+    def subscribed(self, member: MemberRecord) -> frozenset[str]:
+        """The existing topics `member` consumes."""
+        if not member.pattern:
+            return member.subscribed(self.topics)
+        found = self._matches.get(member.pattern)
+        if found is None:
+            if len(self._matches) >= PATTERN_MATCHES_MAX:
+                self._matches.clear()
+            found = self._matches[member.pattern] = member.subscribed(self.topics)
+        return found
 
     async def apply_groups(self, batch: WatchBatch) -> None:
         changed: set[str] = set()
@@ -237,6 +258,7 @@ class GroupCache:
         await self._on_group_change(changed)
 
     async def apply_topics(self, batch: WatchBatch) -> None:
+        self._matches.clear()
         if batch.reset:
             self.topics = {}
         for change in batch.changes:

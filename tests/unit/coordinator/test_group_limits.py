@@ -62,3 +62,30 @@ def test_member_token_matches_only_its_own_hash() -> None:
     assert not record.holds_token("")
     assert not record.holds_token(new_member_token()[0])
     assert not member("").holds_token("")  # a record from before tokens accepts none
+
+
+def test_pattern_matches_are_remembered_until_topics_change() -> None:
+    import asyncio
+    import json
+
+    from tidelog._etcd.keys import Keys
+    from tidelog._etcd.watch import Change, WatchBatch
+    from tidelog_coordinator.group_state import GroupCache
+
+    keys = Keys("/p")
+
+    async def ignore(_: set[str]) -> None:
+        return None
+
+    def topic(name: str) -> Change:
+        value = json.dumps({"partitions": [[0]]}).encode()
+        return Change(keys.topic(name), value, mod_revision=1)
+
+    cache = GroupCache(keys, ignore)
+    asyncio.run(cache.apply_topics(WatchBatch(reset=True, changes=[topic("a1"), topic("b1")])))
+    first = cache.subscribed(member("a.*"))
+    assert first == frozenset({"a1"})
+    assert cache.subscribed(member("a.*")) is first  # matched once, then remembered
+    assert cache.subscribed(member("")) == frozenset()  # a topic list, not a pattern
+    asyncio.run(cache.apply_topics(WatchBatch(reset=False, changes=[topic("a2")])))
+    assert cache.subscribed(member("a.*")) == frozenset({"a1", "a2"})
