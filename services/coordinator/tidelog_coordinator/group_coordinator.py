@@ -68,8 +68,6 @@ from tidelog_coordinator.group_state import (
     new_member_token,
 )
 
-__all__ = ["GroupCoordinator", "MemberStream", "tp_protos", "validate_group_id"]
-
 log = logging.getLogger("tidelog.coordinator.groups")
 
 SESSION_TIMEOUT_MIN_MS = 2_000  # etcd's shortest dependable lease

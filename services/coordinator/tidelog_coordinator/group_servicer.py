@@ -160,6 +160,11 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
         self, request: group_pb2.DescribeGroupRequest, context: grpc.aio.ServicerContext
     ) -> group_pb2.DescribeGroupResponse:
         try:
+            group_limits.validate_group_id(request.group_id)
+        except InvalidRequestError as exc:
+            # Without the group id: echoing an oversized one is what the limit prevents.
+            return group_pb2.DescribeGroupResponse(error=error_proto(exc, "describing the group"))
+        try:
             view = await self.offsets.describe_group(request.group_id)
         except Exception as exc:
             return group_pb2.DescribeGroupResponse(

@@ -280,6 +280,12 @@ def test_oversized_fields_are_refused_naming_the_limit(
         )
         assert isinstance(left, group_pb2.LeaveGroupResponse)
         assert left.error.code == common_pb2.INVALID_REQUEST and left.ByteSize() < 1_000
+        described = await unary(
+            coordinator.address, "DescribeGroup", group_pb2.DescribeGroupRequest(group_id="g" * MB)
+        )
+        assert isinstance(described, group_pb2.DescribeGroupResponse)
+        assert described.error.code == common_pb2.INVALID_REQUEST
+        assert "249" in described.error.message and described.ByteSize() < 1_000
         fetched = await unary(
             coordinator.address,
             "FetchOffsets",
