@@ -98,7 +98,9 @@ async def commit_throughput(
         offset = 0
         while time.perf_counter() < deadline:
             offset += 1
-            await client.commit(
+            # Groups without members: AlterOffsets, the same one-transaction
+            # write as a member's commit (which adds a cached member check).
+            await client.alter(
                 f"commit-{i}", {TopicPartition(topic, p): offset for p in range(partitions)}
             )
             done += partitions

@@ -148,7 +148,7 @@ class GroupAdmin:
         """Commit as an admin (no member): refused (NonEmptyGroupError) while
         the group has live members, so a reset never races a consumer."""
         _, store = await self._coordinators()
-        await store.commit(group_id, offsets, member_id="", member_epoch=-1)
+        await store.alter(group_id, offsets)
 
     async def list_offsets(
         self, query: Mapping[TopicPartition, int]

@@ -20,6 +20,12 @@ cluster mode (and coordinators) serve `tidelog.v1.Cluster/DescribeCluster`,
 whose answer lists the live coordinator replicas; a standalone broker does
 not serve it (UNIMPLEMENTED), which becomes GroupsNotSupportedError.
 
+Commits of a consumer that uses assign() with a group id (no subscription):
+it is no member, so its commits are administrative offset changes
+(AlterOffsets), accepted only while the group has no live members, as
+Kafka's standalone consumers' are. Members' commits (CommitOffsets) carry
+the member's id, epoch and token.
+
 max_poll_interval_ms: a watchdog notices when poll() has not been called for
 that long, logs a warning saying so, and leaves the group without calling the
 listener (the application is stuck; its partitions must move now). The
@@ -52,7 +58,7 @@ from tidelog.errors import (
     TidelogError,
     error_from_rpc,
 )
-from tidelog.group import GroupMembership, OffsetAndMetadata
+from tidelog.group import GroupMembership, OffsetAndMetadata, OffsetStoreClient
 from tidelog.types import TopicPartition
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc
 
@@ -120,6 +126,8 @@ class GroupClient:
         self.in_poll = False
         self._closing = False
         self._watchdog: asyncio.Task[None] | None = None
+        #: Offsets of the standalone (assign()) consumer; see the module doc.
+        self._standalone: OffsetStoreClient | None = None
 
     # ------------------------------------------------------------ lifecycle
 
@@ -172,6 +180,10 @@ class GroupClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
         await self._stop_membership(leave)
+        self.topics, self.pattern = [], ""
+        if self._standalone is not None:
+            await self._standalone.close()
+            self._standalone = None
         for event in self.events:
             if event.done is not None and not event.done.done():
                 event.done.set_result(None)
@@ -223,7 +235,10 @@ class GroupClient:
         backoff_s = max(0.05, self._config.retry_backoff_ms / 1000)
         while True:
             try:
-                await self._member().commit(offsets)
+                if self.topics or self.pattern:
+                    await self._member().commit(offsets)
+                else:
+                    await (await self._standalone_store()).alter(self.group_id, offsets)
                 return
             except TidelogError as exc:
                 if not exc.retriable or time.monotonic() + backoff_s > deadline:
@@ -235,7 +250,16 @@ class GroupClient:
     async def committed(
         self, partitions: Sequence[TopicPartition]
     ) -> dict[TopicPartition, OffsetAndMetadata]:
-        return await self._member().committed(partitions)
+        if self.topics or self.pattern:
+            return await self._member().committed(partitions)
+        return await (await self._standalone_store()).fetch(self.group_id, partitions)
+
+    async def _standalone_store(self) -> OffsetStoreClient:
+        if self._standalone is None:
+            self._standalone = OffsetStoreClient(
+                await self._discover(), request_timeout_ms=self._config.request_timeout_ms
+            )
+        return self._standalone
 
     # ------------------------------------------------------------ max_poll_interval_ms
 

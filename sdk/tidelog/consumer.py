@@ -285,8 +285,9 @@ class Consumer:
         listener: RebalanceListener | None = None,
     ) -> None:
         """Join the group and consume the partitions it assigns to this
-        member, of `topics` or of every topic matching `pattern` (a Python
-        regular expression matched against whole names). `listener` is told,
+        member, of `topics` or of every topic matching `pattern` (an RE2
+        regular expression, at most 1000 characters, matched against whole
+        names in linear time: no backreferences or lookarounds). `listener` is told,
         inside poll(), of partitions revoked (commit their offsets there),
         assigned and lost. Subscribing again replaces the subscription."""
         self._check_open()

@@ -93,6 +93,9 @@ class GroupMembership:
         self._offsets = OffsetStoreClient(bootstrap)
         #: Set by the coordinator on join.
         self.member_id = ""
+        #: The secret the join answered with: re-attaching, committing and
+        #: leaving need it (the member id alone is public).
+        self.member_token = ""
         #: Epoch of the last assignment received; commits carry it.
         self.member_epoch = 0
         #: The group's generation as last seen.
@@ -138,13 +141,17 @@ class GroupMembership:
             stub = group_pb2_grpc.GroupStub(self._channels.channel())
             try:
                 await stub.LeaveGroup(
-                    group_pb2.LeaveGroupRequest(group_id=self.group_id, member_id=member_id),
+                    group_pb2.LeaveGroupRequest(
+                        group_id=self.group_id,
+                        member_id=member_id,
+                        member_token=self.member_token,
+                    ),
                     timeout=5,
                 )
             except grpc.aio.AioRpcError as exc:
                 # The session then ends by itself after session_timeout_ms.
                 log.warning("leaving group %r failed: %s", self.group_id, exc.details())
-        self.member_id = ""
+        self.member_id = self.member_token = ""
 
     async def close(self, leave: bool | None = None) -> None:
         """End the membership. By default a dynamic member leaves (its partitions
@@ -179,13 +186,21 @@ class GroupMembership:
         epoch = self.member_epoch
         try:
             await self._offsets.commit(
-                self.group_id, offsets, member_id=self.member_id, member_epoch=epoch
+                self.group_id,
+                offsets,
+                member_id=self.member_id,
+                member_epoch=epoch,
+                member_token=self.member_token,
             )
         except IllegalGenerationError:
             if self.member_epoch == epoch:
                 raise
             await self._offsets.commit(
-                self.group_id, offsets, member_id=self.member_id, member_epoch=self.member_epoch
+                self.group_id,
+                offsets,
+                member_id=self.member_id,
+                member_epoch=self.member_epoch,
+                member_token=self.member_token,
             )
 
     # ------------------------------------------------------------ the session
@@ -195,6 +210,7 @@ class GroupMembership:
             group_id=self.group_id,
             member_id=self.member_id,
             member_epoch=self.member_epoch,
+            member_token=self.member_token,
             group_instance_id=self.group_instance_id,
             client_id=self.client_id,
             subscribed_topics=self.topics,
@@ -254,7 +270,7 @@ class GroupMembership:
         if isinstance(error, UnknownMemberIdError):
             log.warning("group %r: %s; joining again", self.group_id, error.message)
             lost = self.assignment
-            self.member_id, self.member_epoch = "", 0
+            self.member_id, self.member_epoch, self.member_token = "", 0, ""
             if lost:
                 handler = getattr(self.listener, "on_partitions_lost", None)
                 self.assignment = frozenset()
@@ -272,6 +288,8 @@ class GroupMembership:
     async def _on_response(self, response: group_pb2.GroupHeartbeatResponse) -> None:
         if response.member_id:
             self.member_id = response.member_id
+        if response.member_token:
+            self.member_token = response.member_token
         if response.heartbeat_interval_ms:
             self.heartbeat_interval_ms = min(response.heartbeat_interval_ms, self._heartbeat_max_ms)
         self.member_epoch = response.member_epoch

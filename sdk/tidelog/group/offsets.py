@@ -21,6 +21,20 @@ class OffsetAndMetadata(NamedTuple):
     metadata: str = ""
 
 
+def _offset_commits(
+    offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+) -> list[group_pb2.OffsetCommit]:
+    items = []
+    for tp, value in offsets.items():
+        om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(int(value))
+        items.append(
+            group_pb2.OffsetCommit(
+                topic=tp.topic, partition=tp.partition, offset=om.offset, metadata=om.metadata
+            )
+        )
+    return items
+
+
 class OffsetStoreClient:
     """Unary offset calls with failover across coordinator replicas. One event loop."""
 
@@ -50,25 +64,37 @@ class OffsetStoreClient:
         group_id: str,
         offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
         *,
-        member_id: str = "",
-        member_epoch: int = -1,
+        member_id: str,
+        member_epoch: int,
+        member_token: str,
     ) -> None:
-        """Commit atomically; raises the typed error (ILLEGAL_GENERATION, ...)."""
-        items = []
-        for tp, value in offsets.items():
-            om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(int(value))
-            items.append(
-                group_pb2.OffsetCommit(
-                    topic=tp.topic, partition=tp.partition, offset=om.offset, metadata=om.metadata
-                )
-            )
+        """Commit atomically as a member (its id, the epoch it acknowledged and
+        the token its join answered); raises the typed error
+        (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, ...)."""
         response = await self._call(
             "CommitOffsets",
             group_pb2.CommitOffsetsRequest(
-                group_id=group_id, member_id=member_id, member_epoch=member_epoch, offsets=items
+                group_id=group_id,
+                member_id=member_id,
+                member_epoch=member_epoch,
+                member_token=member_token,
+                offsets=_offset_commits(offsets),
             ),
         )
         assert isinstance(response, group_pb2.CommitOffsetsResponse)
+        if response.HasField("error") and response.error.code != common_pb2.NONE:
+            raise error_from_code(response.error.code, response.error.message)
+
+    async def alter(
+        self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
+    ) -> None:
+        """Set offsets as an administrator: refused (NonEmptyGroupError) while
+        the group has live members."""
+        response = await self._call(
+            "AlterOffsets",
+            group_pb2.AlterOffsetsRequest(group_id=group_id, offsets=_offset_commits(offsets)),
+        )
+        assert isinstance(response, group_pb2.AlterOffsetsResponse)
         if response.HasField("error") and response.error.code != common_pb2.NONE:
             raise error_from_code(response.error.code, response.error.message)
 

@@ -30,13 +30,22 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
 class GroupHeartbeatRequest(_message.Message):
-    """---------------------------------------------------------------- Heartbeat"""
+    """---------------------------------------------------------------- Heartbeat
+
+    Limits (the coordinator answers INVALID_REQUEST naming the one exceeded):
+    group_id, group_instance_id and topic names at most 249 characters;
+    member_id and member_token at most 64; client_id at most 255;
+    subscribed_topics at most 1000 names; subscribed_topic_regex at most 1000
+    characters; at most 10000 partitions in any list; committed offsets at
+    most 2^53 (see tidelog_coordinator/group_limits.py).
+    """
 
     DESCRIPTOR: _descriptor.Descriptor
 
     GROUP_ID_FIELD_NUMBER: _builtins.int
     MEMBER_ID_FIELD_NUMBER: _builtins.int
     MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
+    MEMBER_TOKEN_FIELD_NUMBER: _builtins.int
     GROUP_INSTANCE_ID_FIELD_NUMBER: _builtins.int
     CLIENT_ID_FIELD_NUMBER: _builtins.int
     SUBSCRIBED_TOPICS_FIELD_NUMBER: _builtins.int
@@ -55,6 +64,11 @@ class GroupHeartbeatRequest(_message.Message):
     """
     member_epoch: _builtins.int
     """0 to join; the last epoch received, to re-attach."""
+    member_token: _builtins.str
+    """To re-attach: the member_token of the response that created the member.
+    The member id alone is public (DescribeGroup shows it); the token proves
+    that the request comes from the client the member belongs to.
+    """
     group_instance_id: _builtins.str
     """Static membership: a stable name for this consumer instance (for example
     the pod name). A member that restarts with the same name within its
@@ -75,8 +89,9 @@ class GroupHeartbeatRequest(_message.Message):
     """
     @_builtins.property
     def subscribed_topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """The topics to consume; or, instead, a regular expression (Python `re`
-        syntax, matched against whole topic names).
+        """The topics to consume; or, instead, a regular expression (RE2 syntax:
+        no backreferences or lookarounds; matched against whole topic names in
+        linear time).
         """
 
     @_builtins.property
@@ -92,6 +107,7 @@ class GroupHeartbeatRequest(_message.Message):
         group_id: _builtins.str = ...,
         member_id: _builtins.str = ...,
         member_epoch: _builtins.int = ...,
+        member_token: _builtins.str = ...,
         group_instance_id: _builtins.str = ...,
         client_id: _builtins.str = ...,
         subscribed_topics: _abc.Iterable[_builtins.str] | None = ...,
@@ -103,7 +119,7 @@ class GroupHeartbeatRequest(_message.Message):
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assignor", b"assignor", "client_id", b"client_id", "group_id", b"group_id", "group_instance_id", b"group_instance_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "rebalance_timeout_ms", b"rebalance_timeout_ms", "session_timeout_ms", b"session_timeout_ms", "subscribed_topic_regex", b"subscribed_topic_regex", "subscribed_topics", b"subscribed_topics"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ack", b"ack", "assignor", b"assignor", "client_id", b"client_id", "group_id", b"group_id", "group_instance_id", b"group_instance_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "member_token", b"member_token", "rebalance_timeout_ms", b"rebalance_timeout_ms", "session_timeout_ms", b"session_timeout_ms", "subscribed_topic_regex", b"subscribed_topic_regex", "subscribed_topics", b"subscribed_topics"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -142,6 +158,7 @@ class GroupHeartbeatResponse(_message.Message):
     HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _builtins.int
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
     GROUP_EPOCH_FIELD_NUMBER: _builtins.int
+    MEMBER_TOKEN_FIELD_NUMBER: _builtins.int
     member_id: _builtins.str
     member_epoch: _builtins.int
     """The epoch of `assignment`; commits carry the last epoch acknowledged."""
@@ -149,6 +166,11 @@ class GroupHeartbeatResponse(_message.Message):
     """How often the member should send a request."""
     group_epoch: _builtins.int
     """The group's generation: bumped each time its target assignment changes."""
+    member_token: _builtins.str
+    """In the first response to a join that created the member only: a secret
+    that the member sends to re-attach, commit and leave. Never shown by
+    DescribeGroup; the coordinator keeps only its hash.
+    """
     @_builtins.property
     def error(self) -> _common_pb2.Error:
         """Set when the coordinator ends the session: UNKNOWN_MEMBER_ID (the session
@@ -172,10 +194,11 @@ class GroupHeartbeatResponse(_message.Message):
         heartbeat_interval_ms: _builtins.int = ...,
         assignment: Global___Assignment | None = ...,
         group_epoch: _builtins.int = ...,
+        member_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "error", b"error", "group_epoch", b"group_epoch", "heartbeat_interval_ms", b"heartbeat_interval_ms", "member_epoch", b"member_epoch", "member_id", b"member_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "error", b"error", "group_epoch", b"group_epoch", "heartbeat_interval_ms", b"heartbeat_interval_ms", "member_epoch", b"member_epoch", "member_id", b"member_id", "member_token", b"member_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -207,17 +230,21 @@ class LeaveGroupRequest(_message.Message):
 
     GROUP_ID_FIELD_NUMBER: _builtins.int
     MEMBER_ID_FIELD_NUMBER: _builtins.int
+    MEMBER_TOKEN_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     member_id: _builtins.str
+    member_token: _builtins.str
+    """The member's token (see GroupHeartbeatResponse.member_token)."""
     def __init__(
         self,
         *,
         group_id: _builtins.str = ...,
         member_id: _builtins.str = ...,
+        member_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "member_id", b"member_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "member_id", b"member_id", "member_token", b"member_token"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -253,13 +280,14 @@ class CommitOffsetsRequest(_message.Message):
     MEMBER_ID_FIELD_NUMBER: _builtins.int
     MEMBER_EPOCH_FIELD_NUMBER: _builtins.int
     OFFSETS_FIELD_NUMBER: _builtins.int
+    MEMBER_TOKEN_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
     member_id: _builtins.str
-    """The committing member and the epoch it last acknowledged. Admin tools
-    (offset reset) send an empty member_id and member_epoch -1, which is
-    accepted only while the group has no live members.
+    """The committing member, the epoch it last acknowledged and its token.
+    Admin tools (offset reset) use AlterOffsets instead.
     """
     member_epoch: _builtins.int
+    member_token: _builtins.str
     @_builtins.property
     def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetCommit]: ...
     def __init__(
@@ -269,10 +297,11 @@ class CommitOffsetsRequest(_message.Message):
         member_id: _builtins.str = ...,
         member_epoch: _builtins.int = ...,
         offsets: _abc.Iterable[Global___OffsetCommit] | None = ...,
+        member_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "offsets", b"offsets"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "member_epoch", b"member_epoch", "member_id", b"member_id", "member_token", b"member_token", "offsets", b"offsets"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -289,7 +318,7 @@ class OffsetCommit(_message.Message):
     topic: _builtins.str
     partition: _builtins.int
     offset: _builtins.int
-    """The offset of the next record to consume."""
+    """The offset of the next record to consume: 0 to 2^53."""
     metadata: _builtins.str
     """Free text stored with the offset (at most 4096 bytes)."""
     def __init__(
@@ -329,6 +358,51 @@ class CommitOffsetsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___CommitOffsetsResponse: _TypeAlias = CommitOffsetsResponse  # noqa: Y015
+
+@_typing.final
+class AlterOffsetsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[Global___OffsetCommit]: ...
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        offsets: _abc.Iterable[Global___OffsetCommit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterOffsetsRequest: _TypeAlias = AlterOffsetsRequest  # noqa: Y015
+
+@_typing.final
+class AlterOffsetsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ERROR_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """NON_EMPTY_GROUP while the group has live members; nothing was changed."""
+
+    def __init__(
+        self,
+        *,
+        error: _common_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterOffsetsResponse: _TypeAlias = AlterOffsetsResponse  # noqa: Y015
 
 @_typing.final
 class FetchOffsetsRequest(_message.Message):

@@ -49,6 +49,11 @@ class GroupStub:
                 request_serializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsRequest.SerializeToString,
                 response_deserializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsResponse.FromString,
                 _registered_method=True)
+        self.AlterOffsets = channel.unary_unary(
+                '/tidelog.v1.Group/AlterOffsets',
+                request_serializer=tidelog_dot_v1_dot_group__pb2.AlterOffsetsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_group__pb2.AlterOffsetsResponse.FromString,
+                _registered_method=True)
         self.FetchOffsets = channel.unary_unary(
                 '/tidelog.v1.Group/FetchOffsets',
                 request_serializer=tidelog_dot_v1_dot_group__pb2.FetchOffsetsRequest.SerializeToString,
@@ -97,8 +102,16 @@ class GroupServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CommitOffsets(self, request, context):
-        """Commit offsets: one atomic etcd transaction per request, fenced by the
-        member's epoch.
+        """Commit offsets as a member: one atomic etcd transaction per request,
+        fenced by the member's epoch and token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterOffsets(self, request, context):
+        """Set offsets as an administrator (offset reset): accepted only while the
+        group has no live members.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -150,6 +163,11 @@ def add_GroupServicer_to_server(servicer, server):
                     servicer.CommitOffsets,
                     request_deserializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsRequest.FromString,
                     response_serializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsResponse.SerializeToString,
+            ),
+            'AlterOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterOffsets,
+                    request_deserializer=tidelog_dot_v1_dot_group__pb2.AlterOffsetsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_group__pb2.AlterOffsetsResponse.SerializeToString,
             ),
             'FetchOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.FetchOffsets,
@@ -253,6 +271,33 @@ class Group:
             '/tidelog.v1.Group/CommitOffsets',
             tidelog_dot_v1_dot_group__pb2.CommitOffsetsRequest.SerializeToString,
             tidelog_dot_v1_dot_group__pb2.CommitOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Group/AlterOffsets',
+            tidelog_dot_v1_dot_group__pb2.AlterOffsetsRequest.SerializeToString,
+            tidelog_dot_v1_dot_group__pb2.AlterOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -54,8 +54,12 @@ class GroupStub:
     LeaveGroup: _grpc.UnaryUnaryMultiCallable[_group_pb2.LeaveGroupRequest, _group_pb2.LeaveGroupResponse]
     """Leave at once (the partitions move now, not after the session timeout)."""
     CommitOffsets: _grpc.UnaryUnaryMultiCallable[_group_pb2.CommitOffsetsRequest, _group_pb2.CommitOffsetsResponse]
-    """Commit offsets: one atomic etcd transaction per request, fenced by the
-    member's epoch.
+    """Commit offsets as a member: one atomic etcd transaction per request,
+    fenced by the member's epoch and token.
+    """
+    AlterOffsets: _grpc.UnaryUnaryMultiCallable[_group_pb2.AlterOffsetsRequest, _group_pb2.AlterOffsetsResponse]
+    """Set offsets as an administrator (offset reset): accepted only while the
+    group has no live members.
     """
     FetchOffsets: _grpc.UnaryUnaryMultiCallable[_group_pb2.FetchOffsetsRequest, _group_pb2.FetchOffsetsResponse]
     """Committed offsets of a group."""
@@ -85,8 +89,12 @@ class GroupAsyncStub(GroupStub):
     LeaveGroup: _aio.UnaryUnaryMultiCallable[_group_pb2.LeaveGroupRequest, _group_pb2.LeaveGroupResponse]  # type: ignore[assignment]
     """Leave at once (the partitions move now, not after the session timeout)."""
     CommitOffsets: _aio.UnaryUnaryMultiCallable[_group_pb2.CommitOffsetsRequest, _group_pb2.CommitOffsetsResponse]  # type: ignore[assignment]
-    """Commit offsets: one atomic etcd transaction per request, fenced by the
-    member's epoch.
+    """Commit offsets as a member: one atomic etcd transaction per request,
+    fenced by the member's epoch and token.
+    """
+    AlterOffsets: _aio.UnaryUnaryMultiCallable[_group_pb2.AlterOffsetsRequest, _group_pb2.AlterOffsetsResponse]  # type: ignore[assignment]
+    """Set offsets as an administrator (offset reset): accepted only while the
+    group has no live members.
     """
     FetchOffsets: _aio.UnaryUnaryMultiCallable[_group_pb2.FetchOffsetsRequest, _group_pb2.FetchOffsetsResponse]  # type: ignore[assignment]
     """Committed offsets of a group."""
@@ -131,8 +139,18 @@ class GroupServicer(metaclass=_abc_1.ABCMeta):
         request: _group_pb2.CommitOffsetsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_group_pb2.CommitOffsetsResponse, _abc.Awaitable[_group_pb2.CommitOffsetsResponse]]:
-        """Commit offsets: one atomic etcd transaction per request, fenced by the
-        member's epoch.
+        """Commit offsets as a member: one atomic etcd transaction per request,
+        fenced by the member's epoch and token.
+        """
+
+    @_abc_1.abstractmethod
+    def AlterOffsets(
+        self,
+        request: _group_pb2.AlterOffsetsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_group_pb2.AlterOffsetsResponse, _abc.Awaitable[_group_pb2.AlterOffsetsResponse]]:
+        """Set offsets as an administrator (offset reset): accepted only while the
+        group has no live members.
         """
 
     @_abc_1.abstractmethod

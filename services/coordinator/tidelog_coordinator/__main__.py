@@ -35,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         default=5_000,
         help="how often leadership returns to preferred replicas (0: never)",
     )
+    parser.add_argument(
+        "--group-max-members", type=int, default=1_000, help="members of one consumer group"
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -54,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         etcd_max_txn_ops=args.etcd_max_txn_ops,
+        group_max_members=args.group_max_members,
         **extra,
     )
 

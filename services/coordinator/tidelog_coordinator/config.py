@@ -45,3 +45,6 @@ class CoordinatorConfig:
     #: leadership back to each partition's preferred (first) replica when it
     #: is in the ISR (0: never).
     leader_imbalance_check_interval_ms: int = 5_000
+    #: group.consumer.max.size: members of one consumer group (see
+    #: group_limits.GROUP_MAX_MEMBERS, the default).
+    group_max_members: int = 1_000

@@ -22,6 +22,15 @@ The protocol is KIP-848's, with etcd as the group's memory:
 - Before pushing an assignment, the serving replica writes its epoch into
   the member key (comparing the key's mod revision), so a commit on any
   replica can check the member's epoch in etcd (fencing).
+- A member id is public (DescribeGroup shows it), so it proves nothing. The
+  join that creates a member answers, on that stream only, a random member
+  token; the member key keeps its SHA-256. Everything that acts as an
+  existing member from outside its stream (re-attaching after a reconnect,
+  committing, leaving) must carry the token, so another client that read the
+  id can neither take over the session nor remove the member. Requests
+  inside a stream are bound to it already. A static member restarting with
+  its group_instance_id still takes over its key as before (that is what a
+  static name is for), under a new id and a new token.
 
 `GroupCoordinator` is not thread-safe: one event loop. Per stream, pushes
 and acknowledgements are serialised by the stream's lock.
@@ -33,7 +42,6 @@ import asyncio
 import collections
 import logging
 import math
-import re
 import time
 import uuid
 from collections.abc import Callable
@@ -51,7 +59,14 @@ from tidelog_server.etcd.keys import Keys, dynamic_member_key, static_member_key
 
 from tidelog_coordinator.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
 from tidelog_coordinator.errors import error_proto
-from tidelog_coordinator.group_state import GroupCache, GroupState, GroupView, MemberRecord
+from tidelog_coordinator.group_limits import GROUP_MAX_MEMBERS, check_heartbeat, validate_group_id
+from tidelog_coordinator.group_state import (
+    GroupCache,
+    GroupState,
+    GroupView,
+    MemberRecord,
+    new_member_token,
+)
 
 log = logging.getLogger("tidelog.coordinator.groups")
 
@@ -63,13 +78,7 @@ HEARTBEAT_INTERVAL_MAX_MS = 5_000
 #: Attempts of a compare-and-put on a member key before giving up (each
 #: failure means the key changed meanwhile; we re-read and try again).
 MEMBER_UPDATE_ATTEMPTS = 5
-GROUP_ID_MAX_CHARS = 249
-
-
-def validate_group_id(group_id: str) -> str:
-    if not group_id or len(group_id) > GROUP_ID_MAX_CHARS:
-        raise InvalidRequestError(f"group id must be 1 to {GROUP_ID_MAX_CHARS} characters")
-    return group_id
+REBALANCE_TIMEOUT_MAX_MS = 30 * 60_000
 
 
 def tp_protos(tps: frozenset[TopicPartition]) -> list[common_pb2.TopicPartition]:
@@ -122,12 +131,14 @@ class GroupCoordinator:
         keys: Keys,
         is_controller: Callable[[], bool],
         cache_revision: Callable[[], int],
+        max_members: int = GROUP_MAX_MEMBERS,
     ) -> None:
         self.client = client
         self.keys = keys
         self.cache = GroupCache(keys, self._on_groups_changed)
         self.is_controller = is_controller
         self.cache_revision = cache_revision
+        self.max_members = max_members
         #: group id -> member key -> stream served here.
         self.local: dict[str, dict[str, MemberStream]] = {}
         self._dirty: set[str] = set()
@@ -137,6 +148,7 @@ class GroupCoordinator:
 
     async def join(self, req: group_pb2.GroupHeartbeatRequest) -> MemberStream:
         """Admit a member (new, re-attaching, or a restarted static instance)."""
+        check_heartbeat(req)
         group_id = validate_group_id(req.group_id)
         session_ms = req.session_timeout_ms or SESSION_TIMEOUT_DEFAULT_MS
         if not SESSION_TIMEOUT_MIN_MS <= session_ms <= SESSION_TIMEOUT_MAX_MS:
@@ -145,17 +157,17 @@ class GroupCoordinator:
                 f"{SESSION_TIMEOUT_MIN_MS} to {SESSION_TIMEOUT_MAX_MS}"
             )
         rebalance_ms = req.rebalance_timeout_ms or REBALANCE_TIMEOUT_DEFAULT_MS
+        if not 1 <= rebalance_ms <= REBALANCE_TIMEOUT_MAX_MS:
+            raise InvalidRequestError(
+                f"rebalance_timeout_ms={rebalance_ms} is out of range: use 1 to "
+                f"{REBALANCE_TIMEOUT_MAX_MS}"
+            )
         assignor = req.assignor or DEFAULT_ASSIGNOR
         if assignor not in ASSIGNORS:
             raise InvalidRequestError(
                 f"unknown assignor {assignor!r}: use one of {', '.join(sorted(ASSIGNORS))}"
             )
-        if req.subscribed_topic_regex:
-            try:
-                re.compile(req.subscribed_topic_regex)
-            except re.error as exc:
-                raise InvalidRequestError(f"subscribed_topic_regex is invalid: {exc}") from None
-        elif not req.subscribed_topics:
+        if not req.subscribed_topic_regex and not req.subscribed_topics:
             raise InvalidRequestError("subscribe to at least one topic or a topic pattern")
         ttl_s = max(2, math.ceil(session_ms / 1000))
         instance_id = req.group_instance_id
@@ -178,8 +190,14 @@ class GroupCoordinator:
             rebalance_timeout_ms=rebalance_ms,
         )
         tx = self.client.transactions
+        token = ""  # answered only when this join creates the member
         existing = await self._read_member(group_id, member_key)
         if existing is not None and req.member_id and existing.member_id == req.member_id:
+            if not existing.holds_token(req.member_token):
+                raise UnknownMemberIdError(
+                    f"member {req.member_id} of group {group_id!r}: the member_token does "
+                    "not match (only the client that created a member can re-attach)"
+                )
             # Re-attach (after a reconnect to this replica): same lease, same
             # state; only the subscription may have changed.
             record = existing.with_(
@@ -204,16 +222,19 @@ class GroupCoordinator:
                 "expired): join again as a new member"
             )
         else:
+            if existing is None:
+                self._check_room(group_id)
             lease = await self.client.lease(ttl_s)
             lease_id = lease.id
+            token, token_sha256 = new_member_token()
             if existing is not None:
                 # A static instance restarted: it takes over the old key (and so
-                # the old target, with no rebalance) under a new member id,
-                # which fences the previous process.
-                record = fresh.with_(member_epoch=existing.member_epoch)
+                # the old target, with no rebalance) under a new member id and
+                # token, which fences the previous process.
+                record = fresh.with_(member_epoch=existing.member_epoch, token_sha256=token_sha256)
                 compare = [tx.mod(key) == existing.mod_revision]
             else:
-                record = fresh
+                record = fresh.with_(token_sha256=token_sha256)
                 compare = [tx.create(key) == 0]
             ok, responses = await self.client.transaction(
                 compare=compare, success=[tx.put(key, record.to_json(), lease=lease_id)], failure=[]
@@ -244,21 +265,39 @@ class GroupCoordinator:
                 member_id=record.member_id,
                 member_epoch=record.member_epoch,
                 heartbeat_interval_ms=interval_ms,
+                member_token=token,
             )
         )
         self._mark_dirty({group_id})
         return stream
 
+    def _check_room(self, group_id: str) -> None:
+        members = len(self.cache.groups.get(group_id, GroupView()).members)
+        if members >= self.max_members:
+            raise InvalidRequestError(
+                f"group {group_id!r} has {members} members: at most {self.max_members} "
+                "(--group-max-members)"
+            )
+
     async def heartbeat(self, stream: MemberStream, req: group_pb2.GroupHeartbeatRequest) -> None:
         """Keep the session alive; record an acknowledgement."""
+        check_heartbeat(req)
+        if req.member_id and req.member_id != stream.member_id:
+            # The stream is bound to the member it joined as.
+            raise InvalidRequestError("member_id differs from the member this stream joined as")
         reply = await self.client.refresh_lease(stream.lease_id)
         if reply is None or reply.TTL <= 0:
             stream.close(UnknownMemberIdError("the member's session expired: join again"))
             return
         if req.HasField("ack"):
             owned = frozenset(TopicPartition(tp.topic, tp.partition) for tp in req.ack.owned)
+            # A member owns only what it was assigned (or owned and has not
+            # released yet): claiming other partitions would keep them from
+            # their real owners.
             async with stream.lock:
-                await self._update_member(stream, lambda rec: rec.with_(owned=owned))
+                await self._update_member(
+                    stream, lambda rec: rec.with_(owned=owned & (rec.assigned | rec.owned))
+                )
         if stream.revoke_deadline is not None and time.monotonic() > stream.revoke_deadline:
             log.warning(
                 "member %s of %r did not release partitions within %d ms: removing it",
@@ -266,7 +305,9 @@ class GroupCoordinator:
                 stream.group_id,
                 stream.rebalance_timeout_ms,
             )
-            await self.leave(stream.group_id, stream.member_id)
+            record = await self._find_member(stream.group_id, stream.member_id)
+            if record is not None:
+                await self._remove(stream.group_id, record)
             stream.close(
                 UnknownMemberIdError(
                     "removed from the group: partitions were not released within "
@@ -284,12 +325,21 @@ class GroupCoordinator:
                 del self.local[stream.group_id]
         stream.close()
 
-    async def leave(self, group_id: str, member_id: str) -> None:
-        """Remove a member now: its key is deleted and its lease revoked."""
+    async def leave(self, group_id: str, member_id: str, member_token: str) -> None:
+        """A member leaves now; only with its token (see the module doc)."""
         validate_group_id(group_id)
         record = await self._find_member(group_id, member_id)
         if record is None:
             raise UnknownMemberIdError(f"member {member_id} is not in group {group_id!r}")
+        if not record.holds_token(member_token):
+            raise UnknownMemberIdError(
+                f"member {member_id} of group {group_id!r}: the member_token does not match"
+            )
+        await self._remove(group_id, record)
+
+    async def _remove(self, group_id: str, record: MemberRecord) -> None:
+        """Remove a member now: its key is deleted and its lease revoked."""
+        member_id = record.member_id
         tx = self.client.transactions
         key = self.keys.member(group_id, record.member_key)
         await self.client.transaction(
@@ -349,7 +399,7 @@ class GroupCoordinator:
         if not view.members:
             return None
         topic_names = self.cache.topics
-        subscriptions = {k: m.subscribed(topic_names) for k, m in view.members.items()}
+        subscriptions = {k: self.cache.subscribed(m) for k, m in view.members.items()}
         votes = collections.Counter(m.assignor for m in view.members.values())
         # The most common choice wins; ties go to the name that sorts first.
         assignor = min(votes, key=lambda a: (-votes[a], a))

@@ -1,6 +1,7 @@
 """`tidelog.v1.Group`: heartbeat streams, leave, offsets and group admin.
 
-Validates and maps errors; GroupCoordinator and OffsetStore do the work.
+Validates (every size against group_limits) and maps errors;
+GroupCoordinator and OffsetStore do the work.
 Errors of the heartbeat stream travel in-band (the response's `error`) and
 end the stream; unary calls answer with an in-band error too, so a client
 sees the precise ErrorCode either way.
@@ -11,21 +12,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from tidelog.errors import InvalidRequestError
 from tidelog.types import TopicPartition
 from tidelog.v1 import group_pb2, group_pb2_grpc
 
+from tidelog_coordinator import group_limits
 from tidelog_coordinator.errors import error_proto
 from tidelog_coordinator.group_coordinator import GroupCoordinator, MemberStream, tp_protos
 from tidelog_coordinator.offset_store import OffsetEntry, OffsetStore
 
 log = logging.getLogger("tidelog.coordinator.groups")
 
-#: Partitions in one commit: bounds one request's etcd transactions.
-MAX_OFFSETS_PER_COMMIT = 10_000
+
+def _entries(offsets: Sequence[group_pb2.OffsetCommit]) -> list[OffsetEntry]:
+    group_limits.check_offsets(offsets)
+    return [
+        OffsetEntry(TopicPartition(o.topic, o.partition), o.offset, o.metadata) for o in offsets
+    ]
 
 
 class GroupServicer(group_pb2_grpc.GroupServicer):
@@ -67,6 +73,9 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
             async for request in requests:
                 try:
                     await self.groups.heartbeat(stream, request)
+                except InvalidRequestError as exc:
+                    stream.close(exc)
+                    return
                 except Exception as exc:
                     # One failed heartbeat (etcd briefly away) is not the end of
                     # the session: the lease outlives it; the member retries.
@@ -80,7 +89,8 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
         self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
     ) -> group_pb2.LeaveGroupResponse:
         try:
-            await self.groups.leave(request.group_id, request.member_id)
+            group_limits.check_member(request.group_id, request.member_id, request.member_token)
+            await self.groups.leave(request.group_id, request.member_id, request.member_token)
         except Exception as exc:
             return group_pb2.LeaveGroupResponse(error=error_proto(exc, "leaving the group"))
         return group_pb2.LeaveGroupResponse()
@@ -89,26 +99,34 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
         self, request: group_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> group_pb2.CommitOffsetsResponse:
         try:
-            if len(request.offsets) > MAX_OFFSETS_PER_COMMIT:
-                raise InvalidRequestError(
-                    f"{len(request.offsets)} offsets in one commit: at most "
-                    f"{MAX_OFFSETS_PER_COMMIT}"
-                )
-            entries = [
-                OffsetEntry(TopicPartition(o.topic, o.partition), o.offset, o.metadata)
-                for o in request.offsets
-            ]
+            group_limits.check_member(request.group_id, request.member_id, request.member_token)
+            entries = _entries(request.offsets)
             await self.offsets.commit(
-                request.group_id, request.member_id, request.member_epoch, entries
+                request.group_id,
+                request.member_id,
+                request.member_epoch,
+                request.member_token,
+                entries,
             )
         except Exception as exc:
             return group_pb2.CommitOffsetsResponse(error=error_proto(exc, "committing offsets"))
         return group_pb2.CommitOffsetsResponse()
 
+    async def AlterOffsets(
+        self, request: group_pb2.AlterOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.AlterOffsetsResponse:
+        try:
+            group_limits.validate_group_id(request.group_id)
+            await self.offsets.alter(request.group_id, _entries(request.offsets))
+        except Exception as exc:
+            return group_pb2.AlterOffsetsResponse(error=error_proto(exc, "altering offsets"))
+        return group_pb2.AlterOffsetsResponse()
+
     async def FetchOffsets(
         self, request: group_pb2.FetchOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> group_pb2.FetchOffsetsResponse:
         try:
+            group_limits.check_fetch(request)
             entries = await self.offsets.fetch(
                 request.group_id,
                 [TopicPartition(tp.topic, tp.partition) for tp in request.partitions],
@@ -141,6 +159,11 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
     async def DescribeGroup(
         self, request: group_pb2.DescribeGroupRequest, context: grpc.aio.ServicerContext
     ) -> group_pb2.DescribeGroupResponse:
+        try:
+            group_limits.validate_group_id(request.group_id)
+        except InvalidRequestError as exc:
+            # Without the group id: echoing an oversized one is what the limit prevents.
+            return group_pb2.DescribeGroupResponse(error=error_proto(exc, "describing the group"))
         try:
             view = await self.offsets.describe_group(request.group_id)
         except Exception as exc:

@@ -12,15 +12,20 @@ Not thread-safe: one event loop.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
-import re
+import secrets
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tidelog.errors import InvalidRequestError
 from tidelog.types import TopicPartition
 from tidelog_server.etcd import WatchBatch
 from tidelog_server.etcd.keys import Keys
+
+from tidelog_coordinator.group_limits import compile_pattern
 
 
 def tps_to_json(tps: Iterable[TopicPartition]) -> list[list[Any]]:
@@ -29,6 +34,16 @@ def tps_to_json(tps: Iterable[TopicPartition]) -> list[list[Any]]:
 
 def tps_from_json(items: Iterable[Any]) -> frozenset[TopicPartition]:
     return frozenset(TopicPartition(str(t), int(p)) for t, p in items)
+
+
+def new_member_token() -> tuple[str, str]:
+    """A fresh member token and the hash of it that etcd keeps."""
+    token = secrets.token_urlsafe(32)
+    return token, _token_hash(token)
+
+
+def _token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +65,9 @@ class MemberRecord:
     assigned: frozenset[TopicPartition] = frozenset()
     #: What the member acknowledged owning.
     owned: frozenset[TopicPartition] = frozenset()
+    #: SHA-256 (hex) of the member's token: requests acting as the member
+    #: (re-attach, commit, leave) must carry the token (see GroupCoordinator.join).
+    token_sha256: str = ""
     # From etcd, not stored in the value:
     lease: int = 0
     mod_revision: int = 0
@@ -69,6 +87,7 @@ class MemberRecord:
                 "member_epoch": self.member_epoch,
                 "assigned": tps_to_json(self.assigned),
                 "owned": tps_to_json(self.owned),
+                "token_sha256": self.token_sha256,
             },
             separators=(",", ":"),
         ).encode()
@@ -91,6 +110,7 @@ class MemberRecord:
             member_epoch=int(d.get("member_epoch", 0)),
             assigned=tps_from_json(d.get("assigned", ())),
             owned=tps_from_json(d.get("owned", ())),
+            token_sha256=d.get("token_sha256", ""),
             lease=lease,
             mod_revision=mod_revision,
             create_revision=create_revision,
@@ -99,10 +119,22 @@ class MemberRecord:
     def subscribed(self, topic_names: Iterable[str]) -> frozenset[str]:
         """The topics this member consumes among those that exist."""
         if self.pattern:
-            regex = re.compile(self.pattern)
+            try:
+                regex = compile_pattern(self.pattern)
+            except InvalidRequestError:
+                # Joins validate patterns; a record written before RE2 (a
+                # Python-only construct) subscribes to nothing until it rejoins.
+                return frozenset()
             return frozenset(t for t in topic_names if regex.fullmatch(t))
         existing = set(topic_names)
         return frozenset(t for t in self.topics if t in existing)
+
+    def holds_token(self, token: str) -> bool:
+        """Whether `token` is this member's (constant-time; a record without
+        a token, written before tokens existed, accepts none)."""
+        return bool(self.token_sha256) and hmac.compare_digest(
+            self.token_sha256, _token_hash(token)
+        )
 
     def with_(self, **changes: Any) -> MemberRecord:
         return replace(self, **changes)
@@ -162,6 +194,10 @@ class GroupView:
         return "Stable"
 
 
+#: Distinct patterns whose matches GroupCache remembers at once.
+PATTERN_MATCHES_MAX = 10_000
+
+
 class GroupCache:
     """Groups and topic partition counts as of the last watch events."""
 
@@ -171,6 +207,23 @@ class GroupCache:
         #: topic -> partition count.
         self.topics: dict[str, int] = {}
         self._on_group_change = on_group_change
+        #: pattern -> the topics it matches among `topics`, forgotten when
+        #: topics change. RE2 is linear, but its Python binding costs about
+        #: 2 us a name (10k topics: 20 ms, 25x Python's `re` on simple
+        #: patterns), so each distinct pattern is matched once per topic
+        #: change instead of once per member per reconcile.
+        self._matches: dict[str, frozenset[str]] = {}
+
+    def subscribed(self, member: MemberRecord) -> frozenset[str]:
+        """The existing topics `member` consumes."""
+        if not member.pattern:
+            return member.subscribed(self.topics)
+        found = self._matches.get(member.pattern)
+        if found is None:
+            if len(self._matches) >= PATTERN_MATCHES_MAX:
+                self._matches.clear()
+            found = self._matches[member.pattern] = member.subscribed(self.topics)
+        return found
 
     async def apply_groups(self, batch: WatchBatch) -> None:
         changed: set[str] = set()
@@ -205,6 +258,7 @@ class GroupCache:
         await self._on_group_change(changed)
 
     async def apply_topics(self, batch: WatchBatch) -> None:
+        self._matches.clear()
         if batch.reset:
             self.topics = {}
         for change in batch.changes:

@@ -2,14 +2,16 @@
 
 A commit is one etcd transaction covering every partition of the request,
 with one compare that fences it:
-- a member's commit compares the mod revision of its member key, as read
-  when its member id and epoch were checked: the key (and so the session,
-  the member id and the epoch) is exactly what was checked, or nothing is
-  written (a zombie whose session expired finds no key: UNKNOWN_MEMBER_ID; a
-  stale epoch: ILLEGAL_GENERATION);
-- an admin commit (empty member id, epoch -1) compares that the group's
-  member range is empty (etcd compares an empty range against a zero
-  key-value, so `version == 0` holds exactly when no member key exists).
+- a member's commit (CommitOffsets) compares the mod revision of its member
+  key, as read when its member id, token and epoch were checked: the key
+  (and so the session, the member id and the epoch) is exactly what was
+  checked, or nothing is written (a zombie whose session expired finds no
+  key: UNKNOWN_MEMBER_ID; a stale epoch: ILLEGAL_GENERATION). Only members
+  commit: a request without a member is refused, whatever its epoch;
+- an admin change (AlterOffsets, the offset reset of AdminClient and
+  `tidelog groups reset-offsets`) compares that the group's member range is
+  empty (etcd compares an empty range against a zero key-value, so
+  `version == 0` holds exactly when no member key exists).
 
 A request larger than etcd's --max-txn-ops is split into transactions that
 each carry the same compare; each is atomic, the request as a whole is not.
@@ -38,12 +40,16 @@ from tidelog_server.etcd.keys import Keys, prefix_end
 from tidelog_server.names import validate_topic_name
 
 from tidelog_coordinator.config import CoordinatorConfig
-from tidelog_coordinator.group_coordinator import GroupCoordinator, validate_group_id
+from tidelog_coordinator.group_coordinator import GroupCoordinator
+from tidelog_coordinator.group_limits import (
+    OFFSET_MAX,
+    OFFSET_METADATA_MAX_BYTES,
+    validate_group_id,
+)
 from tidelog_coordinator.group_state import GroupView, MemberRecord
 
 log = logging.getLogger("tidelog.coordinator.offsets")
 
-METADATA_MAX_BYTES = 4096
 COMMIT_ATTEMPTS = 3
 
 
@@ -82,26 +88,23 @@ class OffsetStore:
             if e.tp in seen:
                 raise InvalidRequestError(f"{e.tp.topic}-{e.tp.partition} appears twice")
             seen.add(e.tp)
-            if e.offset < 0:
+            if not 0 <= e.offset <= OFFSET_MAX:
                 raise InvalidRequestError(
-                    f"offset {e.offset} for {e.tp.topic}-{e.tp.partition} is negative"
+                    f"offset {e.offset} for {e.tp.topic}-{e.tp.partition} is out of range: "
+                    f"0 to {OFFSET_MAX}"
                 )
-            if len(e.metadata.encode()) > METADATA_MAX_BYTES:
-                raise InvalidRequestError(f"metadata is longer than {METADATA_MAX_BYTES} bytes")
+            if len(e.metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+                raise InvalidRequestError(
+                    f"metadata is longer than {OFFSET_METADATA_MAX_BYTES} bytes"
+                )
             count = topics.get(e.tp.topic)
             if count is None or e.tp.partition < 0 or e.tp.partition >= count:
                 raise UnknownTopicOrPartitionError(f"{e.tp.topic}-{e.tp.partition} does not exist")
 
-    async def commit(
-        self, group_id: str, member_id: str, member_epoch: int, entries: Sequence[OffsetEntry]
-    ) -> None:
-        validate_group_id(group_id)
-        self._validate(entries)
-        if not entries:
-            return
+    def _puts(self, group_id: str, entries: Sequence[OffsetEntry]) -> list[Any]:
         tx = self.client.transactions
         now_ms = self.clock.time_ms()
-        puts = [
+        return [
             tx.put(
                 self.keys.offset(group_id, e.tp),
                 json.dumps(
@@ -111,18 +114,41 @@ class OffsetStore:
             )
             for e in entries
         ]
-        if not member_id:
-            if member_epoch != -1:
-                raise UnknownMemberIdError(
-                    "a commit without member_id must use member_epoch -1 (admin commit)"
-                )
-            members = self.keys.members(group_id)
-            compare = tx.version(members, prefix_end(members)) == 0
-            if not await self._transact(compare, puts):
-                raise NonEmptyGroupError(
-                    f"group {group_id!r} has live members: stop them before changing its offsets"
-                )
+
+    async def alter(self, group_id: str, entries: Sequence[OffsetEntry]) -> None:
+        """Admin offset change: only while the group has no live members."""
+        validate_group_id(group_id)
+        self._validate(entries)
+        if not entries:
             return
+        tx = self.client.transactions
+        members = self.keys.members(group_id)
+        compare = tx.version(members, prefix_end(members)) == 0
+        if not await self._transact(compare, self._puts(group_id, entries)):
+            raise NonEmptyGroupError(
+                f"group {group_id!r} has live members: stop them before changing its offsets"
+            )
+
+    async def commit(
+        self,
+        group_id: str,
+        member_id: str,
+        member_epoch: int,
+        member_token: str,
+        entries: Sequence[OffsetEntry],
+    ) -> None:
+        """A member's commit, fenced by its session, token and epoch."""
+        validate_group_id(group_id)
+        if not member_id:
+            raise UnknownMemberIdError(
+                "commits come from group members (member_id is empty): an administrator "
+                "changes the offsets of an empty group with AlterOffsets"
+            )
+        self._validate(entries)
+        if not entries:
+            return
+        tx = self.client.transactions
+        puts = self._puts(group_id, entries)
         view = self.groups.cache.groups.get(group_id, GroupView())
         record = view.member_by_id(member_id)
         for _ in range(COMMIT_ATTEMPTS):
@@ -131,6 +157,10 @@ class OffsetStore:
             if record is None:
                 raise UnknownMemberIdError(
                     f"member {member_id} is not in group {group_id!r} (its session expired?)"
+                )
+            if not record.holds_token(member_token):
+                raise UnknownMemberIdError(
+                    f"member {member_id} of group {group_id!r}: the member_token does not match"
                 )
             if record.member_epoch != member_epoch:
                 fresh = await self.groups._find_member(group_id, member_id)

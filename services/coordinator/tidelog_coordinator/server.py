@@ -66,6 +66,7 @@ class CoordinatorServer:
             self.keys,
             is_controller=lambda: self.lifecycle is not None and self.lifecycle.is_controller,
             cache_revision=lambda: self._groups_watcher.revision,
+            max_members=config.group_max_members,
         )
         self.offsets = OffsetStore(self.client, self.keys, config, self.groups)
         self._groups_watcher = PrefixWatcher(

@@ -202,7 +202,7 @@ def test_static_member_restart_within_timeout_keeps_partitions_without_rebalance
             await wait_settled(members, 6, 10)
             epoch = (await describe(coordinator.address, "g")).group_epoch
             mine = members[0].assignment
-            old_member_id = members[0].member_id
+            old_member_id, old_token = members[0].member_id, members[0].member_token
             await members[0].close()  # static: no leave, the session stays
             await replacement.start()
             await replacement.wait_for(lambda m: m.assignment == mine, timeout_s=5)
@@ -216,7 +216,7 @@ def test_static_member_restart_within_timeout_keeps_partitions_without_rebalance
             offsets = OffsetStoreClient(coordinator.address)
             with pytest.raises(UnknownMemberIdError):
                 await offsets.commit("g", {next(iter(mine)): 1}, member_id=old_member_id,
-                                     member_epoch=epoch)  # fmt: skip
+                                     member_epoch=epoch, member_token=old_token)  # fmt: skip
             await offsets.close()
         finally:
             for m in (*members, replacement):
@@ -249,23 +249,26 @@ def test_zombie_cannot_commit_and_offsets_round_trip(
             # A stale epoch is fenced.
             with pytest.raises(IllegalGenerationError):
                 await offsets.commit("g", {TopicPartition("t", 0): 1}, member_id=member.member_id,
-                                     member_epoch=member.member_epoch - 1)  # fmt: skip
+                                     member_epoch=member.member_epoch - 1,
+                                     member_token=member.member_token)  # fmt: skip
             # Admin commits are refused while the group has members.
             with pytest.raises(NonEmptyGroupError):
-                await offsets.commit("g", {TopicPartition("t", 0): 0})
+                await offsets.alter("g", {TopicPartition("t", 0): 0})
             # The member freezes (its process is paused: no heartbeats): its
             # session expires and it becomes a zombie that cannot commit.
             zombie_id, zombie_epoch = member.member_id, member.member_epoch
+            zombie_token = member.member_token
             await member._stop_task()
             await asyncio.sleep(SESSION_MS / 1000 + 1.5)
             with pytest.raises((UnknownMemberIdError, IllegalGenerationError)):
                 await offsets.commit("g", {TopicPartition("t", 0): 99}, member_id=zombie_id,
-                                     member_epoch=zombie_epoch)  # fmt: skip
+                                     member_epoch=zombie_epoch,
+                                     member_token=zombie_token)  # fmt: skip
             assert (await offsets.fetch("g", [TopicPartition("t", 0)]))[
                 TopicPartition("t", 0)
             ].offset == 10
             # The group is empty now: an admin reset (generation -1) works.
-            await offsets.commit("g", {TopicPartition("t", 0): 0})
+            await offsets.alter("g", {TopicPartition("t", 0): 0})
             assert (await offsets.fetch("g"))[TopicPartition("t", 0)].offset == 0
             async with grpc.aio.insecure_channel(coordinator.address) as channel:
                 stub = group_pb2_grpc.GroupStub(channel)
@@ -293,7 +296,7 @@ def test_commit_is_one_etcd_transaction(
         offsets = OffsetStoreClient(coordinator.address)
         async with etcd_client(etcd.endpoint) as client:
             before = (await client.get_prefix(f"{prefix}/none".encode())).header.revision
-            await offsets.commit("g", {TopicPartition("t", p): p for p in range(50)})
+            await offsets.alter("g", {TopicPartition("t", p): p for p in range(50)})
             listing = await client.get_prefix(f"{prefix}/offsets/".encode())
             # One transaction = one revision for all 50 keys.
             assert len(listing) == 50 and {kv.mod_revision for kv in listing} == {before + 1}

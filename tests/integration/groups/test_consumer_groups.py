@@ -244,3 +244,27 @@ def test_delete_refused_while_members_are_live(
     wait_until(lambda: member.assignment() == {0}, 30, "assigned")
     with AdminClient(cluster.bootstrap) as admin, pytest.raises(NonEmptyGroupError):
         admin.delete_consumer_groups([group])
+
+
+def test_an_assign_consumer_with_a_group_id_commits_while_the_group_is_empty(
+    cluster: ClusterProcesses, consumers: Start, names: tuple[str, str]
+) -> None:
+    """No member, so its commits are admin offset changes (AlterOffsets): they
+    work on an empty group, as Kafka's standalone consumers' do, and are
+    refused while the group has live members."""
+    from tidelog import Consumer
+
+    topic, group = names
+    create_topic(cluster, topic, 2)
+    produce(cluster, topic, 2, 5)  # offset 3 is a real position
+    tp = TopicPartition(topic, 0)
+    with Consumer(bootstrap_servers=cluster.bootstrap, group_id=group) as standalone:
+        standalone.assign([tp])
+        standalone.commit({tp: 3})
+        assert standalone.committed(tp) == 3
+        member = consumers(group, topic)
+        wait_until(lambda: member.assignment() == {0, 1}, 20, "the member to own both partitions")
+        with pytest.raises(NonEmptyGroupError):
+            standalone.commit({tp: 4})
+        # (The member may have committed its own position meanwhile.)
+        assert standalone.committed(tp) != 4
