@@ -35,6 +35,7 @@ from tidelog.errors import (
 from tidelog.names import validate_topic_name
 from tidelog.topic_configs import (
     TOPIC_CONFIGS,
+    check_replication,
     config_to_strings,
     parse_topic_configs,
     validate_topic_configs,
@@ -140,6 +141,7 @@ class MetadataManager:
             raise InvalidPartitionsError(f"replication factor {replication_factor} is negative")
         replication_factor = replication_factor or self.config.default_replication_factor
         overrides = validate_topic_configs(configs)
+        check_replication(parse_topic_configs(overrides), replication_factor, name)
         brokers = await self.live_brokers()
         slots = [BrokerSlot(b.broker_id, b.rack) for b in brokers]
         placement = place_replicas(name, slots, partitions, replication_factor)
@@ -300,7 +302,9 @@ class MetadataManager:
             overrides.update(canonical)
             for key in delete_configs:
                 overrides.pop(key, None)
-            parse_topic_configs(overrides)  # the combination must hold too
+            # The combination must hold too, with the topic's replicas.
+            replication_factor = min((len(p["replicas"]) for p in data["partitions"]), default=1)
+            check_replication(parse_topic_configs(overrides), replication_factor, name)
             if validate_only:
                 return overrides
             data["configs"] = overrides
