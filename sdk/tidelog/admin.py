@@ -110,7 +110,7 @@ class AsyncAdminClient:
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise error_from_rpc(exc) from exc
-                last = f"{address}: {exc.details()}"
+                last = exc.details() or exc.code().name
         # The reason in one line (str() of an AioRpcError is gRPC's debug dump).
         raise BrokerNotAvailableError(
             f"no broker answered at {', '.join(self._cluster.any_address())}: {last}"
