@@ -5,7 +5,9 @@
 - one grpc.aio channel per broker address (created on first use, with the
   message size and keepalive options every Tidelog client uses);
 - bootstrap: the first Metadata call goes to the configured servers in turn
-  until one answers;
+  until one answers; while none can be reached, a call that waits for
+  metadata gives up after socket_connection_setup_timeout_ms, naming the
+  addresses, instead of waiting out its whole timeout in silence;
 - the metadata cache: an immutable `MetadataSnapshot` replaced as a whole on
   each refresh, so other threads (the producer's send()) may read it without
   a lock; refreshes are coalesced (concurrent callers share one RPC).
@@ -16,6 +18,7 @@ Everything except reading `snapshot` must run on the client's event loop.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,10 +32,14 @@ from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     BrokerNotAvailableError,
     TidelogError,
+    UnknownTopicOrPartitionError,
     error_from_code,
     error_from_rpc,
 )
+from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2_grpc, cluster_pb2_grpc, log_pb2, log_pb2_grpc
+
+log = logging.getLogger(__name__)
 
 
 def call_error(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:
@@ -78,6 +85,30 @@ class TopicMetadata:
         return len(self.leaders)
 
 
+def no_such_partition(topic: str, partition: int, count: int | None) -> TidelogError:
+    """The error for a partition the topic does not have."""
+    if partition < 0:
+        return UnknownTopicOrPartitionError(
+            f"partition {partition} of topic {topic!r} does not exist: partitions count from 0"
+        )
+    return UnknownTopicOrPartitionError(
+        f"partition {partition} of topic {topic!r} does not exist: "
+        + (f"the topic has partitions 0 to {count - 1}" if count else "the topic has none")
+    )
+
+
+def check_known_partitions(
+    snapshot: MetadataSnapshot, partitions: Iterable[tuple[str, int]]
+) -> None:
+    """Raise for a partition that `snapshot` says does not exist (a negative
+    one, or one past its topic's count). Topics it does not know pass: they
+    may be being created, and the fetcher waits for them."""
+    for topic, partition in partitions:
+        count = snapshot.partition_counts.get(topic)
+        if partition < 0 or (count is not None and partition >= count):
+            raise no_such_partition(topic, partition, count)
+
+
 @dataclass(frozen=True)
 class MetadataSnapshot:
     """The cluster as of one Metadata answer (never mutated)."""
@@ -99,7 +130,7 @@ class MetadataSnapshot:
 
     def leader_address(self, topic: str, partition: int) -> str | None:
         meta = self.topics.get(topic)
-        if meta is None or partition >= len(meta.leaders):
+        if meta is None or not 0 <= partition < len(meta.leaders):
             return None
         return self.brokers.get(meta.leaders[partition])
 
@@ -118,6 +149,9 @@ class Cluster:
         self._interest: set[str] = set()
         self._refreshing: asyncio.Future[MetadataSnapshot] | None = None
         self._closed = False
+        # time.monotonic() since when no server could be reached (None: the
+        # last refresh was answered).
+        self._unreachable_since: float | None = None
 
     # ------------------------------------------------------------ channels
 
@@ -206,7 +240,10 @@ class Cluster:
                     continue
                 raise last_error from exc
             self.snapshot = self._snapshot_from(response, address)
+            self._unreachable_since = None
             return self.snapshot
+        if self._unreachable_since is None:
+            self._unreachable_since = time.monotonic()
         raise BrokerNotAvailableError(
             f"no broker answered Metadata at {', '.join(self.any_address())}: {last_error}"
         )
@@ -239,6 +276,22 @@ class Cluster:
         }
         return MetadataSnapshot(brokers, topics, time.monotonic(), counts)
 
+    async def check_partitions(self, partitions: Iterable[tuple[str, int]]) -> None:
+        """Raise UnknownTopicOrPartitionError for a partition that metadata
+        says does not exist, asking for the topics not in the cache first.
+        Unknown topics and an unreachable cluster pass (see
+        check_known_partitions): the fetcher waits for them."""
+        partitions = list(partitions)
+        check_known_partitions(self.snapshot, partitions)
+        unknown = {t for t, _ in partitions if t not in self.snapshot.partition_counts}
+        if unknown:
+            try:
+                await self.refresh(unknown)
+            except TidelogError as exc:
+                log.debug("cannot check partitions of %s yet: %s", sorted(unknown), exc)
+                return
+            check_known_partitions(self.snapshot, partitions)
+
     def is_stale(self) -> bool:
         age_s = time.monotonic() - self.snapshot.fetched_at
         return age_s * 1000 > self._config.metadata_max_age_ms
@@ -246,8 +299,11 @@ class Cluster:
     async def topic(self, name: str, *, timeout_s: float) -> TopicMetadata:
         """Metadata of one topic, refreshing (and retrying retriable errors,
         such as a topic being auto-created) until `timeout_s` passes."""
+        validate_topic_name(name)  # no broker could ever answer for a bad name
         deadline = time.monotonic() + timeout_s
         backoff_s = self._config.retry_backoff_ms / 1000
+        setup_timeout_s = self._config.socket_connection_setup_timeout_ms / 1000
+        warned = False
         while True:
             meta = self.snapshot.topics.get(name)
             if meta is not None and meta.error is None and meta.leaders:
@@ -266,4 +322,18 @@ class Cluster:
                 error = exc
             if not error.retriable or time.monotonic() + backoff_s > deadline:
                 raise error
+            unreachable_since = self._unreachable_since
+            if unreachable_since is not None:
+                if time.monotonic() - unreachable_since >= setup_timeout_s:
+                    raise BrokerNotAvailableError(
+                        f"{error.message} (for socket_connection_setup_timeout_ms="
+                        f"{self._config.socket_connection_setup_timeout_ms})"
+                    )
+                if not warned:
+                    warned = True
+                    log.warning(
+                        "%s; retrying for up to socket_connection_setup_timeout_ms (%d)",
+                        error.message,
+                        self._config.socket_connection_setup_timeout_ms,
+                    )
             await asyncio.sleep(backoff_s)

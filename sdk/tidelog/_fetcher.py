@@ -41,7 +41,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tidelog._connection import Cluster
+from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
@@ -309,14 +309,30 @@ class Fetcher:
                 return
             address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
             if address is None:
+                # Every way through here waits before the next look: the
+                # cached answer does not change by itself, so asking it
+                # again at once would spin.
                 try:
                     meta = await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
-                    if tp.partition < meta.partition_count and meta.leaders[tp.partition] < 0:
-                        # Known topic, no live leader right now (a broker is
-                        # down or the partition is being created): wait, then
-                        # ask again, instead of spinning on the cached answer.
-                        await asyncio.sleep(self._backoff_s)
-                        await self.cluster.refresh([tp.topic])
+                    if not 0 <= tp.partition < meta.partition_count:
+                        # Maybe a stale cache: ask once more before saying so.
+                        meta = await self._fresh_topic(tp.topic)
+                    if not 0 <= tp.partition < meta.partition_count:
+                        # The topic exists without this partition: waiting
+                        # cannot help; poll() raises it.
+                        self._emit(
+                            (
+                                ERROR,
+                                tp,
+                                part.epoch,
+                                no_such_partition(tp.topic, tp.partition, meta.partition_count),
+                            )
+                        )
+                        return
+                    # Known partition, no live leader right now (a broker is
+                    # down or the partition is being created).
+                    await asyncio.sleep(self._backoff_s)
+                    await self.cluster.refresh([tp.topic])
                 except TidelogError as exc:
                     if not exc.retriable:
                         self._emit((ERROR, tp, part.epoch, exc))
@@ -333,6 +349,14 @@ class Fetcher:
             part.sent_position = part.fetch_next
             session.send(positions=[(tp, part.fetch_next)])
             return
+
+    async def _fresh_topic(self, topic: str) -> TopicMetadata:
+        """The topic's metadata from a new Metadata answer, not the cache."""
+        snapshot = await self.cluster.refresh([topic])
+        meta = snapshot.topics.get(topic)
+        if meta is None or meta.error is not None:
+            return await self.cluster.topic(topic, timeout_s=self._timeout_s)
+        return meta
 
     async def _replace_later(self, part: _Partition, refresh: bool) -> None:
         delay = self._backoff_s * (2 ** min(self._failures, 16))
@@ -415,11 +439,8 @@ class Fetcher:
             address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
             if address is None:
                 meta = await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
-                if tp.partition >= meta.partition_count:
-                    raise error_from_code(
-                        common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
-                        f"{tp.topic} has no partition {tp.partition}",
-                    )
+                if not 0 <= tp.partition < meta.partition_count:
+                    raise no_such_partition(tp.topic, tp.partition, meta.partition_count)
                 address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
                 if address is None:
                     raise BrokerNotAvailableError(f"no leader for {tp.topic}-{tp.partition}")

@@ -21,8 +21,15 @@ import grpc.aio
 from tidelog._admin_groups import GroupAdmin, GroupDescription, GroupListing
 from tidelog._connection import Cluster
 from tidelog._loop_thread import LoopThread
-from tidelog.config import DEFAULT_BOOTSTRAP, AdminConfig
-from tidelog.errors import BrokerNotAvailableError, ClosedError, error_from_code, error_from_rpc
+from tidelog.config import AdminConfig
+from tidelog.errors import (
+    BrokerNotAvailableError,
+    ClosedError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    error_from_code,
+    error_from_rpc,
+)
 from tidelog.group import OffsetAndMetadata
 from tidelog.types import NewTopic, PartitionInfo, TopicDescription, TopicPartition
 from tidelog.v1 import admin_pb2
@@ -84,7 +91,7 @@ _SOURCES = {
 class AsyncAdminClient:
     """Topic administration on asyncio. Options: see `tidelog.config.AdminConfig`."""
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
         self._config = AdminConfig(bootstrap_servers=bootstrap_servers, **options)
         self._cluster = Cluster(self._config)
         self._timeout_s = self._config.request_timeout_ms / 1000
@@ -96,14 +103,15 @@ class AsyncAdminClient:
         """Run one unary call on the first reachable address."""
         if self._closed:
             raise ClosedError("the admin client is closed")
-        last: Exception | None = None
+        last = ""
         for address in self._cluster.any_address():
             try:
                 return await fn(self._cluster.admin_stub(address))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise error_from_rpc(exc) from exc
-                last = exc
+                last = exc.details() or exc.code().name
+        # The reason in one line (str() of an AioRpcError is gRPC's debug dump).
         raise BrokerNotAvailableError(
             f"no broker answered at {', '.join(self._cluster.any_address())}: {last}"
         )
@@ -111,6 +119,18 @@ class AsyncAdminClient:
     async def create_topics(
         self, new_topics: Iterable[NewTopic], validate_only: bool = False
     ) -> None:
+        new_topics = list(new_topics)
+        for t in new_topics:
+            # On the wire 0 means "the broker's default": refuse it here
+            # rather than create a topic of another size than asked for.
+            if t.num_partitions < 1:
+                raise InvalidPartitionsError(
+                    f"{t.name}: num_partitions={t.num_partitions}: use at least 1"
+                )
+            if t.replication_factor < 1:
+                raise InvalidReplicationFactorError(
+                    f"{t.name}: replication_factor={t.replication_factor}: use at least 1"
+                )
         request = admin_pb2.CreateTopicsRequest(
             topics=[
                 admin_pb2.NewTopic(
@@ -241,7 +261,7 @@ class AsyncAdminClient:
 class AdminClient:
     """Blocking topic administration. Options: see `tidelog.config.AdminConfig`."""
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
         self._async = AsyncAdminClient(bootstrap_servers, **options)
         self._timeout_s = self._async._timeout_s + 1
         self._loop_thread = LoopThread("tidelog-admin")

@@ -10,6 +10,7 @@ underscores (`linger.ms` -> `linger_ms`); units are last in the name.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,6 +18,9 @@ from typing import Any, Literal
 from tidelog.compression import CompressionType
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9392"
+#: Environment variable giving the bootstrap servers of a client created
+#: without them (the CLI reads it too).
+BOOTSTRAP_ENV = "TIDELOG_BOOTSTRAP"
 MIB = 1024 * 1024
 
 #: gRPC's own cap on a message; Tidelog raises it to fit a full fetch
@@ -24,7 +28,14 @@ MIB = 1024 * 1024
 GRPC_MAX_MESSAGE_BYTES = 64 * MIB
 
 
-def _parse_bootstrap(servers: str | Sequence[str]) -> tuple[str, ...]:
+def default_bootstrap() -> str:
+    """$TIDELOG_BOOTSTRAP when set (and not empty), else the local cluster."""
+    return os.environ.get(BOOTSTRAP_ENV, "").strip() or DEFAULT_BOOTSTRAP
+
+
+def _parse_bootstrap(servers: str | Sequence[str] | None) -> tuple[str, ...]:
+    if servers is None:
+        servers = default_bootstrap()
     if isinstance(servers, str):
         servers = servers.split(",")
     out = tuple(s.strip() for s in servers if s.strip())
@@ -52,8 +63,9 @@ class CommonConfig:
     """Options every client has."""
 
     #: "host:port" of one or more brokers (or the gateway), as a list or a
-    #: comma-separated string. Only used to discover the cluster.
-    bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP
+    #: comma-separated string. Only used to discover the cluster. None:
+    #: $TIDELOG_BOOTSTRAP when set, else 127.0.0.1:9392.
+    bootstrap_servers: str | Sequence[str] | None = None
     #: Sent as the gRPC user agent, so broker logs can say who called.
     client_id: str = "tidelog-python"
     #: How long one request (a unary call, or a produce answer) may take.
@@ -62,6 +74,14 @@ class CommonConfig:
     retry_backoff_ms: int = 100
     #: Refresh cached metadata at least this often, even without errors.
     metadata_max_age_ms: int = 300_000
+    #: How long a call that waits for metadata (send() of a topic not seen
+    #: before, a consumer placing a partition) keeps trying while no server
+    #: can be reached at all: then it fails with BrokerNotAvailableError
+    #: naming the addresses tried, instead of waiting out max_block_ms in
+    #: silence (a wrong port). Kafka's name and default; here it bounds the
+    #: whole attempt to connect, since gRPC retries connections itself. An
+    #: outage shorter than this (a broker restarting) is waited out.
+    socket_connection_setup_timeout_ms: int = 10_000
     #: gRPC keepalive ping interval on idle connections. 5.5 minutes, because
     #: a gRPC server by default treats pings closer than 5 minutes apart on a
     #: connection without data as abuse and closes it (GOAWAY too_many_pings).
@@ -73,10 +93,12 @@ class CommonConfig:
         _non_negative("retry_backoff_ms", self.retry_backoff_ms)
         _positive("metadata_max_age_ms", self.metadata_max_age_ms)
         _positive("keepalive_time_ms", self.keepalive_time_ms)
+        _positive("socket_connection_setup_timeout_ms", self.socket_connection_setup_timeout_ms)
 
     @property
     def addresses(self) -> tuple[str, ...]:
-        """The bootstrap servers, parsed."""
+        """The bootstrap servers, parsed (never None after __post_init__)."""
+        assert self.bootstrap_servers is not None
         return tuple(self.bootstrap_servers)
 
 

@@ -37,12 +37,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import chain
 from typing import Any
 
-from tidelog._connection import Cluster
+from tidelog._connection import Cluster, check_known_partitions
 from tidelog._fetcher import EARLIEST, LATEST, Fetcher
 from tidelog._group_client import ASSIGNED, LOST, REVOKED, GroupClient, GroupEvent
 from tidelog._loop_thread import LoopThread
 from tidelog._subscription import SubscriptionState
-from tidelog.config import DEFAULT_BOOTSTRAP, ConsumerConfig
+from tidelog.config import ConsumerConfig
 from tidelog.errors import (
     ClosedError,
     IllegalStateError,
@@ -67,7 +67,9 @@ _ITERATION_CHUNK = 10_000
 
 
 def _make_config(
-    topics: tuple[str, ...], bootstrap_servers: str | Sequence[str], options: dict[str, Any]
+    topics: tuple[str, ...],
+    bootstrap_servers: str | Sequence[str] | None,
+    options: dict[str, Any],
 ) -> ConsumerConfig:
     config = ConsumerConfig(bootstrap_servers=bootstrap_servers, **options)
     if topics and config.group_id is None:
@@ -229,7 +231,7 @@ class Consumer:
     def __init__(
         self,
         *topics: str,
-        bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+        bootstrap_servers: str | Sequence[str] | None = None,
         **options: Any,
     ) -> None:
         self._config = _make_config(topics, bootstrap_servers, options)
@@ -475,12 +477,16 @@ class Consumer:
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (replacing any earlier assignment).
-        New partitions start at auto_offset_reset until seek() says otherwise."""
+        New partitions start at auto_offset_reset until seek() says otherwise.
+        Raises UnknownTopicOrPartitionError for a partition that metadata
+        says does not exist (a topic not known yet is waited for)."""
         self._check_open()
         if self._side.subscribed:
             raise IllegalStateError("assign() and subscribe() cannot be mixed: unsubscribe first")
+        tps = _check_partitions(partitions)
+        self._loop_thread.run(self._cluster.check_partitions(tps), timeout=self._timeout_s)
         self._reset_iteration()
-        self._subs.assign(_check_partitions(partitions))
+        self._subs.assign(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return self._subs.assignment()
@@ -662,7 +668,7 @@ class AsyncConsumer:
     def __init__(
         self,
         *topics: str,
-        bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP,
+        bootstrap_servers: str | Sequence[str] | None = None,
         **options: Any,
     ) -> None:
         self._config = _make_config(topics, bootstrap_servers, options)
@@ -888,11 +894,15 @@ class AsyncConsumer:
     # ------------------------------------------------------------ assignment
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """As Consumer.assign, but checked against cached metadata only (it
+        does not wait); a partition found missing later fails getmany()."""
         self._check_open()
         if self._side.subscribed:
             raise IllegalStateError("assign() and subscribe() cannot be mixed: unsubscribe first")
+        tps = _check_partitions(partitions)
+        check_known_partitions(self._cluster.snapshot, tps)
         self._buffer = iter(())
-        self._subs.assign(_check_partitions(partitions))
+        self._subs.assign(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return self._subs.assignment()

@@ -35,7 +35,7 @@ from tidelog._connection import Cluster
 from tidelog._futures import FutureRecordMetadata, failed_future
 from tidelog._loop_thread import LoopThread
 from tidelog._sender import Sender
-from tidelog.config import DEFAULT_BOOTSTRAP, ProducerConfig
+from tidelog.config import ProducerConfig
 from tidelog.errors import (
     ClosedError,
     MessageTooLargeError,
@@ -156,7 +156,7 @@ class Producer:
     background. Options: see `tidelog.config.ProducerConfig`.
     """
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
         self._config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
         self._loop_thread = LoopThread(f"tidelog-producer-{self._config.client_id}")
         self._core = _ProducerCore(self._config, self._wake_sender)
@@ -290,7 +290,7 @@ class AsyncProducer:
     (aiokafka's shape): ``fut = await producer.send(t, v); md = await fut``.
     """
 
-    def __init__(self, bootstrap_servers: str | Sequence[str] = DEFAULT_BOOTSTRAP, **options: Any):
+    def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
         self._config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
         self._core = _ProducerCore(self._config, self._wake_sender)
         self._acc = self._core.accumulator

@@ -3,6 +3,8 @@ a real broker, and `tidelog dev` (what `make run` runs) started and stopped."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -12,20 +14,22 @@ from pathlib import Path
 
 import psutil
 import pytest
+from tidelog import AdminClient, AsyncConsumer, Consumer, NewTopic, TopicPartition
+from tidelog.errors import UnknownTopicOrPartitionError
 
-from tests.support.processes import BrokerProcess, free_port
+from tests.support.processes import BrokerProcess, free_port, start_broker
 
 pytestmark = pytest.mark.timeout(90)
 
 
 def tidelog(
-    *args: str, bootstrap: str, stdin: bytes = b"", check: bool = True
+    *args: str, bootstrap: str, stdin: bytes = b"", check: bool = True, timeout: float = 60
 ) -> subprocess.CompletedProcess[bytes]:
     result = subprocess.run(
         [sys.executable, "-m", "tidelog.cli", *args, "--bootstrap-server", bootstrap],
         input=stdin,
         capture_output=True,
-        timeout=60,
+        timeout=timeout,
     )
     if check:
         assert result.returncode == 0, result.stderr.decode()
@@ -87,10 +91,145 @@ def test_errors_are_one_clear_line(broker: BrokerProcess) -> None:
     assert missing.returncode == 1 and "does not exist" in missing.stderr.decode()
 
 
-def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
-    port = free_port()
-    data_dir = tmp_path / "dev"
-    dev = subprocess.Popen(
+def one_line_error(result: subprocess.CompletedProcess[bytes], code: int) -> str:
+    """The single stderr line of a failed command (no traceback, no debug dump)."""
+    message = result.stderr.decode()
+    assert result.returncode == code, message
+    assert len(message.strip().splitlines()) == 1, message
+    assert "Traceback" not in message and "debug_error_string" not in message, message
+    return message
+
+
+#: Well below the 60 s the CLI used to wait before an error: these errors are
+#: known at once, so a generous bound still tells waiting apart.
+PROMPT_S = 30
+
+
+def test_a_partition_that_does_not_exist_is_an_error_at_once(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    tidelog("topics", "create", topic_name, "--partitions", "3", bootstrap=broker.address)
+    # No --timeout-ms: it used to spin at 100% CPU forever.
+    missing = tidelog(
+        "consume", topic_name, "--partition", "7",
+        bootstrap=broker.address, check=False, timeout=PROMPT_S,
+    )  # fmt: skip
+    message = one_line_error(missing, 1)
+    assert "partition 7" in message and "0 to 2" in message
+    negative = tidelog(
+        "consume", topic_name, "--partition", "-1",
+        bootstrap=broker.address, check=False, timeout=PROMPT_S,
+    )  # fmt: skip
+    assert "--partition" in one_line_error(negative, 2)
+    produced = tidelog(
+        "produce", topic_name, "--partition", "3",
+        bootstrap=broker.address, stdin=b"x\n", check=False, timeout=PROMPT_S,
+    )  # fmt: skip
+    assert "partition 3" in one_line_error(produced, 1)
+
+
+def test_the_sdk_consumer_refuses_a_partition_that_does_not_exist(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    with AdminClient(broker.address) as admin:
+        admin.create_topics([NewTopic(topic_name, 3)])
+    with (
+        Consumer(bootstrap_servers=broker.address) as consumer,
+        pytest.raises(UnknownTopicOrPartitionError, match="0 to 2"),
+    ):
+        consumer.assign([TopicPartition(topic_name, 7)])
+
+
+def test_the_fetcher_reports_a_partition_that_does_not_exist(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """AsyncConsumer.assign() checks only cached metadata; the fetcher finds
+    out, and getmany() raises instead of the fetcher spinning."""
+    with AdminClient(broker.address) as admin:
+        admin.create_topics([NewTopic(topic_name, 3)])
+
+    async def consume() -> None:
+        async with AsyncConsumer(bootstrap_servers=broker.address) as consumer:
+            consumer.assign([TopicPartition(topic_name, 7)])
+            deadline = asyncio.get_running_loop().time() + PROMPT_S
+            while asyncio.get_running_loop().time() < deadline:
+                await consumer.getmany(timeout_ms=500)
+
+    with pytest.raises(UnknownTopicOrPartitionError, match="partition 7"):
+        asyncio.run(consume())
+
+
+def test_user_mistakes_are_one_line_errors(broker: BrokerProcess, topic_name: str) -> None:
+    bootstrap = broker.address
+    tidelog("topics", "create", topic_name, bootstrap=bootstrap)
+    offset = tidelog(
+        "consume", topic_name, "--partition", "0", "--offset", "-5",
+        bootstrap=bootstrap, check=False,
+    )  # fmt: skip
+    assert "--offset" in one_line_error(offset, 2)
+    no_host = tidelog("topics", "list", bootstrap="29392", check=False)
+    assert "host:port" in one_line_error(no_host, 2)
+    zero = tidelog("topics", "create", f"{topic_name}-0", "--partitions", "0",
+                   bootstrap=bootstrap, check=False)  # fmt: skip
+    assert "--partitions" in one_line_error(zero, 2)
+    assert f"{topic_name}-0" not in tidelog("topics", "list", bootstrap=bootstrap).stdout.decode()
+    config = tidelog(
+        "topics", "create", f"{topic_name}-1", "--config", "retention.ms=" + "9" * 400,
+        bootstrap=bootstrap, check=False,
+    )  # fmt: skip
+    assert "retention.ms" in one_line_error(config, 1)
+
+
+def test_a_wrong_port_is_an_error_naming_the_address_at_once() -> None:
+    nobody = f"127.0.0.1:{free_port()}"
+    listed = tidelog("topics", "list", bootstrap=nobody, check=False, timeout=PROMPT_S)
+    assert nobody in one_line_error(listed, 1)
+    produced = tidelog(
+        "produce", "greetings", bootstrap=nobody, stdin=b"x\n", check=False, timeout=PROMPT_S
+    )
+    assert nobody in one_line_error(produced, 1)
+
+
+def test_a_topic_that_does_not_exist_is_an_error_naming_it(
+    broker: BrokerProcess, topic_name: str, tmp_path: Path
+) -> None:
+    # Consumers never create topics, whatever the broker allows.
+    for args in ([], ["--group", "g"], ["--partition", "0"]):
+        consumed = tidelog(
+            "consume", topic_name, "--timeout-ms", "200", *args,
+            bootstrap=broker.address, check=False, timeout=PROMPT_S,
+        )  # fmt: skip
+        message = one_line_error(consumed, 1)
+        assert topic_name in message and "does not exist" in message
+    # A broker without auto.create.topics.enable (the default): produce too.
+    plain = start_broker(tmp_path / "plain", extra_args=())
+    try:
+        produced = tidelog(
+            "produce", "greetngs", bootstrap=plain.address, stdin=b"x\n",
+            check=False, timeout=PROMPT_S,
+        )  # fmt: skip
+        message = one_line_error(produced, 1)
+        assert "'greetngs'" in message and "does not exist" in message
+    finally:
+        plain.stop()
+
+
+def test_the_sdk_reads_tidelog_bootstrap(
+    broker: BrokerProcess, topic_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIDELOG_BOOTSTRAP", broker.address)
+    with AdminClient() as admin:
+        admin.create_topics([NewTopic(topic_name, 1)])
+    with AdminClient(broker.address) as admin:
+        assert topic_name in admin.list_topics()
+
+
+def start_dev(
+    data_dir: Path, port: int, *extra: str, ignore_sigint: bool = False
+) -> subprocess.Popen[bytes]:
+    """`tidelog dev` as a user starts it; with ignore_sigint, as a shell
+    starts a background job (SIGINT ignored, inherited by the child)."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -100,29 +239,81 @@ def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
             str(data_dir),
             "--port",
             str(port),
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        if ignore_sigint
+        else None,
     )
+
+
+def wait_banner(dev: subprocess.Popen[bytes]) -> bytes:
+    assert dev.stdout is not None
+    banner = b""
+    deadline = time.monotonic() + 60
+    while b"Ctrl-C stops everything" not in banner and time.monotonic() < deadline:
+        line = dev.stdout.readline()
+        if not line:
+            break
+        banner += line
+    assert b"Tidelog is running" in banner, banner.decode()
+    return banner
+
+
+def kill_dev(dev: subprocess.Popen[bytes], children: list[psutil.Process]) -> None:
+    """After a test, pass or fail: no process it started may be left."""
+    if dev.poll() is None:
+        dev.kill()
+        dev.wait()
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if child.is_running():
+                child.kill()
+
+
+def test_dev_children_end_when_dev_is_killed(tmp_path: Path) -> None:
+    dev = start_dev(tmp_path / "dev", free_port(), "--brokers", "1")
+    children: list[psutil.Process] = []
     try:
-        assert dev.stdout is not None
-        banner = b""
-        deadline = time.monotonic() + 30
-        while b"Ctrl-C stops everything" not in banner and time.monotonic() < deadline:
-            line = dev.stdout.readline()
-            if not line:
-                break
-            banner += line
-        assert b"Tidelog is running" in banner, banner.decode()
+        wait_banner(dev)
+        children = psutil.Process(dev.pid).children(recursive=True)
+        assert len(children) >= 3, children  # etcd, the coordinator, a broker
+        dev.kill()  # no handler runs: the kernel must end the children
+        dev.wait()
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, f"still running after tidelog dev was killed: {alive}"
+    finally:
+        kill_dev(dev, children)
+
+
+def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    data_dir = tmp_path / "dev"
+    # Started as `make test &` starts it: SIGINT ignored from the shell.
+    dev = start_dev(data_dir, port, ignore_sigint=True)
+    children: list[psutil.Process] = []
+    try:
+        banner = wait_banner(dev)
         assert f"127.0.0.1:{port}".encode() in banner
         children = psutil.Process(dev.pid).children(recursive=True)
         assert children, "dev should have started a broker process"
 
         bootstrap = f"127.0.0.1:{port}"
-        tidelog("produce", "auto-created", bootstrap=bootstrap, stdin=b"one\ntwo\n")
+        # Automatic creation is off, as on a broker: a typo is an error naming it.
+        typo = tidelog("produce", "greetngs", bootstrap=bootstrap, stdin=b"x\n", check=False)
+        assert "'greetngs'" in one_line_error(typo, 1)
+        for name in ("bad/name", ""):  # INVALID_TOPIC, not 61 s of retries
+            bad = tidelog(
+                "produce", name, bootstrap=bootstrap, stdin=b"x\n", check=False, timeout=PROMPT_S
+            )
+            assert "InvalidTopicError" in one_line_error(bad, 1)
+        tidelog("topics", "create", "greetings", bootstrap=bootstrap)
+        tidelog("produce", "greetings", bootstrap=bootstrap, stdin=b"one\ntwo\n")
         consumed = tidelog(
-            "consume", "auto-created", "--from-beginning", "--timeout-ms", "1000",
+            "consume", "greetings", "--from-beginning", "--timeout-ms", "1000",
             bootstrap=bootstrap,
         )  # fmt: skip
         assert consumed.stdout == b"one\ntwo\n"
@@ -132,9 +323,8 @@ def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
         for child in children:
             assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
         # Three brokers in cluster mode: the partition lives on its leader only.
-        assert any((data_dir / f"broker-{i}" / "auto-created-0").is_dir() for i in range(3))
+        assert any((data_dir / f"broker-{i}" / "greetings-0").is_dir() for i in range(3))
+        assert not any((data_dir / f"broker-{i}" / "greetngs-0").exists() for i in range(3))
         assert (data_dir / "etcd").is_dir()
     finally:
-        if dev.poll() is None:
-            dev.kill()
-            dev.wait()
+        kill_dev(dev, children)

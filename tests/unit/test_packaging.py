@@ -137,7 +137,7 @@ def test_client_codecs_are_extras(wheels: dict[str, Wheel]) -> None:
 def test_server_core_wheel(wheels: dict[str, Wheel]) -> None:
     core = wheels["tidelog_server"]
     assert core.top_level == {"tidelog_server"}
-    for module in ("etcd/keys.py", "service_errors.py", "topic_configs.py", "names.py"):
+    for module in ("etcd/keys.py", "service_errors.py", "topic_configs.py"):
         assert f"tidelog_server/{module}" in core.names
     assert "tidelog_server/internal/replica_pb2_grpc.py" in core.names
     requires = core.requires()

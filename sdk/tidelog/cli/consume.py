@@ -3,6 +3,9 @@
 With `--group G` it joins consumer group G (partitions are shared with the
 group's other members; positions are committed every few seconds and on
 exit, so the next run continues where this one stopped).
+
+A topic or partition that does not exist is an error at once, naming it
+(the consumer itself would wait for it to appear).
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ import argparse
 import sys
 from datetime import datetime
 
-from tidelog.cli._common import AddBootstrap
+from tidelog._connection import no_such_partition
+from tidelog.cli._common import AddBootstrap, check_topic, int_at_least
 from tidelog.consumer import Consumer
-from tidelog.errors import InvalidRequestError, UnknownTopicOrPartitionError
+from tidelog.errors import InvalidRequestError
 from tidelog.types import TopicPartition
 
 
@@ -22,23 +26,25 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
     parser.add_argument("topic")
     start = parser.add_mutually_exclusive_group()
     start.add_argument("--from-beginning", action="store_true", help="start at the earliest offset")
-    start.add_argument("--offset", type=int, help="start at this offset (needs --partition)")
+    start.add_argument(
+        "--offset", type=int_at_least(0), help="start at this offset (needs --partition)"
+    )
     start.add_argument(
         "--from-time",
         metavar="ISO-8601",
         help="start at the first record at or after this time, e.g. 2026-11-25T10:00:00Z",
     )
-    parser.add_argument("--partition", type=int, help="read only this partition")
+    parser.add_argument("--partition", type=int_at_least(0), help="read only this partition")
     parser.add_argument(
         "--group",
         metavar="GROUP",
         help="join this consumer group and commit (starts at its committed offsets; "
         "--from-beginning applies where it has none)",
     )
-    parser.add_argument("--max-messages", type=int, help="exit after this many records")
+    parser.add_argument("--max-messages", type=int_at_least(1), help="exit after this many records")
     parser.add_argument(
         "--timeout-ms",
-        type=int,
+        type=int_at_least(0),
         help="exit after this long without a new record (default: wait forever)",
     )
     parser.add_argument("--print-key", action="store_true", help="print KEY<TAB>VALUE")
@@ -62,26 +68,25 @@ def _parse_time_ms(text: str) -> int:
 def _consume(args: argparse.Namespace) -> int:
     if args.offset is not None and args.partition is None:
         raise InvalidRequestError("--offset needs --partition: offsets are per partition")
+    if args.group is not None and (
+        args.partition is not None or args.offset is not None or args.from_time is not None
+    ):
+        raise InvalidRequestError(
+            "--group takes partitions from the group: drop --partition, --offset and "
+            "--from-time (or use `tidelog groups reset-offsets`)"
+        )
+    count = check_topic(args.bootstrap_server, args.topic)
     if args.group is not None:
-        if args.partition is not None or args.offset is not None or args.from_time is not None:
-            raise InvalidRequestError(
-                "--group takes partitions from the group: drop --partition, --offset and "
-                "--from-time (or use `tidelog groups reset-offsets`)"
-            )
         return _consume_group(args)
+    if args.partition is not None and args.partition >= count:
+        raise no_such_partition(args.topic, args.partition, count)
     out = sys.stdout.buffer
     with Consumer(
         bootstrap_servers=args.bootstrap_server,
         auto_offset_reset="earliest" if args.from_beginning else "latest",
         consumer_timeout_ms=args.timeout_ms,
     ) as consumer:
-        if args.partition is not None:
-            partitions = [args.partition]
-        else:
-            known = consumer.partitions_for_topic(args.topic)
-            if not known:
-                raise UnknownTopicOrPartitionError(f"topic {args.topic!r} does not exist")
-            partitions = sorted(known)
+        partitions = [args.partition] if args.partition is not None else list(range(count))
         assignment = [TopicPartition(args.topic, p) for p in partitions]
         consumer.assign(assignment)
         if args.from_beginning:

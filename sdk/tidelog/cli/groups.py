@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from tidelog.admin import AdminClient
-from tidelog.cli._common import AddBootstrap
+from tidelog.cli._common import AddBootstrap, int_at_least
 from tidelog.cli.consume import _parse_time_ms
 from tidelog.errors import InvalidRequestError, UnknownTopicOrPartitionError
 from tidelog.types import TopicPartition
@@ -37,12 +37,15 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
     reset.add_argument("group")
     reset.add_argument("--topic", required=True)
     reset.add_argument(
-        "--partition", type=int, action="append", help="only this partition (repeatable)"
+        "--partition",
+        type=int_at_least(0),
+        action="append",
+        help="only this partition (repeatable)",
     )
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true")
     to.add_argument("--to-latest", action="store_true")
-    to.add_argument("--to-offset", type=int, metavar="N")
+    to.add_argument("--to-offset", type=int_at_least(0), metavar="N")
     to.add_argument("--to-datetime", metavar="ISO-8601", help="e.g. 2026-11-25T10:00:00Z")
     to.add_argument("--shift-by", type=int, metavar="N", help="move by N (negative: back)")
     reset.add_argument(

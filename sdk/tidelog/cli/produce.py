@@ -1,18 +1,26 @@
-"""`tidelog produce TOPIC`: one record per line of stdin."""
+"""`tidelog produce TOPIC`: one record per line of stdin.
+
+The topic is checked first (one Metadata call that lets a broker with
+auto.create.topics.enable create it): a topic that does not exist, a bad
+name or an unreachable broker is an error at once, before stdin is read.
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from tidelog.cli._common import AddBootstrap, Progress
+from tidelog._connection import no_such_partition
+from tidelog.cli._common import AddBootstrap, Progress, check_topic, int_at_least
 from tidelog.producer import Producer
 
 
 def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
     parser = sub.add_parser("produce", help="send lines of stdin as records")
     parser.add_argument("topic")
-    parser.add_argument("--partition", type=int, default=None, help="send every record here")
+    parser.add_argument(
+        "--partition", type=int_at_least(0), default=None, help="send every record here"
+    )
     parser.add_argument(
         "--key-separator",
         default=None,
@@ -30,6 +38,9 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
 def _produce(args: argparse.Namespace) -> int:
     acks = -1 if args.acks == "all" else int(args.acks)
     separator = args.key_separator.encode() if args.key_separator else None
+    count = check_topic(args.bootstrap_server, args.topic, allow_auto_create=True)
+    if args.partition is not None and args.partition >= count:
+        raise no_such_partition(args.topic, args.partition, count)
     progress = Progress("sent")
     sent = 0
     futures = []

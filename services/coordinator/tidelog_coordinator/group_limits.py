@@ -20,8 +20,8 @@ from collections.abc import Collection, Sized
 
 import re2
 from tidelog.errors import InvalidRequestError
+from tidelog.names import validate_topic_name
 from tidelog.v1 import common_pb2, group_pb2
-from tidelog_server.names import validate_topic_name
 
 GROUP_ID_MAX_CHARS = 249
 #: Member ids are uuid4 hex (32 characters); 64 leaves room and no more.

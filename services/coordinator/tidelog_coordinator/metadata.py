@@ -30,14 +30,15 @@ from tidelog.errors import (
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
 )
+from tidelog.names import validate_topic_name
 from tidelog.types import TopicPartition
 from tidelog_server.clock import SYSTEM_CLOCK, Clock
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.keys import Keys, prefix_end
 from tidelog_server.etcd.records import PartitionState
-from tidelog_server.names import validate_topic_name
 from tidelog_server.topic_configs import (
     TOPIC_CONFIGS,
+    check_replication,
     config_to_strings,
     parse_topic_configs,
     validate_topic_configs,
@@ -143,6 +144,7 @@ class MetadataManager:
             raise InvalidPartitionsError(f"replication factor {replication_factor} is negative")
         replication_factor = replication_factor or self.config.default_replication_factor
         overrides = validate_topic_configs(configs)
+        check_replication(parse_topic_configs(overrides), replication_factor, name)
         brokers = await self.live_brokers()
         slots = [BrokerSlot(b.broker_id, b.rack) for b in brokers]
         placement = place_replicas(name, slots, partitions, replication_factor)
@@ -302,7 +304,9 @@ class MetadataManager:
             overrides.update(canonical)
             for key in delete_configs:
                 overrides.pop(key, None)
-            parse_topic_configs(overrides)  # the combination must hold too
+            # The combination must hold too, with the topic's replicas.
+            replication_factor = min((len(p["replicas"]) for p in data["partitions"]), default=1)
+            check_replication(parse_topic_configs(overrides), replication_factor, name)
             if validate_only:
                 return overrides
             data["configs"] = overrides

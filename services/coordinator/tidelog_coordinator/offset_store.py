@@ -34,10 +34,10 @@ from tidelog.errors import (
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
+from tidelog.names import validate_topic_name
 from tidelog.types import TopicPartition
 from tidelog_server.clock import SYSTEM_CLOCK, Clock
 from tidelog_server.etcd.keys import Keys, prefix_end
-from tidelog_server.names import validate_topic_name
 
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.group_coordinator import GroupCoordinator

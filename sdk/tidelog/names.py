@@ -1,6 +1,8 @@
 """The naming rule for topics, enforced by the coordinator and the brokers.
 
-Clients do not check it: the services answer INVALID_TOPIC naming the rule.
+The client checks it too, before it sends anything, so that a bad name fails
+at once (InvalidTopicError) instead of waiting for metadata that cannot come;
+the services import it from here, so there is one rule.
 
 Kafka's rule: 1 to 249 characters from [a-zA-Z0-9._-], and not "." or "..".
 The limit of 249 leaves room for the partition suffix in the log directory

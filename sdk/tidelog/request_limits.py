@@ -1,0 +1,35 @@
+"""Limits on the shape of one admin request, shared by every server that
+answers it (the coordinator, a standalone broker) and by clients (fail early).
+
+A request over a limit is refused whole, before any of it is carried out,
+with INVALID_REQUEST naming the limit: the cost of one call stays bounded
+(each topic is an etcd transaction, each partition an etcd key and a
+directory on its brokers) whatever a client sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tidelog.errors import InvalidRequestError
+
+#: Topics in one CreateTopics (or AlterConfigs) request.
+MAX_TOPICS_PER_REQUEST = 1000
+#: Partitions of one topic in a CreateTopics request.
+MAX_PARTITIONS_PER_TOPIC = 10_000
+
+
+def check_create_topics(topics: Iterable[tuple[str, int]]) -> None:
+    """Refuse a CreateTopics request of (name, partitions) pairs over a limit."""
+    topics = list(topics)
+    if len(topics) > MAX_TOPICS_PER_REQUEST:
+        raise InvalidRequestError(
+            f"{len(topics)} topics in one CreateTopics request: MAX_TOPICS_PER_REQUEST is "
+            f"{MAX_TOPICS_PER_REQUEST}; send them in several requests"
+        )
+    for name, partitions in topics:
+        if partitions > MAX_PARTITIONS_PER_TOPIC:
+            raise InvalidRequestError(
+                f"{partitions} partitions requested for topic {name[:64]!r}: "
+                f"MAX_PARTITIONS_PER_TOPIC is {MAX_PARTITIONS_PER_TOPIC}"
+            )

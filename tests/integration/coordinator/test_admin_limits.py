@@ -1,0 +1,100 @@
+"""A cluster (etcd, a coordinator, one broker) refusing what makes no sense,
+through the raw stubs as any client would: topic names no topic can have,
+CreateTopics requests over their limits, min.insync.replicas no replica set
+can satisfy. Each answer names what is wrong; nothing is created."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tidelog import AdminClient, NewTopic, Producer
+from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError, InvalidTopicError
+from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
+
+from tests.support.cluster import ClusterProcesses, start_cluster
+from tests.support.etcd import EtcdProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClusterProcesses]:
+    root: Path = tmp_path_factory.mktemp("admin-limits")
+    processes = start_cluster(root, etcd=etcd, prefix="/admin-limits", brokers=1)
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+def error_code(exc: grpc.RpcError) -> str:
+    return dict(exc.trailing_metadata() or ()).get(ERROR_CODE_METADATA_KEY, "")  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", ["bad/name", ""])
+def test_metadata_answers_invalid_topic_for_a_bad_name(
+    cluster: ClusterProcesses, name: str
+) -> None:
+    with grpc.insecure_channel(cluster.brokers[0].address) as channel:
+        reply = log_pb2_grpc.LogStub(channel).Metadata(
+            log_pb2.MetadataRequest(topics=[name], allow_auto_topic_creation=True), timeout=10
+        )
+    assert reply.topics[0].error.code == common_pb2.INVALID_TOPIC, reply
+    assert "topic name" in reply.topics[0].error.message
+
+
+def test_the_producer_fails_at_once_on_a_bad_name(cluster: ClusterProcesses) -> None:
+    with (
+        Producer(cluster.bootstrap, max_block_ms=600_000) as producer,
+        pytest.raises(InvalidTopicError),
+    ):
+        producer.send("bad/name", b"x")
+
+
+@pytest.mark.parametrize(
+    ("topics", "limit"),
+    [
+        (
+            [admin_pb2.NewTopic(name=f"many-{i}") for i in range(MAX_TOPICS_PER_REQUEST + 1)],
+            "MAX_TOPICS_PER_REQUEST",
+        ),
+        (
+            [admin_pb2.NewTopic(name="wide", partitions=MAX_PARTITIONS_PER_TOPIC + 1)],
+            "MAX_PARTITIONS_PER_TOPIC",
+        ),
+    ],
+)
+def test_create_topics_over_a_limit_is_invalid_request_naming_it(
+    cluster: ClusterProcesses, topics: list[admin_pb2.NewTopic], limit: str
+) -> None:
+    address = cluster.coordinators[0].address
+    with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
+        admin_pb2_grpc.AdminStub(channel).CreateTopics(
+            admin_pb2.CreateTopicsRequest(topics=topics), timeout=30
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert error_code(info.value) == "INVALID_REQUEST"
+    assert limit in info.value.details()  # type: ignore[attr-defined]
+    with AdminClient(cluster.bootstrap) as admin:
+        assert not {"wide", "many-0"} & set(admin.list_topics())
+
+
+def test_min_insync_replicas_above_the_replication_factor_is_refused(
+    cluster: ClusterProcesses,
+) -> None:
+    with AdminClient(cluster.bootstrap) as admin:
+        with pytest.raises(
+            InvalidConfigError, match=r"min\.insync\.replicas=2 .* replication factor 1"
+        ):
+            admin.create_topics([NewTopic("misr", 1, 1, {"min.insync.replicas": "2"})])
+        admin.create_topics([NewTopic("misr-ok", 1, 1)])
+        with pytest.raises(InvalidConfigError, match=r"min\.insync\.replicas=2"):
+            admin.alter_configs({"misr-ok": {"min.insync.replicas": "2"}})
+        assert "misr" not in admin.list_topics()
+        assert admin.describe_configs(["misr-ok"])["misr-ok"]["min.insync.replicas"].value == "1"

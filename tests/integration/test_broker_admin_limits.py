@@ -1,0 +1,56 @@
+"""A standalone broker refusing admin requests that make no sense, as the
+coordinator does (tests/integration/coordinator/test_admin_limits.py): over
+the CreateTopics limits, and min.insync.replicas above its one replica."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+from tidelog import AdminClient, NewTopic
+from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError
+from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
+from tidelog.v1 import admin_pb2, admin_pb2_grpc
+
+from tests.support.processes import BrokerProcess
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.mark.parametrize(
+    ("topics", "limit"),
+    [
+        (
+            [admin_pb2.NewTopic(name=f"many-{i}") for i in range(MAX_TOPICS_PER_REQUEST + 1)],
+            "MAX_TOPICS_PER_REQUEST",
+        ),
+        (
+            [admin_pb2.NewTopic(name="wide", partitions=MAX_PARTITIONS_PER_TOPIC + 1)],
+            "MAX_PARTITIONS_PER_TOPIC",
+        ),
+    ],
+)
+def test_create_topics_over_a_limit_is_invalid_request_naming_it(
+    broker: BrokerProcess, topics: list[admin_pb2.NewTopic], limit: str
+) -> None:
+    with grpc.insecure_channel(broker.address) as channel, pytest.raises(grpc.RpcError) as info:
+        # validate_only: a broker without the limit would create nothing either.
+        admin_pb2_grpc.AdminStub(channel).CreateTopics(
+            admin_pb2.CreateTopicsRequest(topics=topics, validate_only=True), timeout=30
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    trailing = dict(info.value.trailing_metadata() or ())  # type: ignore[attr-defined]
+    assert trailing.get(ERROR_CODE_METADATA_KEY) == "INVALID_REQUEST"
+    assert limit in info.value.details()  # type: ignore[attr-defined]
+
+
+def test_min_insync_replicas_above_the_one_replica_is_refused(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    with AdminClient(broker.address) as admin:
+        with pytest.raises(InvalidConfigError, match="replication factor 1"):
+            admin.create_topics([NewTopic(topic_name, 1, 1, {"min.insync.replicas": "2"})])
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+        with pytest.raises(InvalidConfigError, match=r"min\.insync\.replicas=2"):
+            admin.alter_configs({topic_name: {"min.insync.replicas": "2"}})
+        with pytest.raises(InvalidConfigError, match=r"retention\.ms"):
+            admin.alter_configs({topic_name: {"retention.ms": "9" * 400}})
