@@ -57,12 +57,15 @@ from tidelog._etcd.keys import Keys
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
 
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_fetcher import ReplicaFetchers
 from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.topic_store import TopicSpec
 
 log = logging.getLogger("tidelog.broker.cluster")
+# Errors that loops repeat (per partition, per pass) log once per interval.
+flood = RateLimitedLog(log)
 
 #: Pause between attempts while etcd is unreachable or our id is taken.
 RETRY_DELAY_S = 0.5
@@ -215,7 +218,7 @@ class ClusterLink:
                 raise
             except Exception as exc:
                 if not is_unavailable(exc):
-                    log.exception("registering broker %d failed", self.broker.broker_id)
+                    flood.exception("registering broker %d failed", self.broker.broker_id)
                 else:
                     log.info("etcd unreachable (%s); retrying registration", exc)
                 await asyncio.sleep(RETRY_DELAY_S)
@@ -396,7 +399,7 @@ class ClusterLink:
                     TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
                 )
             except Exception:
-                log.exception("hosting partitions %s of %s failed", led, name)
+                flood.exception("hosting partitions %s of %s failed", led, name)
                 continue
             for p in led:
                 state = self.state(topic, p)
@@ -421,7 +424,7 @@ class ClusterLink:
                         isr=state.isr,
                     )
                 except Exception:
-                    log.exception("applying the state of %s-%d failed", name, p)
+                    flood.exception("applying the state of %s-%d failed", name, p)
             if led and self._local_ids.get(name) != topic.topic_id:
                 self._local_ids[name] = topic.topic_id
                 ids_changed = True

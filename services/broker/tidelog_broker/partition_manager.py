@@ -46,6 +46,7 @@ from tidelog.topic_configs import TOPIC_CONFIGS, validate_topic_configs
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.storage import (
     SYSTEM_CLOCK,
@@ -61,6 +62,8 @@ from tidelog_broker.storage.partition_log import unlink_files
 from tidelog_broker.topic_store import TopicSpec, TopicStore
 
 log = logging.getLogger("tidelog.broker")
+# Errors that loops repeat (per partition, per pass) log once per interval.
+flood = RateLimitedLog(log)
 
 TopicPartitionKey = tuple[str, int]
 
@@ -544,7 +547,7 @@ class PartitionManager:
         try:
             await self.isr_writer(replication, isr)
         except Exception:
-            log.exception(
+            flood.exception(
                 "writing ISR %s of %s-%d failed", isr, replication.topic, replication.partition
             )
         finally:
@@ -735,7 +738,7 @@ class PartitionManager:
                     try:
                         partition_log.maybe_flush(now_ms)
                     except TidelogError:
-                        log.exception("flush of %s-%d failed", topic.spec.name, partition)
+                        flood.exception("flush of %s-%d failed", topic.spec.name, partition)
 
     async def run_retention(self) -> None:
         """Apply retention.ms and retention.bytes every log.retention.check.interval.ms."""
@@ -756,7 +759,7 @@ class PartitionManager:
                 try:
                     doomed.extend(partition_log.delete_old_segments())
                 except TidelogError:
-                    log.exception("retention of %s failed", partition_log.name)
+                    flood.exception("retention of %s failed", partition_log.name)
         if not doomed:
             return 0
         return await asyncio.to_thread(unlink_files, doomed)
@@ -787,11 +790,11 @@ class PartitionManager:
                 except (log_cleaner.CleanerCancelledError, log_cleaner.StaleSnapshotError) as exc:
                     log.info("cleaning %s stopped: %s", partition_log.name, exc)
                 except Exception:
-                    log.exception("cleaning %s failed", partition_log.name)
+                    flood.exception("cleaning %s failed", partition_log.name)
                 try:
                     doomed = partition_log.finish_cleaning(result)
                 except TidelogError:
-                    log.exception("swapping cleaned segments into %s failed", partition_log.name)
+                    flood.exception("swapping cleaned segments into %s failed", partition_log.name)
                     continue
                 if result is not None:
                     results.append(result)
