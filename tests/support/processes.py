@@ -11,6 +11,7 @@ failing start names in its error.
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -67,6 +68,8 @@ class BrokerProcess:
         self.broker_id = broker_id
         self.log_path = data_dir.with_name(data_dir.name + ".log")
         self.proc: subprocess.Popen[bytes] | None = None
+        #: RLIMIT_NOFILE (soft and hard) the process starts with; None: inherited.
+        self.open_file_limit: int | None = None
 
     @property
     def address(self) -> str:
@@ -90,8 +93,16 @@ class BrokerProcess:
             str(self.broker_id),
             *self.extra_args,
         ]
+        limit = self.open_file_limit
+
+        def limit_open_files() -> None:
+            if limit is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_open_files
+            )
         try:
             wait_serving(self.address, timeout_s, self.proc)
         except (RuntimeError, TimeoutError) as exc:
@@ -142,9 +153,11 @@ def start_broker(
     *,
     broker_id: int = 0,
     timeout_s: float = START_TIMEOUT_S,
+    open_file_limit: int | None = None,
 ) -> BrokerProcess:
     """Start a broker and wait until it serves. Port None: a free one."""
     data_dir.mkdir(parents=True, exist_ok=True)
     broker = BrokerProcess(data_dir, free_port() if port is None else port, extra_args, broker_id)
+    broker.open_file_limit = open_file_limit
     broker.spawn(timeout_s)
     return broker

@@ -54,6 +54,7 @@ import grpc
 import grpc.aio
 from tidelog._etcd import Election, PrefixWatcher, Session, WatchBatch, connect, is_unavailable
 from tidelog._etcd.keys import Keys
+from tidelog.errors import TidelogError
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
 
 from tidelog_broker.config import BrokerConfig
@@ -136,6 +137,10 @@ class ClusterLink:
         self._local_ids: dict[str, str] = {}
         self._local_cluster_id = ""
         self._strays_checked = False
+        self._topics_listed = False
+        # Topics whose hosting failed or was refused: they may have left
+        # directories the manager does not know of (see _reconcile).
+        self._hosting_failed: set[str] = set()
         self._watchers = [
             PrefixWatcher(self.client, self.keys.brokers, self._on_brokers, name="brokers"),
             PrefixWatcher(
@@ -189,6 +194,10 @@ class ClusterLink:
             "host": self.host,
             "port": self.port,
             "rack": self.cluster.rack,
+            # Resources (resources.py): coordinators refuse topics whose
+            # replicas would pass a broker's max_partitions.
+            "max_partitions": self.manager.partition_capacity,
+            "open_file_limit": self.manager.open_file_limit,
         }
         return json.dumps(value, sort_keys=True).encode()
 
@@ -398,7 +407,14 @@ class ClusterLink:
                 self.manager.host_partitions(
                     TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
                 )
+            except TidelogError as exc:
+                # Refused (past max.partitions) or failed (out of descriptors):
+                # it may have left directories, removed if the topic is deleted.
+                self._hosting_failed.add(name)
+                flood.warning("hosting partitions %s of %s failed: %s", led, name, exc)
+                continue
             except Exception:
+                self._hosting_failed.add(name)
                 flood.exception("hosting partitions %s of %s failed", led, name)
                 continue
             for p in led:
@@ -435,8 +451,16 @@ class ClusterLink:
                 self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
                 if self._local_ids.pop(name, None) is not None:
                     ids_changed = True
+        for name in sorted(self._hosting_failed - set(self.topics)):
+            # Never hosted here, so unknown to the manager, yet partly opened.
+            self._hosting_failed.discard(name)
+            self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
         self.fetchers.assign(followed)
-        if full_listing and not self._strays_checked:
+        # Once the topics are listed; the cluster id may come later (the
+        # registration loop fetches it), so retried on every reconcile until
+        # it is known: a check skipped at the first listing never came back.
+        self._topics_listed |= full_listing
+        if self._topics_listed and not self._strays_checked:
             ids_changed |= self._delete_strays()
         if ids_changed:
             self._save_meta()

@@ -68,6 +68,10 @@ class BrokerConfig:
     #: fetch.buffer.max.bytes[.per.connection], fetch.max.streams[.per.connection]:
     #: what Fetch streams may make this broker hold (fetch_limits).
     fetch_limits: FetchLimits = field(default_factory=FetchLimits)
+    #: max.partitions: partition replicas this broker hosts at most (0: derived
+    #: from its open-file limit, see resources.py). Reported in its etcd
+    #: registration; coordinators refuse topics that would pass it.
+    max_partitions: int = 0
 
     @property
     def listen_address(self) -> str:
@@ -112,6 +116,7 @@ _BROKER_KEYS = {
     "replica.lag.time.max.ms": ("replica_lag_time_max_ms", _parse_positive_int),
     "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", _parse_positive_int),
     "replica.fetch.max.bytes": ("replica_fetch_max_bytes", _parse_positive_int),
+    "max.partitions": ("max_partitions", _parse_positive_int),
 }
 
 # Keys of the FetchLimits inside BrokerConfig.fetch_limits.

@@ -19,6 +19,7 @@ log then happens back on the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -48,6 +49,7 @@ from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.replica_state import PartitionReplication, Role
+from tidelog_broker.resources import open_file_limit, partition_capacity
 from tidelog_broker.storage import (
     SYSTEM_CLOCK,
     Clock,
@@ -145,6 +147,10 @@ class PartitionManager:
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
+        #: The open-file limit and the partition replicas it allows
+        #: (resources.py); both go into the etcd registration.
+        self.open_file_limit = open_file_limit()
+        self.partition_capacity = partition_capacity(self.open_file_limit, config.max_partitions)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -176,17 +182,45 @@ class PartitionManager:
 
     def _open_topic(self, spec: TopicSpec, partitions: Iterable[int] | None = None) -> Topic:
         config = parse_topic_configs(spec.configs, self._config.log_defaults)
-        logs = [
-            PartitionLog.open(
-                self._config.data_dir / log_dir_name(spec.name, p),
-                spec.name,
-                p,
-                config,
-                self._clock,
-            )
-            for p in (range(spec.partitions) if partitions is None else sorted(partitions))
-        ]
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(spec.partitions) if partitions is None else sorted(partitions):
+                logs.append(
+                    PartitionLog.open(
+                        self._config.data_dir / log_dir_name(spec.name, p),
+                        spec.name,
+                        p,
+                        config,
+                        self._clock,
+                    )
+                )
+        except BaseException:
+            # Out of descriptors, say: the logs opened so far must not keep
+            # theirs (nobody would close them).
+            for partition_log in logs:
+                with contextlib.suppress(TidelogError):
+                    partition_log.close()
+            raise
         return Topic(spec, config, logs)
+
+    def hosted_partition_count(self) -> int:
+        """Partition replicas this broker hosts now."""
+        return sum(len(topic.hosted) for topic in self._topics.values())
+
+    def _check_capacity(self, adding: int, what: str) -> None:
+        """Refuse `adding` more partition replicas past partition_capacity."""
+        hosted = self.hosted_partition_count()
+        if hosted + adding > self.partition_capacity:
+            source = (
+                f"max.partitions={self._config.max_partitions}"
+                if self._config.max_partitions
+                else f"derived from its open-file limit of {self.open_file_limit}"
+            )
+            raise InvalidPartitionsError(
+                f"{what} needs {adding} more partition replicas on broker "
+                f"{self._config.broker_id}, which hosts {hosted} of at most "
+                f"{self.partition_capacity} ({source})"
+            )
 
     # ------------------------------------------------------------ topics
 
@@ -237,6 +271,7 @@ class PartitionManager:
             )
         configs = dict(configs or {})
         parse_topic_configs(configs, self._config.log_defaults)  # validates every key
+        self._check_capacity(partitions, f"topic {name!r}")
         if validate_only:
             return None
         spec = TopicSpec(name, partitions, configs)
@@ -282,6 +317,11 @@ class PartitionManager:
         so replaying the same etcd state changes nothing."""
         wanted = set(partitions)
         topic = self._topics.get(spec.name)
+        # Past its limit the broker refuses the new replicas (the caller
+        # logs it) rather than run out of descriptors for the ones it has.
+        self._check_capacity(
+            len(wanted - set(topic.hosted if topic is not None else ())), f"topic {spec.name!r}"
+        )
         if topic is None:
             # Known even when no partition is hosted here, so that requests
             # for it get NOT_LEADER_OR_FOLLOWER rather than UNKNOWN_TOPIC.
@@ -342,7 +382,15 @@ class PartitionManager:
             if hosted is not None and partition in hosted.hosted:
                 continue
             # Not open, so no file handles to close: remove the directory.
-            shutil.rmtree(self._config.data_dir / log_dir_name(name, partition), ignore_errors=True)
+            directory = self._config.data_dir / log_dir_name(name, partition)
+            try:
+                shutil.rmtree(directory)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                # Out of descriptors, say: the stray sweep at the next start
+                # (or the next delete) tries again.
+                flood.warning("cannot delete %s: %s", directory, exc)
         log.info("deleted stray logs of topic %s", name)
 
     # ------------------------------------------------------------ replication
