@@ -11,7 +11,6 @@ failing start names in its error.
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import socket
 import subprocess
@@ -93,16 +92,20 @@ class BrokerProcess:
             str(self.broker_id),
             *self.extra_args,
         ]
-        limit = self.open_file_limit
-
-        def limit_open_files() -> None:
-            if limit is not None:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-
+        if self.open_file_limit is not None:
+            # The interpreter lowers its own limit, then execs the broker (same
+            # PID): preexec_fn is not safe in a process with threads.
+            limit = self.open_file_limit
+            args = [
+                sys.executable,
+                "-c",
+                "import os, resource, sys; "
+                f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+                "os.execv(sys.argv[1], sys.argv[1:])",
+                *args,
+            ]
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                args, stdout=log, stderr=subprocess.STDOUT, preexec_fn=limit_open_files
-            )
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_serving(self.address, timeout_s, self.proc)
         except (RuntimeError, TimeoutError) as exc:

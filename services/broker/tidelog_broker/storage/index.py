@@ -76,10 +76,8 @@ class _SparseIndex:
         return self._descriptor
 
     def release(self) -> None:
-        """Close the descriptor until the next write needs it. Pending
-        entries must be flushed first (`flush`), so nothing is owed to it."""
-        if self._dirty:
-            return
+        """Close the descriptor until the next write or flush needs it (an
+        unflushed index stays `_dirty`: its flush opens the file again)."""
         if self._descriptor >= 0:
             os.close(self._descriptor)
             self._descriptor = -1

@@ -542,6 +542,9 @@ class PartitionLog:
         self._segments.append(LogSegment.create(self.directory, base_offset))
         self._base_offsets.append(base_offset)
         self._directory_dirty = True
+        # No more writes to the old segment: its descriptors go (the next
+        # flush opens it again to fsync what it still owes).
+        self._segments[-2].release_descriptors()
 
     # ------------------------------------------------------------------ read
 
@@ -828,8 +831,7 @@ class PartitionLog:
         """Close the files of every segment but the active one: they are
         opened again for a read, and closed after it (issue 16 item 7: a
         partition at rest holds the active segment's three descriptors,
-        not three per segment). A segment with unflushed writes keeps its
-        descriptors until the flush that calls this again."""
+        not three per segment)."""
         for segment in self._segments[:-1]:
             segment.release_descriptors()
 

@@ -562,10 +562,11 @@ class LogSegment:
         For segments that are not the active one (Kafka opens closed
         segments' indexes lazily too): a broker holds descriptors for its
         active segments and for what is being read, not three per segment
-        on disk. A segment with unflushed writes keeps them until `flush`.
+        on disk. Unflushed writes stay owed (`_dirty`): `flush` opens the
+        file again, and fsync of a file flushes every dirty page of it,
+        whichever descriptor wrote them (Linux reports a writeback error not
+        yet seen to the next fsync, also through a descriptor opened later).
         """
-        if self._dirty:
-            return
         if self._log_descriptor >= 0:
             os.close(self._log_descriptor)
             self._log_descriptor = -1
