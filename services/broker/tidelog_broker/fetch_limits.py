@@ -50,9 +50,11 @@ class FetchLimits:
     #: much and cannot starve the other connections of the broker's budget.
     buffer_max_bytes_per_connection: int = 64 * MIB
     #: fetch.max.streams: Fetch streams open at once on this broker.
-    max_streams: int = 1024
+    max_streams: int = 4096
     #: fetch.max.streams.per.connection: Fetch streams open on one connection.
-    max_streams_per_connection: int = 64
+    #: Generous: gRPC puts the channels of one process to one address on one
+    #: connection, so every consumer of a client process counts here.
+    max_streams_per_connection: int = 512
     #: Largest credit outstanding on one stream (MAX_CREDIT_BYTES).
     max_credit_bytes: int = MAX_CREDIT_BYTES
 
