@@ -67,6 +67,8 @@ class BrokerProcess:
         self.broker_id = broker_id
         self.log_path = data_dir.with_name(data_dir.name + ".log")
         self.proc: subprocess.Popen[bytes] | None = None
+        #: RLIMIT_NOFILE (soft and hard) the process starts with; None: inherited.
+        self.open_file_limit: int | None = None
 
     @property
     def address(self) -> str:
@@ -90,6 +92,18 @@ class BrokerProcess:
             str(self.broker_id),
             *self.extra_args,
         ]
+        if self.open_file_limit is not None:
+            # The interpreter lowers its own limit, then execs the broker (same
+            # PID): preexec_fn is not safe in a process with threads.
+            limit = self.open_file_limit
+            args = [
+                sys.executable,
+                "-c",
+                "import os, resource, sys; "
+                f"resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+                "os.execv(sys.argv[1], sys.argv[1:])",
+                *args,
+            ]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -142,9 +156,11 @@ def start_broker(
     *,
     broker_id: int = 0,
     timeout_s: float = START_TIMEOUT_S,
+    open_file_limit: int | None = None,
 ) -> BrokerProcess:
     """Start a broker and wait until it serves. Port None: a free one."""
     data_dir.mkdir(parents=True, exist_ok=True)
     broker = BrokerProcess(data_dir, free_port() if port is None else port, extra_args, broker_id)
+    broker.open_file_limit = open_file_limit
     broker.spawn(timeout_s)
     return broker

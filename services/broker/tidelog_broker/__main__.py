@@ -20,6 +20,7 @@ from tidelog_broker.config import (
     parse_settings,
     read_properties,
 )
+from tidelog_broker.resources import raise_open_file_limit
 from tidelog_broker.server import serve
 
 
@@ -109,6 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     except TidelogError as exc:
         print(f"tidelog-broker: {exc}", file=sys.stderr)
         return 2
+    # Descriptors bound the partitions a broker can host (resources.py).
+    raise_open_file_limit()
     # SIGINT is handled inside serve(); this covers one before the loop is up.
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve(config, cluster))

@@ -58,7 +58,7 @@ from typing import Any
 import aetcd
 import grpc
 import grpc.aio
-from tidelog.errors import InvalidTopicError
+from tidelog.errors import InvalidTopicError, TidelogError
 from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
 from tidelog_server.etcd import (
@@ -74,12 +74,15 @@ from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import PartitionState
 
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_fetcher import ReplicaFetchers
 from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.topic_store import TopicSpec
 
 log = logging.getLogger("tidelog.broker.cluster")
+# Errors that loops repeat (per partition, per pass) log once per interval.
+flood = RateLimitedLog(log)
 
 #: Pause between attempts while etcd is unreachable or our id is taken.
 RETRY_DELAY_S = 0.5
@@ -152,6 +155,10 @@ class ClusterLink:
         self._local_ids: dict[str, str] = {}
         self._local_cluster_id = ""
         self._strays_checked = False
+        self._topics_listed = False
+        # Topics whose hosting failed or was refused: they may have left
+        # directories the manager does not know of (see _reconcile).
+        self._hosting_failed: set[str] = set()
         self._watchers = [
             PrefixWatcher(self.client, self.keys.brokers, self._on_brokers, name="brokers"),
             PrefixWatcher(
@@ -206,6 +213,10 @@ class ClusterLink:
             "host": self.host,
             "port": self.port,
             "rack": self.cluster.rack,
+            # Resources (resources.py): coordinators refuse topics whose
+            # replicas would pass a broker's max_partitions.
+            "max_partitions": self.manager.partition_capacity,
+            "open_file_limit": self.manager.open_file_limit,
         }
         return json.dumps(value, sort_keys=True).encode()
 
@@ -235,7 +246,7 @@ class ClusterLink:
                 raise
             except Exception as exc:
                 if not is_unavailable(exc):
-                    log.exception("registering broker %d failed", self.broker.broker_id)
+                    flood.exception("registering broker %d failed", self.broker.broker_id)
                 else:
                     log.info("etcd unreachable (%s); retrying registration", exc)
                 await asyncio.sleep(RETRY_DELAY_S)
@@ -407,8 +418,15 @@ class ClusterLink:
                 self.manager.host_partitions(
                     TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
                 )
+            except TidelogError as exc:
+                # Refused (past max.partitions) or failed (out of descriptors):
+                # it may have left directories, removed if the topic is deleted.
+                self._hosting_failed.add(name)
+                flood.warning("hosting partitions %s of %s failed: %s", led, name, exc)
+                continue
             except Exception:
-                log.exception("hosting partitions %s of %s failed", led, name)
+                self._hosting_failed.add(name)
+                flood.exception("hosting partitions %s of %s failed", led, name)
                 continue
             for p in led:
                 state = self.state(topic, p)
@@ -433,7 +451,7 @@ class ClusterLink:
                         isr=state.isr,
                     )
                 except Exception:
-                    log.exception("applying the state of %s-%d failed", name, p)
+                    flood.exception("applying the state of %s-%d failed", name, p)
             if led and self._local_ids.get(name) != topic.topic_id:
                 self._local_ids[name] = topic.topic_id
                 ids_changed = True
@@ -444,8 +462,16 @@ class ClusterLink:
                 self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
                 if self._local_ids.pop(name, None) is not None:
                     ids_changed = True
+        for name in sorted(self._hosting_failed - set(self.topics)):
+            # Never hosted here, so unknown to the manager, yet partly opened.
+            self._hosting_failed.discard(name)
+            self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
         self.fetchers.assign(followed)
-        if full_listing and not self._strays_checked:
+        # Once the topics are listed; the cluster id may come later (the
+        # registration loop fetches it), so retried on every reconcile until
+        # it is known: a check skipped at the first listing never came back.
+        self._topics_listed |= full_listing
+        if self._topics_listed and not self._strays_checked:
             ids_changed |= self._delete_strays()
         if ids_changed:
             self._save_meta()

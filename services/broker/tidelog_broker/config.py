@@ -16,6 +16,7 @@ from pathlib import Path
 
 from tidelog.errors import InvalidConfigError
 
+from tidelog_broker.fetch_limits import FetchLimits
 from tidelog_broker.storage.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
 
 DEFAULT_PORT = 9392
@@ -64,6 +65,13 @@ class BrokerConfig:
     replica_fetch_max_bytes: int = 8 * 1024 * 1024
     #: request.timeout.ms default for acks=all produce requests that set none.
     produce_timeout_ms: int = 30_000
+    #: fetch.buffer.max.bytes[.per.connection], fetch.max.streams[.per.connection]:
+    #: what Fetch streams may make this broker hold (fetch_limits).
+    fetch_limits: FetchLimits = field(default_factory=FetchLimits)
+    #: max.partitions: partition replicas this broker hosts at most (0: derived
+    #: from its open-file limit, see resources.py). Reported in its etcd
+    #: registration; coordinators refuse topics that would pass it.
+    max_partitions: int = 0
 
     @property
     def listen_address(self) -> str:
@@ -108,6 +116,15 @@ _BROKER_KEYS = {
     "replica.lag.time.max.ms": ("replica_lag_time_max_ms", _parse_positive_int),
     "replica.fetch.wait.max.ms": ("replica_fetch_wait_max_ms", _parse_positive_int),
     "replica.fetch.max.bytes": ("replica_fetch_max_bytes", _parse_positive_int),
+    "max.partitions": ("max_partitions", _parse_positive_int),
+}
+
+# Keys of the FetchLimits inside BrokerConfig.fetch_limits.
+_FETCH_LIMIT_KEYS = {
+    "fetch.buffer.max.bytes": "buffer_max_bytes",
+    "fetch.buffer.max.bytes.per.connection": "buffer_max_bytes_per_connection",
+    "fetch.max.streams": "max_streams",
+    "fetch.max.streams.per.connection": "max_streams_per_connection",
 }
 
 
@@ -139,14 +156,19 @@ def build_config(base: BrokerConfig, settings: Mapping[str, str]) -> BrokerConfi
     """Apply `key=value` settings with Kafka's names to `base`."""
     changes: dict[str, object] = {}
     log_overrides: dict[str, str] = {}
+    fetch_limits: dict[str, int] = {}
     for key, raw in settings.items():
-        if key in _BROKER_KEYS:
+        if key in _FETCH_LIMIT_KEYS:
+            fetch_limits[_FETCH_LIMIT_KEYS[key]] = _parse_positive_int(key, raw)
+        elif key in _BROKER_KEYS:
             name, parse = _BROKER_KEYS[key]
             changes[name] = parse(key, raw)
         elif (topic_key := _log_default_key(key)) is not None:
             log_overrides[topic_key] = raw
         else:
             raise InvalidConfigError(f"unknown broker config {key!r}")
+    if fetch_limits:
+        changes["fetch_limits"] = dataclasses.replace(base.fetch_limits, **fetch_limits)
     if log_overrides:
         changes["log_defaults"] = parse_topic_configs(log_overrides, base.log_defaults)
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]

@@ -8,6 +8,10 @@ Before answering, the session waits until `min_bytes` are available or
 `max_wait_ms` has passed; when nothing at all is available it keeps waiting
 instead of sending an empty response.
 
+Memory (fetch_limits): a session has at most one response in flight, and
+every response reserves its bytes from the broker-wide FetchBudget until
+gRPC has taken it, whatever credit the consumer granted.
+
 Not thread-safe: one session lives on the broker's event loop, driven by the
 servicer's `Fetch` handler.
 """
@@ -15,13 +19,14 @@ servicer's `Fetch` handler.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import log_pb2
 
 from tidelog_broker.error_mapping import error_proto
+from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
 from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
 
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -40,8 +45,13 @@ class _Position:
 class FetchSession:
     """Positions and credit of one Fetch stream; yields its responses."""
 
-    def __init__(self, manager: PartitionManager) -> None:
+    def __init__(
+        self, manager: PartitionManager, budget: FetchBudget | None = None, peer: str = ""
+    ) -> None:
         self._manager = manager
+        self._budget = budget if budget is not None else FetchBudget(FetchLimits())
+        # The connection this stream came on (its share of the budget).
+        self._peer = peer
         self._positions: dict[TopicPartitionKey, _Position] = {}
         self._credit_bytes = 0
         self._max_bytes = DEFAULT_MAX_BYTES
@@ -89,6 +99,13 @@ class FetchSession:
             self._positions[(position.topic, position.partition)] = _Position(
                 position.fetch_offset, position.partition_max_bytes
             )
+        max_credit = self._budget.limits.max_credit_bytes
+        if self._credit_bytes + request.credit_bytes > max_credit:
+            raise InvalidRequestError(
+                f"credit_bytes would reach {self._credit_bytes + request.credit_bytes} "
+                f"outstanding, over the limit of {max_credit} bytes: grant credit as "
+                "responses are consumed"
+            )
         self._credit_bytes += request.credit_bytes
         self._changed.set()
 
@@ -102,7 +119,7 @@ class FetchSession:
         self._failure = exc
         self._changed.set()
 
-    async def responses(self) -> AsyncIterator[log_pb2.FetchResponse]:
+    async def responses(self) -> AsyncGenerator[log_pb2.FetchResponse, None]:
         """Yield responses until the consumer's side ends and its credit is
         spent; raise what `fail` was given."""
         loop = asyncio.get_running_loop()
@@ -116,6 +133,11 @@ class FetchSession:
                 await self._changed.wait()
                 continue
             self._changed.clear()
+            if self._budget.available(self._peer) <= 0:
+                # Other streams' responses fill the broker's buffer: wait
+                # until gRPC has taken some (or this stream changed).
+                await self._wait_for(self._budget.wait_released(), None)
+                continue
             deadline = loop.time() + self._max_wait_ms / 1000
             while True:
                 batch = self._collect()
@@ -134,26 +156,43 @@ class FetchSession:
                 # may be stale, so start over (positions were not advanced).
                 continue
             self._advance(batch)
-            yield batch.response
+            # Collected and reserved without an await in between, so the
+            # budget cannot be overdrawn by streams racing for it. The
+            # generator resumes only once gRPC has written the response (or
+            # is closed), which is when its bytes leave the budget.
+            self._budget.reserve(self._peer, batch.size)
+            try:
+                yield batch.response
+            finally:
+                self._budget.release(self._peer, batch.size)
 
     async def _wait_for_data_or_change(self, timeout_s: float | None) -> None:
         # Registered before the first await: see register_append_waiter.
         keys = list(self._positions)
         appended = self._manager.register_append_waiter(keys)
+        try:
+            await self._wait_for(appended, timeout_s)
+        finally:
+            self._manager.discard_append_waiter(keys, appended)
+
+    async def _wait_for(self, event: Awaitable[object], timeout_s: float | None) -> None:
+        """Until `event`, a change of this session, or the timeout."""
+        waited = asyncio.ensure_future(event)
         changed = asyncio.ensure_future(self._changed.wait())
         try:
             await asyncio.wait(
-                (appended, changed), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+                (waited, changed), timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
             )
         finally:
             changed.cancel()
-            self._manager.discard_append_waiter(keys, appended)
+            if waited is not event:  # a task of ours, not the caller's future
+                waited.cancel()
 
     def _collect(self) -> _Collected:
         """Read what is available for every position, within the credit,
         without moving the positions (see _advance)."""
         collected = _Collected(log_pb2.FetchResponse())
-        budget = min(self._max_bytes, self._credit_bytes)
+        budget = min(self._max_bytes, self._credit_bytes, self._budget.available(self._peer))
         keys = list(self._positions)
         start = self._next_start % len(keys)
         for key in keys[start:] + keys[:start]:

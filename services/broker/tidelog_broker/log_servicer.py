@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -20,6 +20,7 @@ from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import abort, error_proto
+from tidelog_broker.fetch_limits import FetchBudget, StreamLimitError
 from tidelog_broker.fetch_session import FetchSession
 from tidelog_broker.partition_manager import PartitionManager
 
@@ -52,6 +53,8 @@ class LogServicer(log_pb2_grpc.LogServicer):
     ) -> None:
         self._manager = manager
         self._config = config
+        # One budget for every Fetch stream of this broker (fetch_limits).
+        self._fetch_budget = FetchBudget(config.fetch_limits)
         # Cluster mode: Metadata comes from the broker's etcd view (ClusterLink).
         self._cluster_metadata = metadata
 
@@ -181,7 +184,29 @@ class LogServicer(log_pb2_grpc.LogServicer):
         request_iterator: AsyncIterator[log_pb2.FetchRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[log_pb2.FetchResponse]:
-        session = FetchSession(self._manager)
+        peer = context.peer()
+        try:
+            self._fetch_budget.open_stream(peer)
+        except StreamLimitError as exc:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
+        try:
+            # aclosing: the session's finally blocks (its budget) run now,
+            # not whenever the abandoned generator is collected.
+            async with contextlib.aclosing(
+                self._fetch(request_iterator, context, peer)
+            ) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self._fetch_budget.close_stream(peer)
+
+    async def _fetch(
+        self,
+        request_iterator: AsyncIterator[log_pb2.FetchRequest],
+        context: grpc.aio.ServicerContext,
+        peer: str,
+    ) -> AsyncGenerator[log_pb2.FetchResponse, None]:
+        session = FetchSession(self._manager, self._fetch_budget, peer)
 
         async def read_requests() -> None:
             try:
@@ -196,8 +221,9 @@ class LogServicer(log_pb2_grpc.LogServicer):
 
         reader = asyncio.ensure_future(read_requests())
         try:
-            async for response in session.responses():
-                yield response
+            async with contextlib.aclosing(session.responses()) as responses:
+                async for response in responses:
+                    yield response
         except TidelogError as exc:
             await abort(context, exc, "fetching")
         finally:

@@ -19,6 +19,7 @@ log then happens back on the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -46,7 +47,9 @@ from tidelog_server.topic_configs import TOPIC_CONFIGS, check_replication, valid
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.replica_state import PartitionReplication, RegistrationOf, Role
+from tidelog_broker.resources import open_file_limit, partition_capacity
 from tidelog_broker.storage import (
     SYSTEM_CLOCK,
     Clock,
@@ -61,6 +64,8 @@ from tidelog_broker.storage.partition_log import unlink_files
 from tidelog_broker.topic_store import TopicSpec, TopicStore
 
 log = logging.getLogger("tidelog.broker")
+# Errors that loops repeat (per partition, per pass) log once per interval.
+flood = RateLimitedLog(log)
 
 TopicPartitionKey = tuple[str, int]
 
@@ -146,6 +151,10 @@ class PartitionManager:
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
+        #: The open-file limit and the partition replicas it allows
+        #: (resources.py); both go into the etcd registration.
+        self.open_file_limit = open_file_limit()
+        self.partition_capacity = partition_capacity(self.open_file_limit, config.max_partitions)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -177,17 +186,45 @@ class PartitionManager:
 
     def _open_topic(self, spec: TopicSpec, partitions: Iterable[int] | None = None) -> Topic:
         config = parse_topic_configs(spec.configs, self._config.log_defaults)
-        logs = [
-            PartitionLog.open(
-                self._config.data_dir / log_dir_name(spec.name, p),
-                spec.name,
-                p,
-                config,
-                self._clock,
-            )
-            for p in (range(spec.partitions) if partitions is None else sorted(partitions))
-        ]
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(spec.partitions) if partitions is None else sorted(partitions):
+                logs.append(
+                    PartitionLog.open(
+                        self._config.data_dir / log_dir_name(spec.name, p),
+                        spec.name,
+                        p,
+                        config,
+                        self._clock,
+                    )
+                )
+        except BaseException:
+            # Out of descriptors, say: the logs opened so far must not keep
+            # theirs (nobody would close them).
+            for partition_log in logs:
+                with contextlib.suppress(TidelogError):
+                    partition_log.close()
+            raise
         return Topic(spec, config, logs)
+
+    def hosted_partition_count(self) -> int:
+        """Partition replicas this broker hosts now."""
+        return sum(len(topic.hosted) for topic in self._topics.values())
+
+    def _check_capacity(self, adding: int, what: str) -> None:
+        """Refuse `adding` more partition replicas past partition_capacity."""
+        hosted = self.hosted_partition_count()
+        if hosted + adding > self.partition_capacity:
+            source = (
+                f"max.partitions={self._config.max_partitions}"
+                if self._config.max_partitions
+                else f"derived from its open-file limit of {self.open_file_limit}"
+            )
+            raise InvalidPartitionsError(
+                f"{what} needs {adding} more partition replicas on broker "
+                f"{self._config.broker_id}, which hosts {hosted} of at most "
+                f"{self.partition_capacity} ({source})"
+            )
 
     # ------------------------------------------------------------ topics
 
@@ -240,6 +277,7 @@ class PartitionManager:
         parse_topic_configs(configs, self._config.log_defaults)  # validates every key
         # The topic's own min.insync.replicas against the one replica.
         check_replication(parse_topic_configs(configs), 1, name)
+        self._check_capacity(partitions, f"topic {name!r}")
         if validate_only:
             return None
         spec = TopicSpec(name, partitions, configs)
@@ -285,6 +323,11 @@ class PartitionManager:
         so replaying the same etcd state changes nothing."""
         wanted = set(partitions)
         topic = self._topics.get(spec.name)
+        # Past its limit the broker refuses the new replicas (the caller
+        # logs it) rather than run out of descriptors for the ones it has.
+        self._check_capacity(
+            len(wanted - set(topic.hosted if topic is not None else ())), f"topic {spec.name!r}"
+        )
         if topic is None:
             # Known even when no partition is hosted here, so that requests
             # for it get NOT_LEADER_OR_FOLLOWER rather than UNKNOWN_TOPIC.
@@ -345,7 +388,15 @@ class PartitionManager:
             if hosted is not None and partition in hosted.hosted:
                 continue
             # Not open, so no file handles to close: remove the directory.
-            shutil.rmtree(self._config.data_dir / log_dir_name(name, partition), ignore_errors=True)
+            directory = self._config.data_dir / log_dir_name(name, partition)
+            try:
+                shutil.rmtree(directory)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                # Out of descriptors, say: the stray sweep at the next start
+                # (or the next delete) tries again.
+                flood.warning("cannot delete %s: %s", directory, exc)
         log.info("deleted stray logs of topic %s", name)
 
     # ------------------------------------------------------------ replication
@@ -575,7 +626,7 @@ class PartitionManager:
         try:
             await self.isr_writer(replication, isr)
         except Exception:
-            log.exception(
+            flood.exception(
                 "writing ISR %s of %s-%d failed", isr, replication.topic, replication.partition
             )
         finally:
@@ -766,7 +817,7 @@ class PartitionManager:
                     try:
                         partition_log.maybe_flush(now_ms)
                     except TidelogError:
-                        log.exception("flush of %s-%d failed", topic.spec.name, partition)
+                        flood.exception("flush of %s-%d failed", topic.spec.name, partition)
 
     async def run_retention(self) -> None:
         """Apply retention.ms and retention.bytes every log.retention.check.interval.ms."""
@@ -787,7 +838,7 @@ class PartitionManager:
                 try:
                     doomed.extend(partition_log.delete_old_segments())
                 except TidelogError:
-                    log.exception("retention of %s failed", partition_log.name)
+                    flood.exception("retention of %s failed", partition_log.name)
         if not doomed:
             return 0
         return await asyncio.to_thread(unlink_files, doomed)
@@ -818,11 +869,11 @@ class PartitionManager:
                 except (log_cleaner.CleanerCancelledError, log_cleaner.StaleSnapshotError) as exc:
                     log.info("cleaning %s stopped: %s", partition_log.name, exc)
                 except Exception:
-                    log.exception("cleaning %s failed", partition_log.name)
+                    flood.exception("cleaning %s failed", partition_log.name)
                 try:
                     doomed = partition_log.finish_cleaning(result)
                 except TidelogError:
-                    log.exception("swapping cleaned segments into %s failed", partition_log.name)
+                    flood.exception("swapping cleaned segments into %s failed", partition_log.name)
                     continue
                 if result is not None:
                     results.append(result)

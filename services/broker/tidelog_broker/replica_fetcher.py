@@ -43,10 +43,13 @@ from tidelog.v1 import common_pb2
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
 from tidelog_broker.replica_state import Role
 
 log = logging.getLogger("tidelog.broker.replication")
+# Errors that loops repeat (per partition, per pass) log once per interval.
+flood = RateLimitedLog(log)
 
 #: Pause before asking again for a partition whose answer was an error.
 ERROR_BACKOFF_S = 0.1
@@ -117,7 +120,7 @@ class ReplicaFetcher:
                     "replica fetch from broker %d at %s: %s", self.leader_id, address, exc.code()
                 )
             except Exception:
-                log.exception("replica fetch from broker %d failed", self.leader_id)
+                flood.exception("replica fetch from broker %d failed", self.leader_id)
             await asyncio.sleep(RECONNECT_BACKOFF_S)
 
     async def _fetch_loop(self, call: Any, address: str) -> None:
@@ -204,7 +207,7 @@ class ReplicaFetcher:
                     data.topic, data.partition, data.records, data.high_watermark
                 )
             except (TidelogError, ValueError) as exc:
-                log.warning(
+                flood.warning(
                     "replicating %s-%d from broker %d failed: %s",
                     data.topic,
                     data.partition,
@@ -223,7 +226,7 @@ class ReplicaFetcher:
                 return False
             self._manager.reset_replica(topic, partition, leader_log_start)
         except TidelogError as exc:
-            log.warning(
+            flood.warning(
                 "resetting %s-%d to the log start %d of broker %d failed: %s",
                 topic,
                 partition,

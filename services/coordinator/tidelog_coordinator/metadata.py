@@ -31,6 +31,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.names import validate_topic_name
+from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC
 from tidelog.types import TopicPartition
 from tidelog_server.clock import SYSTEM_CLOCK, Clock
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
@@ -45,15 +46,15 @@ from tidelog_server.topic_configs import (
 )
 
 from tidelog_coordinator.config import CoordinatorConfig
-from tidelog_coordinator.placement import BrokerSlot, place_replicas
+from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
 
 #: Attempts of an AlterConfigs read-modify-write before giving up (each
 #: failure means the topic key changed meanwhile; we re-read and try again).
 ALTER_CONFIGS_ATTEMPTS = 5
 
-#: Upper bound on partitions per topic: each is an etcd key and a directory
-#: on its brokers; Kafka users rarely need more.
-MAX_PARTITIONS = 10_000
+#: Upper bound on partitions per topic, shared with the request check that
+#: refuses a whole CreateTopics before any topic is created.
+MAX_PARTITIONS = MAX_PARTITIONS_PER_TOPIC
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,8 @@ class BrokerRecord:
     host: str
     port: int
     rack: str = ""
+    #: Partition replicas the broker can host (None: it reports no limit).
+    max_partitions: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,12 +115,26 @@ class MetadataManager:
         brokers = []
         for kv in listing:
             data = json.loads(kv.value)
+            limit = data.get("max_partitions")
             brokers.append(
                 BrokerRecord(
-                    int(data["id"]), data["host"], int(data["port"]), data.get("rack") or ""
+                    int(data["id"]),
+                    data["host"],
+                    int(data["port"]),
+                    data.get("rack") or "",
+                    None if limit is None else int(limit),
                 )
             )
         return sorted(brokers, key=lambda b: b.broker_id)
+
+    async def hosted_replicas(self) -> dict[int, int]:
+        """Partition replicas assigned to each broker, over every topic."""
+        hosted: dict[int, int] = {}
+        for kv in await self.client.get_prefix(self.keys.topics):
+            for partition in json.loads(kv.value).get("partitions", []):
+                for broker_id in partition.get("replicas", []):
+                    hosted[int(broker_id)] = hosted.get(int(broker_id), 0) + 1
+        return hosted
 
     async def coordinators(self) -> list[dict[str, Any]]:
         listing = await self.client.get_prefix(self.keys.coordinators)
@@ -148,6 +165,12 @@ class MetadataManager:
         brokers = await self.live_brokers()
         slots = [BrokerSlot(b.broker_id, b.rack) for b in brokers]
         placement = place_replicas(name, slots, partitions, replication_factor)
+        check_capacity(
+            name,
+            placement,
+            await self.hosted_replicas(),
+            {b.broker_id: b.max_partitions for b in brokers},
+        )
         record = TopicRecord(
             name=name,
             topic_id=uuid.uuid4().hex,

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tidelog.errors import InvalidReplicationFactorError
+from tidelog.errors import InvalidPartitionsError, InvalidReplicationFactorError
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +77,41 @@ def place_replicas(
             racks_used.add(candidate.rack)
         placement.append([b.broker_id for b in chosen])
     return placement
+
+
+def check_capacity(
+    topic: str,
+    placement: Sequence[Sequence[int]],
+    hosted: dict[int, int],
+    capacity: dict[int, int | None],
+) -> None:
+    """Refuse a placement that would put more partition replicas on a broker
+    than it reports it can host (its `max_partitions`, derived from its
+    open-file limit). `hosted`: replicas each broker has now (of every
+    topic); `capacity`: each live broker's limit (None: it reports none).
+
+    Raises InvalidPartitionsError naming the first broker over its limit and
+    how many replicas the whole cluster still has room for.
+    """
+    adding: dict[int, int] = {}
+    for replicas in placement:
+        for broker_id in replicas:
+            adding[broker_id] = adding.get(broker_id, 0) + 1
+    room = sum(
+        max(0, limit - hosted.get(broker_id, 0))
+        for broker_id, limit in capacity.items()
+        if limit is not None
+    )
+    for broker_id in sorted(adding):
+        limit = capacity.get(broker_id)
+        if limit is None:
+            continue
+        after = hosted.get(broker_id, 0) + adding[broker_id]
+        if after > limit:
+            total = sum(adding.values())
+            raise InvalidPartitionsError(
+                f"topic {topic!r} needs {total} partition replicas ({len(placement)} "
+                f"partitions); broker {broker_id} would host {after}, over its limit of "
+                f"{limit} (max.partitions, from its open-file limit); the cluster has room "
+                f"for {room} more replicas: use fewer partitions or add brokers"
+            )

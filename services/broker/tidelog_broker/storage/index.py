@@ -51,13 +51,36 @@ class _SparseIndex:
         #: and the owner must rebuild the index from the log.
         self.intact = True
         self._dirty = False
+        # The descriptor, or -1 while released (see `_fd`); _closed: for good.
+        self._descriptor = -1
+        self._closed = False
         # O_APPEND: each entry lands at the end without tracking a file position.
-        self._fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._descriptor = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             self._load()
         except BaseException:
-            os.close(self._fd)
+            self.close()
             raise
+
+    @property
+    def _fd(self) -> int:
+        """The file's descriptor, opened again on demand after `release`:
+        lookups use the in-memory arrays, so an index that is not written
+        holds no descriptor (a broker with many partitions would otherwise
+        hold two per segment, issue 16 item 7)."""
+        if self._descriptor < 0:
+            if self._closed:
+                raise OSError(f"{self.path} is closed")
+            # No O_CREAT: a file removed under a released index stays removed.
+            self._descriptor = os.open(self.path, os.O_RDWR | os.O_APPEND)
+        return self._descriptor
+
+    def release(self) -> None:
+        """Close the descriptor until the next write or flush needs it (an
+        unflushed index stays `_dirty`: its flush opens the file again)."""
+        if self._descriptor >= 0:
+            os.close(self._descriptor)
+            self._descriptor = -1
 
     def _load(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -125,9 +148,10 @@ class _SparseIndex:
             self._dirty = False
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        self._closed = True
+        if self._descriptor >= 0:
+            os.close(self._descriptor)
+            self._descriptor = -1
 
     def delete(self) -> None:
         self.close()

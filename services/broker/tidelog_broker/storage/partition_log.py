@@ -269,6 +269,7 @@ class PartitionLog:
         # Recovery may have cut a torn tail: epochs past the end wrote nothing kept.
         log.leader_epochs.truncate_from_end(log.log_end_offset)
         log.producer_state.rebuild(log._segments, log.log_end_offset)
+        log._release_inactive_descriptors()
         return log
 
     def _recover(self, recovery_point: int, trust_all: bool) -> None:
@@ -541,6 +542,9 @@ class PartitionLog:
         self._segments.append(LogSegment.create(self.directory, base_offset))
         self._base_offsets.append(base_offset)
         self._directory_dirty = True
+        # No more writes to the old segment: its descriptors go (the next
+        # flush opens it again to fsync what it still owes).
+        self._segments[-2].release_descriptors()
 
     # ------------------------------------------------------------------ read
 
@@ -571,6 +575,9 @@ class PartitionLog:
                 # A segment may hold nothing at or past `offset` (compaction
                 # gaps): the data then starts in a later one.
                 records, next_offset = segment.read(offset, max_bytes, limit)
+                if segment is not self._segments[-1]:
+                    # An inactive segment holds its descriptors for one read.
+                    segment.release_descriptors()
                 if records:
                     return ReadResult(records, next_offset, log_start_offset, log_end_offset)
         return ReadResult(b"", offset, log_start_offset, log_end_offset)
@@ -584,6 +591,8 @@ class PartitionLog:
                 # target is older than it, so the first such segment holds it.
                 if segment.max_timestamp >= timestamp_ms:
                     found = segment.find_offset_for_timestamp(timestamp_ms)
+                    if segment is not self._segments[-1]:
+                        segment.release_descriptors()
                     if found is not None:
                         return found
         return None
@@ -808,6 +817,7 @@ class PartitionLog:
         first = max(bisect_right(self._base_offsets, self._recovery_point) - 1, 0)
         for segment in self._segments[first:]:
             segment.flush()
+        self._release_inactive_descriptors()
         if self._directory_dirty:
             _fsync_directory(self.directory)
             self._directory_dirty = False
@@ -816,6 +826,14 @@ class PartitionLog:
         if log_end_offset != self._recovery_point:
             self._recovery_point = log_end_offset
             _write_recovery_point(self.directory, log_end_offset)
+
+    def _release_inactive_descriptors(self) -> None:
+        """Close the files of every segment but the active one: they are
+        opened again for a read, and closed after it (issue 16 item 7: a
+        partition at rest holds the active segment's three descriptors,
+        not three per segment)."""
+        for segment in self._segments[:-1]:
+            segment.release_descriptors()
 
     def maybe_flush(self, now_monotonic_ms: int) -> bool:
         """Apply flush.ms: flush if the oldest unflushed append is that old.

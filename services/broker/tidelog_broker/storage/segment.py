@@ -129,14 +129,18 @@ class LogSegment:
         )
         #: False when an index file was missing (it must then be rebuilt).
         self._indexes_existed = index_path.exists() and time_index_path.exists()
+        # The .log's descriptor, or -1 while released (see `_log_fd`).
+        self._log_descriptor = -1
+        self._closed = False
         # O_APPEND + os.write: unbuffered, every byte goes to the end; reads use
         # pread on the same descriptor.
-        self._log_fd = os.open(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        self._log_descriptor = os.open(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             self.offset_index = OffsetIndex(index_path, base_offset)
             self.time_index = TimeIndex(time_index_path, base_offset)
         except BaseException:
-            os.close(self._log_fd)
+            os.close(self._log_descriptor)
+            self._log_descriptor = -1
             raise
         self._size_bytes = os.fstat(self._log_fd).st_size
         self._next_offset = base_offset
@@ -151,6 +155,17 @@ class LogSegment:
         #: True when the files disagree with each other (torn tail, bad index)
         #: or a failed write could not be undone: only `recover` may follow.
         self.needs_recovery = False
+
+    @property
+    def _log_fd(self) -> int:
+        """The .log's descriptor, opened again on demand after
+        `release_descriptors`."""
+        if self._log_descriptor < 0:
+            if self._closed:
+                raise OSError(f"{self.log_path} is closed")
+            # No O_CREAT: a file removed under a released segment stays removed.
+            self._log_descriptor = os.open(self.log_path, os.O_RDWR | os.O_APPEND)
+        return self._log_descriptor
 
     @classmethod
     def create(
@@ -541,10 +556,28 @@ class LogSegment:
             self.time_index.flush()
             self._dirty = False
 
+    def release_descriptors(self) -> None:
+        """Close the three files until a read or write needs one again.
+
+        For segments that are not the active one (Kafka opens closed
+        segments' indexes lazily too): a broker holds descriptors for its
+        active segments and for what is being read, not three per segment
+        on disk. Unflushed writes stay owed (`_dirty`): `flush` opens the
+        file again, and fsync of a file flushes every dirty page of it,
+        whichever descriptor wrote them (Linux reports a writeback error not
+        yet seen to the next fsync, also through a descriptor opened later).
+        """
+        if self._log_descriptor >= 0:
+            os.close(self._log_descriptor)
+            self._log_descriptor = -1
+        self.offset_index.release()
+        self.time_index.release()
+
     def close(self) -> None:
-        if self._log_fd >= 0:
-            os.close(self._log_fd)
-            self._log_fd = -1
+        self._closed = True
+        if self._log_descriptor >= 0:
+            os.close(self._log_descriptor)
+            self._log_descriptor = -1
         self.offset_index.close()
         self.time_index.close()
 
