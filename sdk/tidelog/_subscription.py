@@ -226,9 +226,6 @@ class SubscriptionState:
             if self._credit_total >= self._grant_threshold:
                 self.flush_credit()
 
-    def has_buffered(self) -> bool:
-        return bool(self._ready) or bool(self._inbox)
-
     def flush_credit(self) -> None:
         if self._credit_total:
             credit, self._credit = self._credit, {}
