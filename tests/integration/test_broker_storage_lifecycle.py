@@ -327,13 +327,29 @@ def test_cli_consume_from_time(lifecycle_broker: BrokerProcess, topic_name: str)
     assert lines[0].split("\t")[1].startswith("e12")
 
 
-def test_broker_config_file_rejects_unknown_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # A typo (Kafka's name is log.retention.hours) must not be ignored.
+        ("log.retention.hourz=1", "unknown broker config 'log.retention.hourz'"),
+        ("no.such.setting=1", "unknown broker config 'no.such.setting'"),
+        ("log.retention.check.interval.ms=0", "log.retention.check.interval.ms=0 is out of range"),
+    ],
+)
+def test_broker_config_file_rejects_unknown_keys_and_bad_values(
+    tmp_path: Path, line: str, message: str
+) -> None:
     config_file = tmp_path / "bad.properties"
-    config_file.write_text("log.retention.check.interval.ms=0\n")
+    config_file.write_text(f"# a comment\nlog.segment.bytes=1048576\n{line}\n")
+    data_dir = tmp_path / "data"
     proc = subprocess.run(
-        [sys.executable, "-m", "tidelog_broker", "--config", str(config_file)],
+        [
+            sys.executable, "-m", "tidelog_broker", "--config", str(config_file),
+            "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+        ],
         capture_output=True,
         timeout=30,
-    )
-    assert proc.returncode == 2
-    assert b"log.retention.check.interval.ms=0 is out of range" in proc.stderr
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert message.encode() in proc.stderr, proc.stderr.decode()
+    assert not data_dir.exists()  # refused before it started serving

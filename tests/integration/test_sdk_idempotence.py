@@ -12,10 +12,12 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog._sender import Sender
 from tidelog.errors import InvalidProducerEpochError
 from tidelog.records import encode_batch
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
@@ -130,15 +132,33 @@ def test_producer_state_survives_restart_and_crash(own_broker: BrokerProcess) ->
     assert init_producer_id(own_broker.address)[0] > pid
 
 
+class FailedRequests:
+    """Spies on the producer's sender (the real one runs unchanged): the
+    requests sent whose answer never came, which the sender retries."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.errors: Counter[str] = Counter()
+        original = Sender.on_request_failed
+        spy = self
+
+        def on_request_failed(sender: Sender, entry: Any, error: Any) -> None:
+            spy.errors[type(error).__name__] += sum(len(g) for g in entry.batches.values())
+            original(sender, entry, error)
+
+        monkeypatch.setattr(Sender, "on_request_failed", on_request_failed)
+
+
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_broker_fault_mid_stream_stores_every_record_once(
-    own_broker: BrokerProcess, fault: str
+    own_broker: BrokerProcess, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """kill: SIGKILL and restart (in-flight requests are lost, state is
     rebuilt from the log). pause: SIGSTOP longer than request_timeout_ms, so
     the producer gives up on requests the broker then appends after SIGCONT
     and retries them; without idempotence this stores hundreds of records
-    twice (measured: 500 of 30,000)."""
+    twice (measured: 500 of 30,000). Either way the test checks that
+    requests really were lost and retried: without a retry it proves nothing."""
+    failed_requests = FailedRequests(monkeypatch)
     topic = "exactly-once"
     partitions = 2
     count = 30_000
@@ -192,7 +212,14 @@ def test_broker_fault_mid_stream_stores_every_record_once(
             for records in consumer.poll(timeout_ms=500).values():
                 values.update(r.value for r in records)
     duplicates = {v: n for v, n in values.items() if n > 1}
-    print(f"{fault}: read back {len(values)} distinct of {count} sent, {len(duplicates)} twice")
+    print(
+        f"{fault}: read back {len(values)} distinct of {count} sent, {len(duplicates)} twice; "
+        f"batches of unanswered requests retried: {dict(failed_requests.errors)}"
+    )
+    # Every future succeeded, so each batch of a failed request was sent again.
+    assert failed_requests.errors, "no request was lost: the fault missed the stream"
+    if fault == "pause":
+        assert failed_requests.errors["RequestTimedOutError"] > 0, failed_requests.errors
     assert not duplicates
     assert len(values) == count
     assert sum(ends.values()) == count

@@ -266,6 +266,9 @@ class LogSegment:
                 header is None
                 or not self._base_offset_fits(header.base_offset, expected_base)
                 or position + header.size > size
+                # No CRC is checked here: an end below the base would pass
+                # for data older than the recovery point and escape recovery.
+                or header.last_offset_delta < 0
             ):
                 return False
             next_offset = header.next_offset
