@@ -55,6 +55,7 @@ from tidelog.errors import (
 )
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2
+from tidelog_server.etcd import is_unavailable
 from tidelog_server.etcd.keys import Keys, dynamic_member_key, static_member_key
 
 from tidelog_coordinator.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
@@ -372,7 +373,7 @@ class GroupCoordinator:
             except Exception as exc:
                 # Retried on the next change of the group (every write we or
                 # anyone makes produces one) or the next heartbeat.
-                level = logging.INFO if _is_etcd_outage(exc) else logging.ERROR
+                level = logging.INFO if is_unavailable(exc) else logging.ERROR
                 log.log(
                     level,
                     "reconciling group %r failed: %s",
@@ -532,9 +533,3 @@ class GroupCoordinator:
         for streams in list(self.local.values()):
             for stream in list(streams.values()):
                 stream.close(error)
-
-
-def _is_etcd_outage(exc: BaseException) -> bool:
-    from tidelog_server.etcd import is_unavailable
-
-    return is_unavailable(exc)
