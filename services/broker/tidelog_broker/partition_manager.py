@@ -662,8 +662,9 @@ class PartitionManager:
     def append(self, topic: str, partition: int, data: bytes, acks: int = 1) -> ProduceResult:
         """Validate and append one partition's batches (all or nothing).
 
-        Every batch is checked (size, header, CRC32C) before any byte is
-        written, so a bad batch in a request writes nothing for its partition.
+        Every batch is checked (size, header, CRC32C, body against header:
+        record_policy.validated_batches) before any byte is written, so a bad
+        batch in a request writes nothing for its partition.
         """
         partition_log = self.partition_log(
             self.ensure_topic(topic, auto_create=True).spec.name, partition
@@ -681,7 +682,7 @@ class PartitionManager:
             )
         buf = bytearray(data)  # the log patches base offsets in place
         config = partition_log.config
-        batches = list(records.iter_batches(buf, config.max_message_bytes))
+        batches = record_policy.validated_batches(buf, config.max_message_bytes)
         # The only two reasons to look inside batches, both opt-in per topic.
         if config.compression_type != "producer":
             codec = CompressionType.parse(config.compression_type)
