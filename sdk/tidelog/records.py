@@ -521,8 +521,13 @@ class _Columns(NamedTuple):
 
 def _payload_bytes(lengths: array, column: str) -> int:
     """Bytes a length column claims (-1 is a null, which holds none)."""
-    if not lengths:
-        return 0
+    if not lengths or not lengths.tobytes().strip(b"\xff"):
+        return 0  # every one -1 (all keys null, a common column)
+    # One pass in the common case: read as unsigned, a negative length counts
+    # 2^31 or more, so a total below 2^31 proves every length is >= 0.
+    unsigned_total = sum(memoryview(lengths).cast("B").cast("I"))
+    if unsigned_total < 2**31:
+        return unsigned_total
     smallest = min(lengths)
     if smallest < -1:
         raise InvalidRecordError(f"malformed batch body: a {column} length is {smallest}")
@@ -593,23 +598,29 @@ def _read_columns(header: BatchHeader, body: bytes | memoryview) -> _Columns:
     return _Columns(flags, deltas, timestamps, key_lengths, value_lengths, header_lengths, pos)
 
 
-def _check_header_blocks(body: bytes | memoryview, pos: int, lengths: array) -> None:
-    """Walk every header block (without building headers): each must hold
-    exactly its declared headers, with UTF-8 keys."""
+def _check_header_blocks(blocks: bytes, lengths: array) -> None:
+    """Walk every header block (`blocks`: the body's tail, where they are
+    concatenated) without building headers: each must hold exactly its
+    declared headers, with UTF-8 keys. ~0.3 us per header in Python, paid
+    only by batches that carry headers."""
+    # Keys are nearly always ASCII: one C-speed scan spares a decode per key.
+    check_utf8 = not blocks.isascii()
+    u16 = _U16.unpack_from
+    i32 = _I32.unpack_from
+    pos = 0
     for length in lengths:
         if length <= 0:
             continue
         end = pos + length
         try:
-            (count,) = _U16.unpack_from(body, pos)
+            (count,) = u16(blocks, pos)
             at = pos + 2
             for _ in range(count):
-                (klen,) = _U16.unpack_from(body, at)
-                at += 2
-                str(body[at : at + klen], "utf-8")
-                at += klen
-                (vlen,) = _I32.unpack_from(body, at)
-                at += 4 + max(vlen, 0)
+                (klen,) = u16(blocks, at)
+                if check_utf8:
+                    str(blocks[at + 2 : at + 2 + klen], "utf-8")
+                (vlen,) = i32(blocks, at + 2 + klen)
+                at += 6 + klen + (vlen if vlen > 0 else 0)
                 if at > end:
                     break
         except (struct.error, UnicodeDecodeError) as exc:
@@ -636,12 +647,11 @@ def check_body(
     """
     body = decompress(header.attributes & CODEC_MASK, raw_body, max_uncompressed_bytes)
     columns = _read_columns(header, body)
-    if columns.header_lengths is not None:
-        _check_header_blocks(
-            body,
-            len(body) - sum(columns.header_lengths) - columns.header_lengths.count(-1),
-            columns.header_lengths,
-        )
+    lengths = columns.header_lengths
+    if lengths is not None:
+        # Header blocks come last: their bytes are the body's tail.
+        block_bytes = sum(lengths) + lengths.count(-1)
+        _check_header_blocks(bytes(body[len(body) - block_bytes :]), lengths)
     return len(body)
 
 
