@@ -150,6 +150,9 @@ class PartitionManager:
         self.registration_of: RegistrationOf = lambda _broker_id: None
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
+        #: The highest epoch InitProducerId handed out per producer id
+        #: (producer_epochs.py); None: epochs are not checked. Set by the server.
+        self.highest_producer_epoch: Callable[[int], int] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
         #: The open-file limit and the partition replicas it allows
         #: (resources.py); both go into the etcd registration.
@@ -696,7 +699,7 @@ class PartitionManager:
             # check read which epoch wrote each batch.
             for position, _ in batches:
                 records.set_partition_leader_epoch(buf, position, replication.leader_epoch)
-        info = partition_log.append(buf, batches)
+        info = partition_log.append(buf, batches, self.highest_producer_epoch)
         if replication is not None:
             replication.advance_high_watermark(self._config.broker_id, partition_log.log_end_offset)
         self._wake((topic, partition))
