@@ -33,8 +33,8 @@ from collections.abc import Iterable
 from typing import Protocol
 
 import aetcd
-from tidelog_server.etcd.keys import Keys
 from tidelog.records import HEADER_SIZE, LOG_OVERHEAD, read_header
+from tidelog_server.etcd.keys import Keys
 
 from tidelog_broker.producer_ids import LocalProducerIds
 
