@@ -72,6 +72,31 @@ class CorruptRecordError(TidelogError):
     grpc_status = grpc.StatusCode.DATA_LOSS
 
 
+class UndecodableBatchError(CorruptRecordError):
+    """A consumer met a stored batch it cannot decode (damaged, forged before
+    brokers checked bodies, or decompressing past the consumer's limit).
+
+    Raised after the records before the batch were returned; the position
+    stays at `offset` until the application seeks (to `next_offset` to skip
+    the batch)."""
+
+    def __init__(
+        self,
+        message: str,
+        topic: str = "",
+        partition: int = -1,
+        offset: int = -1,
+        next_offset: int = -1,
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        #: Base offset of the batch that cannot be decoded.
+        self.offset = offset
+        #: The offset after the batch: where a seek skips it.
+        self.next_offset = next_offset
+
+
 class MessageTooLargeError(TidelogError):
     """A record batch is larger than the topic allows (max.message.bytes)."""
 

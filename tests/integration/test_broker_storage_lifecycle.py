@@ -245,7 +245,8 @@ def test_topic_compression_type_recompresses_batches(
             headers=[[("h", b"1")]] * 50,
             codec=codec,
             producer_id=7,
-            producer_epoch=1,
+            # Epoch 0: epochs above it move only through InitProducerId.
+            producer_epoch=0,
             # Consecutive sequences: the broker drops a repeated one (idempotence).
             base_sequence=50 * n,
         )
@@ -257,7 +258,7 @@ def test_topic_compression_type_recompresses_batches(
         assert batch.values == values and batch.keys == keys and batch.timestamps == timestamps
         assert batch.headers == [[("h", b"1")]] * 50
         assert batch.offsets == list(range(50 * i, 50 * i + 50))
-        assert (batch.header.producer_id, batch.header.producer_epoch) == (7, 1)
+        assert (batch.header.producer_id, batch.header.producer_epoch) == (7, 0)
     # producer: batches are stored as sent.
     with AdminClient(bootstrap_servers=address) as admin:
         admin.alter_configs({topic_name: {"compression.type": "producer"}})

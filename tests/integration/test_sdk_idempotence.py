@@ -19,7 +19,7 @@ import pytest
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from tidelog._sender import Sender
 from tidelog.errors import InvalidProducerEpochError
-from tidelog.records import encode_batch
+from tidelog.records import encode_batch, read_header
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 
 from tests.support.processes import BrokerProcess, start_broker
@@ -86,7 +86,8 @@ def test_standalone_broker_allocates_producer_ids(broker: BrokerProcess) -> None
 
 def test_raw_duplicates_gaps_and_fenced_epochs(broker: BrokerProcess, topic_name: str) -> None:
     create(broker.address, topic_name)
-    pid, epoch = init_producer_id(broker.address)
+    # Keyed: a second InitProducerId with the key hands out epoch + 1.
+    pid, epoch = init_producer_id(broker.address, f"{topic_name}-raw")
     first = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch, 0))
     assert code_name(first) == "NONE" and first.base_offset == 0
     second = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch, 3))
@@ -98,7 +99,9 @@ def test_raw_duplicates_gaps_and_fenced_epochs(broker: BrokerProcess, topic_name
     assert code_name(gap) == "OUT_OF_ORDER_SEQUENCE_NUMBER"
     assert "expected 6" in gap.error.message
     # A newer epoch takes over (from sequence 0); the older one is fenced.
-    produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch + 1, 0))
+    assert init_producer_id(broker.address, f"{topic_name}-raw") == (pid, epoch + 1)
+    took_over = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch + 1, 0))
+    assert code_name(took_over) == "NONE"
     fenced = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch, 6))
     assert code_name(fenced) == "INVALID_PRODUCER_EPOCH"
     with Consumer(bootstrap_servers=broker.address) as consumer:
@@ -239,3 +242,37 @@ def test_a_second_producer_with_the_same_key_fences_the_first(
         # Every later send fails the same way.
         with pytest.raises(InvalidProducerEpochError):
             old.send(topic_name, b"and again").get(10)
+
+
+def test_another_producers_id_with_epoch_plus_one_is_refused_and_fences_nobody(
+    own_broker: BrokerProcess, topic_name: str
+) -> None:
+    # Issue 16 item 5: epochs move only through InitProducerId.
+    address = own_broker.address
+    create(address, topic_name)
+    options = {"acks": "all", "linger_ms": 0, "retry_backoff_ms": 50}
+    with Producer(address, **options) as real:
+        assert real.send(topic_name, b"r0", partition=0).get(10).offset == 0
+        # What another client could learn (a fetch returns batch headers) or guess.
+        log_file = own_broker.data_dir / f"{topic_name}-0" / f"{0:020d}.log"
+        stored = read_header(log_file.read_bytes())
+        pid, epoch = stored.producer_id, stored.producer_epoch
+        assert pid >= 0 and epoch >= 0
+        for forged_epoch in (epoch + 1, 32_767):
+            forged = produce_raw(address, topic_name, idempotent_batch(pid, forged_epoch, 0))
+            assert code_name(forged) == "INVALID_PRODUCER_EPOCH", forged
+            assert f"epoch {forged_epoch} was never handed out" in forged.error.message
+        # The real producer carries on, and its records are all there.
+        assert real.send(topic_name, b"r1", partition=0).get(10).offset == 1
+        # A keyed producer's next epoch is accepted only once handed out.
+        kpid, kepoch = init_producer_id(address, f"{topic_name}-k")
+        early = produce_raw(address, topic_name, idempotent_batch(kpid, kepoch + 1, 0))
+        assert code_name(early) == "INVALID_PRODUCER_EPOCH"
+        assert init_producer_id(address, f"{topic_name}-k") == (kpid, kepoch + 1)
+        granted = produce_raw(address, topic_name, idempotent_batch(kpid, kepoch + 1, 0))
+        assert code_name(granted) == "NONE"
+        # Still refused after a restart (the allocator's file is the authority).
+        own_broker.restart()
+        again = produce_raw(address, topic_name, idempotent_batch(pid, epoch + 1, 0))
+        assert code_name(again) == "INVALID_PRODUCER_EPOCH"
+        assert real.send(topic_name, b"r2", partition=0).get(20).offset == 5

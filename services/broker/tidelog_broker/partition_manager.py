@@ -150,6 +150,9 @@ class PartitionManager:
         self.registration_of: RegistrationOf = lambda _broker_id: None
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
+        #: The highest epoch InitProducerId handed out per producer id
+        #: (producer_epochs.py); None: epochs are not checked. Set by the server.
+        self.highest_producer_epoch: Callable[[int], int] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
         #: The open-file limit and the partition replicas it allows
         #: (resources.py); both go into the etcd registration.
@@ -662,8 +665,9 @@ class PartitionManager:
     def append(self, topic: str, partition: int, data: bytes, acks: int = 1) -> ProduceResult:
         """Validate and append one partition's batches (all or nothing).
 
-        Every batch is checked (size, header, CRC32C) before any byte is
-        written, so a bad batch in a request writes nothing for its partition.
+        Every batch is checked (size, header, CRC32C, body against header:
+        record_policy.validated_batches) before any byte is written, so a bad
+        batch in a request writes nothing for its partition.
         """
         partition_log = self.partition_log(
             self.ensure_topic(topic, auto_create=True).spec.name, partition
@@ -681,7 +685,7 @@ class PartitionManager:
             )
         buf = bytearray(data)  # the log patches base offsets in place
         config = partition_log.config
-        batches = list(records.iter_batches(buf, config.max_message_bytes))
+        batches = record_policy.validated_batches(buf, config.max_message_bytes)
         # The only two reasons to look inside batches, both opt-in per topic.
         if config.compression_type != "producer":
             codec = CompressionType.parse(config.compression_type)
@@ -695,7 +699,7 @@ class PartitionManager:
             # check read which epoch wrote each batch.
             for position, _ in batches:
                 records.set_partition_leader_epoch(buf, position, replication.leader_epoch)
-        info = partition_log.append(buf, batches)
+        info = partition_log.append(buf, batches, self.highest_producer_epoch)
         if replication is not None:
             replication.advance_high_watermark(self._config.broker_id, partition_log.log_end_offset)
         self._wake((topic, partition))
