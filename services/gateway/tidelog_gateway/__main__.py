@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             "fetch bytes, one connection",
         ),
         ("--produce-buffer-max-bytes", "produce_buffer_max_bytes", "produce bytes in transit"),
+        ("--upstream-connections", "upstream_connections", "connections to each broker"),
     ):
         parser.add_argument(
             flag, dest=field, type=_positive, default=getattr(defaults, field), help=doc
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         fetch_buffer_max_bytes=args.fetch_buffer_max_bytes,
         fetch_buffer_max_bytes_per_connection=args.fetch_buffer_max_bytes_per_connection,
         produce_buffer_max_bytes=args.produce_buffer_max_bytes,
+        upstream_connections=args.upstream_connections,
         drain_timeout_s=args.drain_timeout_s,
     )
 

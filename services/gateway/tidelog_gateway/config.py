@@ -42,6 +42,10 @@ class GatewayConfig:
     #: Fetch streams together, and for the streams of one connection.
     fetch_buffer_max_bytes: int = 512 * MIB
     fetch_buffer_max_bytes_per_connection: int = 128 * MIB
+    #: TCP connections to each broker, streams spread over them round-robin:
+    #: a broker limits the Fetch streams of one connection
+    #: (fetch.max.streams.per.connection), and the gateway's carry many clients.
+    upstream_connections: int = 4
     #: Deadline of a forwarded unary call.
     forward_timeout_s: float = 30.0
     #: On SIGTERM: how long in-flight produce requests may take to be

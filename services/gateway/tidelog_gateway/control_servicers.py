@@ -202,7 +202,7 @@ class GatewayGroupServicer:
             return
         last = "no coordinator is registered in etcd"
         for address in self.forwarder.view.coordinator_addresses():
-            call = self.forwarder.channels.group(address).Heartbeat()
+            call = self.forwarder.channels.group_streams(address).Heartbeat()
             answered = False
             pump = asyncio.ensure_future(_pump(first, requests, call))
             drained = asyncio.ensure_future(self._draining.wait())

@@ -82,7 +82,7 @@ class _Upstream:
         self.closed = False
         self._requests: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
         self._requests.put_nowait(first)
-        self._call = proxy.channels.log(address).Fetch(self._request_iterator())
+        self._call = proxy.channels.log_streams(address).Fetch(self._request_iterator())
         self._reader = asyncio.ensure_future(self._read_loop())
 
     async def _request_iterator(self) -> AsyncIterator[log_pb2.FetchRequest]:

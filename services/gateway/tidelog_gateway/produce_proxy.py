@@ -74,7 +74,7 @@ class _Upstream:
 
     def __init__(self, address: str, channels: Channels) -> None:
         self.address = address
-        self._call = channels.log(address).Produce()
+        self._call = channels.log_streams(address).Produce()
         self._waiting: deque[asyncio.Future[log_pb2.ProduceResponse]] = deque()
         self._write_lock = asyncio.Lock()
         self.broken = False

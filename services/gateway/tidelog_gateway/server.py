@@ -59,7 +59,7 @@ class GatewayServer:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.view = ClusterView(config.etcd_endpoint, config.etcd_prefix)
-        self.channels = Channels(config.max_message_bytes)
+        self.channels = Channels(config.max_message_bytes, config.upstream_connections)
         self.streams = StreamCounter(config.max_streams, config.max_streams_per_connection)
         self.draining = asyncio.Event()
         self._health = HealthServicer()

@@ -71,7 +71,7 @@ class Brokers:
     def leader_address(self, topic: str, partition: int) -> str:
         return f"broker-{partition}"
 
-    def log(self, address: str) -> Any:
+    def log_streams(self, address: str) -> Any:
         brokers = self
 
         class Stub:
