@@ -31,19 +31,11 @@ def test_streams_past_one_broker_connection_limit_are_served(tmp_path: Path) -> 
         processes.append(
             start_coordinator(etcd.endpoint, tmp_path / "logs", prefix=PREFIX, coordinator_id="c0")
         )
-        processes.append(
-            start_broker(
-                tmp_path / "broker-0",
-                extra_args=(
-                    "--etcd",
-                    etcd.endpoint,
-                    "--etcd-prefix",
-                    PREFIX,
-                    "--set",
-                    "fetch.max.streams.per.connection=4",
-                ),
-            )  # fmt: skip
-        )
+        broker_args = [
+            "--etcd", etcd.endpoint, "--etcd-prefix", PREFIX,
+            "--set", "fetch.max.streams.per.connection=4",
+        ]  # fmt: skip
+        processes.append(start_broker(tmp_path / "broker-0", extra_args=broker_args))
         gateway = start_gateway(etcd.endpoint, tmp_path / "logs", prefix=PREFIX)
         processes.append(gateway)
         with AdminClient(gateway.address) as admin:
