@@ -15,6 +15,8 @@ needs one address and never cares which broker leads what:
 - `log_servicer`: `Log` (Produce, Fetch, ListOffsets, Metadata);
 - `control_servicers`: `Admin`, `Group`, `Cluster`, forwarded to a
   coordinator replica;
+- `records_servicer`: `Records`, the record-level API (records as protobuf
+  fields), done with the Python SDK's producer and consumer;
 - `server`: the process: health, reflection, drain on SIGTERM.
 
 The gateway keeps no state a client depends on: group membership and

@@ -1,7 +1,7 @@
 """The gateway process: follows the cluster in etcd, serves gRPC, drains on SIGTERM.
 
 Serves `tidelog.v1.Log`, `Admin`, `Group` and `Cluster` for the whole
-cluster, gRPC health checking (overall status under "", SERVING once the
+cluster, the record-level `tidelog.v1.Records` (records_servicer), gRPC health checking (overall status under "", SERVING once the
 etcd view has listed the cluster) and server reflection, so grpcurl works.
 
 Drain (SIGTERM or SIGINT): health goes NOT_SERVING (a load balancer stops
@@ -33,6 +33,8 @@ from tidelog.v1 import (
     group_pb2,
     log_pb2,
     log_pb2_grpc,
+    records_pb2,
+    records_pb2_grpc,
 )
 
 from tidelog_gateway.channels import Channels
@@ -48,6 +50,7 @@ from tidelog_gateway.control_servicers import (
 )
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import GatewayLogServicer
+from tidelog_gateway.records_servicer import RecordsServicer
 
 log = logging.getLogger("tidelog.gateway")
 
@@ -64,6 +67,7 @@ class GatewayServer:
         self.draining = asyncio.Event()
         self._health = HealthServicer()
         self._server: grpc.aio.Server | None = None
+        self._records: RecordsServicer | None = None
         self.bound_port: int | None = None
 
     async def start(self) -> None:
@@ -84,12 +88,15 @@ class GatewayServer:
         add_admin_servicer(GatewayAdminServicer(forwarder), server)
         add_group_servicer(GatewayGroupServicer(forwarder, self.streams, self.draining), server)
         cluster_pb2_grpc.add_ClusterServicer_to_server(GatewayClusterServicer(forwarder), server)
+        self._records = RecordsServicer(self.view, config, self.streams, self.draining)
+        records_pb2_grpc.add_RecordsServicer_to_server(self._records, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         services = [
             log_pb2.DESCRIPTOR.services_by_name["Log"].full_name,
             admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
             group_pb2.DESCRIPTOR.services_by_name["Group"].full_name,
             cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name,
+            records_pb2.DESCRIPTOR.services_by_name["Records"].full_name,
             health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
             reflection.SERVICE_NAME,
         ]
@@ -102,7 +109,7 @@ class GatewayServer:
         self._server = server
         await self.view.start()
         await self.view.wait_synced(SYNC_TIMEOUT_S)
-        for name in ("", *services[:4]):
+        for name in ("", *services[:5]):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
             "gateway serving on %s for the cluster in etcd %s under %s",
@@ -117,6 +124,8 @@ class GatewayServer:
         self.draining.set()
         if self._server is not None:
             await self._server.stop(self.config.drain_timeout_s)
+        if self._records is not None:
+            await self._records.close()
         await self.view.stop()
         await self.channels.close()
         log.info("gateway stopped")
