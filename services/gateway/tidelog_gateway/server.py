@@ -1,8 +1,9 @@
 """The gateway process: follows the cluster in etcd, serves gRPC, drains on SIGTERM.
 
 Serves `tidelog.v1.Log`, `Admin`, `Group` and `Cluster` for the whole
-cluster, the record-level `tidelog.v1.Records` (records_servicer), gRPC health checking (overall status under "", SERVING once the
-etcd view has listed the cluster) and server reflection, so grpcurl works.
+cluster, the record-level `tidelog.v1.Records` (records_servicer), gRPC
+health checking (overall status under "", SERVING once the etcd view has
+listed the cluster) and server reflection, so grpcurl works.
 
 Drain (SIGTERM or SIGINT): health goes NOT_SERVING (a load balancer stops
 sending new clients), then every stream is told to finish: Produce streams
