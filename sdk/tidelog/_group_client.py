@@ -162,6 +162,7 @@ class GroupClient:
             rebalance_timeout_ms=config.max_poll_interval_ms,
             heartbeat_interval_ms=config.heartbeat_interval_ms,
             listener=self,
+            rediscover=self._rediscover,
         )
         self.left_for_poll_timeout = False
         self.last_poll = time.monotonic()
@@ -182,6 +183,11 @@ class GroupClient:
                     raise
                 log.info("finding the coordinators of group %r: %s; retrying", self.group_id, exc)
                 await asyncio.sleep(0.2)
+
+    async def _rediscover(self) -> list[str]:
+        """The coordinators asked for again, once: what the membership uses
+        after every address it knew has failed (a gateway replica gone)."""
+        return await discover_coordinators(self._cluster, self._config.request_timeout_ms / 1000)
 
     async def close(self, leave: bool | None = None) -> None:
         """End the membership; the calling side has already revoked (and

@@ -137,3 +137,53 @@ def test_a_produce_request_in_flight_at_sigterm_is_answered_then_unavailable(
         requests.put(None)
         channel.close()
         gateway.kill()
+
+
+def test_a_group_member_carries_on_through_another_gateway(
+    cluster: ClusterProcesses, tmp_path: Path, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    first = start_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix)
+    second = start_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix)
+    try:
+        bootstrap = f"{first.address},{second.address}"
+        with AdminClient(bootstrap) as admin:
+            admin.create_topics([NewTopic(topic, 3)])
+        with (
+            Producer(bootstrap, linger_ms=2) as producer,
+            Consumer(
+                topic,
+                bootstrap_servers=bootstrap,
+                group_id=group,
+                auto_offset_reset="earliest",
+                enable_auto_commit=False,
+                session_timeout_ms=6000,
+            ) as consumer,
+        ):
+            seen: set[bytes] = set()
+
+            def consume_until(count: int) -> None:
+                deadline = time.monotonic() + 60
+                while len(seen) < count and time.monotonic() < deadline:
+                    for records in consumer.poll(timeout_ms=200).values():
+                        seen.update(r.value or b"" for r in records)
+                consumer.commit()
+
+            for i in range(100):
+                producer.send(topic, b"%d" % i)
+            producer.flush()
+            consume_until(100)
+            # The membership and the commits went through the first gateway
+            # (the first to answer); it goes away.
+            assert first.stop() == 0
+            for i in range(100, 200):
+                producer.send(topic, b"%d" % i)
+            producer.flush()
+            consume_until(200)
+        assert seen == {b"%d" % i for i in range(200)}
+        with AdminClient(second.address) as admin:
+            offsets = admin.list_consumer_group_offsets(group)
+        assert sum(o.offset for o in offsets.values()) == 200
+    finally:
+        first.kill()
+        second.stop()
