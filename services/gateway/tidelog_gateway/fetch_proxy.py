@@ -344,10 +344,13 @@ class FetchProxy:
         at the positions the client has reached (the credit dies with the
         old stream). Brokers active within RECLAIM_IDLE_S are left alone;
         the check runs again after that long. True if any was reopened."""
+        hoarders = [u for u in upstreams if u.outstanding > fair_share]
+        if not hoarders:
+            return False  # the credit is with the client, not the brokers
         now = asyncio.get_running_loop().time()
         reopened = False
-        for upstream in upstreams:
-            if upstream.outstanding > fair_share and now - upstream.last_active >= RECLAIM_IDLE_S:
+        for upstream in hoarders:
+            if now - upstream.last_active >= RECLAIM_IDLE_S:
                 self._reopen(upstream)
                 reopened = True
         if not reopened and self._reclaim_timer is None:

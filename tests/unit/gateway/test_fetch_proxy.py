@@ -90,6 +90,7 @@ class Client:
     """Sends requests and reads every response as soon as it comes."""
 
     def __init__(self, proxy: FetchProxy) -> None:
+        self.proxy = proxy
         self.requests: asyncio.Queue[log_pb2.FetchRequest] = asyncio.Queue()
         self.received: asyncio.Queue[log_pb2.FetchResponse] = asyncio.Queue()
         self._responses = proxy.run(self._requests())
@@ -214,6 +215,25 @@ def test_a_lost_broker_stream_is_answered_at_the_client_position() -> None:
         (data,) = lost.partitions
         assert data.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
         assert data.fetch_offset == 1  # where the client is now
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_spent_window_sets_no_reclaim_timer() -> None:
+    async def scenario() -> None:
+        brokers, client, _ = make()
+        client.grant(1000, 0, 1)
+        await settle()
+        for p in range(2):
+            broker = brokers.current(p)
+            broker.send(p, 0, broker.credit)
+        await client.next()
+        await client.next()
+        await settle()
+        # The credit is with the client now: no broker sits on any, so there
+        # is nothing to take back and nothing to check again later.
+        assert client.proxy._reclaim_timer is None
         await client.close()
 
     asyncio.run(scenario())
