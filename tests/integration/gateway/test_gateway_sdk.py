@@ -4,7 +4,10 @@ address only, so every produce, fetch, admin and group call goes through it."""
 
 from __future__ import annotations
 
+import queue
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -13,7 +16,7 @@ from tidelog.errors import UnknownTopicOrPartitionError
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, log_pb2, log_pb2_grpc
 
 from tests.support.cluster import ClusterProcesses
-from tests.support.gateway import GatewayProcess
+from tests.support.gateway import GatewayProcess, start_gateway
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -203,3 +206,46 @@ def test_malformed_requests_get_invalid_argument(
     # Nothing of this hurt the gateway.
     with Producer(gateway.address) as producer:
         assert producer.send(topic, b"still fine").get(timeout=30).offset == 0
+
+
+def test_streams_past_the_per_connection_limit_are_refused_naming_it(
+    cluster: ClusterProcesses, tmp_path: Path, names: tuple[str, str]
+) -> None:
+    topic, _ = names
+    gateway = start_gateway(
+        cluster.etcd.endpoint,
+        tmp_path,
+        prefix=cluster.prefix,
+        extra_args=("--max-streams-per-connection", "2"),
+    )
+    try:
+        with AdminClient(gateway.address) as admin:
+            admin.create_topics([NewTopic(topic, 1)])
+        with Producer(gateway.address) as producer:
+            producer.send(topic, b"x").get(timeout=30)
+        idle = log_pb2.FetchRequest(
+            positions=[log_pb2.FetchPosition(topic=topic, partition=0, fetch_offset=0)],
+            credit_bytes=1024,
+        )
+        requests: queue.Queue[log_pb2.FetchRequest | None] = queue.Queue()
+
+        def held_open() -> Iterator[log_pb2.FetchRequest]:
+            yield idle
+            while (request := requests.get()) is not None:
+                yield request
+
+        with grpc.insecure_channel(gateway.address) as channel:
+            stub = log_pb2_grpc.LogStub(channel)
+            open_calls = [stub.Fetch(held_open(), timeout=60) for _ in range(2)]
+            for call in open_calls:
+                next(call)  # open: it answered (and stays open, holding its slot)
+            with pytest.raises(grpc.RpcError) as refused:
+                next(stub.Fetch(iter([idle]), timeout=30))
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            assert "--max-streams-per-connection=2" in (refused.value.details() or "")
+            for call in open_calls:
+                call.cancel()
+            for _ in open_calls:
+                requests.put(None)
+    finally:
+        gateway.stop()
