@@ -13,7 +13,7 @@ install: $(STAMP)
 
 # One distribution per part, each with its own pyproject.toml; all installed
 # editable into .venv with the developer tools.
-PARTS := sdk services/common services/broker services/coordinator
+PARTS := sdk services/common services/broker services/coordinator services/gateway
 
 # Reinstall only when a dependency list changes: `make install` is quick when
 # nothing did.

@@ -18,7 +18,9 @@ calling side (`_consumer_group.GroupSide`), which applies it inside poll()
 Finding the coordinators: the client is given broker addresses. Brokers in
 cluster mode (and coordinators) serve `tidelog.v1.Cluster/DescribeCluster`,
 whose answer lists the live coordinator replicas; a standalone broker does
-not serve it (UNIMPLEMENTED), which becomes GroupsNotSupportedError.
+not serve it (UNIMPLEMENTED), which becomes GroupsNotSupportedError. A
+gateway names itself as the one coordinator, with no host when it does not
+know the address its clients use: then the address that answered is used.
 
 Commits of a consumer that uses assign() with a group id (no subscription):
 it is no member, so its commits are administrative offset changes
@@ -93,7 +95,17 @@ async def discover_coordinators(cluster: Cluster, timeout_s: float) -> list[str]
                 ) from None
             last = error_from_rpc(exc)
             continue
-        addresses = [f"{c.host}:{c.port}" for c in reply.coordinators if c.host and c.port]
+        # A coordinator that names no host (a gateway that does not know the
+        # address its clients use) is reached where this answer came from,
+        # as a broker that advertises no host is in Metadata.
+        addresses = list(
+            dict.fromkeys(
+                f"{c.host}:{c.port}"
+                if c.host and c.host not in ("0.0.0.0", "::", "[::]") and c.port
+                else address
+                for c in reply.coordinators
+            )
+        )
         if addresses:
             return addresses
         last = CoordinatorNotAvailableError(f"{address}: no coordinator is registered")
@@ -150,6 +162,7 @@ class GroupClient:
             rebalance_timeout_ms=config.max_poll_interval_ms,
             heartbeat_interval_ms=config.heartbeat_interval_ms,
             listener=self,
+            rediscover=self._rediscover,
         )
         self.left_for_poll_timeout = False
         self.last_poll = time.monotonic()
@@ -170,6 +183,11 @@ class GroupClient:
                     raise
                 log.info("finding the coordinators of group %r: %s; retrying", self.group_id, exc)
                 await asyncio.sleep(0.2)
+
+    async def _rediscover(self) -> list[str]:
+        """The coordinators asked for again, once: what the membership uses
+        after every address it knew has failed (a gateway replica gone)."""
+        return await discover_coordinators(self._cluster, self._config.request_timeout_ms / 1000)
 
     async def close(self, leave: bool | None = None) -> None:
         """End the membership; the calling side has already revoked (and

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -319,6 +320,14 @@ def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
             bootstrap=bootstrap,
         )  # fmt: skip
         assert consumed.stdout == b"one\ntwo\n"
+        # The gateway it started and named serves the same cluster.
+        gateway = re.search(rb"gateway: (127\.0\.0\.1:\d+)", banner)
+        assert gateway is not None, banner.decode()
+        through_gateway = tidelog(
+            "consume", "greetings", "--from-beginning", "--timeout-ms", "1000",
+            bootstrap=gateway.group(1).decode(),
+        )  # fmt: skip
+        assert through_gateway.stdout == b"one\ntwo\n"
 
         dev.send_signal(signal.SIGINT)
         assert dev.wait(timeout=20) == 0

@@ -1,6 +1,6 @@
 """Each distribution's wheel: what it requires and which packages it holds.
 
-Builds the four wheels (`pip wheel --no-deps --no-build-isolation`, the
+Builds the five wheels (`pip wheel --no-deps --no-build-isolation`, the
 environment's setuptools, no network) from a copy of each part's files (so no
 stale build/ directory can slip a deleted module into a wheel) into pytest's
 cache, keyed by a hash of those files: a run where nothing changed builds
@@ -26,8 +26,10 @@ PARTS = {
     "tidelog_server": ROOT / "services/common",
     "tidelog_broker": ROOT / "services/broker",
     "tidelog_coordinator": ROOT / "services/coordinator",
+    "tidelog_gateway": ROOT / "services/gateway",
 }
-SERVER_PACKAGES = {"tidelog_server", "tidelog_broker", "tidelog_coordinator"}
+SERVICES = {"tidelog_broker", "tidelog_coordinator", "tidelog_gateway"}
+SERVER_PACKAGES = {"tidelog_server", *SERVICES}
 
 
 class Wheel:
@@ -151,6 +153,11 @@ def test_server_core_wheel(wheels: dict[str, Wheel]) -> None:
     [
         ("tidelog_broker", "tidelog-broker", {"grpcio-reflection", "grpcio-health-checking"}),
         ("tidelog_coordinator", "tidelog-coordinator", {"aetcd", "grpcio-health-checking"}),
+        (
+            "tidelog_gateway",
+            "tidelog-gateway",
+            {"aetcd", "grpcio-health-checking", "grpcio-reflection"},
+        ),
     ],
 )
 def test_service_wheels(
@@ -160,8 +167,8 @@ def test_service_wheels(
     assert wheel.top_level == {package}
     requires = wheel.requires()
     assert {"tidelog", "tidelog-server"} | needs <= set(requires)
-    other = ({"tidelog_broker", "tidelog_coordinator"} - {package}).pop().replace("_", "-")
-    assert other not in requires
+    for other in SERVICES - {package}:
+        assert other.replace("_", "-") not in requires
     assert f"{script} = {package}.__main__:main" in wheel.entry_points
 
 

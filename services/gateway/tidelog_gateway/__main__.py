@@ -1,0 +1,81 @@
+"""`tidelog-gateway`: run one gateway until SIGTERM or SIGINT."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+from tidelog_gateway.config import GatewayConfig
+from tidelog_gateway.server import serve
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> GatewayConfig:
+    defaults = GatewayConfig()
+    parser = argparse.ArgumentParser(prog="tidelog-gateway", description=__doc__)
+    parser.add_argument("--listen", default=defaults.listen_address, help="host:port to serve on")
+    parser.add_argument("--etcd", default=defaults.etcd_endpoint, help="etcd endpoint host:port")
+    parser.add_argument("--prefix", default=defaults.etcd_prefix, help="the cluster's etcd prefix")
+    parser.add_argument(
+        "--advertised-address",
+        default=defaults.advertised_address,
+        help="host:port clients should use (default: the address each client reached)",
+    )
+    for flag, field, doc in (
+        ("--max-streams", "max_streams", "streams open on the gateway"),
+        ("--max-streams-per-connection", "max_streams_per_connection", "streams per connection"),
+        ("--max-partitions-per-request", "max_partitions_per_request", "partitions per request"),
+        ("--max-partitions-per-fetch", "max_partitions_per_fetch", "partitions per Fetch stream"),
+        ("--fetch-max-credit-bytes", "fetch_max_credit_bytes", "credit outstanding per stream"),
+        ("--fetch-buffer-max-bytes", "fetch_buffer_max_bytes", "fetch bytes, all streams"),
+        (
+            "--fetch-buffer-max-bytes-per-connection",
+            "fetch_buffer_max_bytes_per_connection",
+            "fetch bytes, one connection",
+        ),
+        ("--produce-buffer-max-bytes", "produce_buffer_max_bytes", "produce bytes in transit"),
+        ("--upstream-connections", "upstream_connections", "connections to each broker"),
+    ):
+        parser.add_argument(
+            flag, dest=field, type=_positive, default=getattr(defaults, field), help=doc
+        )
+    parser.add_argument("--drain-timeout-s", type=float, default=defaults.drain_timeout_s)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.advertised_address and not args.advertised_address.rpartition(":")[2].isdigit():
+        parser.error(f"--advertised-address must be host:port, got {args.advertised_address!r}")
+    return GatewayConfig(
+        listen_address=args.listen,
+        etcd_endpoint=args.etcd,
+        etcd_prefix=args.prefix,
+        advertised_address=args.advertised_address,
+        max_streams=args.max_streams,
+        max_streams_per_connection=args.max_streams_per_connection,
+        max_partitions_per_request=args.max_partitions_per_request,
+        max_partitions_per_fetch=args.max_partitions_per_fetch,
+        fetch_max_credit_bytes=args.fetch_max_credit_bytes,
+        fetch_buffer_max_bytes=args.fetch_buffer_max_bytes,
+        fetch_buffer_max_bytes_per_connection=args.fetch_buffer_max_bytes_per_connection,
+        produce_buffer_max_bytes=args.produce_buffer_max_bytes,
+        upstream_connections=args.upstream_connections,
+        drain_timeout_s=args.drain_timeout_s,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    asyncio.run(serve(parse_args(argv)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The gateway's settings and the limits on what clients control."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MIB = 1024 * 1024
+
+#: The gateway's id in its own Metadata and DescribeCluster answers: it names
+#: itself as the leader of every partition, so no broker may use this id.
+GATEWAY_NODE_ID = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """`tidelog-gateway` options (see __main__ for their flags)."""
+
+    listen_address: str = "127.0.0.1:9400"
+    etcd_endpoint: str = "127.0.0.1:2379"
+    etcd_prefix: str = "/tidelog"
+    #: host:port clients should use to reach the gateway. Empty: clients use
+    #: the address they reached it at (right behind a Kubernetes Service or
+    #: a NAT, where the gateway cannot know that address).
+    advertised_address: str = ""
+    #: Largest gRPC message in either direction (the SDK's limit).
+    max_message_bytes: int = 64 * MIB
+    #: Streaming calls (Produce, Fetch, Heartbeat) open on one connection.
+    max_streams_per_connection: int = 512
+    #: Streaming calls open on the whole gateway.
+    max_streams: int = 4096
+    #: Partitions named in one request (Produce, ListOffsets, one Fetch request).
+    max_partitions_per_request: int = 10_000
+    #: Partitions one Fetch stream may read at once.
+    max_partitions_per_fetch: int = 10_000
+    #: Produce requests one stream may have awaiting their answers.
+    max_pending_produce: int = 1024
+    #: Record bytes of produce requests being forwarded, all streams together.
+    produce_buffer_max_bytes: int = 256 * MIB
+    #: Largest credit a Fetch stream may have outstanding (the broker's limit).
+    fetch_max_credit_bytes: int = 1024 * MIB
+    #: Record bytes the gateway may hold or have asked brokers for, for all
+    #: Fetch streams together, and for the streams of one connection.
+    fetch_buffer_max_bytes: int = 512 * MIB
+    fetch_buffer_max_bytes_per_connection: int = 128 * MIB
+    #: TCP connections to each broker, streams spread over them round-robin:
+    #: a broker limits the Fetch streams of one connection
+    #: (fetch.max.streams.per.connection), and the gateway's carry many clients.
+    upstream_connections: int = 4
+    #: Deadline of a forwarded unary call.
+    forward_timeout_s: float = 30.0
+    #: On SIGTERM: how long in-flight produce requests may take to be
+    #: answered before the remaining streams are cancelled.
+    drain_timeout_s: float = 10.0
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """(host, port) the gateway names itself with; ("", 0) when unset."""
+        if not self.advertised_address:
+            return "", 0
+        host, _, port = self.advertised_address.rpartition(":")
+        return host, int(port)

@@ -1,0 +1,233 @@
+"""`tidelog.v1.Log` for every partition of the cluster.
+
+- Produce and Fetch: one proxy per client stream (produce_proxy,
+  fetch_proxy), counted against the stream limits;
+- ListOffsets: split by leader, asked of each, answered in request order;
+  a partition that cannot be routed gets its typed error;
+- Metadata: from the etcd view. The gateway names itself as the only broker
+  and as the leader of every partition that has a live leader (-1 while it
+  has none, so clients wait as they would for a broker): a client pointed at
+  the gateway, the SDK unchanged, sends everything through it. Replicas and
+  ISR are the brokers' real ids. With allow_auto_topic_creation, unknown
+  topics are asked of a broker (which creates them if its
+  auto.create.topics.enable allows) and awaited in the view.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
+
+from tidelog_gateway.channels import Channels
+from tidelog_gateway.cluster_view import ClusterView, invalid_topic_error
+from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
+from tidelog_gateway.errors import abort, error_proto
+from tidelog_gateway.fetch_proxy import FetchProxy
+from tidelog_gateway.limits import ByteBudget, FetchBudget, StreamCounter, StreamLimitError
+from tidelog_gateway.produce_proxy import ProduceProxy
+
+#: How long a Metadata request waits for topics a broker auto-creates.
+AUTO_CREATE_TIMEOUT_S = 5.0
+
+
+class GatewayLogServicer(log_pb2_grpc.LogServicer):
+    def __init__(
+        self,
+        view: ClusterView,
+        channels: Channels,
+        config: GatewayConfig,
+        streams: StreamCounter,
+        draining: asyncio.Event,
+    ) -> None:
+        self._view = view
+        self._channels = channels
+        self._config = config
+        self._streams = streams
+        self._draining = draining
+        self._produce_budget = ByteBudget(config.produce_buffer_max_bytes)
+        self._fetch_budget = FetchBudget(
+            config.fetch_buffer_max_bytes, config.fetch_buffer_max_bytes_per_connection
+        )
+
+    @property
+    def fetch_budget(self) -> FetchBudget:
+        return self._fetch_budget
+
+    async def Produce(
+        self,
+        request_iterator: AsyncIterator[log_pb2.ProduceRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[log_pb2.ProduceResponse]:
+        peer = await _open_stream(self._streams, context)
+        try:
+            proxy = ProduceProxy(
+                self._view, self._channels, self._config, self._produce_budget, self._draining
+            )
+            async with contextlib.aclosing(proxy.run(request_iterator, context)) as responses:
+                async for response in responses:
+                    yield response
+        finally:
+            self._streams.release(peer)
+
+    async def Fetch(
+        self,
+        request_iterator: AsyncIterator[log_pb2.FetchRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[log_pb2.FetchResponse]:
+        peer = await _open_stream(self._streams, context)
+        try:
+            proxy = FetchProxy(
+                self._view,
+                self._channels,
+                self._config,
+                self._fetch_budget,
+                peer,
+                self._draining,
+            )
+            try:
+                async with contextlib.aclosing(proxy.run(request_iterator)) as responses:
+                    async for response in responses:
+                        yield response
+            except TidelogError as exc:
+                await abort(context, exc, "fetching through the gateway")
+            if self._draining.is_set():
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the gateway is shutting down: fetch again from your positions",
+                )
+        finally:
+            self._streams.release(peer)
+
+    async def ListOffsets(
+        self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.ListOffsetsResponse:
+        limit = self._config.max_partitions_per_request
+        if len(request.partitions) > limit:
+            await abort(
+                context,
+                InvalidRequestError(
+                    f"ListOffsets names {len(request.partitions)} partitions, over the limit "
+                    f"of {limit} (--max-partitions-per-request)"
+                ),
+                "listing offsets",
+            )
+        response = log_pb2.ListOffsetsResponse()
+        by_address: dict[str, list[int]] = {}
+        for index, part in enumerate(request.partitions):
+            result = response.partitions.add(topic=part.topic, partition=part.partition)
+            try:
+                address = self._view.leader_address(part.topic, part.partition)
+            except TidelogError as exc:
+                result.error.CopyFrom(error_proto(exc, "routing ListOffsets"))
+                result.offset = -1
+                result.timestamp_ms = -1
+                continue
+            by_address.setdefault(address, []).append(index)
+
+        async def ask(address: str, indexes: list[int]) -> None:
+            sub = log_pb2.ListOffsetsRequest(partitions=[request.partitions[i] for i in indexes])
+            try:
+                answer = await self._channels.log(address).ListOffsets(
+                    sub, timeout=self._config.forward_timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                error = common_pb2.Error(
+                    code=common_pb2.NOT_LEADER_OR_FOLLOWER,
+                    message=f"the leader at {address} did not answer ({exc.code().name}): retry",
+                )
+                for i in indexes:
+                    result = response.partitions[i]
+                    result.error.CopyFrom(error)
+                    result.offset = -1
+                    result.timestamp_ms = -1
+                return
+            for i, result in zip(indexes, answer.partitions, strict=False):
+                response.partitions[i].CopyFrom(result)
+
+        await asyncio.gather(*(ask(a, ix) for a, ix in by_address.items()))
+        return response
+
+    async def Metadata(
+        self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.MetadataResponse:
+        view = self._view
+        if len(request.topics) > self._config.max_partitions_per_request:
+            await abort(
+                context,
+                InvalidRequestError(
+                    f"Metadata names {len(request.topics)} topics, over the limit of "
+                    f"{self._config.max_partitions_per_request} (--max-partitions-per-request)"
+                ),
+                "describing topics",
+            )
+        if request.allow_auto_topic_creation:
+            missing = [
+                n for n in request.topics if n not in view.topics and invalid_topic_error(n) is None
+            ]
+            if missing:
+                await self._auto_create(missing)
+        host, port = self._config.advertised
+        response = log_pb2.MetadataResponse(responder_id=GATEWAY_NODE_ID)
+        response.brokers.add(broker_id=GATEWAY_NODE_ID, host=host, port=port)
+        for name in list(request.topics) or sorted(view.topics):
+            topic_md = response.topics.add(name=name)
+            try:
+                topic = view.topic(name)
+            except TidelogError as exc:
+                topic_md.error.CopyFrom(error_proto(exc, "describing a topic"))
+                continue
+            for partition, replicas in enumerate(topic.replicas):
+                state = view.state(topic, partition)
+                live = view.live_leader(topic, partition) is not None
+                topic_md.partitions.add(
+                    partition=partition,
+                    leader_id=GATEWAY_NODE_ID if live else -1,
+                    leader_epoch=0 if state is None else state.leader_epoch,
+                    replicas=replicas,
+                    isr=() if state is None else state.isr,
+                )
+        return response
+
+    async def _auto_create(self, names: list[str]) -> None:
+        """Ask a broker for the topics with creation allowed (it creates
+        them when its config says so), then wait for them in the view."""
+        request = log_pb2.MetadataRequest(topics=names, allow_auto_topic_creation=True)
+        for address in self._view.broker_addresses():
+            try:
+                stub: Any = self._channels.log(address)
+                answer = await stub.Metadata(request, timeout=AUTO_CREATE_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                continue
+            # Not created (auto-creation off): the answer says so, no wait.
+            names = [t.name for t in answer.topics if not t.error.code and t.name in names]
+            break
+        else:
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + AUTO_CREATE_TIMEOUT_S
+        while loop.time() < deadline:
+            ready = all(
+                (t := self._view.topics.get(n)) is not None
+                and all(self._view.state(t, p) is not None for p in range(len(t.replicas)))
+                for n in names
+            )
+            if ready:
+                return
+            await self._view.wait_changed(max(0.0, deadline - loop.time()))
+
+
+async def _open_stream(streams: StreamCounter, context: grpc.aio.ServicerContext) -> str:
+    """Count one more stream on the caller's connection, or refuse the call."""
+    peer = context.peer()
+    try:
+        streams.acquire(peer)
+    except StreamLimitError as exc:
+        await context.abort(StreamLimitError.status, str(exc))
+    return peer

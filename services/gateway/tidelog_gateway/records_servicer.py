@@ -1,0 +1,434 @@
+"""`tidelog.v1.Records`: the record-level API (protos records.proto), for
+clients that need nothing but generated code, or grpcurl and JSON.
+
+The gateway does the client's work with the Python SDK it is built on:
+
+- Produce: one `AsyncProducer` per acks level, shared by every stream,
+  bootstrapped at the live brokers. It batches, encodes, partitions
+  (murmur2 of the key) and retries; ACKS_ALL makes it idempotent. Each
+  request's records are sent in order; the answer (one result per record)
+  goes out once all of them are resolved, in request order. A record whose
+  topic or partition the etcd view does not know is answered at once with
+  its typed error (no wait for metadata).
+- Consume: one `AsyncConsumer` per stream, on the partitions the client
+  names, with a small fetch window (CONSUME_WINDOW_BYTES), so an idle
+  stream holds at most that much; the client's credit is a number of
+  records. A partition that fails is reported in `errors` and no longer
+  read until the client sends a new position.
+
+Limits: RECORDS_PER_REQUEST records per produce request, MAX_RECORDS_PER_RESPONSE
+per consume response, MAX_CREDIT_RECORDS outstanding; streams count against
+the gateway's stream limits.
+
+Not yet (issue 10): consuming as a group member on the stream (assignment
+changes and commits on the stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+import grpc.aio
+from tidelog import AsyncConsumer, AsyncProducer, TopicPartition
+from tidelog.errors import (
+    InvalidRequestError,
+    OffsetOutOfRangeError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.v1 import log_pb2, records_pb2, records_pb2_grpc
+
+from tidelog_gateway.cluster_view import ClusterView
+from tidelog_gateway.config import GatewayConfig
+from tidelog_gateway.errors import abort, error_proto
+from tidelog_gateway.limits import StreamCounter
+from tidelog_gateway.log_servicer import _open_stream
+
+log = logging.getLogger("tidelog.gateway.records")
+
+RECORDS_PER_REQUEST = 10_000
+MAX_RECORDS_PER_RESPONSE = 10_000
+MAX_CREDIT_RECORDS = 1_000_000
+CONSUME_WINDOW_BYTES = 1024 * 1024
+#: How long a consume stream's fetch waits before checking for changes.
+POLL_MS = 200
+
+_ACKS: dict[int, int | str] = {
+    records_pb2.ACKS_UNSPECIFIED: 1,
+    records_pb2.ACKS_LEADER: 1,
+    records_pb2.ACKS_ALL: "all",
+    records_pb2.ACKS_NONE: 0,
+}
+
+
+class RecordsServicer(records_pb2_grpc.RecordsServicer):
+    def __init__(
+        self,
+        view: ClusterView,
+        config: GatewayConfig,
+        streams: StreamCounter,
+        draining: asyncio.Event,
+    ) -> None:
+        self._view = view
+        self._config = config
+        self._streams = streams
+        self._draining = draining
+        self._producers: dict[int | str, AsyncProducer] = {}
+        self._producer_lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        producers, self._producers = list(self._producers.values()), {}
+        for producer in producers:
+            with contextlib.suppress(Exception):
+                await producer.stop(5)
+
+    def _bootstrap(self) -> list[str]:
+        brokers = self._view.broker_addresses()
+        if not brokers:
+            raise UnknownTopicOrPartitionError("no broker is registered in the cluster: retry")
+        return brokers
+
+    async def _producer(self, acks: int | str) -> AsyncProducer:
+        async with self._producer_lock:
+            producer = self._producers.get(acks)
+            if producer is None:
+                producer = AsyncProducer(
+                    self._bootstrap(), acks=acks, linger_ms=2, max_block_ms=10_000
+                )
+                await producer.start()
+                self._producers[acks] = producer
+            return producer
+
+    # ------------------------------------------------------------ produce
+
+    async def Produce(
+        self,
+        request_iterator: AsyncIterator[records_pb2.RecordsProduceRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[records_pb2.RecordsProduceResponse]:
+        peer = await _open_stream(self._streams, context)
+        pending: asyncio.Queue[asyncio.Future[records_pb2.RecordsProduceResponse] | None] = (
+            asyncio.Queue(self._config.max_pending_produce)
+        )
+        failure: list[BaseException] = []
+
+        async def read() -> None:
+            producer: AsyncProducer | None = None
+            try:
+                async for request in request_iterator:
+                    if producer is None:
+                        if request.acks not in _ACKS:
+                            raise InvalidRequestError(
+                                f"acks must be one of ACKS_LEADER, ACKS_ALL, ACKS_NONE, "
+                                f"got {request.acks}"
+                            )
+                        producer = await self._producer(_ACKS[request.acks])
+                    if len(request.records) > RECORDS_PER_REQUEST:
+                        raise InvalidRequestError(
+                            f"a produce request holds {len(request.records)} records, over the "
+                            f"limit of {RECORDS_PER_REQUEST}: split it"
+                        )
+                    await pending.put(await self._send(producer, request))
+                    if self._draining.is_set():
+                        return
+            except TidelogError as exc:
+                failure.append(exc)
+            except grpc.aio.AioRpcError:
+                pass
+            finally:
+                with contextlib.suppress(asyncio.QueueFull):
+                    pending.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (answer := await pending.get()) is not None:
+                yield await answer
+            if failure:
+                await abort(context, failure[0], "producing records")
+            if self._draining.is_set():
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down: send again"
+                )
+        finally:
+            reader.cancel()
+            self._streams.release(peer)
+
+    async def _send(
+        self, producer: AsyncProducer, request: records_pb2.RecordsProduceRequest
+    ) -> asyncio.Future[records_pb2.RecordsProduceResponse]:
+        """Queue the request's records; the future of its answer."""
+        results: list[Any] = []
+        for record in request.records:
+            try:
+                self._check_route(record)
+                future = await producer.send(
+                    record.topic,
+                    _value(record),
+                    key=_key(record),
+                    headers=[(h.key, h.value) for h in record.headers],
+                    partition=record.partition if record.HasField("partition") else None,
+                    timestamp_ms=record.timestamp_ms if record.HasField("timestamp_ms") else None,
+                )
+            except (TidelogError, ValueError, TypeError) as exc:
+                results.append((record, exc))
+                continue
+            results.append((record, future))
+        return asyncio.ensure_future(_answer(request.correlation_id, results))
+
+    def _check_route(self, record: records_pb2.ProduceRecord) -> None:
+        topic = self._view.topic(record.topic)
+        if record.HasField("partition") and not 0 <= record.partition < len(topic.replicas):
+            raise UnknownTopicOrPartitionError(
+                f"partition {record.partition} of topic {record.topic!r} does not exist: "
+                f"the topic has partitions 0 to {len(topic.replicas) - 1}"
+            )
+
+    # ------------------------------------------------------------ consume
+
+    async def Consume(
+        self,
+        request_iterator: AsyncIterator[records_pb2.ConsumeRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[records_pb2.ConsumeResponse]:
+        peer = await _open_stream(self._streams, context)
+        try:
+            session = _ConsumeSession(self._view, self._bootstrap())
+            try:
+                async for response in session.run(request_iterator, self._draining):
+                    yield response
+            except TidelogError as exc:
+                await abort(context, exc, "consuming records")
+            finally:
+                await session.close()
+            if self._draining.is_set():
+                await context.abort(
+                    grpc.StatusCode.UNAVAILABLE,
+                    "the gateway is shutting down: consume again from your positions",
+                )
+        finally:
+            self._streams.release(peer)
+
+
+async def _answer(
+    correlation_id: int, results: list[tuple[records_pb2.ProduceRecord, Any]]
+) -> records_pb2.RecordsProduceResponse:
+    response = records_pb2.RecordsProduceResponse(correlation_id=correlation_id)
+    for record, outcome in results:
+        result = response.results.add(topic=record.topic, offset=-1, timestamp_ms=-1)
+        if not isinstance(outcome, BaseException):
+            try:
+                metadata = await outcome
+            except (TidelogError, asyncio.CancelledError) as exc:
+                outcome = exc
+            else:
+                result.partition = metadata.partition
+                result.offset = metadata.offset
+                result.timestamp_ms = metadata.timestamp
+                continue
+        if record.HasField("partition"):
+            result.partition = record.partition
+        if isinstance(outcome, TidelogError):
+            result.error.CopyFrom(error_proto(outcome, "producing a record"))
+        else:
+            result.error.CopyFrom(
+                error_proto(InvalidRequestError(f"the record was refused: {outcome}"), "producing")
+            )
+    return response
+
+
+def _key(record: records_pb2.ProduceRecord) -> bytes | None:
+    kind = record.WhichOneof("key_kind")
+    if kind == "key":
+        return record.key
+    if kind == "key_text":
+        return record.key_text.encode()
+    return None
+
+
+def _value(record: records_pb2.ProduceRecord) -> bytes | None:
+    kind = record.WhichOneof("value_kind")
+    if kind == "value":
+        return record.value
+    if kind == "value_text":
+        return record.value_text.encode()
+    return None
+
+
+class _ConsumeSession:
+    """One Consume stream: its consumer, credit and settings."""
+
+    def __init__(self, view: ClusterView, bootstrap: list[str]) -> None:
+        self._view = view
+        self._consumer = AsyncConsumer(
+            bootstrap_servers=bootstrap,
+            enable_auto_commit=False,
+            auto_offset_reset="none",
+            fetch_buffer_bytes=CONSUME_WINDOW_BYTES,
+            max_partition_fetch_bytes=CONSUME_WINDOW_BYTES // 4,
+        )
+        self._assignment: set[TopicPartition] = set()
+        self._credit = 0
+        self._text = False
+        self._max_records = MAX_RECORDS_PER_RESPONSE
+        self._first = True
+        self._errors: list[records_pb2.PartitionError] = []
+        self._changed = asyncio.Event()
+        self._input_closed = False
+        self._failure: BaseException | None = None
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._consumer.stop()
+
+    async def run(
+        self, requests: AsyncIterator[records_pb2.ConsumeRequest], draining: asyncio.Event
+    ) -> AsyncIterator[records_pb2.ConsumeResponse]:
+        await self._consumer.start()
+        reader = asyncio.ensure_future(self._read(requests))
+        try:
+            while not draining.is_set():
+                if self._failure is not None:
+                    raise self._failure
+                if self._errors:
+                    errors, self._errors = self._errors, []
+                    yield records_pb2.ConsumeResponse(errors=errors)
+                    continue
+                if self._credit <= 0 or not self._assignment:
+                    if self._input_closed:
+                        return
+                    self._changed.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._changed.wait(), POLL_MS / 1000)
+                    continue
+                try:
+                    batch = await self._consumer.getmany(
+                        timeout_ms=POLL_MS, max_records=min(self._credit, self._max_records)
+                    )
+                except TidelogError as exc:
+                    self._fail_partition(exc)
+                    continue
+                response = records_pb2.ConsumeResponse()
+                for records in batch.values():
+                    for record in records:
+                        response.records.append(self._record(record))
+                if response.records:
+                    self._credit -= len(response.records)
+                    yield response
+        finally:
+            reader.cancel()
+
+    async def _read(self, requests: AsyncIterator[records_pb2.ConsumeRequest]) -> None:
+        try:
+            async for request in requests:
+                await self._apply(request)
+        except TidelogError as exc:
+            self._failure = exc
+        except grpc.aio.AioRpcError:
+            pass
+        self._input_closed = True
+        self._changed.set()
+
+    async def _apply(self, request: records_pb2.ConsumeRequest) -> None:
+        if request.credit_records < 0:
+            raise InvalidRequestError(f"credit_records must be >= 0, got {request.credit_records}")
+        if self._credit + request.credit_records > MAX_CREDIT_RECORDS:
+            raise InvalidRequestError(
+                f"credit_records would reach {self._credit + request.credit_records} "
+                f"outstanding, over the limit of {MAX_CREDIT_RECORDS}"
+            )
+        if not 0 <= request.max_records <= MAX_RECORDS_PER_RESPONSE:
+            raise InvalidRequestError(
+                f"max_records must be 0 (the default) to {MAX_RECORDS_PER_RESPONSE}, "
+                f"got {request.max_records}"
+            )
+        named = len(request.positions) + len(request.remove)
+        if named > RECORDS_PER_REQUEST:
+            raise InvalidRequestError(
+                f"a consume request names {named} partitions, over the limit of "
+                f"{RECORDS_PER_REQUEST}"
+            )
+        if self._first:
+            self._first = False
+            self._text = request.text
+        if request.max_records:
+            self._max_records = request.max_records
+        removed = {TopicPartition(tp.topic, tp.partition) for tp in request.remove}
+        placed: list[tuple[TopicPartition, records_pb2.ConsumePosition]] = []
+        for position in request.positions:
+            tp = TopicPartition(position.topic, position.partition)
+            try:
+                self._check(position)
+            except TidelogError as exc:
+                self._report(tp, exc)
+                removed.add(tp)
+                continue
+            placed.append((tp, position))
+        assignment = (self._assignment - removed) | {tp for tp, _ in placed}
+        if assignment != self._assignment:
+            self._consumer.assign(assignment)
+            self._assignment = assignment
+        for tp, position in placed:
+            if position.WhichOneof("start") == "offset":
+                self._consumer.seek(tp, position.offset)
+            elif position.spec == log_pb2.LATEST:
+                await self._consumer.seek_to_end(tp)
+            else:
+                await self._consumer.seek_to_beginning(tp)
+        self._credit += request.credit_records
+        self._changed.set()
+
+    def _check(self, position: records_pb2.ConsumePosition) -> None:
+        start = position.WhichOneof("start")
+        if start == "offset" and position.offset < 0:
+            raise InvalidRequestError(
+                f"offset must be >= 0 for {position.topic}-{position.partition}, "
+                f"got {position.offset}"
+            )
+        if start == "spec" and position.spec not in (log_pb2.EARLIEST, log_pb2.LATEST):
+            raise InvalidRequestError("spec must be EARLIEST or LATEST")
+        self._view.leader_address(position.topic, position.partition)
+
+    def _report(self, tp: TopicPartition, exc: TidelogError) -> None:
+        self._errors.append(
+            records_pb2.PartitionError(
+                topic=tp.topic, partition=tp.partition, error=error_proto(exc, "consuming")
+            )
+        )
+        self._changed.set()
+
+    def _fail_partition(self, exc: TidelogError) -> None:
+        """A partition the consumer could not read: report it, stop reading it."""
+        failed = [tp for tp in self._assignment if f"{tp.topic}-{tp.partition}" in exc.message]
+        if not failed or not isinstance(exc, OffsetOutOfRangeError | UnknownTopicOrPartitionError):
+            raise exc
+        for tp in failed:
+            self._report(tp, exc)
+        self._assignment -= set(failed)
+        self._consumer.assign(self._assignment)
+
+    def _record(self, record: Any) -> records_pb2.ConsumedRecord:
+        out = records_pb2.ConsumedRecord(
+            topic=record.topic,
+            partition=record.partition,
+            offset=record.offset,
+            timestamp_ms=record.timestamp,
+            headers=[
+                records_pb2.RecordHeader(key=k, value=v or b"") for k, v in record.headers or ()
+            ],
+        )
+        for name, data in (("key", record.key), ("value", record.value)):
+            if data is None:
+                continue
+            if self._text:
+                try:
+                    setattr(out, f"{name}_text", data.decode())
+                    continue
+                except UnicodeDecodeError:
+                    pass
+            setattr(out, name, data)
+        return out

@@ -1,0 +1,144 @@
+"""The gateway process: follows the cluster in etcd, serves gRPC, drains on SIGTERM.
+
+Serves `tidelog.v1.Log`, `Admin`, `Group` and `Cluster` for the whole
+cluster, the record-level `tidelog.v1.Records` (records_servicer), gRPC
+health checking (overall status under "", SERVING once the etcd view has
+listed the cluster) and server reflection, so grpcurl works.
+
+Drain (SIGTERM or SIGINT): health goes NOT_SERVING (a load balancer stops
+sending new clients), then every stream is told to finish: Produce streams
+stop reading, answer what they forwarded and end with UNAVAILABLE; Fetch
+and Heartbeat streams end with UNAVAILABLE at once. The SDK retries each on
+a new stream (through another replica behind the same address). After
+`drain_timeout_s` whatever is left is cancelled.
+
+Stateless: it holds no offsets, memberships or positions, so any number of
+replicas may serve one cluster and a client may move between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+from tidelog.v1 import (
+    admin_pb2,
+    cluster_pb2,
+    cluster_pb2_grpc,
+    group_pb2,
+    log_pb2,
+    log_pb2_grpc,
+    records_pb2,
+    records_pb2_grpc,
+)
+
+from tidelog_gateway.channels import Channels
+from tidelog_gateway.cluster_view import ClusterView
+from tidelog_gateway.config import GatewayConfig
+from tidelog_gateway.control_servicers import (
+    Forwarder,
+    GatewayAdminServicer,
+    GatewayClusterServicer,
+    GatewayGroupServicer,
+    add_admin_servicer,
+    add_group_servicer,
+)
+from tidelog_gateway.limits import StreamCounter
+from tidelog_gateway.log_servicer import GatewayLogServicer
+from tidelog_gateway.records_servicer import RecordsServicer
+
+log = logging.getLogger("tidelog.gateway")
+
+#: How long the start waits for the first listing of the cluster.
+SYNC_TIMEOUT_S = 30.0
+
+
+class GatewayServer:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.view = ClusterView(config.etcd_endpoint, config.etcd_prefix)
+        self.channels = Channels(config.max_message_bytes, config.upstream_connections)
+        self.streams = StreamCounter(config.max_streams, config.max_streams_per_connection)
+        self.draining = asyncio.Event()
+        self._health = HealthServicer()
+        self._server: grpc.aio.Server | None = None
+        self._records: RecordsServicer | None = None
+        self.bound_port: int | None = None
+
+    async def start(self) -> None:
+        config = self.config
+        server = grpc.aio.server(
+            options=[
+                ("grpc.max_receive_message_length", config.max_message_bytes),
+                ("grpc.max_send_message_length", config.max_message_bytes),
+                ("grpc.http2.max_frame_size", 1024 * 1024 - 1),
+                ("grpc.so_reuseport", 0),
+            ]
+        )
+        forwarder = Forwarder(self.view, self.channels, config)
+        log_pb2_grpc.add_LogServicer_to_server(
+            GatewayLogServicer(self.view, self.channels, config, self.streams, self.draining),
+            server,
+        )
+        add_admin_servicer(GatewayAdminServicer(forwarder), server)
+        add_group_servicer(GatewayGroupServicer(forwarder, self.streams, self.draining), server)
+        cluster_pb2_grpc.add_ClusterServicer_to_server(GatewayClusterServicer(forwarder), server)
+        self._records = RecordsServicer(self.view, config, self.streams, self.draining)
+        records_pb2_grpc.add_RecordsServicer_to_server(self._records, server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        services = [
+            log_pb2.DESCRIPTOR.services_by_name["Log"].full_name,
+            admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
+            group_pb2.DESCRIPTOR.services_by_name["Group"].full_name,
+            cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name,
+            records_pb2.DESCRIPTOR.services_by_name["Records"].full_name,
+            health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+            reflection.SERVICE_NAME,
+        ]
+        reflection.enable_server_reflection(services, server)
+        self.bound_port = server.add_insecure_port(config.listen_address)
+        if self.bound_port == 0:
+            raise OSError(f"cannot listen on {config.listen_address}")
+        await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        await server.start()
+        self._server = server
+        await self.view.start()
+        await self.view.wait_synced(SYNC_TIMEOUT_S)
+        for name in ("", *services[:5]):
+            await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        log.info(
+            "gateway serving on %s for the cluster in etcd %s under %s",
+            config.listen_address,
+            config.etcd_endpoint,
+            config.etcd_prefix,
+        )
+
+    async def stop(self) -> None:
+        """Drain (see module doc), then close everything."""
+        await self._health.enter_graceful_shutdown()
+        self.draining.set()
+        if self._server is not None:
+            await self._server.stop(self.config.drain_timeout_s)
+        if self._records is not None:
+            await self._records.close()
+        await self.view.stop()
+        await self.channels.close()
+        log.info("gateway stopped")
+
+
+async def serve(config: GatewayConfig) -> None:
+    """Run a gateway until SIGTERM or SIGINT."""
+    gateway = GatewayServer(config)
+    await gateway.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await gateway.stop()

@@ -1,0 +1,239 @@
+"""FetchProxy's credit, with scripted brokers: the gateway never grants
+brokers more than the client granted, takes back credit an idle broker sits
+on, and answers a lost broker stream at the client's position."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from tidelog.v1 import common_pb2, log_pb2
+from tidelog_gateway import fetch_proxy
+from tidelog_gateway.config import GatewayConfig
+from tidelog_gateway.fetch_proxy import FetchProxy
+from tidelog_gateway.limits import FetchBudget
+
+TOPIC = "t"
+
+
+class ScriptedCall:
+    """A broker's Fetch stream: records what the gateway sends, answers
+    what the test pushes."""
+
+    def __init__(self, requests: AsyncIterator[log_pb2.FetchRequest]) -> None:
+        self.sent: list[log_pb2.FetchRequest] = []
+        self.responses: asyncio.Queue[log_pb2.FetchResponse | None] = asyncio.Queue()
+        self.cancelled = False
+        self._pump = asyncio.ensure_future(self._take(requests))
+
+    async def _take(self, requests: AsyncIterator[log_pb2.FetchRequest]) -> None:
+        async for request in requests:
+            self.sent.append(request)
+
+    def __aiter__(self) -> ScriptedCall:
+        return self
+
+    async def __anext__(self) -> log_pb2.FetchResponse:
+        response = await self.responses.get()
+        if response is None:
+            raise StopAsyncIteration
+        return response
+
+    def cancel(self) -> None:
+        self.cancelled = True
+        self._pump.cancel()
+
+    @property
+    def credit(self) -> int:
+        return sum(r.credit_bytes for r in self.sent)
+
+    def send(self, partition: int, offset: int, size: int) -> None:
+        response = log_pb2.FetchResponse()
+        response.partitions.add(
+            topic=TOPIC,
+            partition=partition,
+            fetch_offset=offset,
+            next_offset=offset + 1,
+            records=b"x" * size,
+        )
+        self.responses.put_nowait(response)
+
+
+class Brokers:
+    """Stands in for the view (partition p is led by broker p) and the channels."""
+
+    def __init__(self) -> None:
+        self.calls: dict[str, list[ScriptedCall]] = {}
+
+    def leader_address(self, topic: str, partition: int) -> str:
+        return f"broker-{partition}"
+
+    def log_streams(self, address: str) -> Any:
+        brokers = self
+
+        class Stub:
+            def Fetch(self, requests: AsyncIterator[log_pb2.FetchRequest]) -> ScriptedCall:
+                call = ScriptedCall(requests)
+                brokers.calls.setdefault(address, []).append(call)
+                return call
+
+        return Stub()
+
+    def current(self, partition: int) -> ScriptedCall:
+        return self.calls[f"broker-{partition}"][-1]
+
+
+class Client:
+    """Sends requests and reads every response as soon as it comes."""
+
+    def __init__(self, proxy: FetchProxy) -> None:
+        self.proxy = proxy
+        self.requests: asyncio.Queue[log_pb2.FetchRequest] = asyncio.Queue()
+        self.received: asyncio.Queue[log_pb2.FetchResponse] = asyncio.Queue()
+        self._responses = proxy.run(self._requests())
+        self._reader = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        async for response in self._responses:
+            self.received.put_nowait(response)
+
+    async def close(self) -> None:
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+        await self._responses.aclose()
+
+    async def _requests(self) -> AsyncIterator[log_pb2.FetchRequest]:
+        while True:
+            yield await self.requests.get()
+
+    def grant(self, credit: int, *partitions: int) -> None:
+        self.requests.put_nowait(
+            log_pb2.FetchRequest(
+                positions=[
+                    log_pb2.FetchPosition(topic=TOPIC, partition=p, fetch_offset=0)
+                    for p in partitions
+                ],
+                credit_bytes=credit,
+            )
+        )
+
+    async def next(self) -> log_pb2.FetchResponse:
+        return await asyncio.wait_for(self.received.get(), 10)
+
+
+def make(budget_bytes: int = 1 << 30) -> tuple[Brokers, Client, FetchBudget]:
+    brokers = Brokers()
+    budget = FetchBudget(budget_bytes, budget_bytes)
+    proxy = FetchProxy(
+        brokers,  # type: ignore[arg-type]
+        brokers,  # type: ignore[arg-type]
+        GatewayConfig(),
+        budget,
+        "peer",
+        asyncio.Event(),
+    )
+    return brokers, Client(proxy), budget
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_brokers_get_no_more_credit_than_the_client_granted() -> None:
+    async def scenario() -> None:
+        brokers, client, budget = make()
+        client.grant(90_000, 0, 1, 2)
+        await settle()
+        granted = sum(brokers.current(p).credit for p in range(3))
+        assert 0 < granted <= 90_000
+        assert budget.reserved == granted
+        # Each broker spends its credit; the gateway passes it on and grants
+        # only what the client returns.
+        for p in range(3):
+            brokers.current(p).send(p, 0, brokers.current(p).credit)
+        delivered = 0
+        while delivered < granted:
+            response = await client.next()
+            delivered += sum(len(d.records) for d in response.partitions)
+        await settle()
+        assert sum(brokers.current(p).credit for p in range(3)) == granted
+        client.grant(30_000)
+        await settle()
+        assert sum(brokers.current(p).credit for p in range(3)) == granted + 30_000
+        await client.close()
+        assert budget.reserved == 0
+
+    asyncio.run(scenario())
+
+
+def test_credit_an_idle_broker_sits_on_goes_to_the_others(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(fetch_proxy, "RECLAIM_IDLE_S", 0.05)
+
+    async def scenario() -> None:
+        brokers, client, budget = make()
+        # The first request names one partition: its broker gets the window.
+        client.grant(50_000, 0)
+        await settle()
+        idle = brokers.current(0)
+        assert idle.credit == 50_000
+        client.grant(0, 1)
+        await settle()
+        assert brokers.current(1).credit == 0  # nothing left to grant
+        # Broker 0 sends nothing: its stream is reopened at the client's
+        # position, and broker 1 gets a share.
+        await asyncio.sleep(0.3)
+        assert idle.cancelled
+        reopened = brokers.current(0)
+        assert reopened is not idle
+        assert [(p.partition, p.fetch_offset) for p in reopened.sent[0].positions] == [(0, 0)]
+        assert brokers.current(1).credit > 0
+        assert brokers.current(0).credit + brokers.current(1).credit <= 50_000
+        assert budget.reserved <= 50_000
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_lost_broker_stream_is_answered_at_the_client_position() -> None:
+    async def scenario() -> None:
+        brokers, client, _ = make()
+        client.grant(10_000, 0)
+        await settle()
+        broker = brokers.current(0)
+        broker.send(0, 0, 100)
+        first = await client.next()
+        assert first.partitions[0].next_offset == 1
+        broker.responses.put_nowait(None)  # the stream ends
+        lost = await client.next()
+        (data,) = lost.partitions
+        assert data.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+        assert data.fetch_offset == 1  # where the client is now
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_spent_window_sets_no_reclaim_timer() -> None:
+    async def scenario() -> None:
+        brokers, client, _ = make()
+        client.grant(1000, 0, 1)
+        await settle()
+        for p in range(2):
+            broker = brokers.current(p)
+            broker.send(p, 0, broker.credit)
+        await client.next()
+        await client.next()
+        await settle()
+        # The credit is with the client now: no broker sits on any, so there
+        # is nothing to take back and nothing to check again later.
+        assert client.proxy._reclaim_timer is None
+        await client.close()
+
+    asyncio.run(scenario())

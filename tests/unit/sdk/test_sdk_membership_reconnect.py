@@ -1,0 +1,90 @@
+"""A member's heartbeat stream that breaks leaves nothing behind: the ended
+stream's request generator finishes instead of staying suspended on the
+outbox (where it would take the next stream's requests, acks included, and
+be destroyed pending when the loop closes). Against an in-process Group
+server whose first stream ends with UNAVAILABLE."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import inspect
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+from tidelog.group import GroupMembership
+from tidelog.v1 import group_pb2, group_pb2_grpc
+
+
+class FlakyCoordinator(group_pb2_grpc.GroupServicer):
+    """Answers a join, then ends the first stream with UNAVAILABLE; later
+    streams stay open."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        self.streams += 1
+        first = self.streams == 1
+        await anext(aiter(request_iterator))
+        yield group_pb2.GroupHeartbeatResponse(
+            member_id="m1", member_epoch=1, heartbeat_interval_ms=10_000, member_token="t"
+        )
+        if first:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "going away")
+        async for _ in request_iterator:
+            pass
+
+    async def LeaveGroup(
+        self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.LeaveGroupResponse:
+        return group_pb2.LeaveGroupResponse()
+
+
+def live_request_generators() -> int:
+    gc.collect()
+    return sum(
+        1
+        for obj in gc.get_objects()
+        if inspect.isasyncgen(obj)
+        and obj.ag_code.co_name == "_requests"
+        and obj.ag_frame is not None
+    )
+
+
+def test_a_broken_heartbeat_stream_leaves_no_request_generator_behind() -> None:
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        coordinator = FlakyCoordinator()
+        group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        membership = GroupMembership(
+            # Heartbeats far apart: nothing but the fix wakes a stale generator.
+            f"127.0.0.1:{port}",
+            "g",
+            topics=["t"],
+            heartbeat_interval_ms=10_000,
+        )
+        try:
+            await membership.start()
+            async with asyncio.timeout(20):
+                while coordinator.streams < 2:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)
+            # The second stream's generator only: the first one finished.
+            assert live_request_generators() == 1
+            await membership.close()
+            await asyncio.sleep(0.2)
+            # And none once the member is closed (before the loop closes).
+            assert live_request_generators() == 0
+        finally:
+            await membership.close()
+            await server.stop(None)
+
+    asyncio.run(scenario())
