@@ -9,5 +9,5 @@ Layers, each in its own module, calling downward only:
 - `storage` persists: segments, indexes, recovery (no gRPC, no etcd);
 - `topic_store` remembers topics while the broker runs alone;
 - `resources` derives the partitions a broker can host from its open-file
-  limit; `log_flood` rate-limits errors that background loops repeat.
+  limit.
 """

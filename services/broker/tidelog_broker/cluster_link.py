@@ -72,9 +72,9 @@ from tidelog_server.etcd import (
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import PartitionState
+from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_fetcher import ReplicaFetchers
 from tidelog_broker.replica_state import PartitionReplication, Role

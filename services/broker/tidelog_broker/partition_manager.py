@@ -43,11 +43,11 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.names import validate_topic_name
+from tidelog_server.log_flood import RateLimitedLog
 from tidelog_server.topic_configs import TOPIC_CONFIGS, check_replication, validate_topic_configs
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.replica_state import PartitionReplication, RegistrationOf, Role
 from tidelog_broker.resources import open_file_limit, partition_capacity
 from tidelog_broker.storage import (

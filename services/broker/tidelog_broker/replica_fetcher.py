@@ -41,9 +41,9 @@ import grpc.aio
 from tidelog.errors import TidelogError
 from tidelog.v1 import common_pb2
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
+from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
 from tidelog_broker.replica_state import Role
 

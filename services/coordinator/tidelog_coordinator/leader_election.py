@@ -39,9 +39,12 @@ from tidelog.errors import InvalidConfigError
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import PartitionState
+from tidelog_server.log_flood import RateLimitedLog
 from tidelog_server.topic_configs import parse_topic_configs
 
 log = logging.getLogger("tidelog.coordinator.election")
+# A pass that fails the same way every 0.2 s logs once per interval.
+flood = RateLimitedLog(log)
 
 #: A pass also runs this often without any broker change (leader -1
 #: partitions of new topics, lost watch events).
@@ -116,7 +119,7 @@ class LeaderElector:
                         last_preferred = time.monotonic()
                 except Exception as exc:
                     if not is_unavailable(exc):
-                        log.exception("leader election pass failed")
+                        flood.exception("leader election pass failed")
                     await asyncio.sleep(0.2)
         finally:
             watch.cancel()
