@@ -292,9 +292,9 @@ class PartitionManager:
         topic = self.topic(name)
         del self._topics[name]
         self._save_specs()
-        for partition, partition_log in enumerate(topic.logs):
+        for partition_log in topic.logs:
             partition_log.delete()
-            self._wake((name, partition))
+            self._wake((name, partition_log.partition))
         log.info("deleted topic %s", name)
 
     def ensure_topic(self, name: str, auto_create: bool) -> Topic:
@@ -813,11 +813,11 @@ class PartitionManager:
             await asyncio.sleep(interval_s)
             now_ms = self._clock.monotonic_ms()
             for topic in list(self._topics.values()):
-                for partition, partition_log in enumerate(topic.logs):
+                for partition_log in topic.logs:
                     try:
                         partition_log.maybe_flush(now_ms)
                     except TidelogError:
-                        flood.exception("flush of %s-%d failed", topic.spec.name, partition)
+                        flood.exception("flush of %s failed", partition_log.name)
 
     async def run_retention(self) -> None:
         """Apply retention.ms and retention.bytes every log.retention.check.interval.ms."""
