@@ -58,7 +58,7 @@ from typing import Any
 import aetcd
 import grpc
 import grpc.aio
-from tidelog.errors import InvalidTopicError, TidelogError
+from tidelog.errors import CoordinatorNotAvailableError, InvalidTopicError, TidelogError
 from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
 from tidelog_server.etcd import (
@@ -72,6 +72,7 @@ from tidelog_server.etcd import (
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import PartitionState
+from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
@@ -128,7 +129,11 @@ class ClusterLink:
     """The broker's view of the cluster in etcd (see module doc)."""
 
     def __init__(
-        self, cluster: ClusterConfig, broker: BrokerConfig, manager: PartitionManager
+        self,
+        cluster: ClusterConfig,
+        broker: BrokerConfig,
+        manager: PartitionManager,
+        channels: ChannelPool,
     ) -> None:
         self.cluster = cluster
         self.broker = broker
@@ -170,6 +175,9 @@ class ClusterLink:
             ),
         ]
         self._tasks: list[asyncio.Task[None]] = []
+        #: Calls to coordinator replicas (auto-creation, forwarded calls)
+        #: over the broker's channels, which the broker's stop closes.
+        self.forwarding = CoordinatorForwarding(channels, self.coordinator_addresses)
         self.fetchers = ReplicaFetchers(manager, broker, self.broker_address, self.lease_valid)
         manager.lease_valid = self.lease_valid
         manager.isr_writer = self.write_isr
@@ -621,14 +629,18 @@ class ClusterLink:
                 admin_pb2.NewTopic(name=n, partitions=self.broker.num_partitions) for n in names
             ]
         )
-        for address in self.coordinator_addresses():
-            try:
-                async with grpc.aio.insecure_channel(address) as channel:
-                    stub: Any = admin_pb2_grpc.AdminStub(channel)
-                    await stub.CreateTopics(request, timeout=AUTO_CREATE_TIMEOUT_S)
-                break
-            except grpc.aio.AioRpcError as exc:
-                log.info("auto-creating %s on %s failed: %s", names, address, exc.details())
+        try:
+            await self.forwarding.call(
+                lambda channel: admin_pb2_grpc.AdminStub(channel).CreateTopics(
+                    request, timeout=AUTO_CREATE_TIMEOUT_S
+                ),
+                "CreateTopics",
+            )
+        except (grpc.aio.AioRpcError, CoordinatorNotAvailableError) as exc:
+            # Already created by a concurrent request, say: the wait below
+            # finds it. Anything else: the topic stays unknown to the client.
+            details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc.message
+            log.info("auto-creating %s failed: %s", names, details)
         deadline = asyncio.get_running_loop().time() + AUTO_CREATE_TIMEOUT_S
         while asyncio.get_running_loop().time() < deadline:
             ready = [

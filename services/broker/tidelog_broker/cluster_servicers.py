@@ -21,14 +21,12 @@ import grpc
 import grpc.aio
 from tidelog.errors import CoordinatorNotAvailableError
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+from tidelog_server.forwarding import CoordinatorForwarding
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
 from tidelog_broker.error_mapping import abort
 from tidelog_broker.producer_ids import ProducerIdForwarder
-
-#: A forwarded admin call may create thousands of partition keys in etcd.
-
 
 #: Invocation metadata key: "answer DescribeTopics from your own logs".
 LOCAL_METADATA_KEY = "tidelog-local"
@@ -37,20 +35,19 @@ LOCAL_METADATA_KEY = "tidelog-local"
 class AdminForwarder:
     """Every rpc of `tidelog.v1.Admin`, forwarded to a coordinator."""
 
-    def __init__(self, link: ClusterLink) -> None:
+    def __init__(self, link: ClusterLink, forwarding: CoordinatorForwarding) -> None:
         self._link = link
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # Channels to coordinators and to other brokers alike: one pool,
+        # closed by the broker's stop.
+        self._forwarding = forwarding
 
     def _stub(self, address: str) -> Any:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return admin_pb2_grpc.AdminStub(channel)
+        return admin_pb2_grpc.AdminStub(self._forwarding.pool.channel(address))
 
     async def forward(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await forward_to_coordinator(
-            self._link.coordinator_addresses(),
-            lambda address: getattr(self._stub(address), method)(
+            self._forwarding,
+            lambda channel: getattr(admin_pb2_grpc.AdminStub(channel), method)(
                 request, timeout=FORWARD_TIMEOUT_S
             ),
             context,
@@ -122,11 +119,6 @@ class AdminForwarder:
                 )
         return response
 
-    async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close(None)
-
 
 def _forwarding_method(name: str) -> Any:
     async def method(self: AdminForwarder, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -148,9 +140,9 @@ def add_admin_forwarder(forwarder: AdminForwarder, server: grpc.aio.Server) -> N
 
 
 class BrokerClusterServicer(cluster_pb2_grpc.ClusterServicer):
-    def __init__(self, link: ClusterLink) -> None:
+    def __init__(self, link: ClusterLink, forwarding: CoordinatorForwarding) -> None:
         self._link = link
-        self._producer_ids = ProducerIdForwarder(link)
+        self._producer_ids = ProducerIdForwarder(forwarding)
 
     async def InitProducerId(
         self, request: cluster_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext

@@ -34,6 +34,7 @@ from tidelog.v1 import (
     log_pb2,
     log_pb2_grpc,
 )
+from tidelog_server.forwarding import ChannelPool
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.admin_servicer import AdminServicer
@@ -64,8 +65,12 @@ class BrokerServer:
     def __init__(self, config: BrokerConfig, cluster: ClusterConfig | None = None) -> None:
         self.config = config
         self.manager = PartitionManager(config, cluster_mode=cluster is not None)
-        self.link = None if cluster is None else ClusterLink(cluster, config, self.manager)
-        self._forwarder = None if self.link is None else AdminForwarder(self.link)
+        #: Every channel the servicers open (to coordinators, to other
+        #: brokers), closed at stop.
+        self.channels = ChannelPool()
+        self.link = (
+            None if cluster is None else ClusterLink(cluster, config, self.manager, self.channels)
+        )
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._background: list[asyncio.Task[None]] = []
@@ -101,9 +106,10 @@ class BrokerServer:
             log_pb2_grpc.add_LogServicer_to_server(
                 LogServicer(self.manager, self.config, self.link.metadata), server
             )
-            assert self._forwarder is not None
-            add_admin_forwarder(self._forwarder, server)
-            cluster_pb2_grpc.add_ClusterServicer_to_server(BrokerClusterServicer(self.link), server)
+            add_admin_forwarder(AdminForwarder(self.link, self.link.forwarding), server)
+            cluster_pb2_grpc.add_ClusterServicer_to_server(
+                BrokerClusterServicer(self.link, self.link.forwarding), server
+            )
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
             replica_pb2_grpc.add_ReplicaServicer_to_server(
                 ReplicaServicer(self.manager, self.config), server
@@ -138,10 +144,10 @@ class BrokerServer:
         await self._health.enter_graceful_shutdown()
         if self.link is not None:
             await self.link.stop()
-        if self._forwarder is not None:
-            await self._forwarder.close()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        # After the server: no call in flight opens a channel any more.
+        await self.channels.close()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
