@@ -31,7 +31,7 @@ from pathlib import Path
 
 from tidelog.records import encode_batch
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.log_manager import PartitionManager
 from tidelog_broker.storage.partition_log import unlink_files
 
 HOUR_MS = 3_600_000

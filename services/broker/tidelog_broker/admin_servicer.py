@@ -14,7 +14,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import abort, error_proto
-from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.log_manager import PartitionManager
 from tidelog_broker.storage import config_to_strings
 
 _CONFIG_SOURCES = {

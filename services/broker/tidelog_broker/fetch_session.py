@@ -27,7 +27,7 @@ from tidelog.v1 import log_pb2
 
 from tidelog_broker.error_mapping import error_proto
 from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
-from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
+from tidelog_broker.log_manager import PartitionManager, TopicPartitionKey
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_MIN_BYTES = 1

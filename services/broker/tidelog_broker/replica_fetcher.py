@@ -44,7 +44,7 @@ from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
+from tidelog_broker.log_manager import PartitionManager, TopicPartitionKey
 from tidelog_broker.replica_state import Role
 
 log = logging.getLogger("tidelog.broker.replication")

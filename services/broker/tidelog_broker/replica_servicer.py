@@ -34,7 +34,7 @@ from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import error_proto
-from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
+from tidelog_broker.log_manager import PartitionManager, TopicPartitionKey
 from tidelog_broker.storage.leader_epoch import UNDEFINED, LeaderEpochCache
 
 log = logging.getLogger("tidelog.broker.replication")

@@ -45,8 +45,8 @@ from tidelog_broker.cluster_servicers import (
     add_admin_forwarder,
 )
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_manager import PartitionManager
 from tidelog_broker.log_servicer import LogServicer
-from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.producer_ids import LocalProducerIds, StandaloneClusterServicer
 from tidelog_broker.replica_servicer import ReplicaServicer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tidelog.errors import StorageError
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.log_manager import PartitionManager
 from tidelog_broker.topic_store import TopicSpec
 
 DEADLINE_S = 10.0

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tidelog.errors import InvalidPartitionsError, StorageError
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.log_manager import PartitionManager
 from tidelog_broker.topic_store import TopicSpec
 
 from tests.unit.broker.storage.test_storage_descriptors import open_descriptors_under

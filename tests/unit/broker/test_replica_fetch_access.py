@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from tidelog.errors import NotLeaderOrFollowerError
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.log_manager import PartitionManager
 from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.storage import ManualClock
 from tidelog_broker.topic_store import TopicSpec
