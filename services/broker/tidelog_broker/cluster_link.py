@@ -76,7 +76,7 @@ from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_manager import PartitionManager
+from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_fetcher import ReplicaFetchers
 from tidelog_broker.replica_state import PartitionReplication, Role
 from tidelog_broker.topic_store import TopicSpec
@@ -178,10 +178,12 @@ class ClusterLink:
         #: Calls to coordinator replicas (auto-creation, forwarded calls)
         #: over the broker's channels, which the broker's stop closes.
         self.forwarding = CoordinatorForwarding(channels, self.coordinator_addresses)
-        self.fetchers = ReplicaFetchers(manager, broker, self.broker_address, self.lease_valid)
-        manager.lease_valid = self.lease_valid
-        manager.isr_writer = self.write_isr
-        manager.registration_of = self.registration_of
+        self.fetchers = ReplicaFetchers(
+            manager.replicas, broker, self.broker_address, self.lease_valid
+        )
+        manager.replicas.lease_valid = self.lease_valid
+        manager.replicas.isr_writer = self.write_isr
+        manager.replicas.registration_of = self.registration_of
 
     # ------------------------------------------------------------ lifecycle
 
@@ -223,8 +225,8 @@ class ClusterLink:
             "rack": self.cluster.rack,
             # Resources (resources.py): coordinators refuse topics whose
             # replicas would pass a broker's max_partitions.
-            "max_partitions": self.manager.partition_capacity,
-            "open_file_limit": self.manager.open_file_limit,
+            "max_partitions": self.manager.logs.partition_capacity,
+            "open_file_limit": self.manager.logs.open_file_limit,
         }
         return json.dumps(value, sort_keys=True).encode()
 
@@ -418,12 +420,14 @@ class ClusterLink:
             if known is not None and known != topic.topic_id:
                 # Re-created under the same name: the old records must go.
                 log.info("topic %s was re-created (id %s, was %s)", name, topic.topic_id, known)
-                self.manager.drop_topic(name, delete_data=True)
-                self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+                self.manager.logs.drop_topic(name, delete_data=True)
+                self.manager.logs.delete_local_logs(
+                    name, self.manager.logs.local_topics().get(name, [])
+                )
                 del self._local_ids[name]
                 ids_changed = True
             try:
-                self.manager.host_partitions(
+                self.manager.logs.host_partitions(
                     TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
                 )
             except TidelogError as exc:
@@ -449,7 +453,7 @@ class ClusterLink:
                 else:
                     role = Role.NONE
                 try:
-                    self.manager.set_role(
+                    self.manager.replicas.set_role(
                         name,
                         p,
                         role=role,
@@ -463,17 +467,21 @@ class ClusterLink:
             if led and self._local_ids.get(name) != topic.topic_id:
                 self._local_ids[name] = topic.topic_id
                 ids_changed = True
-        for name in self.manager.topic_names():
+        for name in self.manager.logs.topic_names():
             if name not in self.topics:
-                self.manager.drop_topic(name, delete_data=True)
+                self.manager.logs.drop_topic(name, delete_data=True)
                 # Also logs closed earlier (their state key went first).
-                self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+                self.manager.logs.delete_local_logs(
+                    name, self.manager.logs.local_topics().get(name, [])
+                )
                 if self._local_ids.pop(name, None) is not None:
                     ids_changed = True
         for name in sorted(self._hosting_failed - set(self.topics)):
             # Never hosted here, so unknown to the manager, yet partly opened.
             self._hosting_failed.discard(name)
-            self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+            self.manager.logs.delete_local_logs(
+                name, self.manager.logs.local_topics().get(name, [])
+            )
         self.fetchers.assign(followed)
         # Once the topics are listed; the cluster id may come later (the
         # registration loop fetches it), so retried on every reconcile until
@@ -490,9 +498,9 @@ class ClusterLink:
             return False  # not sure this data dir is ours: keep everything
         self._strays_checked = True
         changed = False
-        for name, partitions in self.manager.local_topics().items():
+        for name, partitions in self.manager.logs.local_topics().items():
             if name not in self.topics:
-                self.manager.delete_local_logs(name, partitions)
+                self.manager.logs.delete_local_logs(name, partitions)
                 changed |= self._local_ids.pop(name, None) is not None
         return changed
 

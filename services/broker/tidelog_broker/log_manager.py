@@ -1,9 +1,12 @@
-"""The broker's work: the partitions it hosts, and produce, fetch and offset
-lookups against them.
+"""The broker's logs: the topics it hosts, their partition logs' lifecycle,
+their configs, and the background loops that maintain them (flush,
+retention, the cleaner). Also who waits for appends (long-poll fetches,
+acks=all): `wake` tells them.
 
-The servicers validate requests and map errors; this manager does the work
-and raises typed `tidelog.errors` exceptions; the storage engine persists.
-It knows nothing of gRPC.
+The replica manager (roles, ISR, high watermark) and the request paths
+(partition_manager: produce, fetch, offsets) build on it. It knows nothing
+of gRPC nor of etcd: in cluster mode ClusterLink tells it which partitions to
+host (`host_partitions`, `drop_topic`).
 
 Concurrency: every method runs on the broker's one asyncio event loop, so no
 locks are needed. Appends and reads do their file I/O inline: they hit the
@@ -24,20 +27,15 @@ import dataclasses
 import logging
 import shutil
 import threading
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tidelog import records
-from tidelog.compression import CompressionType
 from tidelog.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
-    InvalidRequestError,
-    NotEnoughReplicasError,
     NotLeaderOrFollowerError,
-    RequestTimedOutError,
     TidelogError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -46,12 +44,9 @@ from tidelog.names import validate_topic_name
 from tidelog_server.log_flood import RateLimitedLog
 from tidelog_server.topic_configs import TOPIC_CONFIGS, check_replication, validate_topic_configs
 
-from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.replica_state import PartitionReplication, RegistrationOf, Role
 from tidelog_broker.resources import open_file_limit, partition_capacity
 from tidelog_broker.storage import (
-    SYSTEM_CLOCK,
     Clock,
     LogConfig,
     PartitionLog,
@@ -69,21 +64,6 @@ flood = RateLimitedLog(log)
 
 TopicPartitionKey = tuple[str, int]
 
-# Earliest/latest sentinels of ListOffsets, as in Kafka.
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-
-
-@dataclass(frozen=True)
-class ProduceResult:
-    """The outcome of appending one partition's batches."""
-
-    base_offset: int
-    log_append_time_ms: int
-    log_start_offset: int
-    #: Offset of the last record appended (acks=all waits until the HW passes it).
-    last_offset: int = -1
-
 
 @dataclass(frozen=True)
 class ConfigValue:
@@ -93,19 +73,6 @@ class ConfigValue:
     value: str
     #: "topic" (an override), "broker" (the broker's config file) or "default".
     source: str
-
-
-@dataclass(frozen=True)
-class PartitionView:
-    """A snapshot of one partition for describe and fetch responses."""
-
-    topic: str
-    partition: int
-    log_start_offset: int
-    log_end_offset: int
-    high_watermark: int
-    size_bytes: int
-    segment_count: int
 
 
 class Topic:
@@ -122,12 +89,10 @@ class Topic:
         self.hosted = {partition_log.partition: partition_log for partition_log in logs}
 
 
-class PartitionManager:
-    """Hosts partition logs and serves produce, read and offset requests."""
+class LogManager:
+    """Hosts partition logs: topics, lifecycle, configs, background loops."""
 
-    def __init__(
-        self, config: BrokerConfig, clock: Clock = SYSTEM_CLOCK, *, cluster_mode: bool = False
-    ) -> None:
+    def __init__(self, config: BrokerConfig, clock: Clock, *, cluster_mode: bool) -> None:
         self._config = config
         self._clock = clock
         # Cluster mode: topics come from etcd through the cluster-mode hooks
@@ -139,18 +104,9 @@ class PartitionManager:
         self._append_waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
         # Set at close: a cleaner round in a worker thread stops at its next batch.
         self._cleaner_cancel = threading.Event()
-        # Cluster mode: role, epoch, ISR and HW of every hosted partition.
-        self._replication: dict[TopicPartitionKey, PartitionReplication] = {}
-        #: Cluster mode: False while this broker's etcd lease may have expired;
-        #: a leader then refuses writes (no split brain). Set by ClusterLink.
-        self.lease_valid: Callable[[], bool] = lambda: True
-        #: Cluster mode: the etcd registration revision of a live broker (None:
-        #: not registered, so not alive); set by ClusterLink. Replica fetches
-        #: and ISR expansion are bound to it.
-        self.registration_of: RegistrationOf = lambda _broker_id: None
-        #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
-        self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
-        self._isr_tasks: set[asyncio.Task[None]] = set()
+        #: Called when a hosted partition's log closes or goes (cluster mode):
+        #: the replica manager forgets its state. Set by ReplicaManager.
+        self.on_partition_closed: Callable[[str, int], None] = lambda _topic, _partition: None
         #: The open-file limit and the partition replicas it allows
         #: (resources.py); both go into the etcd registration.
         self.open_file_limit = open_file_limit()
@@ -294,7 +250,7 @@ class PartitionManager:
         self._save_specs()
         for partition_log in topic.logs:
             partition_log.delete()
-            self._wake((name, partition_log.partition))
+            self.wake((name, partition_log.partition))
         log.info("deleted topic %s", name)
 
     def ensure_topic(self, name: str, auto_create: bool) -> Topic:
@@ -345,8 +301,8 @@ class PartitionManager:
             return
         for partition in set(topic.hosted) - wanted:
             topic.hosted.pop(partition).close()
-            self._replication.pop((spec.name, partition), None)
-            self._wake((spec.name, partition))
+            self.on_partition_closed(spec.name, partition)
+            self.wake((spec.name, partition))
         added = self._open_topic(spec, wanted - set(topic.hosted))
         topic.hosted.update(added.hosted)
         topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
@@ -363,8 +319,8 @@ class PartitionManager:
                 partition_log.delete()
             else:
                 partition_log.close()
-            self._replication.pop((name, partition), None)
-            self._wake((name, partition))
+            self.on_partition_closed(name, partition)
+            self.wake((name, partition))
         log.info("%s topic %s", "deleted" if delete_data else "closed", name)
 
     def local_topics(self) -> dict[str, list[int]]:
@@ -399,332 +355,7 @@ class PartitionManager:
                 flood.warning("cannot delete %s: %s", directory, exc)
         log.info("deleted stray logs of topic %s", name)
 
-    # ------------------------------------------------------------ replication
-
-    def replication(self, topic: str, partition: int) -> PartitionReplication | None:
-        """Cluster mode: the role and ISR of a hosted partition (None: unknown)."""
-        return self._replication.get((topic, partition))
-
-    def _leader_replication(
-        self, topic: str, partition: int, write: bool
-    ) -> PartitionReplication | None:
-        """Cluster mode: the partition's state if this broker leads it (and,
-        for a write, still holds its etcd lease); else NotLeaderOrFollower.
-        Followers serve neither produce nor consumer fetch (Kafka's default)."""
-        if not self._cluster_mode:
-            return None
-        replication = self._replication.get((topic, partition))
-        me = self._config.broker_id
-        if replication is None or not replication.is_leader:
-            leader = "unknown" if replication is None else replication.leader_id
-            raise NotLeaderOrFollowerError(
-                f"broker {me} does not lead {topic}-{partition} (leader: {leader}): "
-                "refresh metadata and ask its leader"
-            )
-        if write and not self.lease_valid():
-            raise NotLeaderOrFollowerError(
-                f"broker {me} may have lost its etcd session, so it may no longer lead "
-                f"{topic}-{partition}: refresh metadata and retry"
-            )
-        return replication
-
-    def set_role(
-        self,
-        topic: str,
-        partition: int,
-        *,
-        role: Role,
-        leader_id: int,
-        leader_epoch: int,
-        replicas: list[int],
-        isr: list[int],
-    ) -> PartitionReplication:
-        """Cluster mode: apply a hosted partition's state from etcd.
-        Idempotent: the same state again changes nothing. A new epoch or
-        role starts afresh (a new leader records its epoch in the log's
-        epoch history at its log end offset); an ISR change alone keeps the
-        followers' progress and may move the HW."""
-        key = (topic, partition)
-        partition_log = self.partition_log(topic, partition)
-        me = self._config.broker_id
-        old = self._replication.get(key)
-        if old is not None and old.role is role and old.leader_epoch == leader_epoch:
-            old.replicas = list(replicas)
-            if old.isr != isr:
-                old.isr = list(isr)
-                old.isr_change_pending = False
-                if old.is_leader:
-                    old.advance_high_watermark(me, partition_log.log_end_offset)
-                self._wake(key)
-            return old
-        state = PartitionReplication(
-            topic,
-            partition,
-            role,
-            leader_id,
-            leader_epoch,
-            list(replicas),
-            list(isr),
-            since_ms=self._clock.monotonic_ms(),
-            # A HW learnt as follower is kept: it never moves backwards here.
-            high_watermark=0 if old is None else old.high_watermark,
-        )
-        if role is Role.LEADER:
-            partition_log.leader_epochs.assign(leader_epoch, partition_log.log_end_offset)
-            state.start_leading(me, partition_log.log_end_offset)
-        self._replication[key] = state
-        log.info(
-            "%s-%d: %s, leader %d, epoch %d, isr %s, log end %d",
-            topic,
-            partition,
-            role.value,
-            leader_id,
-            leader_epoch,
-            isr,
-            partition_log.log_end_offset,
-        )
-        # Waiting acks=all requests and long-polls look at the new role.
-        self._wake(key)
-        return state
-
-    async def wait_for_high_watermark(
-        self, topic: str, partition: int, offset: int, leader_epoch: int, timeout_s: float
-    ) -> None:
-        """acks=all: return once the HW is past `offset` (the last offset of
-        the batches appended in `leader_epoch`). RequestTimedOutError after
-        timeout_s; NotLeaderOrFollowerError if leadership moved meanwhile
-        (the records may or may not survive: the producer retries)."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        key = (topic, partition)
-        while True:
-            replication = self._replication.get(key)
-            if (
-                replication is None
-                or not replication.is_leader
-                or replication.leader_epoch != leader_epoch
-            ):
-                raise NotLeaderOrFollowerError(
-                    f"leadership of {topic}-{partition} moved while waiting for acks=all"
-                )
-            if replication.high_watermark > offset:
-                return
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise RequestTimedOutError(
-                    f"{topic}-{partition}: in-sync replicas {replication.isr} did not confirm "
-                    f"offset {offset} within {timeout_s * 1000:.0f} ms (high watermark "
-                    f"{replication.high_watermark})"
-                )
-            await self.wait_for_append([key], remaining)
-
-    def follower_registration(self, replication: PartitionReplication, follower: int) -> int:
-        """Leader: the registration revision under which `follower` may fetch
-        this partition. Only a replica assigned to it and registered live in
-        etcd may: anything else (an id that is not a replica, a dead broker's
-        id) gets NotLeaderOrFollowerError naming the replica and partition,
-        and never a record (followers read past the HW)."""
-        name = f"{replication.topic}-{replication.partition}"
-        if follower not in replication.replicas or follower == self._config.broker_id:
-            raise NotLeaderOrFollowerError(
-                f"replica {follower} is not a follower of {name} (its replicas are "
-                f"{replication.replicas}, led by broker {self._config.broker_id})"
-            )
-        registration = self.registration_of(follower)
-        if registration is None:
-            raise NotLeaderOrFollowerError(
-                f"replica {follower} of {name} is not registered live in etcd: it may fetch "
-                "again once its broker has registered"
-            )
-        return registration
-
-    def on_follower_fetch(
-        self, topic: str, partition: int, follower: int, fetch_offset: int
-    ) -> tuple[PartitionReplication, PartitionLog]:
-        """Leader: a follower fetches from `fetch_offset` (its log end): track
-        its progress, move the HW, propose an ISR expansion. Raises
-        NotLeaderOrFollowerError when this broker does not lead it or the
-        follower may not fetch it (`follower_registration`)."""
-        partition_log = self.partition_log(topic, partition)
-        replication = self._leader_replication(topic, partition, write=False)
-        assert replication is not None
-        registration = self.follower_registration(replication, follower)
-        me = self._config.broker_id
-        leo = partition_log.log_end_offset
-        now_ms = self._clock.monotonic_ms()
-        replication.on_follower_fetch(follower, fetch_offset, leo, now_ms, registration)
-        if replication.advance_high_watermark(me, leo):
-            self._wake((topic, partition))
-        expanded = replication.isr_to_expand(
-            now_ms, self._config.replica_lag_time_max_ms, self.registration_of
-        )
-        if expanded is not None:
-            self._propose_isr(replication, expanded)
-        return replication, partition_log
-
-    def append_replicated(
-        self, topic: str, partition: int, data: bytes, leader_high_watermark: int
-    ) -> None:
-        """Follower: append batches exactly as the leader stored them."""
-        partition_log = self.partition_log(topic, partition)
-        if data:
-            batches = list(records.iter_batches(data, None))
-            partition_log.append_replicated(data, batches)
-        replication = self._replication.get((topic, partition))
-        if replication is not None and not replication.is_leader:
-            high_watermark = min(leader_high_watermark, partition_log.log_end_offset)
-            replication.high_watermark = max(replication.high_watermark, high_watermark)
-
-    def truncate_replica(self, topic: str, partition: int, offset: int) -> int:
-        """Follower: drop a divergent suffix from `offset`; the new log end."""
-        partition_log = self.partition_log(topic, partition)
-        before = partition_log.log_end_offset
-        partition_log.truncate_to(offset)
-        # Also when nothing was cut: an epoch that wrote nothing up to here
-        # (this broker led it briefly) must leave the history, or the next
-        # fetch names it again and diverges again.
-        partition_log.leader_epochs.truncate_from_end(offset)
-        log.warning(
-            "%s-%d: truncated divergent records from offset %d (log end was %d, now %d)",
-            topic,
-            partition,
-            offset,
-            before,
-            partition_log.log_end_offset,
-        )
-        return partition_log.log_end_offset
-
-    def reset_replica(self, topic: str, partition: int, offset: int) -> None:
-        """Follower: our log ends below the leader's log start offset
-        `offset` (retention deleted what we still needed): restart the log
-        empty at `offset` (PartitionLog.reset_to)."""
-        partition_log = self.partition_log(topic, partition)
-        before_start = partition_log.log_start_offset
-        before_end = partition_log.log_end_offset
-        partition_log.reset_to(offset)
-        log.warning(
-            "%s-%d: log (offsets %d to %d) is behind the leader's log start offset %d: "
-            "reset to an empty log at offset %d",
-            topic,
-            partition,
-            before_start,
-            before_end,
-            offset,
-            offset,
-        )
-
-    def _propose_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
-        if self.isr_writer is None or replication.isr_change_pending:
-            return
-        replication.isr_change_pending = True
-        task = asyncio.ensure_future(self._write_isr(replication, isr))
-        self._isr_tasks.add(task)
-        task.add_done_callback(self._isr_tasks.discard)
-
-    async def _write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
-        assert self.isr_writer is not None
-        try:
-            await self.isr_writer(replication, isr)
-        except Exception:
-            flood.exception(
-                "writing ISR %s of %s-%d failed", isr, replication.topic, replication.partition
-            )
-        finally:
-            # The watch brings the written state (set_role clears the flag
-            # too); clearing here lets a failed or fenced write be retried.
-            replication.isr_change_pending = False
-
-    async def run_isr_checks(self) -> None:
-        """Leader: shrink the ISR of followers lagging for replica.lag.time.max.ms."""
-        lag_ms = self._config.replica_lag_time_max_ms
-        interval_s = max(0.05, lag_ms / 2000)
-        me = self._config.broker_id
-        while True:
-            await asyncio.sleep(interval_s)
-            now_ms = self._clock.monotonic_ms()
-            for replication in list(self._replication.values()):
-                if not replication.is_leader:
-                    continue
-                shrunk = replication.isr_to_shrink(me, now_ms, lag_ms)
-                if shrunk is not None:
-                    log.info(
-                        "%s-%d: followers %s lag more than %d ms; shrinking the ISR to %s",
-                        replication.topic,
-                        replication.partition,
-                        sorted(set(replication.isr) - set(shrunk)),
-                        lag_ms,
-                        shrunk,
-                    )
-                    self._propose_isr(replication, shrunk)
-
-    # ------------------------------------------------------------ produce
-
-    def append(self, topic: str, partition: int, data: bytes, acks: int = 1) -> ProduceResult:
-        """Validate and append one partition's batches (all or nothing).
-
-        Every batch is checked (size, header, CRC32C) before any byte is
-        written, so a bad batch in a request writes nothing for its partition.
-        """
-        partition_log = self.partition_log(
-            self.ensure_topic(topic, auto_create=True).spec.name, partition
-        )
-        replication = self._leader_replication(topic, partition, write=True)
-        if (
-            acks == -1
-            and replication is not None
-            and len(replication.isr) < partition_log.config.min_insync_replicas
-        ):
-            raise NotEnoughReplicasError(
-                f"{topic}-{partition} has {len(replication.isr)} in-sync replicas "
-                f"{replication.isr}, min.insync.replicas is "
-                f"{partition_log.config.min_insync_replicas}: nothing written, retry later"
-            )
-        buf = bytearray(data)  # the log patches base offsets in place
-        config = partition_log.config
-        batches = list(records.iter_batches(buf, config.max_message_bytes))
-        # The only two reasons to look inside batches, both opt-in per topic.
-        if config.compression_type != "producer":
-            codec = CompressionType.parse(config.compression_type)
-            if record_policy.needs_recompression(batches, codec):
-                buf = record_policy.recompress(buf, batches, codec)
-                batches = list(records.iter_batches(buf, config.max_message_bytes))
-        if config.compact:
-            record_policy.reject_null_keys(buf, batches, topic)
-        if replication is not None:
-            # Outside the CRC: followers and a future leader's divergence
-            # check read which epoch wrote each batch.
-            for position, _ in batches:
-                records.set_partition_leader_epoch(buf, position, replication.leader_epoch)
-        info = partition_log.append(buf, batches)
-        if replication is not None:
-            replication.advance_high_watermark(self._config.broker_id, partition_log.log_end_offset)
-        self._wake((topic, partition))
-        return ProduceResult(
-            info.first_offset,
-            info.log_append_time_ms,
-            partition_log.log_start_offset,
-            info.last_offset,
-        )
-
-    # ------------------------------------------------------------ fetch
-
-    def read(
-        self, topic: str, partition: int, offset: int, max_bytes: int
-    ) -> tuple[bytes, int, PartitionLog]:
-        """Read whole batches from `offset`, at most `max_bytes` (but at least
-        one batch), up to the high watermark. Returns (records, next_offset, log)."""
-        partition_log = self.partition_log(topic, partition)
-        self._leader_replication(topic, partition, write=False)
-        result = partition_log.read(offset, max_bytes, self.high_watermark(partition_log))
-        return result.records, result.next_offset, partition_log
-
-    def high_watermark(self, partition_log: PartitionLog) -> int:
-        """What consumers may read up to: the smallest log end offset of the
-        in-sync replicas (replicated partitions), else the log end."""
-        replication = self._replication.get((partition_log.topic, partition_log.partition))
-        if replication is None:
-            return partition_log.log_end_offset
-        return min(replication.high_watermark, partition_log.log_end_offset)
+    # ------------------------------------------------------------ appends
 
     async def wait_for_append(
         self, partitions: Iterable[TopicPartitionKey], timeout_s: float
@@ -762,47 +393,12 @@ class PartitionManager:
                 if not waiters:
                     del self._append_waiters[key]
 
-    def _wake(self, key: TopicPartitionKey) -> None:
+    def wake(self, key: TopicPartitionKey) -> None:
+        """Wake the long-polls and acks=all waits of `key` (new data, a new role)."""
         waiters = self._append_waiters.pop(key, None)
         for waiter in waiters or ():
             if not waiter.done():
                 waiter.set_result(None)
-
-    # ------------------------------------------------------------ offsets
-
-    def list_offset(self, topic: str, partition: int, timestamp_ms: int) -> tuple[int, int]:
-        """(offset, timestamp) for latest (-1), earliest (-2), or by time.
-
-        By time: the first offset whose timestamp is at or after
-        `timestamp_ms`, or (-1, -1) when there is none.
-        """
-        partition_log = self.partition_log(topic, partition)
-        self._leader_replication(topic, partition, write=False)
-        if timestamp_ms == LATEST_TIMESTAMP:
-            return self.high_watermark(partition_log), -1
-        if timestamp_ms == EARLIEST_TIMESTAMP:
-            return partition_log.log_start_offset, -1
-        if timestamp_ms < 0:
-            raise InvalidRequestError(
-                f"timestamp {timestamp_ms} is invalid: use -1 (latest), -2 (earliest) "
-                "or a time in ms since the epoch"
-            )
-        found = partition_log.offset_for_timestamp(timestamp_ms)
-        return found if found is not None else (-1, -1)
-
-    def describe(self, topic: str) -> list[PartitionView]:
-        return [
-            PartitionView(
-                topic,
-                partition_log.partition,
-                partition_log.log_start_offset,
-                partition_log.log_end_offset,
-                self.high_watermark(partition_log),
-                partition_log.size_bytes,
-                partition_log.segment_count,
-            )
-            for partition_log in self.topic(topic).logs
-        ]
 
     # ------------------------------------------------------------ background
 

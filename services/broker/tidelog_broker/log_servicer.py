@@ -22,7 +22,7 @@ from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import abort, error_proto
 from tidelog_broker.fetch_limits import FetchBudget, StreamLimitError
 from tidelog_broker.fetch_session import FetchSession
-from tidelog_broker.log_manager import PartitionManager
+from tidelog_broker.partition_manager import PartitionManager
 
 log = logging.getLogger("tidelog.broker")
 

@@ -45,8 +45,8 @@ from tidelog_broker.cluster_servicers import (
     add_admin_forwarder,
 )
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_manager import PartitionManager
 from tidelog_broker.log_servicer import LogServicer
+from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.producer_ids import LocalProducerIds, StandaloneClusterServicer
 from tidelog_broker.replica_servicer import ReplicaServicer
 
@@ -112,7 +112,7 @@ class BrokerServer:
             )
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
             replica_pb2_grpc.add_ReplicaServicer_to_server(
-                ReplicaServicer(self.manager, self.config), server
+                ReplicaServicer(self.manager.replicas, self.config), server
             )
             services.append(replica_pb2.DESCRIPTOR.services_by_name["Replica"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -124,12 +124,12 @@ class BrokerServer:
             await self.link.start(self.bound_port)
         await server.start()
         self._server = server
-        self._background.append(asyncio.create_task(self.manager.run_flush_scheduler()))
-        self._background.append(asyncio.create_task(self.manager.run_retention()))
+        self._background.append(asyncio.create_task(self.manager.logs.run_flush_scheduler()))
+        self._background.append(asyncio.create_task(self.manager.logs.run_retention()))
         if self.config.cleaner_enable:
-            self._background.append(asyncio.create_task(self.manager.run_cleaner()))
+            self._background.append(asyncio.create_task(self.manager.logs.run_cleaner()))
         if self.link is not None:
-            self._background.append(asyncio.create_task(self.manager.run_isr_checks()))
+            self._background.append(asyncio.create_task(self.manager.replicas.run_isr_checks()))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("tidelog.v1.Log", health_pb2.HealthCheckResponse.SERVING)
         log.info(

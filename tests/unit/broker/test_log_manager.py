@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tidelog.errors import StorageError
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_manager import PartitionManager
+from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.topic_store import TopicSpec
 
 DEADLINE_S = 10.0
@@ -24,7 +24,7 @@ def test_a_failed_flush_names_the_partition_that_failed(
         BrokerConfig(data_dir=tmp_path, flush_check_interval_ms=10), cluster_mode=True
     )
     manager.open()
-    manager.host_partitions(TopicSpec("t", 3, {}), [2])
+    manager.logs.host_partitions(TopicSpec("t", 3, {}), [2])
 
     def failing_flush(now_ms: int) -> bool:
         raise StorageError("the disk is gone")
@@ -32,7 +32,7 @@ def test_a_failed_flush_names_the_partition_that_failed(
     manager.partition_log("t", 2).maybe_flush = failing_flush  # type: ignore[method-assign]
 
     async def run_until_logged() -> None:
-        scheduler = asyncio.create_task(manager.run_flush_scheduler())
+        scheduler = asyncio.create_task(manager.logs.run_flush_scheduler())
         try:
             async with asyncio.timeout(DEADLINE_S):
                 while not any("flush of" in r.getMessage() for r in caplog.records):
