@@ -42,6 +42,7 @@ from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
 from tidelog_broker.cluster_servicers import (
     AdminForwarder,
     BrokerClusterServicer,
+    ClusterMetadata,
     add_admin_forwarder,
 )
 from tidelog_broker.config import BrokerConfig
@@ -104,7 +105,7 @@ class BrokerServer:
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
         else:
             log_pb2_grpc.add_LogServicer_to_server(
-                LogServicer(self.manager, self.config, self.link.metadata), server
+                LogServicer(self.manager, self.config, ClusterMetadata(self.link).metadata), server
             )
             add_admin_forwarder(AdminForwarder(self.link, self.link.forwarding), server)
             cluster_pb2_grpc.add_ClusterServicer_to_server(

@@ -38,7 +38,7 @@ import aetcd
 from tidelog.errors import InvalidConfigError
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
-from tidelog_server.etcd.records import PartitionState
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState
 from tidelog_server.log_flood import RateLimitedLog
 from tidelog_server.topic_configs import parse_topic_configs
 
@@ -132,7 +132,7 @@ class LeaderElector:
     async def elect_once(self, fence: Any, preferred: bool) -> int:
         """One pass over every partition; returns how many states it wrote."""
         registered = {
-            int(json.loads(kv.value)["id"]): kv.create_revision
+            BrokerRegistration.decode(kv.value).broker_id: kv.create_revision
             for kv in await self.client.get_prefix(self.keys.brokers)
         }
         live = set(registered)

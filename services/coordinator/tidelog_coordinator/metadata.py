@@ -36,7 +36,7 @@ from tidelog.types import TopicPartition
 from tidelog_server.clock import SYSTEM_CLOCK, Clock
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.keys import Keys, prefix_end
-from tidelog_server.etcd.records import PartitionState
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState
 from tidelog_server.topic_configs import (
     TOPIC_CONFIGS,
     check_replication,
@@ -114,15 +114,14 @@ class MetadataManager:
         listing = await self.client.get_prefix(self.keys.brokers)
         brokers = []
         for kv in listing:
-            data = json.loads(kv.value)
-            limit = data.get("max_partitions")
+            registration = BrokerRegistration.decode(kv.value)
             brokers.append(
                 BrokerRecord(
-                    int(data["id"]),
-                    data["host"],
-                    int(data["port"]),
-                    data.get("rack") or "",
-                    None if limit is None else int(limit),
+                    registration.broker_id,
+                    registration.host,
+                    registration.port,
+                    registration.rack,
+                    registration.max_partitions,
                 )
             )
         return sorted(brokers, key=lambda b: b.broker_id)

@@ -62,7 +62,7 @@ def test_stop_closes_every_channel_the_broker_opened(
             async with asyncio.timeout(DEADLINE_S):
                 await broker.link.registered.wait()
                 await broker.link.wait_synced(DEADLINE_S)
-                while not broker.link.coordinator_addresses():
+                while not broker.link.view.coordinator_addresses():
                     await asyncio.sleep(0.05)
             # The test's own channel is not the broker's: opened before the spy.
             async with real_insecure_channel(f"127.0.0.1:{broker.bound_port}") as client:
