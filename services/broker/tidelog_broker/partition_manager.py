@@ -73,7 +73,8 @@ class PartitionManager:
         """Flush and close every log (a clean shutdown: next start skips recovery)."""
         self.logs.close()
 
-    # What the request paths ask of the two managers.
+    # What the request paths ask of the two managers, under the names the
+    # produce block below has always used (it moved here unchanged).
 
     def topic_names(self) -> list[str]:
         return self.logs.topic_names()
