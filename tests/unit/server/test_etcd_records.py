@@ -54,3 +54,13 @@ def test_a_topic_assignment_orders_partitions_by_number() -> None:
         "abc",
         {"retention.ms": "1000"},
     )
+
+
+def test_a_topic_assignment_round_trips_as_the_coordinator_writes_it() -> None:
+    topic = TopicAssignment("t", "id1", ((0, 1), (1, 2)), {"cleanup.policy": "compact"}, 3, 17)
+    value = topic.encode()
+    assert TopicAssignment.decode(value) == topic
+    assert json.loads(value)["partitions"] == [
+        {"partition": 0, "replicas": [0, 1]},
+        {"partition": 1, "replicas": [1, 2]},
+    ]

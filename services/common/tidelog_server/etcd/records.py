@@ -128,12 +128,16 @@ class CoordinatorRegistration:
 class TopicAssignment:
     """`<prefix>/topics/<name>`: a topic's id, the replicas of each partition
     (index = partition) and its config overrides. Written by the coordinator
-    that creates the topic (and alters its configs)."""
+    that creates the topic (and alters its configs); `version` counts the
+    writes."""
 
     name: str
     topic_id: str
     replicas: tuple[tuple[int, ...], ...]
     configs: dict[str, str]
+    version: int = 1
+    #: Wall-clock time of creation, ms since the epoch.
+    created_ms: int = 0
 
     @classmethod
     def decode(cls, value: bytes) -> TopicAssignment:
@@ -144,4 +148,21 @@ class TopicAssignment:
             topic_id=str(data["topic_id"]),
             replicas=tuple(tuple(int(b) for b in p["replicas"]) for p in partitions),
             configs={str(k): str(v) for k, v in data.get("configs", {}).items()},
+            version=int(data.get("version", 1)),
+            created_ms=int(data.get("created_ms", 0)),
+        )
+
+    def encode(self) -> bytes:
+        return _compact(
+            {
+                "name": self.name,
+                "topic_id": self.topic_id,
+                "partitions": [
+                    {"partition": p, "replicas": list(replicas)}
+                    for p, replicas in enumerate(self.replicas)
+                ],
+                "configs": self.configs,
+                "version": self.version,
+                "created_ms": self.created_ms,
+            }
         )
