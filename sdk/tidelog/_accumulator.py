@@ -291,9 +291,6 @@ class RecordAccumulator:
         with self._lock:
             return [b.result for b in self._incomplete.values()]
 
-    def has_room(self) -> bool:
-        return self._buffered < self._buffer_memory
-
     # ------------------------------------------------------------ sender side
 
     def drain(

@@ -2,8 +2,8 @@
 
 `GroupClient` finds the coordinators, runs a `GroupMembership` (the
 heartbeat stream) and turns each assignment change into an event for the
-calling side, which applies it inside poll() (the caller's thread for the
-sync Consumer, as Kafka does):
+calling side (`_consumer_group.GroupSide`), which applies it inside poll()
+(the caller's thread for the sync Consumer, as Kafka does):
 
     ("revoked", partitions, done)   stop consuming them: commit, call the
                                     listener, then resolve `done`; only then

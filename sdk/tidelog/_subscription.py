@@ -15,7 +15,11 @@ out in offset order. Per partition it keeps:
   chaining exact fetch offsets) stays correct after a seek, since offsets
   never change meaning, and cannot stall on answers whose boundaries differ;
 - the decoded records not yet returned. The position (next offset poll()
-  returns) is the first of them, or `fetched_to` when there are none.
+  returns) is the first of them, or `fetched_to` when there are none;
+- `error`: a batch at the position that cannot be decoded. The records
+  before it are returned first; then every poll raises it (an
+  UndecodableBatchError naming the partition and offset) until the
+  application seeks, as Kafka's consumer does with a corrupt record.
 
 Not thread-safe: one caller at a time, as with Kafka's consumer.
 """
@@ -32,7 +36,7 @@ from typing import Any
 
 from tidelog._fetcher import DATA, RESET
 from tidelog.config import ConsumerConfig
-from tidelog.errors import IllegalStateError, TidelogError
+from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
 from tidelog.records import HEADER_SIZE, decode_body, read_header, validate_batch
 from tidelog.types import ConsumerRecord, TopicPartition
 from tidelog.v1 import log_pb2
@@ -67,7 +71,7 @@ def _gc_paused() -> Iterator[None]:
 
 
 class _PartitionState:
-    __slots__ = ("epoch", "fetched_to", "highwater", "index", "records", "tp")
+    __slots__ = ("epoch", "error", "fetched_to", "highwater", "index", "records", "tp")
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
@@ -76,6 +80,7 @@ class _PartitionState:
         self.records: list[ConsumerRecord] = _EMPTY
         self.index = 0
         self.highwater: int | None = None
+        self.error: UndecodableBatchError | None = None
 
     def position(self) -> int | None:
         if self.index < len(self.records):
@@ -110,6 +115,11 @@ class SubscriptionState:
         self._check_crcs = config.check_crcs
         self._key_deserializer = config.key_deserializer
         self._value_deserializer = config.value_deserializer
+        # A batch decompressing past this is refused (a decompression bomb
+        # cannot make the consumer allocate more than one fetch's worth).
+        self._max_batch_bytes = config.fetch_max_bytes
+        # Partitions stopped at a batch that cannot be decoded.
+        self._failed: dict[TopicPartition, _PartitionState] = {}
 
     # ------------------------------------------------------------ assignment
 
@@ -123,6 +133,7 @@ class SubscriptionState:
         for tp in list(self._states):
             if tp not in wanted:
                 del self._states[tp]
+                self._failed.pop(tp, None)
         self._ready = deque(s for s in self._ready if s.tp in wanted)
         assignment: dict[TopicPartition, tuple[int, int | None]] = {}
         for tp in wanted:
@@ -148,6 +159,8 @@ class SubscriptionState:
         state.fetched_to = fetched_to
         state.records = _EMPTY
         state.index = 0
+        state.error = None
+        self._failed.pop(state.tp, None)
         if state in self._ready:
             self._ready.remove(state)
 
@@ -179,6 +192,7 @@ class SubscriptionState:
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
+        self._raise_undecodable()
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
         count = 0
         ready = self._ready
@@ -213,7 +227,16 @@ class SubscriptionState:
         finally:
             if self._credit_total >= self._grant_threshold:
                 self.flush_credit()
+        if not out:
+            self._raise_undecodable()
         return out
+
+    def _raise_undecodable(self) -> None:
+        """Raise the error of a partition stopped at a batch it cannot decode,
+        once the records before that batch have all been returned."""
+        for state in self._failed.values():
+            if state.error is not None and state.index >= len(state.records):
+                raise state.error
 
     def absorb(self) -> None:
         """Take every inbox item (resets, errors, data) without returning
@@ -225,9 +248,6 @@ class SubscriptionState:
         finally:
             if self._credit_total >= self._grant_threshold:
                 self.flush_credit()
-
-    def has_buffered(self) -> bool:
-        return bool(self._ready) or bool(self._inbox)
 
     def flush_credit(self) -> None:
         if self._credit_total:
@@ -262,9 +282,18 @@ class SubscriptionState:
         fetched_to = state.fetched_to
         if fetched_to is None or not data.fetch_offset <= fetched_to < data.next_offset:
             return  # an answer for an old position
+        if state.error is not None:
+            return  # stopped at a bad batch until the application seeks
         state.highwater = data.high_watermark
-        records = self._decode(tp, raw, fetched_to)
-        state.fetched_to = data.next_offset
+        records, error = self._decode(tp, raw, fetched_to)
+        if error is None:
+            state.fetched_to = data.next_offset
+        else:
+            # The position stops at the bad batch: poll() returns the records
+            # before it, then raises until the application seeks.
+            state.fetched_to = max(fetched_to, error.offset)
+            state.error = error
+            self._failed[tp] = state
         if not records:
             return
         if state.index < len(state.records):
@@ -275,12 +304,17 @@ class SubscriptionState:
             self._ready.append(state)
         state.index = 0
 
-    def _decode(self, tp: TopicPartition, buf: bytes, start: int) -> list[ConsumerRecord]:
-        """Decode whole batches from `buf`, keeping records at offset >= start."""
+    def _decode(
+        self, tp: TopicPartition, buf: bytes, start: int
+    ) -> tuple[list[ConsumerRecord], UndecodableBatchError | None]:
+        """Decode whole batches from `buf`, keeping records at offset >= start;
+        stop at a batch that cannot be decoded and return its error too."""
         with _gc_paused():
             return self._decode_batches(tp, buf, start)
 
-    def _decode_batches(self, tp: TopicPartition, buf: bytes, start: int) -> list[ConsumerRecord]:
+    def _decode_batches(
+        self, tp: TopicPartition, buf: bytes, start: int
+    ) -> tuple[list[ConsumerRecord], UndecodableBatchError | None]:
         out: list[ConsumerRecord] = []
         topic, partition = tp
         pos = 0
@@ -296,9 +330,22 @@ class SubscriptionState:
             if header.next_offset <= start:
                 pos += size  # entirely before the position: skip, undecoded
                 continue
-            if self._check_crcs:
-                header = validate_batch(view, pos)
-            batch = decode_body(header, buf[pos + HEADER_SIZE : pos + size])
+            try:
+                if self._check_crcs:
+                    header = validate_batch(view, pos)
+                batch = decode_body(
+                    header, buf[pos + HEADER_SIZE : pos + size], self._max_batch_bytes
+                )
+            except TidelogError as exc:
+                return out, UndecodableBatchError(
+                    f"{topic}-{partition}: the batch at offset {header.base_offset} (to "
+                    f"{header.last_offset}) cannot be decoded: {exc.message}. Records before "
+                    f"it were returned; seek to {header.next_offset} to skip it",
+                    topic,
+                    partition,
+                    header.base_offset,
+                    header.next_offset,
+                )
             pos += size
             offsets = batch.offsets
             keys = batch.keys
@@ -330,4 +377,4 @@ class SubscriptionState:
                 out.extend(records)
             else:
                 out = records
-        return out
+        return out, None

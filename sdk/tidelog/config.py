@@ -9,7 +9,6 @@ underscores (`linger.ms` -> `linger_ms`); units are last in the name.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -327,8 +326,3 @@ class ConsumerConfig(CommonConfig):
 @dataclass(frozen=True, kw_only=True)
 class AdminConfig(CommonConfig):
     """Options of `AdminClient` and `AsyncAdminClient`."""
-
-
-def field_names(cls: type) -> frozenset[str]:
-    """The option names a config class accepts (to reject unknown ones early)."""
-    return frozenset(f.name for f in dataclasses.fields(cls))

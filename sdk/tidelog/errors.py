@@ -1,14 +1,16 @@
 """Typed errors shared by the SDK and the services.
 
 One root, `TidelogError`, with narrow subclasses. Each class says whether a
-retry can succeed (`retriable`), which wire `ErrorCode` it travels as, and
-which gRPC status code a service answers with when the error fails a whole
-call. This module is the single place that maps between the three, in both
-directions:
+retry can succeed (`retriable`), which wire `ErrorCode` it travels as
+(`code_name`), and which gRPC status code a service answers with when the
+error fails a whole call (`grpc_status`). This module holds the mapping
+between the three; it is applied:
 
-- services call `grpc_status_for(exc)` / `error_proto(exc)`;
-- clients call `error_from_code(code, message)` for per-partition errors and
-  `error_from_rpc(rpc_error)` for failed calls.
+- on the server side by `tidelog_server.service_errors` (in-band
+  `Error{code, message}` per item, or the call's status with the precise code
+  in the `ERROR_CODE_METADATA_KEY` trailing metadata);
+- on the client side by `error_from_code(code, message)` for per-item errors
+  and `error_from_rpc(rpc_error)` for failed calls.
 """
 
 from __future__ import annotations
@@ -68,6 +70,31 @@ class CorruptRecordError(TidelogError):
 
     code_name = "CORRUPT_MESSAGE"
     grpc_status = grpc.StatusCode.DATA_LOSS
+
+
+class UndecodableBatchError(CorruptRecordError):
+    """A consumer met a stored batch it cannot decode (damaged, forged before
+    brokers checked bodies, or decompressing past the consumer's limit).
+
+    Raised after the records before the batch were returned; the position
+    stays at `offset` until the application seeks (to `next_offset` to skip
+    the batch)."""
+
+    def __init__(
+        self,
+        message: str,
+        topic: str = "",
+        partition: int = -1,
+        offset: int = -1,
+        next_offset: int = -1,
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        #: Base offset of the batch that cannot be decoded.
+        self.offset = offset
+        #: The offset after the batch: where a seek skips it.
+        self.next_offset = next_offset
 
 
 class MessageTooLargeError(TidelogError):
@@ -364,10 +391,3 @@ def error_from_rpc(exc: grpc.RpcError) -> TidelogError:
             return error_class_for_code(str(value))(details)
     cls = _BY_STATUS.get(status, UnknownServerError)
     return cls(f"{status.name}: {details}" if cls is UnknownServerError else details)
-
-
-def error_proto_fields(exc: TidelogError) -> tuple[int, str]:
-    """(ErrorCode value, message) for putting an error on the wire."""
-    from tidelog.v1 import common_pb2
-
-    return common_pb2.ErrorCode.Value(exc.code_name), exc.message

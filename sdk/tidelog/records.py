@@ -53,16 +53,24 @@ Python (see bench/codec_bench.py)::
 
 from __future__ import annotations
 
+import operator
 import struct
 import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate, pairwise, repeat
+from itertools import accumulate, islice, pairwise, repeat
+from typing import NamedTuple
 
 import crc32c
 
-from tidelog.compression import CODEC_MASK, CompressionType, compress, decompress
+from tidelog.compression import (
+    CODEC_MASK,
+    DEFAULT_MAX_UNCOMPRESSED_BYTES,
+    CompressionType,
+    compress,
+    decompress,
+)
 from tidelog.errors import CorruptRecordError, InvalidRecordError, MessageTooLargeError
 
 MAGIC = 1
@@ -79,6 +87,7 @@ LOG_APPEND_TIME = 1
 _FLAG_OFFSET_DELTAS = 0x01
 _FLAG_TIMESTAMPS = 0x02
 _FLAG_HEADERS = 0x04
+_KNOWN_FLAGS = _FLAG_OFFSET_DELTAS | _FLAG_TIMESTAMPS | _FLAG_HEADERS
 
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
@@ -448,7 +457,7 @@ class DecodedBatch:
     headers: list[list[Header]]
 
 
-def _read_array(typecode: str, body: bytes, pos: int, count: int) -> tuple[array, int]:
+def _read_array(typecode: str, body: bytes | memoryview, pos: int, count: int) -> tuple[array, int]:
     arr = array(typecode)
     end = pos + count * arr.itemsize
     if end > len(body):
@@ -496,46 +505,195 @@ def _decode_header_block(block: bytes) -> list[Header]:
     return out
 
 
-def decode_body(header: BatchHeader, raw_body: bytes) -> DecodedBatch:
-    """Decode a batch body (still compressed, as stored) into columns."""
-    body = decompress(header.attributes & CODEC_MASK, raw_body)
+class _Columns(NamedTuple):
+    """The number columns of a body, checked against each other, the header
+    and the body's size (see `_read_columns`)."""
+
+    flags: int
+    deltas: array | None
+    timestamps: array | None
+    key_lengths: array
+    value_lengths: array
+    header_lengths: array | None
+    #: Where the concatenated keys start.
+    payload_start: int
+
+
+def _payload_bytes(lengths: array, column: str) -> int:
+    """Bytes a length column claims (-1 is a null, which holds none)."""
+    if not lengths or not lengths.tobytes().strip(b"\xff"):
+        return 0  # every one -1 (all keys null, a common column)
+    # One pass in the common case: read as unsigned, a negative length counts
+    # 2^31 or more, so a total below 2^31 proves every length is >= 0.
+    unsigned_total = sum(memoryview(lengths).cast("B").cast("I"))
+    if unsigned_total < 2**31:
+        return unsigned_total
+    smallest = min(lengths)
+    if smallest < -1:
+        raise InvalidRecordError(f"malformed batch body: a {column} length is {smallest}")
+    # sum() and count() run in C over the array: no per-record Python work.
+    return sum(lengths) + (lengths.count(-1) if smallest < 0 else 0)
+
+
+def _read_columns(header: BatchHeader, body: bytes | memoryview) -> _Columns:
+    """Read and check the columns of an (uncompressed) body before anything
+    is allocated per record: the claimed record count must fit in the body,
+    the offset deltas must increase strictly and end at last_offset_delta,
+    and the length columns must add up to exactly the payload bytes.
+
+    Raises InvalidRecordError naming the field that does not agree.
+    """
+    count = header.record_count
+    size = len(body)
+    if size < 1:
+        raise InvalidRecordError("malformed batch body: empty (a body starts with a flags byte)")
+    flags = body[0]
+    if flags & ~_KNOWN_FLAGS:
+        raise InvalidRecordError(f"malformed batch body: unknown body flags {flags:#04x}")
+    # Every record takes a key length and a value length, plus one slot in
+    # each optional column: a count the bytes cannot back is refused here,
+    # before any list of `count` items exists.
+    per_record = (
+        8
+        + (4 if flags & _FLAG_OFFSET_DELTAS else 0)
+        + (8 if flags & _FLAG_TIMESTAMPS else 0)
+        + (4 if flags & _FLAG_HEADERS else 0)
+    )
+    if count < 1 or count > (size - 1) // per_record:
+        raise InvalidRecordError(
+            f"malformed batch: record_count {count} does not fit in a body of {size} bytes "
+            f"(at most {(size - 1) // per_record} records of {per_record} column bytes each)"
+        )
+    pos = 1
+    deltas = None
+    if flags & _FLAG_OFFSET_DELTAS:
+        deltas, pos = _read_array("I", body, pos, count)
+        if deltas[-1] != header.last_offset_delta:
+            raise InvalidRecordError(
+                f"malformed batch: last_offset_delta {header.last_offset_delta} but the "
+                f"body's last offset delta is {deltas[-1]}"
+            )
+        if not all(map(operator.lt, deltas, islice(deltas, 1, None))):
+            raise InvalidRecordError("malformed batch body: offset deltas do not strictly increase")
+    elif header.last_offset_delta != count - 1:
+        raise InvalidRecordError(
+            f"malformed batch: last_offset_delta {header.last_offset_delta} with "
+            f"record_count {count} and dense offsets (expected {count - 1})"
+        )
+    timestamps = None
+    if flags & _FLAG_TIMESTAMPS:
+        timestamps, pos = _read_array("q", body, pos, count)
+    key_lengths, pos = _read_array("i", body, pos, count)
+    value_lengths, pos = _read_array("i", body, pos, count)
+    header_lengths = None
+    payload = _payload_bytes(key_lengths, "key") + _payload_bytes(value_lengths, "value")
+    if flags & _FLAG_HEADERS:
+        header_lengths, pos = _read_array("i", body, pos, count)
+        payload += _payload_bytes(header_lengths, "header block")
+    if payload != size - pos:
+        raise InvalidRecordError(
+            f"malformed batch body: the length columns of {count} records add up to "
+            f"{payload} bytes, the body holds {size - pos} after them"
+        )
+    return _Columns(flags, deltas, timestamps, key_lengths, value_lengths, header_lengths, pos)
+
+
+def _check_header_blocks(blocks: bytes, lengths: array) -> None:
+    """Walk every header block (`blocks`: the body's tail, where they are
+    concatenated) without building headers: each must hold exactly its
+    declared headers, with UTF-8 keys. ~0.3 us per header in Python, paid
+    only by batches that carry headers."""
+    # Keys are nearly always ASCII: one C-speed scan spares a decode per key.
+    check_utf8 = not blocks.isascii()
+    u16 = _U16.unpack_from
+    i32 = _I32.unpack_from
+    pos = 0
+    for length in lengths:
+        if length <= 0:
+            continue
+        end = pos + length
+        try:
+            (count,) = u16(blocks, pos)
+            at = pos + 2
+            for _ in range(count):
+                (klen,) = u16(blocks, at)
+                if check_utf8:
+                    str(blocks[at + 2 : at + 2 + klen], "utf-8")
+                (vlen,) = i32(blocks, at + 2 + klen)
+                at += 6 + klen + (vlen if vlen > 0 else 0)
+                if at > end:
+                    break
+        except (struct.error, UnicodeDecodeError) as exc:
+            raise InvalidRecordError(f"malformed record header block: {exc}") from exc
+        if at != end:
+            raise InvalidRecordError(
+                f"malformed record header block: {length} bytes declared, "
+                f"its headers take {at - pos}"
+            )
+        pos = end
+
+
+def check_body(
+    header: BatchHeader,
+    raw_body: bytes | memoryview,
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+) -> int:
+    """Check that a body (as stored, maybe compressed) decodes into exactly
+    what the header claims, without building records; return its
+    uncompressed size. What a broker runs on every produced batch.
+
+    Raises InvalidRecordError naming the field that lies, or
+    MessageTooLargeError when the uncompressed body passes the limit.
+    """
+    body = decompress(header.attributes & CODEC_MASK, raw_body, max_uncompressed_bytes)
+    columns = _read_columns(header, body)
+    lengths = columns.header_lengths
+    if lengths is not None:
+        # Header blocks come last: their bytes are the body's tail.
+        block_bytes = sum(lengths) + lengths.count(-1)
+        _check_header_blocks(bytes(body[len(body) - block_bytes :]), lengths)
+    return len(body)
+
+
+def decode_body(
+    header: BatchHeader,
+    raw_body: bytes,
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+) -> DecodedBatch:
+    """Decode a batch body (still compressed, as stored) into columns.
+
+    The body is checked against the header before anything is allocated per
+    record (`_read_columns`); raises InvalidRecordError or
+    MessageTooLargeError (uncompressed body over `max_uncompressed_bytes`).
+    """
+    body = bytes(decompress(header.attributes & CODEC_MASK, raw_body, max_uncompressed_bytes))
+    columns = _read_columns(header, body)
     count = header.record_count
     try:
-        flags = body[0]
-        pos = 1
-        if flags & _FLAG_OFFSET_DELTAS:
-            deltas, pos = _read_array("I", body, pos, count)
+        if columns.deltas is not None:
             base = header.base_offset
-            offsets = [base + d for d in deltas]
+            offsets = [base + d for d in columns.deltas]
         else:
             offsets = list(range(header.base_offset, header.base_offset + count))
-        if flags & _FLAG_TIMESTAMPS:
-            ts_array, pos = _read_array("q", body, pos, count)
-            timestamps = ts_array.tolist()
-        else:
-            timestamps = list(repeat(header.base_timestamp, count))
         if header.attributes & TIMESTAMP_TYPE_BIT:
             timestamps = list(repeat(header.max_timestamp, count))
-        key_lengths, pos = _read_array("i", body, pos, count)
-        value_lengths, pos = _read_array("i", body, pos, count)
-        header_lengths = None
-        if flags & _FLAG_HEADERS:
-            header_lengths, pos = _read_array("i", body, pos, count)
+        elif columns.timestamps is not None:
+            timestamps = columns.timestamps.tolist()
+        else:
+            timestamps = list(repeat(header.base_timestamp, count))
+        key_lengths = columns.key_lengths
+        pos = columns.payload_start
         if max(key_lengths) < 0:
             keys: list[bytes | None] = list(repeat(None, count))
         else:
             keys, pos = _slice_column(body, pos, key_lengths)
-        values, pos = _slice_column(body, pos, value_lengths)
-        if header_lengths is not None:
-            blocks, pos = _slice_column(body, pos, header_lengths)
+        values, pos = _slice_column(body, pos, columns.value_lengths)
+        if columns.header_lengths is not None:
+            blocks, pos = _slice_column(body, pos, columns.header_lengths)
             record_headers = [_decode_header_block(b or b"") for b in blocks]
         else:
             record_headers = []
-        if pos != len(body):
-            raise InvalidRecordError(
-                f"malformed batch body: {len(body) - pos} bytes left after {count} records"
-            )
-    except (IndexError, struct.error) as exc:
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise InvalidRecordError(f"malformed batch body: {exc}") from exc
     return DecodedBatch(header, offsets, timestamps, keys, values, record_headers)
 

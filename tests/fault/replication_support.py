@@ -8,7 +8,6 @@ Every process is started by the test and stopped through its own PID.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import random
 import threading
@@ -21,7 +20,6 @@ from typing import Any
 
 import grpc
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from tidelog.config import ProducerConfig
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
@@ -121,10 +119,6 @@ class ReplicatedCluster:
         assert self.wait_full_isr(name, replicas, 20), self.isr(name)
 
 
-def idempotence_available() -> bool:
-    return any(f.name == "enable_idempotence" for f in dataclasses.fields(ProducerConfig))
-
-
 class AckedProducer:
     """Sends `total` records (value = b"<partition>:<seq>") round-robin to
     the partitions, from a thread, spread evenly over `duration_s`, and
@@ -146,6 +140,8 @@ class AckedProducer:
         self.options = options
         self.bootstrap = bootstrap
         self.acked: dict[int, list[int]] = defaultdict(list)
+        #: Per partition, how many records were handed to send() (seqs 0..n-1).
+        self.sent = [0] * partitions
         self.failed = 0
         self.ack_times: list[float] = []
         self._lock = threading.Lock()
@@ -172,7 +168,6 @@ class AckedProducer:
     def _run(self) -> None:
         try:
             with Producer(bootstrap_servers=self.bootstrap, **self.options) as producer:
-                seqs = [0] * self.partitions
                 started = time.monotonic()
                 for i in range(self.total):
                     if self.stop.is_set():
@@ -181,8 +176,8 @@ class AckedProducer:
                         due = started + self.duration_s * i / self.total
                         time.sleep(max(0.0, due - time.monotonic()))
                     partition = i % self.partitions
-                    seq = seqs[partition]
-                    seqs[partition] += 1
+                    seq = self.sent[partition]
+                    self.sent[partition] += 1
                     future = producer.send(
                         self.topic, value=f"{partition}:{seq}".encode(), partition=partition
                     )

@@ -186,7 +186,6 @@ def test_kill_during_cleaning_and_retention(broker: BrokerProcess) -> None:
         f"{broker_log.count('retention deleted')} retention passes"
     )
     assert cleaned > ROUNDS, f"the cleaner swapped only {cleaned} times (seed {seed})"
-    assert elapsed < 60
 
 
 def _check_compacted(

@@ -245,7 +245,8 @@ def test_topic_compression_type_recompresses_batches(
             headers=[[("h", b"1")]] * 50,
             codec=codec,
             producer_id=7,
-            producer_epoch=1,
+            # Epoch 0: epochs above it move only through InitProducerId.
+            producer_epoch=0,
             # Consecutive sequences: the broker drops a repeated one (idempotence).
             base_sequence=50 * n,
         )
@@ -257,7 +258,7 @@ def test_topic_compression_type_recompresses_batches(
         assert batch.values == values and batch.keys == keys and batch.timestamps == timestamps
         assert batch.headers == [[("h", b"1")]] * 50
         assert batch.offsets == list(range(50 * i, 50 * i + 50))
-        assert (batch.header.producer_id, batch.header.producer_epoch) == (7, 1)
+        assert (batch.header.producer_id, batch.header.producer_epoch) == (7, 0)
     # producer: batches are stored as sent.
     with AdminClient(bootstrap_servers=address) as admin:
         admin.alter_configs({topic_name: {"compression.type": "producer"}})
@@ -327,13 +328,29 @@ def test_cli_consume_from_time(lifecycle_broker: BrokerProcess, topic_name: str)
     assert lines[0].split("\t")[1].startswith("e12")
 
 
-def test_broker_config_file_rejects_unknown_keys(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        # A typo (Kafka's name is log.retention.hours) must not be ignored.
+        ("log.retention.hourz=1", "unknown broker config 'log.retention.hourz'"),
+        ("no.such.setting=1", "unknown broker config 'no.such.setting'"),
+        ("log.retention.check.interval.ms=0", "log.retention.check.interval.ms=0 is out of range"),
+    ],
+)
+def test_broker_config_file_rejects_unknown_keys_and_bad_values(
+    tmp_path: Path, line: str, message: str
+) -> None:
     config_file = tmp_path / "bad.properties"
-    config_file.write_text("log.retention.check.interval.ms=0\n")
+    config_file.write_text(f"# a comment\nlog.segment.bytes=1048576\n{line}\n")
+    data_dir = tmp_path / "data"
     proc = subprocess.run(
-        [sys.executable, "-m", "tidelog_broker", "--config", str(config_file)],
+        [
+            sys.executable, "-m", "tidelog_broker", "--config", str(config_file),
+            "--data-dir", str(data_dir), "--listen", "127.0.0.1:0",
+        ],
         capture_output=True,
         timeout=30,
-    )
-    assert proc.returncode == 2
-    assert b"log.retention.check.interval.ms=0 is out of range" in proc.stderr
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr.decode()
+    assert message.encode() in proc.stderr, proc.stderr.decode()
+    assert not data_dir.exists()  # refused before it started serving

@@ -12,10 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+import grpc
 import psutil
 import pytest
-from tidelog import AdminClient, AsyncConsumer, Consumer, NewTopic, TopicPartition
+from tidelog import AdminClient, AsyncConsumer, Consumer, NewTopic, TopicPartition, records
 from tidelog.errors import UnknownTopicOrPartitionError
+from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tests.support.processes import BrokerProcess, free_port, start_broker
 
@@ -328,3 +330,138 @@ def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
         assert (data_dir / "etcd").is_dir()
     finally:
         kill_dev(dev, children)
+
+
+def stored_batches(address: str, topic: str, partition: int) -> list[records.BatchHeader]:
+    """The headers of the batches the broker stores, as a raw Fetch returns them."""
+    with grpc.insecure_channel(address) as channel:
+        call = log_pb2_grpc.LogStub(channel).Fetch(
+            iter(
+                [
+                    log_pb2.FetchRequest(
+                        positions=[
+                            log_pb2.FetchPosition(topic=topic, partition=partition, fetch_offset=0)
+                        ],
+                        credit_bytes=1 << 24,
+                        max_bytes=1 << 22,
+                        max_wait_ms=50,
+                    )
+                ]
+            ),
+            timeout=10,
+        )
+        data = next(call).partitions[0]
+        call.cancel()
+    assert not data.error.code, data.error.message
+    return [header for _, header in records.iter_batches(data.records)]
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_produce_compression_is_what_the_broker_stores(
+    broker: BrokerProcess, topic_name: str, codec: str
+) -> None:
+    tidelog("topics", "create", topic_name, bootstrap=broker.address)
+    lines = b"".join(b"line %d of a compressible text\n" % i for i in range(200))
+    produced = tidelog(
+        "produce", topic_name, "--partition", "0", "--compression", codec,
+        bootstrap=broker.address, stdin=lines,
+    )  # fmt: skip
+    assert produced.stdout.decode().strip() == "200 records acknowledged"
+    headers = stored_batches(broker.address, topic_name, 0)
+    assert {h.compression.name.lower() for h in headers} == {codec}
+    consumed = tidelog(
+        "consume", topic_name, "--from-beginning", "--timeout-ms", "1500",
+        bootstrap=broker.address,
+    )  # fmt: skip
+    assert consumed.stdout == lines
+
+
+@pytest.mark.parametrize(("acks", "idempotent"), [("0", False), ("1", False), ("all", True)])
+def test_produce_acks(broker: BrokerProcess, topic_name: str, acks: str, idempotent: bool) -> None:
+    """Each --acks stores every line; acks=all reaches the producer, as the
+    idempotence it turns on by default shows in the stored batches (a
+    producer id and sequence), which acks 0 and 1 leave out."""
+    tidelog("topics", "create", topic_name, bootstrap=broker.address)
+    lines = b"".join(b"r%d\n" % i for i in range(50))
+    produced = tidelog("produce", topic_name, "--acks", acks, bootstrap=broker.address, stdin=lines)
+    assert produced.stdout.decode().strip() == "50 records acknowledged"
+    consumed = tidelog(
+        "consume", topic_name, "--from-beginning", "--max-messages", "50",
+        bootstrap=broker.address, timeout=PROMPT_S,
+    )  # fmt: skip
+    assert consumed.stdout == lines
+    headers = stored_batches(broker.address, topic_name, 0)
+    assert {h.producer_id >= 0 and h.base_sequence >= 0 for h in headers} == {idempotent}
+    bad = tidelog(
+        "produce", topic_name, "--acks", "2", bootstrap=broker.address, stdin=b"x\n", check=False
+    )
+    assert "--acks" in one_line_error(bad, 2)
+
+
+def test_topics_alter_sets_and_removes_overrides(broker: BrokerProcess, topic_name: str) -> None:
+    bootstrap = broker.address
+    tidelog("topics", "create", topic_name, bootstrap=bootstrap)
+    with AdminClient(bootstrap) as admin:
+        default = admin.describe_configs([topic_name])[topic_name]["retention.ms"].value
+    altered = tidelog(
+        "topics", "alter", topic_name, "--config", "retention.ms=3600000",
+        "--config", "max.message.bytes=65536", bootstrap=bootstrap,
+    )  # fmt: skip
+    assert altered.stdout.decode().strip() == (
+        f"altered configs of topic {topic_name}: retention.ms=3600000, max.message.bytes=65536"
+    )
+    with AdminClient(bootstrap) as admin:
+        configs = admin.describe_configs([topic_name])[topic_name]
+    assert configs["retention.ms"].value == "3600000" and configs["retention.ms"].is_override
+    assert configs["max.message.bytes"].value == "65536"
+    described = tidelog("topics", "describe", topic_name, "--configs", bootstrap=bootstrap)
+    assert "*retention.ms=3600000" in described.stdout.decode()
+
+    removed = tidelog(
+        "topics", "alter", topic_name, "--delete-config", "retention.ms", bootstrap=bootstrap
+    )
+    assert f"altered configs of topic {topic_name}: -retention.ms" in removed.stdout.decode()
+    with AdminClient(bootstrap) as admin:
+        configs = admin.describe_configs([topic_name])[topic_name]
+    assert configs["retention.ms"].value == default and not configs["retention.ms"].is_override
+    assert configs["max.message.bytes"].value == "65536"  # the other override stays
+
+    bad = tidelog(
+        "topics", "alter", topic_name, "--config", "retention.ms=-5",
+        bootstrap=bootstrap, check=False,
+    )  # fmt: skip
+    assert "retention.ms" in one_line_error(bad, 1)
+    nothing = tidelog("topics", "alter", topic_name, bootstrap=bootstrap, check=False)
+    assert "--config" in one_line_error(nothing, 1)
+    missing = tidelog(
+        "topics", "alter", f"{topic_name}-missing", "--config", "retention.ms=1000",
+        bootstrap=bootstrap, check=False,
+    )  # fmt: skip
+    assert f"{topic_name}-missing" in one_line_error(missing, 1)
+    with AdminClient(bootstrap) as admin:
+        configs = admin.describe_configs([topic_name])[topic_name]
+    assert configs["retention.ms"].value == default  # refused changes changed nothing
+
+
+def test_topics_delete_removes_the_topic_and_its_data(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    bootstrap = broker.address
+    tidelog("topics", "create", topic_name, "--partitions", "2", bootstrap=bootstrap)
+    tidelog("produce", topic_name, bootstrap=bootstrap, stdin=b"a\nb\nc\n")
+    assert (broker.data_dir / f"{topic_name}-0").is_dir()
+    deleted = tidelog("topics", "delete", topic_name, bootstrap=bootstrap)
+    assert deleted.stdout.decode().strip() == f"deleted topic {topic_name}"
+    assert topic_name not in tidelog("topics", "list", bootstrap=bootstrap).stdout.decode().split()
+    assert not any((broker.data_dir / f"{topic_name}-{p}").exists() for p in range(2))
+    consumed = tidelog(
+        "consume", topic_name, "--timeout-ms", "200", bootstrap=bootstrap, check=False
+    )
+    assert "does not exist" in one_line_error(consumed, 1)
+    again = tidelog("topics", "delete", topic_name, bootstrap=bootstrap, check=False)
+    assert topic_name in one_line_error(again, 1)
+    # The name is free again, and the new topic starts empty.
+    tidelog("topics", "create", topic_name, bootstrap=bootstrap)
+    with AdminClient(bootstrap) as admin:
+        (description,) = admin.describe_topics([topic_name])
+    assert [p.log_end_offset for p in description.partitions] == [0]

@@ -68,6 +68,7 @@ def test_async_getmany_timeout(broker_address: str, topic_name: str) -> None:
             loop = asyncio.get_running_loop()
             start = loop.time()
             assert await consumer.getmany(timeout_ms=200) == {}
-            assert 0.15 < loop.time() - start < 1.5
+            # It waited its timeout; the upper bound is a deadline, not a measure.
+            assert 0.2 <= loop.time() - start < 20
 
     asyncio.run(asyncio.wait_for(main(), 25))

@@ -12,12 +12,14 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog._sender import Sender
 from tidelog.errors import InvalidProducerEpochError
-from tidelog.records import encode_batch
+from tidelog.records import encode_batch, read_header
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 
 from tests.support.processes import BrokerProcess, start_broker
@@ -84,7 +86,8 @@ def test_standalone_broker_allocates_producer_ids(broker: BrokerProcess) -> None
 
 def test_raw_duplicates_gaps_and_fenced_epochs(broker: BrokerProcess, topic_name: str) -> None:
     create(broker.address, topic_name)
-    pid, epoch = init_producer_id(broker.address)
+    # Keyed: a second InitProducerId with the key hands out epoch + 1.
+    pid, epoch = init_producer_id(broker.address, f"{topic_name}-raw")
     first = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch, 0))
     assert code_name(first) == "NONE" and first.base_offset == 0
     second = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch, 3))
@@ -96,7 +99,9 @@ def test_raw_duplicates_gaps_and_fenced_epochs(broker: BrokerProcess, topic_name
     assert code_name(gap) == "OUT_OF_ORDER_SEQUENCE_NUMBER"
     assert "expected 6" in gap.error.message
     # A newer epoch takes over (from sequence 0); the older one is fenced.
-    produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch + 1, 0))
+    assert init_producer_id(broker.address, f"{topic_name}-raw") == (pid, epoch + 1)
+    took_over = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch + 1, 0))
+    assert code_name(took_over) == "NONE"
     fenced = produce_raw(broker.address, topic_name, idempotent_batch(pid, epoch, 6))
     assert code_name(fenced) == "INVALID_PRODUCER_EPOCH"
     with Consumer(bootstrap_servers=broker.address) as consumer:
@@ -130,15 +135,33 @@ def test_producer_state_survives_restart_and_crash(own_broker: BrokerProcess) ->
     assert init_producer_id(own_broker.address)[0] > pid
 
 
+class FailedRequests:
+    """Spies on the producer's sender (the real one runs unchanged): the
+    requests sent whose answer never came, which the sender retries."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.errors: Counter[str] = Counter()
+        original = Sender.on_request_failed
+        spy = self
+
+        def on_request_failed(sender: Sender, entry: Any, error: Any) -> None:
+            spy.errors[type(error).__name__] += sum(len(g) for g in entry.batches.values())
+            original(sender, entry, error)
+
+        monkeypatch.setattr(Sender, "on_request_failed", on_request_failed)
+
+
 @pytest.mark.parametrize("fault", ["kill", "pause"])
 def test_broker_fault_mid_stream_stores_every_record_once(
-    own_broker: BrokerProcess, fault: str
+    own_broker: BrokerProcess, fault: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """kill: SIGKILL and restart (in-flight requests are lost, state is
     rebuilt from the log). pause: SIGSTOP longer than request_timeout_ms, so
     the producer gives up on requests the broker then appends after SIGCONT
     and retries them; without idempotence this stores hundreds of records
-    twice (measured: 500 of 30,000)."""
+    twice (measured: 500 of 30,000). Either way the test checks that
+    requests really were lost and retried: without a retry it proves nothing."""
+    failed_requests = FailedRequests(monkeypatch)
     topic = "exactly-once"
     partitions = 2
     count = 30_000
@@ -192,7 +215,14 @@ def test_broker_fault_mid_stream_stores_every_record_once(
             for records in consumer.poll(timeout_ms=500).values():
                 values.update(r.value for r in records)
     duplicates = {v: n for v, n in values.items() if n > 1}
-    print(f"{fault}: read back {len(values)} distinct of {count} sent, {len(duplicates)} twice")
+    print(
+        f"{fault}: read back {len(values)} distinct of {count} sent, {len(duplicates)} twice; "
+        f"batches of unanswered requests retried: {dict(failed_requests.errors)}"
+    )
+    # Every future succeeded, so each batch of a failed request was sent again.
+    assert failed_requests.errors, "no request was lost: the fault missed the stream"
+    if fault == "pause":
+        assert failed_requests.errors["RequestTimedOutError"] > 0, failed_requests.errors
     assert not duplicates
     assert len(values) == count
     assert sum(ends.values()) == count
@@ -212,3 +242,37 @@ def test_a_second_producer_with_the_same_key_fences_the_first(
         # Every later send fails the same way.
         with pytest.raises(InvalidProducerEpochError):
             old.send(topic_name, b"and again").get(10)
+
+
+def test_another_producers_id_with_epoch_plus_one_is_refused_and_fences_nobody(
+    own_broker: BrokerProcess, topic_name: str
+) -> None:
+    # Issue 16 item 5: epochs move only through InitProducerId.
+    address = own_broker.address
+    create(address, topic_name)
+    options = {"acks": "all", "linger_ms": 0, "retry_backoff_ms": 50}
+    with Producer(address, **options) as real:
+        assert real.send(topic_name, b"r0", partition=0).get(10).offset == 0
+        # What another client could learn (a fetch returns batch headers) or guess.
+        log_file = own_broker.data_dir / f"{topic_name}-0" / f"{0:020d}.log"
+        stored = read_header(log_file.read_bytes())
+        pid, epoch = stored.producer_id, stored.producer_epoch
+        assert pid >= 0 and epoch >= 0
+        for forged_epoch in (epoch + 1, 32_767):
+            forged = produce_raw(address, topic_name, idempotent_batch(pid, forged_epoch, 0))
+            assert code_name(forged) == "INVALID_PRODUCER_EPOCH", forged
+            assert f"epoch {forged_epoch} was never handed out" in forged.error.message
+        # The real producer carries on, and its records are all there.
+        assert real.send(topic_name, b"r1", partition=0).get(10).offset == 1
+        # A keyed producer's next epoch is accepted only once handed out.
+        kpid, kepoch = init_producer_id(address, f"{topic_name}-k")
+        early = produce_raw(address, topic_name, idempotent_batch(kpid, kepoch + 1, 0))
+        assert code_name(early) == "INVALID_PRODUCER_EPOCH"
+        assert init_producer_id(address, f"{topic_name}-k") == (kpid, kepoch + 1)
+        granted = produce_raw(address, topic_name, idempotent_batch(kpid, kepoch + 1, 0))
+        assert code_name(granted) == "NONE"
+        # Still refused after a restart (the allocator's file is the authority).
+        own_broker.restart()
+        again = produce_raw(address, topic_name, idempotent_batch(pid, epoch + 1, 0))
+        assert code_name(again) == "INVALID_PRODUCER_EPOCH"
+        assert real.send(topic_name, b"r2", partition=0).get(20).offset == 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 
@@ -179,7 +180,12 @@ def test_seek_to_end_then_new_records(
     assert [(r.offset, r.value) for r in records] == [(10, b"new")]
 
 
-def test_poll_timeout_returns_empty_promptly(
+#: A deadline no poll in these tests comes near unless it waits for something
+#: it should not (a loaded machine is slow, never this slow).
+GENEROUS_S = 20
+
+
+def test_poll_waits_up_to_its_timeout_and_returns_empty(
     producer: Producer, consumer: Consumer, topic_name: str
 ) -> None:
     producer.send(topic_name, b"v", partition=0).get(10)
@@ -188,10 +194,30 @@ def test_poll_timeout_returns_empty_promptly(
     start = time.monotonic()
     assert consumer.poll(timeout_ms=300) == {}
     elapsed = time.monotonic() - start
-    assert 0.25 <= elapsed < 1.5
-    start = time.monotonic()
+    assert 0.3 <= elapsed < GENEROUS_S  # it waited its timeout, and no longer than a deadline
+    assert consumer.poll(timeout_ms=0) == {}  # does not block (the test's timeout would end it)
+
+
+def test_poll_returns_as_soon_as_a_record_arrives(
+    producer: Producer, consumer: Consumer, topic_name: str
+) -> None:
+    """A long timeout is an upper bound, not a wait: a record produced while
+    poll() waits ends the wait, long before the timeout."""
+    tp = TopicPartition(topic_name, 0)
+    producer.send(topic_name, b"old", partition=0).get(10)
+    consumer.assign([tp])
+    consumer.seek_to_end()
     assert consumer.poll(timeout_ms=0) == {}
-    assert time.monotonic() - start < 0.1
+    later = threading.Timer(0.5, lambda: producer.send(topic_name, b"new", partition=0))
+    later.start()
+    try:
+        start = time.monotonic()
+        polled = consumer.poll(timeout_ms=600_000)
+        elapsed = time.monotonic() - start
+    finally:
+        later.cancel()
+    assert [r.value for r in polled[tp]] == [b"new"]
+    assert elapsed < GENEROUS_S  # far below the 600 s it was allowed to wait
 
 
 def test_max_records_and_position_tracking(
@@ -273,9 +299,8 @@ def test_iterator_stops_after_consumer_timeout(
         producer.send(topic_name, b"%d" % i, partition=0)
     producer.flush(10)
     consumer.assign([TopicPartition(topic_name, 0)])
-    start = time.monotonic()
+    # consumer_timeout_ms=1000: iteration ends (the test's timeout would end it otherwise).
     assert [r.value for r in consumer] == [b"%d" % i for i in range(25)]
-    assert time.monotonic() - start < 5
 
 
 def test_restarted_consumer_continues_from_a_given_offset(

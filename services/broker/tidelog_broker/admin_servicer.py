@@ -1,8 +1,9 @@
-"""gRPC front of topic administration (`tidelog.v1.Admin`) on a single broker.
+"""gRPC front of topic administration (`tidelog.v1.Admin`) on a standalone broker.
 
 Each topic of a request succeeds or fails alone, with an in-band typed error
-(error_mapping). The coordinator serves the same service once the control
-plane exists.
+(error_mapping). In cluster mode (`--etcd`) the broker does not serve this:
+its Admin calls go to a coordinator (`coordinator_forwarding`), which serves
+the same service with the same messages.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from tidelog_broker.error_mapping import abort, error_proto
 from tidelog_broker.fetch_limits import FetchBudget, StreamLimitError
 from tidelog_broker.fetch_session import FetchSession
 from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.producer_epochs import ProducerEpochs, new_epochs
 
 log = logging.getLogger("tidelog.broker")
 
@@ -50,11 +51,13 @@ class LogServicer(log_pb2_grpc.LogServicer):
         config: BrokerConfig,
         metadata: Callable[[log_pb2.MetadataRequest], Awaitable[log_pb2.MetadataResponse]]
         | None = None,
+        producer_epochs: ProducerEpochs | None = None,
     ) -> None:
         self._manager = manager
         self._config = config
         # One budget for every Fetch stream of this broker (fetch_limits).
         self._fetch_budget = FetchBudget(config.fetch_limits)
+        self._producer_epochs = producer_epochs
         # Cluster mode: Metadata comes from the broker's etcd view (ClusterLink).
         self._cluster_metadata = metadata
 
@@ -83,7 +86,13 @@ class LogServicer(log_pb2_grpc.LogServicer):
                         )
                         await pending.put(failed)
                         return
-                    response, waits = self._append_request(request)
+                    # Read once: each access to a bytes field copies it.
+                    payloads = [part.records for part in request.partitions]
+                    if self._producer_epochs is not None:
+                        # A new producer epoch must be one InitProducerId
+                        # handed out: make sure the check in the append knows it.
+                        await self._producer_epochs.confirm(new_epochs(payloads))
+                    response, waits = self._append_request(request, payloads)
                     if request.acks == 0:
                         continue  # no answer at all
                     answer: asyncio.Future[log_pb2.ProduceResponse]
@@ -121,14 +130,14 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     left.cancel()
 
     def _append_request(
-        self, request: log_pb2.ProduceRequest
+        self, request: log_pb2.ProduceRequest, payloads: list[bytes]
     ) -> tuple[log_pb2.ProduceResponse, list[_AckWait]]:
         """Append every partition of one request; with acks=all, also what
         its answer must wait for (each partition's last offset and epoch)."""
         response = log_pb2.ProduceResponse(correlation_id=request.correlation_id)
         waits: list[_AckWait] = []
         seen: set[tuple[str, int]] = set()
-        for part in request.partitions:
+        for part, payload in zip(request.partitions, payloads, strict=True):
             result = response.partitions.add(topic=part.topic, partition=part.partition)
             key = (part.topic, part.partition)
             try:
@@ -139,7 +148,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     )
                 seen.add(key)
                 appended = self._manager.append(
-                    part.topic, part.partition, part.records, acks=request.acks
+                    part.topic, part.partition, payload, acks=request.acks
                 )
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"appending to {key[0]}-{key[1]}"))

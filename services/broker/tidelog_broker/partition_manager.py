@@ -10,6 +10,7 @@ asyncio event loop (log_manager says what runs in worker threads).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tidelog import records
@@ -64,6 +65,9 @@ class PartitionManager:
         self.logs = LogManager(config, clock, cluster_mode=cluster_mode)
         #: Cluster mode: roles, ISR, high watermarks, follower fetching.
         self.replicas = ReplicaManager(config, clock, self.logs, cluster_mode=cluster_mode)
+        #: The highest epoch InitProducerId handed out per producer id
+        #: (producer_epochs.py); None: epochs are not checked. Set by the server.
+        self.highest_producer_epoch: Callable[[int], int] | None = None
 
     def open(self) -> None:
         """Open every topic's logs, running recovery where needed."""
@@ -109,8 +113,9 @@ class PartitionManager:
     def append(self, topic: str, partition: int, data: bytes, acks: int = 1) -> ProduceResult:
         """Validate and append one partition's batches (all or nothing).
 
-        Every batch is checked (size, header, CRC32C) before any byte is
-        written, so a bad batch in a request writes nothing for its partition.
+        Every batch is checked (size, header, CRC32C, body against header:
+        record_policy.validated_batches) before any byte is written, so a bad
+        batch in a request writes nothing for its partition.
         """
         partition_log = self.partition_log(
             self.ensure_topic(topic, auto_create=True).spec.name, partition
@@ -128,7 +133,7 @@ class PartitionManager:
             )
         buf = bytearray(data)  # the log patches base offsets in place
         config = partition_log.config
-        batches = list(records.iter_batches(buf, config.max_message_bytes))
+        batches = record_policy.validated_batches(buf, config.max_message_bytes)
         # The only two reasons to look inside batches, both opt-in per topic.
         if config.compression_type != "producer":
             codec = CompressionType.parse(config.compression_type)
@@ -142,7 +147,7 @@ class PartitionManager:
             # check read which epoch wrote each batch.
             for position, _ in batches:
                 records.set_partition_leader_epoch(buf, position, replication.leader_epoch)
-        info = partition_log.append(buf, batches)
+        info = partition_log.append(buf, batches, self.highest_producer_epoch)
         if replication is not None:
             replication.advance_high_watermark(self._config.broker_id, partition_log.log_end_offset)
         self._wake((topic, partition))

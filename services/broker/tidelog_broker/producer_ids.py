@@ -64,6 +64,8 @@ class LocalProducerIds:
         self._path = data_dir / PRODUCER_IDS_FILE
         self._next_id = 0
         self._keys: dict[str, tuple[int, int]] = {}
+        # producer id -> its key's epoch (keyed ids only; the others stay at 0).
+        self._epochs: dict[int, int] = {}
         try:
             data = json.loads(self._path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -74,6 +76,12 @@ class LocalProducerIds:
             raise StorageError(f"{self._path} unreadable ({exc}): cannot allocate ids") from exc
         self._next_id = int(data["next_id"])
         self._keys = {k: (int(v[0]), int(v[1])) for k, v in data.get("keys", {}).items()}
+        self._epochs = {producer_id: epoch for producer_id, epoch in self._keys.values()}
+
+    def highest_epoch(self, producer_id: int) -> int:
+        """The highest epoch handed out for `producer_id` (0 for an id
+        allocated without a key, or never allocated)."""
+        return self._epochs.get(producer_id, 0)
 
     def init_producer_id(self, producer_key: str = "") -> tuple[int, int]:
         _check_key(producer_key)
@@ -86,6 +94,9 @@ class LocalProducerIds:
         if producer_key:
             self._keys[producer_key] = result
         self._save()
+        # Known to the produce path only once durable: an epoch is never
+        # accepted that a restart would forget.
+        self._epochs[result[0]] = result[1]
         return result
 
     def _save(self) -> None:

@@ -1,7 +1,11 @@
-"""Topic policies that make the broker look inside batches on produce.
+"""What the broker checks and changes inside produced batches.
 
-The broker moves bytes and does not decode records (ARCHITECTURE invariant
-1), with exactly two exceptions, both opt-in per topic and both here:
+Every produced batch is checked (`validated_batches`): header, CRC32C, dense
+offsets, and a body that decodes into exactly what the header claims, a
+compressed one within max.message.bytes uncompressed. That check reads the
+body's length columns as arrays and never builds a record, so the broker
+still moves bytes without decoding records (ARCHITECTURE invariant 1),
+with exactly two exceptions, both opt-in per topic and both here:
 
 - `compression.type` other than `producer`: a batch whose codec differs is
   decoded and re-encoded with the topic's codec, keeping offsets, timestamps,
@@ -18,9 +22,45 @@ from __future__ import annotations
 
 from tidelog.compression import CompressionType
 from tidelog.errors import InvalidRecordError
-from tidelog.records import HEADER_SIZE, BatchHeader, decode_body, encode_batch
+from tidelog.records import (
+    HEADER_SIZE,
+    BatchHeader,
+    check_body,
+    decode_body,
+    encode_batch,
+    iter_batches,
+)
 
 Batches = list[tuple[int, BatchHeader]]
+
+
+def validated_batches(buf: bytes | bytearray, max_message_bytes: int) -> Batches:
+    """Every batch of one partition's produce, checked before anything is
+    written: a batch a consumer cannot decode is never stored.
+
+    Offsets must be dense (last_offset_delta == record_count - 1, as Kafka
+    requires of producers: only the cleaner leaves gaps), and a body must
+    decode within `max_message_bytes` uncompressed. Raises
+    InvalidRecordError, CorruptRecordError or MessageTooLargeError naming
+    the batch and the field or limit.
+    """
+    view = memoryview(buf)
+    batches: Batches = []
+    for index, (position, header) in enumerate(iter_batches(buf, max_message_bytes)):
+        if header.last_offset_delta != header.record_count - 1:
+            raise InvalidRecordError(
+                f"batch {index}: last_offset_delta {header.last_offset_delta} does not match "
+                f"record_count {header.record_count}: a produced batch's offsets are dense "
+                "(last_offset_delta = record_count - 1)"
+            )
+        try:
+            check_body(
+                header, view[position + HEADER_SIZE : position + header.size], max_message_bytes
+            )
+        except InvalidRecordError as exc:
+            raise InvalidRecordError(f"batch {index}: {exc.message}") from exc
+        batches.append((position, header))
+    return batches
 
 
 def needs_recompression(batches: Batches, codec: CompressionType) -> bool:

@@ -48,6 +48,7 @@ from tidelog_broker.cluster_servicers import (
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_servicer import LogServicer
 from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.producer_epochs import EtcdEpochs, LocalEpochs
 from tidelog_broker.producer_ids import LocalProducerIds, StandaloneClusterServicer
 from tidelog_broker.replica_servicer import ReplicaServicer
 
@@ -94,18 +95,24 @@ class BrokerServer:
             reflection.SERVICE_NAME,
         ]
         if self.link is None:
+            producer_ids = LocalProducerIds(self.config.data_dir)
+            self.manager.highest_producer_epoch = LocalEpochs(producer_ids).highest_epoch
+            # No `confirm` needed: the allocator is in this process.
             log_pb2_grpc.add_LogServicer_to_server(LogServicer(self.manager, self.config), server)
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminServicer(self.manager, self.config), server
             )
             # InitProducerId from a local counter (idempotent producers).
             cluster_pb2_grpc.add_ClusterServicer_to_server(
-                StandaloneClusterServicer(LocalProducerIds(self.config.data_dir)), server
+                StandaloneClusterServicer(producer_ids), server
             )
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
         else:
+            epochs = EtcdEpochs(self.link.client, self.link.keys)
+            self.manager.highest_producer_epoch = epochs.highest_epoch
             log_pb2_grpc.add_LogServicer_to_server(
-                LogServicer(self.manager, self.config, ClusterMetadata(self.link).metadata), server
+                LogServicer(self.manager, self.config, ClusterMetadata(self.link).metadata, epochs),
+                server,
             )
             add_admin_forwarder(AdminForwarder(self.link, self.link.forwarding), server)
             cluster_pb2_grpc.add_ClusterServicer_to_server(

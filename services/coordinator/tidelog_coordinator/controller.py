@@ -9,6 +9,13 @@
 4. when the session is lost (etcd says the lease is gone, for example after
    an outage longer than the TTL), stop the duties and start again at 1.
 
+A failure in 2 or 3 (etcd unreachable for a moment, a watch cut) retries on
+the same session while its lease lives: the campaign finds its own key and
+keeps its place. Only a lost session is replaced, and the replaced one is
+closed first: a second session would leave the first one's keepalive
+running, its lease and election key alive, and that phantom candidate ahead
+of this replica would keep every replica from becoming the controller.
+
 Killing the process (even with SIGKILL) lets the lease expire within
 `session_ttl_s`; the next candidate, watching its predecessor's key, is then
 elected: that bounds the controller fail-over time.
@@ -22,7 +29,7 @@ import json
 import logging
 
 import aetcd
-from tidelog_server.etcd import Election, Session, is_unavailable
+from tidelog_server.etcd import Election, ElectionKeyLostError, Session, is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.log_flood import RateLimitedLog
 
@@ -61,19 +68,30 @@ class ReplicaLifecycle:
         #: True while this replica believes it is the controller.
         self.is_controller = False
         self.elected = asyncio.Event()
+        self._closed = False
 
     async def run(self) -> None:
-        while True:
+        while not self._closed:
             try:
-                self.session = await Session.create(self.client, self.config.session_ttl_s)
+                session = await self._live_session()
+                if session is None:
+                    return  # closed
                 await self.client.put(
                     self.keys.coordinator(self.config.coordinator_id),
                     self.value,
-                    lease=self.session.lease_id,
+                    lease=session.lease_id,
                 )
-                await self._lead_until_lost(self.session)
+                await self._lead_until_lost(session)
             except asyncio.CancelledError:
                 raise
+            except ElectionKeyLostError as exc:
+                # Our key is gone, so surely our lease too (or someone deleted
+                # the key): a new session, at once, rather than waiting for
+                # the keepalive to notice.
+                log.warning("controller loop: %s; starting a new session", exc)
+                if self.session is not None:
+                    await self.session.close()
+                    self.session = None
             except Exception as exc:
                 level = logging.INFO if is_unavailable(exc) else logging.ERROR
                 flood.log(
@@ -82,6 +100,23 @@ class ReplicaLifecycle:
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:
                 self._step_down()
+
+    async def _live_session(self) -> Session | None:
+        """The current session while its lease lives, else a new one (the
+        lost one closed first, so no keepalive of ours outlives its use);
+        None once close() was called."""
+        if self.session is not None and not self.session.lost.is_set():
+            return self.session
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+        session = await Session.create(self.client, self.config.session_ttl_s)
+        if self._closed:
+            # close() ran while the lease was being granted.
+            await session.close()
+            return None
+        self.session = session
+        return session
 
     async def _lead_until_lost(self, session: Session) -> None:
         election = Election(session, self.keys.election)
@@ -140,7 +175,9 @@ class ReplicaLifecycle:
         self.elected.clear()
 
     async def close(self) -> None:
-        """Resign and revoke the session: another replica takes over at once."""
+        """Resign and revoke the session: another replica takes over at once.
+        run() then returns instead of starting a new session."""
+        self._closed = True
         self._step_down()
         if self.session is not None:
             await self.session.close()

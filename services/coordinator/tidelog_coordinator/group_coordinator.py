@@ -55,6 +55,7 @@ from tidelog.errors import (
 )
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2
+from tidelog_server.etcd import is_unavailable
 from tidelog_server.etcd.keys import Keys, dynamic_member_key, static_member_key
 
 from tidelog_coordinator.assignors import ASSIGNORS, DEFAULT_ASSIGNOR, assign
@@ -83,6 +84,43 @@ REBALANCE_TIMEOUT_MAX_MS = 30 * 60_000
 
 def tp_protos(tps: frozenset[TopicPartition]) -> list[common_pb2.TopicPartition]:
     return [common_pb2.TopicPartition(topic=t, partition=p) for t, p in sorted(tps)]
+
+
+def next_group_state(view: GroupView, cache: GroupCache) -> GroupState | None:
+    """The group's next state, or None when its target does not change (pure).
+
+    The assignor most members ask for wins (ties: the name that sorts first);
+    with the same assignor, the previous target of members still present is
+    the starting point (sticky). A new target is a new generation: the group
+    epoch goes up by one, and only then."""
+    if not view.members:
+        return None
+    subscriptions = {k: cache.subscribed(m) for k, m in view.members.items()}
+    votes = collections.Counter(m.assignor for m in view.members.values())
+    assignor = min(votes, key=lambda a: (-votes[a], a))
+    counts = {t: cache.topics[t] for subs in subscriptions.values() for t in subs}
+    state = view.state
+    previous = {}
+    if state is not None and state.assignor == assignor:
+        previous = {k: v for k, v in state.target.items() if k in view.members}
+    target = assign(assignor, subscriptions, counts, previous)
+    if state is not None and state.assignor == assignor and state.target == target:
+        return None
+    epoch = (state.group_epoch if state else 0) + 1
+    return GroupState(group_epoch=epoch, assignor=assignor, target=target)
+
+
+def pushable_assignment(view: GroupView, member_key: str) -> frozenset[TopicPartition]:
+    """What a member may be given now: its target minus the partitions
+    another member still owns (they move once released; pure)."""
+    if view.state is None:
+        return frozenset()
+    target = view.state.target.get(member_key, frozenset())
+    held_elsewhere: set[TopicPartition] = set()
+    for key, other in view.members.items():
+        if key != member_key:
+            held_elsewhere |= other.owned
+    return frozenset(target - held_elsewhere)
 
 
 @dataclass(eq=False)
@@ -372,7 +410,7 @@ class GroupCoordinator:
             except Exception as exc:
                 # Retried on the next change of the group (every write we or
                 # anyone makes produces one) or the next heartbeat.
-                level = logging.INFO if _is_etcd_outage(exc) else logging.ERROR
+                level = logging.INFO if is_unavailable(exc) else logging.ERROR
                 log.log(
                     level,
                     "reconciling group %r failed: %s",
@@ -386,33 +424,13 @@ class GroupCoordinator:
         streams = self.local.get(group_id, {})
         if not streams and not self.is_controller():
             return
-        new_state = self._compute_target(view)
+        new_state = next_group_state(view, self.cache)
         if new_state is not None:
             await self._write_state(group_id, view.state, new_state)
             return  # the watch event of the write brings us back here
         for stream in list(streams.values()):
             async with stream.lock:
                 await self._push(stream, view)
-
-    def _compute_target(self, view: GroupView) -> GroupState | None:
-        """The next group state, or None when the target does not change."""
-        if not view.members:
-            return None
-        topic_names = self.cache.topics
-        subscriptions = {k: self.cache.subscribed(m) for k, m in view.members.items()}
-        votes = collections.Counter(m.assignor for m in view.members.values())
-        # The most common choice wins; ties go to the name that sorts first.
-        assignor = min(votes, key=lambda a: (-votes[a], a))
-        counts = {t: topic_names[t] for subs in subscriptions.values() for t in subs}
-        state = view.state
-        previous = {}
-        if state is not None and state.assignor == assignor:
-            previous = {k: v for k, v in state.target.items() if k in view.members}
-        target = assign(assignor, subscriptions, counts, previous)
-        if state is not None and state.assignor == assignor and state.target == target:
-            return None
-        epoch = (state.group_epoch if state else 0) + 1
-        return GroupState(group_epoch=epoch, assignor=assignor, target=target)
 
     async def _write_state(self, group_id: str, old: GroupState | None, new: GroupState) -> None:
         tx = self.client.transactions
@@ -439,12 +457,7 @@ class GroupCoordinator:
             return
         if view.state is None:
             return
-        target = view.state.target.get(stream.member_key, frozenset())
-        held_elsewhere: set[TopicPartition] = set()
-        for key, other in view.members.items():
-            if key != stream.member_key:
-                held_elsewhere |= other.owned
-        assignment = frozenset(target - held_elsewhere)
+        assignment = pushable_assignment(view, stream.member_key)
         epoch = view.state.group_epoch
         if member.owned - assignment:
             if stream.revoke_deadline is None:
@@ -532,9 +545,3 @@ class GroupCoordinator:
         for streams in list(self.local.values()):
             for stream in list(streams.values()):
                 stream.close(error)
-
-
-def _is_etcd_outage(exc: BaseException) -> bool:
-    from tidelog_server.etcd import is_unavailable
-
-    return is_unavailable(exc)

@@ -105,8 +105,13 @@ class LeaderElector:
         last_preferred = time.monotonic()
         try:
             while True:
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for
+                # returns normally when the trigger fires in the same step as
+                # a cancel, swallowing it, and stopping the controller's
+                # duties then waits for this task forever.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._trigger.wait(), PASS_INTERVAL_S)
+                    async with asyncio.timeout(PASS_INTERVAL_S):
+                        await self._trigger.wait()
                 self._trigger.clear()
                 preferred = (
                     self.preferred_interval_s > 0

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,29 @@ class OffsetEntry:
     commit_time_ms: int = 0
 
 
+def validate_entries(entries: Sequence[OffsetEntry], topics: Mapping[str, int]) -> None:
+    """What a commit (or an admin change) accepts, before etcd is asked (pure):
+    valid topic names, each partition once, offsets in 0..OFFSET_MAX, metadata
+    up to OFFSET_METADATA_MAX_BYTES, and only partitions that exist
+    (`topics`: name -> partition count)."""
+    seen: set[TopicPartition] = set()
+    for e in entries:
+        validate_topic_name(e.tp.topic)
+        if e.tp in seen:
+            raise InvalidRequestError(f"{e.tp.topic}-{e.tp.partition} appears twice")
+        seen.add(e.tp)
+        if not 0 <= e.offset <= OFFSET_MAX:
+            raise InvalidRequestError(
+                f"offset {e.offset} for {e.tp.topic}-{e.tp.partition} is out of range: "
+                f"0 to {OFFSET_MAX}"
+            )
+        if len(e.metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
+            raise InvalidRequestError(f"metadata is longer than {OFFSET_METADATA_MAX_BYTES} bytes")
+        count = topics.get(e.tp.topic)
+        if count is None or e.tp.partition < 0 or e.tp.partition >= count:
+            raise UnknownTopicOrPartitionError(f"{e.tp.topic}-{e.tp.partition} does not exist")
+
+
 class OffsetStore:
     """Offsets and group admin over etcd. One event loop."""
 
@@ -80,27 +103,6 @@ class OffsetStore:
 
     # ------------------------------------------------------------ commit / fetch
 
-    def _validate(self, entries: Sequence[OffsetEntry]) -> None:
-        topics = self.groups.cache.topics
-        seen: set[TopicPartition] = set()
-        for e in entries:
-            validate_topic_name(e.tp.topic)
-            if e.tp in seen:
-                raise InvalidRequestError(f"{e.tp.topic}-{e.tp.partition} appears twice")
-            seen.add(e.tp)
-            if not 0 <= e.offset <= OFFSET_MAX:
-                raise InvalidRequestError(
-                    f"offset {e.offset} for {e.tp.topic}-{e.tp.partition} is out of range: "
-                    f"0 to {OFFSET_MAX}"
-                )
-            if len(e.metadata.encode()) > OFFSET_METADATA_MAX_BYTES:
-                raise InvalidRequestError(
-                    f"metadata is longer than {OFFSET_METADATA_MAX_BYTES} bytes"
-                )
-            count = topics.get(e.tp.topic)
-            if count is None or e.tp.partition < 0 or e.tp.partition >= count:
-                raise UnknownTopicOrPartitionError(f"{e.tp.topic}-{e.tp.partition} does not exist")
-
     def _puts(self, group_id: str, entries: Sequence[OffsetEntry]) -> list[Any]:
         tx = self.client.transactions
         now_ms = self.clock.time_ms()
@@ -118,7 +120,7 @@ class OffsetStore:
     async def alter(self, group_id: str, entries: Sequence[OffsetEntry]) -> None:
         """Admin offset change: only while the group has no live members."""
         validate_group_id(group_id)
-        self._validate(entries)
+        validate_entries(entries, self.groups.cache.topics)
         if not entries:
             return
         tx = self.client.transactions
@@ -144,7 +146,7 @@ class OffsetStore:
                 "commits come from group members (member_id is empty): an administrator "
                 "changes the offsets of an empty group with AlterOffsets"
             )
-        self._validate(entries)
+        validate_entries(entries, self.groups.cache.topics)
         if not entries:
             return
         tx = self.client.transactions

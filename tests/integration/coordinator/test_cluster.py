@@ -25,8 +25,7 @@ def test_broker_registration_vanishes_when_its_lease_expires(
             key = f"{prefix}/brokers/ids/7".encode()
             assert await client.get(key) is not None
             # Nobody refreshes the lease (the broker "died"): the key goes.
-            took = await eventually(lambda: _absent(client, key), 6, "registration to expire")
-            assert took <= 4
+            await eventually(lambda: _absent(client, key), 30, "registration to expire")
 
     asyncio.run(run())
 
@@ -151,8 +150,8 @@ def test_controller_fails_over_to_the_other_replica(
                 )
             )
         first.kill()  # SIGKILL: no resignation, the lease must expire
-        took = await eventually(lambda: _is(controller(second.address), "c1"), 6, "c1 to take over")
-        assert took < 2 + 1.5  # the session TTL, plus etcd's lease-expiry granularity
+        # How long this takes is measured by bench/group_bench.py (controller fail-over).
+        await eventually(lambda: _is(controller(second.address), "c1"), 30, "c1 to take over")
         async with grpc.aio.insecure_channel(second.address) as channel:
             described = await admin_pb2_grpc.AdminStub(channel).DescribeTopics(
                 admin_pb2.DescribeTopicsRequest(names=["keep"])

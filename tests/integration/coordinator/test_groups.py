@@ -104,8 +104,8 @@ def test_three_members_then_a_fourth_moves_only_its_share(
             for listener in listeners[:3]:
                 listener.revoked.clear()
             await members[3].start()
-            took = await wait_settled(members, 12, 10)
-            assert took < 1.0
+            # How long this takes is measured by bench/group_bench.py (rebalance 3->4).
+            await wait_settled(members, 12, 30)
             # Cooperative-sticky: each old member gave up exactly one partition,
             # the only ones revoked, and kept the rest without interruption.
             for i in range(3):
@@ -129,7 +129,7 @@ def test_three_members_then_a_fourth_moves_only_its_share(
     asyncio.run(run())
 
 
-def test_killed_member_partitions_move_within_the_session_timeout(
+def test_a_killed_members_partitions_move_once_its_session_expires(
     etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
 ) -> None:
     coordinator = coordinators()
@@ -169,8 +169,9 @@ def test_killed_member_partitions_move_within_the_session_timeout(
                     and sum(map(len, owned)) == 12
                 )
 
-            took = await eventually(two_own_all, 10, "the survivors to own all 12 partitions")
-            assert took < SESSION_MS / 1000 + 1.5
+            # Only the session's expiry moves them (the member neither left nor
+            # heartbeats); bench/group_bench.py measures how long it takes.
+            await eventually(two_own_all, 30, "the survivors to own all 12 partitions")
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -259,7 +260,12 @@ def test_zombie_cannot_commit_and_offsets_round_trip(
             zombie_id, zombie_epoch = member.member_id, member.member_epoch
             zombie_token = member.member_token
             await member._stop_task()
-            await asyncio.sleep(SESSION_MS / 1000 + 1.5)
+
+            async def expired() -> bool:
+                return not (await describe(coordinator.address, "g")).members
+
+            # Waits for the expiry itself, not for a guess of how long it takes.
+            await eventually(expired, 30, "the frozen member's session to expire")
             with pytest.raises((UnknownMemberIdError, IllegalGenerationError)):
                 await offsets.commit("g", {TopicPartition("t", 0): 99}, member_id=zombie_id,
                                      member_epoch=zombie_epoch,

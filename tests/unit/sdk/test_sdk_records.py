@@ -3,11 +3,16 @@ that other-language clients check against, and every rejection."""
 
 from __future__ import annotations
 
+import random
+import struct
+
+import crc32c
 import pytest
+import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tidelog import records
-from tidelog.compression import CompressionType
+from tidelog.compression import CompressionType, compress, decompress
 from tidelog.errors import CorruptRecordError, InvalidRecordError, MessageTooLargeError
 
 # Two records, a key, a null value, per-record timestamps and a header: the
@@ -143,3 +148,144 @@ def test_malformed_body_is_an_error_not_a_crash() -> None:
     header = records.read_header(records.encode_batch([b"abc"]))
     with pytest.raises(InvalidRecordError):
         records.decode_body(header, b"\x00\x01")
+
+
+# --------------------------------------------------------------------------- bodies
+# A broker checks that each produced body decodes into exactly what the header
+# claims (issue 16 items 3 and 4), and decompression is bounded (item 8).
+
+
+def forge(
+    body: bytes,
+    *,
+    record_count: int,
+    last_offset_delta: int,
+    codec: int = 0,
+) -> bytes:
+    """A batch with any header counts and body, and a valid CRC32C: what a
+    hostile client can send."""
+    tail = struct.pack(">hiqqqhii", codec, last_offset_delta, 0, 0, -1, -1, -1, record_count)
+    tail += body
+    crc = crc32c.crc32c(tail)
+    return struct.pack(">qiibI", 0, 4 + 1 + 4 + len(tail), -1, records.MAGIC, crc) + tail
+
+
+def body_of(batch: bytes) -> bytes:
+    return batch[records.HEADER_SIZE :]
+
+
+def check(batch: bytes, limit: int = 1 << 20) -> int:
+    header = records.validate_batch(batch)
+    return records.check_body(header, body_of(batch), limit)
+
+
+def test_check_body_accepts_what_the_encoder_writes() -> None:
+    for codec in CompressionType:
+        batch = records.encode_batch(
+            [b"v1", None, b"v3"],
+            keys=[b"k", None, b"kk"],
+            timestamps=[1, 5, 3],
+            headers=[[("h", b"x"), ("n", None)], None, []],
+            offset_deltas=[0, 4, 9],
+            codec=codec,
+        )
+        assert check(batch) > 0
+
+
+def test_a_claimed_count_the_body_cannot_hold_is_refused_before_any_allocation() -> None:
+    # The issue's 72-byte batch claiming 2^31-1 records: refused from the
+    # body's size, before a list of 2^31 offsets could be built.
+    one = body_of(records.encode_batch([b"xy"]))
+    forged = forge(one, record_count=2**31 - 1, last_offset_delta=2**31 - 2)
+    assert len(forged) == 72
+    header = records.validate_batch(forged)
+    with pytest.raises(InvalidRecordError, match=r"record_count 2147483647 does not fit"):
+        records.check_body(header, body_of(forged))
+    with pytest.raises(InvalidRecordError, match="record_count 2147483647"):
+        records.decode_body(header, body_of(forged))
+    with pytest.raises(InvalidRecordError, match="record_count 2147483647"):
+        list(records.decode_batches(forged))
+
+
+def test_offsets_must_agree_with_the_count_and_the_deltas() -> None:
+    one = body_of(records.encode_batch([b"x"]))
+    # Dense body (no delta column): last_offset_delta must be record_count - 1.
+    with pytest.raises(
+        InvalidRecordError, match=r"last_offset_delta 2147483647 with record_count 1"
+    ):
+        check(forge(one, record_count=1, last_offset_delta=2**31 - 1))
+    sparse = body_of(records.encode_batch([b"a", b"b"], offset_deltas=[0, 7]))
+    with pytest.raises(
+        InvalidRecordError, match=r"last_offset_delta 9 but the body's last offset delta is 7"
+    ):
+        check(forge(sparse, record_count=2, last_offset_delta=9))
+    backwards = body_of(records.encode_batch([b"a", b"b"], offset_deltas=[7, 7]))
+    with pytest.raises(InvalidRecordError, match="do not strictly increase"):
+        check(forge(backwards, record_count=2, last_offset_delta=7))
+
+
+def test_length_columns_must_add_up_to_the_body() -> None:
+    body = bytearray(body_of(records.encode_batch([b"abc", b"de"])))
+    # flags, two key lengths (-1), two value lengths: make the second claim 9.
+    struct.pack_into("<i", body, 1 + 8 + 4, 9)
+    with pytest.raises(InvalidRecordError, match="add up to 12 bytes, the body holds 5"):
+        check(forge(bytes(body), record_count=2, last_offset_delta=1))
+    struct.pack_into("<i", body, 1 + 8 + 4, -5)
+    with pytest.raises(InvalidRecordError, match="a value length is -5"):
+        check(forge(bytes(body), record_count=2, last_offset_delta=1))
+    with pytest.raises(InvalidRecordError, match="unknown body flags 0x80"):
+        check(forge(b"\x80" + bytes(body[1:]), record_count=2, last_offset_delta=1))
+
+
+def test_a_header_block_must_hold_what_it_declares() -> None:
+    good = records.encode_batch([b"v"], headers=[[("h", b"x")]])
+    header = records.validate_batch(good)
+    block_at = len(good) - len(records._encode_headers([("h", b"x")]))
+    bad_key = bytearray(body_of(good))
+    bad_key[block_at - records.HEADER_SIZE + 4] = 0xFF  # the key "h" -> invalid UTF-8
+    with pytest.raises(InvalidRecordError, match="header block"):
+        check(forge(bytes(bad_key), record_count=1, last_offset_delta=0))
+    # The consumer's decoder fails the same way, as a typed error.
+    with pytest.raises(InvalidRecordError):
+        records.decode_body(header, bytes(bad_key))
+
+
+@pytest.mark.parametrize("codec", [c for c in CompressionType if c != CompressionType.NONE])
+def test_a_codec_flag_on_a_raw_body_is_refused(codec: CompressionType) -> None:
+    raw = body_of(records.encode_batch([b"plain", b"bytes"]))
+    with pytest.raises(InvalidRecordError, match=f"cannot decompress a {codec.name.lower()}"):
+        check(forge(raw, record_count=2, last_offset_delta=1, codec=codec))
+
+
+def test_random_body_bytes_with_a_valid_crc_are_refused() -> None:
+    rng = random.Random(16)
+    for _ in range(200):
+        body = bytes(rng.getrandbits(8) for _ in range(rng.randrange(1, 64)))
+        count = rng.randrange(1, 5)
+        with pytest.raises(InvalidRecordError):
+            check(forge(body, record_count=count, last_offset_delta=count - 1))
+
+
+@pytest.mark.parametrize("codec", [c for c in CompressionType if c != CompressionType.NONE])
+def test_decompression_is_bounded_while_decompressing(codec: CompressionType) -> None:
+    # 64 MiB of zeros compresses to a few KB: a bomb. The limit stops it with
+    # an error naming the limit (and max.message.bytes).
+    bomb_body = b"\x00" * (64 << 20)
+    small = compress(codec, bomb_body)
+    assert len(small) < 4 << 20
+    with pytest.raises(MessageTooLargeError, match=r"more than 1048576 bytes.*max\.message\.bytes"):
+        decompress(codec, small, 1 << 20)
+    batch = forge(small, record_count=1, last_offset_delta=0, codec=codec)
+    header = records.validate_batch(batch)
+    with pytest.raises(MessageTooLargeError, match="more than 1048576 bytes"):
+        records.check_body(header, body_of(batch), 1 << 20)
+    with pytest.raises(MessageTooLargeError, match="more than 1048576 bytes"):
+        records.decode_body(header, body_of(batch), 1 << 20)
+
+
+def test_zstd_without_a_declared_size_is_measured_within_the_limit() -> None:
+    body = body_of(records.encode_batch([b"v" * 5000]))
+    framed = zstandard.ZstdCompressor(write_content_size=False).compress(body)
+    assert decompress(CompressionType.ZSTD, framed, len(body)) == body
+    with pytest.raises(MessageTooLargeError, match=f"more than {len(body) - 1} bytes"):
+        decompress(CompressionType.ZSTD, framed, len(body) - 1)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 #: Largest relative offset an entry can hold (uint32).
 MAX_RELATIVE_OFFSET = 0xFFFFFFFF
+#: Largest .log position an offset-index entry can hold (uint32).
+MAX_POSITION = 0xFFFFFFFF
 
 
 def _strictly_increasing(values: array) -> bool:
@@ -107,12 +109,30 @@ class _SparseIndex:
     def size_bytes(self) -> int:
         return len(self._keys) * self._ENTRY.size
 
-    def _append(self, entries: Sequence[tuple[int, int]]) -> None:
-        """Write entries (already relative) in one write, then remember them."""
+    def _pack(self, entries: Sequence[tuple[int, int]]) -> bytes:
+        """Entries (already relative) as file bytes; ValueError, with nothing
+        changed, if one does not fit its field or does not increase."""
+        if not entries:
+            return b""
+        keys = self._keys
+        previous = (keys[-1], self._values[-1]) if keys else None
+        for key, value in entries:
+            if previous is not None and (key <= previous[0] or value <= previous[1]):
+                raise ValueError(
+                    f"{self.path}: entry ({key}, {value}) does not follow ({previous[0]}, "
+                    f"{previous[1]}): both columns must strictly increase"
+                )
+            previous = (key, value)
+        pack = self._ENTRY.pack
+        try:
+            return b"".join([pack(key, value) for key, value in entries])
+        except struct.error as exc:
+            raise ValueError(f"{self.path}: an entry does not fit its field: {exc}") from exc
+
+    def _append_packed(self, entries: Sequence[tuple[int, int]], data: bytes) -> None:
+        """Write what `_pack` made of `entries` in one write, then remember them."""
         if not entries:
             return
-        pack = self._ENTRY.pack
-        data = b"".join([pack(key, value) for key, value in entries])
         written = os.write(self._fd, data)
         if written != len(data):
             # A short write on a regular file means the disk is full: drop the
@@ -123,6 +143,10 @@ class _SparseIndex:
             self._keys.append(key)
             self._values.append(value)
         self._dirty = True
+
+    def _append(self, entries: Sequence[tuple[int, int]]) -> None:
+        """Write entries (already relative) in one write, then remember them."""
+        self._append_packed(entries, self._pack(entries))
 
     def truncate_to_entries(self, count: int) -> None:
         """Keep only the first `count` entries."""
@@ -198,6 +222,17 @@ class OffsetIndex(_SparseIndex):
         base = self.base_offset
         self._append([(offset - base, position) for offset, position in entries])
 
+    def pack(self, entries: Sequence[tuple[int, int]]) -> bytes:
+        """(base offset, position) entries as file bytes, checked: ValueError
+        if one does not fit or does not increase (nothing is changed)."""
+        base = self.base_offset
+        return self._pack([(offset - base, position) for offset, position in entries])
+
+    def append_packed(self, entries: Sequence[tuple[int, int]], data: bytes) -> None:
+        """Append entries already checked by `pack` (`data` is what it returned)."""
+        base = self.base_offset
+        self._append_packed([(offset - base, position) for offset, position in entries], data)
+
     def count_below_position(self, position: int) -> int:
         """How many entries point before `position`."""
         return bisect_left(self._values, position)
@@ -254,6 +289,17 @@ class TimeIndex(_SparseIndex):
         """Add (timestamp, offset) entries, each above the last one."""
         base = self.base_offset
         self._append([(timestamp, offset - base) for timestamp, offset in entries])
+
+    def pack(self, entries: Sequence[tuple[int, int]]) -> bytes:
+        """(timestamp, offset) entries as file bytes, checked: ValueError if
+        one does not fit or does not increase (nothing is changed)."""
+        base = self.base_offset
+        return self._pack([(timestamp, offset - base) for timestamp, offset in entries])
+
+    def append_packed(self, entries: Sequence[tuple[int, int]], data: bytes) -> None:
+        """Append entries already checked by `pack` (`data` is what it returned)."""
+        base = self.base_offset
+        self._append_packed([(timestamp, offset - base) for timestamp, offset in entries], data)
 
     def count_below_offset(self, offset: int) -> int:
         """How many entries have an offset below `offset`."""

@@ -65,7 +65,7 @@ import logging
 import os
 import shutil
 from bisect import bisect_right
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -380,17 +380,22 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ append
 
-    def append(self, records: bytearray, batches: list[tuple[int, BatchHeader]]) -> AppendInfo:
+    def append(
+        self,
+        records: bytearray,
+        batches: list[tuple[int, BatchHeader]],
+        highest_epoch: Callable[[int], int] | None = None,
+    ) -> AppendInfo:
         """Assign offsets to validated batches, stamp them, and append them.
 
         `batches` is what `tidelog.records.iter_batches(records)` returned; the
         base offsets (and under LogAppendTime the timestamps) are patched in
-        `records` in place.
+        `records` in place. `highest_epoch`: see ProducerStateManager.check.
         """
         if not batches:
             raise ValueError("append needs at least one batch")
         # Idempotent producers: rejected or repeated batches write nothing.
-        duplicate = self.producer_state.check(batches)
+        duplicate = self.producer_state.check(batches, highest_epoch)
         if duplicate is not None:
             return AppendInfo(
                 duplicate.first_offset, duplicate.last_offset, -1, -1, 0, 0, duplicate=True

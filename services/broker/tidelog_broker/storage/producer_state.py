@@ -12,7 +12,10 @@ On append (`check`, before anything is written; then `update`):
 - epoch older than the producer's: INVALID_PRODUCER_EPOCH (a newer instance
   with the same id fenced this one; not retriable);
 - epoch newer (or an unknown producer id): only base_sequence 0 starts it,
-  anything else is OUT_OF_ORDER_SEQUENCE_NUMBER;
+  anything else is OUT_OF_ORDER_SEQUENCE_NUMBER; and the epoch must have
+  been handed out by InitProducerId (`highest_epoch`, given by the broker),
+  else INVALID_PRODUCER_EPOCH: epochs move only through InitProducerId, so
+  a client cannot fence another producer by sending its id with epoch + 1;
 - same epoch: base_sequence == last sequence + 1 appends; a batch equal to
   one of the kept batches (same first and last sequence) is a DUPLICATE: it
   is not written and the append answers with the original offsets (so the
@@ -52,7 +55,7 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -169,13 +172,21 @@ class ProducerStateManager:
 
     # ------------------------------------------------------------------ append
 
-    def check(self, batches: Sequence[tuple[int, BatchHeader]]) -> Duplicate | None:
+    def check(
+        self,
+        batches: Sequence[tuple[int, BatchHeader]],
+        highest_epoch: Callable[[int], int] | None = None,
+    ) -> Duplicate | None:
         """Validate the producer fields of one append's batches, in order,
         before anything is written. Returns None when every batch is new,
         a `Duplicate` when every idempotent batch repeats one already written
         (contiguous in the log), and raises otherwise:
         InvalidProducerEpochError, OutOfOrderSequenceError, InvalidRecordError
         (bad fields) or InvalidRequestError (new and repeated batches mixed).
+
+        `highest_epoch(producer_id)`: the highest epoch InitProducerId has
+        handed out for that id; a new epoch above it is refused (None: not
+        checked, as on a follower, which copies what its leader accepted).
         """
         pending: dict[int, ProducerEntry] | None = None
         duplicates: list[BatchMetadata] = []
@@ -197,6 +208,12 @@ class ProducerStateManager:
             if entry is None:
                 entry = self._producers.get(producer_id)
             if entry is None or epoch > entry.epoch:
+                if highest_epoch is not None and epoch > (allowed := highest_epoch(producer_id)):
+                    raise InvalidProducerEpochError(
+                        f"producer {producer_id} epoch {epoch} was never handed out: "
+                        f"InitProducerId gave this id epoch {allowed} at most, and epochs "
+                        "move only through InitProducerId"
+                    )
                 if first_seq != 0:
                     what = "unknown producer" if entry is None else f"new epoch {epoch} of producer"
                     raise OutOfOrderSequenceError(

@@ -39,7 +39,12 @@ from tidelog.records import (
 )
 
 from tidelog_broker.storage import files
-from tidelog_broker.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex, TimeIndex
+from tidelog_broker.storage.index import (
+    MAX_POSITION,
+    MAX_RELATIVE_OFFSET,
+    OffsetIndex,
+    TimeIndex,
+)
 
 #: The largest timestamp of a segment that holds no batch.
 NO_TIMESTAMP = -(2**63)
@@ -266,6 +271,9 @@ class LogSegment:
                 header is None
                 or not self._base_offset_fits(header.base_offset, expected_base)
                 or position + header.size > size
+                # No CRC is checked here: an end below the base would pass
+                # for data older than the recovery point and escape recovery.
+                or header.last_offset_delta < 0
             ):
                 return False
             next_offset = header.next_offset
@@ -322,38 +330,63 @@ class LogSegment:
     ) -> None:
         """Append whole batches (validated, offsets assigned) in one write.
 
-        All or nothing: if a write fails, the files are cut back to where they
-        were and OSError is raised.
+        All or nothing: everything the indexes need is computed and packed
+        before a byte is written (ValueError, nothing written, if an offset
+        or position does not fit its index field); if anything fails after
+        that, whatever the exception, the files and the in-memory state are
+        put back as they were before the exception propagates.
         """
         if self.needs_recovery:
             raise OSError(errno.EIO, f"{self.log_path} needs recovery after a failed write")
         if not batches:
             return
         start = self._size_bytes
+        last_offset = batches[-1].last_offset
+        if batches[0].base_offset < self.base_offset or (
+            last_offset - self.base_offset > MAX_RELATIVE_OFFSET
+        ):
+            raise ValueError(
+                f"offsets {batches[0].base_offset} to {last_offset} do not fit in segment "
+                f"{self.base_offset} (relative offsets are 0 to {MAX_RELATIVE_OFFSET})"
+            )
+        if start + len(records) > MAX_POSITION:
+            raise ValueError(
+                f"{len(records)} bytes at position {start} pass the largest position "
+                f"an index entry holds ({MAX_POSITION})"
+            )
         saved = (self._max_timestamp, self._last_indexed_position, self._time_indexed_max)
         index_counts = (len(self.offset_index), len(self.time_index))
         offset_entries: list[tuple[int, int]] = []
         time_entries: list[tuple[int, int]] = []
-        for batch in batches:
-            self._note_batch(
-                start + batch.position,
-                batch.base_offset,
-                batch.last_offset,
-                batch.max_timestamp,
-                index_interval_bytes,
-                offset_entries,
-                time_entries,
-            )
+        try:
+            for batch in batches:
+                self._note_batch(
+                    start + batch.position,
+                    batch.base_offset,
+                    batch.last_offset,
+                    batch.max_timestamp,
+                    index_interval_bytes,
+                    offset_entries,
+                    time_entries,
+                )
+            offset_data = self.offset_index.pack(offset_entries)
+            time_data = self.time_index.pack(time_entries)
+        except BaseException:
+            self._max_timestamp, self._last_indexed_position, self._time_indexed_max = saved
+            raise
         try:
             _write_all(self._log_fd, records)
-            self.offset_index.append(offset_entries)
-            self.time_index.append(time_entries)
-        except OSError:
+            self.offset_index.append_packed(offset_entries, offset_data)
+            self.time_index.append_packed(time_entries, time_data)
+        except BaseException:
+            # Any failure, not only OSError: bytes in the .log that the
+            # indexes and the partition do not know of would be served (or
+            # dropped by recovery) later.
             self._max_timestamp, self._last_indexed_position, self._time_indexed_max = saved
             self._undo_append(start, *index_counts)
             raise
         self._size_bytes = start + len(records)
-        self._next_offset = batches[-1].last_offset + 1
+        self._next_offset = last_offset + 1
         if self.first_append_ms is None:
             self.first_append_ms = now_ms
         self._dirty = True

@@ -6,6 +6,7 @@ so the primitives live here, in the server core that both depend on.
 In the spirit of etcd's client/v3/concurrency package:
 
 - `connect`: an aetcd client with the channel options the services need;
+  `is_unavailable`: whether a failure means "etcd unreachable, retry";
 - `Keys` (in `keys`): the etcd key layout of a cluster, with one parser per
   kind of key; `records`: typed values stored under those keys;
 - `ensure_cluster_id` (in `cluster_id`): the cluster id, created once;
@@ -16,15 +17,15 @@ In the spirit of etcd's client/v3/concurrency package:
   the last seen revision after a lost connection, re-listed after compaction.
 """
 
-from tidelog_server.etcd.client import EtcdUnavailableError, connect, is_unavailable
-from tidelog_server.etcd.election import Election
+from tidelog_server.etcd.client import connect, is_unavailable
+from tidelog_server.etcd.election import Election, ElectionKeyLostError
 from tidelog_server.etcd.session import Session
 from tidelog_server.etcd.watch import Change, PrefixWatcher, WatchBatch
 
 __all__ = [
     "Change",
     "Election",
-    "EtcdUnavailableError",
+    "ElectionKeyLostError",
     "PrefixWatcher",
     "Session",
     "WatchBatch",

@@ -10,9 +10,10 @@ import grpc
 #: replica notices an outage within one session TTL.
 ETCD_CALL_TIMEOUT_S = 5
 
-
-class EtcdUnavailableError(Exception):
-    """etcd could not be reached; retry later (mapped to COORDINATOR_NOT_AVAILABLE)."""
+#: gRPC codes that mean "no answer from etcd, try again later". etcd itself
+#: answers UNAVAILABLE for its transient states too (no leader, request timed
+#: out, leader changed, server stopping).
+_UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
 
 def connect(endpoint: str) -> aetcd.Client:
@@ -34,12 +35,23 @@ def connect(endpoint: str) -> aetcd.Client:
 
 
 def is_unavailable(exc: BaseException) -> bool:
-    """True when `exc` means etcd could not be reached or timed out."""
-    return isinstance(
+    """True when `exc` means etcd could not be reached or did not answer in time.
+
+    Those are worth retrying (and answer COORDINATOR_NOT_AVAILABLE). Anything
+    else etcd answers (an invalid request, a missing lease, a permission
+    error, a full database) is an application error: retrying it unchanged
+    fails again, so it is reported as one, with its traceback.
+
+    aetcd turns UNAVAILABLE into ConnectionFailedError and DEADLINE_EXCEEDED
+    into ConnectionTimeoutError; a watch whose creation got no answer in time
+    raises WatchTimeoutError; calls that bypass aetcd's wrappers (the raw
+    stubs) raise grpc.aio.AioRpcError, judged by its code.
+    """
+    if isinstance(
         exc,
         aetcd.exceptions.ConnectionFailedError
         | aetcd.exceptions.ConnectionTimeoutError
-        | grpc.aio.AioRpcError
-        | TimeoutError
-        | EtcdUnavailableError,
-    )
+        | aetcd.exceptions.WatchTimeoutError,
+    ):
+        return True
+    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in _UNREACHABLE_CODES

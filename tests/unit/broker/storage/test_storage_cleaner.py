@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
+import tracemalloc
 from pathlib import Path
 
+import crc32c
 import pytest
 from compaction_helpers import clean, put, put_many, read_records
 from storage_helpers import OpenLog, crash
-from tidelog.records import decode_batches
+from tidelog.errors import InvalidRecordError
+from tidelog.records import HEADER_SIZE, MAGIC, decode_batches, encode_batch, iter_batches
 from tidelog_broker.storage import ManualClock, PartitionLog, cleaner
 from tidelog_broker.storage.partition_log import unlink_files
 
@@ -262,3 +266,28 @@ def test_retention_during_cleaning_discards_the_round(
     assert records[-1][2] == b"new"
     assert [r[0] for r in records] == list(range(log.log_start_offset, 201))
     assert not [n for n in os.listdir(log_dir) if ".cleaned" in n or ".swap" in n]
+
+
+def test_a_stored_batch_claiming_more_records_than_it_holds_costs_no_memory(
+    open_log: OpenLog, clock: ManualClock
+) -> None:
+    # Issue 16 item 3: a batch stored before brokers checked bodies claims
+    # 20M records in a one-record body. The cleaner refuses it from the
+    # body's size, without allocating for the claim (it took ~1 GB).
+    log = open_log(**COMPACT)
+    body = encode_batch([b"v"], keys=[b"k"])[HEADER_SIZE:]
+    tail = struct.pack(">hiqqqhii", 0, 20_000_000 - 1, 0, 0, -1, -1, -1, 20_000_000) + body
+    forged = bytearray(
+        struct.pack(">qiibI", 0, 9 + len(tail), -1, MAGIC, crc32c.crc32c(tail)) + tail
+    )
+    log.append(forged, list(iter_batches(forged)))  # the storage layer trusts its caller
+    for i in range(60):
+        put(log, b"k%d" % i, b"x" * 40, clock.time_ms())
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidRecordError, match="record_count 20000000 does not fit"):
+            clean(log, max_map_entries=50_000_000)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * 1024 * 1024, f"cleaning allocated {peak} bytes for a claimed count"

@@ -202,3 +202,24 @@ def test_retention_drops_old_snapshots_but_keeps_the_newest(
 def vars_of(entry: object) -> tuple[object, ...]:
     assert entry is not None
     return (entry.producer_id, entry.epoch, list(entry.batches))  # type: ignore[attr-defined]
+
+
+def test_an_epoch_never_handed_out_is_refused_and_fences_nobody(open_log: OpenLog) -> None:
+    # Issue 16 item 5: InitProducerId gave PID epoch 0 at most.
+    log = open_log()
+    handed_out = {PID: 0}
+
+    def append(*batches: bytearray) -> tuple[int, int]:
+        records = bytearray(b"".join(batches))
+        info = log.append(records, list(iter_batches(records)), handed_out.__getitem__)
+        return info.first_offset, info.last_offset
+
+    assert append(batch(0)) == (0, 1)
+    with pytest.raises(InvalidProducerEpochError, match="epoch 1 was never handed out"):
+        append(batch(0, pid=PID, epoch=1))
+    assert log.log_end_offset == 2
+    assert append(batch(2)) == (2, 3)  # the real producer carries on
+    handed_out[PID] = 1  # a second InitProducerId with the producer's key
+    assert append(batch(0, epoch=1)) == (4, 5)
+    with pytest.raises(InvalidProducerEpochError, match="fenced"):
+        append(batch(4))

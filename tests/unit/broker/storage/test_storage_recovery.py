@@ -130,6 +130,23 @@ def test_corrupt_bytes_hide_their_batch_and_everything_after(
         _check_recovered(directory, config, stored[: stored.index(victim)])
 
 
+def test_a_corrupt_offset_delta_that_points_backwards_is_recovered(tmp_path: Path) -> None:
+    """Found by the property above: a header's last offset delta with its top
+    bit flipped (negative) in a later segment. Open walks headers without
+    their CRC; the segment's end went below its base, hence below the
+    recovery point, so it was trusted, and the whole log read as empty with a
+    negative end offset. Now the walk refuses it and recovery cuts the batch."""
+    config = LogConfig(segment_bytes=1024, index_interval_bytes=0)
+    appends = [[(1, 0)], [(1, 0)], [(1, 0), (1, 0), (1, 0)], [(4, 146)]]
+    stored = _write_log(tmp_path / "log", config, appends)
+    victim = next(b for b in stored if b.segment == 1)
+    log_file = sorted((tmp_path / "log").glob("*.log"))[1]
+    raw = bytearray(log_file.read_bytes())
+    raw[victim.position + 23] ^= 0x80  # the high byte of last_offset_delta
+    log_file.write_bytes(raw)
+    _check_recovered(tmp_path / "log", config, stored[: stored.index(victim)])
+
+
 @property_settings
 @given(config_strategy, appends_strategy, st.data())
 def test_damaged_indexes_are_rebuilt_without_losing_data(

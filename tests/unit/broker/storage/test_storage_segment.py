@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from storage_helpers import make_batch
 from tidelog.records import iter_batches, set_base_offset
+from tidelog_broker.storage import segment as segment_module
 from tidelog_broker.storage.segment import AppendedBatch, LogSegment
 
 
@@ -107,3 +108,92 @@ def test_time_lookup_decodes_only_the_holding_batch(segment: LogSegment) -> None
     assert segment.find_offset_for_timestamp(41) == (1010, 50)
     assert segment.find_offset_for_timestamp(90) == (1018, 90)
     assert segment.find_offset_for_timestamp(91) is None
+
+
+# ---------------------------------------------------------------- all or nothing
+# Issue 16 item 1: an append that fails, however, leaves the segment, its
+# indexes and its offsets exactly as before.
+
+
+def _state(segment: LogSegment) -> tuple:
+    return (
+        segment.size_bytes,
+        segment.next_offset,
+        segment.max_timestamp,
+        segment.offset_index.entries(),
+        segment.time_index.entries(),
+        segment.log_path.stat().st_size,
+        segment.offset_index.path.stat().st_size,
+        segment.time_index.path.stat().st_size,
+    )
+
+
+def _placed(records: bytearray, first_offset: int) -> list[AppendedBatch]:
+    placed = []
+    offset = first_offset
+    for position, header in iter_batches(records):
+        set_base_offset(records, position, offset)
+        placed.append(
+            AppendedBatch(position, offset, offset + header.last_offset_delta, header.max_timestamp)
+        )
+        offset += header.last_offset_delta + 1
+    return placed
+
+
+@pytest.mark.parametrize("failing", ["log_write", "offset_index", "time_index"])
+def test_a_failure_after_the_log_write_undoes_the_whole_append(
+    segment: LogSegment, failing: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stored = _append(segment, [make_batch(2, value_bytes=200, tag=i) for i in range(5)], 100)
+    before = _state(segment)
+    records = bytearray(
+        b"".join(
+            make_batch(2, value_bytes=200, timestamp_ms=5_000 + i, tag=10 + i) for i in range(5)
+        )
+    )
+    placed = _placed(records, segment.next_offset)
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("injected after the .log write")  # not an OSError
+
+    if failing == "log_write":
+        real_write = segment_module._write_all
+
+        def write_then_fail(fd: int, data: bytes) -> None:
+            real_write(fd, data)
+            broken()
+
+        monkeypatch.setattr(segment_module, "_write_all", write_then_fail)
+    else:
+        monkeypatch.setattr(getattr(segment, failing), "append_packed", broken)
+    with pytest.raises(RuntimeError, match="injected"):
+        segment.append(records, placed, 100, now_ms=0)
+    monkeypatch.undo()
+    assert _state(segment) == before
+    assert not segment.needs_recovery
+    assert segment.read(1000, 10**6, 10**9).records == stored
+    # The next append lands where the failed one would have, and reads back.
+    again = _append(segment, [make_batch(3, tag=99)], 100)
+    assert segment.read(1010, 10**6, 10**9).records == again
+    assert segment.recover(max_batch_bytes=None, index_interval_bytes=100) == 0
+    assert segment.read(1000, 10**6, 10**9).records == stored + again
+
+
+def test_offsets_that_do_not_fit_the_index_write_nothing(segment: LogSegment) -> None:
+    # The issue's request: three batches each spanning 2^31 offsets, so the
+    # third starts past what a uint32 relative offset holds. Refused before
+    # any byte is written (it used to raise struct.error after the write).
+    _append(segment, [make_batch(1, tag=1)])
+    before = _state(segment)
+    batches = [bytearray(make_batch(1, tag=i)) for i in range(3)]
+    records = bytearray(b"".join(batches))
+    size = len(batches[0])
+    placed = []
+    offset = segment.next_offset
+    for i in range(3):
+        set_base_offset(records, i * size, offset)
+        placed.append(AppendedBatch(i * size, offset, offset + 2**31 - 1, 1_000))
+        offset += 2**31
+    with pytest.raises(ValueError, match="relative offsets are 0 to 4294967295"):
+        segment.append(records, placed, 0, now_ms=0)
+    assert _state(segment) == before

@@ -1,6 +1,9 @@
-"""Numbers for issue 4 (not a test: run it by hand, it prints a small table).
+"""Numbers for issue 4 with real SDK consumers (run by hand; it prints a small table).
 
-    .venv/bin/python -m tests.integration.groups.measure_groups
+    .venv/bin/python -m bench.consumer_group_bench
+
+bench/group_bench.py (in `make bench`) measures the coordinator alone; this
+one the whole path, consumers in their own processes with records flowing.
 
 1. Rebalance time, 3 -> 4 members over 24 partitions, real SDK consumers in
    their own processes, cooperative-sticky, records flowing the whole time:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import tomllib
+from pathlib import Path
+
 import pytest
 import tidelog
 
 pytestmark = pytest.mark.timeout(10)
+
+SDK = Path(__file__).resolve().parents[3] / "sdk"
 
 EXPECTED = [
     "AdminClient",
@@ -43,5 +48,9 @@ def test_every_export_exists() -> None:
         assert hasattr(tidelog, name), name
 
 
-def test_version_is_a_string() -> None:
-    assert isinstance(tidelog.__version__, str) and tidelog.__version__
+def test_version_is_the_installed_distributions() -> None:
+    """The version sdk/pyproject.toml declares, not the fallback used when
+    the package's metadata cannot be found."""
+    declared = tomllib.loads((SDK / "pyproject.toml").read_text())["project"]["version"]
+    assert tidelog.__version__ == declared
+    assert tidelog.__version__ != "0.0.0+unknown"

@@ -1,0 +1,319 @@
+"""`AsyncConsumer`, the asyncio consumer (aiokafka's shape): consumer groups
+or manual assignment.
+
+The same parts as the blocking `Consumer` (see `consumer`), all on the
+application's event loop: the `Fetcher`, the `SubscriptionState` (decoding
+happens inside getmany()), and in a group the `GroupClient` and the
+`GroupSide` (`_consumer_group`), whose coroutines it awaits directly.
+Rebalance listener methods may be coroutines; they run inside getmany().
+
+    async with AsyncConsumer("orders", group_id="billing",
+                             bootstrap_servers="127.0.0.1:9392") as consumer:
+        async for record in consumer:
+            handle(record)
+            await consumer.commit()    # exactly the records returned so far
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import Coroutine, Iterable, Sequence
+from typing import Any, TypeVar
+
+from tidelog._connection import Cluster, check_known_partitions
+from tidelog._consumer_common import (
+    ITERATION_CHUNK,
+    HandedOut,
+    check_partitions,
+    make_config,
+    offsets_and_times,
+)
+from tidelog._consumer_group import (
+    CommitCallback,
+    GroupSide,
+    Offsets,
+    resolve_future,
+)
+from tidelog._fetcher import EARLIEST, LATEST, Fetcher
+from tidelog._group_client import GroupClient
+from tidelog._subscription import SubscriptionState
+from tidelog.errors import ClosedError, IllegalStateError, TidelogTimeoutError
+from tidelog.group import RebalanceListener
+from tidelog.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+
+T = TypeVar("T")
+
+__all__ = ["AsyncConsumer"]
+
+
+class _AsyncIo:
+    """The AsyncConsumer's `Io` for its GroupSide: everything on its own loop."""
+
+    def __init__(self, data: asyncio.Event) -> None:
+        self._data = data
+
+    async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
+        if timeout_s is None:
+            return await coro
+        return await asyncio.wait_for(coro, timeout_s)
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        return asyncio.ensure_future(coro)
+
+    def resolve(self, done: asyncio.Future[None]) -> None:
+        resolve_future(done)
+
+    async def listener_done(self, result: Any) -> None:
+        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+            await result
+
+    def clear(self) -> None:
+        self._data.clear()
+
+    def notify(self) -> None:
+        self._data.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._data.wait(), timeout_s)
+
+
+class AsyncConsumer:
+    """The asyncio consumer (aiokafka's shape): of a group's partitions
+    (`group_id` and topics, or subscribe()), or of assigned ones. Options:
+    see `tidelog.config.ConsumerConfig`. Use it from one event loop.
+    Rebalance listener methods may be coroutines; they run inside getmany()."""
+
+    def __init__(
+        self,
+        *topics: str,
+        bootstrap_servers: str | Sequence[str] | None = None,
+        **options: Any,
+    ) -> None:
+        self._config = make_config(topics, bootstrap_servers, options)
+        self._inbox: deque[tuple] = deque()
+        self._data = asyncio.Event()
+        self._cluster = Cluster(self._config)
+        self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
+        self._subs = SubscriptionState(self._config, self._inbox, self._command)
+        self._timeout_s = self._config.request_timeout_ms / 1000
+        self._started = False
+        self._closed = False
+        # What getone() and iteration returned, so that commit() commits exactly that.
+        self._handed = HandedOut()
+        self._topics = topics
+        group = (
+            None
+            if self._config.group_id is None
+            else GroupClient(self._cluster, self._config, self._data.set)
+        )
+        io = _AsyncIo(self._data)
+        self._side = GroupSide(self._subs, self._config, group, self._handed, io, "AsyncConsumer")
+
+    def _command(self, name: str, args: tuple[Any, ...]) -> None:
+        getattr(self._fetcher, name)(*args)
+
+    async def start(self) -> None:
+        """Connect to the cluster (checks that a broker answers). Idempotent."""
+        if not self._started:
+            self._started = True
+            await self._cluster.refresh()
+            if self._topics:
+                await self.subscribe(self._topics)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("the consumer is stopped")
+        if not self._started:
+            raise IllegalStateError("call `await consumer.start()` first")
+
+    # ------------------------------------------------------------ groups
+
+    async def subscribe(
+        self,
+        topics: Sequence[str] | str = (),
+        pattern: str | None = None,
+        listener: RebalanceListener | None = None,
+    ) -> None:
+        """Join the group (see Consumer.subscribe)."""
+        self._check_open()
+        await self._side.subscribe(topics, pattern, listener)
+
+    def subscription(self) -> set[str]:
+        return self._side.subscription()
+
+    async def unsubscribe(self) -> None:
+        self._check_open()
+        if self._side.subscribed:
+            await self._side.leave(leave=True)
+
+    async def commit(self, offsets: Offsets | None = None) -> None:
+        """Commit and wait (see Consumer.commit): without `offsets`, exactly
+        what getmany(), getone() and iteration have returned."""
+        self._check_open()
+        await self._side.commit(offsets)
+
+    def commit_async(
+        self, offsets: Offsets | None = None, callback: CommitCallback | None = None
+    ) -> asyncio.Future[None]:
+        """Commit in the background; `callback(offsets, error)` runs in a later
+        getmany(), commit() or stop()."""
+        self._check_open()
+        task: asyncio.Future[None] = self._side.commit_async(offsets, callback)
+        return task
+
+    async def committed(self, partition: TopicPartition, metadata: bool = False) -> Any:
+        """The group's committed offset of `partition`; None when nothing is."""
+        self._check_open()
+        return await self._side.committed(partition, metadata)
+
+    # ------------------------------------------------------------ assignment
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """As Consumer.assign, but checked against cached metadata only (it
+        does not wait); a partition found missing later fails getmany()."""
+        self._check_open()
+        if self._side.subscribed:
+            raise IllegalStateError("assign() and subscribe() cannot be mixed: unsubscribe first")
+        tps = check_partitions(partitions)
+        check_known_partitions(self._cluster.snapshot, tps)
+        self._handed.reset()
+        self._subs.assign(tps)
+
+    def assignment(self) -> set[TopicPartition]:
+        return self._subs.assignment()
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        self._check_open()
+        self._handed.reset()
+        self._subs.seek(TopicPartition(*partition), offset)
+
+    async def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        self._seek_by(partitions, "earliest")
+
+    async def seek_to_end(self, *partitions: TopicPartition) -> None:
+        self._seek_by(partitions, "latest")
+
+    def _seek_by(self, partitions: Sequence[TopicPartition], strategy: str) -> None:
+        self._check_open()
+        self._handed.reset()
+        for tp in check_partitions(partitions) or sorted(self._subs.assignment()):
+            self._subs.reset(tp, strategy)
+
+    async def position(self, partition: TopicPartition) -> int:
+        self._check_open()
+        tp = TopicPartition(*partition)
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            self._data.clear()
+            position = self._subs.position(tp)
+            if position is None:
+                self._subs.absorb()
+                position = self._subs.position(tp)
+            if position is not None:
+                return position
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TidelogTimeoutError(f"position of {tp.topic}-{tp.partition} not known")
+            try:
+                await asyncio.wait_for(self._data.wait(), remaining)
+            except TimeoutError:
+                continue
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        return self._subs.highwater(TopicPartition(*partition))
+
+    async def getmany(
+        self, *partitions: TopicPartition, timeout_ms: float = 0, max_records: int | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """Records by partition, waiting up to `timeout_ms` for some ({} if none).
+        Naming partitions is not supported yet: all assigned ones are read."""
+        self._check_open()
+        if partitions:
+            raise NotImplementedError("getmany(*partitions) is not supported yet")
+        limit = self._config.max_poll_records if max_records is None else max_records
+        if self._side.subscribed:
+            return await self._side.poll(timeout_ms, limit)
+        if not self._subs.assignment():
+            raise IllegalStateError("no partitions assigned: call assign() or subscribe() first")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self._data.clear()
+            records = self._subs.collect(limit)
+            if records:
+                return records
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return records
+            try:
+                await asyncio.wait_for(self._data.wait(), remaining)
+            except TimeoutError:
+                continue
+
+    async def getone(self) -> ConsumerRecord:
+        """The next record, waiting as long as it takes."""
+        handed = self._handed
+        record = next(handed.records, None)
+        if record is not None:
+            handed.last = record
+            return record
+        chunk = self._config.max_poll_records if self._side.subscribed else ITERATION_CHUNK
+        handed.reset()  # every record of the last chunk was returned
+        while True:
+            polled = await self.getmany(timeout_ms=1000, max_records=chunk)
+            if polled:
+                return handed.take(polled)
+
+    def __aiter__(self) -> AsyncConsumer:
+        return self
+
+    async def __anext__(self) -> ConsumerRecord:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            return await self.getone()
+        except ClosedError:
+            raise StopAsyncIteration from None
+
+    async def _list_offsets(
+        self, query: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, tuple[int, int]]:
+        self._check_open()
+        return await asyncio.wait_for(self._fetcher.list_offsets(query), self._timeout_s)
+
+    async def beginning_offsets(
+        self, partitions: Iterable[TopicPartition]
+    ) -> dict[TopicPartition, int]:
+        found = await self._list_offsets(dict.fromkeys(check_partitions(partitions), EARLIEST))
+        return {tp: offset for tp, (offset, _) in found.items()}
+
+    async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        found = await self._list_offsets(dict.fromkeys(check_partitions(partitions), LATEST))
+        return {tp: offset for tp, (offset, _) in found.items()}
+
+    async def offsets_for_times(
+        self, timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+        query = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
+        return offsets_and_times(await self._list_offsets(query))
+
+    async def stop(self) -> None:
+        """Stop fetching and release connections. Idempotent."""
+        if self._closed:
+            return
+        try:
+            await self._side.close()
+        finally:
+            self._closed = True
+            await self._fetcher.close()
+            await self._cluster.close()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()

@@ -1,0 +1,401 @@
+"""The calling side of a consumer's group, written once for both consumers.
+
+`GroupSide` does what membership means to the application, where it calls
+poll() (the caller's thread for the sync Consumer, the event loop for
+AsyncConsumer): subscribing and leaving; applying the events of
+`_group_client` (commit and call the listener on revocation, read the
+committed offsets on assignment, call the listener on loss); committing the
+positions handed to the caller (`_consumer_common.HandedOut`), by hand or by
+auto-commit; and the group's poll loop, which rejoins after the
+max_poll_interval_ms watchdog made the consumer leave.
+
+It is written once, as coroutines, and each consumer drives it through an
+`Io`, which does the few things that differ between them: running I/O on the
+membership's event loop, waking up, resolving a revocation's `done`, awaiting
+a listener's result. AsyncConsumer awaits the coroutines on its own loop. The
+sync Consumer runs them with `run_blocking`: its Io blocks the caller's thread
+on the consumer's LoopThread for each piece of I/O, so they never suspend and
+finish in one step. Hence the rule of this module: await nothing but `Io`.
+
+Not thread-safe: the calling side only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from typing import Any, Protocol, TypeVar
+
+from tidelog._consumer_common import HandedOut
+from tidelog._group_client import ASSIGNED, LOST, REVOKED, GroupClient, GroupEvent
+from tidelog._subscription import SubscriptionState
+from tidelog.config import ConsumerConfig
+from tidelog.errors import IllegalStateError, TidelogError
+from tidelog.group import OffsetAndMetadata, RebalanceListener
+from tidelog.types import ConsumerRecord, TopicPartition
+
+log = logging.getLogger("tidelog.consumer")
+
+T = TypeVar("T")
+
+#: What commit() accepts: partition -> next offset to consume (or with metadata).
+Offsets = Mapping[TopicPartition, int | OffsetAndMetadata]
+#: commit_async's callback: (the offsets, None or the error).
+CommitCallback = Callable[[dict[TopicPartition, OffsetAndMetadata], BaseException | None], Any]
+
+
+class Io(Protocol):
+    """What a consumer does for its `GroupSide` (see module doc)."""
+
+    async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
+        """Run `coro` on the membership's event loop; `timeout_s` None: a
+        membership change (join, leave), which the async consumer does not bound."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> Any:
+        """Start `coro` on the event loop without waiting; returns its future."""
+        ...
+
+    def resolve(self, done: asyncio.Future[None]) -> None:
+        """Resolve a group event's `done` (on the event loop)."""
+        ...
+
+    async def listener_done(self, result: Any) -> None:
+        """What a rebalance listener method returned (maybe a coroutine)."""
+        ...
+
+    def clear(self) -> None:
+        """Forget earlier wake-ups: the next wait() waits for a new one."""
+        ...
+
+    def notify(self) -> None:
+        """Wake up wait() (data, a group event or a finished commit)."""
+        ...
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until notify() or `timeout_s`."""
+        ...
+
+
+def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a GroupSide coroutine whose Io blocks instead of awaiting: it runs
+    to the end in one step (its result or its exception)."""
+    try:
+        coro.send(None)
+    except StopIteration as finished:
+        return finished.value
+    coro.close()
+    raise RuntimeError("a GroupSide coroutine awaited something other than its blocking Io")
+
+
+def resolve_future(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
+
+
+def normalize_offsets(offsets: Offsets) -> dict[TopicPartition, OffsetAndMetadata]:
+    out = {}
+    for tp, value in offsets.items():
+        om = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(int(value))
+        if om.offset < 0:
+            raise ValueError(f"offset for {tp} must be >= 0, got {om.offset}")
+        out[TopicPartition(*tp)] = om
+    return out
+
+
+class GroupSide:
+    """One consumer's group on its calling side (see module doc). `group` is
+    None without a group_id: then only the checks (require_group) apply."""
+
+    def __init__(
+        self,
+        subs: SubscriptionState,
+        config: ConsumerConfig,
+        group: GroupClient | None,
+        handed: HandedOut,
+        io: Io,
+        owner: str,
+    ) -> None:
+        self.subs = subs
+        self.config = config
+        self.group = group
+        self.handed = handed
+        self.io = io
+        #: The consumer's class name, for error messages.
+        self.owner = owner
+        self.timeout_s = config.request_timeout_ms / 1000
+        self.listener: RebalanceListener | None = None
+        self.subscribed = False
+        self.next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
+        #: Positions committed last, so that auto-commit skips idle partitions.
+        self.last_committed: dict[TopicPartition, int] = {}
+        #: Finished commit_async calls whose callbacks are still to run.
+        self.completed: deque[tuple[CommitCallback | None, dict, BaseException | None]] = deque()
+
+    def require_group(self, what: str) -> GroupClient:
+        if self.group is None:
+            raise IllegalStateError(f"{what} needs a group_id ({self.owner}(group_id=...))")
+        return self.group
+
+    # ------------------------------------------------------------ membership
+
+    async def subscribe(
+        self,
+        topics: Sequence[str] | str,
+        pattern: str | None,
+        listener: RebalanceListener | None,
+    ) -> None:
+        group = self.require_group("subscribe()")
+        topics = [topics] if isinstance(topics, str) else list(topics)
+        if bool(topics) == bool(pattern):
+            raise ValueError("subscribe to a list of topics or to a pattern (one of them)")
+        if self.subs.assignment() and not self.subscribed:
+            raise IllegalStateError("assign() and subscribe() cannot be mixed: unassign first")
+        if self.subscribed:
+            await self.leave(leave=True)
+        self.listener = listener
+        await self.io.run(group.join(topics, pattern or ""), None)
+        self.subscribed = True
+
+    def subscription(self) -> set[str]:
+        if self.group is None or not self.subscribed:
+            return set()
+        return set(self.group.topics) or {self.group.pattern}
+
+    async def leave(self, leave: bool | None) -> None:
+        """Commit (auto-commit), revoke what is owned, end the membership.
+        `leave`: as GroupMembership.close (None: a static member stays)."""
+        group = self.group
+        assert group is not None
+        self.subscribed = False
+        owned = frozenset(self.subs.assignment())
+        try:
+            if owned:
+                if self.config.enable_auto_commit:
+                    await self.commit_quietly(owned)
+                dynamic = not self.config.group_instance_id
+                if dynamic or leave:
+                    await self.call_listener("on_partitions_revoked", owned)
+        finally:
+            self.drop(owned)
+            self.handed.reset()
+            await self.io.run(group.close(leave), None)
+            group.events.clear()
+
+    async def close(self) -> None:
+        """Leave as a consumer that closes does; a failure is only logged."""
+        try:
+            if self.subscribed:
+                self.run_callbacks()
+                await self.leave(leave=None)
+        except TidelogError as exc:
+            log.warning("leaving the group cleanly failed: %s", exc)
+
+    # ------------------------------------------------------------ offsets
+
+    def positions(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, Any]:
+        """Next offsets to consume of the owned `partitions`: what poll(),
+        getmany() and iteration have returned."""
+        owned = self.subs.assignment()
+        out: dict[TopicPartition, OffsetAndMetadata] = {}
+        for tp in partitions:
+            if tp in owned:
+                position = self.subs.position(tp)
+                if position is not None:
+                    out[tp] = OffsetAndMetadata(position)
+        self.handed.adjust(out)
+        return out
+
+    def changed(
+        self, offsets: dict[TopicPartition, OffsetAndMetadata]
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        return {tp: om for tp, om in offsets.items() if self.last_committed.get(tp) != om.offset}
+
+    def committed_ok(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        for tp, om in offsets.items():
+            self.last_committed[tp] = om.offset
+
+    async def commit(self, offsets: Offsets | None) -> None:
+        self.require_group("commit()")
+        self.run_callbacks()
+        normalized = (
+            self.positions(self.subs.assignment())
+            if offsets is None
+            else normalize_offsets(offsets)
+        )
+        if normalized:
+            await self.commit_now(normalized)
+
+    async def commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        group = self.require_group("commit()")
+        await self.io.run(group.commit(offsets), self.timeout_s)
+        self.committed_ok(offsets)
+
+    async def commit_quietly(self, partitions: Iterable[TopicPartition]) -> None:
+        offsets = self.changed(self.positions(partitions))
+        if not offsets:
+            return
+        try:
+            await self.commit_now(offsets)
+        except TidelogError as exc:
+            log.warning("committing %d offsets failed: %s", len(offsets), exc)
+
+    def commit_async(self, offsets: Offsets | None, callback: CommitCallback | None) -> Any:
+        """Start a commit; its callback runs in a later poll, commit or close
+        (run_callbacks). Returns the Io's future."""
+        group = self.require_group("commit_async()")
+        normalized = (
+            self.positions(self.subs.assignment())
+            if offsets is None
+            else normalize_offsets(offsets)
+        )
+        future = self.io.spawn(group.commit(normalized))
+        completed = self.completed
+        notify = self.io.notify
+
+        def done(f: Any) -> None:
+            error = None if f.cancelled() else f.exception()
+            completed.append((callback, normalized, error))
+            notify()
+
+        future.add_done_callback(done)
+        return future
+
+    def run_callbacks(self) -> None:
+        while self.completed:
+            callback, offsets, error = self.completed.popleft()
+            if error is None:
+                self.committed_ok(offsets)
+            elif callback is None:
+                log.warning("committing %d offsets failed: %s", len(offsets), error)
+            if callback is None:
+                continue
+            try:
+                callback(offsets, error)
+            except Exception:
+                log.exception("commit_async callback failed")
+
+    async def committed(self, partition: TopicPartition, metadata: bool) -> Any:
+        group = self.require_group("committed()")
+        tp = TopicPartition(*partition)
+        found = (await self.io.run(group.committed([tp]), self.timeout_s)).get(tp)
+        if found is None:
+            return None
+        return found if metadata else found.offset
+
+    def due_auto_commit(self) -> bool:
+        if not (self.config.enable_auto_commit and self.subscribed):
+            return False
+        now = time.monotonic()
+        if now < self.next_auto_commit:
+            return False
+        self.next_auto_commit = now + self.config.auto_commit_interval_ms / 1000
+        return True
+
+    # ------------------------------------------------------------ rebalances
+
+    async def call_listener(self, method: str, partitions: frozenset[TopicPartition]) -> None:
+        listener = self.listener
+        if listener is None:
+            return
+        handler = getattr(listener, method, None)
+        if handler is None and method == "on_partitions_lost":
+            handler = listener.on_partitions_revoked
+        if handler is None:
+            return
+        await self.io.listener_done(handler(set(partitions)))
+
+    def drop(self, partitions: frozenset[TopicPartition]) -> frozenset[TopicPartition]:
+        """Stop consuming `partitions`; returns those that were owned."""
+        owned = self.subs.assignment()
+        gone = frozenset(p for p in partitions if p in owned)
+        if gone:
+            self.subs.assign([tp for tp in owned if tp not in gone])
+        for tp in gone:
+            self.last_committed.pop(tp, None)
+        return gone
+
+    def add(
+        self, partitions: frozenset[TopicPartition], committed: dict[TopicPartition, Any]
+    ) -> None:
+        owned = self.subs.assignment()
+        new = [tp for tp in partitions if tp not in owned]
+        positions = {tp: committed[tp].offset for tp in new if tp in committed}
+        for tp, offset in positions.items():
+            self.last_committed[tp] = offset
+        self.subs.assign(sorted(owned) + new, positions)
+
+    async def apply_events(self) -> None:
+        """Apply what the membership reported (see _group_client), on the
+        calling side: commit and call the listener on revocation, then let
+        the membership acknowledge."""
+        group = self.group
+        assert group is not None
+        while group.events:
+            event = group.events.popleft()
+            try:
+                await self._apply_event(group, event)
+            finally:
+                if event.done is not None:
+                    self.io.resolve(event.done)
+
+    async def _apply_event(self, group: GroupClient, event: GroupEvent) -> None:
+        owned = event.partitions & self.subs.assignment()
+        if event.kind == REVOKED:
+            if owned and self.config.enable_auto_commit:
+                await self.commit_quietly(owned)
+            try:
+                if owned:
+                    await self.call_listener("on_partitions_revoked", owned)
+            finally:
+                self.drop(owned)
+        elif event.kind == LOST:
+            try:
+                if owned:
+                    await self.call_listener("on_partitions_lost", owned)
+            finally:
+                self.drop(owned)
+        elif event.kind == ASSIGNED:
+            wanted = sorted(event.partitions)
+            committed = await self.io.run(group.committed(wanted), self.timeout_s)
+            self.add(event.partitions, committed)
+            await self.call_listener("on_partitions_assigned", event.partitions)
+
+    # ------------------------------------------------------------ polling
+
+    async def poll(
+        self, timeout_ms: float, limit: int
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """poll()/getmany() of a subscribed consumer: apply group events,
+        rejoin after the watchdog made it leave, auto-commit, then take up to
+        `limit` records, waiting up to `timeout_ms` for some."""
+        group = self.group
+        assert group is not None
+        io = self.io
+        group.in_poll = True
+        try:
+            deadline = time.monotonic() + timeout_ms / 1000
+            while True:
+                io.clear()
+                self.run_callbacks()
+                await self.apply_events()
+                if group.left_for_poll_timeout and not group.events:
+                    log.info("rejoining group %r", group.group_id)
+                    await io.run(group.join(group.topics, group.pattern), None)
+                if self.due_auto_commit():
+                    offsets = self.changed(self.positions(self.subs.assignment()))
+                    if offsets:
+                        self.commit_async(offsets, None)
+                records = self.subs.collect(limit) if self.subs.assignment() else {}
+                if records:
+                    return records
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return records
+                await io.wait(min(remaining, 1.0))
+        finally:
+            group.last_poll = time.monotonic()
+            group.in_poll = False

@@ -1,0 +1,28 @@
+"""Fixtures for the server core's etcd tests: one real etcd per module, a
+fresh key prefix per test (tests isolate themselves by prefix); tests that
+restart etcd start their own."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+
+from tests.support.etcd import EtcdProcess
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def prefix() -> bytes:
+    return f"/u{next(_prefixes)}/".encode()
