@@ -64,3 +64,8 @@ def test_a_topic_assignment_round_trips_as_the_coordinator_writes_it() -> None:
         {"partition": 0, "replicas": [0, 1]},
         {"partition": 1, "replicas": [1, 2]},
     ]
+
+
+def test_a_topic_assignment_takes_defaults_for_missing_fields() -> None:
+    topic = TopicAssignment.decode(b'{"partitions":[{},{}]}')
+    assert topic == TopicAssignment("", "", ((), ()), {})

@@ -142,11 +142,18 @@ class TopicAssignment:
     @classmethod
     def decode(cls, value: bytes) -> TopicAssignment:
         data = json.loads(value)
-        partitions = sorted(data.get("partitions", []), key=lambda p: int(p["partition"]))
+        # In partition order; an entry without its number is at its index.
+        partitions = [
+            p
+            for _, p in sorted(
+                enumerate(data.get("partitions", [])),
+                key=lambda entry: int(entry[1].get("partition", entry[0])),
+            )
+        ]
         return cls(
-            name=str(data["name"]),
-            topic_id=str(data["topic_id"]),
-            replicas=tuple(tuple(int(b) for b in p["replicas"]) for p in partitions),
+            name=str(data.get("name", "")),
+            topic_id=str(data.get("topic_id", "")),
+            replicas=tuple(tuple(int(b) for b in p.get("replicas", ())) for p in partitions),
             configs={str(k): str(v) for k, v in data.get("configs", {}).items()},
             version=int(data.get("version", 1)),
             created_ms=int(data.get("created_ms", 0)),
