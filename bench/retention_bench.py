@@ -84,24 +84,24 @@ async def main_async(args: argparse.Namespace) -> None:
         old_ms = int(time.time() * 1000) - 10 * HOUR_MS
         live = {"segment.bytes": str(segment_bytes), "retention.ms": "-1"}
         for topic in ("bench-a", "bench-b"):
-            manager.create_topic(topic, 1, configs=live)
+            manager.logs.create_topic(topic, 1, configs=live)
             print(f"writing {args.segments} segments of {args.segment_mb} MiB to {topic} ...")
             await _fill(manager, topic, args.segments * segment_bytes, old_ms)
             manager.partition_log(topic, 0).flush()
         batch = encode_batch([b"y" * 160] * 100, base_timestamp=int(time.time() * 1000))
         print(f"producing {len(batch)} B batches, one per ms, to bench-live")
-        manager.create_topic("bench-live", 1)
+        manager.logs.create_topic("bench-live", 1)
 
         baseline = await _produce_for(manager, "bench-live", batch, args.seconds, None)
         print(f"baseline             {_percentiles(baseline)}")
 
         # Retention as the broker runs it: renames on the loop, unlinks in a thread.
-        manager.alter_configs("bench-a", {"retention.ms": str(HOUR_MS)})
+        manager.logs.alter_configs("bench-a", {"retention.ms": str(HOUR_MS)})
         done = asyncio.Event()
 
         async def retention() -> float:
             t0 = time.perf_counter()
-            await manager.apply_retention()
+            await manager.logs.apply_retention()
             done.set()
             return time.perf_counter() - t0
 
@@ -111,7 +111,7 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"deleting (thread)    {_percentiles(threaded)}   deletion took {took:.2f} s")
 
         # The naive way, for comparison: unlink on the event loop.
-        manager.alter_configs("bench-b", {"retention.ms": str(HOUR_MS)})
+        manager.logs.alter_configs("bench-b", {"retention.ms": str(HOUR_MS)})
         log_b = manager.partition_log("bench-b", 0)
         done = asyncio.Event()
 

@@ -44,7 +44,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         for new in request.topics:
             result = response.topics.add(name=new.name)
             try:
-                self._manager.create_topic(
+                self._manager.logs.create_topic(
                     new.name,
                     new.partitions,
                     new.replication_factor,
@@ -62,7 +62,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         for name in request.names:
             result = response.topics.add(name=name)
             try:
-                self._manager.delete_topic(name)
+                self._manager.logs.delete_topic(name)
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"deleting topic {name}"))
         return response
@@ -72,10 +72,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DescribeTopicsResponse:
         response = admin_pb2.DescribeTopicsResponse()
         broker_id = self._config.broker_id
-        for name in list(request.names) or self._manager.topic_names():
+        for name in list(request.names) or self._manager.logs.topic_names():
             description = response.topics.add(name=name)
             try:
-                topic = self._manager.topic(name)
+                topic = self._manager.logs.topic(name)
                 views = self._manager.describe(name)
             except Exception as exc:
                 description.error.CopyFrom(error_proto(exc, f"describing topic {name}"))
@@ -99,10 +99,10 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeConfigsResponse:
         response = admin_pb2.DescribeConfigsResponse()
-        for name in list(request.names) or self._manager.topic_names():
+        for name in list(request.names) or self._manager.logs.topic_names():
             result = response.topics.add(name=name)
             try:
-                values = self._manager.describe_configs(name)
+                values = self._manager.logs.describe_configs(name)
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"describing configs of {name}"))
                 continue
@@ -119,7 +119,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         for change in request.topics:
             result = response.topics.add(name=change.name)
             try:
-                self._manager.alter_configs(
+                self._manager.logs.alter_configs(
                     change.name,
                     dict(change.set),
                     list(change.delete),

@@ -23,16 +23,16 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   then tells it who leads. A replica joining the ISR must also still hold
   the registration its fetches were bound to (its key's create revision), so
   a broker whose lease expired meanwhile does not join;
-- which brokers are live: a broker is live while its registration key exists;
-  the key's create revision identifies the registration (a broker that
-  re-registers gets a new one). Replica fetches and ISR expansion are bound
-  to it (`registration_of`);
+- which brokers and coordinators are live, which topics and partition
+  states exist: the watches keep one typed view of them (`view`,
+  cluster_view.ClusterView); replica fetches and ISR expansion are bound to
+  a live broker's registration (`ClusterView.registration_of`);
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
-- what clients ask through a broker: Metadata (every live broker, each
-  partition's leader), DescribeCluster (so a client bootstrapped from a
-  broker finds the coordinators), and where to forward Admin calls.
+- where calls to a coordinator go (`forwarding`, over the broker's channel
+  pool). The answers built from the view (Metadata, DescribeCluster) are
+  cluster_servicers'.
 
 Logs of topics deleted while the broker was down are found at the first
 listing and deleted, but only when `<data-dir>/cluster.json` says the data
@@ -48,21 +48,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import aetcd
-import grpc
-import grpc.aio
-from tidelog.errors import InvalidTopicError, TidelogError
-from tidelog.names import validate_topic_name
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, common_pb2, log_pb2
+from tidelog.errors import TidelogError
 from tidelog_server.etcd import (
-    Election,
     PrefixWatcher,
     Session,
     WatchBatch,
@@ -71,10 +65,12 @@ from tidelog_server.etcd import (
 )
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.keys import Keys
-from tidelog_server.etcd.records import PartitionState
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState
+from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
+from tidelog_server.log_flood import RateLimitedLog
 
+from tidelog_broker.cluster_view import ClusterView
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_flood import RateLimitedLog
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_fetcher import ReplicaFetchers
 from tidelog_broker.replica_state import PartitionReplication, Role
@@ -87,8 +83,6 @@ flood = RateLimitedLog(log)
 #: Pause between attempts while etcd is unreachable or our id is taken.
 RETRY_DELAY_S = 0.5
 _META_FILE = "cluster.json"
-#: How long a Metadata request may wait for a topic it auto-creates.
-AUTO_CREATE_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -106,29 +100,15 @@ class ClusterConfig:
     session_ttl_s: int = 2
 
 
-@dataclass(frozen=True)
-class _Topic:
-    name: str
-    topic_id: str
-    #: Replica broker ids per partition (index = partition).
-    replicas: list[list[int]]
-    configs: dict[str, str]
-    create_revision: int
-
-
-@dataclass(frozen=True)
-class _State:
-    leader: int
-    leader_epoch: int
-    isr: list[int]
-    mod_revision: int
-
-
 class ClusterLink:
     """The broker's view of the cluster in etcd (see module doc)."""
 
     def __init__(
-        self, cluster: ClusterConfig, broker: BrokerConfig, manager: PartitionManager
+        self,
+        cluster: ClusterConfig,
+        broker: BrokerConfig,
+        manager: PartitionManager,
+        channels: ChannelPool,
     ) -> None:
         self.cluster = cluster
         self.broker = broker
@@ -137,12 +117,8 @@ class ClusterLink:
         self.client: aetcd.Client = connect(cluster.etcd_endpoint)
         self.host = broker.advertised_host or broker.host
         self.port = broker.port
-        self.brokers: dict[int, dict[str, Any]] = {}
-        #: Live broker id -> create revision of its registration key.
-        self.registrations: dict[int, int] = {}
-        self.coordinators: dict[str, dict[str, Any]] = {}
-        self.topics: dict[str, _Topic] = {}
-        self.states: dict[tuple[str, int], _State] = {}
+        #: Live brokers, coordinators, topics and partition states (the watches).
+        self.view = ClusterView(self.keys)
         #: Set once registered (tests, logs); cleared while re-registering.
         self.registered = asyncio.Event()
         self.cluster_id = ""
@@ -170,10 +146,15 @@ class ClusterLink:
             ),
         ]
         self._tasks: list[asyncio.Task[None]] = []
-        self.fetchers = ReplicaFetchers(manager, broker, self.broker_address, self.lease_valid)
-        manager.lease_valid = self.lease_valid
-        manager.isr_writer = self.write_isr
-        manager.registration_of = self.registration_of
+        #: Calls to coordinator replicas (auto-creation, forwarded calls)
+        #: over the broker's channels, which the broker's stop closes.
+        self.forwarding = CoordinatorForwarding(channels, self.view.coordinator_addresses)
+        self.fetchers = ReplicaFetchers(
+            manager.replicas, broker, self.view.broker_address, self.lease_valid
+        )
+        manager.replicas.lease_valid = self.lease_valid
+        manager.replicas.isr_writer = self.write_isr
+        manager.replicas.registration_of = self.view.registration_of
 
     # ------------------------------------------------------------ lifecycle
 
@@ -208,17 +189,16 @@ class ClusterLink:
     # ------------------------------------------------------------ registration
 
     def _registration_value(self) -> bytes:
-        value = {
-            "id": self.broker.broker_id,
-            "host": self.host,
-            "port": self.port,
-            "rack": self.cluster.rack,
+        return BrokerRegistration(
+            broker_id=self.broker.broker_id,
+            host=self.host,
+            port=self.port,
+            rack=self.cluster.rack,
             # Resources (resources.py): coordinators refuse topics whose
             # replicas would pass a broker's max_partitions.
-            "max_partitions": self.manager.partition_capacity,
-            "open_file_limit": self.manager.open_file_limit,
-        }
-        return json.dumps(value, sort_keys=True).encode()
+            max_partitions=self.manager.logs.partition_capacity,
+            open_file_limit=self.manager.logs.open_file_limit,
+        ).encode()
 
     async def _registration(self) -> None:
         while True:
@@ -324,73 +304,18 @@ class ClusterLink:
     # ------------------------------------------------------------ watches
 
     async def _on_brokers(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.brokers.clear()
-            self.registrations.clear()
-        for change in batch.changes:
-            broker_id = self.keys.tail(change.key, self.keys.brokers)
-            if not broker_id.isdigit():
-                continue
-            if change.value is None:
-                self.brokers.pop(int(broker_id), None)
-                self.registrations.pop(int(broker_id), None)
-            else:
-                self.brokers[int(broker_id)] = json.loads(change.value)
-                self.registrations[int(broker_id)] = change.create_revision
+        self.view.apply_brokers(batch)
 
     async def _on_coordinators(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.coordinators.clear()
-        for change in batch.changes:
-            name = self.keys.tail(change.key, self.keys.coordinators)
-            if change.value is None:
-                self.coordinators.pop(name, None)
-            else:
-                self.coordinators[name] = json.loads(change.value)
+        self.view.apply_coordinators(batch)
 
     async def _on_topics(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.topics.clear()
-        for change in batch.changes:
-            name = self.keys.tail(change.key, self.keys.topics)
-            if change.value is None:
-                self.topics.pop(name, None)
-                continue
-            data = json.loads(change.value)
-            partitions = sorted(data["partitions"], key=lambda p: p["partition"])
-            self.topics[name] = _Topic(
-                name,
-                str(data["topic_id"]),
-                [list(p["replicas"]) for p in partitions],
-                dict(data.get("configs", {})),
-                change.create_revision,
-            )
+        self.view.apply_topics(batch)
         self._reconcile(full_listing=batch.reset)
 
     async def _on_states(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.states.clear()
-        for change in batch.changes:
-            parsed = self.keys.parse_partition_state_key(change.key)
-            if parsed is None:
-                continue
-            tp = (parsed.topic, parsed.partition)
-            if change.value is None:
-                self.states.pop(tp, None)
-                continue
-            state = PartitionState.decode(change.value)
-            self.states[tp] = _State(
-                state.leader, state.leader_epoch, list(state.isr), change.mod_revision
-            )
+        self.view.apply_states(batch)
         self._reconcile(full_listing=False)
-
-    def state(self, topic: _Topic, partition: int) -> _State | None:
-        """The partition's state, unless it belongs to an older topic of the
-        same name (written before this topic was created)."""
-        state = self.states.get((topic.name, partition))
-        if state is None or state.mod_revision < topic.create_revision:
-            return None
-        return state
 
     # ------------------------------------------------------------ reconcile
 
@@ -400,22 +325,24 @@ class ClusterLink:
         me = self.broker.broker_id
         ids_changed = False
         followed: dict[int, dict[tuple[str, int], int]] = {}
-        for name, topic in self.topics.items():
+        for name, topic in self.view.topics.items():
             led = [
                 p
                 for p in range(len(topic.replicas))
-                if self.state(topic, p) is not None and me in topic.replicas[p]
+                if self.view.state(topic, p) is not None and me in topic.replicas[p]
             ]
             known = self._local_ids.get(name)
             if known is not None and known != topic.topic_id:
                 # Re-created under the same name: the old records must go.
                 log.info("topic %s was re-created (id %s, was %s)", name, topic.topic_id, known)
-                self.manager.drop_topic(name, delete_data=True)
-                self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+                self.manager.logs.drop_topic(name, delete_data=True)
+                self.manager.logs.delete_local_logs(
+                    name, self.manager.logs.local_topics().get(name, [])
+                )
                 del self._local_ids[name]
                 ids_changed = True
             try:
-                self.manager.host_partitions(
+                self.manager.logs.host_partitions(
                     TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
                 )
             except TidelogError as exc:
@@ -429,7 +356,7 @@ class ClusterLink:
                 flood.exception("hosting partitions %s of %s failed", led, name)
                 continue
             for p in led:
-                state = self.state(topic, p)
+                state = self.view.state(topic, p)
                 assert state is not None
                 if state.leader == me and state.mod_revision > self.registration_revision > 0:
                     role = Role.LEADER
@@ -441,7 +368,7 @@ class ClusterLink:
                 else:
                     role = Role.NONE
                 try:
-                    self.manager.set_role(
+                    self.manager.replicas.set_role(
                         name,
                         p,
                         role=role,
@@ -455,17 +382,21 @@ class ClusterLink:
             if led and self._local_ids.get(name) != topic.topic_id:
                 self._local_ids[name] = topic.topic_id
                 ids_changed = True
-        for name in self.manager.topic_names():
-            if name not in self.topics:
-                self.manager.drop_topic(name, delete_data=True)
+        for name in self.manager.logs.topic_names():
+            if name not in self.view.topics:
+                self.manager.logs.drop_topic(name, delete_data=True)
                 # Also logs closed earlier (their state key went first).
-                self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+                self.manager.logs.delete_local_logs(
+                    name, self.manager.logs.local_topics().get(name, [])
+                )
                 if self._local_ids.pop(name, None) is not None:
                     ids_changed = True
-        for name in sorted(self._hosting_failed - set(self.topics)):
+        for name in sorted(self._hosting_failed - set(self.view.topics)):
             # Never hosted here, so unknown to the manager, yet partly opened.
             self._hosting_failed.discard(name)
-            self.manager.delete_local_logs(name, self.manager.local_topics().get(name, []))
+            self.manager.logs.delete_local_logs(
+                name, self.manager.logs.local_topics().get(name, [])
+            )
         self.fetchers.assign(followed)
         # Once the topics are listed; the cluster id may come later (the
         # registration loop fetches it), so retried on every reconcile until
@@ -482,9 +413,9 @@ class ClusterLink:
             return False  # not sure this data dir is ours: keep everything
         self._strays_checked = True
         changed = False
-        for name, partitions in self.manager.local_topics().items():
-            if name not in self.topics:
-                self.manager.delete_local_logs(name, partitions)
+        for name, partitions in self.manager.logs.local_topics().items():
+            if name not in self.view.topics:
+                self.manager.logs.delete_local_logs(name, partitions)
                 changed |= self._local_ids.pop(name, None) is not None
         return changed
 
@@ -495,22 +426,11 @@ class ClusterLink:
         session = self._session
         return session is not None and self.registered.is_set() and session.valid()
 
-    def registration_of(self, broker_id: int) -> int | None:
-        """The create revision of a live broker's registration; None when it
-        is not registered (never was, or its lease expired)."""
-        return self.registrations.get(broker_id)
-
-    def broker_address(self, broker_id: int) -> str | None:
-        info = self.brokers.get(broker_id)
-        if info is None or not info.get("host") or not info.get("port"):
-            return None
-        return f"{info['host']}:{info['port']}"
-
     async def write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
         """As leader: write a new ISR, fenced by the state key's mod revision
         and value (leader, leader epoch), as last seen by the watch."""
-        topic = self.topics.get(replication.topic)
-        known = None if topic is None else self.state(topic, replication.partition)
+        topic = self.view.topics.get(replication.topic)
+        known = None if topic is None else self.view.state(topic, replication.partition)
         if (
             known is None
             or known.leader != self.broker.broker_id
@@ -522,10 +442,10 @@ class ClusterLink:
         current = await self.client.get(key)
         if current is None or current.mod_revision != known.mod_revision:
             return  # the watch is about to bring a newer state
-        data = json.loads(current.value)
+        current_state = PartitionState.decode(current.value)
         if (
-            int(data.get("leader", -1)) != self.broker.broker_id
-            or int(data.get("leader_epoch", -1)) != replication.leader_epoch
+            current_state.leader != self.broker.broker_id
+            or current_state.leader_epoch != replication.leader_epoch
         ):
             return
         # Joining replicas must still hold the registration their fetches
@@ -534,11 +454,12 @@ class ClusterLink:
         registrations: dict[int, int] = {}
         for r in joining:
             progress = replication.followers.get(r)
-            if progress is None or progress.registration != self.registration_of(r):
+            if progress is None or progress.registration != self.view.registration_of(r):
                 return
             registrations[r] = progress.registration
-        data["isr"] = isr
-        data["version"] = int(data.get("version", 1)) + 1
+        written = dataclasses.replace(
+            current_state, isr=tuple(isr), version=current_state.version + 1
+        )
         tx = self.client.transactions
         ok, _ = await self.client.transaction(
             compare=[
@@ -546,7 +467,7 @@ class ClusterLink:
                 tx.value(key) == current.value,
                 *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
             ],
-            success=[tx.put(key, json.dumps(data, sort_keys=True).encode())],
+            success=[tx.put(key, written.encode())],
             failure=[],
         )
         log.info(
@@ -559,124 +480,3 @@ class ClusterLink:
             if ok
             else "not written (the state or a joining replica's registration changed)",
         )
-
-    # ------------------------------------------------------------ answers
-
-    def live_brokers(self) -> dict[int, dict[str, Any]]:
-        brokers = dict(self.brokers)
-        me = self.broker.broker_id
-        if me not in brokers:
-            # Not (yet) registered: still describe ourselves to our clients.
-            brokers[me] = {"id": me, "host": self.host, "port": self.port}
-        return brokers
-
-    async def metadata(self, request: log_pb2.MetadataRequest) -> log_pb2.MetadataResponse:
-        """Metadata from etcd: every live broker; each partition's leader
-        (-1 while its leader is not alive or its state is not written yet).
-        With auto.create.topics.enable and a request that allows it, unknown
-        topics are created on a coordinator first (as Kafka's brokers do)."""
-        invalid = _invalid_names(request.topics)
-        if request.allow_auto_topic_creation and self.broker.auto_create_topics:
-            missing = [n for n in request.topics if n not in self.topics and n not in invalid]
-            if missing:
-                await self._auto_create(missing)
-        response = log_pb2.MetadataResponse(responder_id=self.broker.broker_id)
-        brokers = self.live_brokers()
-        for broker_id, info in sorted(brokers.items()):
-            response.brokers.add(
-                broker_id=broker_id,
-                host=str(info.get("host", "")),
-                port=int(info.get("port", 0)),
-                rack=str(info.get("rack") or ""),
-            )
-        for name in list(request.topics) or sorted(self.topics):
-            topic_md = response.topics.add(name=name)
-            if name in invalid:
-                # Not retriable: no such topic can ever exist.
-                topic_md.error.code = common_pb2.INVALID_TOPIC
-                topic_md.error.message = invalid[name]
-                continue
-            topic = self.topics.get(name)
-            if topic is None:
-                topic_md.error.code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
-                topic_md.error.message = f"topic {name!r} does not exist"
-                continue
-            for partition, replicas in enumerate(topic.replicas):
-                state = self.state(topic, partition)
-                leader = -1 if state is None or state.leader not in brokers else state.leader
-                topic_md.partitions.add(
-                    partition=partition,
-                    leader_id=leader,
-                    leader_epoch=0 if state is None else state.leader_epoch,
-                    replicas=replicas,
-                    isr=[] if state is None else state.isr,
-                )
-        return response
-
-    async def _auto_create(self, names: list[str]) -> None:
-        """CreateTopics on a coordinator with the broker's defaults, then wait
-        (briefly) until the watches have delivered the new topics."""
-        request = admin_pb2.CreateTopicsRequest(
-            topics=[
-                admin_pb2.NewTopic(name=n, partitions=self.broker.num_partitions) for n in names
-            ]
-        )
-        for address in self.coordinator_addresses():
-            try:
-                async with grpc.aio.insecure_channel(address) as channel:
-                    stub: Any = admin_pb2_grpc.AdminStub(channel)
-                    await stub.CreateTopics(request, timeout=AUTO_CREATE_TIMEOUT_S)
-                break
-            except grpc.aio.AioRpcError as exc:
-                log.info("auto-creating %s on %s failed: %s", names, address, exc.details())
-        deadline = asyncio.get_running_loop().time() + AUTO_CREATE_TIMEOUT_S
-        while asyncio.get_running_loop().time() < deadline:
-            ready = [
-                n
-                for n in names
-                if (t := self.topics.get(n)) is not None
-                and all(self.state(t, p) is not None for p in range(len(t.replicas)))
-            ]
-            if len(ready) == len(names):
-                return
-            await asyncio.sleep(0.02)
-
-    def coordinator_addresses(self) -> list[str]:
-        return [
-            f"{c['host']}:{c['port']}"
-            for _, c in sorted(self.coordinators.items())
-            if c.get("host") and c.get("port")
-        ]
-
-    async def describe_cluster(self) -> cluster_pb2.DescribeClusterResponse:
-        controller = await Election.leader(self.client, self.keys.election)
-        return cluster_pb2.DescribeClusterResponse(
-            cluster_id=self.cluster_id,
-            controller_id="" if controller is None else str(json.loads(controller).get("id", "")),
-            brokers=[
-                log_pb2.BrokerInfo(
-                    broker_id=broker_id,
-                    host=str(info.get("host", "")),
-                    port=int(info.get("port", 0)),
-                    rack=str(info.get("rack") or ""),
-                )
-                for broker_id, info in sorted(self.brokers.items())
-            ],
-            coordinators=[
-                cluster_pb2.CoordinatorInfo(
-                    id=str(c.get("id", name)), host=str(c["host"]), port=int(c["port"])
-                )
-                for name, c in sorted(self.coordinators.items())
-            ],
-        )
-
-
-def _invalid_names(names: Iterable[str]) -> dict[str, str]:
-    """Names that break the naming rule -> why (INVALID_TOPIC in Metadata)."""
-    invalid = {}
-    for name in names:
-        try:
-            validate_topic_name(name)
-        except InvalidTopicError as exc:
-            invalid[name] = exc.message
-    return invalid

@@ -10,47 +10,62 @@
   instead of forwarding again.
 - `BrokerClusterServicer` (`tidelog.v1.Cluster`): DescribeCluster from the
   broker's etcd view, so that a client given only a broker address learns
-  the coordinator endpoints (the consumer's group membership needs them).
+  the coordinator endpoints (the consumer's group membership needs them);
+  InitProducerId forwarded to a coordinator.
+- `ClusterMetadata`: the answer to `tidelog.v1.Log`'s Metadata in cluster
+  mode (the LogServicer calls it): every live broker, each partition's
+  leader, from the broker's etcd view; unknown topics auto-created on a
+  coordinator first when the broker and the request allow it.
+
+Every channel these open (to coordinators, to other brokers) comes from the
+broker's one pool, which its stop closes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections.abc import Iterable
 from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import CoordinatorNotAvailableError
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc
+from tidelog.errors import CoordinatorNotAvailableError, InvalidTopicError
+from tidelog.names import validate_topic_name
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2
+from tidelog_server.etcd import Election
+from tidelog_server.etcd.records import BrokerRegistration, CoordinatorRegistration
+from tidelog_server.forwarding import CoordinatorForwarding
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
 from tidelog_broker.error_mapping import abort
 from tidelog_broker.producer_ids import ProducerIdForwarder
 
-#: A forwarded admin call may create thousands of partition keys in etcd.
-
+log = logging.getLogger("tidelog.broker.cluster")
 
 #: Invocation metadata key: "answer DescribeTopics from your own logs".
 LOCAL_METADATA_KEY = "tidelog-local"
+#: How long a Metadata request may wait for a topic it auto-creates.
+AUTO_CREATE_TIMEOUT_S = 5.0
 
 
 class AdminForwarder:
     """Every rpc of `tidelog.v1.Admin`, forwarded to a coordinator."""
 
-    def __init__(self, link: ClusterLink) -> None:
+    def __init__(self, link: ClusterLink, forwarding: CoordinatorForwarding) -> None:
         self._link = link
-        self._channels: dict[str, grpc.aio.Channel] = {}
+        # Channels to coordinators and to other brokers alike: one pool,
+        # closed by the broker's stop.
+        self._forwarding = forwarding
 
     def _stub(self, address: str) -> Any:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return admin_pb2_grpc.AdminStub(channel)
+        return admin_pb2_grpc.AdminStub(self._forwarding.pool.channel(address))
 
     async def forward(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
         return await forward_to_coordinator(
-            self._link.coordinator_addresses(),
-            lambda address: getattr(self._stub(address), method)(
+            self._forwarding,
+            lambda channel: getattr(admin_pb2_grpc.AdminStub(channel), method)(
                 request, timeout=FORWARD_TIMEOUT_S
             ),
             context,
@@ -76,10 +91,10 @@ class AdminForwarder:
                 if leader == self._link.broker.broker_id:
                     answer = self._describe_local(sub)
                 else:
-                    info = self._link.brokers.get(leader)
-                    if info is None:
+                    address = self._link.view.broker_address(leader)
+                    if address is None:
                         continue  # leader down: its partitions keep zeros
-                    answer = await self._stub(f"{info['host']}:{info['port']}").DescribeTopics(
+                    answer = await self._stub(address).DescribeTopics(
                         sub, timeout=5, metadata=((LOCAL_METADATA_KEY, "1"),)
                     )
             except grpc.aio.AioRpcError:
@@ -122,11 +137,6 @@ class AdminForwarder:
                 )
         return response
 
-    async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close(None)
-
 
 def _forwarding_method(name: str) -> Any:
     async def method(self: AdminForwarder, request: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -148,9 +158,9 @@ def add_admin_forwarder(forwarder: AdminForwarder, server: grpc.aio.Server) -> N
 
 
 class BrokerClusterServicer(cluster_pb2_grpc.ClusterServicer):
-    def __init__(self, link: ClusterLink) -> None:
+    def __init__(self, link: ClusterLink, forwarding: CoordinatorForwarding) -> None:
         self._link = link
-        self._producer_ids = ProducerIdForwarder(link)
+        self._producer_ids = ProducerIdForwarder(forwarding)
 
     async def InitProducerId(
         self, request: cluster_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
@@ -162,10 +172,138 @@ class BrokerClusterServicer(cluster_pb2_grpc.ClusterServicer):
         self, request: cluster_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
     ) -> cluster_pb2.DescribeClusterResponse:
         try:
-            return await self._link.describe_cluster()
+            return await self._describe_cluster()
         except Exception as exc:
             await abort(
                 context,
                 CoordinatorNotAvailableError(f"etcd is not reachable from this broker: {exc}"),
                 "describing the cluster",
             )
+
+    async def _describe_cluster(self) -> cluster_pb2.DescribeClusterResponse:
+        view = self._link.view
+        controller = await Election.leader(self._link.client, self._link.keys.election)
+        return cluster_pb2.DescribeClusterResponse(
+            cluster_id=self._link.cluster_id,
+            controller_id=(
+                ""
+                if controller is None
+                else CoordinatorRegistration.decode(controller).coordinator_id
+            ),
+            brokers=[_broker_info(live.registration) for _, live in sorted(view.brokers.items())],
+            coordinators=[
+                cluster_pb2.CoordinatorInfo(id=c.coordinator_id or name, host=c.host, port=c.port)
+                for name, c in sorted(view.coordinators.items())
+            ],
+        )
+
+
+def _broker_info(registration: BrokerRegistration) -> log_pb2.BrokerInfo:
+    return log_pb2.BrokerInfo(
+        broker_id=registration.broker_id,
+        host=registration.host,
+        port=registration.port,
+        rack=registration.rack,
+    )
+
+
+class ClusterMetadata:
+    """Metadata in cluster mode, from the broker's etcd view (module doc)."""
+
+    def __init__(self, link: ClusterLink) -> None:
+        self._link = link
+
+    def live_brokers(self) -> dict[int, BrokerRegistration]:
+        brokers = {
+            broker_id: live.registration for broker_id, live in self._link.view.brokers.items()
+        }
+        me = self._link.broker.broker_id
+        if me not in brokers:
+            # Not (yet) registered: still describe ourselves to our clients.
+            brokers[me] = BrokerRegistration(me, self._link.host, self._link.port)
+        return brokers
+
+    async def metadata(self, request: log_pb2.MetadataRequest) -> log_pb2.MetadataResponse:
+        """Every live broker; each partition's leader (-1 while its leader is
+        not alive or its state is not written yet). With
+        auto.create.topics.enable and a request that allows it, unknown
+        topics are created on a coordinator first (as Kafka's brokers do)."""
+        view = self._link.view
+        invalid = _invalid_names(request.topics)
+        if request.allow_auto_topic_creation and self._link.broker.auto_create_topics:
+            missing = [n for n in request.topics if n not in view.topics and n not in invalid]
+            if missing:
+                await self._auto_create(missing)
+        response = log_pb2.MetadataResponse(responder_id=self._link.broker.broker_id)
+        brokers = self.live_brokers()
+        for _, registration in sorted(brokers.items()):
+            response.brokers.append(_broker_info(registration))
+        for name in list(request.topics) or sorted(view.topics):
+            topic_md = response.topics.add(name=name)
+            if name in invalid:
+                # Not retriable: no such topic can ever exist.
+                topic_md.error.code = common_pb2.INVALID_TOPIC
+                topic_md.error.message = invalid[name]
+                continue
+            topic = view.topics.get(name)
+            if topic is None:
+                topic_md.error.code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+                topic_md.error.message = f"topic {name!r} does not exist"
+                continue
+            for partition, replicas in enumerate(topic.replicas):
+                state = view.state(topic, partition)
+                leader = -1 if state is None or state.leader not in brokers else state.leader
+                topic_md.partitions.add(
+                    partition=partition,
+                    leader_id=leader,
+                    leader_epoch=0 if state is None else state.leader_epoch,
+                    replicas=replicas,
+                    isr=[] if state is None else state.isr,
+                )
+        return response
+
+    async def _auto_create(self, names: list[str]) -> None:
+        """CreateTopics on a coordinator with the broker's defaults, then wait
+        (briefly) until the watches have delivered the new topics."""
+        request = admin_pb2.CreateTopicsRequest(
+            topics=[
+                admin_pb2.NewTopic(name=n, partitions=self._link.broker.num_partitions)
+                for n in names
+            ]
+        )
+        try:
+            await self._link.forwarding.call(
+                lambda channel: admin_pb2_grpc.AdminStub(channel).CreateTopics(
+                    request, timeout=AUTO_CREATE_TIMEOUT_S
+                ),
+                "CreateTopics",
+            )
+        except (grpc.aio.AioRpcError, CoordinatorNotAvailableError) as exc:
+            # Already created by a concurrent request, say: the wait below
+            # finds it. Anything else: the topic stays unknown to the client.
+            details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc.message
+            log.info("auto-creating %s failed: %s", names, details)
+        view = self._link.view
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + AUTO_CREATE_TIMEOUT_S
+        while loop.time() < deadline:
+            ready = [
+                n
+                for n in names
+                if (t := view.topics.get(n)) is not None
+                and all(view.state(t, p) is not None for p in range(len(t.replicas)))
+            ]
+            if len(ready) == len(names):
+                return
+            await asyncio.sleep(0.02)
+
+
+def _invalid_names(names: Iterable[str]) -> dict[str, str]:
+    """Names that break the naming rule -> why (INVALID_TOPIC in Metadata)."""
+    invalid = {}
+    for name in names:
+        try:
+            validate_topic_name(name)
+        except InvalidTopicError as exc:
+            invalid[name] = exc.message
+    return invalid

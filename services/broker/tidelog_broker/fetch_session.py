@@ -27,7 +27,8 @@ from tidelog.v1 import log_pb2
 
 from tidelog_broker.error_mapping import error_proto
 from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
-from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
+from tidelog_broker.log_manager import TopicPartitionKey
+from tidelog_broker.partition_manager import PartitionManager
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_MIN_BYTES = 1
@@ -169,11 +170,11 @@ class FetchSession:
     async def _wait_for_data_or_change(self, timeout_s: float | None) -> None:
         # Registered before the first await: see register_append_waiter.
         keys = list(self._positions)
-        appended = self._manager.register_append_waiter(keys)
+        appended = self._manager.logs.register_append_waiter(keys)
         try:
             await self._wait_for(appended, timeout_s)
         finally:
-            self._manager.discard_append_waiter(keys, appended)
+            self._manager.logs.discard_append_waiter(keys, appended)
 
     async def _wait_for(self, event: Awaitable[object], timeout_s: float | None) -> None:
         """Until `event`, a change of this session, or the timeout."""

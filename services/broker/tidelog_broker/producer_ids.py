@@ -24,7 +24,6 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -34,8 +33,8 @@ from tidelog.errors import (
     StorageError,
 )
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc
+from tidelog_server.forwarding import CoordinatorForwarding
 
-from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import forward_to_coordinator
 from tidelog_broker.error_mapping import abort
 
@@ -146,32 +145,21 @@ class StandaloneClusterServicer(cluster_pb2_grpc.ClusterServicer):
 
 
 class ProducerIdForwarder:
-    """Cluster mode: InitProducerId forwarded to a coordinator replica."""
+    """Cluster mode: InitProducerId forwarded to a coordinator replica, over
+    the broker's shared channels (closed when the broker stops)."""
 
-    def __init__(self, link: ClusterLink) -> None:
-        self._link = link
-        self._channels: dict[str, grpc.aio.Channel] = {}
-
-    def _stub(self, address: str) -> Any:
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
-        return cluster_pb2_grpc.ClusterStub(channel)
+    def __init__(self, forwarding: CoordinatorForwarding) -> None:
+        self._forwarding = forwarding
 
     async def forward(
         self, request: cluster_pb2.InitProducerIdRequest, context: grpc.aio.ServicerContext
     ) -> cluster_pb2.InitProducerIdResponse:
         response: cluster_pb2.InitProducerIdResponse = await forward_to_coordinator(
-            self._link.coordinator_addresses(),
-            lambda address: self._stub(address).InitProducerId(
+            self._forwarding,
+            lambda channel: cluster_pb2_grpc.ClusterStub(channel).InitProducerId(
                 request, timeout=INIT_PRODUCER_ID_TIMEOUT_S
             ),
             context,
             "InitProducerId",
         )
         return response
-
-    async def close(self) -> None:
-        channels, self._channels = list(self._channels.values()), {}
-        for channel in channels:
-            await channel.close(None)

@@ -21,7 +21,7 @@ log end offset as that replica's progress; the leader refuses such fetches
 too, and the fetcher starts again once the broker has registered anew.
 
 An answer is applied only while the partition is still followed, in the same
-epoch as when it was asked for and while the PartitionManager still has it
+epoch as when it was asked for and while the ReplicaManager still has it
 as a follower: a late answer from a deposed leader never reaches a log this
 broker now leads.
 
@@ -41,10 +41,11 @@ import grpc.aio
 from tidelog.errors import TidelogError
 from tidelog.v1 import common_pb2
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
+from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_flood import RateLimitedLog
-from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
+from tidelog_broker.log_manager import TopicPartitionKey
+from tidelog_broker.replica_manager import ReplicaManager
 from tidelog_broker.replica_state import Role
 
 log = logging.getLogger("tidelog.broker.replication")
@@ -65,7 +66,7 @@ class ReplicaFetcher:
     def __init__(
         self,
         leader_id: int,
-        manager: PartitionManager,
+        manager: ReplicaManager,
         config: BrokerConfig,
         address_of: Callable[[int], str | None],
         registered: Callable[[], bool] = lambda: True,
@@ -259,7 +260,7 @@ class ReplicaFetchers:
 
     def __init__(
         self,
-        manager: PartitionManager,
+        manager: ReplicaManager,
         config: BrokerConfig,
         address_of: Callable[[int], str | None],
         registered: Callable[[], bool] = lambda: True,

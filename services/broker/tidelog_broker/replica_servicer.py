@@ -3,7 +3,7 @@ ReplicaFetch streams of followers.
 
 Each request names every partition the follower follows on this broker with
 its log end offset (the fetch offset). The leader records that progress
-(PartitionManager.on_follower_fetch: follower LEO, HW, ISR expansion), checks
+(ReplicaManager.on_follower_fetch: follower LEO, HW, ISR expansion), checks
 the follower's epoch against the partition's epoch history, and answers with
 the batches past the fetch offset, as stored. With nothing new (no data, no
 HW the follower has not seen) it long-polls on the partitions' append
@@ -11,7 +11,7 @@ waiters, which appends and HW moves both wake, for at most max_wait_ms.
 
 Who may fetch: followers read past the high watermark, so a partition is
 served only to a replica id assigned to it and registered live in etcd
-(`PartitionManager.follower_registration`); any other id gets
+(`ReplicaManager.follower_registration`); any other id gets
 NOT_LEADER_OR_FOLLOWER for that partition, with no records, and its fetch
 offset is not taken as progress. One stream speaks for one replica id.
 This binds a fetch to a live registration, not to a proven identity: until
@@ -34,7 +34,8 @@ from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import error_proto
-from tidelog_broker.partition_manager import PartitionManager, TopicPartitionKey
+from tidelog_broker.log_manager import TopicPartitionKey
+from tidelog_broker.replica_manager import ReplicaManager
 from tidelog_broker.storage.leader_epoch import UNDEFINED, LeaderEpochCache
 
 log = logging.getLogger("tidelog.broker.replication")
@@ -49,7 +50,7 @@ MAX_BYTES_CAP = 32 * 1024 * 1024
 class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
     """Serves followers' fetches from the partitions this broker leads."""
 
-    def __init__(self, manager: PartitionManager, config: BrokerConfig) -> None:
+    def __init__(self, manager: ReplicaManager, config: BrokerConfig) -> None:
         self._manager = manager
         self._config = config
 

@@ -34,6 +34,7 @@ from tidelog.v1 import (
     log_pb2,
     log_pb2_grpc,
 )
+from tidelog_server.forwarding import ChannelPool
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.admin_servicer import AdminServicer
@@ -41,6 +42,7 @@ from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
 from tidelog_broker.cluster_servicers import (
     AdminForwarder,
     BrokerClusterServicer,
+    ClusterMetadata,
     add_admin_forwarder,
 )
 from tidelog_broker.config import BrokerConfig
@@ -65,8 +67,12 @@ class BrokerServer:
     def __init__(self, config: BrokerConfig, cluster: ClusterConfig | None = None) -> None:
         self.config = config
         self.manager = PartitionManager(config, cluster_mode=cluster is not None)
-        self.link = None if cluster is None else ClusterLink(cluster, config, self.manager)
-        self._forwarder = None if self.link is None else AdminForwarder(self.link)
+        #: Every channel the servicers open (to coordinators, to other
+        #: brokers), closed at stop.
+        self.channels = ChannelPool()
+        self.link = (
+            None if cluster is None else ClusterLink(cluster, config, self.manager, self.channels)
+        )
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._background: list[asyncio.Task[None]] = []
@@ -105,14 +111,16 @@ class BrokerServer:
             epochs = EtcdEpochs(self.link.client, self.link.keys)
             self.manager.highest_producer_epoch = epochs.highest_epoch
             log_pb2_grpc.add_LogServicer_to_server(
-                LogServicer(self.manager, self.config, self.link.metadata, epochs), server
+                LogServicer(self.manager, self.config, ClusterMetadata(self.link).metadata, epochs),
+                server,
             )
-            assert self._forwarder is not None
-            add_admin_forwarder(self._forwarder, server)
-            cluster_pb2_grpc.add_ClusterServicer_to_server(BrokerClusterServicer(self.link), server)
+            add_admin_forwarder(AdminForwarder(self.link, self.link.forwarding), server)
+            cluster_pb2_grpc.add_ClusterServicer_to_server(
+                BrokerClusterServicer(self.link, self.link.forwarding), server
+            )
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
             replica_pb2_grpc.add_ReplicaServicer_to_server(
-                ReplicaServicer(self.manager, self.config), server
+                ReplicaServicer(self.manager.replicas, self.config), server
             )
             services.append(replica_pb2.DESCRIPTOR.services_by_name["Replica"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -124,12 +132,12 @@ class BrokerServer:
             await self.link.start(self.bound_port)
         await server.start()
         self._server = server
-        self._background.append(asyncio.create_task(self.manager.run_flush_scheduler()))
-        self._background.append(asyncio.create_task(self.manager.run_retention()))
+        self._background.append(asyncio.create_task(self.manager.logs.run_flush_scheduler()))
+        self._background.append(asyncio.create_task(self.manager.logs.run_retention()))
         if self.config.cleaner_enable:
-            self._background.append(asyncio.create_task(self.manager.run_cleaner()))
+            self._background.append(asyncio.create_task(self.manager.logs.run_cleaner()))
         if self.link is not None:
-            self._background.append(asyncio.create_task(self.manager.run_isr_checks()))
+            self._background.append(asyncio.create_task(self.manager.replicas.run_isr_checks()))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("tidelog.v1.Log", health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -144,10 +152,10 @@ class BrokerServer:
         await self._health.enter_graceful_shutdown()
         if self.link is not None:
             await self.link.stop()
-        if self._forwarder is not None:
-            await self._forwarder.close()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        # After the server: no call in flight opens a channel any more.
+        await self.channels.close()
         for task in self._background:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -31,12 +31,15 @@ import logging
 import aetcd
 from tidelog_server.etcd import Election, ElectionKeyLostError, Session, is_unavailable
 from tidelog_server.etcd.keys import Keys
+from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.leader_election import LeaderElector
 from tidelog_coordinator.offset_store import OffsetStore
 
 log = logging.getLogger("tidelog.coordinator.controller")
+# Errors these loops repeat (every retry, every pass) log once per interval.
+flood = RateLimitedLog(log)
 
 RETRY_DELAY_S = 0.2
 
@@ -91,7 +94,9 @@ class ReplicaLifecycle:
                     self.session = None
             except Exception as exc:
                 level = logging.INFO if is_unavailable(exc) else logging.ERROR
-                log.log(level, "controller loop: %s; retrying", exc, exc_info=level > logging.INFO)
+                flood.log(
+                    level, "controller loop: %s; retrying", exc, exc_info=level > logging.INFO
+                )
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:
                 self._step_down()
@@ -160,7 +165,7 @@ class ReplicaLifecycle:
                 await self.offsets.expire_offsets(election.leader_compare())
             except Exception as exc:
                 if not is_unavailable(exc):
-                    log.exception("expiring offsets failed")
+                    flood.exception("expiring offsets failed")
             await asyncio.sleep(interval_s)
 
     def _step_down(self) -> None:

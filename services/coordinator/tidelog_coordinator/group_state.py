@@ -24,6 +24,7 @@ from tidelog.errors import InvalidRequestError
 from tidelog.types import TopicPartition
 from tidelog_server.etcd import WatchBatch
 from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import TopicAssignment
 
 from tidelog_coordinator.group_limits import compile_pattern
 
@@ -266,6 +267,6 @@ class GroupCache:
             if change.value is None:
                 self.topics.pop(name, None)
             else:
-                self.topics[name] = len(json.loads(change.value)["partitions"])
+                self.topics[name] = len(TopicAssignment.decode(change.value).replicas)
         # Partition counts feed every group's target.
         await self._on_group_change(set(self.groups))

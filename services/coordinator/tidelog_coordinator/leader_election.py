@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from typing import Any
@@ -38,10 +37,13 @@ import aetcd
 from tidelog.errors import InvalidConfigError
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
-from tidelog_server.etcd.records import PartitionState
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
+from tidelog_server.log_flood import RateLimitedLog
 from tidelog_server.topic_configs import parse_topic_configs
 
 log = logging.getLogger("tidelog.coordinator.election")
+# A pass that fails the same way every 0.2 s logs once per interval.
+flood = RateLimitedLog(log)
 
 #: A pass also runs this often without any broker change (leader -1
 #: partitions of new topics, lost watch events).
@@ -121,7 +123,7 @@ class LeaderElector:
                         last_preferred = time.monotonic()
                 except Exception as exc:
                     if not is_unavailable(exc):
-                        log.exception("leader election pass failed")
+                        flood.exception("leader election pass failed")
                     await asyncio.sleep(0.2)
         finally:
             watch.cancel()
@@ -134,14 +136,14 @@ class LeaderElector:
     async def elect_once(self, fence: Any, preferred: bool) -> int:
         """One pass over every partition; returns how many states it wrote."""
         registered = {
-            int(json.loads(kv.value)["id"]): kv.create_revision
+            BrokerRegistration.decode(kv.value).broker_id: kv.create_revision
             for kv in await self.client.get_prefix(self.keys.brokers)
         }
         live = set(registered)
         topics = {}
         for kv in await self.client.get_prefix(self.keys.topics):
-            data = json.loads(kv.value)
-            topics[data["name"]] = data
+            assignment = TopicAssignment.decode(kv.value)
+            topics[assignment.name] = assignment
         written = 0
         tx = self.client.transactions
         for kv in await self.client.get_prefix(self.keys.all_partition_states):
@@ -152,12 +154,9 @@ class LeaderElector:
             if topic is None:
                 continue
             partition = tp.partition
-            placement = {int(p["partition"]): p["replicas"] for p in topic["partitions"]}
-            replicas = [int(r) for r in placement.get(partition, [])]
+            replicas = list(topic.replicas[partition]) if partition < len(topic.replicas) else []
             try:
-                unclean = parse_topic_configs(
-                    topic.get("configs", {})
-                ).unclean_leader_election_enable
+                unclean = parse_topic_configs(topic.configs).unclean_leader_election_enable
             except InvalidConfigError:
                 # Configs are validated when written; a bad one read back means
                 # a hand-edited key: fall back to the safe choice (no unclean

@@ -17,6 +17,7 @@ issue 5).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Sequence
@@ -36,7 +37,7 @@ from tidelog.types import TopicPartition
 from tidelog_server.clock import SYSTEM_CLOCK, Clock
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.keys import Keys, prefix_end
-from tidelog_server.etcd.records import PartitionState
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
 from tidelog_server.topic_configs import (
     TOPIC_CONFIGS,
     check_replication,
@@ -114,15 +115,14 @@ class MetadataManager:
         listing = await self.client.get_prefix(self.keys.brokers)
         brokers = []
         for kv in listing:
-            data = json.loads(kv.value)
-            limit = data.get("max_partitions")
+            registration = BrokerRegistration.decode(kv.value)
             brokers.append(
                 BrokerRecord(
-                    int(data["id"]),
-                    data["host"],
-                    int(data["port"]),
-                    data.get("rack") or "",
-                    None if limit is None else int(limit),
+                    registration.broker_id,
+                    registration.host,
+                    registration.port,
+                    registration.rack,
+                    registration.max_partitions,
                 )
             )
         return sorted(brokers, key=lambda b: b.broker_id)
@@ -131,9 +131,9 @@ class MetadataManager:
         """Partition replicas assigned to each broker, over every topic."""
         hosted: dict[int, int] = {}
         for kv in await self.client.get_prefix(self.keys.topics):
-            for partition in json.loads(kv.value).get("partitions", []):
-                for broker_id in partition.get("replicas", []):
-                    hosted[int(broker_id)] = hosted.get(int(broker_id), 0) + 1
+            for replicas in TopicAssignment.decode(kv.value).replicas:
+                for broker_id in replicas:
+                    hosted[broker_id] = hosted.get(broker_id, 0) + 1
         return hosted
 
     async def coordinators(self) -> list[dict[str, Any]]:
@@ -188,18 +188,14 @@ class MetadataManager:
 
     async def _write_topic(self, record: TopicRecord) -> None:
         tx = self.client.transactions
-        topic_value = _json(
-            {
-                "name": record.name,
-                "topic_id": record.topic_id,
-                "partitions": [
-                    {"partition": p.partition, "replicas": p.replicas} for p in record.partitions
-                ],
-                "configs": record.configs,
-                "version": 1,
-                "created_ms": self.clock.time_ms(),
-            }
-        )
+        topic_value = TopicAssignment(
+            record.name,
+            record.topic_id,
+            tuple(tuple(p.replicas) for p in sorted(record.partitions, key=lambda p: p.partition)),
+            record.configs,
+            version=1,
+            created_ms=self.clock.time_ms(),
+        ).encode()
         states = [
             tx.put(
                 self.keys.partition_state(record.name, p.partition),
@@ -252,7 +248,7 @@ class MetadataManager:
     async def describe_topics(self, names: Sequence[str]) -> list[TopicRecord | Exception]:
         """Each named topic (every topic when `names` is empty), or its error."""
         listing = await self.client.get_prefix(self.keys.topics)
-        topics = {json.loads(kv.value)["name"]: json.loads(kv.value) for kv in listing}
+        topics = {t.name: t for t in (TopicAssignment.decode(kv.value) for kv in listing)}
         wanted = list(names) or sorted(topics)
         states: dict[TopicPartition, PartitionState] = {}
         for kv in await self.client.get_prefix(self.keys.all_partition_states):
@@ -261,23 +257,23 @@ class MetadataManager:
                 states[tp] = PartitionState.decode(kv.value)
         out: list[TopicRecord | Exception] = []
         for name in wanted:
-            data = topics.get(name)
-            if data is None:
+            topic = topics.get(name)
+            if topic is None:
                 out.append(UnknownTopicOrPartitionError(f"topic {name!r} does not exist"))
                 continue
             parts_out = []
-            for p in data["partitions"]:
-                state = states.get(TopicPartition(name, p["partition"]), PartitionState())
+            for partition, replicas in enumerate(topic.replicas):
+                state = states.get(TopicPartition(name, partition), PartitionState())
                 parts_out.append(
                     PartitionRecord(
-                        p["partition"],
-                        list(p["replicas"]),
+                        partition,
+                        list(replicas),
                         state.leader,
                         state.leader_epoch,
                         list(state.isr),
                     )
                 )
-            out.append(TopicRecord(name, data["topic_id"], parts_out, dict(data["configs"])))
+            out.append(TopicRecord(name, topic.topic_id, parts_out, dict(topic.configs)))
         return out
 
     @staticmethod
@@ -294,7 +290,7 @@ class MetadataManager:
         got = await self.client.get(self.keys.topic(name))
         if got is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        overrides = dict(json.loads(got.value).get("configs", {}))
+        overrides = dict(TopicAssignment.decode(got.value).configs)
         effective = self.effective_configs(overrides)
         return [(key, effective[key], key in overrides) for key in sorted(effective)]
 
@@ -322,21 +318,20 @@ class MetadataManager:
             got = await self.client.get(topic_key)
             if got is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-            data = json.loads(got.value)
-            overrides = dict(data.get("configs", {}))
+            topic = TopicAssignment.decode(got.value)
+            overrides = dict(topic.configs)
             overrides.update(canonical)
             for key in delete_configs:
                 overrides.pop(key, None)
             # The combination must hold too, with the topic's replicas.
-            replication_factor = min((len(p["replicas"]) for p in data["partitions"]), default=1)
+            replication_factor = min((len(r) for r in topic.replicas), default=1)
             check_replication(parse_topic_configs(overrides), replication_factor, name)
             if validate_only:
                 return overrides
-            data["configs"] = overrides
-            data["version"] = int(data.get("version", 1)) + 1
+            altered = dataclasses.replace(topic, configs=overrides, version=topic.version + 1)
             ok, _ = await self.client.transaction(
                 compare=[tx.mod(topic_key) == got.mod_revision],
-                success=[tx.put(topic_key, _json(data))],
+                success=[tx.put(topic_key, altered.encode())],
                 failure=[],
             )
             if ok:

@@ -20,15 +20,15 @@ def test_hosting_past_max_partitions_is_refused(tmp_path: Path) -> None:
     )
     manager.open()
     try:
-        manager.host_partitions(TopicSpec("kept", 2, {}), [0, 1])
+        manager.logs.host_partitions(TopicSpec("kept", 2, {}), [0, 1])
         with pytest.raises(
             InvalidPartitionsError, match=r"hosts 2 of at most 3 \(max\.partitions=3\)"
         ):
-            manager.host_partitions(TopicSpec("beyond", 2, {}), [0, 1])
+            manager.logs.host_partitions(TopicSpec("beyond", 2, {}), [0, 1])
         assert sorted(p.name for p in tmp_path.iterdir()) == ["kept-0", "kept-1"]
         # Within the limit, and the partitions it has, still fine.
-        manager.host_partitions(TopicSpec("beyond", 2, {}), [1])
-        assert manager.hosted_partition_count() == 3
+        manager.logs.host_partitions(TopicSpec("beyond", 2, {}), [1])
+        assert manager.logs.hosted_partition_count() == 3
         assert manager.partition_log("kept", 0).log_end_offset == 0
     finally:
         manager.close()
@@ -40,6 +40,6 @@ def test_a_topic_that_fails_to_open_keeps_no_descriptors(tmp_path: Path) -> None
     # Partition 2's directory is a file: its open fails after 0 and 1 opened.
     (tmp_path / "t-2").write_text("in the way")
     with pytest.raises(StorageError):
-        manager.host_partitions(TopicSpec("t", 3, {}), [0, 1, 2])
+        manager.logs.host_partitions(TopicSpec("t", 3, {}), [0, 1, 2])
     assert open_descriptors_under(tmp_path) == 0
     manager.close()

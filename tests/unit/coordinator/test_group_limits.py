@@ -66,10 +66,10 @@ def test_member_token_matches_only_its_own_hash() -> None:
 
 def test_pattern_matches_are_remembered_until_topics_change() -> None:
     import asyncio
-    import json
 
     from tidelog_coordinator.group_state import GroupCache
     from tidelog_server.etcd.keys import Keys
+    from tidelog_server.etcd.records import TopicAssignment
     from tidelog_server.etcd.watch import Change, WatchBatch
 
     keys = Keys("/p")
@@ -78,7 +78,7 @@ def test_pattern_matches_are_remembered_until_topics_change() -> None:
         return None
 
     def topic(name: str) -> Change:
-        value = json.dumps({"partitions": [[0]]}).encode()
+        value = TopicAssignment(name, f"id-{name}", ((0,),), {}).encode()
         return Change(keys.topic(name), value, mod_revision=1)
 
     cache = GroupCache(keys, ignore)

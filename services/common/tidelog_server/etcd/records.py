@@ -42,3 +42,134 @@ class PartitionState:
             "version": self.version,
         }
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _compact(body: dict[str, object]) -> bytes:
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+@dataclass(frozen=True)
+class BrokerRegistration:
+    """`<prefix>/brokers/ids/<id>`: a live broker, bound to its session lease.
+
+    Written by the broker when it registers; read by the coordinators
+    (placement, leader election) and the other brokers (Metadata, replica
+    fetching). `max_partitions` and `open_file_limit` are the resources the
+    broker reports (None: an older broker that reports none).
+    """
+
+    broker_id: int
+    host: str
+    port: int
+    rack: str = ""
+    #: Partition replicas the broker can host.
+    max_partitions: int | None = None
+    open_file_limit: int | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def decode(cls, value: bytes) -> BrokerRegistration:
+        data = json.loads(value)
+        max_partitions = data.get("max_partitions")
+        open_files = data.get("open_file_limit")
+        return cls(
+            broker_id=int(data["id"]),
+            host=str(data.get("host", "")),
+            port=int(data.get("port", 0)),
+            rack=str(data.get("rack") or ""),
+            max_partitions=None if max_partitions is None else int(max_partitions),
+            open_file_limit=None if open_files is None else int(open_files),
+        )
+
+    def encode(self) -> bytes:
+        body: dict[str, object] = {
+            "id": self.broker_id,
+            "host": self.host,
+            "port": self.port,
+            "rack": self.rack,
+        }
+        if self.max_partitions is not None:
+            body["max_partitions"] = self.max_partitions
+        if self.open_file_limit is not None:
+            body["open_file_limit"] = self.open_file_limit
+        return _compact(body)
+
+
+@dataclass(frozen=True)
+class CoordinatorRegistration:
+    """`<prefix>/coordinators/<id>` (and a candidate's value in the controller
+    election): a live coordinator replica and where clients reach it."""
+
+    coordinator_id: str
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    def decode(cls, value: bytes) -> CoordinatorRegistration:
+        data = json.loads(value)
+        return cls(
+            coordinator_id=str(data.get("id", "")),
+            host=str(data.get("host", "")),
+            port=int(data.get("port", 0)),
+        )
+
+    def encode(self) -> bytes:
+        return _compact({"id": self.coordinator_id, "host": self.host, "port": self.port})
+
+
+@dataclass(frozen=True)
+class TopicAssignment:
+    """`<prefix>/topics/<name>`: a topic's id, the replicas of each partition
+    (index = partition) and its config overrides. Written by the coordinator
+    that creates the topic (and alters its configs); `version` counts the
+    writes."""
+
+    name: str
+    topic_id: str
+    replicas: tuple[tuple[int, ...], ...]
+    configs: dict[str, str]
+    version: int = 1
+    #: Wall-clock time of creation, ms since the epoch.
+    created_ms: int = 0
+
+    @classmethod
+    def decode(cls, value: bytes) -> TopicAssignment:
+        data = json.loads(value)
+        # In partition order; an entry without its number is at its index.
+        partitions = [
+            p
+            for _, p in sorted(
+                enumerate(data.get("partitions", [])),
+                key=lambda entry: int(entry[1].get("partition", entry[0])),
+            )
+        ]
+        return cls(
+            name=str(data.get("name", "")),
+            topic_id=str(data.get("topic_id", "")),
+            replicas=tuple(tuple(int(b) for b in p.get("replicas", ())) for p in partitions),
+            configs={str(k): str(v) for k, v in data.get("configs", {}).items()},
+            version=int(data.get("version", 1)),
+            created_ms=int(data.get("created_ms", 0)),
+        )
+
+    def encode(self) -> bytes:
+        return _compact(
+            {
+                "name": self.name,
+                "topic_id": self.topic_id,
+                "partitions": [
+                    {"partition": p, "replicas": list(replicas)}
+                    for p, replicas in enumerate(self.replicas)
+                ],
+                "configs": self.configs,
+                "version": self.version,
+                "created_ms": self.created_ms,
+            }
+        )

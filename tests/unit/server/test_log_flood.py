@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from tidelog_broker.log_flood import RateLimitedLog
+from tidelog_server.log_flood import RateLimitedLog
 
 
 class FakeClock:

@@ -11,7 +11,9 @@ arguments): "flush of %s-%d failed" with OSError is one kind whatever the
 partition, so 7,000 failing partitions log once per interval, not 7,000
 times.
 
-Not thread-safe: used from the broker's event loop.
+The broker's background loops (flush, retention, cleaner, replica fetchers)
+and the coordinator's (leader-election passes, offset expiry, the controller
+loop) use it. Not thread-safe: each is used from one service's event loop.
 """
 
 from __future__ import annotations

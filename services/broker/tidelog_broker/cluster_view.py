@@ -1,0 +1,153 @@
+"""What a broker knows of the cluster from etcd: one typed view, kept up to
+date by ClusterLink's watches.
+
+- live brokers: a broker is live while its registration key exists; the
+  key's create revision identifies the registration (a broker that
+  re-registers gets a new one), so replica fetches and ISR expansion are
+  bound to it (`registration_of`);
+- live coordinator replicas (where forwarded calls go);
+- topics: id, replicas per partition, config overrides, and the create
+  revision of the topic key;
+- partition states: leader, epoch, ISR, and the mod revision of the state
+  key (ISR writes are fenced on it). A state older than its topic key
+  belongs to a deleted topic of the same name and is not reported (`state`).
+
+Values are parsed by the records of `tidelog_server.etcd.records`, one
+parser per kind of key. Not thread-safe: the broker's event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tidelog_server.etcd import WatchBatch
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import (
+    BrokerRegistration,
+    CoordinatorRegistration,
+    PartitionState,
+    TopicAssignment,
+)
+
+
+@dataclass(frozen=True)
+class LiveBroker:
+    registration: BrokerRegistration
+    #: Create revision of the registration key: which registration this is.
+    revision: int
+
+
+@dataclass(frozen=True)
+class KnownTopic:
+    name: str
+    topic_id: str
+    #: Replica broker ids per partition (index = partition).
+    replicas: list[list[int]]
+    configs: dict[str, str]
+    #: Create revision of the topic key.
+    create_revision: int
+
+
+@dataclass(frozen=True)
+class KnownState:
+    leader: int
+    leader_epoch: int
+    isr: list[int]
+    #: Mod revision of the state key (ISR writes compare it).
+    mod_revision: int
+
+
+class ClusterView:
+    """Live brokers, coordinators, topics and partition states (module doc)."""
+
+    def __init__(self, keys: Keys) -> None:
+        self._keys = keys
+        self.brokers: dict[int, LiveBroker] = {}
+        self.coordinators: dict[str, CoordinatorRegistration] = {}
+        self.topics: dict[str, KnownTopic] = {}
+        self.states: dict[tuple[str, int], KnownState] = {}
+
+    # ------------------------------------------------------------ watch batches
+
+    def apply_brokers(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.brokers.clear()
+        for change in batch.changes:
+            broker_id = self._keys.tail(change.key, self._keys.brokers)
+            if not broker_id.isdigit():
+                continue
+            if change.value is None:
+                self.brokers.pop(int(broker_id), None)
+            else:
+                self.brokers[int(broker_id)] = LiveBroker(
+                    BrokerRegistration.decode(change.value), change.create_revision
+                )
+
+    def apply_coordinators(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.coordinators.clear()
+        for change in batch.changes:
+            name = self._keys.tail(change.key, self._keys.coordinators)
+            if change.value is None:
+                self.coordinators.pop(name, None)
+            else:
+                self.coordinators[name] = CoordinatorRegistration.decode(change.value)
+
+    def apply_topics(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.topics.clear()
+        for change in batch.changes:
+            name = self._keys.tail(change.key, self._keys.topics)
+            if change.value is None:
+                self.topics.pop(name, None)
+                continue
+            topic = TopicAssignment.decode(change.value)
+            self.topics[name] = KnownTopic(
+                name,
+                topic.topic_id,
+                [list(replicas) for replicas in topic.replicas],
+                dict(topic.configs),
+                change.create_revision,
+            )
+
+    def apply_states(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.states.clear()
+        for change in batch.changes:
+            parsed = self._keys.parse_partition_state_key(change.key)
+            if parsed is None:
+                continue
+            tp = (parsed.topic, parsed.partition)
+            if change.value is None:
+                self.states.pop(tp, None)
+                continue
+            state = PartitionState.decode(change.value)
+            self.states[tp] = KnownState(
+                state.leader, state.leader_epoch, list(state.isr), change.mod_revision
+            )
+
+    # ------------------------------------------------------------ questions
+
+    def state(self, topic: KnownTopic, partition: int) -> KnownState | None:
+        """The partition's state, unless it belongs to an older topic of the
+        same name (written before this topic was created)."""
+        state = self.states.get((topic.name, partition))
+        if state is None or state.mod_revision < topic.create_revision:
+            return None
+        return state
+
+    def registration_of(self, broker_id: int) -> int | None:
+        """The create revision of a live broker's registration; None when it
+        is not registered (never was, or its lease expired)."""
+        live = self.brokers.get(broker_id)
+        return None if live is None else live.revision
+
+    def broker_address(self, broker_id: int) -> str | None:
+        live = self.brokers.get(broker_id)
+        if live is None or not live.registration.host or not live.registration.port:
+            return None
+        return live.registration.address
+
+    def coordinator_addresses(self) -> list[str]:
+        """Live coordinator replicas, in a stable order (forwarding tries them in turn)."""
+        return [c.address for _, c in sorted(self.coordinators.items()) if c.host and c.port]

@@ -1,0 +1,526 @@
+"""The broker's logs: the topics it hosts, their partition logs' lifecycle,
+their configs, and the background loops that maintain them (flush,
+retention, the cleaner). Also who waits for appends (long-poll fetches,
+acks=all): `wake` tells them.
+
+The replica manager (roles, ISR, high watermark) and the request paths
+(partition_manager: produce, fetch, offsets) build on it. It knows nothing
+of gRPC nor of etcd: in cluster mode ClusterLink tells it which partitions to
+host (`host_partitions`, `drop_topic`).
+
+Concurrency: every method runs on the broker's one asyncio event loop, so no
+locks are needed. Appends and reads do their file I/O inline: they hit the
+page cache and take microseconds, far less than a hop to a thread would cost.
+Only long waits (long-poll fetches) are awaited, and the two kinds of long
+work are sent to worker threads (asyncio.to_thread) so that they never stall
+produce or fetch: unlinking the files retention and compaction drop (renamed
+`.deleted` on the loop first, which is cheap), and the cleaner's rounds,
+which work on a snapshot of plain data; the swap of cleaned segments into a
+log then happens back on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import shutil
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidelog.errors import (
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    NotLeaderOrFollowerError,
+    TidelogError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.names import validate_topic_name
+from tidelog_server.log_flood import RateLimitedLog
+from tidelog_server.topic_configs import TOPIC_CONFIGS, check_replication, validate_topic_configs
+
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.resources import open_file_limit, partition_capacity
+from tidelog_broker.storage import (
+    Clock,
+    LogConfig,
+    PartitionLog,
+    config_to_strings,
+    parse_topic_configs,
+)
+from tidelog_broker.storage import cleaner as log_cleaner
+from tidelog_broker.storage.files import log_dir_name, parse_log_dir_name
+from tidelog_broker.storage.partition_log import unlink_files
+from tidelog_broker.topic_store import TopicSpec, TopicStore
+
+log = logging.getLogger("tidelog.broker")
+# Errors that loops repeat (per partition, per pass) log once per interval.
+flood = RateLimitedLog(log)
+
+TopicPartitionKey = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ConfigValue:
+    """One topic config as DescribeConfigs reports it."""
+
+    name: str
+    value: str
+    #: "topic" (an override), "broker" (the broker's config file) or "default".
+    source: str
+
+
+class Topic:
+    """A topic hosted on this broker: its spec, effective config and logs.
+
+    Standalone, `logs` holds every partition. In cluster mode it holds only
+    the partitions this broker leads (ascending); `hosted` maps partition
+    number to log either way, and `spec.partitions` is the topic's count."""
+
+    def __init__(self, spec: TopicSpec, config: LogConfig, logs: list[PartitionLog]) -> None:
+        self.spec = spec
+        self.config = config
+        self.logs = logs
+        self.hosted = {partition_log.partition: partition_log for partition_log in logs}
+
+
+class LogManager:
+    """Hosts partition logs: topics, lifecycle, configs, background loops."""
+
+    def __init__(self, config: BrokerConfig, clock: Clock, *, cluster_mode: bool) -> None:
+        self._config = config
+        self._clock = clock
+        # Cluster mode: topics come from etcd through the cluster-mode hooks
+        # below (ClusterLink), not from topics.json, and are never auto-created.
+        self._cluster_mode = cluster_mode
+        self._store = TopicStore(config.data_dir)
+        self._topics: dict[str, Topic] = {}
+        # Futures of long-polling fetches, woken when their partitions grow.
+        self._append_waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
+        # Set at close: a cleaner round in a worker thread stops at its next batch.
+        self._cleaner_cancel = threading.Event()
+        #: Called when a hosted partition's log closes or goes (cluster mode):
+        #: the replica manager forgets its state. Set by ReplicaManager.
+        self.on_partition_closed: Callable[[str, int], None] = lambda _topic, _partition: None
+        #: The open-file limit and the partition replicas it allows
+        #: (resources.py); both go into the etcd registration.
+        self.open_file_limit = open_file_limit()
+        self.partition_capacity = partition_capacity(self.open_file_limit, config.max_partitions)
+
+    # ------------------------------------------------------------ lifecycle
+
+    def open(self) -> None:
+        """Open every topic's logs, running recovery where needed."""
+        self._config.data_dir.mkdir(parents=True, exist_ok=True)
+        if self._cluster_mode:
+            return
+        for spec in self._store.load().values():
+            self._topics[spec.name] = self._open_topic(spec)
+        log.info(
+            "opened %d topics, %d partitions in %s",
+            len(self._topics),
+            sum(len(t.logs) for t in self._topics.values()),
+            self._config.data_dir,
+        )
+
+    def close(self) -> None:
+        """Flush and close every log (a clean shutdown: next start skips recovery)."""
+        self._cleaner_cancel.set()
+        for topic in self._topics.values():
+            for partition_log in topic.logs:
+                partition_log.close()
+        self._topics.clear()
+        for waiters in self._append_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
+
+    def _open_topic(self, spec: TopicSpec, partitions: Iterable[int] | None = None) -> Topic:
+        config = parse_topic_configs(spec.configs, self._config.log_defaults)
+        logs: list[PartitionLog] = []
+        try:
+            for p in range(spec.partitions) if partitions is None else sorted(partitions):
+                logs.append(
+                    PartitionLog.open(
+                        self._config.data_dir / log_dir_name(spec.name, p),
+                        spec.name,
+                        p,
+                        config,
+                        self._clock,
+                    )
+                )
+        except BaseException:
+            # Out of descriptors, say: the logs opened so far must not keep
+            # theirs (nobody would close them).
+            for partition_log in logs:
+                with contextlib.suppress(TidelogError):
+                    partition_log.close()
+            raise
+        return Topic(spec, config, logs)
+
+    def hosted_partition_count(self) -> int:
+        """Partition replicas this broker hosts now."""
+        return sum(len(topic.hosted) for topic in self._topics.values())
+
+    def _check_capacity(self, adding: int, what: str) -> None:
+        """Refuse `adding` more partition replicas past partition_capacity."""
+        hosted = self.hosted_partition_count()
+        if hosted + adding > self.partition_capacity:
+            source = (
+                f"max.partitions={self._config.max_partitions}"
+                if self._config.max_partitions
+                else f"derived from its open-file limit of {self.open_file_limit}"
+            )
+            raise InvalidPartitionsError(
+                f"{what} needs {adding} more partition replicas on broker "
+                f"{self._config.broker_id}, which hosts {hosted} of at most "
+                f"{self.partition_capacity} ({source})"
+            )
+
+    # ------------------------------------------------------------ topics
+
+    def topic_names(self) -> list[str]:
+        return sorted(self._topics)
+
+    def topic(self, name: str) -> Topic:
+        validate_topic_name(name)
+        try:
+            return self._topics[name]
+        except KeyError:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist") from None
+
+    def partition_log(self, topic: str, partition: int) -> PartitionLog:
+        hosted = self.topic(topic)
+        count = hosted.spec.partitions
+        if not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"topic {topic!r} has partitions 0 to {count - 1}; {partition} does not exist"
+            )
+        partition_log = hosted.hosted.get(partition)
+        if partition_log is None:
+            raise NotLeaderOrFollowerError(
+                f"broker {self._config.broker_id} does not lead {topic}-{partition}: "
+                "refresh metadata and ask its leader"
+            )
+        return partition_log
+
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 0,
+        replication_factor: int = 0,
+        configs: dict[str, str] | None = None,
+        validate_only: bool = False,
+    ) -> Topic | None:
+        """Create a topic and its partition logs; raise a typed error when the
+        request is invalid. With validate_only, check and create nothing."""
+        validate_topic_name(name)
+        if name in self._topics:
+            raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+        partitions = partitions or self._config.num_partitions
+        if partitions < 1:
+            raise InvalidPartitionsError(f"a topic needs at least 1 partition, not {partitions}")
+        if replication_factor not in (0, 1):
+            raise InvalidReplicationFactorError(
+                f"replication factor {replication_factor} is larger than the 1 broker available"
+            )
+        configs = dict(configs or {})
+        parse_topic_configs(configs, self._config.log_defaults)  # validates every key
+        # The topic's own min.insync.replicas against the one replica.
+        check_replication(parse_topic_configs(configs), 1, name)
+        self._check_capacity(partitions, f"topic {name!r}")
+        if validate_only:
+            return None
+        spec = TopicSpec(name, partitions, configs)
+        topic = self._open_topic(spec)
+        self._topics[name] = topic
+        self._save_specs()
+        log.info("created topic %s with %d partitions", name, partitions)
+        return topic
+
+    def delete_topic(self, name: str) -> None:
+        """Delete a topic and its data."""
+        topic = self.topic(name)
+        del self._topics[name]
+        self._save_specs()
+        for partition_log in topic.logs:
+            partition_log.delete()
+            self.wake((name, partition_log.partition))
+        log.info("deleted topic %s", name)
+
+    def ensure_topic(self, name: str, auto_create: bool) -> Topic:
+        """The topic, created with defaults when missing and allowed."""
+        validate_topic_name(name)
+        topic = self._topics.get(name)
+        if topic is not None:
+            return topic
+        if auto_create and self._config.auto_create_topics and not self._cluster_mode:
+            created = self.create_topic(name)
+            assert created is not None
+            return created
+        raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+
+    def _save_specs(self) -> None:
+        if self._cluster_mode:
+            return  # etcd holds the topics
+        self._store.save({name: topic.spec for name, topic in self._topics.items()})
+
+    # ------------------------------------------------------------ cluster mode
+
+    def host_partitions(self, spec: TopicSpec, partitions: Iterable[int]) -> None:
+        """Cluster mode: host exactly `partitions` of topic `spec` (open or
+        create their logs; close, without deleting, the ones no longer
+        listed) and apply `spec.configs` to every log (no restart). Idempotent,
+        so replaying the same etcd state changes nothing."""
+        wanted = set(partitions)
+        topic = self._topics.get(spec.name)
+        # Past its limit the broker refuses the new replicas (the caller
+        # logs it) rather than run out of descriptors for the ones it has.
+        self._check_capacity(
+            len(wanted - set(topic.hosted if topic is not None else ())), f"topic {spec.name!r}"
+        )
+        if topic is None:
+            # Known even when no partition is hosted here, so that requests
+            # for it get NOT_LEADER_OR_FOLLOWER rather than UNKNOWN_TOPIC.
+            self._topics[spec.name] = self._open_topic(spec, wanted)
+            if wanted:
+                log.info("hosting %s partitions %s", spec.name, sorted(wanted))
+            return
+        if spec.configs != topic.spec.configs:
+            topic.config = parse_topic_configs(spec.configs, self._config.log_defaults)
+            for partition_log in topic.logs:
+                partition_log.update_config(topic.config)
+            log.info("configs of topic %s are now %s", spec.name, spec.configs)
+        topic.spec = spec
+        if wanted == set(topic.hosted):
+            return
+        for partition in set(topic.hosted) - wanted:
+            topic.hosted.pop(partition).close()
+            self.on_partition_closed(spec.name, partition)
+            self.wake((spec.name, partition))
+        added = self._open_topic(spec, wanted - set(topic.hosted))
+        topic.hosted.update(added.hosted)
+        topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
+        log.info("hosting %s partitions %s", spec.name, sorted(wanted))
+
+    def drop_topic(self, name: str, delete_data: bool) -> None:
+        """Cluster mode: stop hosting a topic; with `delete_data`, remove its
+        logs (the topic was deleted). Unknown names are ignored (idempotent)."""
+        topic = self._topics.pop(name, None)
+        if topic is None:
+            return
+        for partition, partition_log in topic.hosted.items():
+            if delete_data:
+                partition_log.delete()
+            else:
+                partition_log.close()
+            self.on_partition_closed(name, partition)
+            self.wake((name, partition))
+        log.info("%s topic %s", "deleted" if delete_data else "closed", name)
+
+    def local_topics(self) -> dict[str, list[int]]:
+        """Cluster mode: topics with log directories on disk, open or not
+        (to find logs of topics deleted while this broker was down)."""
+        out: dict[str, list[int]] = {}
+        for entry in self._config.data_dir.iterdir():
+            if not entry.is_dir() or entry.name == "etcd":
+                continue
+            try:
+                topic, partition = parse_log_dir_name(entry.name)
+            except ValueError:
+                continue
+            out.setdefault(topic, []).append(partition)
+        return out
+
+    def delete_local_logs(self, name: str, partitions: Iterable[int]) -> None:
+        """Cluster mode: delete logs of a topic this broker does not host."""
+        hosted = self._topics.get(name)
+        for partition in partitions:
+            if hosted is not None and partition in hosted.hosted:
+                continue
+            # Not open, so no file handles to close: remove the directory.
+            directory = self._config.data_dir / log_dir_name(name, partition)
+            try:
+                shutil.rmtree(directory)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                # Out of descriptors, say: the stray sweep at the next start
+                # (or the next delete) tries again.
+                flood.warning("cannot delete %s: %s", directory, exc)
+        log.info("deleted stray logs of topic %s", name)
+
+    # ------------------------------------------------------------ appends
+
+    async def wait_for_append(
+        self, partitions: Iterable[TopicPartitionKey], timeout_s: float
+    ) -> None:
+        """Return when any of `partitions` gets new data, or after timeout_s."""
+        keys = list(partitions)
+        waiter = self.register_append_waiter(keys)
+        try:
+            await asyncio.wait_for(waiter, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            self.discard_append_waiter(keys, waiter)
+
+    def register_append_waiter(self, keys: list[TopicPartitionKey]) -> asyncio.Future[None]:
+        """A future resolved by the next append to any of `keys`.
+
+        Registered at once, with no await: a caller that has just found
+        nothing to read and registers in the same step cannot miss an append
+        in between (a wake-up lost that way stalls a consumer at the tail).
+        Pair with `discard_append_waiter`.
+        """
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        for key in keys:
+            self._append_waiters.setdefault(key, set()).add(waiter)
+        return waiter
+
+    def discard_append_waiter(
+        self, keys: list[TopicPartitionKey], waiter: asyncio.Future[None]
+    ) -> None:
+        for key in keys:
+            waiters = self._append_waiters.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._append_waiters[key]
+
+    def wake(self, key: TopicPartitionKey) -> None:
+        """Wake the long-polls and acks=all waits of `key` (new data, a new role)."""
+        waiters = self._append_waiters.pop(key, None)
+        for waiter in waiters or ():
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # ------------------------------------------------------------ background
+
+    async def run_flush_scheduler(self) -> None:
+        """Apply flush.ms: fsync logs whose oldest unflushed data is too old."""
+        interval_s = self._config.flush_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            now_ms = self._clock.monotonic_ms()
+            for topic in list(self._topics.values()):
+                for partition_log in topic.logs:
+                    try:
+                        partition_log.maybe_flush(now_ms)
+                    except TidelogError:
+                        flood.exception("flush of %s failed", partition_log.name)
+
+    async def run_retention(self) -> None:
+        """Apply retention.ms and retention.bytes every log.retention.check.interval.ms."""
+        interval_s = self._config.retention_check_interval_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.apply_retention()
+
+    async def apply_retention(self) -> int:
+        """One retention pass over every log; returns the files unlinked.
+
+        Segments leave their logs on the loop (a rename each); the unlinks,
+        which can take milliseconds per large file, run in a worker thread.
+        """
+        doomed: list[Path] = []
+        for topic in list(self._topics.values()):
+            for partition_log in topic.logs:
+                try:
+                    doomed.extend(partition_log.delete_old_segments())
+                except TidelogError:
+                    flood.exception("retention of %s failed", partition_log.name)
+        if not doomed:
+            return 0
+        return await asyncio.to_thread(unlink_files, doomed)
+
+    async def run_cleaner(self) -> None:
+        """Compact logs whose cleanup.policy has compact, every log.cleaner.backoff.ms."""
+        interval_s = self._config.cleaner_backoff_ms / 1000
+        while True:
+            await asyncio.sleep(interval_s)
+            await self.clean_logs()
+
+    async def clean_logs(self, force: bool = False) -> list[log_cleaner.CleanResult]:
+        """One cleaning round over every compacted log that is dirty enough
+        (any dirt at all with `force`). Logs are cleaned one at a time, in a
+        worker thread; the swap happens here, on the loop."""
+        max_entries = max(
+            1, self._config.cleaner_dedupe_buffer_bytes // log_cleaner.MAP_ENTRY_BYTES
+        )
+        results: list[log_cleaner.CleanResult] = []
+        for topic in list(self._topics.values()):
+            for partition_log in topic.logs:
+                plan = partition_log.plan_cleaning(max_entries, force)
+                if plan is None:
+                    continue
+                result: log_cleaner.CleanResult | None = None
+                try:
+                    result = await asyncio.to_thread(log_cleaner.clean, plan, self._cleaner_cancel)
+                except (log_cleaner.CleanerCancelledError, log_cleaner.StaleSnapshotError) as exc:
+                    log.info("cleaning %s stopped: %s", partition_log.name, exc)
+                except Exception:
+                    flood.exception("cleaning %s failed", partition_log.name)
+                try:
+                    doomed = partition_log.finish_cleaning(result)
+                except TidelogError:
+                    flood.exception("swapping cleaned segments into %s failed", partition_log.name)
+                    continue
+                if result is not None:
+                    results.append(result)
+                if doomed:
+                    await asyncio.to_thread(unlink_files, doomed)
+        return results
+
+    # ------------------------------------------------------------ configs
+
+    def describe_configs(self, name: str) -> list[ConfigValue]:
+        """Every topic config of `name`: effective value and its source."""
+        topic = self.topic(name)
+        effective = config_to_strings(topic.config)
+        broker = config_to_strings(self._config.log_defaults)
+        builtin = config_to_strings(LogConfig())
+        out = []
+        for key in sorted(effective):
+            if key in topic.spec.configs:
+                source = "topic"
+            elif broker[key] != builtin[key]:
+                source = "broker"
+            else:
+                source = "default"
+            out.append(ConfigValue(key, effective[key], source))
+        return out
+
+    def alter_configs(
+        self,
+        name: str,
+        set_configs: dict[str, str],
+        delete_configs: Iterable[str] = (),
+        validate_only: bool = False,
+    ) -> None:
+        """Set and remove overrides of one topic; every log applies the new
+        config from its next operation on (no restart). Raises
+        InvalidConfigError naming the key for an unknown key or a bad value."""
+        topic = self.topic(name)
+        overrides = dict(topic.spec.configs)
+        overrides.update(validate_topic_configs(set_configs))
+        for key in delete_configs:
+            if key not in TOPIC_CONFIGS:
+                known = ", ".join(sorted(TOPIC_CONFIGS))
+                raise InvalidConfigError(f"unknown topic config {key!r}; known keys: {known}")
+            overrides.pop(key, None)
+        config = parse_topic_configs(overrides, self._config.log_defaults)
+        check_replication(parse_topic_configs(overrides), 1, name)  # the one replica
+        if validate_only:
+            return
+        topic.spec = dataclasses.replace(topic.spec, configs=overrides)
+        topic.config = config
+        for partition_log in topic.logs:
+            partition_log.update_config(config)
+        self._save_specs()
+        log.info("altered configs of topic %s: %s", name, overrides)

@@ -1,0 +1,333 @@
+"""The broker's replicas in cluster mode: the role of every hosted
+partition (leader, follower, neither), its leader epoch, ISR and high
+watermark; what a leader does when followers fetch (their progress, the HW,
+ISR expansion, after checking that the follower is an assigned replica
+registered live), ISR shrinking, acks=all waits for the HW, and what a
+follower does with what it fetched (append, truncate, reset).
+
+The rules themselves (HW and ISR arithmetic) are in replica_state; the logs
+are the LogManager's; etcd is ClusterLink's, which applies roles
+(`set_role`) and provides `lease_valid`, `registration_of` and `isr_writer`.
+Standalone, no partition has a replication state.
+
+Not thread-safe: everything runs on the broker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from tidelog import records
+from tidelog.errors import NotLeaderOrFollowerError, RequestTimedOutError
+from tidelog_server.log_flood import RateLimitedLog
+
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_manager import LogManager, TopicPartitionKey
+from tidelog_broker.replica_state import PartitionReplication, RegistrationOf, Role
+from tidelog_broker.storage import Clock, PartitionLog
+
+log = logging.getLogger("tidelog.broker")
+# Errors that loops repeat (per partition, per pass) log once per interval.
+flood = RateLimitedLog(log)
+
+
+class ReplicaManager:
+    """Roles, ISR and high watermark of the partitions this broker hosts."""
+
+    def __init__(
+        self, config: BrokerConfig, clock: Clock, logs: LogManager, *, cluster_mode: bool
+    ) -> None:
+        self._config = config
+        self._clock = clock
+        self._cluster_mode = cluster_mode
+        self._logs = logs
+        # Cluster mode: role, epoch, ISR and HW of every hosted partition.
+        self._replication: dict[TopicPartitionKey, PartitionReplication] = {}
+        logs.on_partition_closed = self._forget
+        #: Cluster mode: False while this broker's etcd lease may have expired;
+        #: a leader then refuses writes (no split brain). Set by ClusterLink.
+        self.lease_valid: Callable[[], bool] = lambda: True
+        #: Cluster mode: the etcd registration revision of a live broker (None:
+        #: not registered, so not alive); set by ClusterLink. Replica fetches
+        #: and ISR expansion are bound to it.
+        self.registration_of: RegistrationOf = lambda _broker_id: None
+        #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
+        self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
+        self._isr_tasks: set[asyncio.Task[None]] = set()
+
+    def _forget(self, topic: str, partition: int) -> None:
+        self._replication.pop((topic, partition), None)
+
+    def partition_log(self, topic: str, partition: int) -> PartitionLog:
+        """A hosted partition's log (LogManager.partition_log)."""
+        return self._logs.partition_log(topic, partition)
+
+    async def wait_for_append(self, partitions: list[TopicPartitionKey], timeout_s: float) -> None:
+        """LogManager.wait_for_append: followers' long-polls wait for the leader's appends."""
+        await self._logs.wait_for_append(partitions, timeout_s)
+
+    def replication(self, topic: str, partition: int) -> PartitionReplication | None:
+        """Cluster mode: the role and ISR of a hosted partition (None: unknown)."""
+        return self._replication.get((topic, partition))
+
+    def leader_replication(
+        self, topic: str, partition: int, write: bool
+    ) -> PartitionReplication | None:
+        """Cluster mode: the partition's state if this broker leads it (and,
+        for a write, still holds its etcd lease); else NotLeaderOrFollower.
+        Followers serve neither produce nor consumer fetch (Kafka's default)."""
+        if not self._cluster_mode:
+            return None
+        replication = self._replication.get((topic, partition))
+        me = self._config.broker_id
+        if replication is None or not replication.is_leader:
+            leader = "unknown" if replication is None else replication.leader_id
+            raise NotLeaderOrFollowerError(
+                f"broker {me} does not lead {topic}-{partition} (leader: {leader}): "
+                "refresh metadata and ask its leader"
+            )
+        if write and not self.lease_valid():
+            raise NotLeaderOrFollowerError(
+                f"broker {me} may have lost its etcd session, so it may no longer lead "
+                f"{topic}-{partition}: refresh metadata and retry"
+            )
+        return replication
+
+    def set_role(
+        self,
+        topic: str,
+        partition: int,
+        *,
+        role: Role,
+        leader_id: int,
+        leader_epoch: int,
+        replicas: list[int],
+        isr: list[int],
+    ) -> PartitionReplication:
+        """Cluster mode: apply a hosted partition's state from etcd.
+        Idempotent: the same state again changes nothing. A new epoch or
+        role starts afresh (a new leader records its epoch in the log's
+        epoch history at its log end offset); an ISR change alone keeps the
+        followers' progress and may move the HW."""
+        key = (topic, partition)
+        partition_log = self._logs.partition_log(topic, partition)
+        me = self._config.broker_id
+        old = self._replication.get(key)
+        if old is not None and old.role is role and old.leader_epoch == leader_epoch:
+            old.replicas = list(replicas)
+            if old.isr != isr:
+                old.isr = list(isr)
+                old.isr_change_pending = False
+                if old.is_leader:
+                    old.advance_high_watermark(me, partition_log.log_end_offset)
+                self._logs.wake(key)
+            return old
+        state = PartitionReplication(
+            topic,
+            partition,
+            role,
+            leader_id,
+            leader_epoch,
+            list(replicas),
+            list(isr),
+            since_ms=self._clock.monotonic_ms(),
+            # A HW learnt as follower is kept: it never moves backwards here.
+            high_watermark=0 if old is None else old.high_watermark,
+        )
+        if role is Role.LEADER:
+            partition_log.leader_epochs.assign(leader_epoch, partition_log.log_end_offset)
+            state.start_leading(me, partition_log.log_end_offset)
+        self._replication[key] = state
+        log.info(
+            "%s-%d: %s, leader %d, epoch %d, isr %s, log end %d",
+            topic,
+            partition,
+            role.value,
+            leader_id,
+            leader_epoch,
+            isr,
+            partition_log.log_end_offset,
+        )
+        # Waiting acks=all requests and long-polls look at the new role.
+        self._logs.wake(key)
+        return state
+
+    async def wait_for_high_watermark(
+        self, topic: str, partition: int, offset: int, leader_epoch: int, timeout_s: float
+    ) -> None:
+        """acks=all: return once the HW is past `offset` (the last offset of
+        the batches appended in `leader_epoch`). RequestTimedOutError after
+        timeout_s; NotLeaderOrFollowerError if leadership moved meanwhile
+        (the records may or may not survive: the producer retries)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        key = (topic, partition)
+        while True:
+            replication = self._replication.get(key)
+            if (
+                replication is None
+                or not replication.is_leader
+                or replication.leader_epoch != leader_epoch
+            ):
+                raise NotLeaderOrFollowerError(
+                    f"leadership of {topic}-{partition} moved while waiting for acks=all"
+                )
+            if replication.high_watermark > offset:
+                return
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise RequestTimedOutError(
+                    f"{topic}-{partition}: in-sync replicas {replication.isr} did not confirm "
+                    f"offset {offset} within {timeout_s * 1000:.0f} ms (high watermark "
+                    f"{replication.high_watermark})"
+                )
+            await self._logs.wait_for_append([key], remaining)
+
+    def follower_registration(self, replication: PartitionReplication, follower: int) -> int:
+        """Leader: the registration revision under which `follower` may fetch
+        this partition. Only a replica assigned to it and registered live in
+        etcd may: anything else (an id that is not a replica, a dead broker's
+        id) gets NotLeaderOrFollowerError naming the replica and partition,
+        and never a record (followers read past the HW)."""
+        name = f"{replication.topic}-{replication.partition}"
+        if follower not in replication.replicas or follower == self._config.broker_id:
+            raise NotLeaderOrFollowerError(
+                f"replica {follower} is not a follower of {name} (its replicas are "
+                f"{replication.replicas}, led by broker {self._config.broker_id})"
+            )
+        registration = self.registration_of(follower)
+        if registration is None:
+            raise NotLeaderOrFollowerError(
+                f"replica {follower} of {name} is not registered live in etcd: it may fetch "
+                "again once its broker has registered"
+            )
+        return registration
+
+    def on_follower_fetch(
+        self, topic: str, partition: int, follower: int, fetch_offset: int
+    ) -> tuple[PartitionReplication, PartitionLog]:
+        """Leader: a follower fetches from `fetch_offset` (its log end): track
+        its progress, move the HW, propose an ISR expansion. Raises
+        NotLeaderOrFollowerError when this broker does not lead it or the
+        follower may not fetch it (`follower_registration`)."""
+        partition_log = self._logs.partition_log(topic, partition)
+        replication = self.leader_replication(topic, partition, write=False)
+        assert replication is not None
+        registration = self.follower_registration(replication, follower)
+        me = self._config.broker_id
+        leo = partition_log.log_end_offset
+        now_ms = self._clock.monotonic_ms()
+        replication.on_follower_fetch(follower, fetch_offset, leo, now_ms, registration)
+        if replication.advance_high_watermark(me, leo):
+            self._logs.wake((topic, partition))
+        expanded = replication.isr_to_expand(
+            now_ms, self._config.replica_lag_time_max_ms, self.registration_of
+        )
+        if expanded is not None:
+            self._propose_isr(replication, expanded)
+        return replication, partition_log
+
+    def append_replicated(
+        self, topic: str, partition: int, data: bytes, leader_high_watermark: int
+    ) -> None:
+        """Follower: append batches exactly as the leader stored them."""
+        partition_log = self._logs.partition_log(topic, partition)
+        if data:
+            batches = list(records.iter_batches(data, None))
+            partition_log.append_replicated(data, batches)
+        replication = self._replication.get((topic, partition))
+        if replication is not None and not replication.is_leader:
+            high_watermark = min(leader_high_watermark, partition_log.log_end_offset)
+            replication.high_watermark = max(replication.high_watermark, high_watermark)
+
+    def truncate_replica(self, topic: str, partition: int, offset: int) -> int:
+        """Follower: drop a divergent suffix from `offset`; the new log end."""
+        partition_log = self._logs.partition_log(topic, partition)
+        before = partition_log.log_end_offset
+        partition_log.truncate_to(offset)
+        # Also when nothing was cut: an epoch that wrote nothing up to here
+        # (this broker led it briefly) must leave the history, or the next
+        # fetch names it again and diverges again.
+        partition_log.leader_epochs.truncate_from_end(offset)
+        log.warning(
+            "%s-%d: truncated divergent records from offset %d (log end was %d, now %d)",
+            topic,
+            partition,
+            offset,
+            before,
+            partition_log.log_end_offset,
+        )
+        return partition_log.log_end_offset
+
+    def reset_replica(self, topic: str, partition: int, offset: int) -> None:
+        """Follower: our log ends below the leader's log start offset
+        `offset` (retention deleted what we still needed): restart the log
+        empty at `offset` (PartitionLog.reset_to)."""
+        partition_log = self._logs.partition_log(topic, partition)
+        before_start = partition_log.log_start_offset
+        before_end = partition_log.log_end_offset
+        partition_log.reset_to(offset)
+        log.warning(
+            "%s-%d: log (offsets %d to %d) is behind the leader's log start offset %d: "
+            "reset to an empty log at offset %d",
+            topic,
+            partition,
+            before_start,
+            before_end,
+            offset,
+            offset,
+        )
+
+    def _propose_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
+        if self.isr_writer is None or replication.isr_change_pending:
+            return
+        replication.isr_change_pending = True
+        task = asyncio.ensure_future(self._write_isr(replication, isr))
+        self._isr_tasks.add(task)
+        task.add_done_callback(self._isr_tasks.discard)
+
+    async def _write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
+        assert self.isr_writer is not None
+        try:
+            await self.isr_writer(replication, isr)
+        except Exception:
+            flood.exception(
+                "writing ISR %s of %s-%d failed", isr, replication.topic, replication.partition
+            )
+        finally:
+            # The watch brings the written state (set_role clears the flag
+            # too); clearing here lets a failed or fenced write be retried.
+            replication.isr_change_pending = False
+
+    async def run_isr_checks(self) -> None:
+        """Leader: shrink the ISR of followers lagging for replica.lag.time.max.ms."""
+        lag_ms = self._config.replica_lag_time_max_ms
+        interval_s = max(0.05, lag_ms / 2000)
+        me = self._config.broker_id
+        while True:
+            await asyncio.sleep(interval_s)
+            now_ms = self._clock.monotonic_ms()
+            for replication in list(self._replication.values()):
+                if not replication.is_leader:
+                    continue
+                shrunk = replication.isr_to_shrink(me, now_ms, lag_ms)
+                if shrunk is not None:
+                    log.info(
+                        "%s-%d: followers %s lag more than %d ms; shrinking the ISR to %s",
+                        replication.topic,
+                        replication.partition,
+                        sorted(set(replication.isr) - set(shrunk)),
+                        lag_ms,
+                        shrunk,
+                    )
+                    self._propose_isr(replication, shrunk)
+
+    def high_watermark(self, partition_log: PartitionLog) -> int:
+        """What consumers may read up to: the smallest log end offset of the
+        in-sync replicas (replicated partitions), else the log end."""
+        replication = self._replication.get((partition_log.topic, partition_log.partition))
+        if replication is None:
+            return partition_log.log_end_offset
+        return min(replication.high_watermark, partition_log.log_end_offset)

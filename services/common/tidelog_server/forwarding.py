@@ -1,0 +1,73 @@
+"""Channels a service opens to its peers, and calls to the first coordinator
+replica that answers.
+
+- `ChannelPool`: one grpc.aio channel per address, opened on first use and
+  reused (a channel multiplexes every call to its peer), all closed by
+  `close` when the service stops. A channel nobody closes keeps its sockets
+  and its polling until the process ends.
+- `CoordinatorForwarding`: calls a coordinator replica through the pool,
+  trying the replicas in turn while they are UNAVAILABLE. Any other failure
+  is the coordinator's answer and is raised as is (the caller passes it on
+  unchanged); with no replica reachable, CoordinatorNotAvailableError
+  (retriable).
+
+Not thread-safe: used from one service's event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TypeVar
+
+import grpc
+import grpc.aio
+from tidelog.errors import CoordinatorNotAvailableError
+
+T = TypeVar("T")
+
+
+class ChannelPool:
+    """One channel per address, closed together (see module doc)."""
+
+    def __init__(self) -> None:
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    def channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        return channel
+
+    def addresses(self) -> list[str]:
+        """Addresses with an open channel."""
+        return sorted(self._channels)
+
+    async def close(self) -> None:
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            await channel.close(None)
+
+
+class CoordinatorForwarding:
+    """Calls to coordinator replicas over a shared ChannelPool."""
+
+    def __init__(self, pool: ChannelPool, addresses: Callable[[], Iterable[str]]) -> None:
+        self.pool = pool
+        #: The live coordinator replicas' addresses, in the order to try them.
+        self._addresses = addresses
+
+    async def call(self, invoke: Callable[[grpc.aio.Channel], Awaitable[T]], what: str) -> T:
+        """`invoke(channel)` on the first replica that is not UNAVAILABLE.
+
+        Raises that replica's AioRpcError when it fails otherwise, and
+        CoordinatorNotAvailableError naming the last failure when none answers.
+        """
+        last = "no coordinator is registered in etcd"
+        for address in self._addresses():
+            try:
+                return await invoke(self.pool.channel(address))
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise
+                last = f"{address}: {exc.details()}"
+        raise CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}")

@@ -1,0 +1,100 @@
+"""The broker's typed view of the cluster, fed watch batches as etcd sends them."""
+
+from __future__ import annotations
+
+import json
+
+from tidelog_broker.cluster_view import ClusterView
+from tidelog_server.etcd import Change, WatchBatch
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import (
+    BrokerRegistration,
+    CoordinatorRegistration,
+    PartitionState,
+)
+
+KEYS = Keys("/view")
+
+
+def topic_value(name: str, topic_id: str, replicas: list[list[int]]) -> bytes:
+    partitions = [{"partition": p, "replicas": r} for p, r in enumerate(replicas)]
+    return json.dumps(
+        {"name": name, "topic_id": topic_id, "partitions": partitions, "configs": {}}
+    ).encode()
+
+
+def test_live_brokers_carry_their_registration_revision() -> None:
+    view = ClusterView(KEYS)
+    registration = BrokerRegistration(1, "127.0.0.1", 9001, "a", 100, 1024)
+    view.apply_brokers(
+        WatchBatch(True, [Change(KEYS.broker(1), registration.encode(), 12, create_revision=10)])
+    )
+    assert view.registration_of(1) == 10
+    assert view.brokers[1].registration == registration
+    assert view.broker_address(1) == "127.0.0.1:9001"
+    # It re-registers (a new key: a new create revision), then goes away.
+    view.apply_brokers(
+        WatchBatch(False, [Change(KEYS.broker(1), registration.encode(), 20, create_revision=20)])
+    )
+    assert view.registration_of(1) == 20
+    view.apply_brokers(WatchBatch(False, [Change(KEYS.broker(1), None, 30)]))
+    assert view.registration_of(1) is None and view.broker_address(1) is None
+
+
+def test_a_reset_forgets_what_the_listing_no_longer_has() -> None:
+    view = ClusterView(KEYS)
+    for broker_id in (1, 2):
+        value = BrokerRegistration(broker_id, "h", 1).encode()
+        view.apply_brokers(
+            WatchBatch(False, [Change(KEYS.broker(broker_id), value, 5, create_revision=5)])
+        )
+    value = BrokerRegistration(2, "h", 1).encode()
+    view.apply_brokers(WatchBatch(True, [Change(KEYS.broker(2), value, 5, create_revision=5)]))
+    assert sorted(view.brokers) == [2]
+
+
+def test_a_state_older_than_its_topic_is_not_reported() -> None:
+    """A topic deleted and re-created under the same name: the old state key
+    (written before the new topic key) must not name a leader."""
+    view = ClusterView(KEYS)
+    view.apply_topics(
+        WatchBatch(
+            True,
+            [
+                Change(
+                    KEYS.topic("t"),
+                    topic_value("t", "new", [[1, 2], [2, 1]]),
+                    50,
+                    create_revision=50,
+                )
+            ],
+        )
+    )
+    old = PartitionState(leader=1, leader_epoch=3, isr=(1, 2)).encode()
+    new = PartitionState(leader=2, leader_epoch=0, isr=(2, 1)).encode()
+    view.apply_states(
+        WatchBatch(
+            True,
+            [
+                Change(KEYS.partition_state("t", 0), old, 40),
+                Change(KEYS.partition_state("t", 1), new, 51),
+            ],
+        )
+    )
+    topic = view.topics["t"]
+    assert topic.replicas == [[1, 2], [2, 1]] and topic.topic_id == "new"
+    assert view.state(topic, 0) is None
+    state = view.state(topic, 1)
+    assert state is not None
+    assert (state.leader, state.leader_epoch, state.isr, state.mod_revision) == (2, 0, [2, 1], 51)
+
+
+def test_coordinators_in_a_stable_order() -> None:
+    view = ClusterView(KEYS)
+    changes = [
+        Change(KEYS.coordinator(name), CoordinatorRegistration(name, "h", port).encode(), 1)
+        for name, port in (("c2", 2), ("c0", 0), ("c1", 1))
+    ]
+    view.apply_coordinators(WatchBatch(True, changes))
+    # c0 registered no port: not reachable, so not tried.
+    assert view.coordinator_addresses() == ["h:1", "h:2"]
