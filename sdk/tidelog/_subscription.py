@@ -459,6 +459,9 @@ class SubscriptionState:
                         keys,
                         values,
                         batch.headers or repeat(_NO_HEADERS),
+                        repeat(header.partition_leader_epoch),
+                        batch.key_sizes,
+                        batch.value_sizes,
                         strict=False,
                     ),
                 )

@@ -263,7 +263,11 @@ class ConsumerConfig(CommonConfig):
     #: Most records one poll() returns.
     max_poll_records: int = 500
     #: Where to start when there is no position or it is out of range:
-    #: "earliest", "latest", or "none" (raise).
+    #: "earliest", "latest", or "none" (raise). The default differs from
+    #: Kafka's clients ("latest"), on purpose: a new group, or a partition
+    #: added while nobody had committed, reads what was produced before it
+    #: joined instead of silently skipping it. Set "latest" for Kafka's
+    #: behaviour (the CLI's `consume` does, unless --from-beginning).
     auto_offset_reset: Literal["earliest", "latest", "none"] = "earliest"
     #: Verify each batch's CRC32C while decoding (~24 GB/s, so on by default).
     check_crcs: bool = True

@@ -106,7 +106,10 @@ class _BlockingIo:
 class Consumer:
     """A blocking consumer: of a group's partitions (`group_id` and topics,
     or subscribe()), or of assigned ones. Options: see
-    `tidelog.config.ConsumerConfig`. Use it from one thread at a time."""
+    `tidelog.config.ConsumerConfig`. Use it from one thread at a time.
+
+    A partition without a committed offset starts at auto_offset_reset,
+    "earliest" by default (Kafka's clients: "latest"; see ConsumerConfig)."""
 
     def __init__(
         self,

@@ -53,6 +53,14 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Sequence[Header]
+    #: The epoch of the partition leader that appended the record (-1 when
+    #: unknown). As in kafka-python, but last: positional code written
+    #: against the first eight fields keeps working.
+    leader_epoch: int = -1
+    #: Size in bytes of the key and value as stored (before the
+    #: deserializer), -1 for a null, as kafka-python's.
+    serialized_key_size: int = -1
+    serialized_value_size: int = -1
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,34 @@ def test_topics_and_partitions_for_topic(broker_address: str, topic_name: str) -
     with Consumer(bootstrap_servers=broker_address) as consumer:
         assert topic_name in consumer.topics()
         assert consumer.partitions_for_topic(topic_name) == {0, 1, 2}
+
+
+def test_records_carry_the_leader_epoch_and_their_serialized_sizes(
+    broker_address: str, topic_name: str
+) -> None:
+    create(broker_address, topic_name, 1)
+    tp = TopicPartition(topic_name, 0)
+    with Producer(broker_address) as producer:
+        producer.send(topic_name, b"v" * 300, key=b"key-1", partition=0)
+        producer.send(topic_name, None, key=None, partition=0)
+        producer.send(topic_name, b"", key=b"", partition=0)
+        producer.flush()
+    expected = [(5, 300), (-1, -1), (0, 0)]
+    with Consumer(bootstrap_servers=broker_address) as consumer:
+        consumer.assign([tp])
+        records = poll_until(consumer, lambda got: len(got.get(tp, [])) == 3)[tp]
+        assert [(r.serialized_key_size, r.serialized_value_size) for r in records] == expected
+        # A standalone broker does not replicate, so it stamps no leader
+        # epoch: -1, Kafka's "unknown" (a cluster's leader stamps its epoch:
+        # tests/integration/groups/test_consumer_kafka_api.py).
+        assert [r.leader_epoch for r in records] == [-1, -1, -1]
+    # The sizes are those of the stored bytes, not of what a deserializer made.
+    with Consumer(
+        bootstrap_servers=broker_address,
+        key_deserializer=lambda k: k.decode() * 2,
+        value_deserializer=len,
+    ) as consumer:
+        consumer.assign([tp])
+        records = poll_until(consumer, lambda got: len(got.get(tp, [])) == 3)[tp]
+        assert [r.value for r in records] == [300, None, 0]
+        assert [(r.serialized_key_size, r.serialized_value_size) for r in records] == expected

@@ -47,6 +47,8 @@ def test_assign_with_a_group_id_commits_and_seeks_to_committed_without_joining(
         assert consumer.committed(p0) is None
         records = read(consumer, 10)
         assert [r.offset for r in records] == list(range(10))
+        # A replicated partition's leader stamps its epoch on every batch.
+        assert {r.leader_epoch >= 0 for r in records} == {True}
         consumer.seek(p0, 4)
         consumer.commit()
         assert consumer.committed(p0) == 4
