@@ -161,9 +161,18 @@ class ProducerConfig(CommonConfig):
     #: Turn keys and values into bytes (kafka-python's serializers).
     key_serializer: Callable[[Any], bytes | None] | None = None
     value_serializer: Callable[[Any], bytes | None] | None = None
+    #: Chooses the partition of each record sent without one, as
+    #: kafka-python's `partitioner`: called with (serialized key or None,
+    #: all partition numbers, the partitions that have a leader now) and
+    #: returns one of all partitions. None (the default): murmur2 of the key
+    #: (Kafka's, so keys land where Kafka's clients put them), sticky
+    #: partitioning for records without a key.
+    partitioner: Callable[[bytes | None, list[int], list[int]], int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.partitioner is not None and not callable(self.partitioner):
+            raise TypeError(f"partitioner must be callable, got {self.partitioner!r}")
         acks: Any = self.acks
         if acks == "all":
             acks = -1
