@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from tidelog import AsyncAdminClient, AsyncConsumer, Consumer, TopicPartition
+from tidelog import AdminClient, AsyncAdminClient, AsyncConsumer, Consumer, TopicPartition
 
 from tests.integration.groups.conftest import create_topic, produce
 from tests.support.cluster import ClusterProcesses
@@ -141,3 +141,19 @@ def test_close_without_autocommit_commits_nothing(
         assert len(read(again, 5)) == 5  # nothing was committed: read again
     # close() (autocommit=True by default) committed what was read.
     assert asyncio.run(committed_offsets(cluster.bootstrap, group)) == {0: 5}
+
+
+def test_describe_cluster_lists_brokers_coordinators_and_the_controller(
+    cluster: ClusterProcesses,
+) -> None:
+    with AdminClient(cluster.bootstrap) as admin:
+        described = admin.describe_cluster()
+    reply = cluster.describe()
+    assert described.cluster_id == reply.cluster_id and described.cluster_id
+    assert [b.id for b in described.brokers] == [0, 1, 2]
+    assert {f"{b.host}:{b.port}" for b in described.brokers} == {
+        f"{b.host}:{b.port}" for b in reply.brokers
+    }
+    assert described.coordinators == [(c.id, f"{c.host}:{c.port}") for c in reply.coordinators]
+    assert described.coordinators
+    assert described.controller_id in {c for c, _ in described.coordinators}
