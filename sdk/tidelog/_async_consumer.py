@@ -54,13 +54,8 @@ class _AsyncIo:
 
     def __init__(self, data: asyncio.Event) -> None:
         self._data = data
-        #: stop(timeout_ms=...): monotonic time by which every step is done.
-        self.deadline: float | None = None
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
-        if self.deadline is not None:
-            remaining = max(0.0, self.deadline - time.monotonic())
-            timeout_s = remaining if timeout_s is None else min(timeout_s, remaining)
         if timeout_s is None:
             return await coro
         try:
@@ -120,10 +115,8 @@ class AsyncConsumer:
             if self._config.group_id is None
             else GroupClient(self._cluster, self._config, self._data.set)
         )
-        self._io = _AsyncIo(self._data)
-        self._side = GroupSide(
-            self._subs, self._config, group, self._handed, self._io, "AsyncConsumer"
-        )
+        io = _AsyncIo(self._data)
+        self._side = GroupSide(self._subs, self._config, group, self._handed, io, "AsyncConsumer")
 
     def _command(self, name: str, args: tuple[Any, ...]) -> None:
         getattr(self._fetcher, name)(*args)
@@ -368,15 +361,15 @@ class AsyncConsumer:
         return set(range(meta.partition_count))
 
     async def stop(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
-        """Leave the group (committing first when enable_auto_commit and
-        `autocommit`), stop fetching and release connections, within
-        `timeout_ms` when given (see Consumer.close). Idempotent."""
+        """Commit (when enable_auto_commit and `autocommit`, within
+        `timeout_ms`) and leave the group, stop fetching and release
+        connections (see Consumer.close). Idempotent."""
         if self._closed:
             return
         if timeout_ms is not None:
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-            self._io.deadline = time.monotonic() + timeout_ms / 1000
+            self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
         try:
             await self._side.close(autocommit=autocommit)
         finally:

@@ -127,6 +127,8 @@ class GroupSide:
         #: The consumer's class name, for error messages.
         self.owner = owner
         self.timeout_s = config.request_timeout_ms / 1000
+        #: close(timeout_ms=...): when the final commit must be done.
+        self.commit_deadline: float | None = None
         self.listener: RebalanceListener | None = None
         self.subscribed = False
         self.next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
@@ -233,7 +235,10 @@ class GroupSide:
 
     async def commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         group = self.require_group("commit()")
-        await self.io.run(group.commit(offsets), self.timeout_s)
+        timeout_s = self.timeout_s
+        if self.commit_deadline is not None:
+            timeout_s = max(0.0, min(timeout_s, self.commit_deadline - time.monotonic()))
+        await self.io.run(group.commit(offsets), timeout_s)
         self.committed_ok(offsets)
 
     async def commit_quietly(self, partitions: Iterable[TopicPartition]) -> None:

@@ -74,14 +74,10 @@ class _BlockingIo:
         self._loop_thread = loop_thread
         self._data = data
         self._timeout_s = timeout_s
-        #: close(timeout_ms=...): monotonic time by which every step is done.
-        self.deadline: float | None = None
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         # A membership change is bounded here too: the caller's thread must come back.
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        if self.deadline is not None:
-            timeout = max(0.0, min(timeout, self.deadline - time.monotonic()))
         return self._loop_thread.run(coro, timeout=timeout)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
@@ -133,8 +129,8 @@ class Consumer:
             if self._config.group_id is None
             else GroupClient(self._cluster, self._config, self._data.set)
         )
-        self._io = _BlockingIo(self._loop_thread, self._data, self._timeout_s)
-        self._side = GroupSide(self._subs, self._config, group, self._handed, self._io, "Consumer")
+        io = _BlockingIo(self._loop_thread, self._data, self._timeout_s)
+        self._side = GroupSide(self._subs, self._config, group, self._handed, io, "Consumer")
         if topics:
             try:
                 self.subscribe(topics)
@@ -397,17 +393,17 @@ class Consumer:
     # ------------------------------------------------------------ lifecycle
 
     def close(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
-        """Leave the group (committing first when enable_auto_commit and
-        `autocommit`), stop fetching and release connections, within
-        `timeout_ms` (default: request_timeout_ms per step); what does not
-        finish in time is abandoned (the coordinator then ends the session
-        after session_timeout_ms). Idempotent."""
+        """Commit (when enable_auto_commit and `autocommit`) and leave the
+        group, stop fetching and release connections. `timeout_ms` bounds
+        the final commit (default request_timeout_ms): a commit not done by
+        then is logged and dropped. Leaving the group is bounded by
+        request_timeout_ms. Idempotent."""
         if self._closed:
             return
         if timeout_ms is not None:
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-            self._io.deadline = time.monotonic() + timeout_ms / 1000
+            self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
         try:
             run_blocking(self._side.close(autocommit=autocommit))
         finally:

@@ -157,3 +157,62 @@ def test_describe_cluster_lists_brokers_coordinators_and_the_controller(
     assert described.coordinators == [(c.id, f"{c.host}:{c.port}") for c in reply.coordinators]
     assert described.coordinators
     assert described.controller_id in {c for c, _ in described.coordinators}
+
+
+def test_a_group_member_reads_named_partitions(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 2)
+    produce(cluster, topic, 2, 4)
+    p0, p1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+    async def scenario() -> None:
+        async with AsyncConsumer(
+            topic, bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS
+        ) as consumer:
+            got: list[tuple[int, int]] = []
+            deadline = time.monotonic() + 60
+            while len(got) < 4:
+                assert time.monotonic() < deadline, got
+                batch = await consumer.getmany(p1, timeout_ms=200)
+                assert set(batch) <= {p1}
+                got.extend((r.partition, r.offset) for r in batch.get(p1, []))
+            assert got == [(1, o) for o in range(4)]
+            first = await asyncio.wait_for(consumer.getone(p0), 30)
+            assert (first.partition, first.offset) == (0, 0)
+            await consumer.commit()
+            assert await consumer.committed(p0) == 1
+            assert await consumer.committed(p1) == 4
+
+    asyncio.run(asyncio.wait_for(scenario(), 90))
+
+
+def test_stop_with_no_time_left_drops_the_final_commit(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 1)
+    produce(cluster, topic, 1, 3)
+    options = dict(OPTIONS, enable_auto_commit=True, auto_commit_interval_ms=600_000)
+
+    async def scenario() -> None:
+        consumer = AsyncConsumer(
+            topic, bootstrap_servers=cluster.bootstrap, group_id=group, **options
+        )
+        await consumer.start()
+        try:
+            got = 0
+            while got < 3:
+                got += sum(map(len, (await consumer.getmany(timeout_ms=200)).values()))
+        finally:
+            # No time for the final commit: it is dropped (and logged); the
+            # consumer still leaves the group and closes.
+            await consumer.stop(timeout_ms=0)
+        with pytest.raises(ValueError, match="timeout_ms"):
+            await AsyncConsumer(bootstrap_servers=cluster.bootstrap).stop(timeout_ms=-1)
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert asyncio.run(committed_offsets(cluster.bootstrap, group)) == {}
+    with AdminClient(cluster.bootstrap) as admin:
+        assert admin.describe_consumer_groups([group])[group].members == []
