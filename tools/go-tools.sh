@@ -30,7 +30,7 @@ for entry in "${tools[@]}"; do
   fi
   echo "go-tools: building $pkg (once; cached in $bin)" >&2
   # Low priority: the first build of grpcurl takes minutes on a shared 2-core machine.
-  GOBIN="$bin" GOFLAGS=-mod=mod nice -n 10 go install "$pkg" >&2
+  GOBIN="$bin" nice -n 10 go install "$pkg" >&2
   echo "$pkg" >"$bin/.$name.version"
 done
 echo "$bin"
