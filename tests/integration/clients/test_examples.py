@@ -18,7 +18,8 @@ from tidelog.partitioner import partition_for_key
 from tests.integration.clients.conftest import build
 from tests.support.gateway import GatewayProcess
 
-pytestmark = pytest.mark.timeout(600)
+# Generous: the first run on a machine builds the tools and the example (minutes).
+pytestmark = pytest.mark.timeout(900)
 
 RECORDS = 1000
 PARTITIONS = 3

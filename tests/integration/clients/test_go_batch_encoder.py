@@ -18,7 +18,8 @@ from tidelog.records import decode_batches, encode_batch
 
 from tests.integration.clients.conftest import build
 
-pytestmark = pytest.mark.timeout(600)
+# Generous: the first run on a machine builds the tools and the example (minutes).
+pytestmark = pytest.mark.timeout(900)
 
 Record = dict[str, Any]  # key, value: bytes | None; headers: [(str, bytes | None)]; timestamp_ms
 
