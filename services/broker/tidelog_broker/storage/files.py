@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tidelog_server import atomic_files
+
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
@@ -46,8 +48,9 @@ DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 #: Appended to a cleaned segment file's name once it is complete and committed.
 SWAP_SUFFIX = ".swap"
-#: Suffix of a file being written before it is renamed over its final name.
-TEMP_SUFFIX = ".tmp"
+#: Suffix of a file being written before it is renamed over its final name
+#: (`tidelog_server.atomic_files` writes every checkpoint file this way).
+TEMP_SUFFIX = atomic_files.TEMP_SUFFIX
 #: Producer state snapshot, named by the offset it describes (producer_state.py).
 SNAPSHOT_SUFFIX = ".snapshot"
 

@@ -86,6 +86,7 @@ from tidelog.records import (
     set_base_offset,
     set_log_append_time,
 )
+from tidelog_server.atomic_files import Durability, fsync_directory, write_atomically
 from tidelog_server.clock import SYSTEM_CLOCK, Clock
 
 from tidelog_broker.storage import files
@@ -137,15 +138,6 @@ def _storage_errors(what: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise StorageError(f"{what} failed: {exc}") from exc
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make file creations, renames and deletions in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PartitionLog:
@@ -225,14 +217,14 @@ class PartitionLog:
     ) -> PartitionLog:
         if not directory.is_dir():
             directory.mkdir(parents=True)
-            _fsync_directory(directory.parent)
+            fsync_directory(directory.parent)
         marker = directory / files.CLEAN_SHUTDOWN_FILE
         clean_shutdown = marker.exists()
         if clean_shutdown:
             # Gone for good before any write: a crash from here on must not
             # pass for a clean shutdown.
             marker.unlink()
-            _fsync_directory(directory)
+            fsync_directory(directory)
         recovery_point = _read_recovery_point(directory)
         log_start_offset = _read_offset_file(directory / files.LOG_START_OFFSET_FILE) or 0
         clean_offset, gap_limit, swap_ends = _read_cleaner_checkpoint(directory)
@@ -272,7 +264,7 @@ class PartitionLog:
         )
         if reset:
             log._forget_history()
-            _fsync_directory(directory)
+            fsync_directory(directory)
         trust_all = clean_shutdown and recovery_point is not None
         log._recover(-1 if recovery_point is None else recovery_point, trust_all)
         # Recovery may have cut a torn tail: epochs past the end wrote nothing kept.
@@ -786,7 +778,7 @@ class PartitionLog:
         for group in result.groups:
             for path in _cleaned_paths(directory, group.base_offset):
                 os.replace(path, _with_suffix(path, files.CLEANED_SUFFIX, files.SWAP_SUFFIX))
-        _fsync_directory(directory)
+        fsync_directory(directory)
         # 3. Replace the segments of each group.
         deleted: list[Path] = []
         now_ms = self._clock.time_ms()
@@ -808,7 +800,7 @@ class PartitionLog:
                 segment.recover(None, self._config.index_interval_bytes)
             self._segments[first : first + len(replaced)] = [segment]
             self._base_offsets[first : first + len(replaced)] = [group.base_offset]
-        _fsync_directory(directory)
+        fsync_directory(directory)
         # 4. Everything below the map's end is deduplicated now.
         self._clean_offset = max(self._clean_offset, result.clean_offset)
         _write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit)
@@ -840,7 +832,7 @@ class PartitionLog:
             segment.flush()
         self._release_inactive_descriptors()
         if self._directory_dirty:
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
             self._directory_dirty = False
         self._unflushed_records = 0
         self._first_unflushed_monotonic_ms = None
@@ -886,7 +878,7 @@ class PartitionLog:
             del self._segments[keep:]
             del self._base_offsets[keep:]
             self._segments[-1].flush()
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
             self._directory_dirty = False
             self._log_start_offset = min(self._log_start_offset, self.log_end_offset)
             self._clean_offset = min(self._clean_offset, self.log_end_offset)
@@ -922,7 +914,7 @@ class PartitionLog:
             self._segments = [LogSegment.create(directory, offset)]
             self._base_offsets = [offset]
             self._segments[0].flush()
-            _fsync_directory(directory)
+            fsync_directory(directory)
             self._directory_dirty = False
             self._log_start_offset = offset
             self._clean_offset = offset
@@ -1045,7 +1037,7 @@ def _complete_swaps(
             base_offset,
             end,
         )
-    _fsync_directory(directory)
+    fsync_directory(directory)
 
 
 def _swap_next_offset(path: Path, base_offset: int) -> int:
@@ -1129,17 +1121,9 @@ def _read_offset_file(path: Path) -> int | None:
 
 
 def _write_offset_file(path: Path, offset: int, durable: bool = False) -> None:
-    temp = path.with_name(path.name + files.TEMP_SUFFIX)
-    if not durable:
-        temp.write_text(f"{offset}\n", encoding="ascii")
-        os.replace(temp, path)
-        return
-    with open(temp, "w", encoding="ascii") as out:
-        out.write(f"{offset}\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
-    _fsync_directory(path.parent)
+    write_atomically(
+        path, f"{offset}\n".encode("ascii"), Durability.DURABLE if durable else Durability.NONE
+    )
 
 
 def _read_cleaner_checkpoint(directory: Path) -> tuple[int, int, dict[int, int]]:
@@ -1169,15 +1153,11 @@ def _write_cleaner_checkpoint(
 ) -> None:
     """Durably: the gap limit, and the ranges a swap replaces, must be on
     disk before a gapped segment is."""
-    path = directory / files.CLEANER_CHECKPOINT_FILE
-    temp = path.with_name(path.name + files.TEMP_SUFFIX)
     ranges = "".join(f" {base}-{end}" for base, end in sorted((swap_ends or {}).items()))
-    with open(temp, "w", encoding="ascii") as out:
-        out.write(f"{clean_offset} {gap_limit}{ranges}\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
-    _fsync_directory(directory)
+    write_atomically(
+        directory / files.CLEANER_CHECKPOINT_FILE,
+        f"{clean_offset} {gap_limit}{ranges}\n".encode("ascii"),
+    )
 
 
 def _read_recovery_point(directory: Path) -> int | None:
@@ -1199,7 +1179,6 @@ def _read_recovery_point(directory: Path) -> int | None:
 def _write_recovery_point(directory: Path, offset: int) -> None:
     # No fsync: the file is written only after the data it vouches for is
     # durable, so a lost or torn update can only make recovery do more.
-    path = directory / files.RECOVERY_POINT_FILE
-    temp = path.with_name(path.name + files.TEMP_SUFFIX)
-    temp.write_text(f"{offset}\n", encoding="ascii")
-    os.replace(temp, path)
+    write_atomically(
+        directory / files.RECOVERY_POINT_FILE, f"{offset}\n".encode("ascii"), Durability.NONE
+    )
