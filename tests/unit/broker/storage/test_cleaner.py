@@ -14,12 +14,13 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from compaction_helpers import clean, put, put_many, read_records
-from storage_helpers import OpenLog, crash
 from tidelog.errors import InvalidRecordError
 from tidelog.records import HEADER_SIZE, MAGIC, decode_batches, encode_batch, iter_batches
 from tidelog_broker.storage import ManualClock, PartitionLog, cleaner
 from tidelog_broker.storage.partition_log import unlink_files
+
+from tests.unit.broker.storage.compaction_helpers import clean, put, put_many, read_records
+from tests.unit.broker.storage.storage_helpers import OpenLog, crash
 
 DAY_MS = 86_400_000
 COMPACT = {"segment_bytes": 1024, "cleanup_policy": "compact", "min_cleanable_dirty_ratio": 0.0}
