@@ -51,11 +51,11 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 from dataclasses import dataclass
 
 import aetcd
 from tidelog.errors import TidelogError
+from tidelog_server.atomic_files import write_atomically
 from tidelog_server.etcd import (
     PrefixWatcher,
     Session,
@@ -290,14 +290,11 @@ class ClusterLink:
 
     def _save_meta(self) -> None:
         body = {"cluster_id": self._local_cluster_id, "topics": self._local_ids}
-        tmp = self._meta_path.with_suffix(".json.tmp")
         try:
             self._meta_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w") as out:
-                json.dump(body, out, indent=2, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self._meta_path)
+            write_atomically(
+                self._meta_path, json.dumps(body, indent=2, sort_keys=True).encode("utf-8")
+            )
         except OSError as exc:
             log.error("cannot write %s: %s", self._meta_path, exc)
 

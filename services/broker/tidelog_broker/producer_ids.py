@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 
 import grpc
@@ -33,6 +32,7 @@ from tidelog.errors import (
     StorageError,
 )
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc
+from tidelog_server.atomic_files import write_atomically
 from tidelog_server.forwarding import CoordinatorForwarding
 
 from tidelog_broker.coordinator_forwarding import forward_to_coordinator
@@ -101,18 +101,8 @@ class LocalProducerIds:
 
     def _save(self) -> None:
         data = {"next_id": self._next_id, "keys": {k: list(v) for k, v in self._keys.items()}}
-        temp = self._path.with_name(self._path.name + ".tmp")
         try:
-            with open(temp, "w", encoding="utf-8") as out:
-                json.dump(data, out, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temp, self._path)
-            fd = os.open(self._path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            write_atomically(self._path, json.dumps(data, sort_keys=True).encode("utf-8"))
         except OSError as exc:
             raise StorageError(f"cannot write {self._path}: {exc}") from exc
 

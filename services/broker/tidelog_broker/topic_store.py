@@ -5,19 +5,19 @@ exist, how many partitions each has and its config overrides. (The
 coordinator takes this over on etcd; the broker then learns topics by watch.)
 
 Format: a JSON object `{"version": 1, "topics": {name: {"partitions": N,
-"configs": {key: value}}}}`, replaced atomically on every change (write to a
-temporary file, fsync, rename, fsync the directory) so that a crash leaves
-either the old or the new file, never a torn one. Not thread-safe.
+"configs": {key: value}}}}`, replaced durably on every change
+(`tidelog_server.atomic_files`) so that a crash leaves either the old or the
+new file, never a torn one. Not thread-safe.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tidelog.errors import StorageError
+from tidelog_server.atomic_files import write_atomically
 
 _FILE_NAME = "topics.json"
 _FORMAT_VERSION = 1
@@ -62,18 +62,8 @@ class TopicStore:
                 for spec in sorted(topics.values(), key=lambda s: s.name)
             },
         }
-        tmp = self._path.with_suffix(".json.tmp")
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
-            with open(tmp, "w") as out:
-                json.dump(body, out, indent=2)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self._path)
-            dir_fd = os.open(self._path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+            write_atomically(self._path, json.dumps(body, indent=2).encode("utf-8"))
         except OSError as exc:
             raise StorageError(f"cannot write topic metadata {self._path}: {exc}") from exc

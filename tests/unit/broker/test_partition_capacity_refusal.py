@@ -11,7 +11,7 @@ from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.topic_store import TopicSpec
 
-from tests.unit.broker.storage.test_storage_descriptors import open_descriptors_under
+from tests.unit.broker.storage.test_partition_log_descriptors import open_descriptors_under
 
 
 def test_hosting_past_max_partitions_is_refused(tmp_path: Path) -> None:

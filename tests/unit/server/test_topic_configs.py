@@ -14,6 +14,7 @@ from tidelog_server.topic_configs import (
     MAX_LONG,
     TOPIC_CONFIGS,
     check_replication,
+    config_to_strings,
     parse_topic_configs,
     validate_topic_configs,
 )
@@ -73,3 +74,22 @@ def test_create_topics_limits_name_themselves() -> None:
     with pytest.raises(InvalidRequestError) as info:
         check_create_topics([("t", MAX_PARTITIONS_PER_TOPIC + 1)])
     assert "MAX_PARTITIONS_PER_TOPIC" in info.value.message
+
+
+def test_new_topic_configs_parse_and_print() -> None:
+    config = parse_topic_configs(
+        {
+            "cleanup.policy": "delete,compact",
+            "delete.retention.ms": "1000",
+            "min.cleanable.dirty.ratio": "0.25",
+            "min.compaction.lag.ms": "5",
+            "compression.type": "snappy",
+        }
+    )
+    assert config.compact and config.delete
+    assert config_to_strings(config)["min.cleanable.dirty.ratio"] == "0.25"
+    assert config_to_strings(config)["compression.type"] == "snappy"
+    with pytest.raises(InvalidConfigError, match=r"compression\.type='brotli'.*producer, none"):
+        parse_topic_configs({"compression.type": "brotli"})
+    with pytest.raises(InvalidConfigError, match=r"delete\.retention\.ms=-1 is out of range"):
+        parse_topic_configs({"delete.retention.ms": "-1"})

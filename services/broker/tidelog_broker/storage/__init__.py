@@ -4,14 +4,18 @@ It knows nothing of gRPC or etcd; the broker's manager calls it from one
 asyncio event-loop thread, and no class here is thread-safe. Layers, from
 the bottom up, one class per on-disk artifact:
 
-- `files`: every on-disk name (log directories, segment files, markers).
+- `files`: every on-disk name (log directories, segment files, markers), and
+  deleting or renaming a segment's files as a whole.
 - `index`: `OffsetIndex` (.index) and `TimeIndex` (.timeindex), sparse and
   derived from the log, kept in memory as arrays and appended to their files.
 - `segment`: `LogSegment`, one .log file of record batches with its indexes:
   append, read whole batches, recover after a crash.
 - `partition_log`: `PartitionLog`, a directory of segments: offsets, rolling,
-  the flush policy and recovery point, recovery at open, retention (log start
-  offset), and the crash-safe swap of compacted segments.
+  the flush policy and recovery point, retention (log start offset),
+  truncation, and the hand-over of a compaction round; helped by
+  `checkpoints` (the small files beside the segments), `log_loader` (open:
+  crash completion and recovery) and `cleaning_swap` (the crash-safe swap of
+  compacted segments, and its completion at open).
 - `cleaner`: one compaction round over a snapshot of a log's closed segments
   (offset map of key hashes, rewrite to `.cleaned` files); the only code here
   that runs in a worker thread, and it shares nothing with the event loop.

@@ -19,16 +19,25 @@ Transient names, each removed or completed by the next open after a crash:
 `<segment file>.deleted` (retention or a swap renamed it; unlinked by a worker
 thread), `<segment file>.cleaned` (the cleaner is still writing it) and
 `<segment file>.swap` (a cleaned segment, committed, waiting to replace the
-segments it was cleaned from; see `partition_log.py`).
+segments it was cleaned from; see `cleaning_swap.py`).
 
 Base offsets are zero-padded to 20 digits (the width of int64) so that `ls`
 lists segments in offset order. Topic names may contain '-' and '.', so the
 partition is what follows the last '-'.
+
+Besides the names, the few operations on a segment's files as a whole that
+open, retention, reset and the cleaning swap share: delete them, rename them
+`.deleted`, unlink what was renamed.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Sequence
 from pathlib import Path
+
+from tidelog_server import atomic_files
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -46,12 +55,15 @@ DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 #: Appended to a cleaned segment file's name once it is complete and committed.
 SWAP_SUFFIX = ".swap"
-#: Suffix of a file being written before it is renamed over its final name.
-TEMP_SUFFIX = ".tmp"
+#: Suffix of a file being written before it is renamed over its final name
+#: (`tidelog_server.atomic_files` writes every checkpoint file this way).
+TEMP_SUFFIX = atomic_files.TEMP_SUFFIX
 #: Producer state snapshot, named by the offset it describes (producer_state.py).
 SNAPSHOT_SUFFIX = ".snapshot"
 
 _OFFSET_DIGITS = 20
+
+logger = logging.getLogger("tidelog.broker.storage")
 
 
 def log_dir_name(topic: str, partition: int) -> str:
@@ -103,3 +115,37 @@ def parse_snapshot_file_name(name: str) -> int | None:
         if len(stem) == _OFFSET_DIGITS and stem.isdigit():
             return int(stem)
     return None
+
+
+def delete_segment_files(directory: Path, base_offset: int) -> None:
+    """Unlink a segment's .log and indexes, whichever exist."""
+    for suffix in SEGMENT_SUFFIXES:
+        segment_path(directory, base_offset, suffix).unlink(missing_ok=True)
+
+
+def rename_deleted(paths: Sequence[Path]) -> list[Path]:
+    """Rename files to `<name>.deleted` (cheap); return the new paths."""
+    renamed = []
+    for path in paths:
+        target = path.with_name(path.name + DELETED_SUFFIX)
+        try:
+            os.replace(path, target)
+        except FileNotFoundError:
+            continue
+        renamed.append(target)
+    return renamed
+
+
+def unlink_files(paths: Sequence[Path]) -> int:
+    """Unlink files (a worker thread's job: unlinking a large file can take
+    milliseconds). Returns how many were removed; errors are logged."""
+    removed = 0
+    for path in paths:
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            logger.warning("cannot unlink %s: %s (the next open removes it)", path, exc)
+    return removed

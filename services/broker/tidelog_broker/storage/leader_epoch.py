@@ -8,8 +8,9 @@ batch stamped with a new epoch. The history answers "where did epoch E end?"
 (`end_offset_for_epoch`), which is how a follower of a new leader finds the
 suffix of its log that diverged (KIP-101/KIP-320) and truncates it.
 
-On disk: ASCII, one line per entry, `<epoch> <start_offset>\\n`, written to a
-temporary file, fsynced and renamed over the old one (atomic). It is derived
+On disk: ASCII, one line per entry, `<epoch> <start_offset>\\n`, replaced
+durably on every change (`tidelog_server.atomic_files`: a truncation that a
+crash forgot would leave epochs past the log end). It is derived
 from the batches' partition_leader_epoch fields, but not rebuilt from them:
 a lost file only makes divergence detection start from an empty history,
 which a follower treats as "truncate to what the leader says".
@@ -20,9 +21,10 @@ Not thread-safe: the log's event loop owns it.
 from __future__ import annotations
 
 import logging
-import os
 from bisect import bisect_right
 from pathlib import Path
+
+from tidelog_server.atomic_files import write_atomically
 
 from tidelog_broker.storage import files
 
@@ -96,10 +98,5 @@ class LeaderEpochCache:
         return found, log_end_offset
 
     def _write(self) -> None:
-        temp = self.path.with_name(self.path.name + files.TEMP_SUFFIX)
         body = "".join(f"{epoch} {start}\n" for epoch, start in self._entries)
-        with open(temp, "w") as out:
-            out.write(body)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, self.path)
+        write_atomically(self.path, body.encode("ascii"))

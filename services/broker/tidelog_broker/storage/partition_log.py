@@ -1,67 +1,23 @@
-"""The log of one partition: a directory of segments, the recovery point, flushing.
+"""The log of one partition: a directory of segments, offsets, the flush
+policy and the recovery point, retention, truncation and reset, and the
+compaction round's hand-over.
 
-Directory layout and file names: see `files.py`. Besides the segments, the
-directory holds small files:
-
-- `recovery-point`: the offset below which every byte has been fsynced, as
-  ASCII decimal and a newline. Written after the fsyncs it vouches for, by
-  rename, without an fsync of its own: a stale or unreadable file only makes
-  the next open recover more than it had to.
-- `clean-shutdown`: empty; written by `close` after everything is flushed and
-  removed (durably) by the next `open` before anything is written.
-- `log-start-offset`: the first readable offset, ASCII decimal. Retention
-  writes it before renaming the segments it drops; `open` deletes segments
-  that lie wholly below it (a retention pass cut short by a crash). A lost
-  update is harmless: the first segment's base offset is a lower bound.
-  `reset_to` writes it durably before dropping every segment; `open` empties
-  a log that lies wholly below it (a reset cut short by a crash).
-- `cleaner-checkpoint`: two offsets, `clean_offset gap_limit`, then, while
-  a swap is in flight, one `base-end` pair per cleaned group: the offsets
-  [base, end) whose segments the group replaces. Below the clean offset every
-  key appears at most once (the cleaner maps only what is above it). Below
-  the gap limit, segments may have been rewritten by the cleaner and hold
-  offset gaps, so the density checks of recovery are relaxed there to
-  "offsets increase"; above it, a gap still counts as damage.
+Its neighbours own the rest of the directory: file names are in `files.py`;
+the small files beside the segments (recovery point, clean-shutdown marker,
+log start offset, cleaner checkpoint) in `checkpoints.py`; opening, crash
+completion and recovery in `log_loader.py`; the crash-safe swap of cleaned
+segments in `cleaning_swap.py`.
 
 Retention (`delete_old_segments`, cleanup.policy with delete): whole closed
 segments past retention.ms (their largest timestamp) or beyond retention.bytes
 are dropped from the front, never the active one. They are renamed to
 `.deleted` on the event loop (cheap) and unlinked by the caller in a worker
-thread; `open` removes leftovers.
+thread (`unlink_files`); open removes leftovers.
 
 Compaction (`plan_cleaning`, `cleaner.clean` in a worker thread,
 `finish_cleaning`): the cleaner writes each group of cleaned segments as
-fsynced `.cleaned` files. The swap, on the event loop, is crash-safe:
-
-1. the gap limit is raised to the new clean offset and the checkpoint written
-   durably, with the offset range each group replaces, before any rewritten
-   segment can become part of the log;
-2. every `.cleaned` file is renamed `.swap` (index files first, the .log
-   last: a `.log.swap` is the commit point of its group), directory fsynced;
-3. per group: the replaced segments are renamed `.deleted` (the first one
-   last), then the `.swap` files are renamed into the first one's names;
-4. the clean offset is raised and the checkpoint written again (without
-   the ranges).
-
-`open` completes an interrupted swap: for each `<B>.log.swap` it removes
-every segment the group replaces, those whose base offset lies in [B, end)
-with the end from the checkpoint, and renames the swap files into place.
-Every one of them must go, not only those up to the swap's last offset: a
-replaced segment past that offset holds only records the cleaner dropped,
-superseded values among them, and the tombstone that superseded them may be
-dropped by the same round (delete.retention.ms), in a group that is swapped
-in too: kept, such a segment brings a deleted key back. Stray `.cleaned`
-files and index `.swap` files without their `.log.swap` are deleted. So a
-crash at any point leaves each offset in exactly one segment, and each group
-either wholly swapped in or not at all.
-
-Open loads every segment cheaply (indexes plus a walk of the last few batch
-headers). Unless the marker says the log was closed cleanly, every segment
-holding offsets at or above the recovery point is then recovered: each
-batch's CRC32C checked, indexes rebuilt, a torn or corrupt tail cut off. Any
-segment whose files do not add up is recovered whatever the marker says.
-Nothing after damage may be readable, so every segment after a damaged one
-is deleted.
+fsynced `.cleaned` files, and `finish_cleaning` swaps them in, or discards
+them if a segment they replace changed meanwhile.
 
 Every public method turns OSError into `tidelog.errors.StorageError`; this is
 the one place where that happens.
@@ -71,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import shutil
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
@@ -79,26 +34,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tidelog.errors import OffsetOutOfRangeError, StorageError
-from tidelog.records import (
-    HEADER_SIZE,
-    BatchHeader,
-    read_header,
-    set_base_offset,
-    set_log_append_time,
-)
+from tidelog.records import BatchHeader, set_base_offset, set_log_append_time
+from tidelog_server.atomic_files import fsync_directory
 from tidelog_server.clock import SYSTEM_CLOCK, Clock
 
-from tidelog_broker.storage import files
+from tidelog_broker.storage import checkpoints, cleaning_swap, files, log_loader
 from tidelog_broker.storage.cleaner import (
     CleanPlan,
     CleanResult,
     SegmentSnapshot,
 )
 from tidelog_broker.storage.config import LogConfig
+from tidelog_broker.storage.files import rename_deleted, unlink_files
 from tidelog_broker.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex, TimeIndex
 from tidelog_broker.storage.leader_epoch import LeaderEpochCache
 from tidelog_broker.storage.producer_state import ProducerStateManager
 from tidelog_broker.storage.segment import AppendedBatch, LogSegment
+
+__all__ = ["AppendInfo", "PartitionLog", "ReadResult", "unlink_files"]
 
 logger = logging.getLogger("tidelog.broker.storage")
 
@@ -137,15 +90,6 @@ def _storage_errors(what: str) -> Iterator[None]:
         yield
     except OSError as exc:
         raise StorageError(f"{what} failed: {exc}") from exc
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make file creations, renames and deletions in `directory` durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class PartitionLog:
@@ -223,120 +167,30 @@ class PartitionLog:
     def _open(
         cls, directory: Path, topic: str, partition: int, config: LogConfig, clock: Clock
     ) -> PartitionLog:
-        if not directory.is_dir():
-            directory.mkdir(parents=True)
-            _fsync_directory(directory.parent)
-        marker = directory / files.CLEAN_SHUTDOWN_FILE
-        clean_shutdown = marker.exists()
-        if clean_shutdown:
-            # Gone for good before any write: a crash from here on must not
-            # pass for a clean shutdown.
-            marker.unlink()
-            _fsync_directory(directory)
-        recovery_point = _read_recovery_point(directory)
-        log_start_offset = _read_offset_file(directory / files.LOG_START_OFFSET_FILE) or 0
-        clean_offset, gap_limit, swap_ends = _read_cleaner_checkpoint(directory)
-        now_ms = clock.time_ms()
-        base_offsets = _segment_base_offsets(directory, swap_ends)
-        # Segments wholly below the log start: a retention pass was cut short.
-        while len(base_offsets) > 1 and base_offsets[1] <= log_start_offset:
-            _delete_segment_files(directory, base_offsets.pop(0))
-        segments = [
-            LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
-            for base_offset in base_offsets
-        ]
-        # The whole log lies below the log start: a `reset_to` was cut short
-        # after it wrote the new start. Finish it: the log is empty there.
-        reset = (
-            bool(segments)
-            and segments[-1].base_offset < log_start_offset
-            and segments[-1].next_offset <= log_start_offset
+        loaded = log_loader.load(
+            directory, files.log_dir_name(topic, partition), config, clock.time_ms()
         )
-        if reset:
-            for segment in segments:
-                segment.delete()
-            segments = []
-        if not segments:
-            segments = [LogSegment.create(directory, log_start_offset)]
         log = cls(
             directory,
             topic,
             partition,
             config,
             clock,
-            segments,
-            0,
-            log_start_offset,
-            clean_offset,
-            gap_limit,
+            loaded.segments,
+            loaded.recovery_point,
+            loaded.log_start_offset,
+            loaded.clean_offset,
+            loaded.gap_limit,
         )
-        if reset:
+        log._directory_dirty = loaded.directory_dirty
+        if loaded.reset:
             log._forget_history()
-            _fsync_directory(directory)
-        trust_all = clean_shutdown and recovery_point is not None
-        log._recover(-1 if recovery_point is None else recovery_point, trust_all)
+            fsync_directory(directory)
         # Recovery may have cut a torn tail: epochs past the end wrote nothing kept.
         log.leader_epochs.truncate_from_end(log.log_end_offset)
         log.producer_state.rebuild(log._segments, log.log_end_offset)
         log._release_inactive_descriptors()
         return log
-
-    def _recover(self, recovery_point: int, trust_all: bool) -> None:
-        """Recover the segments that need it; drop every segment after damage."""
-        kept: list[LogSegment] = []
-        damaged_at: int | None = None
-        for segment in self._segments:
-            if damaged_at is not None:
-                segment.delete()
-                continue
-            if kept and self._segments_do_not_meet(kept[-1], segment):
-                # Offsets are dense outside the cleaned part, so a hole there
-                # means the previous segment lost its tail; an overlap is
-                # damage anywhere.
-                damaged_at = kept[-1].next_offset
-                segment.delete()
-                continue
-            if segment.needs_recovery or (not trust_all and segment.next_offset > recovery_point):
-                # No limit from max.message.bytes: it may have been lowered
-                # since older batches were written, and they are still good. A
-                # corrupt length costs one read bounded by the file's size.
-                dropped_bytes = segment.recover(None, self._config.index_interval_bytes)
-                if dropped_bytes:
-                    logger.warning(
-                        "%s: recovery dropped %d bytes from the end of %s; the log now ends "
-                        "at offset %d",
-                        self.name,
-                        dropped_bytes,
-                        segment.log_path.name,
-                        segment.next_offset,
-                    )
-                    damaged_at = segment.next_offset
-            kept.append(segment)
-        if len(kept) < len(self._segments):
-            logger.warning(
-                "%s: deleted %d segments after damage at offset %s",
-                self.name,
-                len(self._segments) - len(kept),
-                damaged_at,
-            )
-            self._directory_dirty = True
-        self._segments = kept
-        self._base_offsets = [segment.base_offset for segment in kept]
-        self._log_start_offset = min(
-            max(self._log_start_offset, kept[0].base_offset), self.log_end_offset
-        )
-        self._clean_offset = min(
-            max(self._clean_offset, self._log_start_offset), self.log_end_offset
-        )
-        self._recovery_point = max(
-            self.log_start_offset, min(max(recovery_point, 0), self.log_end_offset)
-        )
-
-    def _segments_do_not_meet(self, previous: LogSegment, segment: LogSegment) -> bool:
-        if previous.next_offset > segment.base_offset:
-            return True
-        gap = previous.next_offset < segment.base_offset
-        return gap and previous.base_offset >= self._gap_limit
 
     # ------------------------------------------------------------------ state
 
@@ -653,12 +507,12 @@ class PartitionLog:
         # Before the renames: if they survive a crash and this does not, the
         # first segment still bounds the start; if this survives and they do
         # not, open drops the segments below it.
-        _write_offset_file(self.directory / files.LOG_START_OFFSET_FILE, self._log_start_offset)
+        checkpoints.write_log_start_offset(self.directory, self._log_start_offset)
         self.producer_state.delete_snapshots_below(self._log_start_offset)
         renamed: list[Path] = []
         for segment in doomed:
             segment.close()
-            renamed.extend(_rename_deleted(segment.file_paths))
+            renamed.extend(rename_deleted(segment.file_paths))
         self._directory_dirty = True
         logger.info(
             "%s: retention deleted %d segments; the log now starts at offset %d",
@@ -744,74 +598,38 @@ class PartitionLog:
         if self._closed:
             return []  # deleted or closed: open removes .cleaned files
         with _storage_errors(f"swapping cleaned segments into {self.name}"):
-            if planned is None or not self._still_planned(result, planned):
+            if planned is None or not cleaning_swap.still_planned(
+                result.groups, planned, self._segments, self._base_offsets
+            ):
                 logger.info("%s: segments changed during cleaning; discarding the round", self.name)
-                paths: list[Path] = []
-                for group in result.groups:
-                    paths.extend(_rename_deleted(_cleaned_paths(self.directory, group.base_offset)))
-                return paths
+                return cleaning_swap.discard(self.directory, result.groups)
             return self._swap_in(result)
 
-    def _still_planned(
-        self, result: CleanResult, planned: tuple[tuple[LogSegment, int], ...]
-    ) -> bool:
-        by_base = {segment.base_offset: (segment, size) for segment, size in planned}
-        active = self._segments[-1]
-        for group in result.groups:
-            for base_offset in group.replaces:
-                segment, size = by_base[base_offset]
-                i = bisect_right(self._base_offsets, base_offset) - 1
-                if (
-                    i < 0
-                    or self._segments[i] is not segment
-                    or segment is active
-                    or segment.size_bytes != size
-                ):
-                    return False
-        return True
-
     def _swap_in(self, result: CleanResult) -> list[Path]:
+        """The swap's four steps (see `cleaning_swap`), in their crash-safe order."""
         directory = self.directory
-        # 1. Segments below the new clean offset may hold gaps from now on.
-        # Recovery needs each group's whole range: its cleaned segment may end
-        # well before the last segment it replaces.
-        swap_ends: dict[int, int] = {}
-        for group in result.groups:
-            after = bisect_right(self._base_offsets, group.base_offset) - 1 + len(group.replaces)
-            swap_ends[group.base_offset] = self._base_offsets[after]
+        # 1. Segments below the new clean offset may hold gaps from now on
+        # (raised here first: a failed swap must not lower it on disk later),
+        # and recovery learns the range each group replaces.
+        swap_ends = cleaning_swap.swap_ends(result.groups, self._base_offsets)
         self._gap_limit = max(self._gap_limit, result.clean_offset)
-        _write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit, swap_ends)
-        # 2. Commit every group: .cleaned -> .swap, the .log last (an index
-        # .swap without its .log.swap is not committed: open deletes it).
-        for group in result.groups:
-            for path in _cleaned_paths(directory, group.base_offset):
-                os.replace(path, _with_suffix(path, files.CLEANED_SUFFIX, files.SWAP_SUFFIX))
-        _fsync_directory(directory)
+        checkpoints.write_cleaner_checkpoint(
+            directory, self._clean_offset, self._gap_limit, swap_ends
+        )
+        # 2. Commit every group: .cleaned -> .swap, the .log last.
+        cleaning_swap.commit(directory, result.groups)
         # 3. Replace the segments of each group.
-        deleted: list[Path] = []
-        now_ms = self._clock.time_ms()
-        for group in result.groups:
-            first = bisect_right(self._base_offsets, group.base_offset) - 1
-            replaced = self._segments[first : first + len(group.replaces)]
-            for segment in reversed(replaced[1:]):
-                segment.close()
-                deleted.extend(_rename_deleted(segment.file_paths))
-            replaced[0].close()
-            # Renamed away rather than replaced by the swap: a rename over a
-            # file frees its blocks on the spot (~1 ms per MB here), which
-            # belongs in the worker thread with the other unlinks.
-            deleted.extend(_rename_deleted(replaced[0].file_paths))
-            for path in reversed(_swap_paths(directory, group.base_offset)):
-                os.replace(path, _with_suffix(path, files.SWAP_SUFFIX, ""))
-            segment = LogSegment.open(directory, group.base_offset, now_ms, allow_gaps=True)
-            if segment.needs_recovery:
-                segment.recover(None, self._config.index_interval_bytes)
-            self._segments[first : first + len(replaced)] = [segment]
-            self._base_offsets[first : first + len(replaced)] = [group.base_offset]
-        _fsync_directory(directory)
+        deleted = cleaning_swap.replace_groups(
+            directory,
+            self._segments,
+            self._base_offsets,
+            result.groups,
+            self._clock.time_ms(),
+            self._config.index_interval_bytes,
+        )
         # 4. Everything below the map's end is deduplicated now.
         self._clean_offset = max(self._clean_offset, result.clean_offset)
-        _write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit)
+        checkpoints.write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit)
         logger.info(
             "%s: cleaned %d segments into %d: %d of %d records removed, %d bytes written "
             "in %.2f s; clean up to offset %d",
@@ -840,13 +658,13 @@ class PartitionLog:
             segment.flush()
         self._release_inactive_descriptors()
         if self._directory_dirty:
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
             self._directory_dirty = False
         self._unflushed_records = 0
         self._first_unflushed_monotonic_ms = None
         if log_end_offset != self._recovery_point:
             self._recovery_point = log_end_offset
-            _write_recovery_point(self.directory, log_end_offset)
+            checkpoints.write_recovery_point(self.directory, log_end_offset)
 
     def _release_inactive_descriptors(self) -> None:
         """Close the files of every segment but the active one: they are
@@ -886,12 +704,12 @@ class PartitionLog:
             del self._segments[keep:]
             del self._base_offsets[keep:]
             self._segments[-1].flush()
-            _fsync_directory(self.directory)
+            fsync_directory(self.directory)
             self._directory_dirty = False
             self._log_start_offset = min(self._log_start_offset, self.log_end_offset)
             self._clean_offset = min(self._clean_offset, self.log_end_offset)
             self._recovery_point = min(self._recovery_point, self.log_end_offset)
-            _write_recovery_point(self.directory, self._recovery_point)
+            checkpoints.write_recovery_point(self.directory, self._recovery_point)
             self.leader_epochs.truncate_from_end(self.log_end_offset)
             self.producer_state.rebuild(self._segments, self.log_end_offset)
 
@@ -913,23 +731,23 @@ class PartitionLog:
             raise ValueError(f"cannot reset {self.name} to negative offset {offset}")
         with _storage_errors(f"resetting {self.name} to offset {offset}"):
             directory = self.directory
-            _write_offset_file(directory / files.LOG_START_OFFSET_FILE, offset, durable=True)
+            checkpoints.write_log_start_offset(directory, offset, durable=True)
             self._forget_history()
             deleted: list[Path] = []
             for segment in self._segments:
                 segment.close()
-                deleted.extend(_rename_deleted(segment.file_paths))
+                deleted.extend(rename_deleted(segment.file_paths))
             self._segments = [LogSegment.create(directory, offset)]
             self._base_offsets = [offset]
             self._segments[0].flush()
-            _fsync_directory(directory)
+            fsync_directory(directory)
             self._directory_dirty = False
             self._log_start_offset = offset
             self._clean_offset = offset
             self._recovery_point = offset
             self._unflushed_records = 0
             self._first_unflushed_monotonic_ms = None
-            _write_recovery_point(directory, offset)
+            checkpoints.write_recovery_point(directory, offset)
         # The renamed files are unreachable now; a failed unlink is retried
         # by the next open.
         unlink_files(deleted)
@@ -955,7 +773,7 @@ class PartitionLog:
             for segment in self._segments:
                 segment.close()
             self._closed = True
-            (self.directory / files.CLEAN_SHUTDOWN_FILE).touch()
+            checkpoints.mark_clean_shutdown(self.directory)
 
     def delete(self) -> None:
         """Close every file and remove the log's directory."""
@@ -970,236 +788,3 @@ class PartitionLog:
             f"PartitionLog({self.name}, log_start_offset={self.log_start_offset}, "
             f"log_end_offset={self.log_end_offset}, segments={len(self._segments)})"
         )
-
-
-def _segment_base_offsets(directory: Path, swap_ends: dict[int, int]) -> list[int]:
-    """Base offsets of the segments in `directory`, sorted, after finishing
-    what a crash interrupted: leftover temporary, `.deleted` and `.cleaned`
-    files are removed, committed swaps completed (see the module docstring;
-    `swap_ends`: the end of the range each group of the swap in flight
-    replaces, by base offset, from the checkpoint), and index files without a
-    .log removed (a crash mid-roll or mid-deletion).
-    """
-    logs: set[int] = set()
-    indexes: list[tuple[int, Path]] = []
-    swaps: dict[int, list[Path]] = {}
-    for entry in os.scandir(directory):
-        name = entry.name
-        if name.endswith((files.TEMP_SUFFIX, files.DELETED_SUFFIX, files.CLEANED_SUFFIX)):
-            os.unlink(entry.path)
-            continue
-        if name.endswith(files.SWAP_SUFFIX):
-            parsed = files.parse_segment_file_name(name[: -len(files.SWAP_SUFFIX)])
-            if parsed is not None:
-                swaps.setdefault(parsed[0], []).append(Path(entry.path))
-            continue
-        parsed = files.parse_segment_file_name(name)
-        if parsed is None:
-            continue
-        base_offset, suffix = parsed
-        if suffix == files.LOG_SUFFIX:
-            logs.add(base_offset)
-        else:
-            indexes.append((base_offset, Path(entry.path)))
-    if swaps:
-        _complete_swaps(directory, swaps, logs, swap_ends)
-    for base_offset, path in indexes:
-        if base_offset not in logs:
-            path.unlink(missing_ok=True)
-    return sorted(logs)
-
-
-def _complete_swaps(
-    directory: Path, swaps: dict[int, list[Path]], logs: set[int], swap_ends: dict[int, int]
-) -> None:
-    """Finish the swaps whose `.log.swap` exists; drop index swaps without one.
-
-    Each committed group replaces every segment in [base, end): a kill may
-    have left any of them, the one at `base` included (its old index files
-    must not outlive it either). Deleted before the renames, so a kill in
-    here leaves a swap that the next open completes the same way.
-    """
-    for base_offset in sorted(swaps):
-        log_swap = files.segment_path(directory, base_offset, files.LOG_SUFFIX + files.SWAP_SUFFIX)
-        if log_swap not in swaps[base_offset]:
-            for path in swaps[base_offset]:
-                path.unlink()
-            continue
-        end = swap_ends.get(base_offset)
-        if end is None:
-            # A checkpoint written before it recorded the ranges: the swap's
-            # own offsets are the best bound left.
-            end = max(_swap_next_offset(log_swap, base_offset), base_offset + 1)
-        _delete_segment_files(directory, base_offset)
-        for other in sorted(logs):
-            if base_offset < other < end:
-                _delete_segment_files(directory, other)
-                logs.discard(other)
-        for path in sorted(swaps[base_offset], key=lambda p: p == log_swap):
-            os.replace(path, _with_suffix(path, files.SWAP_SUFFIX, ""))
-        logs.add(base_offset)
-        logger.warning(
-            "%s: completed an interrupted swap of cleaned segment %d (replacing offsets %d to %d)",
-            directory.name,
-            base_offset,
-            base_offset,
-            end,
-        )
-    _fsync_directory(directory)
-
-
-def _swap_next_offset(path: Path, base_offset: int) -> int:
-    """The offset after the last whole batch of a swap file (headers only:
-    it was fsynced before it was committed)."""
-    next_offset = base_offset
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        position = 0
-        while position + HEADER_SIZE <= size:
-            header = read_header(os.pread(f.fileno(), HEADER_SIZE, position))
-            if header.size < HEADER_SIZE or position + header.size > size:
-                break
-            next_offset = header.next_offset
-            position += header.size
-    return next_offset
-
-
-def _with_suffix(path: Path, old: str, new: str) -> Path:
-    assert path.name.endswith(old)
-    return path.with_name(path.name[: len(path.name) - len(old)] + new)
-
-
-def _cleaned_paths(directory: Path, base_offset: int) -> list[Path]:
-    """The .cleaned files of a group, index files first, the .log last."""
-    return [
-        files.segment_path(directory, base_offset, suffix + files.CLEANED_SUFFIX)
-        for suffix in (files.INDEX_SUFFIX, files.TIME_INDEX_SUFFIX, files.LOG_SUFFIX)
-    ]
-
-
-def _swap_paths(directory: Path, base_offset: int) -> list[Path]:
-    """The .swap files of a group, index files first, the .log last."""
-    return [
-        files.segment_path(directory, base_offset, suffix + files.SWAP_SUFFIX)
-        for suffix in (files.INDEX_SUFFIX, files.TIME_INDEX_SUFFIX, files.LOG_SUFFIX)
-    ]
-
-
-def _delete_segment_files(directory: Path, base_offset: int) -> None:
-    for suffix in files.SEGMENT_SUFFIXES:
-        files.segment_path(directory, base_offset, suffix).unlink(missing_ok=True)
-
-
-def _rename_deleted(paths: Sequence[Path]) -> list[Path]:
-    """Rename files to `<name>.deleted` (cheap); return the new paths."""
-    renamed = []
-    for path in paths:
-        target = path.with_name(path.name + files.DELETED_SUFFIX)
-        try:
-            os.replace(path, target)
-        except FileNotFoundError:
-            continue
-        renamed.append(target)
-    return renamed
-
-
-def unlink_files(paths: Sequence[Path]) -> int:
-    """Unlink files (a worker thread's job: unlinking a large file can take
-    milliseconds). Returns how many were removed; errors are logged."""
-    removed = 0
-    for path in paths:
-        try:
-            path.unlink()
-            removed += 1
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            logger.warning("cannot unlink %s: %s (the next open removes it)", path, exc)
-    return removed
-
-
-def _read_offset_file(path: Path) -> int | None:
-    try:
-        return int(path.read_text(encoding="ascii").strip())
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        logger.warning("%s unreadable (%s): ignoring it", path, exc)
-        return None
-
-
-def _write_offset_file(path: Path, offset: int, durable: bool = False) -> None:
-    temp = path.with_name(path.name + files.TEMP_SUFFIX)
-    if not durable:
-        temp.write_text(f"{offset}\n", encoding="ascii")
-        os.replace(temp, path)
-        return
-    with open(temp, "w", encoding="ascii") as out:
-        out.write(f"{offset}\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
-    _fsync_directory(path.parent)
-
-
-def _read_cleaner_checkpoint(directory: Path) -> tuple[int, int, dict[int, int]]:
-    """(clean offset, gap limit, end of the range each group of a swap in
-    flight replaces by its base offset); (0, 0, {}) when the log was never
-    cleaned."""
-    path = directory / files.CLEANER_CHECKPOINT_FILE
-    try:
-        clean_offset, gap_limit, *ranges = path.read_text(encoding="ascii").split()
-        swap_ends: dict[int, int] = {}
-        for pair in ranges:
-            base, end = pair.split("-")
-            swap_ends[int(base)] = int(end)
-        return int(clean_offset), int(gap_limit), swap_ends
-    except FileNotFoundError:
-        return 0, 0, {}
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        # Written durably by rename, so this is damage from outside: without
-        # the gap limit, compacted segments would look damaged. Refuse.
-        raise OSError(
-            f"{path} unreadable ({exc}): cannot tell compacted segments from damage"
-        ) from exc
-
-
-def _write_cleaner_checkpoint(
-    directory: Path, clean_offset: int, gap_limit: int, swap_ends: dict[int, int] | None = None
-) -> None:
-    """Durably: the gap limit, and the ranges a swap replaces, must be on
-    disk before a gapped segment is."""
-    path = directory / files.CLEANER_CHECKPOINT_FILE
-    temp = path.with_name(path.name + files.TEMP_SUFFIX)
-    ranges = "".join(f" {base}-{end}" for base, end in sorted((swap_ends or {}).items()))
-    with open(temp, "w", encoding="ascii") as out:
-        out.write(f"{clean_offset} {gap_limit}{ranges}\n")
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(temp, path)
-    _fsync_directory(directory)
-
-
-def _read_recovery_point(directory: Path) -> int | None:
-    path = directory / files.RECOVERY_POINT_FILE
-    try:
-        text = path.read_text(encoding="ascii")
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as exc:
-        logger.warning("%s unreadable (%s): recovering every segment", path, exc)
-        return None
-    try:
-        return int(text.strip())
-    except ValueError:
-        logger.warning("%s holds %r, not an offset: recovering every segment", path, text[:40])
-        return None
-
-
-def _write_recovery_point(directory: Path, offset: int) -> None:
-    # No fsync: the file is written only after the data it vouches for is
-    # durable, so a lost or torn update can only make recovery do more.
-    path = directory / files.RECOVERY_POINT_FILE
-    temp = path.with_name(path.name + files.TEMP_SUFFIX)
-    temp.write_text(f"{offset}\n", encoding="ascii")
-    os.replace(temp, path)

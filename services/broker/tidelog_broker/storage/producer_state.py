@@ -25,7 +25,7 @@ On append (`check`, before anything is written; then `update`):
 Snapshots let `PartitionLog.open` rebuild the state without decoding
 records: `{offset:020d}.snapshot` in the log directory holds the state of
 every producer as of all batches below `offset`. One is written when a
-segment rolls and on close (temp file, fsync, rename); open loads the newest
+segment rolls and on close (`Durability.CONTENT`); open loads the newest
 intact snapshot at or below the log end (recovery has verified everything
 below it, and one above it describes records lost since), then reads only
 the batch headers after it. Truncation deletes snapshots above the new end
@@ -69,6 +69,7 @@ from tidelog.errors import (
     OutOfOrderSequenceError,
 )
 from tidelog.records import HEADER_SIZE, BatchHeader, read_header
+from tidelog_server.atomic_files import Durability, write_atomically
 
 from tidelog_broker.storage import files
 
@@ -306,15 +307,13 @@ class ProducerStateManager:
                 )
         body = b"".join(parts)
         path = files.snapshot_path(self.directory, offset)
-        temp = path.with_name(path.name + files.TEMP_SUFFIX)
-        with open(temp, "wb") as out:
-            out.write(_PREAMBLE.pack(_MAGIC, _VERSION, crc32c.crc32c(body)))
-            out.write(body)
-            out.flush()
-            os.fsync(out.fileno())
         # No directory fsync: a snapshot lost in a crash only means a longer
-        # header scan at the next open.
-        os.replace(temp, path)
+        # header scan at the next open (and a roll writes one on the event loop).
+        write_atomically(
+            path,
+            _PREAMBLE.pack(_MAGIC, _VERSION, crc32c.crc32c(body)) + body,
+            Durability.CONTENT,
+        )
         if supersedes_above is not None:
             for older in self.snapshot_offsets():
                 if supersedes_above < older < offset:

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from storage_helpers import PARTITION, TOPIC, OpenLog
 from tidelog_broker.storage import LogConfig, ManualClock, PartitionLog
+
+from tests.unit.broker.storage.storage_helpers import PARTITION, TOPIC, OpenLog
 
 
 @pytest.fixture

@@ -1,9 +1,12 @@
-"""The leader epoch history: assign, truncate, end offsets, persistence."""
+"""The leader epoch history: assign, truncate, end offsets, durable persistence."""
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
+import pytest
 from tidelog_broker.storage.leader_epoch import UNDEFINED, LeaderEpochCache
 
 
@@ -30,3 +33,24 @@ def test_truncation_and_a_new_epoch_below_the_last_start(tmp_path: Path) -> None
     cache.assign(4, 80)
     cache.assign(6, 80)  # epoch 4 wrote nothing: replaced
     assert LeaderEpochCache.load(tmp_path).entries == [(0, 0), (6, 80)]
+
+
+def test_every_change_is_durable_once_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory is fsynced after each rename: a truncation that a crash
+    forgot would leave epochs past the log end."""
+    cache = LeaderEpochCache.load(tmp_path)
+    fsynced: list[str] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        fsynced.append("directory" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file")
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    cache.assign(0, 0)
+    assert fsynced == ["file", "directory"]
+    fsynced.clear()
+    cache.truncate_from_end(0)
+    assert fsynced == ["file", "directory"]

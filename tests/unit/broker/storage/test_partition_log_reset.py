@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from storage_helpers import OpenLog, append, crash, make_batch, read_all
 from tidelog.errors import OffsetOutOfRangeError
 from tidelog.records import encode_batch
 from tidelog_broker.storage import PartitionLog, files
+
+from tests.unit.broker.storage.storage_helpers import OpenLog, append, crash, make_batch, read_all
 
 RESET_AT = 1_000
 

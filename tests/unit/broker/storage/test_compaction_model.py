@@ -11,11 +11,12 @@ import dataclasses
 import tempfile
 from pathlib import Path
 
-from compaction_helpers import put, read_records
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tidelog_broker.storage import LogConfig, ManualClock, PartitionLog, cleaner
 from tidelog_broker.storage.partition_log import unlink_files
+
+from tests.unit.broker.storage.compaction_helpers import put, read_records
 
 SEGMENT_MS = 1_000
 DELETE_RETENTION_MS = 5_000

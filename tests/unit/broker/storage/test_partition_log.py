@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import tidelog_broker.storage as storage
-from storage_helpers import OpenLog, append, crash, make_batch, read_all
 from tidelog.errors import OffsetOutOfRangeError, StorageError
 from tidelog.records import LOG_APPEND_TIME, decode_batches, iter_batches, read_header
 from tidelog_broker.storage import ManualClock
+
+from tests.unit.broker.storage.storage_helpers import OpenLog, append, crash, make_batch, read_all
 
 
 def test_exports_are_pinned() -> None:

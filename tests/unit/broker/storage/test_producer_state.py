@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from storage_helpers import OpenLog, crash, read_all
 from tidelog.errors import (
     InvalidProducerEpochError,
     InvalidRequestError,
@@ -19,6 +18,8 @@ from tidelog_broker.storage.producer_state import (
     BatchMetadata,
     increment_sequence,
 )
+
+from tests.unit.broker.storage.storage_helpers import OpenLog, crash, read_all
 
 PID = 7
 

@@ -17,10 +17,18 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from storage_helpers import PARTITION, TOPIC, append, crash, make_batch, read_all
 from tidelog.records import LOG_OVERHEAD, iter_batches
 from tidelog_broker.storage import LogConfig, LogSegment, ManualClock, PartitionLog
 from tidelog_server.clock import Clock
+
+from tests.unit.broker.storage.storage_helpers import (
+    PARTITION,
+    TOPIC,
+    append,
+    crash,
+    make_batch,
+    read_all,
+)
 
 # The leader epoch (bytes 12-16 of a batch) is outside the CRC, as in Kafka,
 # so no reader can tell a damaged one: damage there is not tested.

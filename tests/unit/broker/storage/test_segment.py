@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from storage_helpers import make_batch
 from tidelog.records import iter_batches, set_base_offset
 from tidelog_broker.storage import segment as segment_module
 from tidelog_broker.storage.segment import AppendedBatch, LogSegment
+
+from tests.unit.broker.storage.storage_helpers import make_batch
 
 
 def _append(segment: LogSegment, batches: list[bytearray], interval_bytes: int = 0) -> bytes:

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from compaction_helpers import put, put_many, read_records
-from storage_helpers import PARTITION, TOPIC
 from tidelog_broker.storage import LogConfig, ManualClock, PartitionLog, cleaner
 from tidelog_broker.storage.partition_log import unlink_files
+
+from tests.unit.broker.storage.compaction_helpers import put, put_many, read_records
+from tests.unit.broker.storage.storage_helpers import PARTITION, TOPIC
 
 CONFIG = dataclasses.replace(
     LogConfig(),

@@ -1,15 +1,13 @@
-"""The broker's opt-in looks inside batches (compression.type, keyless records
-in compacted topics) and the config keys of issue 3 (topic and broker)."""
+"""The broker's opt-in looks inside batches (record_policy): compression.type
+recompression and keyless records in compacted topics."""
 
 from __future__ import annotations
 
 import pytest
 from tidelog.compression import CompressionType
-from tidelog.errors import InvalidConfigError, InvalidRecordError
+from tidelog.errors import InvalidRecordError
 from tidelog.records import decode_batches, encode_batch, iter_batches
 from tidelog_broker import record_policy
-from tidelog_broker.config import BrokerConfig, build_config
-from tidelog_server.topic_configs import config_to_strings, parse_topic_configs
 
 
 def _batches(*encoded: bytes) -> tuple[bytearray, list]:
@@ -54,43 +52,3 @@ def test_keyless_records_are_refused() -> None:
         record_policy.reject_null_keys(buf, batches, "t")
     buf, batches = _batches(encode_batch([b"v"], keys=[b"k"], codec=CompressionType.GZIP))
     record_policy.reject_null_keys(buf, batches, "t")
-
-
-def test_new_topic_configs_parse_and_print() -> None:
-    config = parse_topic_configs(
-        {
-            "cleanup.policy": "delete,compact",
-            "delete.retention.ms": "1000",
-            "min.cleanable.dirty.ratio": "0.25",
-            "min.compaction.lag.ms": "5",
-            "compression.type": "snappy",
-        }
-    )
-    assert config.compact and config.delete
-    assert config_to_strings(config)["min.cleanable.dirty.ratio"] == "0.25"
-    assert config_to_strings(config)["compression.type"] == "snappy"
-    with pytest.raises(InvalidConfigError, match=r"compression\.type='brotli'.*producer, none"):
-        parse_topic_configs({"compression.type": "brotli"})
-    with pytest.raises(InvalidConfigError, match=r"delete\.retention\.ms=-1 is out of range"):
-        parse_topic_configs({"delete.retention.ms": "-1"})
-
-
-def test_broker_keys_and_cluster_defaults() -> None:
-    config = build_config(
-        BrokerConfig(),
-        {
-            "log.retention.check.interval.ms": "250",
-            "log.cleaner.dedupe.buffer.size": "1048576",
-            "log.cleaner.backoff.ms": "50",
-            "log.cleaner.enable": "false",
-            "log.retention.ms": "1000",
-            "log.cleanup.policy": "compact",
-        },
-    )
-    assert config.retention_check_interval_ms == 250
-    assert config.cleaner_dedupe_buffer_bytes == 1 << 20
-    assert (config.cleaner_backoff_ms, config.cleaner_enable) == (50, False)
-    assert config.log_defaults.retention_ms == 1000
-    assert config.log_defaults.cleanup_policy == "compact"
-    with pytest.raises(InvalidConfigError, match=r"log\.cleaner\.backoff\.ms=0 is out of range"):
-        build_config(BrokerConfig(), {"log.cleaner.backoff.ms": "0"})

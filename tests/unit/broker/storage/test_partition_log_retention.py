@@ -9,11 +9,12 @@ import os
 from pathlib import Path
 
 import pytest
-from compaction_helpers import put, read_records
-from storage_helpers import OpenLog, append, crash, make_batch
 from tidelog.errors import OffsetOutOfRangeError
 from tidelog_broker.storage import ManualClock, PartitionLog
 from tidelog_broker.storage.partition_log import unlink_files
+
+from tests.unit.broker.storage.compaction_helpers import put, read_records
+from tests.unit.broker.storage.storage_helpers import OpenLog, append, crash, make_batch
 
 HOUR_MS = 3_600_000
 

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import crc32c
 import pytest
-from compaction_helpers import clean, put, put_many, read_records
-from storage_helpers import OpenLog, crash
 from tidelog.errors import InvalidRecordError
 from tidelog.records import HEADER_SIZE, MAGIC, decode_batches, encode_batch, iter_batches
 from tidelog_broker.storage import ManualClock, PartitionLog, cleaner
 from tidelog_broker.storage.partition_log import unlink_files
+
+from tests.unit.broker.storage.compaction_helpers import clean, put, put_many, read_records
+from tests.unit.broker.storage.storage_helpers import OpenLog, crash
 
 DAY_MS = 86_400_000
 COMPACT = {"segment_bytes": 1024, "cleanup_policy": "compact", "min_cleanable_dirty_ratio": 0.0}
@@ -181,8 +182,8 @@ def test_crash_during_swap_loses_and_duplicates_nothing(
     open_log: OpenLog, clock: ManualClock, log_dir: Path, stop_after: str
 ) -> None:
     """Replays the swap steps by hand up to a point, then reopens as after a crash."""
-    from tidelog_broker.storage import files
-    from tidelog_broker.storage import partition_log as pl
+    from tidelog_broker.storage import checkpoints, files
+    from tidelog_broker.storage import cleaning_swap as swap
 
     log, expected = _cleaned_log(open_log, clock)
     all_offsets = {r[0] for r in read_records(log)}
@@ -192,20 +193,20 @@ def test_crash_during_swap_loses_and_duplicates_nothing(
     assert result is not None and len(result.groups) > 2
     crash(log)
     if stop_after != "cleaned":
-        pl._write_cleaner_checkpoint(log_dir, 0, result.clean_offset)
+        checkpoints.write_cleaner_checkpoint(log_dir, 0, result.clean_offset)
     if stop_after in ("swap", "half_replaced"):
         for group in result.groups:
-            for path in reversed(pl._cleaned_paths(log_dir, group.base_offset)):
-                os.replace(path, pl._with_suffix(path, files.CLEANED_SUFFIX, files.SWAP_SUFFIX))
+            for path in reversed(swap.cleaned_paths(log_dir, group.base_offset)):
+                os.replace(path, swap.with_suffix(path, files.CLEANED_SUFFIX, files.SWAP_SUFFIX))
     if stop_after == "half_replaced":
         # The first group fully replaced, the second with its extra segments
         # gone and its index files swapped but not its .log.
         for index, group in enumerate(result.groups[:2]):
             for base in group.replaces[1:]:
-                pl._delete_segment_files(log_dir, base)
-            swaps = pl._swap_paths(log_dir, group.base_offset)
+                files.delete_segment_files(log_dir, base)
+            swaps = swap.swap_paths(log_dir, group.base_offset)
             for path in swaps if index == 0 else swaps[:2]:
-                os.replace(path, pl._with_suffix(path, files.SWAP_SUFFIX, ""))
+                os.replace(path, swap.with_suffix(path, files.SWAP_SUFFIX, ""))
     reopened = PartitionLog.open(log_dir, log.topic, log.partition, log.config, clock)
     records = read_records(reopened)
     offsets = [r[0] for r in records]

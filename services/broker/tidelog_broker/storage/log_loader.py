@@ -1,0 +1,198 @@
+"""Opening a partition log's directory: finishing what a crash interrupted,
+loading the segments, and recovering those that need it.
+
+`load` first puts the directory in order: leftover temporary, `.deleted` and
+`.cleaned` files are removed, committed swaps of cleaned segments completed
+(`cleaning_swap.complete_interrupted`), index files without a .log removed
+(a crash mid-roll or mid-deletion), segments wholly below the log start
+deleted (a retention pass cut short), and a log wholly below the log start
+emptied there (a `reset_to` cut short).
+
+It then loads every segment cheaply (indexes plus a walk of the last few
+batch headers). Unless the `clean-shutdown` marker says the log was closed
+cleanly, every segment holding offsets at or above the recovery point is
+recovered: each batch's CRC32C checked, indexes rebuilt, a torn or corrupt
+tail cut off. Any segment whose files do not add up is recovered whatever
+the marker says. Nothing after damage may be readable, so every segment
+after a damaged one is deleted. Below the cleaner's gap limit, segments may
+have been rewritten by the cleaner and hold offset gaps; above it, a gap
+between segments is damage.
+
+The epoch history and the producer state are the log's: `PartitionLog.open`
+brings them in line with what `load` kept. Raises OSError.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from tidelog_server.atomic_files import fsync_directory
+
+from tidelog_broker.storage import checkpoints, cleaning_swap, files
+from tidelog_broker.storage.config import LogConfig
+from tidelog_broker.storage.segment import LogSegment
+
+logger = logging.getLogger("tidelog.broker.storage")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedLog:
+    """What `load` found and kept: a log's segments and offsets after recovery."""
+
+    #: At least one, in offset order.
+    segments: list[LogSegment]
+    recovery_point: int
+    log_start_offset: int
+    clean_offset: int
+    gap_limit: int
+    #: Segments were deleted after damage: the next flush fsyncs the directory.
+    directory_dirty: bool
+    #: A `reset_to` cut short was finished: the log is empty at its start
+    #: offset, and its epoch history and producer state must go too.
+    reset: bool
+
+
+def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLog:
+    """Open the log in `directory` (created if needed) and recover what
+    needs it. `name` (`orders-3`) is for log messages."""
+    if not directory.is_dir():
+        directory.mkdir(parents=True)
+        fsync_directory(directory.parent)
+    clean_shutdown = checkpoints.take_clean_shutdown_marker(directory)
+    recovery_point = checkpoints.read_recovery_point(directory)
+    log_start_offset = checkpoints.read_log_start_offset(directory) or 0
+    clean_offset, gap_limit, swap_ends = checkpoints.read_cleaner_checkpoint(directory)
+    base_offsets = _segment_base_offsets(directory, swap_ends)
+    # Segments wholly below the log start: a retention pass was cut short.
+    while len(base_offsets) > 1 and base_offsets[1] <= log_start_offset:
+        files.delete_segment_files(directory, base_offsets.pop(0))
+    segments = [
+        LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
+        for base_offset in base_offsets
+    ]
+    # The whole log lies below the log start: a `reset_to` was cut short
+    # after it wrote the new start. Finish it: the log is empty there.
+    reset = (
+        bool(segments)
+        and segments[-1].base_offset < log_start_offset
+        and segments[-1].next_offset <= log_start_offset
+    )
+    if reset:
+        for segment in segments:
+            segment.delete()
+        segments = []
+    if not segments:
+        segments = [LogSegment.create(directory, log_start_offset)]
+    # Without a recovery point, every segment is recovered.
+    recover_above = -1 if recovery_point is None else recovery_point
+    trust_all = clean_shutdown and recovery_point is not None
+    kept, damaged_at = _recover(
+        name, segments, recover_above, trust_all, gap_limit, config.index_interval_bytes
+    )
+    log_end_offset = kept[-1].next_offset
+    log_start_offset = min(max(log_start_offset, kept[0].base_offset), log_end_offset)
+    if len(kept) < len(segments):
+        logger.warning(
+            "%s: deleted %d segments after damage at offset %s",
+            name,
+            len(segments) - len(kept),
+            damaged_at,
+        )
+    return LoadedLog(
+        segments=kept,
+        recovery_point=max(log_start_offset, min(max(recover_above, 0), log_end_offset)),
+        log_start_offset=log_start_offset,
+        clean_offset=min(max(clean_offset, log_start_offset), log_end_offset),
+        gap_limit=gap_limit,
+        directory_dirty=len(kept) < len(segments),
+        reset=reset,
+    )
+
+
+def _recover(
+    name: str,
+    segments: list[LogSegment],
+    recover_above: int,
+    trust_all: bool,
+    gap_limit: int,
+    index_interval_bytes: int,
+) -> tuple[list[LogSegment], int | None]:
+    """Recover the segments that need it; delete every segment after damage.
+    Returns the segments kept and the offset of the damage (None if none)."""
+    kept: list[LogSegment] = []
+    damaged_at: int | None = None
+    for segment in segments:
+        if damaged_at is not None:
+            segment.delete()
+            continue
+        if kept and _segments_do_not_meet(kept[-1], segment, gap_limit):
+            # Offsets are dense outside the cleaned part, so a hole there
+            # means the previous segment lost its tail; an overlap is
+            # damage anywhere.
+            damaged_at = kept[-1].next_offset
+            segment.delete()
+            continue
+        if segment.needs_recovery or (not trust_all and segment.next_offset > recover_above):
+            # No limit from max.message.bytes: it may have been lowered
+            # since older batches were written, and they are still good. A
+            # corrupt length costs one read bounded by the file's size.
+            dropped_bytes = segment.recover(None, index_interval_bytes)
+            if dropped_bytes:
+                logger.warning(
+                    "%s: recovery dropped %d bytes from the end of %s; the log now ends "
+                    "at offset %d",
+                    name,
+                    dropped_bytes,
+                    segment.log_path.name,
+                    segment.next_offset,
+                )
+                damaged_at = segment.next_offset
+        kept.append(segment)
+    return kept, damaged_at
+
+
+def _segments_do_not_meet(previous: LogSegment, segment: LogSegment, gap_limit: int) -> bool:
+    if previous.next_offset > segment.base_offset:
+        return True
+    gap = previous.next_offset < segment.base_offset
+    return gap and previous.base_offset >= gap_limit
+
+
+def _segment_base_offsets(directory: Path, swap_ends: dict[int, int]) -> list[int]:
+    """Base offsets of the segments in `directory`, sorted, after finishing
+    what a crash interrupted: leftover temporary, `.deleted` and `.cleaned`
+    files are removed, committed swaps completed (`swap_ends`: the end of the
+    range each group of the swap in flight replaces, by base offset, from the
+    checkpoint), and index files without a .log removed (a crash mid-roll or
+    mid-deletion).
+    """
+    logs: set[int] = set()
+    indexes: list[tuple[int, Path]] = []
+    swaps: dict[int, list[Path]] = {}
+    for entry in os.scandir(directory):
+        name = entry.name
+        if name.endswith((files.TEMP_SUFFIX, files.DELETED_SUFFIX, files.CLEANED_SUFFIX)):
+            os.unlink(entry.path)
+            continue
+        if name.endswith(files.SWAP_SUFFIX):
+            parsed = files.parse_segment_file_name(name[: -len(files.SWAP_SUFFIX)])
+            if parsed is not None:
+                swaps.setdefault(parsed[0], []).append(Path(entry.path))
+            continue
+        parsed = files.parse_segment_file_name(name)
+        if parsed is None:
+            continue
+        base_offset, suffix = parsed
+        if suffix == files.LOG_SUFFIX:
+            logs.add(base_offset)
+        else:
+            indexes.append((base_offset, Path(entry.path)))
+    if swaps:
+        cleaning_swap.complete_interrupted(directory, swaps, logs, swap_ends)
+    for base_offset, path in indexes:
+        if base_offset not in logs:
+            path.unlink(missing_ok=True)
+    return sorted(logs)
