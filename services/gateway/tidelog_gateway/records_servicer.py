@@ -419,10 +419,13 @@ class _ConsumeSession:
 
     def _fail_partition(self, exc: TidelogError) -> None:
         """A partition the consumer could not read: report it, stop reading it."""
-        failed = [tp for tp in self._assignment if f"{tp.topic}-{tp.partition}" in exc.message]
-        if not failed or not isinstance(exc, OffsetOutOfRangeError | UnknownTopicOrPartitionError):
+        if exc.topic is None or exc.partition is None:
             raise exc
-        for tp in failed:
-            self._report(tp, exc)
-        self._assignment -= set(failed)
+        tp = TopicPartition(exc.topic, exc.partition)
+        if tp not in self._assignment or not isinstance(
+            exc, OffsetOutOfRangeError | UnknownTopicOrPartitionError
+        ):
+            raise exc
+        self._report(tp, exc)
+        self._assignment.discard(tp)
         self._consumer.assign(self._assignment)
