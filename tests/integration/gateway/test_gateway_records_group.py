@@ -9,13 +9,15 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import grpc
 import pytest
 from tidelog import AdminClient, NewTopic
 from tidelog.v1 import common_pb2, group_pb2, records_pb2, records_pb2_grpc
 
-from tests.support.gateway import GatewayProcess
+from tests.support.cluster import ClusterProcesses
+from tests.support.gateway import GatewayProcess, start_gateway
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -304,3 +306,46 @@ def test_group_requests_past_the_limits_are_refused_naming_them(
             assert stream.error is None
         finally:
             stream.end()
+
+
+def test_a_member_whose_gateway_dies_loses_its_partitions_after_the_session_timeout(
+    gateway: GatewayProcess,
+    cluster: ClusterProcesses,
+    names: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """The gateway serving a's stream is SIGKILLed: nobody leaves the group
+    for a, so its partitions move to b (on another gateway) once a's session
+    times out, from what a committed."""
+    topic, group = names
+    with AdminClient(gateway.address) as admin:
+        admin.create_topics([NewTopic(topic, PARTITIONS)])
+    everything = {(topic, p) for p in range(PARTITIONS)}
+    doomed = start_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix)
+    try:
+        with (
+            grpc.insecure_channel(doomed.address) as doomed_channel,
+            grpc.insecure_channel(gateway.address) as channel,
+        ):
+            stub = records_pb2_grpc.RecordsStub(channel)
+            produce(stub, topic, 0, PER_PARTITION)
+            a = join(records_pb2_grpc.RecordsStub(doomed_channel), topic, group)
+            wait_until(lambda: a.owned() == everything, "a owns every partition")
+            wait_until(lambda: len(a.values()) == PARTITIONS * PER_PARTITION, "a reads it all")
+            ok = a.commit(1, {tp: 3 for tp in everything})
+            assert not ok.HasField("error"), ok.error.message
+            b = join(stub, topic, group)
+            try:
+                wait_until(lambda: len(b.owned()) == PARTITIONS // 2, "b gets its share")
+                doomed.kill()
+                wait_until(lambda: b.owned() == everything, "b gets a's partitions too")
+                wait_until(
+                    lambda: set(b.values()) == expected(everything, 3, PER_PARTITION),
+                    "b reads every partition from a's commits",
+                )
+                assert len(b.values()) == PARTITIONS * (PER_PARTITION - 3)
+            finally:
+                b.end()
+            a.end()
+    finally:
+        doomed.kill()
