@@ -107,15 +107,26 @@ def wait_until(condition: Callable[[], bool], what: str) -> None:
         time.sleep(0.05)
 
 
+#: A session no test outlives: partitions that move within a test's
+#: deadline moved because their member left, not because its session expired.
+LONG_SESSION_MS = 300_000
+
+
 def join(
-    stub: records_pb2_grpc.RecordsStub, topic: str, group: str, credit: int = 1000
+    stub: records_pb2_grpc.RecordsStub,
+    topic: str,
+    group: str,
+    credit: int = 1000,
+    session_timeout_ms: int = 6000,
 ) -> GroupStream:
     return GroupStream(
         stub,
         records_pb2.ConsumeRequest(
             text=True,
             credit_records=credit,
-            group=records_pb2.ConsumeGroup(group_id=group, topics=[topic], session_timeout_ms=6000),
+            group=records_pb2.ConsumeGroup(
+                group_id=group, topics=[topic], session_timeout_ms=session_timeout_ms
+            ),
         ),
     )
 
@@ -156,7 +167,8 @@ def test_group_streams_share_partitions_commit_and_take_over(
         stub = records_pb2_grpc.RecordsStub(channel)
         produce(stub, topic, 0, PER_PARTITION)
 
-        a = join(stub, topic, group)
+        # a's session outlasts the test: its partitions move because its stream ends.
+        a = join(stub, topic, group, session_timeout_ms=LONG_SESSION_MS)
         wait_until(lambda: a.owned() == everything, "the first member owns every partition")
         wait_until(lambda: len(a.values()) == PARTITIONS * PER_PARTITION, "a reads everything")
         assert set(a.values()) == expected(everything, 0, PER_PARTITION)
@@ -349,3 +361,44 @@ def test_a_member_whose_gateway_dies_loses_its_partitions_after_the_session_time
             a.end()
     finally:
         doomed.kill()
+
+
+def test_a_draining_gateway_ends_group_streams_and_their_members_leave(
+    gateway: GatewayProcess,
+    cluster: ClusterProcesses,
+    names: tuple[str, str],
+    tmp_path: Path,
+) -> None:
+    """SIGTERM: a's stream ends with UNAVAILABLE (the client consumes again
+    elsewhere) and a leaves the group, so its partitions move to b at once
+    (a's session would outlast the test)."""
+    topic, group = names
+    with AdminClient(gateway.address) as admin:
+        admin.create_topics([NewTopic(topic, PARTITIONS)])
+    everything = {(topic, p) for p in range(PARTITIONS)}
+    draining = start_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix)
+    try:
+        with (
+            grpc.insecure_channel(draining.address) as draining_channel,
+            grpc.insecure_channel(gateway.address) as channel,
+        ):
+            stub = records_pb2_grpc.RecordsStub(channel)
+            a = join(
+                records_pb2_grpc.RecordsStub(draining_channel),
+                topic,
+                group,
+                session_timeout_ms=LONG_SESSION_MS,
+            )
+            wait_until(lambda: a.owned() == everything, "a owns every partition")
+            b = join(stub, topic, group)
+            try:
+                wait_until(lambda: len(b.owned()) == PARTITIONS // 2, "b gets its share")
+                assert draining.stop() == 0
+                wait_until(lambda: a.error is not None, "a's stream ends")
+                assert a.error is not None and a.error.code() == grpc.StatusCode.UNAVAILABLE
+                wait_until(lambda: b.owned() == everything, "b gets a's partitions")
+            finally:
+                b.end()
+            a.end()
+    finally:
+        draining.kill()
