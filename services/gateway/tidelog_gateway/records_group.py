@@ -43,7 +43,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Set
 
 import grpc.aio
 from tidelog import AsyncConsumer, TopicPartition
-from tidelog.errors import IllegalGenerationError, InvalidRequestError, TidelogError
+from tidelog.errors import (
+    IllegalGenerationError,
+    InvalidRequestError,
+    RequestTimedOutError,
+    TidelogError,
+)
 from tidelog.group import OffsetAndMetadata
 from tidelog.names import validate_topic_name
 from tidelog.v1 import common_pb2, log_pb2, records_pb2
@@ -243,7 +248,11 @@ class GroupConsumeSession:
             result = records_pb2.CommitResult(correlation_id=commit.correlation_id)
             try:
                 await self._consumer.commit(self._offsets(commit))
-            except TidelogError as exc:
+            except TimeoutError:
+                # The consumer bounds a commit by its request timeout.
+                timed_out = RequestTimedOutError("the commit did not finish in time: send it again")
+                result.error.CopyFrom(error_proto(timed_out, "committing offsets"))
+            except Exception as exc:  # answered, whatever it is: never a silent success
                 result.error.CopyFrom(error_proto(exc, "committing offsets"))
             finally:
                 self._outbox.append(records_pb2.ConsumeResponse(commit=result))
