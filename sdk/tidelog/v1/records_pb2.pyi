@@ -265,11 +265,11 @@ class ConsumeRequest(_message.Message):
     """Most records in one response (default and maximum 10000)."""
     @_builtins.property
     def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumePosition]:
-        """Partitions to start reading, or to move (seek)."""
+        """Partitions to start reading, or to move (seek); streams without a group."""
 
     @_builtins.property
     def remove(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
-        """Partitions to stop reading."""
+        """Partitions to stop reading; streams without a group."""
 
     @_builtins.property
     def group(self) -> Global___ConsumeGroup:
@@ -309,7 +309,7 @@ class ConsumeGroup(_message.Message):
     RESET_FIELD_NUMBER: _builtins.int
     SESSION_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
     group_id: _builtins.str
-    """The group's name: [a-zA-Z0-9._-], 1 to 249 characters."""
+    """The group's name: 1 to 249 characters."""
     reset: _log_pb2.OffsetSpec.ValueType
     """Where a partition starts when the group has no committed offset for it:
     EARLIEST (the default) or LATEST.

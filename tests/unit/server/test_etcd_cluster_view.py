@@ -1,4 +1,5 @@
-"""The broker's typed view of the cluster, fed watch batches as etcd sends them."""
+"""The typed view of the cluster that brokers and the gateway keep, fed watch
+batches as etcd sends them."""
 
 from __future__ import annotations
 
