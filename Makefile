@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check clean
+.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
 
 install: $(STAMP)
 
@@ -27,8 +27,21 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
 run: install
 	$(BIN)/tidelog dev --data-dir $(DATA_DIR)
 
-test: install proto-check lint
+test: install proto-check lint go-tools
 	$(BIN)/python -m pytest -q tests
+
+# grpcurl and the Go protoc plugins at pinned versions, built once into
+# .cache/go-bin (docs/any-language.md and the Go example use them). Without Go
+# installed this says so and carries on: the tests that need them are skipped
+# with that reason.
+go-tools:
+	@tools/go-tools.sh >/dev/null || [ $$? -eq 3 ]
+
+# The Go and Java example programs (examples/), generated from protos/ and
+# built; tests/integration/clients runs them against a local cluster.
+examples: install
+	PYTHON=$(BIN)/python examples/go/build.sh
+	examples/java/build.sh
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
@@ -82,4 +95,4 @@ proto-check: install
 	  done
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .cache examples/go/tidelog examples/java/target

@@ -58,7 +58,12 @@ class _AsyncIo:
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         if timeout_s is None:
             return await coro
-        return await asyncio.wait_for(coro, timeout_s)
+        try:
+            return await asyncio.wait_for(coro, timeout_s)
+        except TimeoutError:
+            raise TidelogTimeoutError(
+                f"the operation did not finish in {timeout_s:.3f} s"
+            ) from None
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         return asyncio.ensure_future(coro)
@@ -170,6 +175,23 @@ class AsyncConsumer:
         self._check_open()
         return await self._side.committed(partition, metadata)
 
+    async def seek_to_committed(
+        self, *partitions: TopicPartition
+    ) -> dict[TopicPartition, int | None]:
+        """Move to the group's committed offsets (see Consumer.seek_to_committed)."""
+        self._check_open()
+        tps = check_partitions(partitions) or sorted(self._subs.assignment())
+        for tp in tps:
+            self._subs.state(tp)  # assigned, or IllegalStateError
+        found = await self._side.committed_offsets(tps)
+        self._handed.reset()
+        for tp in tps:
+            if tp in found:
+                self._subs.seek(tp, found[tp].offset)
+            else:
+                self._subs.reset(tp, self._config.auto_offset_reset)
+        return {tp: found[tp].offset if tp in found else None for tp in tps}
+
     # ------------------------------------------------------------ assignment
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -226,23 +248,40 @@ class AsyncConsumer:
     def highwater(self, partition: TopicPartition) -> int | None:
         return self._subs.highwater(TopicPartition(*partition))
 
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching these partitions (see Consumer.pause)."""
+        self._check_open()
+        self._subs.pause(check_partitions(partitions))
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        self._check_open()
+        self._subs.resume(check_partitions(partitions))
+
+    def paused(self) -> set[TopicPartition]:
+        return self._subs.paused()
+
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: float = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
-        """Records by partition, waiting up to `timeout_ms` for some ({} if none).
-        Naming partitions is not supported yet: all assigned ones are read."""
+        """Records by partition, waiting up to `timeout_ms` for some ({} if
+        none): of the named partitions only, or of every assigned one."""
         self._check_open()
-        if partitions:
-            raise NotImplementedError("getmany(*partitions) is not supported yet")
+        only = frozenset(check_partitions(partitions)) if partitions else None
         limit = self._config.max_poll_records if max_records is None else max_records
+        if self._handed.chunk:
+            # Records getone() took but has not returned come first.
+            self._subs.unread(self._handed.give_back())
         if self._side.subscribed:
-            return await self._side.poll(timeout_ms, limit)
+            return await self._side.poll(timeout_ms, limit, only)
         if not self._subs.assignment():
             raise IllegalStateError("no partitions assigned: call assign() or subscribe() first")
+        if only is not None:
+            for tp in only:
+                self._subs.state(tp)  # assigned, or IllegalStateError
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self._data.clear()
-            records = self._subs.collect(limit)
+            records = self._subs.collect(limit, only)
             if records:
                 return records
             remaining = deadline - time.monotonic()
@@ -253,8 +292,14 @@ class AsyncConsumer:
             except TimeoutError:
                 continue
 
-    async def getone(self) -> ConsumerRecord:
-        """The next record, waiting as long as it takes."""
+    async def getone(self, *partitions: TopicPartition) -> ConsumerRecord:
+        """The next record (of the named partitions only, when given),
+        waiting as long as it takes."""
+        if partitions:
+            while True:
+                polled = await self.getmany(*partitions, timeout_ms=1000, max_records=1)
+                for records in polled.values():
+                    return records[0]
         handed = self._handed
         record = next(handed.records, None)
         if record is not None:
@@ -300,16 +345,41 @@ class AsyncConsumer:
         query = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         return offsets_and_times(await self._list_offsets(query))
 
-    async def stop(self) -> None:
-        """Stop fetching and release connections. Idempotent."""
+    async def topics(self) -> set[str]:
+        """Every topic in the cluster."""
+        self._check_open()
+        found = await asyncio.wait_for(self._cluster.all_topics(), self._timeout_s)
+        return {name for name, meta in found.items() if meta.error is None}
+
+    async def partitions_for_topic(self, topic: str) -> set[int] | None:
+        """Partition numbers of `topic`, None when it does not exist."""
+        self._check_open()
+        snapshot = await asyncio.wait_for(self._cluster.refresh([topic]), self._timeout_s)
+        meta = snapshot.topics.get(topic)
+        if meta is None or meta.error is not None:
+            return None
+        return set(range(meta.partition_count))
+
+    async def stop(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
+        """Commit (when enable_auto_commit and `autocommit`, within
+        `timeout_ms`) and leave the group, stop fetching and release
+        connections (see Consumer.close). Idempotent."""
         if self._closed:
             return
+        if timeout_ms is not None:
+            if timeout_ms < 0:
+                raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+            self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
         try:
-            await self._side.close()
+            await self._side.close(autocommit=autocommit)
         finally:
             self._closed = True
             await self._fetcher.close()
             await self._cluster.close()
+
+    async def close(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
+        """The same as stop() (kafka-python's name)."""
+        await self.stop(autocommit=autocommit, timeout_ms=timeout_ms)
 
     async def __aenter__(self) -> AsyncConsumer:
         await self.start()

@@ -211,6 +211,25 @@ class Cluster:
             task.add_done_callback(self._refresh_done)
         return await asyncio.shield(self._refreshing)
 
+    async def all_topics(self) -> dict[str, TopicMetadata]:
+        """Every topic the cluster has (a Metadata call naming none), without
+        adding them to the topics refreshed later."""
+        request = log_pb2.MetadataRequest(topics=[], allow_auto_topic_creation=False)
+        timeout_s = self._config.request_timeout_ms / 1000
+        last_error: Exception | None = None
+        for address in self.any_address():
+            try:
+                response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                last_error = error_from_rpc(exc)
+                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    continue
+                raise last_error from exc
+            return self._snapshot_from(response, address).topics
+        raise BrokerNotAvailableError(
+            f"no broker answered Metadata at {', '.join(self.any_address())}: {last_error}"
+        )
+
     def _refresh_done(self, task: asyncio.Future[MetadataSnapshot]) -> None:
         waiter, self._refreshing = self._refreshing, None
         assert waiter is not None

@@ -13,6 +13,7 @@ Not thread-safe: the calling side only.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import chain
 from typing import Any
@@ -60,6 +61,10 @@ def offsets_and_times(
     }
 
 
+def _offset(record: ConsumerRecord) -> int:
+    return record.offset
+
+
 class HandedOut:
     """The chunk iteration is returning, partition by partition in the
     chunk's order, and the last record it returned (see module doc).
@@ -87,6 +92,27 @@ class HandedOut:
         record = next(self.records)
         self.last = record
         return record
+
+    def give_back(self) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """The chunk's records not returned yet, by partition, and forget the
+        chunk: getmany()/poll() and reads of named partitions put them back
+        into the subscription (`SubscriptionState.unread`) so that none is
+        skipped or returned out of order."""
+        chunk, last = self.chunk, self.last
+        self.reset()
+        if not chunk:
+            return {}
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        reached = last is None
+        for tp, records in chunk.items():
+            if not reached and last is not None and tp == (last.topic, last.partition):
+                reached = True
+                rest = records[bisect_right(records, last.offset, key=_offset) :]
+                if rest:
+                    out[tp] = rest
+            elif reached:
+                out[tp] = records
+        return out
 
     def adjust(self, positions: dict[TopicPartition, OffsetAndMetadata]) -> None:
         """Move `positions` (the subscription's: past the whole chunk) back to

@@ -127,6 +127,8 @@ class GroupSide:
         #: The consumer's class name, for error messages.
         self.owner = owner
         self.timeout_s = config.request_timeout_ms / 1000
+        #: close(timeout_ms=...): when the final commit must be done.
+        self.commit_deadline: float | None = None
         self.listener: RebalanceListener | None = None
         self.subscribed = False
         self.next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
@@ -165,16 +167,17 @@ class GroupSide:
             return set()
         return set(self.group.topics) or {self.group.pattern}
 
-    async def leave(self, leave: bool | None) -> None:
-        """Commit (auto-commit), revoke what is owned, end the membership.
-        `leave`: as GroupMembership.close (None: a static member stays)."""
+    async def leave(self, leave: bool | None, autocommit: bool = True) -> None:
+        """Commit (auto-commit, unless `autocommit` is False), revoke what is
+        owned, end the membership. `leave`: as GroupMembership.close (None: a
+        static member stays)."""
         group = self.group
         assert group is not None
         self.subscribed = False
         owned = frozenset(self.subs.assignment())
         try:
             if owned:
-                if self.config.enable_auto_commit:
+                if self.config.enable_auto_commit and autocommit:
                     await self.commit_quietly(owned)
                 dynamic = not self.config.group_instance_id
                 if dynamic or leave:
@@ -185,12 +188,13 @@ class GroupSide:
             await self.io.run(group.close(leave), None)
             group.events.clear()
 
-    async def close(self) -> None:
-        """Leave as a consumer that closes does; a failure is only logged."""
+    async def close(self, autocommit: bool = True) -> None:
+        """Leave as a consumer that closes does; a failure is only logged.
+        `autocommit` False: commit nothing, even with enable_auto_commit."""
         try:
             if self.subscribed:
                 self.run_callbacks()
-                await self.leave(leave=None)
+                await self.leave(leave=None, autocommit=autocommit)
         except TidelogError as exc:
             log.warning("leaving the group cleanly failed: %s", exc)
 
@@ -231,7 +235,10 @@ class GroupSide:
 
     async def commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         group = self.require_group("commit()")
-        await self.io.run(group.commit(offsets), self.timeout_s)
+        timeout_s = self.timeout_s
+        if self.commit_deadline is not None:
+            timeout_s = max(0.0, min(timeout_s, self.commit_deadline - time.monotonic()))
+        await self.io.run(group.commit(offsets), timeout_s)
         self.committed_ok(offsets)
 
     async def commit_quietly(self, partitions: Iterable[TopicPartition]) -> None:
@@ -285,6 +292,18 @@ class GroupSide:
         if found is None:
             return None
         return found if metadata else found.offset
+
+    async def committed_offsets(
+        self, partitions: list[TopicPartition]
+    ) -> dict[TopicPartition, OffsetAndMetadata]:
+        """The group's committed offsets of `partitions` (those with one)."""
+        group = self.require_group("seek_to_committed()")
+        if not partitions:
+            return {}
+        found: dict[TopicPartition, OffsetAndMetadata] = await self.io.run(
+            group.committed(partitions), self.timeout_s
+        )
+        return found
 
     def due_auto_commit(self) -> bool:
         if not (self.config.enable_auto_commit and self.subscribed):
@@ -367,11 +386,12 @@ class GroupSide:
     # ------------------------------------------------------------ polling
 
     async def poll(
-        self, timeout_ms: float, limit: int
+        self, timeout_ms: float, limit: int, only: frozenset[TopicPartition] | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """poll()/getmany() of a subscribed consumer: apply group events,
         rejoin after the watchdog made it leave, auto-commit, then take up to
-        `limit` records, waiting up to `timeout_ms` for some."""
+        `limit` records (of the owned partitions in `only` when given),
+        waiting up to `timeout_ms` for some."""
         group = self.group
         assert group is not None
         io = self.io
@@ -389,7 +409,12 @@ class GroupSide:
                     offsets = self.changed(self.positions(self.subs.assignment()))
                     if offsets:
                         self.commit_async(offsets, None)
-                records = self.subs.collect(limit) if self.subs.assignment() else {}
+                owned = self.subs.assignment()
+                if only is not None:
+                    # A named partition revoked meanwhile is simply not read.
+                    records = self.subs.collect(limit, only & owned) if only & owned else {}
+                else:
+                    records = self.subs.collect(limit) if owned else {}
                 if records:
                     return records
                 remaining = deadline - time.monotonic()

@@ -12,7 +12,9 @@
   reads it, and `fetch_next`, where a new session must resume;
 - position resets (auto_offset_reset, seek_to_beginning/end) via ListOffsets;
 - retriable partition errors (not leader, unknown partition) and dropped
-  streams: refresh metadata and place the partition again after a backoff.
+  streams: refresh metadata and place the partition again after a backoff;
+- paused partitions (pause/resume): removed from their session and not
+  placed again until resumed; `fetch_next` holds where fetching resumes.
 
 It never decodes records. What the calling side needs goes into the `inbox`
 deque (thread-safe append/popleft) as tuples:
@@ -81,6 +83,7 @@ class _Partition:
     #: The last position sent to the broker: an error answer for it is current.
     sent_position: int | None = None
     session: FetchSession | None = None
+    paused: bool = False
 
 
 class FetchSession:
@@ -240,6 +243,22 @@ class Fetcher:
             return
         self._spawn(self._reset(part, epoch, STRATEGY_TIMESTAMPS[strategy]))
 
+    def pause(self, tp: TopicPartition) -> None:
+        part = self._partitions.get(tp)
+        if part is not None and not part.paused:
+            part.paused = True
+            # Answers already under way are dropped (their credit returned):
+            # fetch_next still says where fetching resumes.
+            self._unplace(part)
+
+    def resume(self, tp: TopicPartition) -> None:
+        part = self._partitions.get(tp)
+        if part is not None and part.paused:
+            part.paused = False
+            if part.fetch_next is not None:
+                self._spawn(self._place(part))
+            # else a reset is under way; it places the partition when done.
+
     def grant(self, credits: dict[int, int]) -> None:
         """Return consumed bytes to their sessions (session id -> bytes)."""
         for session in self._sessions.values():
@@ -305,7 +324,7 @@ class Fetcher:
         """Send the partition's position to the session of its leader."""
         tp = part.tp
         while not self._closed and self._partitions.get(tp) is part:
-            if part.fetch_next is None:
+            if part.fetch_next is None or part.paused:
                 return
             address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
             if address is None:

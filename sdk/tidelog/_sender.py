@@ -42,6 +42,7 @@ import grpc.aio
 
 from tidelog._accumulator import ProducerBatch, RecordAccumulator
 from tidelog._connection import Cluster, call_error
+from tidelog._futures import BatchResult
 from tidelog._idempotence import ProducerIdentity
 from tidelog.config import ProducerConfig
 from tidelog.errors import (
@@ -56,6 +57,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
     error_from_code,
 )
+from tidelog.types import TopicPartition
 from tidelog.v1 import log_pb2
 
 log = logging.getLogger(__name__)
@@ -182,6 +184,11 @@ class ProduceStream:
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
+
+
+def _count(undelivered: dict[TopicPartition, int], result: BatchResult) -> None:
+    tp = TopicPartition(result.topic, result.partition)
+    undelivered[tp] = undelivered.get(tp, 0) + len(result.timestamps)
 
 
 def _stream_error(exc: grpc.aio.AioRpcError | Exception, address: str) -> TidelogError:
@@ -468,9 +475,11 @@ class Sender:
 
     # ------------------------------------------------------------ shutdown
 
-    async def close(self, timeout_s: float | None) -> None:
+    async def close(self, timeout_s: float | None) -> dict[TopicPartition, int]:
         """Send what is buffered (within `timeout_s`), then stop; batches still
-        unsent fail with ClosedError."""
+        unsent fail with ClosedError. Returns how many records failed so, by
+        partition."""
+        undelivered: dict[TopicPartition, int] = {}
         self._closing = True
         self._acc.seal_all()
         self.wake()
@@ -483,10 +492,22 @@ class Sender:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         for batch in self._acc.take_all():
+            if not batch.result.done():
+                _count(undelivered, batch.result)
             self._fail(batch, ClosedError("the producer closed before the batch was sent"))
         for stream in list(self._streams.values()):
             await stream.close()
         # Anything still unresolved was in flight on a stream just closed.
         for result in self._acc.incomplete():
             if not result.done():
+                _count(undelivered, result)
                 result.fail(ClosedError("the producer closed before the broker answered"))
+        if undelivered:
+            log.warning(
+                "the producer closed with %d records not delivered (%s)",
+                sum(undelivered.values()),
+                ", ".join(
+                    f"{tp.topic}-{tp.partition}: {n}" for tp, n in sorted(undelivered.items())
+                ),
+            )
+        return undelivered

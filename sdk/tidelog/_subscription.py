@@ -19,7 +19,11 @@ out in offset order. Per partition it keeps:
 - `error`: a batch at the position that cannot be decoded. The records
   before it are returned first; then every poll raises it (an
   UndecodableBatchError naming the partition and offset) until the
-  application seeks, as Kafka's consumer does with a corrupt record.
+  application seeks, as Kafka's consumer does with a corrupt record;
+- `paused`: pause() stops the fetcher reading the partition and keeps its
+  decoded records out of poll() until resume(); the position holds. A
+  partition that leaves the assignment (a rebalance revoking it) forgets
+  its pause, as in Kafka's consumers.
 
 Not thread-safe: one caller at a time, as with Kafka's consumer.
 """
@@ -71,7 +75,16 @@ def _gc_paused() -> Iterator[None]:
 
 
 class _PartitionState:
-    __slots__ = ("epoch", "error", "fetched_to", "highwater", "index", "records", "tp")
+    __slots__ = (
+        "epoch",
+        "error",
+        "fetched_to",
+        "highwater",
+        "index",
+        "paused",
+        "records",
+        "tp",
+    )
 
     def __init__(self, tp: TopicPartition) -> None:
         self.tp = tp
@@ -81,6 +94,7 @@ class _PartitionState:
         self.index = 0
         self.highwater: int | None = None
         self.error: UndecodableBatchError | None = None
+        self.paused = False
 
     def position(self) -> int | None:
         if self.index < len(self.records):
@@ -183,12 +197,58 @@ class SubscriptionState:
     def highwater(self, tp: TopicPartition) -> int | None:
         return self.state(tp).highwater
 
+    # ------------------------------------------------------------ pause
+
+    def pause(self, tps: list[TopicPartition]) -> None:
+        """Stop fetching `tps` and returning their records; positions hold."""
+        states = [self.state(tp) for tp in tps]  # all assigned, or nothing changes
+        for state in states:
+            if not state.paused:
+                state.paused = True
+                if state in self._ready:
+                    self._ready.remove(state)  # its records wait for resume()
+                self._commands("pause", (state.tp,))
+
+    def resume(self, tps: list[TopicPartition]) -> None:
+        states = [self.state(tp) for tp in tps]
+        for state in states:
+            if state.paused:
+                state.paused = False
+                if state.index < len(state.records):
+                    self._ready.append(state)
+                self._commands("resume", (state.tp,))
+
+    def paused(self) -> set[TopicPartition]:
+        return {tp for tp, state in self._states.items() if state.paused}
+
+    def unread(self, returned: dict[TopicPartition, list[ConsumerRecord]]) -> None:
+        """Put records taken by collect() but never given to the caller back
+        in front of their partitions (iteration's chunk, before getmany() or
+        a read of named partitions): the positions move back to them."""
+        for tp, records in returned.items():
+            state = self._states.get(tp)
+            if state is None or not records:
+                continue
+            held = state.records[state.index :]
+            if held and held[0].offset <= records[-1].offset:
+                continue  # seeked since: these records are no longer next
+            had = bool(held)
+            state.records = records + held
+            state.index = 0
+            if not had and not state.paused and state not in self._ready:
+                self._ready.appendleft(state)
+
     # ------------------------------------------------------------ polling
 
-    def collect(self, max_records: int) -> dict[TopicPartition, list[ConsumerRecord]]:
+    def collect(
+        self, max_records: int, only: frozenset[TopicPartition] | None = None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Take up to `max_records` records from what has been fetched,
-        without waiting. Raises a partition error only when no records are
-        returned with it (otherwise on the next call)."""
+        without waiting (of the partitions in `only` when given). Raises a
+        partition error only when no records are returned with it (otherwise
+        on the next call)."""
+        if only is not None:
+            return self._collect_only(max_records, only)
         if self._pending_error is not None:
             error, self._pending_error = self._pending_error, None
             raise error
@@ -231,11 +291,42 @@ class SubscriptionState:
             self._raise_undecodable()
         return out
 
+    def _collect_only(
+        self, max_records: int, only: frozenset[TopicPartition]
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        """collect() of some partitions: decode everything fetched (at most a
+        window), then take from the named partitions only."""
+        for tp in only:
+            self.state(tp)
+        self.absorb()
+        out: dict[TopicPartition, list[ConsumerRecord]] = {}
+        count = 0
+        for state in list(self._ready):
+            if count >= max_records:
+                break
+            if state.tp not in only:
+                continue
+            start, records = state.index, state.records
+            end = min(len(records), start + max_records - count)
+            out[state.tp] = records[start:end]
+            count += end - start
+            state.index = end
+            if end >= len(records):
+                state.records = _EMPTY
+                state.index = 0
+                self._ready.remove(state)
+        if not out:
+            for tp in only:
+                state = self._states[tp]
+                if state.error is not None and state.index >= len(state.records):
+                    raise state.error
+        return out
+
     def _raise_undecodable(self) -> None:
         """Raise the error of a partition stopped at a batch it cannot decode,
         once the records before that batch have all been returned."""
         for state in self._failed.values():
-            if state.error is not None and state.index >= len(state.records):
+            if state.error is not None and not state.paused and state.index >= len(state.records):
                 raise state.error
 
     def absorb(self) -> None:
@@ -303,7 +394,8 @@ class SubscriptionState:
             state.records = state.records[state.index :] + records
         else:
             state.records = records
-            self._ready.append(state)
+            if not state.paused:
+                self._ready.append(state)
         state.index = 0
 
     def _decode(
@@ -369,6 +461,9 @@ class SubscriptionState:
                         keys,
                         values,
                         batch.headers or repeat(_NO_HEADERS),
+                        repeat(header.partition_leader_epoch),
+                        batch.key_sizes,
+                        batch.value_sizes,
                         strict=False,
                     ),
                 )

@@ -3,10 +3,17 @@ topics, and describe and alter their configs; list, describe, reset and
 delete consumer groups (`_admin_groups`).
 
 The Admin service is unary; any broker (or the gateway) answers it, so calls
-go to the first address that is reachable. Each call raises the typed error
-of the first topic that failed (TopicAlreadyExistsError, InvalidTopicError,
-UnknownTopicOrPartitionError, ...), after the whole request ran: topics
-succeed or fail one by one, as the service does.
+go to the first address that is reachable. Topics succeed or fail one by one,
+as the service does. create_topics and delete_topics return each topic's
+result (None or its typed error: TopicAlreadyExistsError, InvalidTopicError,
+UnknownTopicOrPartitionError, ...) and, unless raise_errors=False, raise the
+first error after the whole request ran; the other calls raise it.
+
+Configs: describe_configs, alter_configs (Kafka's: the given configs replace
+every override) and incremental_alter_configs (set, delete, append, subtract)
+take kafka-python's ConfigResource; only TOPIC resources are served (a
+broker's configs live in its config file). The older mapping form of
+alter_configs ({topic: {key: value or None}}) changes only the keys named.
 """
 
 from __future__ import annotations
@@ -25,14 +32,30 @@ from tidelog.config import AdminConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
     ClosedError,
+    InvalidConfigError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
+    TidelogError,
     error_from_code,
     error_from_rpc,
 )
 from tidelog.group import OffsetAndMetadata
-from tidelog.types import NewTopic, PartitionInfo, TopicDescription, TopicPartition
-from tidelog.v1 import admin_pb2
+from tidelog.types import (
+    AlterConfigOp,
+    AlterConfigOpType,
+    ClusterDescription,
+    ConfigResource,
+    ConfigResourceType,
+    ListOffsetsResultInfo,
+    NewTopic,
+    Node,
+    OffsetSpec,
+    PartitionInfo,
+    TopicDescription,
+    TopicPartition,
+)
+from tidelog.v1 import admin_pb2, cluster_pb2
 
 __all__ = ["AdminClient", "AsyncAdminClient", "ConfigEntry", "GroupDescription", "GroupListing"]
 
@@ -43,6 +66,51 @@ def _raise_first_error(results: Iterable[Any]) -> None:
     for result in results:
         if result.error.code:
             raise error_from_code(result.error.code, f"{result.name}: {result.error.message}")
+
+
+def _topic_results(results: Iterable[Any], raise_errors: bool) -> dict[str, TidelogError | None]:
+    """Each topic's outcome: None, or its typed error (raised, the first
+    one, when `raise_errors`)."""
+    out: dict[str, TidelogError | None] = {}
+    for result in results:
+        out[result.name] = (
+            error_from_code(result.error.code, f"{result.name}: {result.error.message}")
+            if result.error.code
+            else None
+        )
+    if raise_errors:
+        for error in out.values():
+            if error is not None:
+                raise error
+    return out
+
+
+def _topic_of(resource: ConfigResource | str) -> str:
+    """The topic a config resource names; BROKER resources are refused."""
+    if isinstance(resource, str):
+        return resource
+    if not isinstance(resource, ConfigResource):
+        raise TypeError(f"expected a ConfigResource or a topic name, got {resource!r}")
+    kind = resource.resource_type
+    if kind is not ConfigResourceType.TOPIC:
+        kind_name = kind.name if isinstance(kind, ConfigResourceType) else kind
+        raise InvalidRequestError(
+            f"{kind_name} {resource.name!r}: only TOPIC configs are served "
+            "by the Admin API (a broker's configs are set in its config file or flags)"
+        )
+    return resource.name
+
+
+def _offset_query(query: Mapping[TopicPartition, OffsetSpec | int]) -> dict[TopicPartition, int]:
+    out = {}
+    for tp, spec in query.items():
+        timestamp = spec.timestamp if isinstance(spec, OffsetSpec) else OffsetSpec(spec).timestamp
+        out[TopicPartition(*tp)] = timestamp
+    return out
+
+
+def _list_items(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",") if item.strip()]
 
 
 def _description(topic: admin_pb2.TopicDescription) -> TopicDescription:
@@ -117,8 +185,16 @@ class AsyncAdminClient:
         )
 
     async def create_topics(
-        self, new_topics: Iterable[NewTopic], validate_only: bool = False
-    ) -> None:
+        self,
+        new_topics: Iterable[NewTopic],
+        validate_only: bool = False,
+        raise_errors: bool = True,
+    ) -> dict[str, TidelogError | None]:
+        """Create topics; returns topic -> None (created, or with
+        `validate_only` would be) or its typed error. With `raise_errors`
+        (the default) the first error is raised instead, after every topic
+        was tried. Explicit replica assignments are not supported (the
+        controller places replicas)."""
         new_topics = list(new_topics)
         for t in new_topics:
             # On the wire 0 means "the broker's default": refuse it here
@@ -146,14 +222,17 @@ class AsyncAdminClient:
         response: admin_pb2.CreateTopicsResponse = await self._call(
             lambda s: s.CreateTopics(request, timeout=self._timeout_s)
         )
-        _raise_first_error(response.topics)
+        return _topic_results(response.topics, raise_errors)
 
-    async def delete_topics(self, names: Iterable[str]) -> None:
+    async def delete_topics(
+        self, names: Iterable[str], raise_errors: bool = True
+    ) -> dict[str, TidelogError | None]:
+        """Delete topics; results as create_topics'."""
         request = admin_pb2.DeleteTopicsRequest(names=list(names))
         response: admin_pb2.DeleteTopicsResponse = await self._call(
             lambda s: s.DeleteTopics(request, timeout=self._timeout_s)
         )
-        _raise_first_error(response.topics)
+        return _topic_results(response.topics, raise_errors)
 
     async def describe_topics(self, names: Iterable[str] | None = None) -> list[TopicDescription]:
         """Describe the named topics (every topic when None)."""
@@ -169,43 +248,161 @@ class AsyncAdminClient:
         return sorted(t.name for t in await self.describe_topics())
 
     async def describe_configs(
-        self, names: Iterable[str] | None = None
-    ) -> dict[str, dict[str, ConfigEntry]]:
-        """Every config of the named topics (every topic when None):
-        topic -> key -> ConfigEntry (effective value and its source)."""
-        request = admin_pb2.DescribeConfigsRequest(names=list(names or ()))
+        self, resources: Iterable[ConfigResource | str] | None = None
+    ) -> dict[Any, dict[str, ConfigEntry]]:
+        """Every config of the given topics, as ConfigResources or names
+        (every topic when None): resource (as given; the topic name when
+        None) -> key -> ConfigEntry (effective value and its source)."""
+        items = None if resources is None else list(resources)
+        names = [] if items is None else [_topic_of(item) for item in items]
+        request = admin_pb2.DescribeConfigsRequest(names=names)
         response = await self._call(lambda s: s.DescribeConfigs(request, timeout=self._timeout_s))
         _raise_first_error(response.topics)
-        return {
+        by_name = {
             t.name: {
                 e.name: ConfigEntry(e.name, e.value, _SOURCES.get(e.source, "default"))
                 for e in t.entries
             }
             for t in response.topics
         }
+        if items is None:
+            return dict(by_name)
+        return {item: by_name[name] for item, name in zip(items, names, strict=True)}
 
     async def alter_configs(
         self,
-        configs: Mapping[str, Mapping[str, str | None]],
+        configs: Mapping[str, Mapping[str, str | None]] | Iterable[ConfigResource],
         validate_only: bool = False,
     ) -> None:
-        """Set topic config overrides: {topic: {key: value}}; a value of None
-        removes the override (the key falls back to the broker's default).
-        Keys not named keep their value. Raises InvalidConfigError naming the
-        key for an unknown key or a bad value; takes effect without restart."""
+        """Change topic configs; takes effect without restart. Raises
+        InvalidConfigError naming the key for an unknown key or a bad value.
+
+        Given ConfigResources (Kafka's alter_configs): each resource's
+        `configs` become the topic's whole set of overrides; an override
+        not named goes back to the default. (The current overrides are read
+        first: a change made by someone else in between is undone.)
+
+        Given a mapping {topic: {key: value}}: only the keys named change; a
+        value of None removes the override."""
+        if isinstance(configs, Mapping):
+            changes = {topic: dict(c) for topic, c in configs.items()}
+        else:
+            resources = list(configs)
+            names = [_topic_of(r) for r in resources]
+            current = await self.describe_configs(names) if names else {}
+            changes = {}
+            for resource, name in zip(resources, names, strict=True):
+                wanted: dict[str, str | None] = {
+                    k: str(v) for k, v in (resource.configs or {}).items()
+                }
+                for key, entry in current[name].items():
+                    if entry.is_override and key not in wanted:
+                        wanted[key] = None
+                changes[name] = wanted
+        await self._alter(changes, validate_only)
+
+    async def incremental_alter_configs(
+        self, resources: Iterable[ConfigResource], validate_only: bool = False
+    ) -> None:
+        """Kafka's incremental_alter_configs: each resource's `configs` maps
+        a key to a value (set), None (delete the override) or an
+        AlterConfigOp; APPEND and SUBTRACT add values to and remove them
+        from a comma-separated list config (cleanup.policy), read first."""
+        resources = list(resources)
+        names = [_topic_of(r) for r in resources]
+        ops: dict[str, dict[str, AlterConfigOp]] = {}
+        for resource, name in zip(resources, names, strict=True):
+            for key, change in (resource.configs or {}).items():
+                if isinstance(change, AlterConfigOp):
+                    op = change
+                elif change is None:
+                    op = AlterConfigOp(AlterConfigOpType.DELETE)
+                else:
+                    op = AlterConfigOp(AlterConfigOpType.SET, str(change))
+                if op.op_type is not AlterConfigOpType.DELETE and op.value is None:
+                    raise InvalidConfigError(f"{name}: {op.op_type.name} of {key} needs a value")
+                ops.setdefault(name, {})[key] = op
+        lists = (AlterConfigOpType.APPEND, AlterConfigOpType.SUBTRACT)
+        needs_read = [
+            n for n, by_key in ops.items() if any(o.op_type in lists for o in by_key.values())
+        ]
+        current = await self.describe_configs(needs_read) if needs_read else {}
+        changes: dict[str, dict[str, str | None]] = {}
+        for name, by_key in ops.items():
+            out = changes.setdefault(name, {})
+            for key, op in by_key.items():
+                if op.op_type is AlterConfigOpType.SET:
+                    out[key] = op.value
+                elif op.op_type is AlterConfigOpType.DELETE:
+                    out[key] = None
+                else:
+                    entry = current[name].get(key)
+                    if entry is None:
+                        raise InvalidConfigError(f"{name}: unknown config {key!r}")
+                    items = _list_items(entry.value)
+                    given = _list_items(op.value or "")
+                    if op.op_type is AlterConfigOpType.APPEND:
+                        items += [v for v in given if v not in items]
+                    else:
+                        items = [v for v in items if v not in given]
+                    out[key] = ",".join(items)
+        await self._alter(changes, validate_only)
+
+    async def _alter(
+        self, changes: Mapping[str, Mapping[str, str | None]], validate_only: bool
+    ) -> None:
         request = admin_pb2.AlterConfigsRequest(
             topics=[
                 admin_pb2.AlterTopicConfigs(
                     name=topic,
-                    set={k: str(v) for k, v in changes.items() if v is not None},
-                    delete=[k for k, v in changes.items() if v is None],
+                    set={k: str(v) for k, v in c.items() if v is not None},
+                    delete=[k for k, v in c.items() if v is None],
                 )
-                for topic, changes in configs.items()
+                for topic, c in changes.items()
             ],
             validate_only=validate_only,
         )
         response = await self._call(lambda s: s.AlterConfigs(request, timeout=self._timeout_s))
         _raise_first_error(response.topics)
+
+    async def describe_cluster(self) -> ClusterDescription:
+        """The cluster id, controller, live brokers and coordinators. A
+        standalone broker (no etcd) answers with its brokers only."""
+        if self._closed:
+            raise ClosedError("the admin client is closed")
+        last = ""
+        for address in self._cluster.any_address():
+            try:
+                reply = await self._cluster.cluster_stub(address).DescribeCluster(
+                    cluster_pb2.DescribeClusterRequest(), timeout=self._timeout_s
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return await self._standalone_description()
+                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                    raise error_from_rpc(exc) from exc
+                last = exc.details() or exc.code().name
+                continue
+            return ClusterDescription(
+                cluster_id=reply.cluster_id or None,
+                controller_id=reply.controller_id or None,
+                brokers=[
+                    Node(b.broker_id, b.host, b.port, b.rack or None)
+                    for b in sorted(reply.brokers, key=lambda b: b.broker_id)
+                ],
+                coordinators=[(c.id, f"{c.host}:{c.port}") for c in reply.coordinators],
+            )
+        raise BrokerNotAvailableError(
+            f"no broker answered at {', '.join(self._cluster.any_address())}: {last}"
+        )
+
+    async def _standalone_description(self) -> ClusterDescription:
+        snapshot = await self._cluster.refresh()
+        brokers = []
+        for broker_id, address in sorted(snapshot.brokers.items()):
+            host, _, port = address.rpartition(":")
+            brokers.append(Node(broker_id, host, int(port)))
+        return ClusterDescription(None, None, brokers, [])
 
     # ------------------------------------------------------------ consumer groups
     # (need a cluster: brokers with --etcd and a coordinator)
@@ -239,11 +436,15 @@ class AsyncAdminClient:
             await self._groups.delete_group(group_id)
 
     async def list_offsets(
-        self, query: Mapping[TopicPartition, int]
-    ) -> dict[TopicPartition, tuple[int, int]]:
-        """Log offsets by time: tp -> -2 (earliest), -1 (latest) or a time in
-        ms; answers tp -> (offset, timestamp), offset -1 when none is that late."""
-        return await self._groups.list_offsets(query)
+        self, query: Mapping[TopicPartition, OffsetSpec | int]
+    ) -> dict[TopicPartition, ListOffsetsResultInfo]:
+        """Log offsets: tp -> OffsetSpec.earliest(), .latest() or
+        .for_timestamp(ms) (or the wire values -2, -1, a time in ms);
+        answers tp -> ListOffsetsResultInfo(offset, timestamp), offset -1
+        when no record is that late. Kafka's OffsetSpec.max_timestamp() is
+        not available: the broker cannot answer it."""
+        found = await self._groups.list_offsets(_offset_query(query))
+        return {tp: ListOffsetsResultInfo(*answer) for tp, answer in found.items()}
 
     async def close(self) -> None:
         if not self._closed:
@@ -267,15 +468,26 @@ class AdminClient:
         self._loop_thread = LoopThread("tidelog-admin")
         self._closed = False
 
-    def create_topics(self, new_topics: Iterable[NewTopic], validate_only: bool = False) -> None:
-        """Create topics; raise the typed error of the first that failed."""
-        self._loop_thread.run(
-            self._async.create_topics(list(new_topics), validate_only), self._timeout_s
+    def create_topics(
+        self,
+        new_topics: Iterable[NewTopic],
+        validate_only: bool = False,
+        raise_errors: bool = True,
+    ) -> dict[str, TidelogError | None]:
+        """Create topics: topic -> None or its typed error (the first one
+        raised unless raise_errors=False); see AsyncAdminClient.create_topics."""
+        return self._loop_thread.run(
+            self._async.create_topics(list(new_topics), validate_only, raise_errors),
+            self._timeout_s,
         )
 
-    def delete_topics(self, names: Iterable[str]) -> None:
-        """Delete topics and their data; raise the first failure."""
-        self._loop_thread.run(self._async.delete_topics(list(names)), self._timeout_s)
+    def delete_topics(
+        self, names: Iterable[str], raise_errors: bool = True
+    ) -> dict[str, TidelogError | None]:
+        """Delete topics and their data; results as create_topics'."""
+        return self._loop_thread.run(
+            self._async.delete_topics(list(names), raise_errors), self._timeout_s
+        )
 
     def describe_topics(self, names: Iterable[str] | None = None) -> list[TopicDescription]:
         """Describe the named topics (every topic when None)."""
@@ -287,21 +499,41 @@ class AdminClient:
         return self._loop_thread.run(self._async.list_topics(), self._timeout_s)
 
     def describe_configs(
-        self, names: Iterable[str] | None = None
-    ) -> dict[str, dict[str, ConfigEntry]]:
-        """Every config of the named topics (every topic when None):
-        topic -> key -> ConfigEntry (effective value and its source)."""
-        names = None if names is None else list(names)
-        return self._loop_thread.run(self._async.describe_configs(names), self._timeout_s)
+        self, resources: Iterable[ConfigResource | str] | None = None
+    ) -> dict[Any, dict[str, ConfigEntry]]:
+        """Every config of the given topics (ConfigResources or names; every
+        topic when None): resource -> key -> ConfigEntry."""
+        resources = None if resources is None else list(resources)
+        return self._loop_thread.run(self._async.describe_configs(resources), self._timeout_s)
 
     def alter_configs(
         self,
-        configs: Mapping[str, Mapping[str, str | None]],
+        configs: Mapping[str, Mapping[str, str | None]] | Iterable[ConfigResource],
         validate_only: bool = False,
     ) -> None:
-        """Set topic config overrides, {topic: {key: value}} (None removes
-        one); see AsyncAdminClient.alter_configs."""
-        self._loop_thread.run(self._async.alter_configs(configs, validate_only), self._timeout_s)
+        """Change topic configs: ConfigResources replace the overrides, a
+        {topic: {key: value or None}} mapping changes only the keys named;
+        see AsyncAdminClient.alter_configs."""
+        if not isinstance(configs, Mapping):
+            configs = list(configs)
+        # ConfigResources take two calls (read the overrides, then alter).
+        self._loop_thread.run(
+            self._async.alter_configs(configs, validate_only), 2 * self._timeout_s
+        )
+
+    def incremental_alter_configs(
+        self, resources: Iterable[ConfigResource], validate_only: bool = False
+    ) -> None:
+        """Set, delete, append to or subtract from topic configs; see
+        AsyncAdminClient.incremental_alter_configs."""
+        self._loop_thread.run(
+            self._async.incremental_alter_configs(list(resources), validate_only),
+            2 * self._timeout_s,
+        )
+
+    def describe_cluster(self) -> ClusterDescription:
+        """Cluster id, controller, brokers and coordinators."""
+        return self._loop_thread.run(self._async.describe_cluster(), self._timeout_s)
 
     # ------------------------------------------------------------ consumer groups
 
@@ -336,9 +568,9 @@ class AdminClient:
         self._loop_thread.run(self._async.delete_consumer_groups(list(group_ids)), self._timeout_s)
 
     def list_offsets(
-        self, query: Mapping[TopicPartition, int]
-    ) -> dict[TopicPartition, tuple[int, int]]:
-        """Log offsets by time (see AsyncAdminClient.list_offsets)."""
+        self, query: Mapping[TopicPartition, OffsetSpec | int]
+    ) -> dict[TopicPartition, ListOffsetsResultInfo]:
+        """Log offsets by OffsetSpec (see AsyncAdminClient.list_offsets)."""
         return self._loop_thread.run(self._async.list_offsets(query), self._timeout_s)
 
     def close(self) -> None:

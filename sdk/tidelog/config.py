@@ -161,9 +161,18 @@ class ProducerConfig(CommonConfig):
     #: Turn keys and values into bytes (kafka-python's serializers).
     key_serializer: Callable[[Any], bytes | None] | None = None
     value_serializer: Callable[[Any], bytes | None] | None = None
+    #: Chooses the partition of each record sent without one, as
+    #: kafka-python's `partitioner`: called with (serialized key or None,
+    #: all partition numbers, the partitions that have a leader now) and
+    #: returns one of all partitions. None (the default): murmur2 of the key
+    #: (Kafka's, so keys land where Kafka's clients put them), sticky
+    #: partitioning for records without a key.
+    partitioner: Callable[[bytes | None, list[int], list[int]], int] | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.partitioner is not None and not callable(self.partitioner):
+            raise TypeError(f"partitioner must be callable, got {self.partitioner!r}")
         acks: Any = self.acks
         if acks == "all":
             acks = -1
@@ -263,7 +272,11 @@ class ConsumerConfig(CommonConfig):
     #: Most records one poll() returns.
     max_poll_records: int = 500
     #: Where to start when there is no position or it is out of range:
-    #: "earliest", "latest", or "none" (raise).
+    #: "earliest", "latest", or "none" (raise). The default differs from
+    #: Kafka's clients ("latest"), on purpose: a new group, or a partition
+    #: added while nobody had committed, reads what was produced before it
+    #: joined instead of silently skipping it. Set "latest" for Kafka's
+    #: behaviour (the CLI's `consume` does, unless --from-beginning).
     auto_offset_reset: Literal["earliest", "latest", "none"] = "earliest"
     #: Verify each batch's CRC32C while decoding (~24 GB/s, so on by default).
     check_crcs: bool = True

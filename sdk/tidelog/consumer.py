@@ -102,7 +102,10 @@ class _BlockingIo:
 class Consumer:
     """A blocking consumer: of a group's partitions (`group_id` and topics,
     or subscribe()), or of assigned ones. Options: see
-    `tidelog.config.ConsumerConfig`. Use it from one thread at a time."""
+    `tidelog.config.ConsumerConfig`. Use it from one thread at a time.
+
+    A partition without a committed offset starts at auto_offset_reset,
+    "earliest" by default (Kafka's clients: "latest"; see ConsumerConfig)."""
 
     def __init__(
         self,
@@ -193,6 +196,25 @@ class Consumer:
         self._check_open()
         return run_blocking(self._side.committed(partition, metadata))
 
+    def seek_to_committed(self, *partitions: TopicPartition) -> dict[TopicPartition, int | None]:
+        """Move to the group's committed offsets (all assigned partitions
+        when none given); a partition with none committed is reset by
+        auto_offset_reset. Works in a group and with assign() plus a
+        group_id (no membership needed). Returns partition -> the committed
+        offset, or None."""
+        self._check_open()
+        tps = check_partitions(partitions) or sorted(self._subs.assignment())
+        for tp in tps:
+            self._subs.state(tp)  # assigned, or IllegalStateError
+        found = run_blocking(self._side.committed_offsets(tps))
+        self._handed.reset()
+        for tp in tps:
+            if tp in found:
+                self._subs.seek(tp, found[tp].offset)
+            else:
+                self._subs.reset(tp, self._config.auto_offset_reset)
+        return {tp: found[tp].offset if tp in found else None for tp in tps}
+
     # ------------------------------------------------------------ assignment
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -254,6 +276,22 @@ class Consumer:
         """The partition's high watermark as of the last fetched data."""
         return self._subs.highwater(TopicPartition(*partition))
 
+    def pause(self, *partitions: TopicPartition) -> None:
+        """Stop fetching these assigned partitions; poll() returns none of
+        their records until resume(). Their positions hold. A rebalance that
+        revokes a partition forgets its pause (as in Kafka)."""
+        self._check_open()
+        self._subs.pause(check_partitions(partitions))
+
+    def resume(self, *partitions: TopicPartition) -> None:
+        """Fetch paused partitions again, from where they stopped."""
+        self._check_open()
+        self._subs.resume(check_partitions(partitions))
+
+    def paused(self) -> set[TopicPartition]:
+        """The partitions paused by pause()."""
+        return self._subs.paused()
+
     # ------------------------------------------------------------ polling
 
     def poll(
@@ -263,6 +301,9 @@ class Consumer:
         up to `timeout_ms` for some. Returns {} when none came in time."""
         self._check_open()
         limit = self._config.max_poll_records if max_records is None else max_records
+        if self._handed.chunk:
+            # Records iteration took but has not returned come first.
+            self._subs.unread(self._handed.give_back())
         if self._side.subscribed:
             return run_blocking(self._side.poll(timeout_ms, limit))
         if not self._subs.assignment():
@@ -334,6 +375,12 @@ class Consumer:
         query = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         return offsets_and_times(self._list_offsets(query))
 
+    def topics(self) -> set[str]:
+        """Every topic in the cluster (that this client may see)."""
+        self._check_open()
+        found = self._loop_thread.run(self._cluster.all_topics(), timeout=self._timeout_s)
+        return {name for name, meta in found.items() if meta.error is None}
+
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         """Partition numbers of `topic`, None when it does not exist."""
         self._check_open()
@@ -345,12 +392,20 @@ class Consumer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def close(self) -> None:
-        """Stop fetching and release connections. Idempotent."""
+    def close(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
+        """Commit (when enable_auto_commit and `autocommit`) and leave the
+        group, stop fetching and release connections. `timeout_ms` bounds
+        the final commit (default request_timeout_ms): a commit not done by
+        then is logged and dropped. Leaving the group is bounded by
+        request_timeout_ms. Idempotent."""
         if self._closed:
             return
+        if timeout_ms is not None:
+            if timeout_ms < 0:
+                raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+            self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
         try:
-            run_blocking(self._side.close())
+            run_blocking(self._side.close(autocommit=autocommit))
         finally:
             self._closed = True
             try:

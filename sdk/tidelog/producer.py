@@ -44,7 +44,7 @@ from tidelog.errors import (
 )
 from tidelog.partitioner import partition_for_key
 from tidelog.records import Header
-from tidelog.types import RecordMetadata
+from tidelog.types import RecordMetadata, TopicPartition
 
 __all__ = ["AsyncProducer", "FutureRecordMetadata", "Producer"]
 
@@ -91,6 +91,10 @@ class _ProducerCore:
         self.max_record_size = config.max_request_size - BATCH_OVERHEAD
         self.key_serializer = config.key_serializer
         self.value_serializer = config.value_serializer
+        self.partitioner = config.partitioner
+        # The partitioner's partition lists, per topic, for the metadata
+        # snapshot they were made from (rebuilt when metadata changes).
+        self._partition_lists: dict[str, tuple[object, list[int], list[int]]] = {}
         #: No serializer: bytes go in as they are (the send() fast path).
         self.plain_bytes = self.key_serializer is None and self.value_serializer is None
 
@@ -138,7 +142,8 @@ class _ProducerCore:
     def choose_partition(
         self, topic: str, key: bytes | None, partition: int | None, count: int
     ) -> int:
-        """Explicit partition, else the key's murmur2 partition, else -1 (sticky)."""
+        """Explicit partition, else the partitioner's choice, else the key's
+        murmur2 partition, else -1 (sticky)."""
         if partition is not None:
             if not 0 <= partition < count:
                 raise UnknownTopicOrPartitionError(
@@ -146,9 +151,30 @@ class _ProducerCore:
                     f"(the topic has {count} partitions)"
                 )
             return partition
+        if self.partitioner is not None:
+            return self._partitioner_choice(topic, key, count)
         if key is not None:
             return partition_for_key(key, count)
         return -1
+
+    def _partitioner_choice(self, topic: str, key: bytes | None, count: int) -> int:
+        assert self.partitioner is not None
+        snapshot = self.cluster.snapshot
+        cached = self._partition_lists.get(topic)
+        if cached is None or cached[0] is not snapshot or len(cached[1]) != count:
+            meta = snapshot.topics.get(topic)
+            leaders = meta.leaders if meta is not None else ()
+            every = list(range(count))
+            available = [p for p in every if p < len(leaders) and leaders[p] >= 0]
+            cached = self._partition_lists[topic] = (snapshot, every, available)
+        # Copies: a partitioner that changes its arguments cannot change ours.
+        chosen = self.partitioner(key, list(cached[1]), list(cached[2]))
+        if type(chosen) is not int or not 0 <= chosen < count:
+            raise UnknownTopicOrPartitionError(
+                f"the partitioner returned {chosen!r} for topic {topic!r}, which has "
+                f"partitions 0 to {count - 1}"
+            )
+        return chosen
 
 
 class Producer:
@@ -221,7 +247,7 @@ class Producer:
         count = core.cluster.snapshot.partition_counts.get(topic)
         if count is None:
             count = self._partition_count(topic)
-        if partition is None and key is None:
+        if partition is None and key is None and core.partitioner is None:
             chosen = -1
         else:
             chosen = core.choose_partition(topic, key, partition, count)
@@ -258,22 +284,27 @@ class Producer:
         """The partition numbers of `topic` (created if auto-creation is on)."""
         return set(range(self._partition_count(topic)))
 
-    def close(self, timeout: float | None = None) -> None:
-        """Send what is buffered (waiting up to `timeout`, forever when None),
-        then release connections. Records not delivered by then fail with
-        ClosedError. Idempotent."""
+    def close(self, timeout: float | None = None) -> dict[TopicPartition, int]:
+        """Send what is buffered (waiting up to `timeout` seconds, forever
+        when None), then release connections. Records not delivered by then
+        fail with ClosedError (their futures say so); returns how many, by
+        partition (empty when everything buffered was delivered; records
+        that failed earlier are not counted, their futures hold the error).
+        Idempotent: a second call returns {}."""
         if self._closed:
-            return
+            return {}
         self._closed = True
         try:
-            self._loop_thread.run(self._close(timeout))
+            return self._loop_thread.run(self._close(timeout))
         finally:
             self._loop_thread.stop()
 
-    async def _close(self, timeout: float | None) -> None:
+    async def _close(self, timeout: float | None) -> dict[TopicPartition, int]:
+        undelivered: dict[TopicPartition, int] = {}
         if self._core.sender is not None:
-            await self._core.sender.close(timeout)
+            undelivered = await self._core.sender.close(timeout)
         await self._core.cluster.close()
+        return undelivered
 
     def __enter__(self) -> Producer:
         return self
@@ -336,7 +367,7 @@ class AsyncProducer:
         if count is None:
             meta = await self._core.cluster.topic(topic, timeout_s=self._max_block_s)
             count = meta.partition_count
-        if partition is None and key is None:
+        if partition is None and key is None and self._core.partitioner is None:
             chosen = -1
         else:
             chosen = self._core.choose_partition(topic, key, partition, count)
@@ -384,14 +415,17 @@ class AsyncProducer:
         meta = await self._core.cluster.topic(topic, timeout_s=self._max_block_s)
         return set(range(meta.partition_count))
 
-    async def stop(self, timeout: float | None = None) -> None:
-        """Flush (up to `timeout`) and close. Idempotent."""
+    async def stop(self, timeout: float | None = None) -> dict[TopicPartition, int]:
+        """Flush (up to `timeout` seconds) and close; returns the records not
+        delivered by then, by partition (see Producer.close). Idempotent."""
         if self._closed:
-            return
+            return {}
         self._closed = True
+        undelivered: dict[TopicPartition, int] = {}
         if self._core.sender is not None:
-            await self._core.sender.close(timeout)
+            undelivered = await self._core.sender.close(timeout)
         await self._core.cluster.close()
+        return undelivered
 
     async def __aenter__(self) -> AsyncProducer:
         await self.start()

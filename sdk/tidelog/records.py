@@ -455,6 +455,10 @@ class DecodedBatch:
     keys: list[bytes | None]
     values: list[bytes | None]
     headers: list[list[Header]]
+    #: The key and value sizes in bytes, -1 for a null (the body's length
+    #: columns, as read: ConsumerRecord's serialized sizes cost no work).
+    key_sizes: array
+    value_sizes: array
 
 
 def _read_array(typecode: str, body: bytes | memoryview, pos: int, count: int) -> tuple[array, int]:
@@ -695,7 +699,16 @@ def decode_body(
             record_headers = []
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise InvalidRecordError(f"malformed batch body: {exc}") from exc
-    return DecodedBatch(header, offsets, timestamps, keys, values, record_headers)
+    return DecodedBatch(
+        header,
+        offsets,
+        timestamps,
+        keys,
+        values,
+        record_headers,
+        key_lengths,
+        columns.value_lengths,
+    )
 
 
 def decode_batches(

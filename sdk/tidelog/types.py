@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from enum import Enum
+from typing import Any, NamedTuple
 
 from tidelog.records import Header
 
@@ -53,6 +54,14 @@ class ConsumerRecord(NamedTuple):
     key: bytes | None
     value: bytes | None
     headers: Sequence[Header]
+    #: The epoch of the partition leader that appended the record (-1 when
+    #: unknown). As in kafka-python, but last: positional code written
+    #: against the first eight fields keeps working.
+    leader_epoch: int = -1
+    #: Size in bytes of the key and value as stored (before the
+    #: deserializer), -1 for a null, as kafka-python's.
+    serialized_key_size: int = -1
+    serialized_value_size: int = -1
 
 
 @dataclass(frozen=True)
@@ -87,3 +96,143 @@ class TopicDescription:
     name: str
     partitions: list[PartitionInfo]
     configs: dict[str, str]
+
+
+# --------------------------------------------------------------------------- admin
+
+
+class OffsetSpec:
+    """What AdminClient.list_offsets looks up for a partition (Kafka's
+    OffsetSpec): `earliest()`, `latest()` or `for_timestamp(ms)`.
+
+    Kafka's `max_timestamp()` (the offset of the record with the largest
+    timestamp) is not offered: the broker's ListOffsets cannot answer it.
+    """
+
+    __slots__ = ("timestamp",)
+
+    #: The ListOffsets wire values of the two special specs.
+    EARLIEST = -2
+    LATEST = -1
+
+    def __init__(self, timestamp: int) -> None:
+        if timestamp < 0 and timestamp not in (self.EARLIEST, self.LATEST):
+            raise ValueError(
+                f"an offset spec is a time in ms (>= 0), -1 (latest) or -2 (earliest), "
+                f"got {timestamp}"
+            )
+        self.timestamp = timestamp
+
+    @classmethod
+    def earliest(cls) -> OffsetSpec:
+        return cls(cls.EARLIEST)
+
+    @classmethod
+    def latest(cls) -> OffsetSpec:
+        """The offset the next record will get (the high watermark)."""
+        return cls(cls.LATEST)
+
+    @classmethod
+    def for_timestamp(cls, timestamp_ms: int) -> OffsetSpec:
+        """The first offset whose record's timestamp is at or after `timestamp_ms`."""
+        if timestamp_ms < 0:
+            raise ValueError(f"timestamp_ms must be >= 0, got {timestamp_ms}")
+        return cls(timestamp_ms)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OffsetSpec) and other.timestamp == self.timestamp
+
+    def __hash__(self) -> int:
+        return hash(self.timestamp)
+
+    def __repr__(self) -> str:
+        names = {self.EARLIEST: "earliest()", self.LATEST: "latest()"}
+        return f"OffsetSpec.{names.get(self.timestamp, f'for_timestamp({self.timestamp})')}"
+
+
+class ListOffsetsResultInfo(NamedTuple):
+    """One partition's answer to AdminClient.list_offsets (a tuple: unpacks
+    as (offset, timestamp)). `offset` is -1 when a time lookup finds no
+    record that late; `timestamp` is -1 for earliest and latest."""
+
+    offset: int
+    timestamp: int
+
+
+class ConfigResourceType(Enum):
+    """Kinds of config resources (Kafka's numbering)."""
+
+    TOPIC = 2
+    BROKER = 4
+
+
+@dataclass(frozen=True)
+class ConfigResource:
+    """A thing that has configs, as kafka-python's ConfigResource: its type
+    (a ConfigResourceType or its name, "TOPIC"/"BROKER"), its name, and for
+    the alter calls the configs to apply. Hashable (by type and name), so
+    describe_configs answers with it as the key.
+
+    Tidelog's Admin API serves topic configs only: a broker's are set in
+    its config file, and a BROKER resource is refused naming that.
+    """
+
+    resource_type: ConfigResourceType | str
+    name: str
+    #: alter_configs: key -> value (the whole set of overrides).
+    #: incremental_alter_configs: key -> value (set), None (delete) or an
+    #: AlterConfigOp (set, delete, append to or subtract from a list).
+    configs: Mapping[str, Any] | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        kind = self.resource_type
+        if isinstance(kind, str):
+            try:
+                kind = ConfigResourceType[kind.upper()]
+            except KeyError:
+                raise ValueError(
+                    f"resource_type must be TOPIC or BROKER, got {self.resource_type!r}"
+                ) from None
+            object.__setattr__(self, "resource_type", kind)
+
+
+class AlterConfigOpType(Enum):
+    """incremental_alter_configs operations (Kafka's AlterConfigOp.OpType)."""
+
+    SET = 0
+    DELETE = 1
+    #: Add values to a list config (comma-separated, e.g. cleanup.policy).
+    APPEND = 2
+    #: Remove values from a list config.
+    SUBTRACT = 3
+
+
+class AlterConfigOp(NamedTuple):
+    """One change of incremental_alter_configs (Kafka's AlterConfigOp)."""
+
+    op_type: AlterConfigOpType
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class Node:
+    """A broker as AdminClient.describe_cluster lists it."""
+
+    id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass(frozen=True)
+class ClusterDescription:
+    """AdminClient.describe_cluster's answer. A standalone broker (no etcd)
+    has no cluster id, controller or coordinators: those are None / empty."""
+
+    cluster_id: str | None
+    #: The id of the coordinator replica acting as controller (Kafka's
+    #: controller is a broker; here it is a coordinator replica).
+    controller_id: str | None
+    brokers: list[Node]
+    #: Live coordinator replicas: (id, "host:port").
+    coordinators: list[tuple[str, str]]

@@ -38,8 +38,9 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
     parser.add_argument(
         "--group",
         metavar="GROUP",
-        help="join this consumer group and commit (starts at its committed offsets; "
-        "--from-beginning applies where it has none)",
+        help="join this consumer group and commit (starts at its committed offsets; where it "
+        "has none, at the end, or the beginning with --from-beginning; note: the SDK's "
+        "Consumer defaults to auto_offset_reset='earliest', Kafka's clients to 'latest')",
     )
     parser.add_argument("--max-messages", type=int_at_least(1), help="exit after this many records")
     parser.add_argument(

@@ -76,3 +76,18 @@ def test_run_blocking_returns_the_result_or_raises_the_error() -> None:
 def test_run_blocking_refuses_a_coroutine_that_suspends() -> None:
     with pytest.raises(RuntimeError, match="awaited something other"):
         run_blocking(_suspends())
+
+
+def test_handed_out_gives_back_exactly_what_was_not_returned() -> None:
+    handed = HandedOut()
+    chunk = {A: _records(A, 10, 3), B: _records(B, 20, 3), C: _records(C, 30, 2)}
+    handed.take(chunk)
+    for _ in range(4):  # the rest of A's records, then B's first two
+        handed.last = next(handed.records)
+    back = handed.give_back()
+    assert {tp: [r.offset for r in rs] for tp, rs in back.items()} == {B: [22], C: [30, 31]}
+    assert handed.chunk is None and handed.give_back() == {}  # forgotten once given back
+
+    handed.take({A: _records(A, 13, 2)})
+    handed.last = next(handed.records)  # the last record of the chunk
+    assert handed.give_back() == {}

@@ -15,11 +15,13 @@ directory holds small files:
   update is harmless: the first segment's base offset is a lower bound.
   `reset_to` writes it durably before dropping every segment; `open` empties
   a log that lies wholly below it (a reset cut short by a crash).
-- `cleaner-checkpoint`: two offsets, `clean_offset gap_limit`. Below the
-  clean offset every key appears at most once (the cleaner maps only what is
-  above it). Below the gap limit, segments may have been rewritten by the
-  cleaner and hold offset gaps, so the density checks of recovery are relaxed
-  there to "offsets increase"; above it, a gap still counts as damage.
+- `cleaner-checkpoint`: two offsets, `clean_offset gap_limit`, then, while
+  a swap is in flight, one `base-end` pair per cleaned group: the offsets
+  [base, end) whose segments the group replaces. Below the clean offset every
+  key appears at most once (the cleaner maps only what is above it). Below
+  the gap limit, segments may have been rewritten by the cleaner and hold
+  offset gaps, so the density checks of recovery are relaxed there to
+  "offsets increase"; above it, a gap still counts as damage.
 
 Retention (`delete_old_segments`, cleanup.policy with delete): whole closed
 segments past retention.ms (their largest timestamp) or beyond retention.bytes
@@ -32,19 +34,26 @@ Compaction (`plan_cleaning`, `cleaner.clean` in a worker thread,
 fsynced `.cleaned` files. The swap, on the event loop, is crash-safe:
 
 1. the gap limit is raised to the new clean offset and the checkpoint written
-   durably, before any rewritten segment can become part of the log;
+   durably, with the offset range each group replaces, before any rewritten
+   segment can become part of the log;
 2. every `.cleaned` file is renamed `.swap` (index files first, the .log
    last: a `.log.swap` is the commit point of its group), directory fsynced;
 3. per group: the replaced segments are renamed `.deleted` (the first one
    last), then the `.swap` files are renamed into the first one's names;
-4. the clean offset is raised and the checkpoint written again.
+4. the clean offset is raised and the checkpoint written again (without
+   the ranges).
 
-`open` completes an interrupted swap: for each `<B>.log.swap` it removes the
-segments whose base offset lies in [B, end of the swap's offsets) and renames
-the swap files into place (a replaced segment past that end can only hold
-records the cleaner dropped, which are harmless to keep). Stray `.cleaned`
+`open` completes an interrupted swap: for each `<B>.log.swap` it removes
+every segment the group replaces, those whose base offset lies in [B, end)
+with the end from the checkpoint, and renames the swap files into place.
+Every one of them must go, not only those up to the swap's last offset: a
+replaced segment past that offset holds only records the cleaner dropped,
+superseded values among them, and the tombstone that superseded them may be
+dropped by the same round (delete.retention.ms), in a group that is swapped
+in too: kept, such a segment brings a deleted key back. Stray `.cleaned`
 files and index `.swap` files without their `.log.swap` are deleted. So a
-crash at any point leaves each offset in exactly one segment.
+crash at any point leaves each offset in exactly one segment, and each group
+either wholly swapped in or not at all.
 
 Open loads every segment cheaply (indexes plus a walk of the last few batch
 headers). Unless the marker says the log was closed cleanly, every segment
@@ -226,9 +235,9 @@ class PartitionLog:
             _fsync_directory(directory)
         recovery_point = _read_recovery_point(directory)
         log_start_offset = _read_offset_file(directory / files.LOG_START_OFFSET_FILE) or 0
-        clean_offset, gap_limit = _read_cleaner_checkpoint(directory)
+        clean_offset, gap_limit, swap_ends = _read_cleaner_checkpoint(directory)
         now_ms = clock.time_ms()
-        base_offsets = _segment_base_offsets(directory)
+        base_offsets = _segment_base_offsets(directory, swap_ends)
         # Segments wholly below the log start: a retention pass was cut short.
         while len(base_offsets) > 1 and base_offsets[1] <= log_start_offset:
             _delete_segment_files(directory, base_offsets.pop(0))
@@ -764,11 +773,18 @@ class PartitionLog:
     def _swap_in(self, result: CleanResult) -> list[Path]:
         directory = self.directory
         # 1. Segments below the new clean offset may hold gaps from now on.
-        self._gap_limit = max(self._gap_limit, result.clean_offset)
-        _write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit)
-        # 2. Commit every group: .cleaned -> .swap, the .log last.
+        # Recovery needs each group's whole range: its cleaned segment may end
+        # well before the last segment it replaces.
+        swap_ends: dict[int, int] = {}
         for group in result.groups:
-            for path in reversed(_cleaned_paths(directory, group.base_offset)):
+            after = bisect_right(self._base_offsets, group.base_offset) - 1 + len(group.replaces)
+            swap_ends[group.base_offset] = self._base_offsets[after]
+        self._gap_limit = max(self._gap_limit, result.clean_offset)
+        _write_cleaner_checkpoint(directory, self._clean_offset, self._gap_limit, swap_ends)
+        # 2. Commit every group: .cleaned -> .swap, the .log last (an index
+        # .swap without its .log.swap is not committed: open deletes it).
+        for group in result.groups:
+            for path in _cleaned_paths(directory, group.base_offset):
                 os.replace(path, _with_suffix(path, files.CLEANED_SUFFIX, files.SWAP_SUFFIX))
         _fsync_directory(directory)
         # 3. Replace the segments of each group.
@@ -956,11 +972,13 @@ class PartitionLog:
         )
 
 
-def _segment_base_offsets(directory: Path) -> list[int]:
+def _segment_base_offsets(directory: Path, swap_ends: dict[int, int]) -> list[int]:
     """Base offsets of the segments in `directory`, sorted, after finishing
     what a crash interrupted: leftover temporary, `.deleted` and `.cleaned`
-    files are removed, committed swaps completed (see the module docstring),
-    and index files without a .log removed (a crash mid-roll or mid-deletion).
+    files are removed, committed swaps completed (see the module docstring;
+    `swap_ends`: the end of the range each group of the swap in flight
+    replaces, by base offset, from the checkpoint), and index files without a
+    .log removed (a crash mid-roll or mid-deletion).
     """
     logs: set[int] = set()
     indexes: list[tuple[int, Path]] = []
@@ -984,22 +1002,35 @@ def _segment_base_offsets(directory: Path) -> list[int]:
         else:
             indexes.append((base_offset, Path(entry.path)))
     if swaps:
-        _complete_swaps(directory, swaps, logs)
+        _complete_swaps(directory, swaps, logs, swap_ends)
     for base_offset, path in indexes:
         if base_offset not in logs:
             path.unlink(missing_ok=True)
     return sorted(logs)
 
 
-def _complete_swaps(directory: Path, swaps: dict[int, list[Path]], logs: set[int]) -> None:
-    """Finish the swaps whose `.log.swap` exists; drop index swaps without one."""
+def _complete_swaps(
+    directory: Path, swaps: dict[int, list[Path]], logs: set[int], swap_ends: dict[int, int]
+) -> None:
+    """Finish the swaps whose `.log.swap` exists; drop index swaps without one.
+
+    Each committed group replaces every segment in [base, end): a kill may
+    have left any of them, the one at `base` included (its old index files
+    must not outlive it either). Deleted before the renames, so a kill in
+    here leaves a swap that the next open completes the same way.
+    """
     for base_offset in sorted(swaps):
         log_swap = files.segment_path(directory, base_offset, files.LOG_SUFFIX + files.SWAP_SUFFIX)
         if log_swap not in swaps[base_offset]:
             for path in swaps[base_offset]:
                 path.unlink()
             continue
-        end = max(_swap_next_offset(log_swap, base_offset), base_offset + 1)
+        end = swap_ends.get(base_offset)
+        if end is None:
+            # A checkpoint written before it recorded the ranges: the swap's
+            # own offsets are the best bound left.
+            end = max(_swap_next_offset(log_swap, base_offset), base_offset + 1)
+        _delete_segment_files(directory, base_offset)
         for other in sorted(logs):
             if base_offset < other < end:
                 _delete_segment_files(directory, other)
@@ -1008,8 +1039,9 @@ def _complete_swaps(directory: Path, swaps: dict[int, list[Path]], logs: set[int
             os.replace(path, _with_suffix(path, files.SWAP_SUFFIX, ""))
         logs.add(base_offset)
         logger.warning(
-            "%s: completed an interrupted swap of cleaned segment %d (offsets up to %d)",
+            "%s: completed an interrupted swap of cleaned segment %d (replacing offsets %d to %d)",
             directory.name,
+            base_offset,
             base_offset,
             end,
         )
@@ -1110,28 +1142,38 @@ def _write_offset_file(path: Path, offset: int, durable: bool = False) -> None:
     _fsync_directory(path.parent)
 
 
-def _read_cleaner_checkpoint(directory: Path) -> tuple[int, int]:
-    """(clean offset, gap limit); (0, 0) when the log was never cleaned."""
+def _read_cleaner_checkpoint(directory: Path) -> tuple[int, int, dict[int, int]]:
+    """(clean offset, gap limit, end of the range each group of a swap in
+    flight replaces by its base offset); (0, 0, {}) when the log was never
+    cleaned."""
     path = directory / files.CLEANER_CHECKPOINT_FILE
     try:
-        clean_offset, gap_limit = map(int, path.read_text(encoding="ascii").split())
+        clean_offset, gap_limit, *ranges = path.read_text(encoding="ascii").split()
+        swap_ends: dict[int, int] = {}
+        for pair in ranges:
+            base, end = pair.split("-")
+            swap_ends[int(base)] = int(end)
+        return int(clean_offset), int(gap_limit), swap_ends
     except FileNotFoundError:
-        return 0, 0
+        return 0, 0, {}
     except (OSError, UnicodeDecodeError, ValueError) as exc:
         # Written durably by rename, so this is damage from outside: without
         # the gap limit, compacted segments would look damaged. Refuse.
         raise OSError(
             f"{path} unreadable ({exc}): cannot tell compacted segments from damage"
         ) from exc
-    return clean_offset, gap_limit
 
 
-def _write_cleaner_checkpoint(directory: Path, clean_offset: int, gap_limit: int) -> None:
-    """Durably: the gap limit must be on disk before a gapped segment is."""
+def _write_cleaner_checkpoint(
+    directory: Path, clean_offset: int, gap_limit: int, swap_ends: dict[int, int] | None = None
+) -> None:
+    """Durably: the gap limit, and the ranges a swap replaces, must be on
+    disk before a gapped segment is."""
     path = directory / files.CLEANER_CHECKPOINT_FILE
     temp = path.with_name(path.name + files.TEMP_SUFFIX)
+    ranges = "".join(f" {base}-{end}" for base, end in sorted((swap_ends or {}).items()))
     with open(temp, "w", encoding="ascii") as out:
-        out.write(f"{clean_offset} {gap_limit}\n")
+        out.write(f"{clean_offset} {gap_limit}{ranges}\n")
         out.flush()
         os.fsync(out.fileno())
     os.replace(temp, path)

@@ -1,0 +1,95 @@
+"""Fixtures for the other-language clients: one real cluster for the whole
+directory (etcd, a coordinator, three brokers, a gateway), and the tools and
+example programs built by the project's own scripts.
+
+A build script that exits 3 says the toolchain it needs (go, java, mvn) is not
+installed: the test is skipped with that reason, which `pytest -ra` (the
+project's default) prints. Any other build failure fails the test. Builds are
+cached (tools/go-tools.sh's .cache/go-bin, Go's build cache, ~/.m2 and the
+Java build's up-to-date check), so a run with nothing changed builds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import ClusterProcesses, start_cluster
+from tests.support.etcd import EtcdProcess
+from tests.support.gateway import GatewayProcess, start_gateway
+
+REPO = Path(__file__).resolve().parents[3]
+# The first build of grpcurl takes minutes on a shared 2-core machine.
+BUILD_TIMEOUT_S = 900
+TOOL_MISSING = 3
+
+
+def build(script: str, *args: str) -> Path:
+    """Run a build script of the repository and return the path it prints."""
+    started = time.monotonic()
+    result = subprocess.run(
+        [str(REPO / script), *args],
+        cwd=REPO,
+        # The Go example's code generation runs grpc_tools with this interpreter.
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
+    if result.returncode == TOOL_MISSING:
+        pytest.skip(f"{script}: {result.stderr.strip()}")
+    if result.returncode != 0:
+        pytest.fail(f"{script} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    print(f"{script}: {time.monotonic() - started:.1f} s")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="session")
+def go_bin() -> Path:
+    """The directory of grpcurl and the Go protoc plugins (tools/go-tools.sh)."""
+    return build("tools/go-tools.sh")
+
+
+@pytest.fixture(scope="session")
+def grpcurl(go_bin: Path) -> Path:
+    return go_bin / "grpcurl"
+
+
+@pytest.fixture(scope="package")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture(scope="package")
+def cluster(
+    etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ClusterProcesses]:
+    processes = start_cluster(tmp_path_factory.mktemp("cluster"), etcd=etcd, brokers=3)
+    try:
+        yield processes
+    finally:
+        processes.stop()
+
+
+@pytest.fixture(scope="package")
+def gateway(
+    cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    process = start_gateway(
+        cluster.etcd.endpoint, tmp_path_factory.mktemp("gateway"), prefix=cluster.prefix
+    )
+    try:
+        yield process
+    finally:
+        process.stop()
