@@ -420,11 +420,11 @@ class ConsumeResponse(_message.Message):
 
     @_builtins.property
     def assignment(self) -> Global___AssignmentChange:
-        """Group streams: the stream's partitions changed."""
+        """The stream's partitions changed."""
 
     @_builtins.property
     def commit(self) -> Global___CommitResult:
-        """Group streams: the answer to a commit request."""
+        """The answer to a commit request."""
 
     def __init__(
         self,
@@ -434,11 +434,13 @@ class ConsumeResponse(_message.Message):
         assignment: Global___AssignmentChange | None = ...,
         commit: Global___CommitResult | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "errors", b"errors", "records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "errors", b"errors", "event", b"event", "records", b"records"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["assignment", "commit"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
 
 Global___ConsumeResponse: _TypeAlias = ConsumeResponse  # noqa: Y015
 
