@@ -58,6 +58,7 @@ soak: install
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
+	$(BIN)/python -m bench.gateway_bench
 
 bench-kafka: install
 	$(BIN)/python -m bench --with-kafka

@@ -482,7 +482,9 @@ class Fetcher:
                 raise error_from_rpc(exc) from exc
             for result in response.partitions:
                 if result.error.code:
-                    raise error_from_code(result.error.code, result.error.message)
+                    raise error_from_code(result.error.code, result.error.message).about(
+                        result.topic, result.partition
+                    )
                 out[TopicPartition(result.topic, result.partition)] = (
                     result.offset,
                     result.timestamp_ms,

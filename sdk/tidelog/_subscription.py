@@ -364,6 +364,8 @@ class SubscriptionState:
             # Records fetched before the reset point stay: they were valid.
             state.fetched_to = payload
             return
+        if isinstance(payload, TidelogError) and payload.topic is None:
+            payload.about(tp.topic, tp.partition)
         raise payload
 
     def _take_data(self, tp: TopicPartition, data: log_pb2.PartitionData, raw: bytes) -> None:

@@ -15,7 +15,7 @@ between the three; it is applied:
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import grpc
 
@@ -31,9 +31,21 @@ class TidelogError(Exception):
     #: gRPC status used when this error fails a whole call.
     grpc_status: ClassVar[grpc.StatusCode] = grpc.StatusCode.UNKNOWN
 
+    #: The partition the error is about, when it is about one (a consumer's
+    #: fetch or offset lookup sets them), so that code which handles it
+    #: needs no parsing of the message; None otherwise.
+    topic: str | None = None
+    partition: int | None = None
+
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.__class__.__name__)
         self.message = message or self.__class__.__name__
+
+    def about(self, topic: str, partition: int) -> Self:
+        """Say which partition the error is about; returns the error."""
+        self.topic = topic
+        self.partition = partition
+        return self
 
 
 class UnknownServerError(TidelogError):

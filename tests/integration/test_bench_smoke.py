@@ -47,3 +47,25 @@ def test_quick_bench_writes_valid_latest_json(tmp_path: Path) -> None:
     assert {c["status"] for c in doc["checks"]} <= {"PASS", "BELOW"}
     assert len(doc["micro"]) == 2
     assert "PASS" in proc.stdout or "BELOW" in proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_quick_gateway_bench_compares_through_the_gateway_with_direct(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench.gateway_bench", "--quick", "--output", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=160,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "gateway.json").read_text())
+    summary = doc["summary"]
+    for workload in ("produce_100B", "consume_100B"):
+        assert summary[workload]["direct"] > 0 and summary[workload]["gateway"] > 0, workload
+        assert summary[workload]["ratio"] > 0
+    for q in ("p50_ms", "p99_ms"):
+        assert summary["e2e_latency_10k"][q]["direct"] > 0
+        assert summary["e2e_latency_10k"][q]["gateway"] > 0
+    assert all("short_by" not in r["detail"] for r in doc["results"])

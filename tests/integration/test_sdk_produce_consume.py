@@ -286,8 +286,10 @@ def test_auto_offset_reset_none_raises(
         with pytest.raises(NoOffsetForPartitionError):
             consumer.position(tp)
         consumer.seek(tp, 50)
-        with pytest.raises(OffsetOutOfRangeError):
+        with pytest.raises(OffsetOutOfRangeError) as out_of_range:
             consume(consumer, 1, timeout_s=5)
+        # The error says which partition it is about, as attributes.
+        assert (out_of_range.value.topic, out_of_range.value.partition) == (topic_name, 0)
         consumer.seek(tp, 0)
         assert [r.value for r in consume(consumer, 1)] == [b"v"]
 

@@ -14,9 +14,8 @@ also has a text form (`key_text`, `value_text`, UTF-8) that a person can
 type. Unset key: no key (the partition is chosen round-robin per batch).
 Unset value: a null value (a tombstone on a compacted topic).
 
-Not yet: consuming as a member of a consumer group on the Consume stream
-(assignment changes and commits on the stream); until then use explicit
-partitions, and the `Group` service for offsets.
+Consume reads either explicit partitions or, as a member of a consumer
+group, the partitions the group's coordinator assigns to the stream.
 """
 
 from collections import abc as _abc
@@ -25,6 +24,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from tidelog.v1 import common_pb2 as _common_pb2
+from tidelog.v1 import group_pb2 as _group_pb2
 from tidelog.v1 import log_pb2 as _log_pb2
 import builtins as _builtins
 import sys
@@ -253,6 +253,8 @@ class ConsumeRequest(_message.Message):
     CREDIT_RECORDS_FIELD_NUMBER: _builtins.int
     TEXT_FIELD_NUMBER: _builtins.int
     MAX_RECORDS_FIELD_NUMBER: _builtins.int
+    GROUP_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
     credit_records: _builtins.int
     """Records the client is ready to receive, added to what is left."""
     text: _builtins.bool
@@ -263,11 +265,19 @@ class ConsumeRequest(_message.Message):
     """Most records in one response (default and maximum 10000)."""
     @_builtins.property
     def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumePosition]:
-        """Partitions to start reading, or to move (seek)."""
+        """Partitions to start reading, or to move (seek); streams without a group."""
 
     @_builtins.property
     def remove(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
-        """Partitions to stop reading."""
+        """Partitions to stop reading; streams without a group."""
+
+    @_builtins.property
+    def group(self) -> Global___ConsumeGroup:
+        """Consume as a member of this group (first request only)."""
+
+    @_builtins.property
+    def commit(self) -> Global___ConsumeCommit:
+        """Commit offsets of partitions the stream owns (group streams only)."""
 
     def __init__(
         self,
@@ -277,14 +287,88 @@ class ConsumeRequest(_message.Message):
         credit_records: _builtins.int = ...,
         text: _builtins.bool = ...,
         max_records: _builtins.int = ...,
+        group: Global___ConsumeGroup | None = ...,
+        commit: Global___ConsumeCommit | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "group", b"group"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_records", b"credit_records", "max_records", b"max_records", "positions", b"positions", "remove", b"remove", "text", b"text"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "credit_records", b"credit_records", "group", b"group", "max_records", b"max_records", "positions", b"positions", "remove", b"remove", "text", b"text"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ConsumeRequest: _TypeAlias = ConsumeRequest  # noqa: Y015
+
+@_typing.final
+class ConsumeGroup(_message.Message):
+    """The group a Consume stream joins."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    GROUP_ID_FIELD_NUMBER: _builtins.int
+    TOPICS_FIELD_NUMBER: _builtins.int
+    RESET_FIELD_NUMBER: _builtins.int
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _builtins.int
+    group_id: _builtins.str
+    """The group's name: 1 to 249 characters."""
+    reset: _log_pb2.OffsetSpec.ValueType
+    """Where a partition starts when the group has no committed offset for it:
+    EARLIEST (the default) or LATEST.
+    """
+    session_timeout_ms: _builtins.int
+    """The member's session with the coordinator (default 45000, 2000 to
+    300000): how long its partitions stay with it if the gateway serving
+    the stream dies. A stream that ends leaves the group at once.
+    """
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """The topics to consume (1 to 1000, each must exist)."""
+
+    def __init__(
+        self,
+        *,
+        group_id: _builtins.str = ...,
+        topics: _abc.Iterable[_builtins.str] | None = ...,
+        reset: _log_pb2.OffsetSpec.ValueType = ...,
+        session_timeout_ms: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["group_id", b"group_id", "reset", b"reset", "session_timeout_ms", b"session_timeout_ms", "topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumeGroup: _TypeAlias = ConsumeGroup  # noqa: Y015
+
+@_typing.final
+class ConsumeCommit(_message.Message):
+    """Offsets to commit, atomically: all or none."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    OFFSETS_FIELD_NUMBER: _builtins.int
+    correlation_id: _builtins.int
+    """Chosen by the client, echoed in the CommitResult."""
+    @_builtins.property
+    def offsets(self) -> _containers.RepeatedCompositeFieldContainer[_group_pb2.OffsetCommit]:
+        """The offset of the next record to consume per partition (the offset of
+        the last record processed + 1); partitions the stream owns only; at
+        most 10000.
+        """
+
+    def __init__(
+        self,
+        *,
+        correlation_id: _builtins.int = ...,
+        offsets: _abc.Iterable[_group_pb2.OffsetCommit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "offsets", b"offsets"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ConsumeCommit: _TypeAlias = ConsumeCommit  # noqa: Y015
 
 @_typing.final
 class ConsumePosition(_message.Message):
@@ -324,6 +408,8 @@ class ConsumeResponse(_message.Message):
 
     RECORDS_FIELD_NUMBER: _builtins.int
     ERRORS_FIELD_NUMBER: _builtins.int
+    ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumedRecord]: ...
     @_builtins.property
@@ -332,19 +418,101 @@ class ConsumeResponse(_message.Message):
         gateway stops reading each until the client sends a new position.
         """
 
+    @_builtins.property
+    def assignment(self) -> Global___AssignmentChange:
+        """The stream's partitions changed."""
+
+    @_builtins.property
+    def commit(self) -> Global___CommitResult:
+        """The answer to a commit request."""
+
     def __init__(
         self,
         *,
         records: _abc.Iterable[Global___ConsumedRecord] | None = ...,
         errors: _abc.Iterable[Global___PartitionError] | None = ...,
+        assignment: Global___AssignmentChange | None = ...,
+        commit: Global___CommitResult | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "event", b"event"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "errors", b"errors", "event", b"event", "records", b"records"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["assignment", "commit"]  # noqa: Y015
+    _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType_event) -> _WhichOneofReturnType_event | None: ...
+
+Global___ConsumeResponse: _TypeAlias = ConsumeResponse  # noqa: Y015
+
+@_typing.final
+class AssignmentChange(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ASSIGNED_FIELD_NUMBER: _builtins.int
+    REVOKED_FIELD_NUMBER: _builtins.int
+    LOST_FIELD_NUMBER: _builtins.int
+    OWNED_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def assigned(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
+        """Partitions the stream now reads (from the group's committed offsets)."""
+
+    @_builtins.property
+    def revoked(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
+        """Partitions moved to another member: no more records of them come on
+        this stream, and commits of them are refused.
+        """
+
+    @_builtins.property
+    def lost(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
+        """Partitions taken away because the member's session ended (the gateway
+        joins again as a new member); they may already belong to another
+        member.
+        """
+
+    @_builtins.property
+    def owned(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
+        """Every partition the stream owns after this change."""
+
+    def __init__(
+        self,
+        *,
+        assigned: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
+        revoked: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
+        lost: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
+        owned: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["errors", b"errors", "records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned", b"assigned", "lost", b"lost", "owned", b"owned", "revoked", b"revoked"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___ConsumeResponse: _TypeAlias = ConsumeResponse  # noqa: Y015
+Global___AssignmentChange: _TypeAlias = AssignmentChange  # noqa: Y015
+
+@_typing.final
+class CommitResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    correlation_id: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Set when nothing was committed."""
+
+    def __init__(
+        self,
+        *,
+        correlation_id: _builtins.int = ...,
+        error: _common_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitResult: _TypeAlias = CommitResult  # noqa: Y015
 
 @_typing.final
 class PartitionError(_message.Message):

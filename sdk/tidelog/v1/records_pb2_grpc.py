@@ -60,11 +60,26 @@ class RecordsServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Consume(self, request_iterator, context):
-        """Records from explicit partitions, paced by the client: the first
-        request names partitions and where to start and grants credit (a number
-        of records); the gateway sends records while credit remains. Later
-        requests grant more credit, move (seek) or remove partitions. When the
-        client closes its side, the stream ends once the credit is spent.
+        """Records paced by the client: the gateway sends records while the
+        credit the client granted (a number of records) remains.
+
+        From explicit partitions: the first request names partitions and where
+        to start and grants credit; later requests grant more credit, move
+        (seek) or remove partitions.
+
+        In a consumer group: the first request sets `group` (and no positions).
+        The stream is one member of the group for its lifetime: the gateway
+        joins, sends an `assignment` response each time the stream's partitions
+        change (before any record of a newly assigned partition, after the last
+        record of a revoked one), and takes commits (`commit` requests, each
+        answered by a `commit` response). A newly assigned partition starts
+        from the group's committed offset. At-least-once: commit after
+        processing; records not committed when a partition moves (or when the
+        stream ends) are delivered again to the partition's next owner. The
+        member leaves the group when the stream ends.
+
+        When the client closes its side, the stream ends once the credit is
+        spent (and, in a group, its commits are answered).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

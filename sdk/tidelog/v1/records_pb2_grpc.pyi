@@ -14,9 +14,8 @@ also has a text form (`key_text`, `value_text`, UTF-8) that a person can
 type. Unset key: no key (the partition is chosen round-robin per batch).
 Unset value: a null value (a tombstone on a compacted topic).
 
-Not yet: consuming as a member of a consumer group on the Consume stream
-(assignment changes and commits on the stream); until then use explicit
-partitions, and the `Group` service for offsets.
+Consume reads either explicit partitions or, as a member of a consumer
+group, the partitions the group's coordinator assigns to the stream.
 """
 
 from collections import abc as _abc
@@ -54,11 +53,26 @@ class RecordsStub:
     typed error). Settings are read from the first request.
     """
     Consume: _grpc.StreamStreamMultiCallable[_records_pb2.ConsumeRequest, _records_pb2.ConsumeResponse]
-    """Records from explicit partitions, paced by the client: the first
-    request names partitions and where to start and grants credit (a number
-    of records); the gateway sends records while credit remains. Later
-    requests grant more credit, move (seek) or remove partitions. When the
-    client closes its side, the stream ends once the credit is spent.
+    """Records paced by the client: the gateway sends records while the
+    credit the client granted (a number of records) remains.
+
+    From explicit partitions: the first request names partitions and where
+    to start and grants credit; later requests grant more credit, move
+    (seek) or remove partitions.
+
+    In a consumer group: the first request sets `group` (and no positions).
+    The stream is one member of the group for its lifetime: the gateway
+    joins, sends an `assignment` response each time the stream's partitions
+    change (before any record of a newly assigned partition, after the last
+    record of a revoked one), and takes commits (`commit` requests, each
+    answered by a `commit` response). A newly assigned partition starts
+    from the group's committed offset. At-least-once: commit after
+    processing; records not committed when a partition moves (or when the
+    stream ends) are delivered again to the partition's next owner. The
+    member leaves the group when the stream ends.
+
+    When the client closes its side, the stream ends once the credit is
+    spent (and, in a group, its commits are answered).
     """
 
 @_typing.type_check_only
@@ -71,11 +85,26 @@ class RecordsAsyncStub(RecordsStub):
     typed error). Settings are read from the first request.
     """
     Consume: _aio.StreamStreamMultiCallable[_records_pb2.ConsumeRequest, _records_pb2.ConsumeResponse]  # type: ignore[assignment]
-    """Records from explicit partitions, paced by the client: the first
-    request names partitions and where to start and grants credit (a number
-    of records); the gateway sends records while credit remains. Later
-    requests grant more credit, move (seek) or remove partitions. When the
-    client closes its side, the stream ends once the credit is spent.
+    """Records paced by the client: the gateway sends records while the
+    credit the client granted (a number of records) remains.
+
+    From explicit partitions: the first request names partitions and where
+    to start and grants credit; later requests grant more credit, move
+    (seek) or remove partitions.
+
+    In a consumer group: the first request sets `group` (and no positions).
+    The stream is one member of the group for its lifetime: the gateway
+    joins, sends an `assignment` response each time the stream's partitions
+    change (before any record of a newly assigned partition, after the last
+    record of a revoked one), and takes commits (`commit` requests, each
+    answered by a `commit` response). A newly assigned partition starts
+    from the group's committed offset. At-least-once: commit after
+    processing; records not committed when a partition moves (or when the
+    stream ends) are delivered again to the partition's next owner. The
+    member leaves the group when the stream ends.
+
+    When the client closes its side, the stream ends once the credit is
+    spent (and, in a group, its commits are answered).
     """
 
 class RecordsServicer(metaclass=_abc_1.ABCMeta):
@@ -97,11 +126,26 @@ class RecordsServicer(metaclass=_abc_1.ABCMeta):
         request_iterator: _MaybeAsyncIterator[_records_pb2.ConsumeRequest],
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_records_pb2.ConsumeResponse], _abc.AsyncIterator[_records_pb2.ConsumeResponse]]:
-        """Records from explicit partitions, paced by the client: the first
-        request names partitions and where to start and grants credit (a number
-        of records); the gateway sends records while credit remains. Later
-        requests grant more credit, move (seek) or remove partitions. When the
-        client closes its side, the stream ends once the credit is spent.
+        """Records paced by the client: the gateway sends records while the
+        credit the client granted (a number of records) remains.
+
+        From explicit partitions: the first request names partitions and where
+        to start and grants credit; later requests grant more credit, move
+        (seek) or remove partitions.
+
+        In a consumer group: the first request sets `group` (and no positions).
+        The stream is one member of the group for its lifetime: the gateway
+        joins, sends an `assignment` response each time the stream's partitions
+        change (before any record of a newly assigned partition, after the last
+        record of a revoked one), and takes commits (`commit` requests, each
+        answered by a `commit` response). A newly assigned partition starts
+        from the group's committed offset. At-least-once: commit after
+        processing; records not committed when a partition moves (or when the
+        stream ends) are delivered again to the partition's next owner. The
+        member leaves the group when the stream ends.
+
+        When the client closes its side, the stream ends once the credit is
+        spent (and, in a group, its commits are answered).
         """
 
 def add_RecordsServicer_to_server(servicer: RecordsServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

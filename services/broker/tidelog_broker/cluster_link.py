@@ -25,7 +25,7 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   a broker whose lease expired meanwhile does not join;
 - which brokers and coordinators are live, which topics and partition
   states exist: the watches keep one typed view of them (`view`,
-  cluster_view.ClusterView); replica fetches and ISR expansion are bound to
+  tidelog_server.etcd.cluster_view); replica fetches and ISR expansion are bound to
   a live broker's registration (`ClusterView.registration_of`);
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
@@ -64,12 +64,12 @@ from tidelog_server.etcd import (
     is_unavailable,
 )
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
+from tidelog_server.etcd.cluster_view import ClusterView
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState
 from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
 from tidelog_server.log_flood import RateLimitedLog
 
-from tidelog_broker.cluster_view import ClusterView
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_fetcher import ReplicaFetchers

@@ -35,7 +35,7 @@ from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2
 from tidelog_server.etcd import Election
 from tidelog_server.etcd.records import BrokerRegistration, CoordinatorRegistration
-from tidelog_server.forwarding import CoordinatorForwarding
+from tidelog_server.forwarding import LOCAL_METADATA_KEY, CoordinatorForwarding
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
@@ -44,8 +44,6 @@ from tidelog_broker.producer_ids import ProducerIdForwarder
 
 log = logging.getLogger("tidelog.broker.cluster")
 
-#: Invocation metadata key: "answer DescribeTopics from your own logs".
-LOCAL_METADATA_KEY = "tidelog-local"
 #: How long a Metadata request may wait for a topic it auto-creates.
 AUTO_CREATE_TIMEOUT_S = 5.0
 

@@ -10,6 +10,9 @@ replica that answers.
   is the coordinator's answer and is raised as is (the caller passes it on
   unchanged); with no replica reachable, CoordinatorNotAvailableError
   (retriable).
+- `LOCAL_METADATA_KEY`: set on a DescribeTopics a service (a broker, the
+  gateway) sends to a broker: "answer from your own logs" instead of
+  forwarding the call again.
 
 Not thread-safe: used from one service's event loop.
 """
@@ -24,6 +27,9 @@ import grpc.aio
 from tidelog.errors import CoordinatorNotAvailableError
 
 T = TypeVar("T")
+
+#: Invocation metadata key: "answer DescribeTopics from your own logs".
+LOCAL_METADATA_KEY = "tidelog-local"
 
 
 class ChannelPool:

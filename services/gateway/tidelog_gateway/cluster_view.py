@@ -16,17 +16,16 @@ after refreshing metadata from the gateway). A partition state written
 before its topic was created belongs to an older topic of the same name and
 is ignored, as the brokers do.
 
-Not thread-safe: one event loop.
+The values are parsed into the typed view the brokers keep too
+(`tidelog_server.etcd.cluster_view`); this module adds the watches and
+the gateway's routing questions. Not thread-safe: one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from dataclasses import dataclass
-from typing import Any
 
 import aetcd
 from tidelog.errors import (
@@ -37,39 +36,13 @@ from tidelog.errors import (
 )
 from tidelog.names import validate_topic_name
 from tidelog_server.etcd import Election, PrefixWatcher, WatchBatch, connect
+from tidelog_server.etcd import cluster_view as etcd_view
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
+from tidelog_server.etcd.cluster_view import KnownState, KnownTopic
 from tidelog_server.etcd.keys import Keys
-from tidelog_server.etcd.records import PartitionState
+from tidelog_server.etcd.records import CoordinatorRegistration
 
 log = logging.getLogger("tidelog.gateway.cluster")
-
-
-@dataclass(frozen=True)
-class Broker:
-    broker_id: int
-    host: str
-    port: int
-    rack: str
-
-    @property
-    def address(self) -> str:
-        return f"{self.host}:{self.port}"
-
-
-@dataclass(frozen=True)
-class Topic:
-    name: str
-    #: Replica broker ids per partition (index = partition).
-    replicas: tuple[tuple[int, ...], ...]
-    create_revision: int
-
-
-@dataclass(frozen=True)
-class State:
-    leader: int
-    leader_epoch: int
-    isr: tuple[int, ...]
-    mod_revision: int
 
 
 class ClusterView:
@@ -78,10 +51,8 @@ class ClusterView:
     def __init__(self, etcd_endpoint: str, prefix: str) -> None:
         self.keys = Keys(prefix)
         self.client: aetcd.Client = connect(etcd_endpoint)
-        self.brokers: dict[int, Broker] = {}
-        self.coordinators: dict[str, dict[str, Any]] = {}
-        self.topics: dict[str, Topic] = {}
-        self.states: dict[tuple[str, int], State] = {}
+        #: The cluster's keys, parsed (brokers, coordinators, topics, states).
+        self.known = etcd_view.ClusterView(self.keys)
         self.cluster_id = ""
         #: Set (and replaced) after every applied change: waiters re-check.
         self._changed = asyncio.Event()
@@ -130,7 +101,14 @@ class ClusterView:
 
     # ------------------------------------------------------------ lookups
 
-    def topic(self, name: str) -> Topic:
+    @property
+    def topics(self) -> dict[str, KnownTopic]:
+        return self.known.topics
+
+    def broker_address(self, broker_id: int) -> str | None:
+        return self.known.broker_address(broker_id)
+
+    def topic(self, name: str) -> KnownTopic:
         """The topic, or its typed error (invalid name, unknown topic)."""
         topic = self.topics.get(name)
         if topic is not None:
@@ -138,18 +116,15 @@ class ClusterView:
         validate_topic_name(name)
         raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
 
-    def state(self, topic: Topic, partition: int) -> State | None:
-        state = self.states.get((topic.name, partition))
-        if state is None or state.mod_revision < topic.create_revision:
-            return None
-        return state
+    def state(self, topic: KnownTopic, partition: int) -> KnownState | None:
+        return self.known.state(topic, partition)
 
-    def live_leader(self, topic: Topic, partition: int) -> Broker | None:
-        """The partition's leader while it is registered; None otherwise."""
+    def live_leader(self, topic: KnownTopic, partition: int) -> str | None:
+        """The address of the partition's leader while it is registered; None otherwise."""
         state = self.state(topic, partition)
         if state is None or state.leader < 0:
             return None
-        return self.brokers.get(state.leader)
+        return self.known.broker_address(state.leader)
 
     def leader_address(self, name: str, partition: int) -> str:
         """Where requests for the partition go; raises its typed error."""
@@ -171,97 +146,40 @@ class ClusterView:
             raise NotLeaderOrFollowerError(
                 f"{name}-{partition} has no live leader right now ({who}): retry"
             )
-        return leader.address
+        return leader
 
     def coordinator_addresses(self) -> list[str]:
-        return [
-            f"{c['host']}:{c['port']}"
-            for _, c in sorted(self.coordinators.items())
-            if c.get("host") and c.get("port")
-        ]
+        return self.known.coordinator_addresses()
 
     def broker_addresses(self) -> list[str]:
-        return [b.address for _, b in sorted(self.brokers.items())]
+        return [
+            address
+            for broker_id in sorted(self.known.brokers)
+            if (address := self.known.broker_address(broker_id)) is not None
+        ]
 
     async def controller_id(self) -> str:
         controller = await Election.leader(self.client, self.keys.election)
-        return "" if controller is None else str(json.loads(controller).get("id", ""))
+        return (
+            "" if controller is None else CoordinatorRegistration.decode(controller).coordinator_id
+        )
 
     # ------------------------------------------------------------ watches
 
     async def _on_brokers(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.brokers.clear()
-        for change in batch.changes:
-            broker_id = self.keys.tail(change.key, self.keys.brokers)
-            if not broker_id.isdigit():
-                continue
-            if change.value is None:
-                self.brokers.pop(int(broker_id), None)
-                continue
-            try:
-                info = json.loads(change.value)
-                self.brokers[int(broker_id)] = Broker(
-                    int(broker_id),
-                    str(info["host"]),
-                    int(info["port"]),
-                    str(info.get("rack") or ""),
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring unreadable registration of broker %s: %s", broker_id, exc)
+        self.known.apply_brokers(batch)
         self._notify()
 
     async def _on_coordinators(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.coordinators.clear()
-        for change in batch.changes:
-            name = self.keys.tail(change.key, self.keys.coordinators)
-            if change.value is None:
-                self.coordinators.pop(name, None)
-            else:
-                with contextlib.suppress(ValueError):
-                    self.coordinators[name] = json.loads(change.value)
+        self.known.apply_coordinators(batch)
         self._notify()
 
     async def _on_topics(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.topics.clear()
-        for change in batch.changes:
-            name = self.keys.tail(change.key, self.keys.topics)
-            if change.value is None:
-                self.topics.pop(name, None)
-                continue
-            try:
-                data = json.loads(change.value)
-                partitions = sorted(data["partitions"], key=lambda p: p["partition"])
-                self.topics[name] = Topic(
-                    name,
-                    tuple(tuple(int(r) for r in p["replicas"]) for p in partitions),
-                    change.create_revision,
-                )
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring unreadable topic %s: %s", name, exc)
+        self.known.apply_topics(batch)
         self._notify()
 
     async def _on_states(self, batch: WatchBatch) -> None:
-        if batch.reset:
-            self.states.clear()
-        for change in batch.changes:
-            parsed = self.keys.parse_partition_state_key(change.key)
-            if parsed is None:
-                continue
-            tp = (parsed.topic, parsed.partition)
-            if change.value is None:
-                self.states.pop(tp, None)
-                continue
-            try:
-                state = PartitionState.decode(change.value)
-            except (ValueError, TypeError) as exc:
-                log.warning("ignoring unreadable state of %s-%d: %s", *tp, exc)
-                continue
-            self.states[tp] = State(
-                state.leader, state.leader_epoch, tuple(state.isr), change.mod_revision
-            )
+        self.known.apply_states(batch)
         self._notify()
 
 

@@ -38,6 +38,7 @@ from tidelog.v1 import (
     group_pb2_grpc,
     log_pb2,
 )
+from tidelog_server.forwarding import LOCAL_METADATA_KEY
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
@@ -45,10 +46,6 @@ from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
 from tidelog_gateway.errors import abort
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import _open_stream
-
-#: Invocation metadata key: "answer DescribeTopics from your own logs" (the
-#: broker's AdminForwarder reads it; the same string is spelled there).
-LOCAL_METADATA_KEY = "tidelog-local"
 
 T = TypeVar("T")
 
@@ -131,9 +128,9 @@ class GatewayAdminServicer:
         names_by_leader: dict[str, set[str]] = {}
         for topic in response.topics:
             for partition in topic.partitions:
-                broker = forwarder.view.brokers.get(partition.leader_id)
-                if broker is not None:
-                    names_by_leader.setdefault(broker.address, set()).add(topic.name)
+                address = forwarder.view.broker_address(partition.leader_id)
+                if address is not None:
+                    names_by_leader.setdefault(address, set()).add(topic.name)
 
         async def ask(address: str, names: set[str]) -> admin_pb2.DescribeTopicsResponse | None:
             try:

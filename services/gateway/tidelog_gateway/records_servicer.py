@@ -16,12 +16,11 @@ The gateway does the client's work with the Python SDK it is built on:
   records. A partition that fails is reported in `errors` and no longer
   read until the client sends a new position.
 
-Limits: RECORDS_PER_REQUEST records per produce request, MAX_RECORDS_PER_RESPONSE
-per consume response, MAX_CREDIT_RECORDS outstanding; streams count against
-the gateway's stream limits.
+- Consume in a group (the first request sets `group`): `records_group`.
 
-Not yet (issue 10): consuming as a group member on the stream (assignment
-changes and commits on the stream).
+Limits: RECORDS_PER_REQUEST records per produce request; a consume stream's
+credit and response size (`records_common`); streams count against the
+gateway's stream limits.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import grpc
@@ -48,15 +47,18 @@ from tidelog_gateway.config import GatewayConfig
 from tidelog_gateway.errors import abort, error_proto
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import _open_stream
+from tidelog_gateway.records_common import (
+    CONSUME_WINDOW_BYTES,
+    MAX_RECORDS_PER_RESPONSE,
+    POLL_MS,
+    check_credit,
+    consumed_record,
+)
+from tidelog_gateway.records_group import GroupConsumeSession
 
 log = logging.getLogger("tidelog.gateway.records")
 
 RECORDS_PER_REQUEST = 10_000
-MAX_RECORDS_PER_RESPONSE = 10_000
-MAX_CREDIT_RECORDS = 1_000_000
-CONSUME_WINDOW_BYTES = 1024 * 1024
-#: How long a consume stream's fetch waits before checking for changes.
-POLL_MS = 200
 
 _ACKS: dict[int, int | str] = {
     records_pb2.ACKS_UNSPECIFIED: 1,
@@ -197,10 +199,23 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
     ) -> AsyncIterator[records_pb2.ConsumeResponse]:
         peer = await _open_stream(self._streams, context)
         try:
-            session = _ConsumeSession(self._view, self._bootstrap())
+            first = await anext(aiter(request_iterator), None)
+            if first is None:
+                return
+            requests = _chain(first, request_iterator)
+            session: _ConsumeSession | GroupConsumeSession
             try:
-                async for response in session.run(request_iterator, self._draining):
-                    yield response
+                if first.HasField("group"):
+                    session = GroupConsumeSession(self._view, self._bootstrap(), first)
+                else:
+                    session = _ConsumeSession(self._view, self._bootstrap())
+            except TidelogError as exc:
+                await abort(context, exc, "consuming records")
+            try:
+                responses = session.run(requests, self._draining)
+                async with contextlib.aclosing(responses):
+                    async for response in responses:
+                        yield response
             except TidelogError as exc:
                 await abort(context, exc, "consuming records")
             finally:
@@ -212,6 +227,14 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                 )
         finally:
             self._streams.release(peer)
+
+
+async def _chain(
+    first: records_pb2.ConsumeRequest, rest: AsyncIterator[records_pb2.ConsumeRequest]
+) -> AsyncIterator[records_pb2.ConsumeRequest]:
+    yield first
+    async for request in rest:
+        yield request
 
 
 async def _answer(
@@ -287,7 +310,7 @@ class _ConsumeSession:
 
     async def run(
         self, requests: AsyncIterator[records_pb2.ConsumeRequest], draining: asyncio.Event
-    ) -> AsyncIterator[records_pb2.ConsumeResponse]:
+    ) -> AsyncGenerator[records_pb2.ConsumeResponse]:
         await self._consumer.start()
         reader = asyncio.ensure_future(self._read(requests))
         try:
@@ -315,7 +338,7 @@ class _ConsumeSession:
                 response = records_pb2.ConsumeResponse()
                 for records in batch.values():
                     for record in records:
-                        response.records.append(self._record(record))
+                        response.records.append(consumed_record(record, self._text))
                 if response.records:
                     self._credit -= len(response.records)
                     yield response
@@ -334,18 +357,11 @@ class _ConsumeSession:
         self._changed.set()
 
     async def _apply(self, request: records_pb2.ConsumeRequest) -> None:
-        if request.credit_records < 0:
-            raise InvalidRequestError(f"credit_records must be >= 0, got {request.credit_records}")
-        if self._credit + request.credit_records > MAX_CREDIT_RECORDS:
-            raise InvalidRequestError(
-                f"credit_records would reach {self._credit + request.credit_records} "
-                f"outstanding, over the limit of {MAX_CREDIT_RECORDS}"
-            )
-        if not 0 <= request.max_records <= MAX_RECORDS_PER_RESPONSE:
-            raise InvalidRequestError(
-                f"max_records must be 0 (the default) to {MAX_RECORDS_PER_RESPONSE}, "
-                f"got {request.max_records}"
-            )
+        check_credit(request, self._credit)
+        if request.HasField("group") and not self._first:
+            raise InvalidRequestError("group is read from the first request of a stream only")
+        if request.HasField("commit"):
+            raise InvalidRequestError("commits need a group stream: set group in the first request")
         named = len(request.positions) + len(request.remove)
         if named > RECORDS_PER_REQUEST:
             raise InvalidRequestError(
@@ -403,32 +419,13 @@ class _ConsumeSession:
 
     def _fail_partition(self, exc: TidelogError) -> None:
         """A partition the consumer could not read: report it, stop reading it."""
-        failed = [tp for tp in self._assignment if f"{tp.topic}-{tp.partition}" in exc.message]
-        if not failed or not isinstance(exc, OffsetOutOfRangeError | UnknownTopicOrPartitionError):
+        if exc.topic is None or exc.partition is None:
             raise exc
-        for tp in failed:
-            self._report(tp, exc)
-        self._assignment -= set(failed)
+        tp = TopicPartition(exc.topic, exc.partition)
+        if tp not in self._assignment or not isinstance(
+            exc, OffsetOutOfRangeError | UnknownTopicOrPartitionError
+        ):
+            raise exc
+        self._report(tp, exc)
+        self._assignment.discard(tp)
         self._consumer.assign(self._assignment)
-
-    def _record(self, record: Any) -> records_pb2.ConsumedRecord:
-        out = records_pb2.ConsumedRecord(
-            topic=record.topic,
-            partition=record.partition,
-            offset=record.offset,
-            timestamp_ms=record.timestamp,
-            headers=[
-                records_pb2.RecordHeader(key=k, value=v or b"") for k, v in record.headers or ()
-            ],
-        )
-        for name, data in (("key", record.key), ("value", record.value)):
-            if data is None:
-                continue
-            if self._text:
-                try:
-                    setattr(out, f"{name}_text", data.decode())
-                    continue
-                except UnicodeDecodeError:
-                    pass
-            setattr(out, name, data)
-        return out

@@ -143,3 +143,44 @@ def test_bad_record_requests_get_invalid_argument(
             list(stub.Consume(iter([records_pb2.ConsumeRequest(credit_records=-1)]), timeout=30))
         assert credit_error.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "credit_records" in (credit_error.value.details() or "")
+
+
+def test_a_failing_partition_is_told_apart_from_its_namesakes(
+    gateway: GatewayProcess, names: tuple[str, str]
+) -> None:
+    """Partition 11's error is about partition 11 only, although "t-1" is
+    a prefix of "t-11": the gateway reads the partition from the error."""
+    topic, _ = names
+    with AdminClient(gateway.address) as admin:
+        admin.create_topics([NewTopic(topic, 12)])
+    with grpc.insecure_channel(gateway.address) as channel:
+        stub = records_pb2_grpc.RecordsStub(channel)
+        records = [records_pb2.ProduceRecord(topic=topic, partition=1, value_text="one")]
+        list(stub.Produce(iter([records_pb2.RecordsProduceRequest(records=records)]), timeout=60))
+        requests: queue.Queue[records_pb2.ConsumeRequest | None] = queue.Queue()
+
+        def stream() -> Iterator[records_pb2.ConsumeRequest]:
+            while (request := requests.get()) is not None:
+                yield request
+
+        requests.put(
+            records_pb2.ConsumeRequest(
+                text=True,
+                credit_records=10,
+                positions=[
+                    records_pb2.ConsumePosition(topic=topic, partition=1, offset=0),
+                    records_pb2.ConsumePosition(topic=topic, partition=11, offset=999),
+                ],
+            )
+        )
+        responses = stub.Consume(stream(), timeout=60)
+        errors: list[tuple[int, int]] = []
+        got: list[tuple[int, str]] = []
+        while not (errors and got):
+            response = next(responses)
+            errors.extend((e.partition, e.error.code) for e in response.errors)
+            got.extend((r.partition, r.value_text) for r in response.records)
+        assert errors == [(11, common_pb2.OFFSET_OUT_OF_RANGE)]
+        assert got == [(1, "one")]
+        requests.put(None)
+        responses.cancel()

@@ -70,3 +70,10 @@ def test_error_from_rpc_falls_back_to_the_status() -> None:
 def test_client_side_errors() -> None:
     assert issubclass(errors.GroupsNotSupportedError, errors.TidelogError)
     assert issubclass(errors.NoOffsetForPartitionError, errors.TidelogError)
+
+
+def test_an_error_says_which_partition_it_is_about() -> None:
+    error = errors.error_from_code(common_pb2.OFFSET_OUT_OF_RANGE, "offset 9 is out of range")
+    assert (error.topic, error.partition) == (None, None)
+    assert error.about("orders", 3) is error
+    assert (error.topic, error.partition) == ("orders", 3)

@@ -1,11 +1,12 @@
-"""The broker's typed view of the cluster, fed watch batches as etcd sends them."""
+"""The typed view of the cluster that brokers and the gateway keep, fed watch
+batches as etcd sends them."""
 
 from __future__ import annotations
 
 import json
 
-from tidelog_broker.cluster_view import ClusterView
 from tidelog_server.etcd import Change, WatchBatch
+from tidelog_server.etcd.cluster_view import ClusterView
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import (
     BrokerRegistration,
@@ -98,3 +99,43 @@ def test_coordinators_in_a_stable_order() -> None:
     view.apply_coordinators(WatchBatch(True, changes))
     # c0 registered no port: not reachable, so not tried.
     assert view.coordinator_addresses() == ["h:1", "h:2"]
+
+
+def test_an_unreadable_value_is_skipped_and_the_rest_applied() -> None:
+    """One bad key must not stop the watch that carries every other change
+    (a callback that raised would make the watch list and fail forever)."""
+    view = ClusterView(KEYS)
+    good = BrokerRegistration(2, "h", 2).encode()
+    view.apply_brokers(
+        WatchBatch(
+            True,
+            [
+                Change(KEYS.broker(1), b"{not json", 5, create_revision=5),
+                Change(KEYS.broker(2), good, 6, create_revision=6),
+                Change(KEYS.broker(3), b'{"host": "h"}', 7, create_revision=7),
+            ],
+        )
+    )
+    assert sorted(view.brokers) == [2]
+    view.apply_topics(
+        WatchBatch(
+            True,
+            [
+                Change(KEYS.topic("bad"), b'{"partitions": [{"replicas": ["x"]}]}', 8),
+                Change(KEYS.topic("t"), topic_value("t", "id", [[2]]), 9, create_revision=9),
+            ],
+        )
+    )
+    assert sorted(view.topics) == ["t"]
+    view.apply_states(
+        WatchBatch(
+            True,
+            [
+                Change(KEYS.partition_state("t", 0), b'{"leader": "nobody"}', 10),
+                Change(KEYS.partition_state("t", 1), PartitionState(leader=2).encode(), 11),
+            ],
+        )
+    )
+    assert sorted(view.states) == [("t", 1)]
+    view.apply_coordinators(WatchBatch(True, [Change(KEYS.coordinator("c0"), b"[]", 12)]))
+    assert view.coordinators == {}

@@ -1,5 +1,6 @@
-"""What a broker knows of the cluster from etcd: one typed view, kept up to
-date by ClusterLink's watches.
+"""What a broker or a gateway knows of the cluster from etcd: one typed
+view, kept up to date by the watch batches its owner feeds it (a broker's
+ClusterLink, the gateway's ClusterView).
 
 - live brokers: a broker is live while its registration key exists; the
   key's create revision identifies the registration (a broker that
@@ -13,11 +14,14 @@ date by ClusterLink's watches.
   belongs to a deleted topic of the same name and is not reported (`state`).
 
 Values are parsed by the records of `tidelog_server.etcd.records`, one
-parser per kind of key. Not thread-safe: the broker's event loop.
+parser per kind of key. A value that does not parse is logged and skipped
+(as if the key were absent): one bad key must not stop the watch that
+carries every other change. Not thread-safe: one event loop.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from tidelog_server.etcd import WatchBatch
@@ -28,6 +32,11 @@ from tidelog_server.etcd.records import (
     PartitionState,
     TopicAssignment,
 )
+
+log = logging.getLogger("tidelog.cluster_view")
+
+#: What a record's decode raises on a value it cannot read.
+_UNREADABLE = (ValueError, KeyError, TypeError, AttributeError)
 
 
 @dataclass(frozen=True)
@@ -78,10 +87,14 @@ class ClusterView:
                 continue
             if change.value is None:
                 self.brokers.pop(int(broker_id), None)
-            else:
-                self.brokers[int(broker_id)] = LiveBroker(
-                    BrokerRegistration.decode(change.value), change.create_revision
-                )
+                continue
+            try:
+                registration = BrokerRegistration.decode(change.value)
+            except _UNREADABLE as exc:
+                log.warning("ignoring unreadable registration of broker %s: %s", broker_id, exc)
+                self.brokers.pop(int(broker_id), None)
+                continue
+            self.brokers[int(broker_id)] = LiveBroker(registration, change.create_revision)
 
     def apply_coordinators(self, batch: WatchBatch) -> None:
         if batch.reset:
@@ -90,8 +103,12 @@ class ClusterView:
             name = self._keys.tail(change.key, self._keys.coordinators)
             if change.value is None:
                 self.coordinators.pop(name, None)
-            else:
+                continue
+            try:
                 self.coordinators[name] = CoordinatorRegistration.decode(change.value)
+            except _UNREADABLE as exc:
+                log.warning("ignoring unreadable registration of coordinator %s: %s", name, exc)
+                self.coordinators.pop(name, None)
 
     def apply_topics(self, batch: WatchBatch) -> None:
         if batch.reset:
@@ -101,7 +118,12 @@ class ClusterView:
             if change.value is None:
                 self.topics.pop(name, None)
                 continue
-            topic = TopicAssignment.decode(change.value)
+            try:
+                topic = TopicAssignment.decode(change.value)
+            except _UNREADABLE as exc:
+                log.warning("ignoring unreadable topic %s: %s", name, exc)
+                self.topics.pop(name, None)
+                continue
             self.topics[name] = KnownTopic(
                 name,
                 topic.topic_id,
@@ -121,7 +143,12 @@ class ClusterView:
             if change.value is None:
                 self.states.pop(tp, None)
                 continue
-            state = PartitionState.decode(change.value)
+            try:
+                state = PartitionState.decode(change.value)
+            except _UNREADABLE as exc:
+                log.warning("ignoring unreadable state of %s-%d: %s", *tp, exc)
+                self.states.pop(tp, None)
+                continue
             self.states[tp] = KnownState(
                 state.leader, state.leader_epoch, list(state.isr), change.mod_revision
             )
