@@ -25,9 +25,12 @@ DEADLINE_S = 20.0
 
 
 def lifecycle(endpoint: str, prefix: str, replica: str) -> ReplicaLifecycle:
+    # A TTL well above what an etcd restart takes on a loaded machine: the
+    # test is about a retried campaign, not about a lost lease (close()
+    # revokes the lease, so a hand-over does not wait for it).
     client = connect(endpoint)
     keys = Keys(prefix)
-    config = CoordinatorConfig(etcd_prefix=prefix, coordinator_id=replica, session_ttl_s=3)
+    config = CoordinatorConfig(etcd_prefix=prefix, coordinator_id=replica, session_ttl_s=10)
     groups = GroupCoordinator(client, keys, lambda: False, lambda: 0)
     offsets = OffsetStore(client, keys, config, groups)
     return ReplicaLifecycle(client, keys, config, "127.0.0.1", 1, offsets)
