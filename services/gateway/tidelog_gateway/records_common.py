@@ -1,11 +1,15 @@
 """What both kinds of `Records.Consume` stream share (explicit partitions in
 `records_servicer`, a consumer group's in `records_group`): the limits on
-credit and response size, the request checks they imply, and the
-conversion of an SDK record to its protobuf form."""
+credit and response size, the request checks they imply, the loop that
+applies a stream's requests, and the conversion of an SDK record to its
+protobuf form."""
 
 from __future__ import annotations
 
-from tidelog.errors import InvalidRequestError
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc.aio
+from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.types import ConsumerRecord
 from tidelog.v1 import records_pb2
 
@@ -32,6 +36,23 @@ def check_credit(request: records_pb2.ConsumeRequest, credit: int) -> None:
             f"max_records must be 0 (the default) to {MAX_RECORDS_PER_RESPONSE}, "
             f"got {request.max_records}"
         )
+
+
+async def apply_requests(
+    requests: AsyncIterator[records_pb2.ConsumeRequest],
+    apply: Callable[[records_pb2.ConsumeRequest], Awaitable[None]],
+) -> TidelogError | None:
+    """Apply a stream's requests in order until the client half-closes it or
+    it breaks. Returns the error that refused a request (the stream then ends
+    with it), or None."""
+    try:
+        async for request in requests:
+            await apply(request)
+    except TidelogError as exc:
+        return exc
+    except grpc.aio.AioRpcError:
+        pass  # the client went away: the response side ends the stream
+    return None
 
 
 def consumed_record(record: ConsumerRecord, text: bool) -> records_pb2.ConsumedRecord:

@@ -41,13 +41,11 @@ import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Set
 
-import grpc.aio
 from tidelog import AsyncConsumer, TopicPartition
 from tidelog.errors import (
     IllegalGenerationError,
     InvalidRequestError,
     RequestTimedOutError,
-    TidelogError,
 )
 from tidelog.group import OffsetAndMetadata
 from tidelog.names import validate_topic_name
@@ -59,6 +57,7 @@ from tidelog_gateway.records_common import (
     CONSUME_WINDOW_BYTES,
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
+    apply_requests,
     check_credit,
     consumed_record,
 )
@@ -205,13 +204,9 @@ class GroupConsumeSession:
     # ------------------------------------------------------------ requests
 
     async def _read(self, requests: AsyncIterator[records_pb2.ConsumeRequest]) -> None:
-        try:
-            async for request in requests:
-                await self._apply(request)
-        except TidelogError as exc:
-            self._failure = exc
-        except grpc.aio.AioRpcError:
-            pass
+        failure = await apply_requests(requests, self._apply)
+        if failure is not None:
+            self._failure = failure
         self._input_closed = True
         self._changed.set()
 

@@ -51,6 +51,7 @@ from tidelog_gateway.records_common import (
     CONSUME_WINDOW_BYTES,
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
+    apply_requests,
     check_credit,
     consumed_record,
 )
@@ -346,13 +347,9 @@ class _ConsumeSession:
             reader.cancel()
 
     async def _read(self, requests: AsyncIterator[records_pb2.ConsumeRequest]) -> None:
-        try:
-            async for request in requests:
-                await self._apply(request)
-        except TidelogError as exc:
-            self._failure = exc
-        except grpc.aio.AioRpcError:
-            pass
+        failure = await apply_requests(requests, self._apply)
+        if failure is not None:
+            self._failure = failure
         self._input_closed = True
         self._changed.set()
 
