@@ -33,7 +33,7 @@ from __future__ import annotations
 import gc
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
@@ -42,7 +42,7 @@ from tidelog._fetcher import DATA, RESET
 from tidelog.config import ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
 from tidelog.records import HEADER_SIZE, decode_body, read_header, validate_batch
-from tidelog.types import ConsumerRecord, TopicPartition
+from tidelog.types import ConsumerRecord, TopicPartition, _DeserializedRecord
 from tidelog.v1 import log_pb2
 
 _NO_HEADERS: tuple[()] = ()
@@ -444,14 +444,22 @@ class SubscriptionState:
             offsets = batch.offsets
             keys = batch.keys
             values = batch.values
-            if key_deserializer is not None:
-                keys = [None if k is None else key_deserializer(k) for k in keys]
-            if value_deserializer is not None:
-                values = [None if v is None else value_deserializer(v) for v in values]
+            if key_deserializer is None and value_deserializer is None:
+                # The serialized sizes are len(key) and len(value), computed
+                # on access: no per-record columns for them here.
+                record_type: type[ConsumerRecord] = ConsumerRecord
+                sizes: tuple[Iterable[int], ...] = ()
+            else:
+                if key_deserializer is not None:
+                    keys = [None if k is None else key_deserializer(k) for k in keys]
+                if value_deserializer is not None:
+                    values = [None if v is None else value_deserializer(v) for v in values]
+                record_type = _DeserializedRecord
+                sizes = (batch.key_sizes, batch.value_sizes)
             records = list(
                 map(
                     _new_tuple,
-                    repeat(ConsumerRecord),
+                    repeat(record_type),
                     zip(
                         repeat(topic),
                         repeat(partition),
@@ -462,8 +470,7 @@ class SubscriptionState:
                         values,
                         batch.headers or repeat(_NO_HEADERS),
                         repeat(header.partition_leader_epoch),
-                        batch.key_sizes,
-                        batch.value_sizes,
+                        *sizes,
                         strict=False,
                     ),
                 )

@@ -456,7 +456,8 @@ class DecodedBatch:
     values: list[bytes | None]
     headers: list[list[Header]]
     #: The key and value sizes in bytes, -1 for a null (the body's length
-    #: columns, as read: ConsumerRecord's serialized sizes cost no work).
+    #: columns, as read: the serialized sizes of records built with a
+    #: deserializer, see `types._DeserializedRecord`).
     key_sizes: array
     value_sizes: array
 
