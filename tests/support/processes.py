@@ -1,4 +1,5 @@
-"""Real service processes for tests: a broker on a free loopback port.
+"""Real service processes for tests: a broker on a free loopback port, and
+the process wrapper that the coordinator's and the gateway's share.
 
 `start_broker(data_dir, port)` runs `python -m tidelog_broker` with the
 test's interpreter, waits until its gRPC health check (service "") answers
@@ -53,6 +54,63 @@ def wait_serving(
                 last = exc.code()
             time.sleep(0.05)
     raise TimeoutError(f"{address} did not answer SERVING within {timeout_s} s (last: {last})")
+
+
+class ServiceProcess:
+    """A started service (coordinator, gateway): its process, the address it
+    serves and its log. Not thread-safe; one owner."""
+
+    #: How long SIGTERM may take before SIGKILL (a gateway drains first).
+    stop_timeout_s = STOP_TIMEOUT_S
+
+    def __init__(self, proc: subprocess.Popen[bytes], address: str, log_path: Path) -> None:
+        self.proc = proc
+        self.address = address
+        self.log_path = log_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> int:
+        """SIGTERM (a clean shutdown), then SIGKILL if it does not exit in
+        time; the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(self.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def spawn_service(
+    what: str, args: Sequence[str], address: str, log_path: Path, timeout_s: float
+) -> subprocess.Popen[bytes]:
+    """Run `args` with output to `log_path` and wait until `address` answers
+    SERVING; a process that does not is killed and named in the error."""
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_serving(address, timeout_s, proc)
+    except Exception as exc:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        raise RuntimeError(f"{what} did not start: {exc}; see {log_path}") from exc
+    return proc
 
 
 class BrokerProcess:
