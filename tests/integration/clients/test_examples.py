@@ -2,11 +2,11 @@
 their build scripts from protos/ and run against a real cluster through the
 gateway: each produces keyed records with headers through `tidelog.v1.Records`
 (the Go one also through the batch-level `Log`, with its own record-batch
-encoder) and consumes them back (the Go one as a member of a consumer group,
-committing as it goes), and exits non-zero naming what did not come back
-intact. The Python SDK then reads the same topic, so the records are checked by
-a second client too, not only by the program that wrote them; and the group's
-committed offsets must be the log end offsets (every record was committed)."""
+encoder) and consumes them back as a member of a consumer group, committing as
+it goes, and exits non-zero naming what did not come back intact. The Python
+SDK then reads the same topic, so the records are checked by a second client
+too, not only by the program that wrote them; and the group's committed offsets
+must be the log end offsets (every record was committed)."""
 
 from __future__ import annotations
 
@@ -77,14 +77,13 @@ def test_example_produces_and_consumes_through_the_gateway(
     topic = f"{language}-{api}-example"
     group = f"{topic}-group"
     # Go's flag package takes -name and --name alike; the Java example takes --name.
-    command = [*program, "--gateway", gateway.address, "--topic", topic, "--records", str(RECORDS)]
-    if language == "go":
-        command += ["--group", group]
-    out = run_example(command)
-    assert f"produced and consumed {RECORDS} records in {PARTITIONS} partitions" in out
-    if language == "go":
-        assert f"in group {group}, committed" in out
-        assert_group_committed_everything(gateway, group, topic)
+    command = [*program, "--gateway", gateway.address, "--topic", topic, "--group", group]
+    out = run_example([*command, "--records", str(RECORDS)])
+    assert (
+        f"produced and consumed {RECORDS} records in {PARTITIONS} partitions in group {group}, "
+        "committed" in out
+    )
+    assert_group_committed_everything(gateway, group, topic)
 
     # What the program wrote, as another client reads it: with the program's
     # value and headers, keyed by Kafka's partitioner through Records (the
