@@ -1,9 +1,14 @@
 // Command tidelog-go-example produces N keyed records with headers through a
 // Tidelog gateway's record-level API (tidelog.v1.Records) and consumes them
-// back, checking that every key, value and header arrived. It uses nothing
-// but the Go code generated from protos/tidelog/v1 (see build.sh).
+// back as a member of a consumer group, committing as it goes, checking that
+// every key, value and header arrived. It uses nothing but the Go code
+// generated from protos/tidelog/v1 (see build.sh).
 //
-//	tidelog-go-example -gateway 127.0.0.1:9395 -topic go-example -records 1000
+//	tidelog-go-example -gateway 127.0.0.1:9395 -topic go-example -group go-example -records 1000
+//
+// The group starts from its committed offsets: records of the topic that are
+// older than this run's (a previous run's, not committed) are read, committed
+// and skipped.
 //
 // With -api log it produces through the batch-level tidelog.v1.Log service
 // instead, with the record-batch encoder of batch.go (written from
@@ -16,10 +21,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"strconv"
 	"time"
@@ -42,6 +45,7 @@ func main() {
 	gateway := flag.String("gateway", "127.0.0.1:9395", "the gateway's address (tidelog dev prints it)")
 	topic := flag.String("topic", "go-example", "topic to create (if missing), write and read")
 	partitions := flag.Int("partitions", 3, "partitions of the topic when it is created")
+	group := flag.String("group", "go-example", "consumer group to consume in (it commits as it goes)")
 	records := flag.Int("records", 1000, "records to produce and consume")
 	timeout := flag.Duration("timeout", 60*time.Second, "deadline for the whole run")
 	flag.Parse()
@@ -52,13 +56,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "go example: -api %q: records or log\n", *api)
 		os.Exit(2)
 	}
-	if err := run(ctx, *api, *gateway, *topic, int32(*partitions), *records); err != nil {
+	if err := run(ctx, *api, *gateway, *topic, *group, int32(*partitions), *records); err != nil {
 		fmt.Fprintln(os.Stderr, "go example:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, api, gateway, topic string, partitions int32, n int) error {
+func run(ctx context.Context, api, gateway, topic, group string, partitions int32, n int) error {
 	conn, err := grpc.NewClient(gateway, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -69,7 +73,7 @@ func run(ctx context.Context, api, gateway, topic string, partitions int32, n in
 	}
 	records := pb.NewRecordsClient(conn)
 	// Remember where this run's records start in each partition, so that
-	// consuming reads exactly what this run wrote.
+	// the check counts exactly what this run wrote.
 	var start map[int32]int64
 	if api == "log" {
 		if start, err = produceBatches(ctx, pb.NewLogClient(conn), topic, partitions, n); err != nil {
@@ -87,14 +91,14 @@ func run(ctx context.Context, api, gateway, topic string, partitions int32, n in
 			}
 		}
 	}
-	got, err := consume(ctx, records, topic, start, n)
+	got, err := consumeInGroup(ctx, records, topic, group, start, n)
 	if err != nil {
 		return err
 	}
 	if err := check(got, n); err != nil {
 		return err
 	}
-	fmt.Printf("go example (%s): produced and consumed %d records in %d partitions, keys, values and headers intact\n", api, n, len(start))
+	fmt.Printf("go example (%s): produced and consumed %d records in %d partitions in group %s, committed; keys, values and headers intact\n", api, n, len(start), group)
 	return nil
 }
 
@@ -170,39 +174,82 @@ func produce(ctx context.Context, client pb.RecordsClient, topic string, n int) 
 	return results, nil
 }
 
-// consume reads the given partitions from the given offsets with exactly n
-// records of credit and closes its side at once: the gateway ends the stream
-// when the credit is spent.
-func consume(ctx context.Context, client pb.RecordsClient, topic string, start map[int32]int64, n int) ([]*pb.ConsumedRecord, error) {
+// consumeWindow: records of credit the consumer keeps granted; it grants
+// more as it processes what came.
+const consumeWindow = 500
+
+// consumeInGroup reads the topic as one member of the group: the gateway
+// joins the group for the stream's lifetime, tells the stream which
+// partitions it owns (assignment responses) and starts each from the group's
+// committed offset. Each response's records are processed (kept for the
+// check), then committed on the same stream, then replaced by as much credit:
+// at-least-once, since a record is committed only after it was processed.
+// It returns this run's n records (those at or after start[partition]) once
+// they have all come and every commit is answered; cancelling the stream
+// then makes the member leave the group.
+func consumeInGroup(ctx context.Context, client pb.RecordsClient, topic, group string, start map[int32]int64, n int) ([]*pb.ConsumedRecord, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // ends the stream: the member leaves the group
 	stream, err := client.Consume(ctx)
 	if err != nil {
 		return nil, err
 	}
-	req := &pb.ConsumeRequest{CreditRecords: int64(n)}
-	for p, off := range start {
-		req.Positions = append(req.Positions, &pb.ConsumePosition{
-			Topic: topic, Partition: p, Start: &pb.ConsumePosition_Offset{Offset: off},
-		})
-	}
-	if err := stream.Send(req); err != nil {
+	err = stream.Send(&pb.ConsumeRequest{
+		CreditRecords: consumeWindow,
+		Group:         &pb.ConsumeGroup{GroupId: group, Topics: []string{topic}},
+	})
+	if err != nil {
 		return nil, err
 	}
-	if err := stream.CloseSend(); err != nil {
-		return nil, err
-	}
+	owned := map[int32]bool{}
 	var got []*pb.ConsumedRecord
-	for len(got) < n {
+	sent, answered := int64(0), int64(0)
+	for len(got) < n || answered < sent {
 		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
 		if err != nil {
-			return nil, fmt.Errorf("Consume: %w", err)
+			return nil, fmt.Errorf("Consume in group %s (%d of %d records, %d of %d commits answered): %w", group, len(got), n, answered, sent, err)
 		}
 		for _, e := range resp.Errors {
 			return nil, fmt.Errorf("Consume: %s-%d: %s: %s", e.Topic, e.Partition, e.Error.Code, e.Error.Message)
 		}
-		got = append(got, resp.Records...)
+		if a := resp.GetAssignment(); a != nil {
+			clear(owned)
+			for _, tp := range a.Owned {
+				owned[tp.Partition] = true
+			}
+			continue
+		}
+		if c := resp.GetCommit(); c != nil {
+			if c.Error != nil && c.Error.Code != pb.ErrorCode_NONE {
+				return nil, fmt.Errorf("commit %d: %s: %s", c.CorrelationId, c.Error.Code, c.Error.Message)
+			}
+			answered++
+			continue
+		}
+		if len(resp.Records) == 0 {
+			continue
+		}
+		// Process: keep this run's records (older ones are skipped, and committed all the same).
+		next := map[int32]int64{}
+		for _, r := range resp.Records {
+			if !owned[r.Partition] {
+				return nil, fmt.Errorf("record of %s-%d, a partition the stream does not own", r.Topic, r.Partition)
+			}
+			if off, ok := start[r.Partition]; ok && r.Offset >= off {
+				got = append(got, r)
+			}
+			next[r.Partition] = max(next[r.Partition], r.Offset+1)
+		}
+		// Then commit what was processed, and grant as much credit again.
+		sent++
+		commit := &pb.ConsumeCommit{CorrelationId: sent}
+		for p, off := range next {
+			commit.Offsets = append(commit.Offsets, &pb.OffsetCommit{Topic: topic, Partition: p, Offset: off})
+		}
+		err = stream.Send(&pb.ConsumeRequest{Commit: commit, CreditRecords: int64(len(resp.Records))})
+		if err != nil {
+			return nil, fmt.Errorf("Consume: sending commit %d: %w", sent, err)
+		}
 	}
 	return got, nil
 }

@@ -2,9 +2,11 @@
 their build scripts from protos/ and run against a real cluster through the
 gateway: each produces keyed records with headers through `tidelog.v1.Records`
 (the Go one also through the batch-level `Log`, with its own record-batch
-encoder) and consumes them back, and exits non-zero naming what did not come
-back intact. The Python SDK then reads the same topic, so the records are checked
-by a second client too, not only by the program that wrote them."""
+encoder) and consumes them back as a member of a consumer group, committing as
+it goes, and exits non-zero naming what did not come back intact. The Python
+SDK then reads the same topic, so the records are checked by a second client
+too, not only by the program that wrote them; and the group's committed offsets
+must be the log end offsets (every record was committed)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import subprocess
 import time
 
 import pytest
-from tidelog import Consumer, TopicPartition
+from tidelog import AdminClient, Consumer, OffsetSpec, TopicPartition
 from tidelog.partitioner import partition_for_key
 
 from tests.integration.clients.conftest import build
@@ -48,6 +50,18 @@ def read_with_python(gateway: GatewayProcess, topic: str, count: int) -> list:
     return got
 
 
+def assert_group_committed_everything(gateway: GatewayProcess, group: str, topic: str) -> None:
+    """The group's committed offsets are the topic's log end offsets."""
+    partitions = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    with AdminClient(bootstrap_servers=gateway.address) as admin:
+        ends = admin.list_offsets(dict.fromkeys(partitions, OffsetSpec.latest()))
+        committed = admin.list_consumer_group_offsets(group, partitions)
+    # A partition the group never committed is absent (or at -1): None here.
+    got = {tp.partition: getattr(committed.get(tp), "offset", None) for tp in partitions}
+    assert got == {tp.partition: ends[tp].offset for tp in partitions}, f"group {group}"
+    assert sum(ends[tp].offset for tp in partitions) == RECORDS
+
+
 @pytest.mark.parametrize(
     ("language", "api"), [("go", "records"), ("go", "log"), ("java", "records")]
 )
@@ -61,10 +75,15 @@ def test_example_produces_and_consumes_through_the_gateway(
         program = ["java", "-jar", str(build("examples/java/build.sh"))]
     gateway: GatewayProcess = request.getfixturevalue("gateway")
     topic = f"{language}-{api}-example"
+    group = f"{topic}-group"
     # Go's flag package takes -name and --name alike; the Java example takes --name.
-    command = [*program, "--gateway", gateway.address, "--topic", topic, "--records", str(RECORDS)]
-    out = run_example(command)
-    assert f"produced and consumed {RECORDS} records in {PARTITIONS} partitions" in out
+    command = [*program, "--gateway", gateway.address, "--topic", topic, "--group", group]
+    out = run_example([*command, "--records", str(RECORDS)])
+    assert (
+        f"produced and consumed {RECORDS} records in {PARTITIONS} partitions in group {group}, "
+        "committed" in out
+    )
+    assert_group_committed_everything(gateway, group, topic)
 
     # What the program wrote, as another client reads it: with the program's
     # value and headers, keyed by Kafka's partitioner through Records (the

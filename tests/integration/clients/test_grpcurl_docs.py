@@ -3,7 +3,8 @@ in order, with bash, the grpcurl that tools/go-tools.sh builds, and GATEWAY
 set to a real cluster's gateway. Each must exit 0 and print what the ```json
 (or ```text) block after it shows: the same JSON, except timestamps (the
 clock's) and the order of consumed records across partitions and responses
-(the gateway interleaves partitions as their data comes). So the page's
+(the gateway interleaves partitions as their data comes); a group stream's
+events (assignment, commit answers) must come in the doc's order. So the page's
 commands and answers cannot drift from what the gateway does."""
 
 from __future__ import annotations
@@ -63,14 +64,18 @@ def json_stream(text: str) -> list[Any]:
     return objects
 
 
+_CLOCK_FIELDS = {"timestamp_ms", "commit_time_ms"}
+
+
 def normalized(objects: list[Any]) -> list[Any]:
-    """Timestamps as "<ts>"; Consume responses merged into one, records in
-    (partition, offset) order."""
+    """Clock fields as "<ts>"; Consume responses merged into one, records in
+    (partition, offset) order, followed by a group stream's events
+    (assignment changes, commit answers) in the order they came."""
 
     def scrub(value: Any) -> Any:
         if isinstance(value, dict):
             return {
-                k: ("<ts>" if k == "timestamp_ms" and v != "-1" else scrub(v))
+                k: ("<ts>" if k in _CLOCK_FIELDS and v != "-1" else scrub(v))
                 for k, v in value.items()
             }
         if isinstance(value, list):
@@ -78,18 +83,20 @@ def normalized(objects: list[Any]) -> list[Any]:
         return value
 
     objects = scrub(objects)
-    if objects and all(isinstance(o, dict) and set(o) == {"records", "errors"} for o in objects):
+    consume = {"records", "errors"}
+    if objects and all(isinstance(o, dict) and consume <= set(o) for o in objects):
         records = [r for o in objects for r in o["records"]]
         errors = [e for o in objects for e in o["errors"]]
         records.sort(key=lambda r: (r["topic"], r["partition"], int(r["offset"])))
-        return [{"records": records, "errors": errors}]
+        events = [{k: v for k, v in o.items() if k not in consume} for o in objects]
+        return [{"records": records, "errors": errors}, *(e for e in events if e)]
     return objects
 
 
 def test_the_doc_has_the_commands_it_promises() -> None:
     commands = [e.command for e in examples(DOC.read_text())]
     joined = "\n".join(commands)
-    for call in ("Admin/CreateTopics", "Records/Produce", "Records/Consume"):
+    for call in ("Admin/CreateTopics", "Records/Produce", "Records/Consume", '"commit"'):
         assert call in joined, f"docs/any-language.md runs no {call}"
     assert all(e.expected is not None for e in examples(DOC.read_text()))
 
