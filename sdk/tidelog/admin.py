@@ -193,10 +193,13 @@ class AsyncAdminClient:
         """Create topics; returns topic -> None (created, or with
         `validate_only` would be) or its typed error. With `raise_errors`
         (the default) the first error is raised instead, after every topic
-        was tried. Explicit replica assignments are not supported (the
-        controller places replicas)."""
+        was tried. A NewTopic with `replica_assignments` is placed as given
+        (checked by the coordinator: see NewTopic)."""
         new_topics = list(new_topics)
         for t in new_topics:
+            if t.replica_assignments is not None:
+                _check_assignment_shape(t)
+                continue
             # On the wire 0 means "the broker's default": refuse it here
             # rather than create a topic of another size than asked for.
             if t.num_partitions < 1:
@@ -214,6 +217,10 @@ class AsyncAdminClient:
                     partitions=t.num_partitions,
                     replication_factor=t.replication_factor,
                     configs=dict(t.topic_configs),
+                    replica_assignment=[
+                        admin_pb2.ReplicaAssignment(partition=p, broker_ids=list(ids))
+                        for p, ids in sorted((t.replica_assignments or {}).items())
+                    ],
                 )
                 for t in new_topics
             ],
@@ -587,3 +594,20 @@ class AdminClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _check_assignment_shape(topic: NewTopic) -> None:
+    """What the client can refuse before sending a replica assignment (the
+    coordinator checks the rest, e.g. that every broker is live)."""
+    assignment = topic.replica_assignments or {}
+    if not assignment:
+        raise InvalidRequestError(f"{topic.name}: replica_assignments is empty")
+    for name, value, derived in (
+        ("num_partitions", topic.num_partitions, len(assignment)),
+        ("replication_factor", topic.replication_factor, len(next(iter(assignment.values())))),
+    ):
+        if value != -1 and value != derived:
+            raise InvalidRequestError(
+                f"{topic.name}: {name}={value} but replica_assignments gives {derived}: "
+                f"pass {name}=-1 (as in kafka-python) to take it from the assignment"
+            )

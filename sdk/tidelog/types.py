@@ -131,12 +131,20 @@ def _rebuild_deserialized(items: tuple[Any, ...]) -> _DeserializedRecord:
 
 @dataclass(frozen=True)
 class NewTopic:
-    """A topic to create (AdminClient.create_topics)."""
+    """A topic to create (AdminClient.create_topics).
+
+    `replica_assignments` (kafka-python's name): partition -> broker ids of
+    its replicas, the preferred leader first, used instead of the
+    coordinator's placement. With it, pass num_partitions=-1 and
+    replication_factor=-1 as in kafka-python (taken from the assignment), or
+    the values the assignment has; anything else is refused. Pass it by
+    keyword: the fourth positional field is topic_configs here."""
 
     name: str
     num_partitions: int = 1
     replication_factor: int = 1
     topic_configs: dict[str, str] = field(default_factory=dict)
+    replica_assignments: Mapping[int, Sequence[int]] | None = None
 
 
 @dataclass(frozen=True)

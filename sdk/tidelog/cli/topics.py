@@ -16,8 +16,22 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
 
     create = actions.add_parser("create", help="create a topic")
     create.add_argument("name")
-    create.add_argument("--partitions", type=int_at_least(1), default=1)
-    create.add_argument("--replication-factor", type=int_at_least(1), default=1)
+    create.add_argument(
+        "--partitions", type=int_at_least(1), help="default 1, or the --replica-assignment's"
+    )
+    create.add_argument(
+        "--replication-factor",
+        type=int_at_least(1),
+        help="default 1, or the --replica-assignment's",
+    )
+    create.add_argument(
+        "--replica-assignment",
+        type=parse_replica_assignment,
+        metavar="B:B,B:B",
+        help="place the replicas yourself, as kafka-topics does: partitions separated by "
+        "commas, each a colon-separated list of broker ids, the preferred leader first "
+        "(e.g. 0:1:2,1:2:0 is 2 partitions of 3 replicas)",
+    )
     create.add_argument(
         "--config",
         action="append",
@@ -76,19 +90,41 @@ def _parse_configs(pairs: list[str]) -> dict[str, str]:
     return configs
 
 
+def parse_replica_assignment(text: str) -> dict[int, list[int]]:
+    """kafka-topics' --replica-assignment: "0:1:2,1:2:0" -> {0: [0, 1, 2], 1: [1, 2, 0]}
+    (the n-th comma-separated group is partition n)."""
+    assignment: dict[int, list[int]] = {}
+    for partition, group in enumerate(text.split(",")):
+        try:
+            assignment[partition] = [int(b) for b in group.split(":")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"partition {partition} is {group.strip()!r}: expected broker ids separated "
+                f"by colons, partitions by commas (e.g. 0:1:2,1:2:0)"
+            ) from None
+    return assignment
+
+
 def _create(args: argparse.Namespace) -> int:
+    assignment = args.replica_assignment
+    # Without an assignment, 1 is the default; with one, -1 takes each count
+    # from it (an explicit one must agree with it).
+    unset = 1 if assignment is None else -1
+    partitions = args.partitions or unset
     with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
         admin.create_topics(
             [
                 NewTopic(
                     args.name,
-                    num_partitions=args.partitions,
-                    replication_factor=args.replication_factor,
+                    num_partitions=partitions,
+                    replication_factor=args.replication_factor or unset,
                     topic_configs=_parse_configs(args.config),
+                    replica_assignments=assignment,
                 )
             ]
         )
-    print(f"created topic {args.name} with {args.partitions} partition(s)")
+    count = len(assignment) if assignment is not None else partitions
+    print(f"created topic {args.name} with {count} partition(s)")
     return 0
 
 

@@ -103,16 +103,31 @@ class NewTopic(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     REPLICATION_FACTOR_FIELD_NUMBER: _builtins.int
     CONFIGS_FIELD_NUMBER: _builtins.int
+    REPLICA_ASSIGNMENT_FIELD_NUMBER: _builtins.int
     name: _builtins.str
     """[a-zA-Z0-9._-], 1 to 249 characters."""
     partitions: _builtins.int
-    """At least 1; 0 means the broker's num.partitions."""
+    """At least 1; 0 means the broker's num.partitions (or, with a
+    replica_assignment, its partition count; -1 too).
+    """
     replication_factor: _builtins.int
     """Copies of each partition; 0 means the default (1 on a single broker)."""
     @_builtins.property
     def configs(self) -> _containers.ScalarMap[_builtins.str, _builtins.str]:
         """Topic configs with Kafka's names, for example "retention.ms" or
         "segment.bytes"; values as strings.
+        """
+
+    @_builtins.property
+    def replica_assignment(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaAssignment]:
+        """An explicit placement instead of the coordinator's (Kafka's
+        replicaAssignment): one entry per partition 0 to n-1, each listing the
+        broker ids of its replicas, the preferred leader first. Every partition
+        has the same number of replicas, no broker twice, and every broker is
+        registered and live. With it, `partitions` and `replication_factor` may
+        be 0 or -1 (taken from the assignment); otherwise they must agree with
+        it. Refused with INVALID_REQUEST naming what is wrong. A standalone
+        broker accepts only an assignment naming itself alone.
         """
 
     def __init__(
@@ -122,14 +137,42 @@ class NewTopic(_message.Message):
         partitions: _builtins.int = ...,
         replication_factor: _builtins.int = ...,
         configs: _abc.Mapping[_builtins.str, _builtins.str] | None = ...,
+        replica_assignment: _abc.Iterable[Global___ReplicaAssignment] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["configs", b"configs", "name", b"name", "partitions", b"partitions", "replication_factor", b"replication_factor"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["configs", b"configs", "name", b"name", "partitions", b"partitions", "replica_assignment", b"replica_assignment", "replication_factor", b"replication_factor"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___NewTopic: _TypeAlias = NewTopic  # noqa: Y015
+
+@_typing.final
+class ReplicaAssignment(_message.Message):
+    """The replicas of one partition of a NewTopic."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITION_FIELD_NUMBER: _builtins.int
+    BROKER_IDS_FIELD_NUMBER: _builtins.int
+    partition: _builtins.int
+    @_builtins.property
+    def broker_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Broker ids, the preferred leader first."""
+
+    def __init__(
+        self,
+        *,
+        partition: _builtins.int = ...,
+        broker_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_ids", b"broker_ids", "partition", b"partition"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaAssignment: _TypeAlias = ReplicaAssignment  # noqa: Y015
 
 @_typing.final
 class CreateTopicsResponse(_message.Message):

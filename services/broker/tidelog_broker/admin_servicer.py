@@ -37,23 +37,61 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.CreateTopicsResponse:
         try:
             # The request's shape first: nothing is created when it is too big.
-            check_create_topics((t.name, t.partitions) for t in request.topics)
+            check_create_topics(
+                (t.name, max(t.partitions, len(t.replica_assignment))) for t in request.topics
+            )
         except InvalidRequestError as exc:
             await abort(context, exc, "creating topics")
         response = admin_pb2.CreateTopicsResponse()
         for new in request.topics:
             result = response.topics.add(name=new.name)
             try:
+                partitions, replication_factor = self._standalone_shape(new)
                 self._manager.logs.create_topic(
                     new.name,
-                    new.partitions,
-                    new.replication_factor,
+                    partitions,
+                    replication_factor,
                     dict(new.configs),
                     validate_only=request.validate_only,
                 )
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"creating topic {new.name}"))
         return response
+
+    def _standalone_shape(self, new: admin_pb2.NewTopic) -> tuple[int, int]:
+        """Partitions and replication factor of a NewTopic. A replica
+        assignment is accepted only when every partition names this broker
+        alone (the only placement a standalone broker has); the partition
+        count then comes from it, checked as the coordinator checks it."""
+        if not new.replica_assignment:
+            return new.partitions, new.replication_factor
+        me = self._config.broker_id
+        n = len(new.replica_assignment)
+        seen: set[int] = set()
+        for entry in new.replica_assignment:
+            if list(entry.broker_ids) != [me]:
+                raise InvalidRequestError(
+                    f"replica assignment of {new.name!r}: partition {entry.partition} names "
+                    f"brokers {':'.join(map(str, entry.broker_ids)) or '(none)'}, but this "
+                    f"standalone broker (id {me}) can only place every partition on itself"
+                )
+            if entry.partition < 0 or entry.partition >= n or entry.partition in seen:
+                raise InvalidRequestError(
+                    f"replica assignment of {new.name!r}: partition {entry.partition} is out "
+                    f"of range or given twice; list each of 0 to {n - 1} once"
+                )
+            seen.add(entry.partition)
+        if new.partitions not in (0, -1, n):
+            raise InvalidRequestError(
+                f"topic {new.name!r} asks for {new.partitions} partitions but its replica "
+                f"assignment has {n}: give the same count, or -1 to take it from the assignment"
+            )
+        if new.replication_factor not in (0, -1, 1):
+            raise InvalidRequestError(
+                f"topic {new.name!r} asks for replication factor {new.replication_factor} "
+                f"but its replica assignment has 1 replica per partition"
+            )
+        return n, 1
 
     async def DeleteTopics(
         self, request: admin_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext

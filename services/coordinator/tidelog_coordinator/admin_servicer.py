@@ -29,7 +29,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.CreateTopicsResponse:
         try:
             # The request's shape first: nothing is created when it is too big.
-            check_create_topics((t.name, t.partitions) for t in request.topics)
+            check_create_topics(
+                (t.name, max(t.partitions, len(t.replica_assignment))) for t in request.topics
+            )
         except InvalidRequestError as exc:
             await abort(context, exc, "creating topics")
         results = []
@@ -41,6 +43,9 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     topic.replication_factor,
                     dict(topic.configs),
                     validate_only=request.validate_only,
+                    replica_assignment=[
+                        (a.partition, list(a.broker_ids)) for a in topic.replica_assignment
+                    ],
                 )
                 results.append(admin_pb2.TopicResult(name=topic.name))
             except Exception as exc:

@@ -47,7 +47,12 @@ from tidelog_server.topic_configs import (
 )
 
 from tidelog_coordinator.config import CoordinatorConfig
-from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
+from tidelog_coordinator.placement import (
+    BrokerSlot,
+    check_assignment,
+    check_capacity,
+    place_replicas,
+)
 
 #: Attempts of an AlterConfigs read-modify-write before giving up (each
 #: failure means the topic key changed meanwhile; we re-read and try again).
@@ -149,9 +154,17 @@ class MetadataManager:
         replication_factor: int,
         configs: dict[str, str],
         validate_only: bool = False,
+        replica_assignment: Sequence[tuple[int, Sequence[int]]] = (),
     ) -> TopicRecord:
-        """Validate, place and (unless validate_only) write one topic."""
+        """Validate, place and (unless validate_only) write one topic.
+
+        With `replica_assignment` ((partition, broker ids) pairs) that
+        placement is used, once checked, instead of the coordinator's."""
         validate_topic_name(name)
+        if replica_assignment:
+            return await self._create_assigned(
+                name, partitions, replication_factor, configs, validate_only, replica_assignment
+            )
         partitions = partitions or self.config.default_partitions
         if partitions < 1 or partitions > MAX_PARTITIONS:
             raise InvalidPartitionsError(
@@ -165,6 +178,40 @@ class MetadataManager:
         brokers = await self.live_brokers()
         slots = [BrokerSlot(b.broker_id, b.rack) for b in brokers]
         placement = place_replicas(name, slots, partitions, replication_factor)
+        return await self._create_placed(name, placement, brokers, overrides, validate_only)
+
+    async def _create_assigned(
+        self,
+        name: str,
+        partitions: int,
+        replication_factor: int,
+        configs: dict[str, str],
+        validate_only: bool,
+        replica_assignment: Sequence[tuple[int, Sequence[int]]],
+    ) -> TopicRecord:
+        brokers = await self.live_brokers()
+        placement = check_assignment(
+            name,
+            replica_assignment,
+            partitions,
+            replication_factor,
+            [b.broker_id for b in brokers],
+            MAX_PARTITIONS,
+        )
+        overrides = validate_topic_configs(configs)
+        check_replication(parse_topic_configs(overrides), len(placement[0]), name)
+        return await self._create_placed(name, placement, brokers, overrides, validate_only)
+
+    async def _create_placed(
+        self,
+        name: str,
+        placement: list[list[int]],
+        brokers: list[BrokerRecord],
+        overrides: dict[str, str],
+        validate_only: bool,
+    ) -> TopicRecord:
+        """Check capacity, then (unless validate_only) write the topic; the
+        first replica of each partition is its leader."""
         check_capacity(
             name,
             placement,

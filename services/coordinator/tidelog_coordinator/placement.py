@@ -11,15 +11,22 @@ rack in turn (a1, b1, c1, a2, b2, ...), and each partition's replicas are
 taken from its start position onward, skipping brokers in a rack the
 partition already uses while an unused rack remains. So with replication
 factor <= number of racks, no partition has two replicas in one rack.
+
+A topic created with an explicit assignment skips placement: its assignment
+is checked instead (`check_assignment`). Both then pass `check_capacity`.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from tidelog.errors import InvalidPartitionsError, InvalidReplicationFactorError
+from tidelog.errors import (
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +122,77 @@ def check_capacity(
                 f"{limit} (max.partitions, from its open-file limit); the cluster has room "
                 f"for {room} more replicas: use fewer partitions or add brokers"
             )
+
+
+def check_assignment(
+    topic: str,
+    assignment: Sequence[tuple[int, Sequence[int]]],
+    partitions: int,
+    replication_factor: int,
+    live_broker_ids: Collection[int],
+    max_partitions: int,
+) -> list[list[int]]:
+    """An explicit placement (Kafka's replicaAssignment) checked and put in
+    partition order: the broker ids of each partition's replicas, the
+    preferred leader first.
+
+    `assignment` is (partition, broker ids) pairs as the request carries
+    them; `partitions` and `replication_factor` are the request's fields,
+    where 0 or -1 means "take it from the assignment". Raises
+    InvalidRequestError naming the first thing wrong.
+    """
+    n = len(assignment)
+    if n == 0 or n > max_partitions:
+        raise InvalidRequestError(
+            f"replica assignment of {topic!r} has {n} partitions: use 1 to {max_partitions}"
+        )
+    if partitions not in (0, -1) and partitions != n:
+        raise InvalidRequestError(
+            f"topic {topic!r} asks for {partitions} partitions but its replica assignment "
+            f"has {n}: give the same count, or -1 to take it from the assignment"
+        )
+    by_partition: dict[int, list[int]] = {}
+    for partition, replicas in assignment:
+        if partition < 0 or partition >= n:
+            raise InvalidRequestError(
+                f"replica assignment of {topic!r} names partition {partition}: with {n} "
+                f"partitions they are numbered 0 to {n - 1}"
+            )
+        if partition in by_partition:
+            raise InvalidRequestError(
+                f"replica assignment of {topic!r} gives partition {partition} twice"
+            )
+        by_partition[partition] = list(replicas)
+    # n entries, none repeated, all in 0..n-1: every partition is present.
+    factor = replication_factor if replication_factor not in (0, -1) else len(by_partition[0])
+    if factor < 1:
+        raise InvalidRequestError(
+            f"replica assignment of {topic!r}: replication factor {factor}; every "
+            f"partition needs at least one replica"
+        )
+    live = set(live_broker_ids)
+    for partition in range(n):
+        replicas = by_partition[partition]
+        if len(replicas) != factor:
+            raise InvalidRequestError(
+                f"replica assignment of {topic!r}: partition {partition} has "
+                f"{len(replicas)} replicas, expected {factor} "
+                + (
+                    "(the replication factor asked for)"
+                    if replication_factor not in (0, -1)
+                    else "(as partition 0): every partition needs the same number"
+                )
+            )
+        if len(set(replicas)) != len(replicas):
+            raise InvalidRequestError(
+                f"replica assignment of {topic!r}: partition {partition} lists a broker "
+                f"twice ({':'.join(map(str, replicas))})"
+            )
+        unknown = [b for b in replicas if b not in live]
+        if unknown:
+            raise InvalidRequestError(
+                f"replica assignment of {topic!r}: partition {partition} names broker "
+                f"{unknown[0]}, which is not a live broker (live: "
+                f"{', '.join(map(str, sorted(live))) or 'none'})"
+            )
+    return [by_partition[p] for p in range(n)]
