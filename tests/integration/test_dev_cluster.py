@@ -1,0 +1,168 @@
+"""`tidelog dev` survives a broker's death: the demonstration the README
+invites (kill a broker of a replicated topic, watch the fail-over) run as a
+user would, with a producer (acks=all) and a consumer going all along."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from tidelog import AdminClient, Consumer, Producer, TopicPartition
+from tidelog.errors import TidelogError
+
+from tests.integration.test_cli import kill_dev, start_dev, tidelog, wait_banner
+from tests.support.processes import free_port
+
+pytestmark = pytest.mark.timeout(300)
+
+TOPIC = "failover"
+PARTITIONS = 3
+
+
+class Output:
+    """What `tidelog dev` prints after its banner, read by a thread."""
+
+    def __init__(self, dev: subprocess.Popen[bytes]) -> None:
+        self.text = ""
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, args=(dev,), daemon=True).start()
+
+    def _read(self, dev: subprocess.Popen[bytes]) -> None:
+        assert dev.stdout is not None
+        for line in dev.stdout:
+            with self._lock:
+                self.text += line.decode(errors="replace")
+
+    def __contains__(self, needle: str) -> bool:
+        with self._lock:
+            return needle in self.text
+
+
+def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s} s: {what}")
+        time.sleep(0.1)
+
+
+def broker_process(dev_pid: int, broker_id: int) -> psutil.Process:
+    for child in psutil.Process(dev_pid).children():
+        cmdline = child.cmdline()
+        if "tidelog_broker" in cmdline and cmdline[cmdline.index("--broker-id") + 1] == str(
+            broker_id
+        ):
+            return child
+    raise AssertionError(f"no process for broker {broker_id}")
+
+
+def test_a_killed_broker_is_restarted_and_rejoins_without_losing_acknowledged_records(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    bootstrap = f"127.0.0.1:{port}"
+    dev = start_dev(tmp_path / "dev", port, "--brokers", "3")
+    children: list[psutil.Process] = []
+    stop = threading.Event()
+    acknowledged: list[bytes | None] = []
+    failed: list[str] = []
+    consumed: set[bytes | None] = set()
+    try:
+        banner = wait_banner(dev).decode()
+        assert "started again" in banner, banner
+        children = psutil.Process(dev.pid).children(recursive=True)
+        output = Output(dev)
+        tidelog(
+            "topics", "create", TOPIC, "--partitions", str(PARTITIONS),
+            "--replication-factor", "3", "--config", "min.insync.replicas=2",
+            bootstrap=bootstrap,
+        )  # fmt: skip
+
+        def produce() -> None:
+            with Producer(bootstrap, acks="all") as producer:
+                n = 0
+                while not stop.is_set():
+                    value = b"r%d" % n
+                    n += 1
+                    try:
+                        producer.send_and_wait(TOPIC, value, timeout=60)
+                        acknowledged.append(value)
+                    except TidelogError as exc:  # not acknowledged: may be lost
+                        failed.append(repr(exc))
+                    time.sleep(0.005)
+
+        def consume() -> None:
+            with Consumer(bootstrap_servers=bootstrap) as consumer:
+                partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+                consumer.assign(partitions)
+                consumer.seek_to_beginning(*partitions)
+                while not stop.is_set():
+                    for batch in consumer.poll(timeout_ms=500).values():
+                        consumed.update(record.value for record in batch)
+
+        threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+        for thread in threads:
+            thread.start()
+        wait_until(lambda: len(acknowledged) >= 50, 60, "records acknowledged before the kill")
+
+        with AdminClient(bootstrap) as admin:
+            (topic,) = admin.describe_topics([TOPIC])
+        victim_id = topic.partitions[0].leader  # a leader: the fail-over is real
+        victim = broker_process(dev.pid, victim_id)
+        victim.kill()
+        victim.wait(10)
+        before_kill = len(acknowledged)
+
+        wait_until(
+            lambda: f"broker {victim_id} exited with code -9" in output, 30, "the death reported"
+        )
+        wait_until(lambda: f"broker {victim_id} restarted" in output, 60, "the broker restarted")
+        reborn = broker_process(dev.pid, victim_id)
+        assert reborn.pid != victim.pid
+        children.append(reborn)
+        assert dev.poll() is None  # the cluster kept running
+
+        def every_isr_full() -> bool:
+            try:
+                with AdminClient(bootstrap) as admin:
+                    (described,) = admin.describe_topics([TOPIC])
+            except TidelogError:
+                return False
+            return all(sorted(p.isr) == [0, 1, 2] for p in described.partitions)
+
+        wait_until(every_isr_full, 120, f"broker {victim_id} back in every ISR")
+        described = tidelog("topics", "describe", TOPIC, bootstrap=bootstrap).stdout.decode()
+        rows = [line.split() for line in described.splitlines()[2:] if line.strip()]
+        assert len(rows) == PARTITIONS, described
+        assert all(sorted(row[3].split(",")) == ["0", "1", "2"] for row in rows), described
+        # Writes went on after the kill, and nothing acknowledged is lost.
+        wait_until(lambda: len(acknowledged) >= before_kill + 50, 60, "writes after the kill")
+        stop.set()
+        for thread in threads:
+            thread.join(90)
+        with Consumer(bootstrap_servers=bootstrap) as consumer:
+            partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+            consumer.assign(partitions)
+            consumer.seek_to_beginning(*partitions)
+            everything: set[bytes | None] = set()
+            deadline = time.monotonic() + 60
+            while not set(acknowledged) <= everything and time.monotonic() < deadline:
+                for batch in consumer.poll(timeout_ms=500).values():
+                    everything.update(record.value for record in batch)
+        lost = set(acknowledged) - everything
+        assert not lost, f"{len(lost)} acknowledged records lost: {sorted(map(repr, lost))[:10]}"
+        assert consumed, "the consumer running during the kill read nothing"
+
+        dev.send_signal(signal.SIGINT)
+        assert dev.wait(timeout=60) == 0
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, alive
+    finally:
+        stop.set()
+        kill_dev(dev, children)
