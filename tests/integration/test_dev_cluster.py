@@ -4,6 +4,7 @@ user would, with a producer (acks=all) and a consumer going all along."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import threading
@@ -165,4 +166,45 @@ def test_a_killed_broker_is_restarted_and_rejoins_without_losing_acknowledged_re
         assert not alive, alive
     finally:
         stop.set()
+        kill_dev(dev, children)
+
+
+def test_a_broker_that_crashes_at_start_is_left_down_after_a_few_restarts(
+    tmp_path: Path,
+) -> None:
+    """No hot loop: the delay doubles and the restarts per minute are capped;
+    then the broker stays down, said so, and the rest keeps serving."""
+    port = free_port()
+    data_dir = tmp_path / "dev"
+    dev = start_dev(data_dir, port, "--brokers", "2")
+    children: list[psutil.Process] = []
+    try:
+        wait_banner(dev)
+        children = psutil.Process(dev.pid).children(recursive=True)
+        output = Output(dev)
+        broken = broker_process(dev.pid, 1)
+        broken.kill()
+        broken.wait(10)
+        # Its data directory becomes a file: every start now fails at once.
+        (data_dir / "broker-1").rename(data_dir / "broker-1.moved")
+        (data_dir / "broker-1").write_bytes(b"")
+
+        wait_until(lambda: "broker 1 exited" in output and "left down" in output, 180, "given up")
+        restarts = output.text.count("broker 1 restarted")
+        assert restarts == 5, output.text  # RESTARTS_PER_MINUTE
+        delays = re.findall(
+            r"broker 1 exited with code -?\d+; restarting it in (\d+) s", output.text
+        )
+        assert [int(d) for d in delays] == [1, 2, 4, 8, 16], output.text
+        time.sleep(3)  # and no more after it gave up
+        assert output.text.count("broker 1 restarted") == restarts
+        assert dev.poll() is None
+        listed = tidelog("topics", "list", bootstrap=f"127.0.0.1:{port}")  # broker 0 serves
+        assert listed.returncode == 0
+
+        dev.send_signal(signal.SIGINT)
+        assert dev.wait(timeout=60) == 0
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, alive
+    finally:
         kill_dev(dev, children)
