@@ -45,6 +45,42 @@ class Output:
             return needle in self.text
 
 
+class Partitions:
+    """Each (leader, ISR) state of the topic's partitions, polled from
+    before the kill on through one AdminClient: a fail-over that lasts a
+    moment is still seen."""
+
+    def __init__(self, bootstrap: str, stop: threading.Event) -> None:
+        self.states: list[list[tuple[int, list[int]]]] = []
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        threading.Thread(target=self._poll, args=(bootstrap, stop), daemon=True).start()
+        self._ready.wait(30)
+
+    def _poll(self, bootstrap: str, stop: threading.Event) -> None:
+        with AdminClient(bootstrap) as admin:
+            while not stop.is_set():
+                try:
+                    (described,) = admin.describe_topics([TOPIC])
+                except TidelogError:
+                    continue
+                state = [(p.leader, sorted(p.isr)) for p in described.partitions]
+                with self._lock:
+                    if not self.states or self.states[-1] != state:
+                        self.states.append(state)
+                self._ready.set()
+                time.sleep(0.05)
+
+    def seen(self, partition_0: Callable[[list[tuple[int, list[int]]]], bool]) -> bool:
+        """Whether any state seen so far of partition 0 satisfies the check."""
+        with self._lock:
+            return partition_0([state[0] for state in self.states])
+
+    def latest_full(self) -> bool:
+        with self._lock:
+            return bool(self.states) and all(isr == [0, 1, 2] for _, isr in self.states[-1])
+
+
 def wait_until(check: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not check():
@@ -116,6 +152,7 @@ def test_a_killed_broker_is_restarted_and_rejoins_without_losing_acknowledged_re
             (topic,) = admin.describe_topics([TOPIC])
         victim_id = topic.partitions[0].leader  # a leader: the fail-over is real
         victim = broker_process(dev.pid, victim_id)
+        watcher = Partitions(bootstrap, stop)
         victim.kill()
         victim.wait(10)
         before_kill = len(acknowledged)
@@ -128,16 +165,18 @@ def test_a_killed_broker_is_restarted_and_rejoins_without_losing_acknowledged_re
         assert reborn.pid != victim.pid
         children.append(reborn)
         assert dev.poll() is None  # the cluster kept running
-
-        def every_isr_full() -> bool:
-            try:
-                with AdminClient(bootstrap) as admin:
-                    (described,) = admin.describe_topics([TOPIC])
-            except TidelogError:
-                return False
-            return all(sorted(p.isr) == [0, 1, 2] for p in described.partitions)
-
-        wait_until(every_isr_full, 120, f"broker {victim_id} back in every ISR")
+        # The controller noticed: the victim lost its leadership or left an ISR...
+        wait_until(
+            lambda: watcher.seen(
+                lambda states: any(
+                    leader != victim_id or victim_id not in isr for leader, isr in states
+                )
+            ),
+            60,
+            f"broker {victim_id} out of partition 0's leadership or ISR",
+        )
+        # ...and then it is back in every ISR.
+        wait_until(lambda: watcher.latest_full(), 120, f"broker {victim_id} back in every ISR")
         described = tidelog("topics", "describe", TOPIC, bootstrap=bootstrap).stdout.decode()
         rows = [line.split() for line in described.splitlines()[2:] if line.strip()]
         assert len(rows) == PARTITIONS, described
