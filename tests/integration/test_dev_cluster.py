@@ -247,3 +247,27 @@ def test_a_broker_that_crashes_at_start_is_left_down_after_a_few_restarts(
         assert not alive, alive
     finally:
         kill_dev(dev, children)
+
+
+def test_no_restart_leaves_a_dead_broker_down_and_the_rest_serving(tmp_path: Path) -> None:
+    port = free_port()
+    dev = start_dev(tmp_path / "dev", port, "--brokers", "2", "--no-restart")
+    children: list[psutil.Process] = []
+    try:
+        banner = wait_banner(dev).decode()
+        assert "left down (--no-restart)" in banner, banner
+        children = psutil.Process(dev.pid).children(recursive=True)
+        output = Output(dev)
+        victim = broker_process(dev.pid, 1)
+        victim.kill()
+        victim.wait(10)
+        wait_until(lambda: "broker 1 exited with code -9; left down" in output, 30, "reported")
+        assert dev.poll() is None
+        tidelog("topics", "list", bootstrap=f"127.0.0.1:{port}")  # broker 0 serves
+        assert "broker 1 restarted" not in output
+        dev.send_signal(signal.SIGINT)
+        assert dev.wait(timeout=60) == 0
+        _gone, alive = psutil.wait_procs(children, timeout=30)
+        assert not alive, alive
+    finally:
+        kill_dev(dev, children)
