@@ -16,6 +16,18 @@ be killed when its parent dies (prctl PR_SET_PDEATHSIG). Each child is in a
 session of its own, so the terminal's Ctrl-C reaches only `tidelog dev`,
 which stops them in order.
 
+A child that dies is reported on stderr and the others keep serving; it is
+started again, with the same arguments and data, after a short delay that
+doubles on each death (1 s, 2 s, 4 s... at most 30 s), and no more than
+RESTARTS_PER_MINUTE times in a minute: a broker that crashes as it starts
+says so and is left down rather than looping. Restarting is what users of
+such tools expect from the process that supervises a development cluster
+(docker compose's `restart: on-failure`, systemd's `Restart=` with its start
+limit, supervisord): the demonstration a replicated log invites is to kill a
+broker and watch the cluster fail over and the broker rejoin. Kafka's own
+scripts restart nothing, but they run one server each, not a cluster.
+`--no-restart` leaves dead processes down (for a longer outage).
+
 Automatic topic creation is off, as it is by default on a broker: a typo
 in a topic name is an error naming the topic, not a new topic.
 `--auto-create-topics` turns it on.
@@ -38,7 +50,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -49,6 +63,12 @@ from tidelog.cli._common import AddBootstrap, fail, int_at_least
 FIRST_PORT = 9392
 READY_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
+#: A dead child is started again after this delay, doubled on each death
+#: within a minute, up to RESTART_MAX_DELAY_S.
+RESTART_DELAY_S = 1.0
+RESTART_MAX_DELAY_S = 30.0
+#: At most this many restarts of one child in any 60 s: then it stays down.
+RESTARTS_PER_MINUTE = 5
 
 
 def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
@@ -84,6 +104,12 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
         "--auto-create-topics",
         action="store_true",
         help="let brokers create a topic a producer names (off by default, as on a broker)",
+    )
+    parser.add_argument(
+        "--no-restart",
+        action="store_true",
+        help="leave a process that dies down (default: start it again after "
+        f"{RESTART_DELAY_S:.0f} s, doubling, at most {RESTARTS_PER_MINUTE} times a minute)",
     )
     parser.set_defaults(handler=_dev)
 
@@ -173,16 +199,80 @@ def wait_until_serving(address: str, timeout_s: float, process: subprocess.Popen
     raise RuntimeError(f"{address} did not become ready within {timeout_s:.0f} s")
 
 
+@dataclass
+class Child:
+    """One process of the cluster: how to start it, and its restarts."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes]
+    #: When it was last started again (monotonic), for the per-minute limit.
+    restarts: deque[float] = field(default_factory=deque)
+    #: When to start it again, once it has died; None while it runs.
+    restart_at: float | None = None
+    gave_up: bool = False
+
+    def next_delay(self, now: float) -> float | None:
+        """The delay before the next start, or None when the limit is reached."""
+        while self.restarts and now - self.restarts[0] > 60.0:
+            self.restarts.popleft()
+        if len(self.restarts) >= RESTARTS_PER_MINUTE:
+            return None
+        return min(RESTART_DELAY_S * 2 ** len(self.restarts), RESTART_MAX_DELAY_S)
+
+
+def _say(message: str) -> None:
+    print(f"tidelog dev: {message}", file=sys.stderr, flush=True)
+
+
+def _supervise(
+    children: list[Child],
+    spawn: Callable[[list[str], Path], subprocess.Popen[bytes]],
+    restart: bool,
+) -> None:
+    """One pass: report each child that died since the last pass, and start
+    again those whose delay is over. Runs until Ctrl-C (KeyboardInterrupt)."""
+    now = time.monotonic()
+    for child in children:
+        if child.gave_up:
+            continue
+        if child.restart_at is None:
+            code = child.process.poll()
+            if code is None:
+                continue
+            delay = child.next_delay(now) if restart else None
+            if delay is None:
+                child.gave_up = True
+                why = (
+                    f"restarted {RESTARTS_PER_MINUTE} times within a minute; left down"
+                    if restart
+                    else "left down (--no-restart)"
+                )
+                _say(f"{child.name} exited with code {code}; {why}; see {child.log_path}")
+                continue
+            _say(
+                f"{child.name} exited with code {code}; restarting it in {delay:.0f} s; "
+                f"see {child.log_path}"
+            )
+            child.restart_at = now + delay
+        elif now >= child.restart_at:
+            child.restart_at = None
+            child.restarts.append(now)
+            child.process = spawn(child.argv, child.log_path)
+            _say(f"{child.name} restarted (pid {child.process.pid})")
+
+
 def _dev(args: argparse.Namespace) -> int:
     data_dir: Path = args.data_dir.resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
-    processes: list[subprocess.Popen[bytes]] = []
+    children: list[Child] = []
     preexec = _die_with_parent()
 
     def stop_all(*_: object) -> None:
-        # Newest first: brokers, then the coordinator, then etcd, so that each
-        # can still deregister from etcd while it shuts down.
-        for process in reversed(processes):
+        # Newest first: the gateway, the brokers, then the coordinator, then
+        # etcd, so that each can still deregister from etcd while it shuts down.
+        for process in reversed([child.process for child in children]):
             if process.poll() is None:
                 process.terminate()
             try:
@@ -207,8 +297,12 @@ def _dev(args: argparse.Namespace) -> int:
                 # However this process ends, SIGKILL included: the child too.
                 preexec_fn=preexec,
             )
-        processes.append(process)
         return process
+
+    def start(name: str, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+        child = Child(name, argv, log_path, spawn(argv, log_path))
+        children.append(child)
+        return child.process
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -223,7 +317,8 @@ def _dev(args: argparse.Namespace) -> int:
         etcd_dir = data_dir / "etcd"
         etcd_log = data_dir / "etcd.log"
         client_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{_free_port()}"
-        etcd = spawn(
+        etcd = start(
+            "etcd",
             [
                 etcd_binary(),
                 "--name=tidelog-dev",
@@ -243,7 +338,8 @@ def _dev(args: argparse.Namespace) -> int:
 
         coordinator_address = f"127.0.0.1:{args.coordinator_port or _free_port()}"
         coordinator_log = data_dir / "coordinator.log"
-        coordinator = spawn(
+        coordinator = start(
+            "coordinator",
             [
                 sys.executable, "-m", "tidelog_coordinator",
                 "--listen", coordinator_address,
@@ -270,7 +366,7 @@ def _dev(args: argparse.Namespace) -> int:
             ]  # fmt: skip
             if args.auto_create_topics:
                 broker_args.append("--auto-create-topics")
-            brokers.append(spawn(broker_args, log_path))
+            brokers.append(start(f"broker {broker_id}", broker_args, log_path))
             endpoints.append((f"broker {broker_id}", address, broker_dir, log_path))
         for (_, address, _, _), process in zip(endpoints[2:], brokers, strict=True):
             wait_until_serving(address, READY_TIMEOUT_S, process)
@@ -280,7 +376,8 @@ def _dev(args: argparse.Namespace) -> int:
         # language (it follows the cluster in etcd and routes to leaders).
         gateway_address = f"127.0.0.1:{args.gateway_port or args.port + args.brokers}"
         gateway_log = data_dir / "gateway.log"
-        gateway = spawn(
+        gateway = start(
+            "gateway",
             [
                 sys.executable, "-m", "tidelog_gateway",
                 "--listen", gateway_address,
@@ -292,11 +389,11 @@ def _dev(args: argparse.Namespace) -> int:
         wait_until_serving(gateway_address, READY_TIMEOUT_S, gateway)
 
         print("Tidelog is running.")
-        for name, address, directory, log_path in endpoints:
+        for (name, address, directory, log_path), child in zip(endpoints, children, strict=True):
             data = f"  data {directory}" if directory is not None else "  state in etcd"
             if name == "gateway":
                 data = "  stateless"
-            print(f"  {name}: {address}{data}  log {log_path}")
+            print(f"  {name}: {address}  pid {child.process.pid}{data}  log {log_path}")
         print(f"  clients: --bootstrap-server {bootstrap} (any broker)")
         print(f"           or {gateway_address} (the gateway: one address, any gRPC language)")
         print()
@@ -311,12 +408,18 @@ def _dev(args: argparse.Namespace) -> int:
             f"--bootstrap-server {bootstrap}"
         )
         print()
+        if args.no_restart:
+            print("A process that dies is reported and left down (--no-restart).")
+        else:
+            print(
+                f"A process that dies is reported and started again after {RESTART_DELAY_S:.0f} s"
+                f" (the delay doubles; at most {RESTARTS_PER_MINUTE} times a minute);"
+            )
+            print("the others keep serving (try it: kill -9 a broker's pid).")
         print("Ctrl-C stops everything.", flush=True)
         while True:
-            for process, (name, _, _, log_path) in zip(processes, endpoints, strict=True):
-                if process.poll() is not None:
-                    return fail(f"{name} exited with code {process.returncode}; see {log_path}")
-            time.sleep(0.5)
+            _supervise(children, spawn, restart=not args.no_restart)
+            time.sleep(0.2)
     except KeyboardInterrupt:
         print("\nstopping...", file=sys.stderr)
         return 0

@@ -134,19 +134,24 @@ def test_auto_commit_and_cli_describe_and_reset_offsets(
             check=check,
         )
 
-    refused = cli("groups", "reset-offsets", group, "--topic", topic, "--to-earliest", check=False)
+    planned = cli("groups", "reset-offsets", group, "--topic", topic, "--to-earliest")
+    assert "1 live members" in planned.stderr, planned.stderr
+    refused = cli(
+        "groups", "reset-offsets", group, "--topic", topic, "--to-earliest", "--execute",
+        check=False,
+    )  # fmt: skip
     assert refused.returncode != 0 and "NonEmptyGroupError" in refused.stderr, refused.stderr
     member.stop()
     with AdminClient(cluster.bootstrap) as admin:
         wait_until(
             lambda: admin.describe_consumer_groups([group])[group].members == [], 10, "empty"
         )
-    cli("groups", "reset-offsets", group, "--topic", topic, "--to-offset", "2")
+    cli("groups", "reset-offsets", group, "--topic", topic, "--to-offset", "2", "--execute")
     out = cli("groups", "describe", group).stdout
     rows = [line.split() for line in out.splitlines() if line.startswith(topic)]
     assert [(r[1], r[3], r[4], r[5]) for r in rows] == [(str(p), "2", "15", "13") for p in range(3)]
     assert group in cli("groups", "list").stdout
-    cli("groups", "reset-offsets", group, "--topic", topic, "--shift-by", "-1")
+    cli("groups", "reset-offsets", group, "--topic", topic, "--shift-by", "-1", "--execute")
     with AdminClient(cluster.bootstrap) as admin:
         offsets = admin.list_consumer_group_offsets(group)
         assert {tp.partition: om.offset for tp, om in offsets.items()} == {0: 1, 1: 1, 2: 1}
