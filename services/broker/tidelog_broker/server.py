@@ -35,6 +35,7 @@ from tidelog.v1 import (
     log_pb2_grpc,
 )
 from tidelog_server.forwarding import ChannelPool
+from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
 from tidelog_broker.admin_servicer import AdminServicer
@@ -86,6 +87,7 @@ class BrokerServer:
             # Large messages are the fast path (ARCHITECTURE: batch big).
             ("grpc.http2.max_frame_size", 1024 * 1024 - 1),
             ("grpc.so_reuseport", 0),
+            *KEEPALIVE_OPTIONS,
         ]
         server = grpc.aio.server(options=options)
         services = [

@@ -11,6 +11,7 @@
 - `tidelog_server.log_flood`: rate-limited logging of errors that loops repeat;
 - `tidelog_server.atomic_files`: the one writer of checkpoint and metadata
   files (temporary file, fsync, rename, fsync of the directory);
+- `tidelog_server.grpc_options`: the ping policy every gRPC server starts with;
 - `tidelog_server.dev`: the local cluster of `tidelog dev` / `make run`.
 
 It depends on the client (`tidelog`) and on nothing of the services.

@@ -34,6 +34,7 @@ from tidelog.v1 import (
 )
 from tidelog_server.etcd import Election, PrefixWatcher, connect
 from tidelog_server.etcd.keys import Keys
+from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 
 from tidelog_coordinator.admin_servicer import (
     AdminServicer,
@@ -84,7 +85,7 @@ class CoordinatorServer:
         return controller_value_id(await Election.leader(self.client, self.keys.election))
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS])
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.metadata), server)
         cluster_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(self.metadata, self._controller_id), server

@@ -37,6 +37,7 @@ from tidelog.v1 import (
     records_pb2,
     records_pb2_grpc,
 )
+from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
@@ -79,6 +80,7 @@ class GatewayServer:
                 ("grpc.max_send_message_length", config.max_message_bytes),
                 ("grpc.http2.max_frame_size", 1024 * 1024 - 1),
                 ("grpc.so_reuseport", 0),
+                *KEEPALIVE_OPTIONS,
             ]
         )
         forwarder = Forwarder(self.view, self.channels, config)
