@@ -1,6 +1,7 @@
-"""Fixtures for the server core's etcd tests: one real etcd per module, a
-fresh key prefix per test (tests isolate themselves by prefix); tests that
-restart etcd start their own."""
+"""Fixtures for unit tests that need etcd (the server core's and the
+coordinator's): one real etcd per module, started only by a test that asks
+for it, and a fresh key prefix per test (tests isolate themselves by
+prefix); tests that restart etcd start their own."""
 
 from __future__ import annotations
 
