@@ -198,6 +198,8 @@ def test_poll_waits_up_to_its_timeout_and_returns_empty(
     assert consumer.poll(timeout_ms=0) == {}  # does not block (the test's timeout would end it)
 
 
+# The deadline: a poll that waited out its 600 s timeout fails here.
+@pytest.mark.timeout(60)
 def test_poll_returns_as_soon_as_a_record_arrives(
     producer: Producer, consumer: Consumer, topic_name: str
 ) -> None:
@@ -211,13 +213,10 @@ def test_poll_returns_as_soon_as_a_record_arrives(
     later = threading.Timer(0.5, lambda: producer.send(topic_name, b"new", partition=0))
     later.start()
     try:
-        start = time.monotonic()
         polled = consumer.poll(timeout_ms=600_000)
-        elapsed = time.monotonic() - start
     finally:
         later.cancel()
     assert [r.value for r in polled[tp]] == [b"new"]
-    assert elapsed < GENEROUS_S  # far below the 600 s it was allowed to wait
 
 
 def test_max_records_and_position_tracking(

@@ -5,8 +5,6 @@ exist."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from tidelog import AdminClient, Consumer, Producer, ProducerConfig, TopicPartition
 from tidelog._connection import MetadataSnapshot, TopicMetadata, check_known_partitions
@@ -42,14 +40,13 @@ def test_a_bad_topic_name_fails_at_once(name: str) -> None:
 
 def test_an_unreachable_bootstrap_fails_within_the_connection_setup_timeout() -> None:
     address = f"127.0.0.1:{free_port()}"
-    with Producer(
-        address, max_block_ms=600_000, socket_connection_setup_timeout_ms=500
-    ) as producer:
-        started = time.monotonic()
-        with pytest.raises(BrokerNotAvailableError) as info:
-            producer.send("orders", b"x")
-        # Generous: far below max_block_ms, which it used to wait out.
-        assert time.monotonic() - started < 50
+    # The deadline is the module's 60 s timeout, far below the 600 s
+    # max_block_ms that this send used to wait out.
+    with (
+        Producer(address, max_block_ms=600_000, socket_connection_setup_timeout_ms=500) as producer,
+        pytest.raises(BrokerNotAvailableError) as info,
+    ):
+        producer.send("orders", b"x")
     assert address in info.value.message
     assert "socket_connection_setup_timeout_ms" in info.value.message
 
