@@ -27,8 +27,14 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
 run: install
 	$(BIN)/tidelog dev --data-dir $(DATA_DIR)
 
+# Tests in TEST_WORKERS processes (they mostly wait on the services they
+# start, so more workers than cores pays); tests that share one heavy resource
+# carry an xdist_group mark and run in one worker. The fault tests kill
+# processes and wait out leases: they run after the rest, one at a time.
+TEST_WORKERS ?= 4
 test: install proto-check lint go-tools
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests --ignore=tests/fault
+	$(BIN)/python -m pytest -q tests/fault
 
 # grpcurl and the Go protoc plugins at pinned versions, built once into
 # .cache/go-bin (docs/any-language.md and the Go example use them). Without Go
