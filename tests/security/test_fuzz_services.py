@@ -320,12 +320,14 @@ def test_every_rpc_of_every_service_survives_hostile_input(
     # Long-lived streams (a fetch session, a heartbeat stream, a consume
     # stream) may outlive their requests by design and end at the deadline;
     # any other call that does is hung.
-    hung = Counter(
-        o.case.target.path
+    hung = [
+        o
         for o in outcomes
         if o.code == grpc.StatusCode.DEADLINE_EXCEEDED and o.case.target.path not in LONG_LIVED
+    ]
+    assert not hung, f"seed {fuzz_seed}: calls that did not end within their deadline:\n" + (
+        "\n".join(f"  {o.case.describe()} -> {o.destination}" for o in hung[:20])
     )
-    assert not hung, f"seed {fuzz_seed}: calls that never ended: {dict(hung)}"
     dead = [name for name, p in processes.items() if not p.is_running() or p.status() == "zombie"]
     assert not dead, f"seed {fuzz_seed}: services died: {dead}"
 
