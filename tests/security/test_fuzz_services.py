@@ -52,10 +52,13 @@ INTACT_RECORDS = 300
 TARGET_TOPIC = "fuzz-target"
 AFTER_TOPIC = "fuzz-after"
 GROUP = "fuzz-group"
-UNARY_DEADLINE_S = 10.0
-STREAM_DEADLINE_S = 2.0
-# A call that has not ended this long after its own deadline is hung.
-HUNG_AFTER_S = 30.0
+# A call that reaches its deadline is hung, except a long-lived stream's
+# (LONG_LIVED below), which is cut at LONG_LIVED_DEADLINE_S. A produce stream
+# ends once every request is answered, which retries (a leader moving, a
+# topic the fuzzer deleted) may take up to the gateway's delivery timeout.
+UNARY_DEADLINE_S = 30.0
+PRODUCE_STREAM_DEADLINE_S = 60.0
+LONG_LIVED_DEADLINE_S = 2.0
 SENDERS = 16
 LONG_LIVED = {
     "/tidelog.v1.Log/Fetch",
@@ -164,18 +167,13 @@ class Sender:
     @staticmethod
     def _stream(channel: grpc.Channel, case: Case, identity: dict[str, None]) -> Any:
         target = case.target
+        deadline = LONG_LIVED_DEADLINE_S if target.path in LONG_LIVED else PRODUCE_STREAM_DEADLINE_S
         if target.client_streaming:
             requests = iter(case.payloads)
             if target.server_streaming:
-                return channel.stream_stream(target.path, **identity)(
-                    requests, timeout=STREAM_DEADLINE_S
-                )
-            return channel.stream_unary(target.path, **identity).future(
-                requests, timeout=STREAM_DEADLINE_S
-            )
-        return channel.unary_stream(target.path, **identity)(
-            case.payloads[0], timeout=STREAM_DEADLINE_S
-        )
+                return channel.stream_stream(target.path, **identity)(requests, timeout=deadline)
+            return channel.stream_unary(target.path, **identity).future(requests, timeout=deadline)
+        return channel.unary_stream(target.path, **identity)(case.payloads[0], timeout=deadline)
 
 
 def _unparsable_request(code: grpc.StatusCode, details: str) -> bool:
