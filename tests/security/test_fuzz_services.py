@@ -119,10 +119,11 @@ class Sender:
         for channel in self.channels.values():
             channel.close()
 
-    def served_by(self) -> dict[str, list[str]]:
+    def served_by(self, listed: list[str]) -> dict[str, list[str]]:
         """Service name -> the destinations that list it (server reflection)."""
         served: dict[str, list[str]] = {}
-        for destination, channel in self.channels.items():
+        for destination in listed:
+            channel = self.channels[destination]
             for service in ProtoReflectionDescriptorDatabase(channel).get_services():
                 served.setdefault(service, []).append(destination)
         return served
@@ -287,13 +288,16 @@ def test_every_rpc_of_every_service_survives_hostile_input(
     fuzzer = Fuzzer(fuzz_seed, targets_of(modules), names=names, broker_ids=broker_ids)
     destinations = [b.address for b in cluster.brokers]
     destinations += [c.address for c in cluster.coordinators] + [gateway.address]
+    internal = [b.internal_address for b in cluster.brokers]
     processes = _processes(cluster, gateway)
     rss_before = {name: p.memory_info().rss for name, p in processes.items()}
 
     only = os.environ.get("TIDELOG_FUZZ_CASE")
     cases = [fuzzer.case(int(only))] if only else list(fuzzer.cases(CASES))
-    sender = Sender(destinations)
-    served = sender.served_by()
+    sender = Sender(destinations + internal)
+    served = sender.served_by(destinations)
+    # The internal listeners have no reflection: replication is served there.
+    served["tidelog.internal.Replica"] = internal
     assert served.get("tidelog.v1.Log"), f"no destination lists tidelog.v1.Log: {served}"
     sender.route(served)
     started = time.monotonic()

@@ -123,6 +123,9 @@ class BrokerProcess:
         self.port = port
         self.extra_args = tuple(extra_args)
         self.broker_id = broker_id
+        #: The internal listener (replication, cluster mode): fixed here so
+        #: that a restarted broker keeps it, as it keeps its client port.
+        self.internal_port = free_port()
         self.log_path = data_dir.with_name(data_dir.name + ".log")
         self.proc: subprocess.Popen[bytes] | None = None
         #: RLIMIT_NOFILE (soft and hard) the process starts with; None: inherited.
@@ -131,6 +134,11 @@ class BrokerProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def internal_address(self) -> str:
+        """Where other brokers fetch from this one (tidelog.internal.Replica)."""
+        return f"127.0.0.1:{self.internal_port}"
 
     @property
     def pid(self) -> int:
@@ -148,6 +156,8 @@ class BrokerProcess:
             str(self.data_dir),
             "--broker-id",
             str(self.broker_id),
+            "--internal-port",
+            str(self.internal_port),
             *self.extra_args,
         ]
         if self.open_file_limit is not None:

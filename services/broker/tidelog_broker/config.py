@@ -33,6 +33,10 @@ class BrokerConfig:
     port: int = DEFAULT_PORT
     #: advertised.host: what clients are told to connect to (default: host).
     advertised_host: str | None = None
+    #: The internal listener's port, on `host`: replication between brokers
+    #: (tidelog.internal.Replica), never served on the client port. 0: a free
+    #: port, advertised in the broker's registration.
+    internal_port: int = 0
     #: log.dirs: the data directory.
     data_dir: Path = Path("./data")
     #: auto.create.topics.enable: create a topic on first produce/metadata
@@ -76,6 +80,10 @@ class BrokerConfig:
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def internal_listen_address(self) -> str:
+        return f"{self.host}:{self.internal_port}"
 
 
 # Broker keys with Kafka's names -> (field, parser).
