@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tidelog.errors import TidelogError
+from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_broker.cluster_link import ClusterConfig
 from tidelog_broker.config import (
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "in etcd)",
     )
     parser.add_argument("--data-dir", type=Path, default=Path("./data"), help="log directory")
+    add_tls_arguments(parser)
     parser.add_argument("--broker-id", type=int, default=None, help="this broker's id (default 0)")
     parser.add_argument(
         "--auto-create-topics",
@@ -96,8 +98,16 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         raise TidelogError(f"--listen expects host:port, got {args.listen!r}")
     if not 0 <= args.internal_port <= 65535:
         raise TidelogError(f"--internal-port expects a port number, got {args.internal_port}")
+    try:
+        tls = tls_from_args(args)
+    except ValueError as exc:
+        raise TidelogError(str(exc)) from exc
     config = BrokerConfig(
-        host=host, port=int(port), internal_port=args.internal_port, data_dir=args.data_dir
+        host=host,
+        port=int(port),
+        internal_port=args.internal_port,
+        data_dir=args.data_dir,
+        tls=tls,
     )
     if args.config is not None:
         config = build_config(config, read_properties(args.config))

@@ -40,6 +40,7 @@ from tidelog.v1 import (
 from tidelog_server.forwarding import ChannelPool
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.internal import replica_pb2_grpc
+from tidelog_server.tls import add_port, channel_security_of
 
 from tidelog_broker.admin_servicer import AdminServicer
 from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
@@ -73,7 +74,7 @@ class BrokerServer:
         self.manager = PartitionManager(config, cluster_mode=cluster is not None)
         #: Every channel the servicers open (to coordinators, to other
         #: brokers), closed at stop.
-        self.channels = ChannelPool()
+        self.channels = ChannelPool(channel_security_of(config.tls))
         self.link = (
             None if cluster is None else ClusterLink(cluster, config, self.manager, self.channels)
         )
@@ -129,7 +130,7 @@ class BrokerServer:
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(tuple(services), server)
-        self.bound_port = server.add_insecure_port(self.config.listen_address)
+        self.bound_port = add_port(server, self.config.listen_address, self.config.tls)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.config.listen_address}")
         if self.link is not None:
@@ -163,7 +164,11 @@ class BrokerServer:
             ReplicaServicer(self.manager.replicas, self.config), server
         )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        self.internal_port = server.add_insecure_port(self.config.internal_listen_address)
+        # With TLS, only holders of a certificate from the cluster's
+        # authority may replicate: followers read past the high watermark.
+        self.internal_port = add_port(
+            server, self.config.internal_listen_address, self.config.tls, require_client_cert=True
+        )
         if self.internal_port == 0:
             raise OSError(f"cannot listen on {self.config.internal_listen_address} (internal)")
         return server
