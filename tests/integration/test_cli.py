@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -328,6 +329,17 @@ def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
             bootstrap=gateway.group(1).decode(),
         )  # fmt: skip
         assert through_gateway.stdout == b"one\ntwo\n"
+        # Each service's Prometheus endpoint is printed and answers.
+        metrics = dict(re.findall(rb"    (\w[\w ]*): (http://127\.0\.0\.1:\d+/metrics)", banner))
+        assert sorted(metrics) == [
+            b"broker 0",
+            b"broker 1",
+            b"broker 2",
+            b"coordinator",
+            b"gateway",
+        ]
+        with urllib.request.urlopen(metrics[b"broker 0"].decode(), timeout=10) as answer:
+            assert b"tidelog_broker_partitions" in answer.read()
 
         dev.send_signal(signal.SIGINT)
         assert dev.wait(timeout=20) == 0

@@ -48,3 +48,7 @@ class CoordinatorConfig:
     #: group.consumer.max.size: members of one consumer group (see
     #: group_limits.GROUP_MAX_MEMBERS, the default).
     group_max_members: int = 1_000
+    #: With --metrics-port: how often the controller refreshes the cluster
+    #: gauges and the groups' lag (one etcd read and one ListOffsets per
+    #: leader each time).
+    metrics_interval_ms: int = 5_000
