@@ -6,6 +6,7 @@ a broker dies. Each metric is seen to move, not only to exist.
 
 from __future__ import annotations
 
+import re
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.processes import free_port, start_broker
 
 PREFIX = "/metrics"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "tidelog.json"
 DEADLINE_S = 30.0
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -238,3 +240,12 @@ def test_metrics_move_with_produce_consume_commit_and_a_broker_death(
     )
     assert total(survivor, "tidelog_broker_leader_partitions") == 2
     assert total(survivor, "tidelog_broker_isr_shrinks_total") > shrinks_before
+
+    # The Grafana dashboard queries only metrics that the services serve.
+    served = {
+        name
+        for service in ("coordinator", "broker-0", "gateway")
+        for name, _labels in scrape(urls[service])
+    }
+    queried = set(re.findall(r"tidelog_[a-z_]+", DASHBOARD.read_text()))
+    assert queried and queried <= served, sorted(queried - served)

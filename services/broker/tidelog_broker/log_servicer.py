@@ -173,7 +173,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
                 result.base_offset = -1
                 result.log_append_time_ms = -1
                 if self._metrics is not None:
-                    self._metrics.produce_errors.inc()
+                    self._metrics.produce_errors += 1
                 continue
             if self._metrics is not None:
                 self._metrics.produced(part.topic, len(payload))
