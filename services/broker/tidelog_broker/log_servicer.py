@@ -35,13 +35,10 @@ _VALID_ACKS = (-1, 0, 1)
 MAX_PENDING_RESPONSES = 1024
 
 
-@dataclass(slots=True)
-class _Pending:
-    """An answer a Produce stream owes, in order, and when its request came."""
-
-    answer: asyncio.Future[log_pb2.ProduceResponse]
-    acks: int
-    arrived: float
+#: An answer a Produce stream owes, in order: (the answer, the request's acks,
+#: perf_counter at its arrival, 0.0 without metrics). A tuple, not a class:
+#: one is made per request, and a tuple costs ~10x less to build.
+_Pending = tuple[asyncio.Future[log_pb2.ProduceResponse], int, float]
 
 
 @dataclass
@@ -98,7 +95,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
                                 f"acks must be -1 (all), 0 or 1, got {request.acks}"
                             )
                         )
-                        await pending.put(_Pending(failed, 0, arrived))
+                        await pending.put((failed, 0, arrived))
                         return
                     # Read once: each access to a bytes field copies it.
                     payloads = [part.records for part in request.partitions]
@@ -118,7 +115,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     else:
                         answer = loop.create_future()
                         answer.set_result(response)
-                    await pending.put(_Pending(answer, request.acks, arrived))
+                    await pending.put((answer, request.acks, arrived))
             finally:
                 with contextlib.suppress(asyncio.QueueFull):
                     pending.put_nowait(None)
@@ -131,21 +128,20 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     if reader.done() and not reader.cancelled() and reader.exception():
                         raise reader.exception()  # type: ignore[misc]
                     return
+                answer, acks, arrived = waiting
                 try:
-                    response = await waiting.answer
+                    response = await answer
                 except TidelogError as exc:
                     await abort(context, exc, "producing")
                 if metrics is not None:
-                    metrics.produce_duration[waiting.acks].observe(
-                        time.perf_counter() - waiting.arrived
-                    )
+                    metrics.produce_duration[acks].observe(time.perf_counter() - arrived)
                 yield response
         finally:
             reader.cancel()
             while not pending.empty():
                 left = pending.get_nowait()
                 if left is not None:
-                    left.answer.cancel()
+                    left[0].cancel()
 
     def _append_request(
         self, request: log_pb2.ProduceRequest, payloads: list[bytes]
