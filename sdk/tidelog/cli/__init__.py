@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         found, rest = split_global_options(argv)
     except argparse.ArgumentTypeError as exc:
         return fail(f"{exc} (see `tidelog --help`)", EXIT_USAGE)
+    if rest[:1] == ["dev"]:
+        return dev_cluster.run(rest[1:])  # the local cluster takes no bootstrap server
     args = build_parser().parse_args(rest)
     args.bootstrap_server = found.get("bootstrap_server") or default_bootstrap()
     try:

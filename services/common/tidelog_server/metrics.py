@@ -108,7 +108,12 @@ class MetricsEndpoint:
             raise ValueError(f"--metrics-port must be 0-65535, got {port}")
         # The *_created series double every counter for no use here.
         disable_created_metrics()
-        self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=registry)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"cannot serve metrics on {host}:{port} (--metrics-port): {exc.strerror}"
+            ) from None
         self.host = host
         self.port: int = self._server.server_port
         log.info("metrics on http://%s:%d/metrics", host, self.port)
