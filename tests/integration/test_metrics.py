@@ -249,3 +249,18 @@ def test_metrics_move_with_produce_consume_commit_and_a_broker_death(
     }
     queried = set(re.findall(r"tidelog_[a-z_]+", DASHBOARD.read_text()))
     assert queried and queried <= served, sorted(queried - served)
+
+
+def test_metrics_port_zero_takes_a_free_port_and_logs_it(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path / "broker", extra_args=("--metrics-port", "0"))
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        found = None
+        while found is None and time.monotonic() < deadline:
+            found = re.search(r"metrics on (http://127\.0\.0\.1:\d+/metrics)", broker.log_tail())
+            time.sleep(0.1)
+        assert found is not None, broker.log_tail()
+        samples = scrape(found.group(1))
+        assert value(samples, "tidelog_broker_partitions", broker_id="0") == 0
+    finally:
+        broker.stop()
