@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tidelog._client_metrics import ConsumerMetrics
 from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
@@ -99,6 +101,9 @@ class FetchSession:
         self.closed = False
         self._requests: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
         self._first = True
+        # When the stream last sent or received: a response's fetch latency
+        # is the wait since then (ConsumerMetrics).
+        self._last_event = time.monotonic()
         self._call = fetcher.cluster.log_stub(address).Fetch(self._request_iterator())
         self._reader = asyncio.ensure_future(self._read_loop())
 
@@ -137,12 +142,16 @@ class FetchSession:
             request.max_bytes = self._config.response_max_bytes
             request.min_bytes = self._config.fetch_min_bytes
             request.max_wait_ms = self._config.fetch_max_wait_ms
+        self._last_event = time.monotonic()
         self._requests.put_nowait(request)
 
     async def _read_loop(self) -> None:
         error: TidelogError | None = None
         try:
             async for response in self._call:
+                now = time.monotonic()
+                self._fetcher.metrics.fetch_latency_ms.record((now - self._last_event) * 1000)
+                self._last_event = now
                 self._fetcher.on_response(self, response)
             error = BrokerNotAvailableError(f"{self.address} ended the fetch stream")
         except grpc.aio.AioRpcError as exc:
@@ -196,6 +205,9 @@ class Fetcher:
         # Session failures since the last response: reconnects back off
         # exponentially (up to _MAX_RECONNECT_BACKOFF_S) while a broker is down.
         self._failures = 0
+        #: Fetch latency per response (the consumer shares it with its
+        #: SubscriptionState: Consumer.metrics()).
+        self.metrics = ConsumerMetrics()
 
     # ------------------------------------------------------------ commands
 

@@ -37,6 +37,7 @@ from collections.abc import Coroutine, Iterable, Iterator, Sequence
 from typing import Any, TypeVar
 
 from tidelog._async_consumer import AsyncConsumer
+from tidelog._client_metrics import Metrics
 from tidelog._connection import Cluster
 from tidelog._consumer_common import (
     ITERATION_CHUNK,
@@ -120,6 +121,7 @@ class Consumer:
         self._cluster = Cluster(self._config)
         self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
         self._subs = SubscriptionState(self._config, self._inbox, self._command)
+        self._subs.metrics = self._fetcher.metrics  # one set of counters
         # What iteration returned, so that commit() commits exactly that.
         self._handed = HandedOut()
         self._timeout_s = self._config.request_timeout_ms / 1000
@@ -161,6 +163,18 @@ class Consumer:
         assigned and lost. Subscribing again replaces the subscription."""
         self._check_open()
         run_blocking(self._side.subscribe(topics, pattern, listener))
+
+    def metrics(self) -> Metrics:
+        """kafka-python's shape: group -> name -> value.
+        "consumer-fetch-manager-metrics": records-consumed-total/-rate,
+        bytes-consumed-total/-rate, fetch-total/-rate, fetch-size-avg,
+        records-per-request-avg, fetch-latency-avg/-max (ms), records-lag-max
+        (the most records any assigned partition is behind its high
+        watermark); "consumer-fetch-manager-metrics.<topic>-<partition>":
+        records-lag; "consumer-coordinator-metrics": assigned-partitions.
+        Rates, averages and maxima cover the last 30-60 s; totals, the
+        consumer's life. Cheap: counters are kept per fetch response."""
+        return self._subs.metrics_snapshot()
 
     def subscription(self) -> set[str]:
         """The subscribed topics (or the pattern), empty when not subscribed."""

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from tidelog.errors import TidelogError
+from tidelog_server.metrics import add_metrics_arguments, metrics_options
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_broker.cluster_link import ClusterConfig
@@ -80,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(and its partitions get new leaders; default %(default)s, the least etcd allows)",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    add_metrics_arguments(parser)
     return parser.parse_args(argv)
 
 
@@ -136,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()
     # SIGINT is handled inside serve(); this covers one before the loop is up.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, cluster))
+        asyncio.run(serve(config, cluster, metrics_options(args)))
     return 0
 
 

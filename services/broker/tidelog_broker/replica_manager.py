@@ -56,6 +56,9 @@ class ReplicaManager:
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
+        #: Called with (old ISR, new ISR) when the ISR of a partition led
+        #: here changes (metrics count shrinks and expansions).
+        self.on_isr_change: Callable[[list[int], list[int]], None] = lambda _old, _new: None
 
     def _forget(self, topic: str, partition: int) -> None:
         self._replication.pop((topic, partition), None)
@@ -118,6 +121,8 @@ class ReplicaManager:
         if old is not None and old.role is role and old.leader_epoch == leader_epoch:
             old.replicas = list(replicas)
             if old.isr != isr:
+                if old.is_leader:
+                    self.on_isr_change(old.isr, isr)
                 old.isr = list(isr)
                 old.isr_change_pending = False
                 if old.is_leader:

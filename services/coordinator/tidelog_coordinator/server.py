@@ -35,6 +35,7 @@ from tidelog.v1 import (
 from tidelog_server.etcd import Election, PrefixWatcher, connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
+from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
 from tidelog_server.tls import add_port
 
 from tidelog_coordinator.admin_servicer import (
@@ -47,6 +48,7 @@ from tidelog_coordinator.controller import ReplicaLifecycle
 from tidelog_coordinator.group_coordinator import GroupCoordinator
 from tidelog_coordinator.group_servicer import GroupServicer
 from tidelog_coordinator.metadata import MetadataManager
+from tidelog_coordinator.metrics import ClusterProbe, CoordinatorMetrics
 from tidelog_coordinator.offset_store import OffsetStore
 
 log = logging.getLogger("tidelog.coordinator")
@@ -57,8 +59,12 @@ SHUTDOWN_GRACE_S = 2.0
 class CoordinatorServer:
     """One coordinator replica."""
 
-    def __init__(self, config: CoordinatorConfig) -> None:
+    def __init__(self, config: CoordinatorConfig, metrics: MetricsOptions | None = None) -> None:
         self.config = config
+        #: Prometheus metrics, with --metrics-port only (metrics.py).
+        self.metrics = None if metrics is None else CoordinatorMetrics()
+        self._metrics_options = metrics
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self.keys = Keys(config.etcd_prefix)
         self.client = connect(config.etcd_endpoint)
         self.metadata = MetadataManager(self.client, self.keys, config)
@@ -86,7 +92,11 @@ class CoordinatorServer:
         return controller_value_id(await Election.leader(self.client, self.keys.election))
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS])
+        metrics = self.metrics
+        server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS],
+            interceptors=[] if metrics is None else [metrics.rpc.interceptor()],
+        )
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.metadata), server)
         cluster_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(self.metadata, self._controller_id), server
@@ -115,6 +125,24 @@ class CoordinatorServer:
             asyncio.create_task(self._groups_watcher.run(), name="watch-groups"),
             asyncio.create_task(self.lifecycle.run(), name="lifecycle"),
         ]
+        if metrics is not None and self._metrics_options is not None:
+            lifecycle = self.lifecycle
+            self.groups.on_generation = metrics.rebalanced
+            metrics.watch(
+                asyncio.get_running_loop(), lambda: lifecycle.is_controller, self.groups.cache
+            )
+            probe = ClusterProbe(
+                metrics,
+                self.client,
+                self.keys,
+                self.metadata,
+                lambda: lifecycle.is_controller,
+                self.config.metrics_interval_ms,
+            )
+            self._tasks.append(asyncio.create_task(probe.run(), name="metrics"))
+            self.metrics_endpoint = MetricsEndpoint(
+                metrics.registry, self._metrics_options.host, self._metrics_options.port
+            )
         await server.start()
         self._server = server
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -141,6 +169,8 @@ class CoordinatorServer:
             await self.lifecycle.close()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
