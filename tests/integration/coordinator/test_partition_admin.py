@@ -129,7 +129,7 @@ def test_delete_records_moves_the_log_start_on_every_replica_durably(
     tp = TopicPartition(topic, 0)
     admin.create_topics([NewTopic(topic, 1, 3, topic_configs={"segment.bytes": "4096"})])
     with Producer(bootstrap_servers=cluster.bootstrap, acks="all", linger_ms=0) as producer:
-        for i in range(300):
+        for _ in range(300):
             producer.send(topic, b"x" * 100, partition=0).get(timeout=30)
     before = partition(admin, tp)
     assert before.high_watermark == 300 and before.segment_count > 3
