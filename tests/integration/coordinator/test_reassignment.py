@@ -149,7 +149,7 @@ def test_bad_targets_are_refused_naming_the_problem(admin: AdminClient) -> None:
         admin.alter_partition_reassignments({tp: [0, 9]})
     with pytest.raises(InvalidRequestError, match="twice"):
         admin.alter_partition_reassignments({tp: [1, 1]})
-    with pytest.raises(InvalidRequestError, match="negative|0 \\(no limit\\)"):
+    with pytest.raises(InvalidRequestError, match="throttle_bytes_per_s=-5"):
         admin.alter_partition_reassignments({tp: [1]}, throttle_bytes_per_s=-5)
     assert admin.list_partition_reassignments() == {} or tp not in (
         admin.list_partition_reassignments()
