@@ -39,7 +39,7 @@ def test_decommission_keeps_the_rack_when_it_can() -> None:
 
 
 def test_decommission_refuses_a_partition_on_every_broker() -> None:
-    with pytest.raises(InvalidRequestError, match="a-0 off broker 1.*every other live broker"):
+    with pytest.raises(InvalidRequestError, match=r"a-0 off broker 1.*every other live broker"):
         decommission_plan(1, {A: [0, 1, 2]}, {0: None, 1: None, 2: None})
 
 
