@@ -241,6 +241,15 @@ class ReplicaManager:
         partition_log = self._logs.partition_log(topic, partition)
         if data:
             batches = list(records.iter_batches(data, None))
+            first = batches[0][1].base_offset
+            end = partition_log.log_end_offset
+            if first < end == partition_log.log_start_offset:
+                # Our log is empty and starts inside the leader's first batch
+                # (DeleteRecords moved the leader's log start into a batch, and
+                # this replica was reset there or is new): start it at the
+                # batch instead, as Kafka's follower does; the leader's log
+                # start offset (follow_log_start) then hides what is below.
+                partition_log.reset_to(first)
             partition_log.append_replicated(data, batches)
         replication = self._replication.get((topic, partition))
         if replication is not None and not replication.is_leader:
