@@ -428,15 +428,30 @@ class ClusterLink:
             self._save_meta()
 
     def _delete_strays(self) -> bool:
-        """At the first listing: delete logs of topics deleted while we were down."""
+        """At the first listing: delete logs of topics deleted while we were
+        down, and of replicas reassigned to other brokers meanwhile."""
         if not self.cluster_id or self._local_cluster_id != self.cluster_id:
             return False  # not sure this data dir is ours: keep everything
         self._strays_checked = True
         changed = False
+        me = self.broker.broker_id
         for name, partitions in self.manager.logs.local_topics().items():
-            if name not in self.view.topics:
+            topic = self.view.topics.get(name)
+            if topic is None:
                 self.manager.logs.delete_local_logs(name, partitions)
                 changed |= self._local_ids.pop(name, None) is not None
+                continue
+            # Replicas moved away by a reassignment while we were down.
+            moved = [
+                p
+                for p in partitions
+                if p < len(topic.replicas)
+                and me not in topic.replicas[p]
+                and self.view.state(topic, p) is not None
+            ]
+            if moved and self._local_ids.get(name) == topic.topic_id:
+                log.info("%s partitions %s moved away while this broker was down", name, moved)
+                self.manager.logs.delete_local_logs(name, moved)
         return changed
 
     # ------------------------------------------------------------ replication
