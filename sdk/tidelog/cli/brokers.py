@@ -86,6 +86,8 @@ def decommission_plan(
 
 
 def _decommission(args: argparse.Namespace) -> int:
+    if args.throttle is not None and not args.execute:
+        raise ValueError("--throttle goes with --execute")
     with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
         cluster = admin.describe_cluster()
         racks = {node.id: node.rack for node in cluster.brokers}
@@ -106,8 +108,6 @@ def _decommission(args: argparse.Namespace) -> int:
             print(plan_json(plan))
             print()
             return reassign.execute(admin, plan, args.throttle or 0)
-    if args.throttle is not None:
-        raise ValueError("--throttle goes with --execute")
     print(plan_json(plan))
     print(
         f"plan only: {len(plan)} partition(s) would move off broker {args.broker_id}; "
