@@ -26,7 +26,9 @@ KEYED_RECORDS_WARNING = (
 
 
 def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
-    topics = sub.add_parser("topics", help="create, list, describe and delete topics")
+    topics = sub.add_parser(
+        "topics", help="create, list, describe, alter (configs, partitions) and delete topics"
+    )
     actions = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     create = actions.add_parser("create", help="create a topic")
