@@ -33,9 +33,12 @@ Call = Callable[[Callable[[Any], Awaitable[T]]], Awaitable[T]]
 
 
 def _error(item: Any, what: str) -> TidelogError | None:
+    """The typed error of one result item; its message names `what` (once:
+    the servers' messages usually name the partition already)."""
     if not item.error.code:
         return None
-    return error_from_code(item.error.code, f"{what}: {item.error.message}")
+    message = item.error.message
+    return error_from_code(item.error.code, message if what in message else f"{what}: {message}")
 
 
 def _first_error(results: Mapping[Any, TidelogError | None], raise_errors: bool) -> None:
