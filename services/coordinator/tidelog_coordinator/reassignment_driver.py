@@ -71,8 +71,9 @@ class ReassignmentDriver:
         }
         done = 0
         for topic, topic_revision in moving:
-            # One partition per transaction per topic and pass: each write
-            # changes the topic record's revision, which the next compares.
+            # One transaction per partition: each compares the topic record's
+            # revision that the previous one wrote (so a change by anyone
+            # else in between stops the topic until the next pass).
             for partition, reassignment in sorted(topic.reassignments.items()):
                 state_key = self.keys.partition_state(topic.name, partition)
                 got = await self.client.get(state_key)
@@ -99,7 +100,7 @@ class ReassignmentDriver:
                 success = [tx.put(topic_key, completed.encode())]
                 if new_state is not state:
                     success.append(tx.put(state_key, new_state.encode()))
-                ok, _ = await self.client.transaction(
+                ok, responses = await self.client.transaction(
                     compare=[
                         fence,
                         tx.mod(topic_key) == topic_revision,
@@ -108,17 +109,19 @@ class ReassignmentDriver:
                     success=success,
                     failure=[],
                 )
-                if ok:
-                    done += 1
-                    log.info(
-                        "%s-%d: reassignment complete: replicas %s -> %s, leader %d -> %d, isr %s",
-                        topic.name,
-                        partition,
-                        list(reassignment.original),
-                        list(reassignment.target),
-                        state.leader,
-                        new_state.leader,
-                        list(new_state.isr),
-                    )
-                break
+                if not ok:
+                    break  # the topic or the state changed: read again next pass
+                topic = completed
+                topic_revision = responses[0].response_put.header.revision
+                done += 1
+                log.info(
+                    "%s-%d: reassignment complete: replicas %s -> %s, leader %d -> %d, isr %s",
+                    topic.name,
+                    partition,
+                    list(reassignment.original),
+                    list(reassignment.target),
+                    state.leader,
+                    new_state.leader,
+                    list(new_state.isr),
+                )
         return done
