@@ -14,11 +14,31 @@ kafka-reassign-partitions does, from a JSON plan
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping, Sequence
 
 from tidelog.admin import AdminClient
 from tidelog.cli._common import EXIT_ERROR, AddBootstrap, int_at_least
 from tidelog.cli._json_files import plan_json, read_reassignment_plan
+from tidelog.errors import TidelogError
 from tidelog.types import PartitionReassignment, TopicPartition
+
+#: Partitions per request: the coordinator writes each in its own etcd
+#: transaction (~10 ms here), so a request stays well inside its deadline.
+CHUNK = 500
+
+
+def _alter_in_chunks(
+    admin: AdminClient, changes: Mapping[TopicPartition, Sequence[int] | None], throttle: int
+) -> dict[TopicPartition, TidelogError | None]:
+    items = sorted(changes.items())
+    results: dict[TopicPartition, TidelogError | None] = {}
+    for i in range(0, len(items), CHUNK):
+        results.update(
+            admin.alter_partition_reassignments(
+                dict(items[i : i + CHUNK]), throttle, raise_errors=False
+            )
+        )
+    return results
 
 
 def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
@@ -80,7 +100,7 @@ def execute(admin: AdminClient, plan: dict[TopicPartition, list[int]], throttle:
     print("Current partition replica assignment (save it to roll back with --execute):")
     print(plan_json(current))
     print()
-    results = admin.alter_partition_reassignments(plan, throttle, raise_errors=False)
+    results = _alter_in_chunks(admin, plan, throttle)
     failed = {tp: e for tp, e in results.items() if e is not None}
     started = sorted(tp for tp in results if tp not in failed)
     if started:
@@ -92,7 +112,7 @@ def execute(admin: AdminClient, plan: dict[TopicPartition, list[int]], throttle:
 
 
 def _cancel(admin: AdminClient, plan: dict[TopicPartition, list[int]]) -> int:
-    results = admin.alter_partition_reassignments(dict.fromkeys(plan, None), raise_errors=False)
+    results = _alter_in_chunks(admin, dict.fromkeys(plan, None), 0)
     failed = 0
     for tp, error in sorted(results.items()):
         if error is None:
