@@ -286,6 +286,18 @@ class PartitionAdmin:
             )
             if new is None and ongoing is None:
                 return  # already has exactly these replicas
+            current = set(topic.replicas[tp.partition])
+            adding = [b for b in target if b not in current]
+            if adding:
+                # A broker past its max.partitions would refuse the replica
+                # (and the move would never complete): refuse it here.
+                brokers = await self.metadata.live_brokers()
+                check_capacity(
+                    name,
+                    [adding],
+                    await self.metadata.hosted_replicas(),
+                    {b.broker_id: b.max_partitions for b in brokers},
+                )
             replicas = new.replicas if new is not None else ongoing.original  # type: ignore[union-attr]
             state, state_kv = await self._state(tp)
             new_state = rules.state_for_replicas(replicas, state, live)

@@ -13,7 +13,11 @@ from pathlib import Path
 
 import pytest
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from tidelog.errors import InvalidRequestError, NoReassignmentInProgressError
+from tidelog.errors import (
+    InvalidPartitionsError,
+    InvalidRequestError,
+    NoReassignmentInProgressError,
+)
 
 from tests.integration.coordinator.admin_support import (
     local_partition,
@@ -23,6 +27,7 @@ from tests.integration.coordinator.admin_support import (
 )
 from tests.support.cluster import ClusterProcesses
 from tests.support.etcd import EtcdProcess
+from tests.support.processes import start_broker
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -154,3 +159,29 @@ def test_bad_targets_are_refused_naming_the_problem(admin: AdminClient) -> None:
     assert admin.list_partition_reassignments() == {} or tp not in (
         admin.list_partition_reassignments()
     )
+
+
+def test_a_move_past_a_brokers_partition_limit_is_refused(
+    cluster: ClusterProcesses, admin: AdminClient, tmp_path: Path
+) -> None:
+    # A fifth broker that can host (300 - 128) // 4 = 43 partition replicas.
+    small = start_broker(
+        tmp_path / "broker-4",
+        extra_args=cluster.broker_args(4),
+        broker_id=4,
+        open_file_limit=300,
+    )
+    try:
+        cluster.wait_registered(5)
+        admin.create_topics([NewTopic("crowd", -1, -1, replica_assignments={0: [4]})])
+        on_others = {p: [p % 4] for p in range(45)}
+        admin.create_topics([NewTopic("many", -1, -1, replica_assignments=on_others)])
+        moves = {TopicPartition("many", p): [4] for p in range(45)}
+        results = admin.alter_partition_reassignments(moves, raise_errors=False)
+        refused = {tp: e for tp, e in results.items() if e is not None}
+        # 1 + 42 moves fit; the last 3 would not.
+        assert sorted(refused) == [TopicPartition("many", p) for p in (42, 43, 44)]
+        assert all(isinstance(e, InvalidPartitionsError) for e in refused.values())
+        assert "broker 4 would host 44, over its limit of 43" in str(next(iter(refused.values())))
+    finally:
+        small.stop()
