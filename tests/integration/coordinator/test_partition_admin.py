@@ -158,9 +158,10 @@ def test_delete_records_moves_the_log_start_on_every_replica_durably(
     # Past the high watermark: refused, naming it; nothing changes.
     with pytest.raises(OffsetOutOfRangeError, match="high watermark 300"):
         admin.delete_records({tp: 301})
-    # Durable: the leader restarts and still starts at 150.
+    # Durable: the leader, killed (SIGKILL) and restarted, still starts at 150.
     leader = next(b for b in cluster.brokers if b.broker_id == after.leader)
-    leader.restart()
+    leader.kill()
+    leader.spawn()
     cluster.wait_registered(3)
     wait_until(
         lambda: (local_partition(leader.address, tp) or before).log_start_offset == 150,
