@@ -22,6 +22,7 @@ from tests.integration.coordinator.admin_support import (
 )
 from tests.support.cluster import ClusterProcesses
 from tests.support.etcd import EtcdProcess
+from tests.support.processes import start_broker
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -79,13 +80,22 @@ def test_topics_alter_partitions_warns_and_refuses_to_shrink(cluster: ClusterPro
 
 
 def test_cluster_describe_shows_brokers_racks_and_the_controller(
-    cluster: ClusterProcesses,
+    cluster: ClusterProcesses, tmp_path: Path
 ) -> None:
-    result = cli(cluster, "cluster", "describe")
+    racked = start_broker(
+        tmp_path / "broker-9", extra_args=[*cluster.broker_args(9), "--rack", "r9"], broker_id=9
+    )
+    try:
+        cluster.wait_registered(5)
+        result = cli(cluster, "cluster", "describe")
+    finally:
+        racked.stop()
     assert result.returncode == 0, result.stderr
     assert "controller  c0" in result.stdout
     for broker in cluster.brokers:
         assert broker.address in result.stdout
+    row = next(line.split() for line in result.stdout.splitlines() if racked.address in line)
+    assert row == ["9", racked.address, "r9"]
 
 
 def test_describe_filters_list_the_partitions_in_trouble(
