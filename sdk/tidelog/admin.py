@@ -131,6 +131,8 @@ def _description(topic: admin_pb2.TopicDescription) -> TopicDescription:
                 high_watermark=p.high_watermark,
                 size_bytes=p.size_bytes,
                 segment_count=p.segment_count,
+                adding_replicas=list(p.adding_replicas),
+                removing_replicas=list(p.removing_replicas),
             )
             for p in sorted(topic.partitions, key=lambda p: p.partition)
         ],

@@ -207,6 +207,10 @@ class PartitionInfo:
     high_watermark: int
     size_bytes: int
     segment_count: int
+    #: While a reassignment moves it (`replicas` then lists every replica
+    #: of the move): the replicas being added, and those leaving.
+    adding_replicas: list[int] = field(default_factory=list)
+    removing_replicas: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

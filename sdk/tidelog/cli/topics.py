@@ -213,8 +213,10 @@ def _describe(args: argparse.Namespace) -> int:
         descriptions = [t for t in descriptions if t.partitions]
     for topic in descriptions:
         print(f"topic {topic.name}  partitions {len(topic.partitions)}")
-        header = ("partition", "leader", "replicas", "isr", "start", "end", "size", "segments")
-        rows = [
+        header: tuple[str, ...] = (
+            "partition", "leader", "replicas", "isr", "start", "end", "size", "segments",
+        )  # fmt: skip
+        rows: list[tuple[str, ...]] = [
             (
                 str(p.partition),
                 str(p.leader),
@@ -227,6 +229,17 @@ def _describe(args: argparse.Namespace) -> int:
             )
             for p in topic.partitions
         ]
+        if any(p.adding_replicas or p.removing_replicas for p in topic.partitions):
+            # A reassignment in progress: say which replicas come and go.
+            header += ("adding", "removing")
+            rows = [
+                (
+                    *row,
+                    ",".join(map(str, p.adding_replicas)) or "-",
+                    ",".join(map(str, p.removing_replicas)) or "-",
+                )
+                for row, p in zip(rows, topic.partitions, strict=True)
+            ]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))

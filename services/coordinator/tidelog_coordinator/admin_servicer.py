@@ -101,6 +101,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                                 leader_id=p.leader,
                                 replicas=p.replicas,
                                 isr=p.isr,
+                                adding_replicas=p.adding,
+                                removing_replicas=p.removing,
                             )
                             for p in item.partitions
                         ],

@@ -228,6 +228,11 @@ def test_reassign_execute_verify_and_cancel_with_a_plan(
     assert slow.returncode == 0, slow.stderr
     verify = cli(cluster, "reassign", "--verify", "--reassignment-json-file", str(back))
     assert "still in progress" in verify.stdout and "behind leader" in verify.stdout
+    described = cli(cluster, "topics", "describe", "cli-move").stdout.splitlines()
+    header = next(line.split() for line in described if line.split()[:1] == ["partition"])
+    assert header[-2:] == ["adding", "removing"]
+    row = next(line.split() for line in described if line.split()[:1] == ["0"])
+    assert row[2] == "0,1,2,3" and row[-2:] == ["0,1", "2,3"]
     cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(back))
     assert cancel.returncode == 0, cancel.stdout
     assert [p.replicas for p in admin.describe_topics(["cli-move"])[0].partitions] == [

@@ -92,6 +92,9 @@ def test_reassignment_moves_replicas_throttled_with_progress_and_keeps_every_rec
     assert ongoing.adding_replicas == [2, 3] and ongoing.removing_replicas == [0, 1]
     assert ongoing.original_replicas == [0, 1]
     assert ongoing.throttle_bytes_per_s == THROTTLE
+    moving = partition(admin, tp)  # describe_topics shows the move too
+    assert moving.replicas == [2, 3, 0, 1]
+    assert (moving.adding_replicas, moving.removing_replicas) == ([2, 3], [0, 1])
     # Progress: the adding replicas' log end offsets climb while they copy,
     # never faster than the throttle allows (one second of burst, one batch).
     samples = []
@@ -110,6 +113,7 @@ def test_reassignment_moves_replicas_throttled_with_progress_and_keeps_every_rec
     # Done: the target only, led by one of it, the leaving replicas' logs gone.
     done = partition(admin, tp)
     assert done.replicas == [2, 3] and done.leader in (2, 3)
+    assert (done.adding_replicas, done.removing_replicas) == ([], [])
     assert set(done.isr) <= {2, 3}
     for broker in cluster.brokers[:2]:
         wait_until(
