@@ -1,4 +1,5 @@
-"""`tidelog`, the command-line client: topics, produce, consume, groups, and
+"""`tidelog`, the command-line client: topics, produce, consume, groups, the
+admin operations (cluster, reassign, brokers, leaders, delete-records), and
 `dev`, the local cluster that `make run` starts.
 
 Every command takes `--bootstrap-server host:port` (`-b`, or
@@ -21,7 +22,18 @@ import sys
 
 import grpc
 
-from tidelog.cli import consume, dev_cluster, groups, produce, topics
+from tidelog.cli import (
+    brokers,
+    cluster,
+    consume,
+    delete_records,
+    dev_cluster,
+    groups,
+    leaders,
+    produce,
+    reassign,
+    topics,
+)
 from tidelog.cli._common import (
     EXIT_CODES_HELP,
     EXIT_INTERRUPTED,
@@ -55,6 +67,9 @@ def build_parser() -> ArgumentParser:
     add_bootstrap_argument(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (dev_cluster, topics, produce, consume, groups):
+        module.register(sub, add_bootstrap_argument)
+    # Admin operations (issue 13): one module each.
+    for module in (cluster, reassign, brokers, leaders, delete_records):
         module.register(sub, add_bootstrap_argument)
     return parser
 

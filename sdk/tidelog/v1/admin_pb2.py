@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidelog.v1 import common_pb2 as tidelog_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xe7\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x12\x39\n\x12replica_assignment\x18\x05 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x11ReplicaAssignment\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x12\n\nbroker_ids\x18\x02 \x03(\x05\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\"\'\n\x16\x44\x65scribeConfigsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"C\n\x17\x44\x65scribeConfigsResponse\x12(\n\x06topics\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.TopicConfigs\"h\n\x0cTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.tidelog.v1.ConfigEntry\"T\n\x0b\x43onfigEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12(\n\x06source\x18\x03 \x01(\x0e\x32\x18.tidelog.v1.ConfigSource\"[\n\x13\x41lterConfigsRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.AlterTopicConfigs\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x92\x01\n\x11\x41lterTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x03set\x18\x02 \x03(\x0b\x32&.tidelog.v1.AlterTopicConfigs.SetEntry\x12\x0e\n\x06\x64\x65lete\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x41lterConfigsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult*{\n\x0c\x43onfigSource\x12\x1d\n\x19\x43ONFIG_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONFIG_SOURCE_DEFAULT\x10\x01\x12\x18\n\x14\x43ONFIG_SOURCE_BROKER\x10\x02\x12\x17\n\x13\x43ONFIG_SOURCE_TOPIC\x10\x03\x32\xb5\x03\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponse\x12Z\n\x0f\x44\x65scribeConfigs\x12\".tidelog.v1.DescribeConfigsRequest\x1a#.tidelog.v1.DescribeConfigsResponse\x12Q\n\x0c\x41lterConfigs\x12\x1f.tidelog.v1.AlterConfigsRequest\x1a .tidelog.v1.AlterConfigsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xe7\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x12\x39\n\x12replica_assignment\x18\x05 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x11ReplicaAssignment\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x12\n\nbroker_ids\x18\x02 \x03(\x05\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x02\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\n \x03(\x05\x12\x19\n\x11removing_replicas\x18\x0b \x03(\x05\"\'\n\x16\x44\x65scribeConfigsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"C\n\x17\x44\x65scribeConfigsResponse\x12(\n\x06topics\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.TopicConfigs\"h\n\x0cTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.tidelog.v1.ConfigEntry\"T\n\x0b\x43onfigEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12(\n\x06source\x18\x03 \x01(\x0e\x32\x18.tidelog.v1.ConfigSource\"[\n\x13\x41lterConfigsRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.AlterTopicConfigs\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x92\x01\n\x11\x41lterTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x03set\x18\x02 \x03(\x0b\x32&.tidelog.v1.AlterTopicConfigs.SetEntry\x12\x0e\n\x06\x64\x65lete\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x41lterConfigsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"[\n\x17\x43reatePartitionsRequest\x12)\n\x06topics\x18\x01 \x03(\x0b\x32\x19.tidelog.v1.NewPartitions\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"e\n\rNewPartitions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0btotal_count\x18\x02 \x01(\x05\x12\x31\n\nassignment\x18\x03 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\"C\n\x18\x43reatePartitionsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"N\n\x14\x44\x65leteRecordsRequest\x12\x36\n\npartitions\x18\x01 \x03(\x0b\x32\".tidelog.v1.DeleteRecordsPartition\"J\n\x16\x44\x65leteRecordsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"L\n\x15\x44\x65leteRecordsResponse\x12\x33\n\npartitions\x18\x01 \x03(\x0b\x32\x1f.tidelog.v1.DeleteRecordsResult\"p\n\x13\x44\x65leteRecordsResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x15\n\rlow_watermark\x18\x03 \x01(\x03\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x11.tidelog.v1.Error\"E\n\x13\x45lectLeadersRequest\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"J\n\x14\x45lectLeadersResponse\x12\x32\n\npartitions\x18\x01 \x03(\x0b\x32\x1e.tidelog.v1.ElectLeadersResult\"k\n\x12\x45lectLeadersResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x11\n\tleader_id\x18\x03 \x01(\x05\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x11.tidelog.v1.Error\"y\n\"AlterPartitionReassignmentsRequest\x12\x35\n\npartitions\x18\x01 \x03(\x0b\x32!.tidelog.v1.PartitionReassignment\x12\x1c\n\x14throttle_bytes_per_s\x18\x02 \x01(\x03\"K\n\x15PartitionReassignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\"Y\n#AlterPartitionReassignmentsResponse\x12\x32\n\npartitions\x18\x01 \x03(\x0b\x32\x1e.tidelog.v1.ReassignmentResult\"X\n\x12ReassignmentResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\"S\n!ListPartitionReassignmentsRequest\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"\\\n\"ListPartitionReassignmentsResponse\x12\x36\n\rreassignments\x18\x01 \x03(\x0b\x32\x1f.tidelog.v1.OngoingReassignment\"\xd3\x02\n\x13OngoingReassignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\x04 \x03(\x05\x12\x19\n\x11removing_replicas\x18\x05 \x03(\x05\x12\x19\n\x11original_replicas\x18\x06 \x03(\x05\x12\x1c\n\x14throttle_bytes_per_s\x18\x07 \x01(\x03\x12\x12\n\nstarted_ms\x18\x08 \x01(\x03\x12\x11\n\tleader_id\x18\t \x01(\x05\x12\x0b\n\x03isr\x18\n \x03(\x05\x12\x1d\n\x15leader_log_end_offset\x18\x0b \x01(\x03\x12\x19\n\x11leader_size_bytes\x18\x0c \x01(\x03\x12-\n\x08progress\x18\r \x03(\x0b\x32\x1b.tidelog.v1.ReplicaProgress\"\x9c\x01\n\x0fReplicaProgress\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x11\n\treachable\x18\x02 \x01(\x08\x12\x16\n\x0elog_end_offset\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x13\n\x0blag_records\x18\x05 \x01(\x03\x12\x11\n\tlag_bytes\x18\x06 \x01(\x03\x12\x0f\n\x07in_sync\x18\x07 \x01(\x08*{\n\x0c\x43onfigSource\x12\x1d\n\x19\x43ONFIG_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONFIG_SOURCE_DEFAULT\x10\x01\x12\x18\n\x14\x43ONFIG_SOURCE_BROKER\x10\x02\x12\x17\n\x13\x43ONFIG_SOURCE_TOPIC\x10\x03\x32\xba\x07\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponse\x12Z\n\x0f\x44\x65scribeConfigs\x12\".tidelog.v1.DescribeConfigsRequest\x1a#.tidelog.v1.DescribeConfigsResponse\x12Q\n\x0c\x41lterConfigs\x12\x1f.tidelog.v1.AlterConfigsRequest\x1a .tidelog.v1.AlterConfigsResponse\x12]\n\x10\x43reatePartitions\x12#.tidelog.v1.CreatePartitionsRequest\x1a$.tidelog.v1.CreatePartitionsResponse\x12T\n\rDeleteRecords\x12 .tidelog.v1.DeleteRecordsRequest\x1a!.tidelog.v1.DeleteRecordsResponse\x12Q\n\x0c\x45lectLeaders\x12\x1f.tidelog.v1.ElectLeadersRequest\x1a .tidelog.v1.ElectLeadersResponse\x12~\n\x1b\x41lterPartitionReassignments\x12..tidelog.v1.AlterPartitionReassignmentsRequest\x1a/.tidelog.v1.AlterPartitionReassignmentsResponse\x12{\n\x1aListPartitionReassignments\x12-.tidelog.v1.ListPartitionReassignmentsRequest\x1a..tidelog.v1.ListPartitionReassignmentsResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,8 +38,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_options = b'8\001'
   _globals['_ALTERTOPICCONFIGS_SETENTRY']._loaded_options = None
   _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_options = b'8\001'
-  _globals['_CONFIGSOURCE']._serialized_start=1835
-  _globals['_CONFIGSOURCE']._serialized_end=1958
+  _globals['_CONFIGSOURCE']._serialized_start=3817
+  _globals['_CONFIGSOURCE']._serialized_end=3940
   _globals['_CREATETOPICSREQUEST']._serialized_start=63
   _globals['_CREATETOPICSREQUEST']._serialized_end=145
   _globals['_NEWTOPIC']._serialized_start=148
@@ -65,23 +65,59 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_start=333
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_end=379
   _globals['_PARTITIONDESCRIPTION']._serialized_start=1016
-  _globals['_PARTITIONDESCRIPTION']._serialized_end=1224
-  _globals['_DESCRIBECONFIGSREQUEST']._serialized_start=1226
-  _globals['_DESCRIBECONFIGSREQUEST']._serialized_end=1265
-  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_start=1267
-  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_end=1334
-  _globals['_TOPICCONFIGS']._serialized_start=1336
-  _globals['_TOPICCONFIGS']._serialized_end=1440
-  _globals['_CONFIGENTRY']._serialized_start=1442
-  _globals['_CONFIGENTRY']._serialized_end=1526
-  _globals['_ALTERCONFIGSREQUEST']._serialized_start=1528
-  _globals['_ALTERCONFIGSREQUEST']._serialized_end=1619
-  _globals['_ALTERTOPICCONFIGS']._serialized_start=1622
-  _globals['_ALTERTOPICCONFIGS']._serialized_end=1768
-  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_start=1726
-  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_end=1768
-  _globals['_ALTERCONFIGSRESPONSE']._serialized_start=1770
-  _globals['_ALTERCONFIGSRESPONSE']._serialized_end=1833
-  _globals['_ADMIN']._serialized_start=1961
-  _globals['_ADMIN']._serialized_end=2398
+  _globals['_PARTITIONDESCRIPTION']._serialized_end=1276
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_start=1278
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_end=1317
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_start=1319
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_end=1386
+  _globals['_TOPICCONFIGS']._serialized_start=1388
+  _globals['_TOPICCONFIGS']._serialized_end=1492
+  _globals['_CONFIGENTRY']._serialized_start=1494
+  _globals['_CONFIGENTRY']._serialized_end=1578
+  _globals['_ALTERCONFIGSREQUEST']._serialized_start=1580
+  _globals['_ALTERCONFIGSREQUEST']._serialized_end=1671
+  _globals['_ALTERTOPICCONFIGS']._serialized_start=1674
+  _globals['_ALTERTOPICCONFIGS']._serialized_end=1820
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_start=1778
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_end=1820
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_start=1822
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_end=1885
+  _globals['_CREATEPARTITIONSREQUEST']._serialized_start=1887
+  _globals['_CREATEPARTITIONSREQUEST']._serialized_end=1978
+  _globals['_NEWPARTITIONS']._serialized_start=1980
+  _globals['_NEWPARTITIONS']._serialized_end=2081
+  _globals['_CREATEPARTITIONSRESPONSE']._serialized_start=2083
+  _globals['_CREATEPARTITIONSRESPONSE']._serialized_end=2150
+  _globals['_DELETERECORDSREQUEST']._serialized_start=2152
+  _globals['_DELETERECORDSREQUEST']._serialized_end=2230
+  _globals['_DELETERECORDSPARTITION']._serialized_start=2232
+  _globals['_DELETERECORDSPARTITION']._serialized_end=2306
+  _globals['_DELETERECORDSRESPONSE']._serialized_start=2308
+  _globals['_DELETERECORDSRESPONSE']._serialized_end=2384
+  _globals['_DELETERECORDSRESULT']._serialized_start=2386
+  _globals['_DELETERECORDSRESULT']._serialized_end=2498
+  _globals['_ELECTLEADERSREQUEST']._serialized_start=2500
+  _globals['_ELECTLEADERSREQUEST']._serialized_end=2569
+  _globals['_ELECTLEADERSRESPONSE']._serialized_start=2571
+  _globals['_ELECTLEADERSRESPONSE']._serialized_end=2645
+  _globals['_ELECTLEADERSRESULT']._serialized_start=2647
+  _globals['_ELECTLEADERSRESULT']._serialized_end=2754
+  _globals['_ALTERPARTITIONREASSIGNMENTSREQUEST']._serialized_start=2756
+  _globals['_ALTERPARTITIONREASSIGNMENTSREQUEST']._serialized_end=2877
+  _globals['_PARTITIONREASSIGNMENT']._serialized_start=2879
+  _globals['_PARTITIONREASSIGNMENT']._serialized_end=2954
+  _globals['_ALTERPARTITIONREASSIGNMENTSRESPONSE']._serialized_start=2956
+  _globals['_ALTERPARTITIONREASSIGNMENTSRESPONSE']._serialized_end=3045
+  _globals['_REASSIGNMENTRESULT']._serialized_start=3047
+  _globals['_REASSIGNMENTRESULT']._serialized_end=3135
+  _globals['_LISTPARTITIONREASSIGNMENTSREQUEST']._serialized_start=3137
+  _globals['_LISTPARTITIONREASSIGNMENTSREQUEST']._serialized_end=3220
+  _globals['_LISTPARTITIONREASSIGNMENTSRESPONSE']._serialized_start=3222
+  _globals['_LISTPARTITIONREASSIGNMENTSRESPONSE']._serialized_end=3314
+  _globals['_ONGOINGREASSIGNMENT']._serialized_start=3317
+  _globals['_ONGOINGREASSIGNMENT']._serialized_end=3656
+  _globals['_REPLICAPROGRESS']._serialized_start=3659
+  _globals['_REPLICAPROGRESS']._serialized_end=3815
+  _globals['_ADMIN']._serialized_start=3943
+  _globals['_ADMIN']._serialized_end=4897
 # @@protoc_insertion_point(module_scope)

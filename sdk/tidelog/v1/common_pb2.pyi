@@ -81,6 +81,14 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The named group is not known."""
     NON_EMPTY_GROUP: _ErrorCode.ValueType  # 27
     """The group still has live members."""
+    ELECTION_NOT_NEEDED: _ErrorCode.ValueType  # 28
+    """The preferred replica already leads the partition: nothing to elect."""
+    PREFERRED_LEADER_NOT_AVAILABLE: _ErrorCode.ValueType  # 29
+    """The preferred replica is not alive or not in the ISR (retriable: it may
+    catch up).
+    """
+    NO_REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 30
+    """A reassignment was to be cancelled, but the partition has none."""
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Typed, per-partition outcome of a request. The names and meanings follow
@@ -147,6 +155,14 @@ GROUP_ID_NOT_FOUND: ErrorCode.ValueType  # 26
 """The named group is not known."""
 NON_EMPTY_GROUP: ErrorCode.ValueType  # 27
 """The group still has live members."""
+ELECTION_NOT_NEEDED: ErrorCode.ValueType  # 28
+"""The preferred replica already leads the partition: nothing to elect."""
+PREFERRED_LEADER_NOT_AVAILABLE: ErrorCode.ValueType  # 29
+"""The preferred replica is not alive or not in the ISR (retriable: it may
+catch up).
+"""
+NO_REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 30
+"""A reassignment was to be cancelled, but the partition has none."""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

@@ -43,6 +43,7 @@ from tidelog_coordinator.admin_servicer import (
     ClusterServicer,
     controller_value_id,
 )
+from tidelog_coordinator.broker_calls import BrokerCalls
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.controller import ReplicaLifecycle
 from tidelog_coordinator.group_coordinator import GroupCoordinator
@@ -68,6 +69,8 @@ class CoordinatorServer:
         self.keys = Keys(config.etcd_prefix)
         self.client = connect(config.etcd_endpoint)
         self.metadata = MetadataManager(self.client, self.keys, config)
+        #: Channels to brokers (DeleteRecords, reassignment progress).
+        self.brokers = BrokerCalls(self.client, self.keys)
         self.lifecycle: ReplicaLifecycle | None = None
         self.groups = GroupCoordinator(
             self.client,
@@ -97,7 +100,9 @@ class CoordinatorServer:
             options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS],
             interceptors=[] if metrics is None else [metrics.rpc.interceptor()],
         )
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.metadata), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.metadata, self.brokers), server
+        )
         cluster_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(self.metadata, self._controller_id), server
         )
@@ -176,5 +181,6 @@ class CoordinatorServer:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.brokers.close()
         await self.client.close()
         log.info("coordinator %s stopped", self.config.coordinator_id)

@@ -22,7 +22,7 @@ carries every other change. Not thread-safe: one event loop.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidelog_server.etcd import WatchBatch
 from tidelog_server.etcd.keys import Keys
@@ -30,6 +30,7 @@ from tidelog_server.etcd.records import (
     BrokerRegistration,
     CoordinatorRegistration,
     PartitionState,
+    Reassignment,
     TopicAssignment,
 )
 
@@ -55,6 +56,9 @@ class KnownTopic:
     configs: dict[str, str]
     #: Create revision of the topic key.
     create_revision: int
+    #: Reassignments in progress, by partition (`replicas` already holds
+    #: every replica of the move: the target and the leaving ones).
+    reassignments: dict[int, Reassignment] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class ClusterView:
                 [list(replicas) for replicas in topic.replicas],
                 dict(topic.configs),
                 change.create_revision,
+                dict(topic.reassignments),
             )
 
     def apply_states(self, batch: WatchBatch) -> None:
