@@ -7,6 +7,8 @@ import asyncio
 import logging
 import signal
 
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.server import CoordinatorServer
 
@@ -14,7 +16,11 @@ from tidelog_coordinator.server import CoordinatorServer
 def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     parser = argparse.ArgumentParser(prog="tidelog-coordinator", description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:9093", help="host:port to serve on")
-    parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoint host:port")
+    parser.add_argument(
+        "--etcd",
+        default="127.0.0.1:2379",
+        help="etcd endpoints host:port[,host:port...] (several: used in turn when one dies)",
+    )
     parser.add_argument("--prefix", default="/tidelog", help="key prefix of the cluster in etcd")
     parser.add_argument("--id", default=None, help="replica name (default: host-pid)")
     parser.add_argument("--advertised-host", default="", help="host clients should use")
@@ -40,6 +46,10 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        parser.error(f"--etcd: {exc}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

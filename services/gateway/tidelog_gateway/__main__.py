@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+
 from tidelog_gateway.config import GatewayConfig
 from tidelog_gateway.server import serve
 
@@ -21,7 +23,11 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     defaults = GatewayConfig()
     parser = argparse.ArgumentParser(prog="tidelog-gateway", description=__doc__)
     parser.add_argument("--listen", default=defaults.listen_address, help="host:port to serve on")
-    parser.add_argument("--etcd", default=defaults.etcd_endpoint, help="etcd endpoint host:port")
+    parser.add_argument(
+        "--etcd",
+        default=defaults.etcd_endpoint,
+        help="etcd endpoints host:port[,host:port...] (several: used in turn when one dies)",
+    )
     parser.add_argument("--prefix", default=defaults.etcd_prefix, help="the cluster's etcd prefix")
     parser.add_argument(
         "--advertised-address",
@@ -49,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     parser.add_argument("--drain-timeout-s", type=float, default=defaults.drain_timeout_s)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        parser.error(f"--etcd: {exc}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
