@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
+.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
 
 install: $(STAMP)
 
@@ -27,8 +27,20 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
 run: install
 	$(BIN)/tidelog dev --data-dir $(DATA_DIR)
 
-test: install proto-check lint go-tools
+# helm-background first: the first build of helm takes ~10 minutes and runs
+# beside lint and the tests; tests/deploy waits for it (tools/helm.sh).
+test: helm-background install proto-check lint go-tools
 	$(BIN)/python -m pytest -q tests
+
+# helm (helm.sh/helm/v3, version pinned in tools/helm.sh), built once into
+# ~/.cache/tidelog/go-bin and shared by every clone: `make helm` waits for it,
+# `make helm-background` starts the build and returns (exit 3 = no Go: the
+# chart tests skip and say so; 4 = a build is under way).
+helm:
+	@tools/helm.sh >/dev/null || [ $$? -eq 3 ]
+
+helm-background:
+	@tools/helm.sh --background >/dev/null; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
 
 # grpcurl and the Go protoc plugins at pinned versions, built once into
 # .cache/go-bin (docs/any-language.md and the Go example use them). Without Go

@@ -7,7 +7,8 @@
 # gives a ~110 MB binary; later runs only print the path.
 #
 # Usage: tools/helm.sh [--background]
-#   prints the binary's path on stdout when it is built (exit 0);
+#   prints the binary's path on stdout when it is built (exit 0), building it
+#   first, or waiting for a build under way (a lock file serialises builds);
 #   --background starts the build detached (nice, log beside the binary) and
 #     returns at once; exit 0 if already built, 4 if a build is now under way.
 # Exits 3 with a message on stderr when `go` is not installed (callers skip).
@@ -53,6 +54,11 @@ build() {
 }
 
 if [ "${1:-}" = "--background" ]; then
+  : >>"$lock"
+  if ! flock -n "$lock" true; then
+    echo "helm.sh: helm $version is already being built (log: $log)" >&2
+    exit 4
+  fi
   # setsid + nohup: the build outlives the caller (e.g. a pytest session that
   # skips the chart tests this time and finds helm built the next time).
   nohup setsid bash "$0" >"$log" 2>&1 </dev/null &
