@@ -191,16 +191,21 @@ class EtcdClient(aetcd.Client):
     async def _retire(self, channel: Any, watcher: aetcd.watcher.Watcher | None) -> None:
         # Watches end now (their owners resume on the new member); unary
         # calls in flight get their deadline before the channel closes.
-        if watcher is not None:
+        try:
+            if watcher is not None:
+                with contextlib.suppress(Exception):
+                    await watcher.shutdown()
+            await asyncio.sleep(_OLD_CHANNEL_GRACE_S)
+        finally:
+            # Also when close() cancels the grace: no channel is left open.
             with contextlib.suppress(Exception):
-                await watcher.shutdown()
-        await asyncio.sleep(_OLD_CHANNEL_GRACE_S)
-        with contextlib.suppress(Exception):
-            await channel.close()
+                await channel.close()
 
     async def close(self) -> None:
-        for task in list(self._retired):
+        retired = list(self._retired)
+        for task in retired:
             task.cancel()
+        await asyncio.gather(*retired, return_exceptions=True)
         await super().close()
 
     async def call(self, operation: Callable[[], Awaitable[T]], *, repeatable: bool) -> T:
