@@ -1,7 +1,9 @@
 """A broker's health service "tidelog.broker.InSync" (the Helm chart's
-readiness probe): NOT_SERVING while one of its replicas is out of its
-partition's ISR, SERVING once it is back in, so that a rolling restart waits
-for it before taking the next broker down."""
+readiness probe) against real processes: SERVING on every broker once an RF-3
+topic is replicated, and, for a broker restarted after the others wrote on
+without it, SERVING only once the leaders have taken it back into every ISR.
+(When exactly it is NOT_SERVING is the unit test of
+`ClusterView.out_of_sync`, tests/unit/server/test_etcd_cluster_view.py.)"""
 
 from __future__ import annotations
 
