@@ -10,7 +10,8 @@ which `restart()` reuses (leases, keys and revisions survive).
 `EtcdCluster.start(root, members=3)` runs a cluster of several members on
 loopback (each an `EtcdProcess`), for tests of members dying: its `endpoint`
 is every member's address, comma separated (what the services' `--etcd`
-takes), and `kill(i)` SIGKILLs one member.
+takes), `kill(i)` SIGKILLs one member, and `make_leader(i)` moves the raft
+leadership to a member (so a test can kill the leader the services use).
 
 Every process is stopped through its own PID (never by name), so tests can
 run beside other etcd servers on the machine.
@@ -18,13 +19,16 @@ run beside other etcd servers on the machine.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 from tidelog_server.dev import etcd_binary
 
@@ -188,6 +192,34 @@ class EtcdCluster:
         """SIGKILL one member, as a crash."""
         self.members[index].kill()
 
+    def make_leader(self, index: int) -> None:
+        """Transfer the raft leadership to member `index` (etcd's
+        MoveLeader, through its JSON gateway), and wait until it leads."""
+        target = _status(self.members[index])["header"]["member_id"]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = _status(self.members[index])
+            if status["leader"] == target:
+                return
+            leader = next(
+                m for m in self.members if _status(m)["header"]["member_id"] == status["leader"]
+            )
+            _post(leader, "/v3/maintenance/transfer-leadership", {"targetID": target})
+            time.sleep(0.1)
+        raise RuntimeError(f"member {index} did not become the leader in {START_TIMEOUT_S} s")
+
     def stop(self) -> None:
         for member in self.members:
             member.stop()
+
+
+def _post(member: EtcdProcess, path: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(
+        f"http://{member.endpoint}{path}", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+def _status(member: EtcdProcess) -> dict[str, Any]:
+    return _post(member, "/v3/maintenance/status", {})

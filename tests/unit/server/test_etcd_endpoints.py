@@ -106,7 +106,21 @@ def test_the_number_of_endpoints_is_bounded() -> None:
 # ------------------------------------------------------------ fail-over
 
 
-def test_reads_and_writes_move_to_a_live_member_when_the_first_dies(etcd3: EtcdCluster) -> None:
+#: The member the client uses is the raft leader (the survivors must also
+#: elect a new one) or a follower.
+ROLES = pytest.mark.parametrize("role", ["leader", "follower"])
+
+
+def lead(cluster: EtcdCluster, role: str) -> None:
+    cluster.make_leader(0 if role == "leader" else 1)
+
+
+@ROLES
+def test_reads_and_writes_move_to_a_live_member_when_the_first_dies(
+    etcd3: EtcdCluster, role: str
+) -> None:
+    lead(etcd3, role)
+
     async def run() -> None:
         async with client_of(etcd3.endpoint) as client:
             await client.put(PREFIX + b"before", b"1")
@@ -124,7 +138,10 @@ def test_reads_and_writes_move_to_a_live_member_when_the_first_dies(etcd3: EtcdC
     asyncio.run(run())
 
 
-def test_a_session_keeps_its_lease_when_its_member_dies(etcd3: EtcdCluster) -> None:
+@ROLES
+def test_a_session_keeps_its_lease_when_its_member_dies(etcd3: EtcdCluster, role: str) -> None:
+    lead(etcd3, role)
+
     async def run() -> None:
         async with client_of(etcd3.endpoint) as client:
             session = await Session.create(client, TTL_S)
@@ -143,10 +160,12 @@ def test_a_session_keeps_its_lease_when_its_member_dies(etcd3: EtcdCluster) -> N
     asyncio.run(run())
 
 
-def test_a_session_keeps_its_lease_when_its_member_hangs(etcd3: EtcdCluster) -> None:
+@ROLES
+def test_a_session_keeps_its_lease_when_its_member_hangs(etcd3: EtcdCluster, role: str) -> None:
     """A member that stops answering (SIGSTOP: no error, no reset, only
     silence) is left after one keep-alive deadline (TTL/3), well before the
     lease could expire."""
+    lead(etcd3, role)
 
     async def run() -> None:
         async with client_of(etcd3.endpoint) as client:
