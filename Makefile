@@ -27,10 +27,16 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
 run: install
 	$(BIN)/tidelog dev --data-dir $(DATA_DIR)
 
+# Tests in TEST_WORKERS processes (they mostly wait on the services they
+# start, so more workers than cores pays); tests that share one heavy resource
+# carry an xdist_group mark and run in one worker. The fault tests kill
+# processes and wait out leases: they run after the rest, one at a time.
 # helm-background first: the first build of helm takes ~10 minutes and runs
-# beside lint and the tests; tests/deploy waits for it (tools/helm.sh).
+# beside lint and the tests; tests/deploy (one worker) waits for it.
+TEST_WORKERS ?= 4
 test: helm-background install proto-check lint go-tools
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests --ignore=tests/fault
+	$(BIN)/python -m pytest -q tests/fault
 
 # helm (helm.sh/helm/v3, version pinned in tools/helm.sh), built once into
 # ~/.cache/tidelog/go-bin and shared by every clone: `make helm` waits for it,

@@ -81,9 +81,11 @@ class GroupAdmin:
     async def _coordinators(self) -> tuple[CoordinatorChannels, OffsetStoreClient]:
         if self._channels is None or self._offsets is None:
             addresses = await discover_coordinators(self._cluster, self._timeout_s)
-            self._channels = CoordinatorChannels(addresses)
+            self._channels = CoordinatorChannels(addresses, security=self._config.security)
             self._offsets = OffsetStoreClient(
-                addresses, request_timeout_ms=self._config.request_timeout_ms
+                addresses,
+                request_timeout_ms=self._config.request_timeout_ms,
+                security=self._config.security,
             )
         return self._channels, self._offsets
 

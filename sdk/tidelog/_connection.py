@@ -160,7 +160,7 @@ class Cluster:
             raise BrokerNotAvailableError("the client is closed")
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
+            channel = self._config.security.aio_channel(address, options=self._options)
             self._channels[address] = channel
         return channel
 

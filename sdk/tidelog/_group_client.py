@@ -163,6 +163,7 @@ class GroupClient:
             heartbeat_interval_ms=config.heartbeat_interval_ms,
             listener=self,
             rediscover=self._rediscover,
+            security=config.security,
         )
         self.left_for_poll_timeout = False
         self.last_poll = time.monotonic()
@@ -275,7 +276,9 @@ class GroupClient:
     async def _standalone_store(self) -> OffsetStoreClient:
         if self._standalone is None:
             self._standalone = OffsetStoreClient(
-                await self._discover(), request_timeout_ms=self._config.request_timeout_ms
+                await self._discover(),
+                request_timeout_ms=self._config.request_timeout_ms,
+                security=self._config.security,
             )
         return self._standalone
 

@@ -15,11 +15,20 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tidelog.compression import CompressionType
+from tidelog.security import ChannelSecurity
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9392"
 #: Environment variable giving the bootstrap servers of a client created
 #: without them (the CLI reads it too).
 BOOTSTRAP_ENV = "TIDELOG_BOOTSTRAP"
+#: Environment variables giving the security options of a client created
+#: without them.
+SECURITY_ENV = {
+    "security_protocol": "TIDELOG_SECURITY_PROTOCOL",
+    "ssl_cafile": "TIDELOG_SSL_CAFILE",
+    "ssl_certfile": "TIDELOG_SSL_CERTFILE",
+    "ssl_keyfile": "TIDELOG_SSL_KEYFILE",
+}
 MIB = 1024 * 1024
 
 #: gRPC's own cap on a message; Tidelog raises it to fit a full fetch
@@ -85,14 +94,44 @@ class CommonConfig:
     #: a gRPC server by default treats pings closer than 5 minutes apart on a
     #: connection without data as abuse and closes it (GOAWAY too_many_pings).
     keepalive_time_ms: int = 330_000
+    #: "PLAINTEXT" or "SSL" (TLS to every server; tidelog.security). None:
+    #: $TIDELOG_SECURITY_PROTOCOL when set, else PLAINTEXT. The ssl_* files
+    #: below likewise default to $TIDELOG_SSL_CAFILE, $TIDELOG_SSL_CERTFILE
+    #: and $TIDELOG_SSL_KEYFILE, so that the CLI and scripts pointed at a TLS
+    #: cluster (`tidelog dev --tls` prints the exports) need no flags.
+    security_protocol: str | None = None
+    #: PEM file of the authorities to trust (None: the system's).
+    ssl_cafile: str | None = None
+    #: PEM files of the client's own certificate and key, for servers that
+    #: ask for one (mTLS): both or neither.
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", _parse_bootstrap(self.bootstrap_servers))
+        for name, variable in SECURITY_ENV.items():
+            if getattr(self, name) is None and os.environ.get(variable, "").strip():
+                object.__setattr__(self, name, os.environ[variable].strip())
+        if self.security_protocol is None:
+            object.__setattr__(self, "security_protocol", "PLAINTEXT")
+        assert self.security_protocol is not None
+        object.__setattr__(
+            self,
+            "_security",
+            ChannelSecurity.from_options(
+                self.security_protocol, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile
+            ),
+        )
         _positive("request_timeout_ms", self.request_timeout_ms)
         _non_negative("retry_backoff_ms", self.retry_backoff_ms)
         _positive("metadata_max_age_ms", self.metadata_max_age_ms)
         _positive("keepalive_time_ms", self.keepalive_time_ms)
         _positive("socket_connection_setup_timeout_ms", self.socket_connection_setup_timeout_ms)
+
+    @property
+    def security(self) -> ChannelSecurity:
+        """How this client opens its channels (checked and read at construction)."""
+        return self._security  # type: ignore[attr-defined]
 
     @property
     def addresses(self) -> tuple[str, ...]:

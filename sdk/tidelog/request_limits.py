@@ -13,7 +13,8 @@ from collections.abc import Iterable
 
 from tidelog.errors import InvalidRequestError
 
-#: Topics in one CreateTopics (or AlterConfigs) request.
+#: Topics named in one admin request (CreateTopics, DeleteTopics,
+#: DescribeTopics, DescribeConfigs, AlterConfigs).
 MAX_TOPICS_PER_REQUEST = 1000
 #: Partitions of one topic in a CreateTopics request.
 MAX_PARTITIONS_PER_TOPIC = 10_000
@@ -33,3 +34,12 @@ def check_create_topics(topics: Iterable[tuple[str, int]]) -> None:
                 f"{partitions} partitions requested for topic {name[:64]!r}: "
                 f"MAX_PARTITIONS_PER_TOPIC is {MAX_PARTITIONS_PER_TOPIC}"
             )
+
+
+def check_topic_count(count: int, rpc: str) -> None:
+    """Refuse an admin request that names more than MAX_TOPICS_PER_REQUEST topics."""
+    if count > MAX_TOPICS_PER_REQUEST:
+        raise InvalidRequestError(
+            f"{count} topics in one {rpc} request: MAX_TOPICS_PER_REQUEST is "
+            f"{MAX_TOPICS_PER_REQUEST}; send them in several requests"
+        )

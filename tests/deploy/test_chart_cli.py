@@ -52,6 +52,7 @@ def test_the_broker_accepts_its_command_line_and_config(
     config = config_from_args(args)
     cluster = cluster_from_args(args)
     assert config.broker_id == 2
+    assert config.internal_port == 9393
     assert config.advertised_host == (
         f"{pod}.{brokers['spec']['serviceName']}.{NAMESPACE}.svc.cluster.local"
     )

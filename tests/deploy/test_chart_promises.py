@@ -67,6 +67,8 @@ def test_brokers_advertise_their_stable_name_in_a_headless_service(rendered: Ren
     assert headless["spec"]["clusterIP"] == "None"
     # A broker catching up (not Ready) must still be reachable by its peers.
     assert headless["spec"]["publishNotReadyAddresses"] is True
+    # Followers fetch from leaders on the internal port, through these names.
+    assert {p["name"] for p in headless["spec"]["ports"]} == {"grpc", "internal"}
     assert selects(
         {"matchLabels": headless["spec"]["selector"]},
         brokers["spec"]["template"]["metadata"]["labels"],
@@ -135,7 +137,11 @@ def test_grpc_probes_ask_the_health_service_on_the_serving_port(
 ) -> None:
     ctr = container(workload(rendered, component))
     port = int(arg(ctr, "--listen").rpartition(":")[2])
-    assert {p["name"]: p["containerPort"] for p in ctr["ports"]} == {"grpc": port}
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    if component == "broker":
+        # Replication has a listener of its own; probes ask the client one.
+        assert ports.pop("internal") == int(arg(ctr, "--internal-port")) != port
+    assert ports == {"grpc": port}
     for probe in ("livenessProbe", "readinessProbe"):
         assert ctr[probe]["grpc"]["port"] == port, (component, probe)
     assert ctr["livenessProbe"]["grpc"]["service"] == ""

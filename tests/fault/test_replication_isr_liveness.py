@@ -180,7 +180,7 @@ def test_replica_fetch_is_served_only_to_live_assigned_replicas(
         assert produce(leader.address, f"r{i}".encode(), acks=-1).error.code == common_pb2.NONE
 
     # Not a replica: an error naming the replica and the partition, no records.
-    stranger = replica_fetch(leader.address, 99, state.leader_epoch, 0)
+    stranger = replica_fetch(leader.internal_address, 99, state.leader_epoch, 0)
     assert stranger.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, stranger
     assert "replica 99" in stranger.error.message
     assert f"{TOPIC}-0" in stranger.error.message
@@ -188,7 +188,7 @@ def test_replica_fetch_is_served_only_to_live_assigned_replicas(
 
     # One stream speaks for one replica id.
     live_id = followers[0].broker_id
-    with grpc.insecure_channel(leader.address) as channel:
+    with grpc.insecure_channel(leader.internal_address) as channel:
         stub = replica_pb2_grpc.ReplicaStub(channel)
         requests = [fetch_request(live_id, state.leader_epoch, 3), fetch_request(99, 0, 0)]
         answers = stub.ReplicaFetch(iter(requests), timeout=10)
@@ -202,7 +202,7 @@ def test_replica_fetch_is_served_only_to_live_assigned_replicas(
         above = produce(leader.address, b"unreplicated", acks=1)
         assert above.error.code == common_pb2.NONE, above.error
         assert above.base_offset == 3
-        stranger = replica_fetch(leader.address, 99, state.leader_epoch, 0)
+        stranger = replica_fetch(leader.internal_address, 99, state.leader_epoch, 0)
         assert stranger.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, stranger
         assert stranger.records == b""
 
@@ -214,7 +214,9 @@ def test_replica_fetch_is_served_only_to_live_assigned_replicas(
         watch_until = time.monotonic() + 2 * REPLICA_LAG_MS / 1000
         while time.monotonic() < watch_until:
             for follower in followers:
-                posed = replica_fetch(leader.address, follower.broker_id, state.leader_epoch, 4)
+                posed = replica_fetch(
+                    leader.internal_address, follower.broker_id, state.leader_epoch, 4
+                )
                 assert posed.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, posed
                 assert f"replica {follower.broker_id} of {TOPIC}-0" in posed.error.message
                 assert posed.records == b""

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tidelog.security import PLAINTEXT, ChannelSecurity
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
@@ -34,13 +35,32 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def security_of(args: Sequence[str]) -> ChannelSecurity:
+    """How to reach a service started with `args`: over TLS when they give
+    it a certificate (presented back as the client certificate, which a
+    listener requiring one accepts: the dev certificates serve both ways)."""
+    args = list(args)
+    if "--tls-certfile" not in args:
+        return PLAINTEXT
+
+    def value(flag: str) -> str | None:
+        return args[args.index(flag) + 1] if flag in args else None
+
+    return ChannelSecurity.from_options(
+        "SSL", value("--tls-cafile"), value("--tls-certfile"), value("--tls-keyfile")
+    )
+
+
 def wait_serving(
-    address: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None
+    address: str,
+    timeout_s: float,
+    proc: subprocess.Popen[bytes] | None = None,
+    security: ChannelSecurity = PLAINTEXT,
 ) -> None:
     """Wait until the gRPC health check at `address` answers SERVING."""
     deadline = time.monotonic() + timeout_s
     last: object = None
-    with grpc.insecure_channel(address) as channel:
+    with security.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if proc is not None and proc.poll() is not None:
@@ -104,7 +124,7 @@ def spawn_service(
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     try:
-        wait_serving(address, timeout_s, proc)
+        wait_serving(address, timeout_s, proc, security_of(args))
     except Exception as exc:
         if proc.poll() is None:
             proc.kill()
@@ -123,6 +143,9 @@ class BrokerProcess:
         self.port = port
         self.extra_args = tuple(extra_args)
         self.broker_id = broker_id
+        #: The internal listener (replication, cluster mode): fixed here so
+        #: that a restarted broker keeps it, as it keeps its client port.
+        self.internal_port = free_port()
         self.log_path = data_dir.with_name(data_dir.name + ".log")
         self.proc: subprocess.Popen[bytes] | None = None
         #: RLIMIT_NOFILE (soft and hard) the process starts with; None: inherited.
@@ -131,6 +154,11 @@ class BrokerProcess:
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def internal_address(self) -> str:
+        """Where other brokers fetch from this one (tidelog.internal.Replica)."""
+        return f"127.0.0.1:{self.internal_port}"
 
     @property
     def pid(self) -> int:
@@ -148,6 +176,8 @@ class BrokerProcess:
             str(self.data_dir),
             "--broker-id",
             str(self.broker_id),
+            "--internal-port",
+            str(self.internal_port),
             *self.extra_args,
         ]
         if self.open_file_limit is not None:
@@ -165,7 +195,7 @@ class BrokerProcess:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
-            wait_serving(self.address, timeout_s, self.proc)
+            wait_serving(self.address, timeout_s, self.proc, security_of(self.extra_args))
         except (RuntimeError, TimeoutError) as exc:
             self.kill()
             raise RuntimeError(

@@ -17,6 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 import grpc.aio
 
+from tidelog.security import PLAINTEXT, ChannelSecurity
+
 log = logging.getLogger(__name__)
 
 #: Asks for the coordinator addresses again (None: keep the first list).
@@ -46,9 +48,13 @@ class CoordinatorChannels:
     """One live channel at a time, to `addresses[index]`."""
 
     def __init__(
-        self, bootstrap: str | Sequence[str], rediscover: Rediscover | None = None
+        self,
+        bootstrap: str | Sequence[str],
+        rediscover: Rediscover | None = None,
+        security: ChannelSecurity = PLAINTEXT,
     ) -> None:
         self.addresses = parse_bootstrap(bootstrap)
+        self._security = security
         self.index = 0
         self._rediscover = rediscover
         self._channel: grpc.aio.Channel | None = None
@@ -59,7 +65,7 @@ class CoordinatorChannels:
 
     def channel(self) -> grpc.aio.Channel:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.address, options=CHANNEL_OPTIONS)
+            self._channel = self._security.aio_channel(self.address, options=CHANNEL_OPTIONS)
         return self._channel
 
     async def rotate(self) -> None:

@@ -36,6 +36,7 @@ import grpc
 from tidelog.errors import IllegalGenerationError, TidelogError, error_from_code
 from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable
 from tidelog.group.offsets import OffsetAndMetadata, OffsetStoreClient
+from tidelog.security import PLAINTEXT, ChannelSecurity
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
@@ -78,6 +79,7 @@ class GroupMembership:
         heartbeat_interval_ms: int | None = None,
         listener: RebalanceListener | None = None,
         rediscover: Rediscover | None = None,
+        security: ChannelSecurity = PLAINTEXT,
     ) -> None:
         if not topics and not pattern:
             raise ValueError("subscribe to topics or a pattern")
@@ -92,8 +94,8 @@ class GroupMembership:
         self.listener = listener
         # rediscover: the coordinator addresses asked for again once every
         # one has failed (see CoordinatorChannels).
-        self._channels = CoordinatorChannels(bootstrap, rediscover)
-        self._offsets = OffsetStoreClient(bootstrap, rediscover=rediscover)
+        self._channels = CoordinatorChannels(bootstrap, rediscover, security)
+        self._offsets = OffsetStoreClient(bootstrap, rediscover=rediscover, security=security)
         #: Set by the coordinator on join.
         self.member_id = ""
         #: The secret the join answered with: re-attaching, committing and

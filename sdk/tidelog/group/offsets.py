@@ -10,6 +10,7 @@ import grpc
 
 from tidelog.errors import CoordinatorNotAvailableError, error_from_code, error_from_rpc
 from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable
+from tidelog.security import PLAINTEXT, ChannelSecurity
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
@@ -44,8 +45,9 @@ class OffsetStoreClient:
         *,
         request_timeout_ms: int = 10_000,
         rediscover: Rediscover | None = None,
+        security: ChannelSecurity = PLAINTEXT,
     ) -> None:
-        self._channels = CoordinatorChannels(bootstrap, rediscover)
+        self._channels = CoordinatorChannels(bootstrap, rediscover, security)
         self.request_timeout_ms = request_timeout_ms
 
     async def _call(self, method: str, request: object) -> object:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tidelog.errors import TidelogError
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_broker.cluster_link import ClusterConfig
 from tidelog_broker.config import (
@@ -37,7 +38,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=f"127.0.0.1:{DEFAULT_PORT}",
         help="host:port to serve on (default %(default)s; port 0 picks a free one)",
     )
+    parser.add_argument(
+        "--internal-port",
+        type=int,
+        default=0,
+        help="cluster mode: port of the internal listener (replication between brokers), "
+        "on the --listen host; never the client port (default 0: a free port, advertised "
+        "in etcd)",
+    )
     parser.add_argument("--data-dir", type=Path, default=Path("./data"), help="log directory")
+    add_tls_arguments(parser)
     parser.add_argument("--broker-id", type=int, default=None, help="this broker's id (default 0)")
     parser.add_argument(
         "--broker-id-from-hostname",
@@ -110,7 +120,19 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
     host, _, port = args.listen.rpartition(":")
     if not host or not port.isdigit():
         raise TidelogError(f"--listen expects host:port, got {args.listen!r}")
-    config = BrokerConfig(host=host, port=int(port), data_dir=args.data_dir)
+    if not 0 <= args.internal_port <= 65535:
+        raise TidelogError(f"--internal-port expects a port number, got {args.internal_port}")
+    try:
+        tls = tls_from_args(args)
+    except ValueError as exc:
+        raise TidelogError(str(exc)) from exc
+    config = BrokerConfig(
+        host=host,
+        port=int(port),
+        internal_port=args.internal_port,
+        data_dir=args.data_dir,
+        tls=tls,
+    )
     if args.config is not None:
         config = build_config(config, read_properties(args.config))
     config = build_config(config, parse_settings(args.set))

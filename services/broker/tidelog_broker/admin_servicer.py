@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import grpc
 from tidelog.errors import InvalidRequestError
-from tidelog.request_limits import check_create_topics
+from tidelog.request_limits import check_create_topics, check_topic_count
 from tidelog.v1 import admin_pb2, admin_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
@@ -31,6 +31,14 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, manager: PartitionManager, config: BrokerConfig) -> None:
         self._manager = manager
         self._config = config
+
+    @staticmethod
+    async def _check_topic_count(count: int, rpc: str, context: grpc.aio.ServicerContext) -> None:
+        """The same bound on named topics as the coordinator's."""
+        try:
+            check_topic_count(count, rpc)
+        except InvalidRequestError as exc:
+            await abort(context, exc, f"answering {rpc}")
 
     async def CreateTopics(
         self, request: admin_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
@@ -96,6 +104,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def DeleteTopics(
         self, request: admin_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DeleteTopicsResponse:
+        await self._check_topic_count(len(request.names), "DeleteTopics", context)
         response = admin_pb2.DeleteTopicsResponse()
         for name in request.names:
             result = response.topics.add(name=name)
@@ -108,6 +117,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def DescribeTopics(
         self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeTopicsResponse:
+        await self._check_topic_count(len(request.names), "DescribeTopics", context)
         response = admin_pb2.DescribeTopicsResponse()
         broker_id = self._config.broker_id
         for name in list(request.names) or self._manager.logs.topic_names():
@@ -136,6 +146,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def DescribeConfigs(
         self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeConfigsResponse:
+        await self._check_topic_count(len(request.names), "DescribeConfigs", context)
         response = admin_pb2.DescribeConfigsResponse()
         for name in list(request.names) or self._manager.logs.topic_names():
             result = response.topics.add(name=name)
@@ -153,6 +164,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def AlterConfigs(
         self, request: admin_pb2.AlterConfigsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.AlterConfigsResponse:
+        await self._check_topic_count(len(request.topics), "AlterConfigs", context)
         response = admin_pb2.AlterConfigsResponse()
         for change in request.topics:
             result = response.topics.add(name=change.name)

@@ -117,6 +117,7 @@ class ClusterLink:
         self.client: aetcd.Client = connect(cluster.etcd_endpoint)
         self.host = broker.advertised_host or broker.host
         self.port = broker.port
+        self.internal_port: int | None = None
         #: Live brokers, coordinators, topics and partition states (the watches).
         self.view = ClusterView(self.keys)
         #: Set once registered (tests, logs); cleared while re-registering.
@@ -150,7 +151,7 @@ class ClusterLink:
         #: over the broker's channels, which the broker's stop closes.
         self.forwarding = CoordinatorForwarding(channels, self.view.coordinator_addresses)
         self.fetchers = ReplicaFetchers(
-            manager.replicas, broker, self.view.broker_address, self.lease_valid
+            manager.replicas, broker, self.view.broker_internal_address, self.lease_valid
         )
         manager.replicas.lease_valid = self.lease_valid
         manager.replicas.isr_writer = self.write_isr
@@ -158,9 +159,10 @@ class ClusterLink:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def start(self, port: int) -> None:
+    async def start(self, port: int, internal_port: int | None = None) -> None:
         """Register (in the background, retried) and follow etcd."""
         self.port = port
+        self.internal_port = internal_port
         self._load_meta()
         self._tasks = [
             asyncio.create_task(self._registration(), name="broker-registration"),
@@ -209,6 +211,7 @@ class ClusterLink:
             # replicas would pass a broker's max_partitions.
             max_partitions=self.manager.logs.partition_capacity,
             open_file_limit=self.manager.logs.open_file_limit,
+            internal_port=self.internal_port,
         ).encode()
 
     async def _registration(self) -> None:

@@ -13,11 +13,15 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tidelog.errors import InvalidConfigError
 
 from tidelog_broker.fetch_limits import FetchLimits
 from tidelog_broker.storage.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
+
+if TYPE_CHECKING:  # the storage engine imports this module, and must not import grpc
+    from tidelog_server.tls import ServerTls
 
 DEFAULT_PORT = 9392
 
@@ -33,6 +37,12 @@ class BrokerConfig:
     port: int = DEFAULT_PORT
     #: advertised.host: what clients are told to connect to (default: host).
     advertised_host: str | None = None
+    #: The internal listener's port, on `host`: replication between brokers
+    #: (tidelog.internal.Replica), never served on the client port. 0: a free
+    #: port, advertised in the broker's registration.
+    internal_port: int = 0
+    #: TLS on both listeners and for the broker's own calls (None: plain text).
+    tls: ServerTls | None = None
     #: log.dirs: the data directory.
     data_dir: Path = Path("./data")
     #: auto.create.topics.enable: create a topic on first produce/metadata
@@ -76,6 +86,10 @@ class BrokerConfig:
     @property
     def listen_address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def internal_listen_address(self) -> str:
+        return f"{self.host}:{self.internal_port}"
 
 
 # Broker keys with Kafka's names -> (field, parser).

@@ -42,6 +42,7 @@ from tidelog.errors import TidelogError
 from tidelog.v1 import common_pb2
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 from tidelog_server.log_flood import RateLimitedLog
+from tidelog_server.tls import channel_security_of
 
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_manager import TopicPartitionKey
@@ -110,7 +111,10 @@ class ReplicaFetcher:
                     await asyncio.wait_for(self._changed.wait(), 0.5)
                 continue
             try:
-                async with grpc.aio.insecure_channel(address, options=options) as channel:
+                # With TLS, the leader's internal listener asks for this
+                # broker's certificate (channel_security_of presents it).
+                channel_security = channel_security_of(self._config.tls)
+                async with channel_security.aio_channel(address, options=options) as channel:
                     stub: Any = replica_pb2_grpc.ReplicaStub(channel)
                     call = stub.ReplicaFetch()
                     await self._fetch_loop(call, address)

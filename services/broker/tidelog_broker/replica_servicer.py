@@ -14,9 +14,11 @@ served only to a replica id assigned to it and registered live in etcd
 (`ReplicaManager.follower_registration`); any other id gets
 NOT_LEADER_OR_FOLLOWER for that partition, with no records, and its fetch
 offset is not taken as progress. One stream speaks for one replica id.
-This binds a fetch to a live registration, not to a proven identity: until
-replication has its own listener with certificates, a client that can reach
-this port can still pose as a live follower.
+This binds a fetch to a live registration, not to a proven identity.
+The service is served only on the broker's internal listener (server.py),
+never on the client port; until that listener requires certificates from
+the cluster's authority, a process that can reach the internal port can
+still pose as a live follower: keep it off the clients' network.
 
 Not thread-safe: runs on the broker's event loop.
 """

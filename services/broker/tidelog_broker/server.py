@@ -11,7 +11,9 @@ closed so the next start skips recovery.
 Cluster mode (`--etcd`): topics come from etcd (ClusterLink) instead of
 topics.json, Admin calls are forwarded to a coordinator, and the broker also
 serves `tidelog.v1.Cluster` (DescribeCluster) so that clients bootstrapped
-from it find the coordinators. On shutdown its registration is revoked first,
+from it find the coordinators. Replication (`tidelog.internal.Replica`) has
+a listener of its own, `--internal-port`, advertised in the broker's etcd
+registration: it is never served on the client port. On shutdown its registration is revoked first,
 so it leaves the cluster at once rather than after its session TTL.
 """
 
@@ -21,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+from collections.abc import Sequence
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -36,7 +39,8 @@ from tidelog.v1 import (
 )
 from tidelog_server.forwarding import ChannelPool
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
-from tidelog_server.internal import replica_pb2, replica_pb2_grpc
+from tidelog_server.internal import replica_pb2_grpc
+from tidelog_server.tls import add_port, channel_security_of
 
 from tidelog_broker.admin_servicer import AdminServicer
 from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
@@ -76,11 +80,14 @@ class BrokerServer:
         self.manager = PartitionManager(config, cluster_mode=cluster is not None)
         #: Every channel the servicers open (to coordinators, to other
         #: brokers), closed at stop.
-        self.channels = ChannelPool()
+        self.channels = ChannelPool(channel_security_of(config.tls))
         self.link = (
             None if cluster is None else ClusterLink(cluster, config, self.manager, self.channels)
         )
         self._server: grpc.aio.Server | None = None
+        self._internal_server: grpc.aio.Server | None = None
+        #: The internal listener's bound port (cluster mode), once started.
+        self.internal_port: int | None = None
         self._health = HealthServicer()
         self._background: list[asyncio.Task[None]] = []
         self.bound_port: int | None = None
@@ -127,17 +134,15 @@ class BrokerServer:
                 BrokerClusterServicer(self.link, self.link.forwarding), server
             )
             services.append(cluster_pb2.DESCRIPTOR.services_by_name["Cluster"].full_name)
-            replica_pb2_grpc.add_ReplicaServicer_to_server(
-                ReplicaServicer(self.manager.replicas, self.config), server
-            )
-            services.append(replica_pb2.DESCRIPTOR.services_by_name["Replica"].full_name)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(tuple(services), server)
-        self.bound_port = server.add_insecure_port(self.config.listen_address)
+        self.bound_port = add_port(server, self.config.listen_address, self.config.tls)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.config.listen_address}")
         if self.link is not None:
-            await self.link.start(self.bound_port)
+            self._internal_server = self._internal_listener(options)
+            await self._internal_server.start()
+            await self.link.start(self.bound_port, self.internal_port)
         await server.start()
         self._server = server
         self._background.append(asyncio.create_task(self.manager.logs.run_flush_scheduler()))
@@ -167,10 +172,30 @@ class BrokerServer:
             await self._health.set(IN_SYNC_HEALTH, serving if link.in_sync() else not_serving)
             await asyncio.sleep(IN_SYNC_CHECK_INTERVAL_S)
 
+    def _internal_listener(self, options: Sequence[tuple[str, int | str]]) -> grpc.aio.Server:
+        """Replication on a port of its own: followers read past the high
+        watermark, which no client may, so the Replica service is never on
+        the client listener (nor listed by its reflection)."""
+        server = grpc.aio.server(options=options)
+        replica_pb2_grpc.add_ReplicaServicer_to_server(
+            ReplicaServicer(self.manager.replicas, self.config), server
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        # With TLS, only holders of a certificate from the cluster's
+        # authority may replicate: followers read past the high watermark.
+        self.internal_port = add_port(
+            server, self.config.internal_listen_address, self.config.tls, require_client_cert=True
+        )
+        if self.internal_port == 0:
+            raise OSError(f"cannot listen on {self.config.internal_listen_address} (internal)")
+        return server
+
     async def stop(self) -> None:
         await self._health.enter_graceful_shutdown()
         if self.link is not None:
             await self.link.stop()
+        if self._internal_server is not None:
+            await self._internal_server.stop(SHUTDOWN_GRACE_S)
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
         # After the server: no call in flight opens a channel any more.

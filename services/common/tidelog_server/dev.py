@@ -55,10 +55,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog.cli._common import AddBootstrap, fail, int_at_least
+from tidelog.security import PLAINTEXT, ChannelSecurity
+
+if TYPE_CHECKING:
+    from tidelog_server.dev_certs import DevCertificates
 
 FIRST_PORT = 9392
 READY_TIMEOUT_S = 30.0
@@ -110,6 +115,12 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
         action="store_true",
         help="leave a process that dies down (default: start it again after "
         f"{RESTART_DELAY_S:.0f} s, doubling, at most {RESTARTS_PER_MINUTE} times a minute)",
+    )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve every listener with TLS, from a throwaway authority made under "
+        "<data-dir>/tls (replication with client certificates)",
     )
     parser.set_defaults(handler=_dev)
 
@@ -179,10 +190,15 @@ def wait_until_etcd_healthy(port: int, timeout_s: float, process: subprocess.Pop
     raise RuntimeError(f"etcd did not become healthy within {timeout_s:.0f} s")
 
 
-def wait_until_serving(address: str, timeout_s: float, process: subprocess.Popen[bytes]) -> None:
+def wait_until_serving(
+    address: str,
+    timeout_s: float,
+    process: subprocess.Popen[bytes],
+    security: ChannelSecurity = PLAINTEXT,
+) -> None:
     """Poll the gRPC health check of `address` until SERVING."""
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    with security.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -220,6 +236,26 @@ class Child:
         if len(self.restarts) >= RESTARTS_PER_MINUTE:
             return None
         return min(RESTART_DELAY_S * 2 ** len(self.restarts), RESTART_MAX_DELAY_S)
+
+
+def dev_tls(data_dir: Path) -> tuple[list[str], ChannelSecurity, DevCertificates]:
+    """The services' TLS arguments, and how this process reaches them.
+    The authority is made once and reused, so clients keep trusting it
+    across restarts of the local cluster."""
+    from tidelog_server.dev_certs import DevCertificates, create_dev_certificates
+
+    certs = DevCertificates(data_dir / "tls")
+    if not certs.server_keyfile.exists():
+        certs = create_dev_certificates(certs.directory)
+    args = [
+        "--tls-certfile", str(certs.server_certfile),
+        "--tls-keyfile", str(certs.server_keyfile),
+        "--tls-cafile", str(certs.cafile),
+    ]  # fmt: skip
+    security = ChannelSecurity.from_options(
+        "SSL", str(certs.cafile), str(certs.server_certfile), str(certs.server_keyfile)
+    )
+    return args, security, certs
 
 
 def _say(message: str) -> None:
@@ -312,6 +348,10 @@ def _dev(args: argparse.Namespace) -> int:
     # installs its own handler when SIGINT was not ignored at start.
     signal.signal(signal.SIGINT, on_signal)
     endpoints: list[tuple[str, str, Path | None, Path]] = []
+    tls_args: list[str] = []
+    security = PLAINTEXT
+    if args.tls:
+        tls_args, security, certs = dev_tls(data_dir)
     try:
         etcd_port = args.etcd_port or _free_port()
         etcd_dir = data_dir / "etcd"
@@ -345,10 +385,11 @@ def _dev(args: argparse.Namespace) -> int:
                 "--listen", coordinator_address,
                 "--etcd", etcd_endpoint,
                 "--id", "coordinator-0",
+                *tls_args,
             ],
             coordinator_log,
         )  # fmt: skip
-        wait_until_serving(coordinator_address, READY_TIMEOUT_S, coordinator)
+        wait_until_serving(coordinator_address, READY_TIMEOUT_S, coordinator, security)
         # The coordinator keeps no data of its own: its state lives in etcd.
         endpoints.append(("coordinator", coordinator_address, None, coordinator_log))
 
@@ -363,13 +404,14 @@ def _dev(args: argparse.Namespace) -> int:
                 "--data-dir", str(broker_dir),
                 "--broker-id", str(broker_id),
                 "--etcd", etcd_endpoint,
+                *tls_args,
             ]  # fmt: skip
             if args.auto_create_topics:
                 broker_args.append("--auto-create-topics")
             brokers.append(start(f"broker {broker_id}", broker_args, log_path))
             endpoints.append((f"broker {broker_id}", address, broker_dir, log_path))
         for (_, address, _, _), process in zip(endpoints[2:], brokers, strict=True):
-            wait_until_serving(address, READY_TIMEOUT_S, process)
+            wait_until_serving(address, READY_TIMEOUT_S, process, security)
         bootstrap = endpoints[2][1]
 
         # The gateway: one address for every partition, for clients in any
@@ -382,11 +424,12 @@ def _dev(args: argparse.Namespace) -> int:
                 sys.executable, "-m", "tidelog_gateway",
                 "--listen", gateway_address,
                 "--etcd", etcd_endpoint,
+                *tls_args,
             ],
             gateway_log,
         )  # fmt: skip
         endpoints.append(("gateway", gateway_address, None, gateway_log))
-        wait_until_serving(gateway_address, READY_TIMEOUT_S, gateway)
+        wait_until_serving(gateway_address, READY_TIMEOUT_S, gateway, security)
 
         print("Tidelog is running.")
         for (name, address, directory, log_path), child in zip(endpoints, children, strict=True):
@@ -396,8 +439,15 @@ def _dev(args: argparse.Namespace) -> int:
             print(f"  {name}: {address}  pid {child.process.pid}{data}  log {log_path}")
         print(f"  clients: --bootstrap-server {bootstrap} (any broker)")
         print(f"           or {gateway_address} (the gateway: one address, any gRPC language)")
+        if args.tls:
+            print(f"  TLS on every listener; the authority: {certs.cafile}")
         print()
         print("Try, in another terminal (with .venv/bin on PATH):")
+        if args.tls:
+            print(
+                "  export TIDELOG_SECURITY_PROTOCOL=SSL "
+                f"TIDELOG_SSL_CAFILE={certs.cafile}   # for the CLI and the Python SDK"
+            )
         print(f"  tidelog topics create greetings --partitions 3 --bootstrap-server {bootstrap}")
         print(
             "  printf 'hello\\nworld\\n' | tidelog produce greetings "

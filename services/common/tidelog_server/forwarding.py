@@ -25,6 +25,7 @@ from typing import TypeVar
 import grpc
 import grpc.aio
 from tidelog.errors import CoordinatorNotAvailableError
+from tidelog.security import PLAINTEXT, ChannelSecurity
 
 T = TypeVar("T")
 
@@ -35,13 +36,14 @@ LOCAL_METADATA_KEY = "tidelog-local"
 class ChannelPool:
     """One channel per address, closed together (see module doc)."""
 
-    def __init__(self) -> None:
+    def __init__(self, security: ChannelSecurity = PLAINTEXT) -> None:
         self._channels: dict[str, grpc.aio.Channel] = {}
+        self._security = security
 
     def channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = self._security.aio_channel(address)
         return channel
 
     def addresses(self) -> list[str]:

@@ -8,6 +8,7 @@ import logging
 import signal
 
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.server import CoordinatorServer
@@ -45,11 +46,16 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         "--group-max-members", type=int, default=1_000, help="members of one consumer group"
     )
     parser.add_argument("--log-level", default="INFO")
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
     try:
         parse_endpoints(args.etcd)
     except EtcdEndpointError as exc:
         parser.error(f"--etcd: {exc}")
+    try:
+        tls = tls_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -68,6 +74,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         etcd_max_txn_ops=args.etcd_max_txn_ops,
         group_max_members=args.group_max_members,
+        tls=tls,
         **extra,
     )
 

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from tidelog.errors import InvalidRequestError
-from tidelog.request_limits import MAX_TOPICS_PER_REQUEST, check_create_topics
+from tidelog.request_limits import check_create_topics, check_topic_count
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
 
 from tidelog_coordinator.errors import abort, error_proto
@@ -23,6 +23,14 @@ from tidelog_coordinator.producer_ids import ProducerIdAllocator
 class AdminServicer(admin_pb2_grpc.AdminServicer):
     def __init__(self, metadata: MetadataManager) -> None:
         self.metadata = metadata
+
+    @staticmethod
+    async def _check_topic_count(count: int, rpc: str, context: grpc.aio.ServicerContext) -> None:
+        """Each named topic costs etcd reads or a transaction: a bounded number."""
+        try:
+            check_topic_count(count, rpc)
+        except InvalidRequestError as exc:
+            await abort(context, exc, f"answering {rpc}")
 
     async def CreateTopics(
         self, request: admin_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
@@ -59,6 +67,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def DeleteTopics(
         self, request: admin_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DeleteTopicsResponse:
+        await self._check_topic_count(len(request.names), "DeleteTopics", context)
         results = []
         for name in request.names:
             try:
@@ -73,6 +82,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def DescribeTopics(
         self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeTopicsResponse:
+        await self._check_topic_count(len(request.names), "DescribeTopics", context)
         try:
             described = await self.metadata.describe_topics(list(request.names))
         except Exception as exc:
@@ -106,6 +116,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def DescribeConfigs(
         self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeConfigsResponse:
+        await self._check_topic_count(len(request.names), "DescribeConfigs", context)
         names = list(request.names)
         if not names:
             try:
@@ -133,12 +144,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     async def AlterConfigs(
         self, request: admin_pb2.AlterConfigsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.AlterConfigsResponse:
-        if len(request.topics) > MAX_TOPICS_PER_REQUEST:
-            await abort(
-                context,
-                InvalidRequestError(f"at most {MAX_TOPICS_PER_REQUEST} topics per request"),
-                "altering configs",
-            )
+        await self._check_topic_count(len(request.topics), "AlterConfigs", context)
         response = admin_pb2.AlterConfigsResponse()
         for change in request.topics:
             result = response.topics.add(name=change.name)

@@ -6,6 +6,8 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from tidelog_server.tls import ServerTls
+
 
 def _default_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
@@ -48,3 +50,5 @@ class CoordinatorConfig:
     #: group.consumer.max.size: members of one consumer group (see
     #: group_limits.GROUP_MAX_MEMBERS, the default).
     group_max_members: int = 1_000
+    #: TLS on the listener (None: plain text).
+    tls: ServerTls | None = None

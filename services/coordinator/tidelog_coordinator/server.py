@@ -35,6 +35,7 @@ from tidelog.v1 import (
 from tidelog_server.etcd import Election, PrefixWatcher, connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
+from tidelog_server.tls import add_port
 
 from tidelog_coordinator.admin_servicer import (
     AdminServicer,
@@ -102,7 +103,7 @@ class CoordinatorServer:
             ),
             server,
         )
-        self.bound_port = server.add_insecure_port(self.config.listen_address)
+        self.bound_port = add_port(server, self.config.listen_address, self.config.tls)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.config.listen_address}")
         host = self.config.advertised_host or self.config.listen_address.rpartition(":")[0]

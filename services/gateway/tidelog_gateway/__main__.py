@@ -7,6 +7,7 @@ import asyncio
 import logging
 
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_gateway.config import GatewayConfig
 from tidelog_gateway.server import serve
@@ -54,11 +55,16 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         )
     parser.add_argument("--drain-timeout-s", type=float, default=defaults.drain_timeout_s)
     parser.add_argument("--log-level", default="INFO")
+    add_tls_arguments(parser)
     args = parser.parse_args(argv)
     try:
         parse_endpoints(args.etcd)
     except EtcdEndpointError as exc:
         parser.error(f"--etcd: {exc}")
+    try:
+        tls = tls_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -80,6 +86,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         produce_buffer_max_bytes=args.produce_buffer_max_bytes,
         upstream_connections=args.upstream_connections,
         drain_timeout_s=args.drain_timeout_s,
+        tls=tls,
     )
 
 

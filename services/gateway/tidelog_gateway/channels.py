@@ -18,14 +18,21 @@ from typing import Any
 
 import grpc
 import grpc.aio
+from tidelog.security import PLAINTEXT, ChannelSecurity
 from tidelog.v1 import admin_pb2_grpc, cluster_pb2_grpc, group_pb2_grpc, log_pb2_grpc
 
 
 class Channels:
     """One grpc.aio channel per upstream address."""
 
-    def __init__(self, max_message_bytes: int, connections_per_address: int = 4) -> None:
+    def __init__(
+        self,
+        max_message_bytes: int,
+        connections_per_address: int = 4,
+        security: ChannelSecurity = PLAINTEXT,
+    ) -> None:
         self._connections = max(1, connections_per_address)
+        self._security = security
         self._options: list[tuple[str, int | str]] = [
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.max_receive_message_length", max_message_bytes),
@@ -47,7 +54,7 @@ class Channels:
     def channel(self, address: str, index: int = 0) -> grpc.aio.Channel:
         channels = self._channels.setdefault(address, [])
         while len(channels) <= index:
-            channels.append(grpc.aio.insecure_channel(address, options=self._options))
+            channels.append(self._security.aio_channel(address, options=self._options))
         return channels[index]
 
     def stream_channel(self, address: str) -> grpc.aio.Channel:

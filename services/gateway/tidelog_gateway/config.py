@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tidelog_server.tls import ServerTls
+
 MIB = 1024 * 1024
 
 #: The gateway's id in its own Metadata and DescribeCluster answers: it names
@@ -51,6 +53,8 @@ class GatewayConfig:
     #: On SIGTERM: how long in-flight produce requests may take to be
     #: answered before the remaining streams are cancelled.
     drain_timeout_s: float = 10.0
+    #: TLS on the listener and to the brokers and coordinators (None: plain text).
+    tls: ServerTls | None = None
 
     @property
     def advertised(self) -> tuple[str, int]:

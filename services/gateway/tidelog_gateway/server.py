@@ -38,6 +38,7 @@ from tidelog.v1 import (
     records_pb2_grpc,
 )
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
+from tidelog_server.tls import add_port, channel_security_of
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
@@ -64,7 +65,11 @@ class GatewayServer:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.view = ClusterView(config.etcd_endpoint, config.etcd_prefix)
-        self.channels = Channels(config.max_message_bytes, config.upstream_connections)
+        self.channels = Channels(
+            config.max_message_bytes,
+            config.upstream_connections,
+            channel_security_of(config.tls),
+        )
         self.streams = StreamCounter(config.max_streams, config.max_streams_per_connection)
         self.draining = asyncio.Event()
         self._health = HealthServicer()
@@ -104,7 +109,7 @@ class GatewayServer:
             reflection.SERVICE_NAME,
         ]
         reflection.enable_server_reflection(services, server)
-        self.bound_port = server.add_insecure_port(config.listen_address)
+        self.bound_port = add_port(server, config.listen_address, config.tls)
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {config.listen_address}")
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)

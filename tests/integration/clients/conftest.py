@@ -11,6 +11,7 @@ Java build's up-to-date check), so a run with nothing changed builds nothing.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 import sys
@@ -30,8 +31,27 @@ BUILD_TIMEOUT_S = 900
 TOOL_MISSING = 3
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """One xdist worker runs this directory: its tests share one cluster."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("clients"))
+
+
 def build(script: str, *args: str) -> Path:
-    """Run a build script of the repository and return the path it prints."""
+    """Run a build script of the repository and return the path it prints.
+
+    Builds write generated code into the repository: a lock file keeps two
+    test processes (xdist workers) from building at the same time."""
+    lock_path = REPO / ".cache" / "build.lock"
+    lock_path.parent.mkdir(exist_ok=True)
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_locked(script, *args)
+
+
+def _build_locked(script: str, *args: str) -> Path:
     started = time.monotonic()
     result = subprocess.run(
         [str(REPO / script), *args],

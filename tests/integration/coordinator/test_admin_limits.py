@@ -98,3 +98,33 @@ def test_min_insync_replicas_above_the_replication_factor_is_refused(
             admin.alter_configs({"misr-ok": {"min.insync.replicas": "2"}})
         assert "misr" not in admin.list_topics()
         assert admin.describe_configs(["misr-ok"])["misr-ok"]["min.insync.replicas"].value == "1"
+
+
+_TOO_MANY = [f"many-{i}" for i in range(MAX_TOPICS_PER_REQUEST + 1)]
+NAMED_TOPIC_REQUESTS = [
+    ("DeleteTopics", admin_pb2.DeleteTopicsRequest(names=_TOO_MANY)),
+    ("DescribeTopics", admin_pb2.DescribeTopicsRequest(names=_TOO_MANY)),
+    ("DescribeConfigs", admin_pb2.DescribeConfigsRequest(names=_TOO_MANY)),
+    (
+        "AlterConfigs",
+        admin_pb2.AlterConfigsRequest(
+            topics=[admin_pb2.AlterTopicConfigs(name=n) for n in _TOO_MANY]
+        ),
+    ),
+]
+
+
+# Found by the fuzzer (tests/security): a DeleteTopics naming 20,000 topics
+# kept the coordinator busy past any client's deadline.
+@pytest.mark.parametrize(
+    ("rpc", "request_"), NAMED_TOPIC_REQUESTS, ids=[r for r, _ in NAMED_TOPIC_REQUESTS]
+)
+def test_admin_requests_naming_too_many_topics_are_refused_naming_the_limit(
+    cluster: ClusterProcesses, rpc: str, request_: object
+) -> None:
+    for address in (cluster.coordinators[0].address, cluster.brokers[0].address):
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as info:
+            getattr(admin_pb2_grpc.AdminStub(channel), rpc)(request_, timeout=30)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert error_code(info.value) == "INVALID_REQUEST"
+        assert "MAX_TOPICS_PER_REQUEST" in info.value.details()  # type: ignore[attr-defined]

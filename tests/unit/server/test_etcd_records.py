@@ -69,3 +69,13 @@ def test_a_topic_assignment_round_trips_as_the_coordinator_writes_it() -> None:
 def test_a_topic_assignment_takes_defaults_for_missing_fields() -> None:
     topic = TopicAssignment.decode(b'{"partitions":[{},{}]}')
     assert topic == TopicAssignment("", "", ((), ()), {})
+
+
+def test_a_broker_registration_carries_its_internal_listener() -> None:
+    split = BrokerRegistration(broker_id=1, host="10.0.0.5", port=9392, internal_port=9393)
+    assert BrokerRegistration.decode(split.encode()) == split
+    assert split.internal_address == "10.0.0.5:9393"
+    # A broker from before the split serves replication on its client port.
+    older = BrokerRegistration.decode(b'{"id": 2, "host": "h", "port": 9392}')
+    assert older.internal_port is None
+    assert older.internal_address == "h:9392"

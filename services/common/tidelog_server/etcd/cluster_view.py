@@ -193,6 +193,13 @@ class ClusterView:
             return None
         return live.registration.address
 
+    def broker_internal_address(self, broker_id: int) -> str | None:
+        """Where a live broker serves replication (its internal listener)."""
+        live = self.brokers.get(broker_id)
+        if live is None or not live.registration.host or not live.registration.port:
+            return None
+        return live.registration.internal_address
+
     def coordinator_addresses(self) -> list[str]:
         """Live coordinator replicas, in a stable order (forwarding tries them in turn)."""
         return [c.address for _, c in sorted(self.coordinators.items()) if c.host and c.port]

@@ -65,16 +65,26 @@ class BrokerRegistration:
     #: Partition replicas the broker can host.
     max_partitions: int | None = None
     open_file_limit: int | None = None
+    #: The internal listener's port (replication; brokers only dial it).
+    #: None: a broker from before the listeners were split, which serves
+    #: replication on its client port.
+    internal_port: int | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def internal_address(self) -> str:
+        """Where other brokers fetch from this one as followers."""
+        return f"{self.host}:{self.internal_port or self.port}"
 
     @classmethod
     def decode(cls, value: bytes) -> BrokerRegistration:
         data = json.loads(value)
         max_partitions = data.get("max_partitions")
         open_files = data.get("open_file_limit")
+        internal_port = data.get("internal_port")
         return cls(
             broker_id=int(data["id"]),
             host=str(data.get("host", "")),
@@ -82,6 +92,7 @@ class BrokerRegistration:
             rack=str(data.get("rack") or ""),
             max_partitions=None if max_partitions is None else int(max_partitions),
             open_file_limit=None if open_files is None else int(open_files),
+            internal_port=None if internal_port is None else int(internal_port),
         )
 
     def encode(self) -> bytes:
@@ -95,6 +106,8 @@ class BrokerRegistration:
             body["max_partitions"] = self.max_partitions
         if self.open_file_limit is not None:
             body["open_file_limit"] = self.open_file_limit
+        if self.internal_port is not None:
+            body["internal_port"] = self.internal_port
         return _compact(body)
 
 

@@ -150,6 +150,8 @@ def test_kill_after_commit_keeps_deleted_key_deleted(
 # Seeds on which the recovery that kept replaced segments past a cleaned
 # segment's last offset brought a deleted key back (5 of the first 12 did).
 @pytest.mark.parametrize("seed", [0, 1])
+# CPU-bound (~16 s alone): on a loaded 2-core machine it takes many times that.
+@pytest.mark.timeout(600)
 def test_kill_at_every_swap_step_of_random_rounds(
     tmp_path: Path,
     clock: ManualClock,
