@@ -7,8 +7,9 @@ The first build of helm takes ~10 minutes on a 2-core machine. `make test`
 starts it in the background before lint and the other tests
 (`make helm-background`); the fixture then waits for it (tools/helm.sh
 holds a lock while building) with a generous deadline, so the build overlaps
-the rest of the suite instead of adding to it. Without Go the tests are
-skipped with that reason; a build that fails fails them.
+the rest of the suite instead of adding to it; the chart tests share one
+xdist worker (`xdist_group("helm")`), so only that worker waits. Without Go
+the tests are skipped with that reason; a build that fails fails them.
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ import yaml
 from tests.deploy.chart import CHART, NAMESPACE, Chart, HelmError
 from tests.deploy.conftest import HELM_BUILD_TIMEOUT_S
 
-pytestmark = pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300)
+# One worker runs every chart test: only it waits for a first build of helm.
+pytestmark = [pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300), pytest.mark.xdist_group("helm")]
 
 PRODUCTION = str(CHART / "values-production.yaml")
 #: The oldest Kubernetes the chart supports and the newest the package knows.

@@ -19,7 +19,8 @@ from tidelog_gateway.__main__ import parse_args as gateway_args
 from tests.deploy.chart import NAMESPACE, Rendered, container, env_value
 from tests.deploy.conftest import HELM_BUILD_TIMEOUT_S
 
-pytestmark = pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300)
+# One worker runs every chart test: only it waits for a first build of helm.
+pytestmark = [pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300), pytest.mark.xdist_group("helm")]
 
 
 def expand(ctr: dict, pod_name: str) -> list[str]:

@@ -23,7 +23,8 @@ from tests.deploy.chart import (
 )
 from tests.deploy.conftest import HELM_BUILD_TIMEOUT_S
 
-pytestmark = pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300)
+# One worker runs every chart test: only it waits for a first build of helm.
+pytestmark = [pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300), pytest.mark.xdist_group("helm")]
 
 TIDELOG = ["broker", "coordinator", "gateway"]
 #: Labels whose value changes with each chart or app version: never in an
