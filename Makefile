@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
+.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
 
 install: $(STAMP)
 
@@ -31,10 +31,22 @@ run: install
 # start, so more workers than cores pays); tests that share one heavy resource
 # carry an xdist_group mark and run in one worker. The fault tests kill
 # processes and wait out leases: they run after the rest, one at a time.
+# helm-background first: the first build of helm takes ~10 minutes and runs
+# beside lint and the tests; tests/deploy (one worker) waits for it.
 TEST_WORKERS ?= 4
-test: install proto-check lint go-tools
+test: helm-background install proto-check lint go-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests --ignore=tests/fault
 	$(BIN)/python -m pytest -q tests/fault
+
+# helm (helm.sh/helm/v3, version pinned in tools/helm.sh), built once into
+# ~/.cache/tidelog/go-bin and shared by every clone: `make helm` waits for it,
+# `make helm-background` starts the build and returns (exit 3 = no Go: the
+# chart tests skip and say so; 4 = a build is under way).
+helm:
+	@tools/helm.sh >/dev/null || [ $$? -eq 3 ]
+
+helm-background:
+	@tools/helm.sh --background >/dev/null; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
 
 # grpcurl and the Go protoc plugins at pinned versions, built once into
 # .cache/go-bin (docs/any-language.md and the Go example use them). Without Go

@@ -17,7 +17,7 @@ import grpc
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc
 
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tests.support.etcd import EtcdProcess
+from tests.support.etcd import EtcdCluster, EtcdProcess
 from tests.support.processes import BrokerProcess, start_broker
 
 BROKER_SESSION_TTL_S = 3
@@ -26,7 +26,8 @@ REGISTER_TIMEOUT_S = 20.0
 
 @dataclass
 class ClusterProcesses:
-    etcd: EtcdProcess
+    #: One member, or several (`endpoint` is then every member's address).
+    etcd: EtcdProcess | EtcdCluster
     prefix: str
     coordinators: list[CoordinatorProcess] = field(default_factory=list)
     brokers: list[BrokerProcess] = field(default_factory=list)
@@ -82,7 +83,7 @@ class ClusterProcesses:
 
 
 def start_cluster(
-    root: Path, *, etcd: EtcdProcess, prefix: str = "/tidelog", brokers: int = 3
+    root: Path, *, etcd: EtcdProcess | EtcdCluster, prefix: str = "/tidelog", brokers: int = 3
 ) -> ClusterProcesses:
     """Start a coordinator and `brokers` brokers on `etcd` under `prefix`."""
     cluster = ClusterProcesses(etcd, prefix)

@@ -7,10 +7,13 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
+import socket
 import sys
 from pathlib import Path
 
 from tidelog.errors import TidelogError
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import add_metrics_arguments, metrics_options
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
@@ -48,6 +51,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_tls_arguments(parser)
     parser.add_argument("--broker-id", type=int, default=None, help="this broker's id (default 0)")
     parser.add_argument(
+        "--broker-id-from-hostname",
+        action="store_true",
+        help="take the broker id from the host name's trailing -<ordinal> "
+        "(a Kubernetes StatefulSet pod: tidelog-broker-2 is broker 2)",
+    )
+    parser.add_argument(
         "--auto-create-topics",
         action="store_true",
         default=None,
@@ -64,8 +73,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--etcd",
         default=None,
-        metavar="HOST:PORT",
-        help="cluster mode: register in this etcd and learn topics from it (no topics.json)",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="cluster mode: register in this etcd and learn topics from it (no topics.json); "
+        "several members comma separated, used in turn when one dies",
     )
     parser.add_argument(
         "--etcd-prefix",
@@ -88,10 +98,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def cluster_from_args(args: argparse.Namespace) -> ClusterConfig | None:
     if not args.etcd:
         return None
-    host, _, port = args.etcd.rpartition(":")
-    if not host or not port.isdigit():
-        raise TidelogError(f"--etcd expects host:port, got {args.etcd!r}")
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        raise TidelogError(f"--etcd: {exc}") from None
     return ClusterConfig(args.etcd, args.etcd_prefix, args.rack, max(2, args.session_ttl_s))
+
+
+def broker_id_from_hostname(hostname: str) -> int:
+    """The ordinal that ends a StatefulSet pod's name (`<set>-<ordinal>`):
+    stable across restarts and moves of the pod, as its volume is."""
+    # The pod name is the host name's first label (the FQDN adds the Service).
+    match = re.fullmatch(r".+-(\d{1,9})", hostname.split(".", 1)[0])
+    if match is None:
+        raise TidelogError(
+            f"--broker-id-from-hostname: host name {hostname!r} does not end in "
+            "-<ordinal> (as a StatefulSet pod's name does); give --broker-id instead"
+        )
+    return int(match.group(1))
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -115,6 +139,10 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         config = build_config(config, read_properties(args.config))
     config = build_config(config, parse_settings(args.set))
     changes: dict[str, object] = {}
+    if args.broker_id_from_hostname:
+        if args.broker_id is not None:
+            raise TidelogError("give --broker-id or --broker-id-from-hostname, not both")
+        changes["broker_id"] = broker_id_from_hostname(socket.gethostname())
     if args.broker_id is not None:
         changes["broker_id"] = args.broker_id
     if args.auto_create_topics is not None:

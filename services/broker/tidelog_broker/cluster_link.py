@@ -175,6 +175,17 @@ class ClusterLink:
             for watcher in self._watchers:
                 await watcher.synced.wait()
 
+    def in_sync(self) -> bool:
+        """Registered, caught up with etcd, and in the ISR of every partition
+        it hosts that has a live leader: stopping this broker now costs no
+        partition more than this one replica (what a rolling restart and a
+        PodDisruptionBudget must know before taking the next broker down)."""
+        return (
+            self.registered.is_set()
+            and all(watcher.synced.is_set() for watcher in self._watchers)
+            and not self.view.out_of_sync(self.broker.broker_id)
+        )
+
     async def stop(self) -> None:
         """Revoke the session (the broker disappears from the cluster now)."""
         for task in self._tasks:

@@ -68,6 +68,12 @@ log = logging.getLogger("tidelog.broker")
 # see the stream end and reconnect.
 SHUTDOWN_GRACE_S = 1.0
 
+#: Health service name that is SERVING while this broker is in the ISR of
+#: every partition it hosts (cluster mode; `ClusterLink.in_sync`): the Helm
+#: chart's readiness probe, so a rolling restart waits for it.
+IN_SYNC_HEALTH = "tidelog.broker.InSync"
+IN_SYNC_CHECK_INTERVAL_S = 1.0
+
 
 class BrokerServer:
     """One broker: its PartitionManager behind a grpc.aio server."""
@@ -168,6 +174,7 @@ class BrokerServer:
             self._background.append(asyncio.create_task(self.manager.logs.run_cleaner()))
         if self.link is not None:
             self._background.append(asyncio.create_task(self.manager.replicas.run_isr_checks()))
+            self._background.append(asyncio.create_task(self._report_in_sync(self.link)))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("tidelog.v1.Log", health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -177,6 +184,16 @@ class BrokerServer:
             self.bound_port,
             self.config.data_dir,
         )
+
+    async def _report_in_sync(self, link: ClusterLink) -> None:
+        serving, not_serving = (
+            health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
+        while True:
+            # After enter_graceful_shutdown() the servicer ignores this.
+            await self._health.set(IN_SYNC_HEALTH, serving if link.in_sync() else not_serving)
+            await asyncio.sleep(IN_SYNC_CHECK_INTERVAL_S)
 
     def _internal_listener(
         self, options: Sequence[tuple[str, int | str]], interceptors: Sequence[Any]

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
@@ -17,7 +18,11 @@ from tidelog_coordinator.server import CoordinatorServer
 def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, MetricsOptions | None]:
     parser = argparse.ArgumentParser(prog="tidelog-coordinator", description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:9093", help="host:port to serve on")
-    parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoint host:port")
+    parser.add_argument(
+        "--etcd",
+        default="127.0.0.1:2379",
+        help="etcd endpoints host:port[,host:port...] (several: used in turn when one dies)",
+    )
     parser.add_argument("--prefix", default="/tidelog", help="key prefix of the cluster in etcd")
     parser.add_argument("--id", default=None, help="replica name (default: host-pid)")
     parser.add_argument("--advertised-host", default="", help="host clients should use")
@@ -51,6 +56,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         help="how often the controller refreshes cluster gauges and consumer lag",
     )
     args = parser.parse_args(argv)
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
     except ValueError as exc:

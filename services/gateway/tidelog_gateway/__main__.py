@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
@@ -29,7 +30,11 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
     defaults = GatewayConfig()
     parser = argparse.ArgumentParser(prog="tidelog-gateway", description=__doc__)
     parser.add_argument("--listen", default=defaults.listen_address, help="host:port to serve on")
-    parser.add_argument("--etcd", default=defaults.etcd_endpoint, help="etcd endpoint host:port")
+    parser.add_argument(
+        "--etcd",
+        default=defaults.etcd_endpoint,
+        help="etcd endpoints host:port[,host:port...] (several: used in turn when one dies)",
+    )
     parser.add_argument("--prefix", default=defaults.etcd_prefix, help="the cluster's etcd prefix")
     parser.add_argument(
         "--advertised-address",
@@ -59,6 +64,10 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
     add_tls_arguments(parser)
     add_metrics_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
     except ValueError as exc:

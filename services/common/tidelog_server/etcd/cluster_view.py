@@ -168,6 +168,24 @@ class ClusterView:
             return None
         return state
 
+    def out_of_sync(self, broker_id: int) -> list[tuple[str, int]]:
+        """Partitions with a replica on `broker_id` that is not in their ISR
+        while a live leader could bring it there (a partition without a live
+        leader cannot, and must not hold up a rolling restart for ever).
+        Empty: losing this broker now leaves every partition's ISR as it is
+        minus this broker, which is what a rolling restart may do next."""
+        behind = []
+        for topic in self.topics.values():
+            for partition, replicas in enumerate(topic.replicas):
+                if broker_id not in replicas:
+                    continue
+                state = self.state(topic, partition)
+                if state is None or state.leader not in self.brokers:
+                    continue
+                if broker_id not in state.isr:
+                    behind.append((topic.name, partition))
+        return behind
+
     def registration_of(self, broker_id: int) -> int | None:
         """The create revision of a live broker's registration; None when it
         is not registered (never was, or its lease expired)."""
