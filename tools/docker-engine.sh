@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # A Docker engine for `make images` and tests/containers, on a machine that has none running.
 #
-#   tools/docker-engine.sh start   use the engine that answers, else install docker.io with apt
-#                                  (as root, when dockerd is missing) and start our own; prints
-#                                  the DOCKER_HOST to use on stdout
+#   tools/docker-engine.sh start   use the engine that answers ($DOCKER_HOST when set, else
+#                                  ours, else the default socket), else install docker.io with
+#                                  apt (as root, when dockerd is missing) and start our own;
+#                                  prints the DOCKER_HOST to use on stdout
 #   tools/docker-engine.sh stop    stop the engine that `start` started (by its PID), if any
 #   tools/docker-engine.sh host    print the DOCKER_HOST of a running engine; exit 3 if none
 #
@@ -30,10 +31,13 @@ answers() {  # answers HOST: the engine at HOST replies to the API
   DOCKER_HOST="$1" timeout 10 docker version --format '{{.Server.Version}}' >/dev/null 2>&1
 }
 
-running_host() {  # the engine to use: ours, else $DOCKER_HOST or the default socket
-  if [ -S "$SOCKET" ] && answers "$OUR_HOST"; then echo "$OUR_HOST"; return 0; fi
-  local other=${DOCKER_HOST:-unix:///var/run/docker.sock}
-  if answers "$other"; then echo "$other"; return 0; fi
+running_host() {  # the engine to use: $DOCKER_HOST when set, else ours, else the default socket
+  if [ -n "${DOCKER_HOST:-}" ]; then
+    answers "$DOCKER_HOST" && echo "$DOCKER_HOST"
+    return
+  fi
+  if ours_answers; then echo "$OUR_HOST"; return 0; fi
+  if answers unix:///var/run/docker.sock; then echo unix:///var/run/docker.sock; return 0; fi
   return 1
 }
 
@@ -47,16 +51,19 @@ install_engine() {
     cannot "apt-get install docker.io failed"
 }
 
+ours_answers() { [ -S "$SOCKET" ] && answers "$OUR_HOST"; }
+
 start() {
   local host
   if host=$(running_host); then echo "$host"; return 0; fi
+  if ours_answers; then echo "$OUR_HOST"; return 0; fi  # $DOCKER_HOST is set but dead
   command -v docker >/dev/null && command -v dockerd >/dev/null || install_engine
   [ "$(id -u)" = 0 ] || cannot "no Docker engine answers and starting one needs root (sudo $0 start)"
   mkdir -p "$STATE" "$DATA_ROOT"
   # One starter at a time (two test runs may start together).
   exec 9>"$STATE/lock"
   flock 9
-  if host=$(running_host); then echo "$host"; return 0; fi
+  if ours_answers; then echo "$OUR_HOST"; return 0; fi
   rm -f "$SOCKET" "$PIDFILE"
   say "starting dockerd (data root $DATA_ROOT, log $LOG)"
   # setsid: the engine outlives this script, not a Ctrl-C of the shell that called it.

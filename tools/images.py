@@ -53,6 +53,8 @@ ALL = (*SERVICES, "etcd")
 PARTS = ("sdk", "services/common", "services/broker", "services/coordinator", "services/gateway")
 DOCKERFILE = ROOT / "deploy/docker/Dockerfile"
 ETCD_DOCKERFILE = ROOT / "deploy/docker/etcd/Dockerfile"
+#: Content-keyed versions of each image kept on the engine (older ones are removed).
+KEEP = 3
 
 # The local base image. Change anything here and its key (so the image) changes.
 BASE_SUITE = "bookworm"  # its python3 is 3.11, the version the wheels are built for
@@ -208,6 +210,11 @@ def wheelhouse(key: str, files: dict[str, list[str]], constraints: str) -> Path:
         except OSError:  # another run made it meanwhile
             if not (out / ".complete").exists():
                 raise
+    # Keep the newest few wheelhouses only.
+    older = sorted(out.parent.glob("[0-9a-f]*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in older[KEEP:]:
+        if stale != out:
+            shutil.rmtree(stale, ignore_errors=True)
     return out
 
 
@@ -344,6 +351,22 @@ def build_etcd(env: dict[str, str], built: dict[str, dict[str, object]]) -> None
     built["etcd"] = {"image": tag, "built": fresh}
 
 
+def prune(name: str, keep_tags: set[str], env: dict[str, str]) -> None:
+    """Remove all but the KEEP newest content-keyed tags of tidelog-NAME (and the layers only
+    they used): a machine that builds many versions keeps a bounded number."""
+    listed = docker(
+        "image", "ls", f"tidelog-{name}", "--format", "{{.CreatedAt}}\t{{.Tag}}",
+        env=env, capture_output=True,
+    ).stdout.splitlines()  # fmt: skip
+    keyed = sorted(
+        (line.split("\t") for line in listed if re.fullmatch(r".*\t[0-9a-f]{16}", line)),
+        reverse=True,
+    )
+    for _, tag in keyed[KEEP:]:
+        if tag not in keep_tags:
+            subprocess.run(["docker", "rmi", f"tidelog-{name}:{tag}"], env=env, capture_output=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("names", nargs="*", metavar="NAME", help=f"any of {', '.join(ALL)}")
@@ -376,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         info["size_bytes"] = image_size(str(info["image"]), env)
         if args.tag:
             docker("tag", str(info["image"]), f"tidelog-{name}:{args.tag}", env=env)
+        prune(name, {str(info["image"]).split(":")[1]}, env)
     if args.json:
         print(json.dumps(built))
     else:
