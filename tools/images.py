@@ -250,11 +250,15 @@ def local_base(env: dict[str, str]) -> str:
     log(f"making the base image {tag} with debootstrap from {mirror} (once per machine)")
     with tempfile.TemporaryDirectory(prefix="tidelog-rootfs-") as tmp:
         rootfs = Path(tmp) / "rootfs"
-        subprocess.run(
+        made = subprocess.run(
             ["debootstrap", "--variant=minbase", f"--include={','.join(BASE_INCLUDE)}",
              BASE_SUITE, str(rootfs), mirror],
-            check=True, stdout=subprocess.DEVNULL,
+            capture_output=True, text=True,
         )  # fmt: skip
+        if made.returncode != 0:
+            # Mostly an unreachable mirror: what this machine lacks, not a defect here.
+            tail = "\n".join((made.stdout + made.stderr).splitlines()[-5:])
+            raise CannotBuild(f"debootstrap {BASE_SUITE} from {mirror} failed:\n{tail}")
         for relative in BASE_REMOVE:
             target = rootfs / relative
             if target.is_dir():
