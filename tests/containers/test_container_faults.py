@@ -46,7 +46,7 @@ def test_leader_container_killed_during_an_acks_all_produce_loses_nothing_acknow
 ) -> None:
     assert cluster.gateway is not None
     create_topic(cluster, "payments", 3)
-    producer = AckedProducer(cluster.gateway.address, "payments", 3, 30_000, 15, **ACKS_ALL)
+    producer = AckedProducer(cluster.gateway.address, "payments", 3, 20_000, 10, **ACKS_ALL)
     producer.start()
     wait_until(lambda: producer.acked_count() >= 2_000, 60, "2000 records acknowledged")
     victim = cluster.leaders("payments")[0]
@@ -133,7 +133,7 @@ def test_paused_leader_container_accepts_no_write_after_its_lease_ended(
 ) -> None:
     assert cluster.gateway is not None
     create_topic(cluster, "fenced", 1)
-    producer = AckedProducer(cluster.gateway.address, "fenced", 1, 20_000, 20, **ACKS_ALL)
+    producer = AckedProducer(cluster.gateway.address, "fenced", 1, 12_000, 12, **ACKS_ALL)
     producer.start()
     wait_until(lambda: producer.acked_count() >= 500, 60, "500 records acknowledged")
     leader = cluster.leaders("fenced")[0]
