@@ -52,7 +52,12 @@ ALL = (*SERVICES, "etcd")
 #: server core `tidelog-server` are dependencies of every service).
 PARTS = ("sdk", "services/common", "services/broker", "services/coordinator", "services/gateway")
 DOCKERFILE = ROOT / "deploy/docker/Dockerfile"
+PIP_INSTALL = ROOT / "deploy/docker/pip-install.sh"
 ETCD_DOCKERFILE = ROOT / "deploy/docker/etcd/Dockerfile"
+#: The distributions built from this repository (the rest of the wheelhouse is third-party).
+OURS = {"tidelog", "tidelog_server", "tidelog_broker", "tidelog_coordinator", "tidelog_gateway"}
+#: Changes when what a wheelhouse holds changes (so older cached ones are not reused).
+WHEELHOUSE_LAYOUT = "2: requirements-SERVICE.txt"
 #: Content-keyed versions of each image kept on the engine (older ones are removed).
 KEEP = 3
 
@@ -175,6 +180,7 @@ def wheelhouse_key() -> tuple[str, dict[str, list[str]], str]:
     constraints = pinned_dependencies()
     h.update(constraints.encode())
     h.update(sys.version.split()[0].encode())
+    h.update(WHEELHOUSE_LAYOUT.encode())
     return h.hexdigest()[:16], files, constraints
 
 
@@ -204,6 +210,9 @@ def wheelhouse(key: str, files: dict[str, list[str]], constraints: str) -> Path:
              f"pip=={pip_version.group(1)}" if pip_version else "pip"],
             check=True,
         )  # fmt: skip
+        for service in SERVICES:
+            pins = third_party_requirements(wheels, f"tidelog-{service}", work)
+            (wheels / f"requirements-{service}.txt").write_text(pins)
         (wheels / ".complete").write_text(key + "\n")
         try:
             wheels.rename(out)
@@ -216,6 +225,25 @@ def wheelhouse(key: str, files: dict[str, list[str]], constraints: str) -> Path:
         if stale != out:
             shutil.rmtree(stale, ignore_errors=True)
     return out
+
+
+def third_party_requirements(wheels: Path, distribution: str, work: Path) -> str:
+    """`name==version` of every third-party distribution that installing `distribution`
+    from `wheels` brings: the images install these in a layer of their own, which a change
+    of Tidelog's sources leaves in the build cache."""
+    report = work / f"report-{distribution}.json"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "--quiet",
+         "--dry-run", "--ignore-installed", "--no-index", "--find-links", str(wheels),
+         "--report", str(report), distribution],
+        check=True,
+    )  # fmt: skip
+    pins = []
+    for item in json.loads(report.read_text())["install"]:
+        name, version = item["metadata"]["name"], item["metadata"]["version"]
+        if re.sub(r"[-_.]+", "_", name).lower() not in OURS:
+            pins.append(f"{name}=={version}\n")
+    return "".join(sorted(pins))
 
 
 def debian_mirror() -> str:
@@ -306,22 +334,26 @@ def build_services(
     if base_id is None:
         raise CannotBuild(f"the base image {base} is not on this engine (nothing can be pulled)")
     key, files, constraints = wheelhouse_key()
-    tags = {
-        name: f"tidelog-{name}:{digest(key, DOCKERFILE.read_bytes(), base_id, name)}"
-        for name in names
-    }
+    recipe = DOCKERFILE.read_bytes() + PIP_INSTALL.read_bytes()
+    tags = {name: f"tidelog-{name}:{digest(key, recipe, base_id, name)}" for name in names}
     missing = [name for name in names if image_id(tags[name], env) is None]
     if missing:
         wheels = wheelhouse(key, files, constraints)
         with tempfile.TemporaryDirectory(prefix="tidelog-image-") as tmp:
             context = Path(tmp)
             shutil.copy2(DOCKERFILE, context / "Dockerfile")
-            (context / "wheelhouse").mkdir()
-            for wheel in wheels.glob("*.whl"):
+            shutil.copy2(PIP_INSTALL, context / "pip-install.sh")
+            # deps/: third-party wheels and each service's pins (a layer that stays cached
+            # while only Tidelog's sources change); tidelog/: the parts' own wheels.
+            for folder in ("deps", "tidelog"):
+                (context / "wheelhouse" / folder).mkdir(parents=True)
+            for path in [*wheels.glob("*.whl"), *wheels.glob("requirements-*.txt")]:
+                ours = path.name.split("-")[0].lower() in OURS
+                target = context / "wheelhouse" / ("tidelog" if ours else "deps") / path.name
                 try:
-                    os.link(wheel, context / "wheelhouse" / wheel.name)
+                    os.link(path, target)
                 except OSError:
-                    shutil.copy2(wheel, context / "wheelhouse" / wheel.name)
+                    shutil.copy2(path, target)
             for name in missing:
                 build(context, context / "Dockerfile", tags[name], env,
                       "--target", name, "--build-arg", f"BASE_IMAGE={base}")  # fmt: skip
