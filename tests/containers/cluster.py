@@ -3,7 +3,8 @@ each a container of the images tools/images.py built (nothing is pulled).
 
 Every container runs with host networking and its service listens on 127.0.0.1 at a free
 port (so a container is only ever addressed as 127.0.0.1:port); each is started with
-testcontainers and counted ready when its "serving" log line appears. A broker keeps its
+testcontainers and counted ready when its "serving" log line appears. The Tidelog services
+run with a read-only root file system (as the Helm chart runs them). A broker keeps its
 partition logs in a named volume of its own, which outlives its container: `recreate_broker`
 starts a new container on it. Container and volume names carry the test run's id and the
 cluster's (never shared between tests), both carry the label RUN_LABEL, and `stop()` removes
@@ -131,7 +132,9 @@ class ContainerCluster:
             DockerContainer(self.images[image])
             .with_name(self._name(role))
             .with_command(args)
-            .with_kwargs(network_mode="host", labels=self._labels())
+            # A read-only root file system, as the Helm chart runs them: a service writes
+            # only to its volume. (etcd writes its data directory in the image.)
+            .with_kwargs(network_mode="host", labels=self._labels(), read_only=image != "etcd")
             .waiting_for(
                 LogMessageWaitStrategy(re.compile(ready_line))
                 .with_poll_interval(0.1)
