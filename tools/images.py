@@ -99,6 +99,8 @@ def digest(*parts: bytes | str) -> str:
 
 
 def docker_env() -> dict[str, str]:
+    if shutil.which("docker") is None:
+        raise CannotBuild("no docker command: `tools/docker-engine.sh start` (as root) installs it")
     env = dict(os.environ)
     # The legacy builder: this machine has no buildx, and the legacy builder is
     # what `docker build --network` works with here.
@@ -113,6 +115,15 @@ def docker_env() -> dict[str, str]:
                 "(as root; installs docker.io) or set DOCKER_HOST"
             )
         env["DOCKER_HOST"] = found.stdout.strip()
+    answers = subprocess.run(
+        ["docker", "version", "--format", "{{.Server.Version}}"],
+        env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    if answers.returncode != 0:
+        raise CannotBuild(
+            f"the Docker engine at DOCKER_HOST={env['DOCKER_HOST']} does not answer: start one "
+            "with `tools/docker-engine.sh start` (as root) or fix DOCKER_HOST"
+        )
     return env
 
 
