@@ -4,7 +4,8 @@
 #   tools/docker-engine.sh start   use the engine that answers ($DOCKER_HOST when set, else
 #                                  ours, else the default socket), else install docker.io with
 #                                  apt (as root, when dockerd is missing) and start our own;
-#                                  prints the DOCKER_HOST to use on stdout
+#                                  prints the DOCKER_HOST to use on stdout. Installs debootstrap
+#                                  too when missing (tools/images.py needs it).
 #   tools/docker-engine.sh stop    stop the engine that `start` started (by its PID), if any
 #   tools/docker-engine.sh host    print the DOCKER_HOST of a running engine; exit 3 if none
 #
@@ -41,23 +42,25 @@ running_host() {  # the engine to use: $DOCKER_HOST when set, else ours, else th
   return 1
 }
 
-install_engine() {
-  [ "$(id -u)" = 0 ] || cannot "dockerd is not installed and installing it needs root (apt-get install docker.io)"
-  command -v apt-get >/dev/null || cannot "dockerd is not installed and there is no apt-get to install it (install Docker)"
-  say "installing docker.io and debootstrap with apt (once)"
-  apt-get update -qq >&2 || cannot "apt-get update failed"
-  # debootstrap: tools/images.py makes the local base image with it.
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >&2 ||
-    cannot "apt-get install docker.io failed"
+install_packages() {  # install_packages PACKAGE...: with apt, as root
+  [ "$(id -u)" = 0 ] || { say "installing $* needs root (apt-get install $*)"; return 1; }
+  command -v apt-get >/dev/null || { say "no apt-get to install $* with"; return 1; }
+  say "installing $* with apt (once)"
+  apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >&2
 }
 
 ours_answers() { [ -S "$SOCKET" ] && answers "$OUR_HOST"; }
 
 start() {
   local host
+  # tools/images.py makes the local base image with debootstrap (without it, the container
+  # tests are skipped saying so).
+  command -v debootstrap >/dev/null || install_packages debootstrap || true
   if host=$(running_host); then echo "$host"; return 0; fi
   if ours_answers; then echo "$OUR_HOST"; return 0; fi  # $DOCKER_HOST is set but dead
-  command -v docker >/dev/null && command -v dockerd >/dev/null || install_engine
+  if ! command -v docker >/dev/null || ! command -v dockerd >/dev/null; then
+    install_packages docker.io || cannot "no Docker engine answers and docker.io could not be installed"
+  fi
   [ "$(id -u)" = 0 ] || cannot "no Docker engine answers and starting one needs root (sudo $0 start)"
   mkdir -p "$STATE" "$DATA_ROOT"
   # One starter at a time (two test runs may start together).
