@@ -104,6 +104,10 @@ stop() {
       say "dockerd (pid $pid) did not stop in 30 s: SIGKILL"
       kill -KILL "$pid"
     fi
+    # dockerd leaves its default network namespace mounted in its exec root.
+    for ns in "$STATE"/exec/netns/*; do
+      if mountpoint -q "$ns" 2>/dev/null; then umount "$ns" || true; fi
+    done
   fi
   rm -f "$PIDFILE"
 }

@@ -16,7 +16,8 @@ from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tests.containers.cluster import SESSION_TTL_S, ContainerCluster
 from tests.fault.replication_support import AckedProducer, compare, read_back
 
-pytestmark = [pytest.mark.xdist_group("containers"), pytest.mark.timeout(900)]
+#: Room for a first, cold build of the images (tests/containers/test_images.py).
+pytestmark = [pytest.mark.xdist_group("containers"), pytest.mark.timeout(1200)]
 
 #: Produce options of every workload here: acknowledged only once every in-sync replica
 #: has the record (and min.insync.replicas=2 of 3 must be in sync).

@@ -10,7 +10,9 @@ from tidelog import AdminClient, Consumer, NewTopic, Producer
 
 from tests.containers.cluster import ContainerCluster
 
-pytestmark = [pytest.mark.xdist_group("containers"), pytest.mark.timeout(900)]
+#: The first test builds the images when they are missing: ~5 min on a fresh machine, ~8 min
+#: on a loaded one (debootstrap, wheelhouse, three images).
+pytestmark = [pytest.mark.xdist_group("containers"), pytest.mark.timeout(1200)]
 
 #: What each service image declares (deploy/docker/Dockerfile).
 PORTS = {"broker": "9392/tcp", "coordinator": "9093/tcp", "gateway": "9400/tcp"}
