@@ -52,7 +52,8 @@ examples: install
 # with debootstrap; elsewhere: make images BASE_IMAGE=python:3.11-slim-bookworm
 BASE_IMAGE ?= local
 images: install
-	DOCKER_HOST=$$(tools/docker-engine.sh start) $(BIN)/python tools/images.py --base $(BASE_IMAGE) --tag latest
+	@host=$$(tools/docker-engine.sh start) && \
+	  DOCKER_HOST=$$host $(BIN)/python tools/images.py --base $(BASE_IMAGE) --tag latest
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
