@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
+.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples images clean
 
 install: $(STAMP)
 
@@ -60,6 +60,18 @@ go-tools:
 examples: install
 	PYTHON=$(BIN)/python examples/go/build.sh
 	examples/java/build.sh
+
+# The container images: one per service (deploy/docker/Dockerfile: tidelog-broker,
+# tidelog-coordinator, tidelog-gateway) and etcd's for tests/containers, each tagged with a
+# hash of its inputs and :latest, and built only when those changed (tools/images.py; the
+# wheelhouse and the base image are cached under ~/.cache/tidelog). Starts a Docker engine
+# first when none answers (tools/docker-engine.sh, as root; it keeps running:
+# `tools/docker-engine.sh stop`). No registry is reachable here, so the base image is made
+# with debootstrap; elsewhere: make images BASE_IMAGE=python:3.11-slim-bookworm
+BASE_IMAGE ?= local
+images: install
+	@host=$$(tools/docker-engine.sh start) && \
+	  DOCKER_HOST=$$host $(BIN)/python tools/images.py --base $(BASE_IMAGE) --tag latest
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
