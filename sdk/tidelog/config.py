@@ -85,9 +85,16 @@ class CommonConfig:
     #: a gRPC server by default treats pings closer than 5 minutes apart on a
     #: connection without data as abuse and closes it (GOAWAY too_many_pings).
     keepalive_time_ms: int = 330_000
+    #: Extra gRPC channel arguments, (name, value) pairs added after the
+    #: client's own. gRPC shares one TCP connection per address among all
+    #: channels of a process whose arguments are equal, so a program that
+    #: runs many clients (the gateway) can spread them over several
+    #: connections with an argument of its own, e.g. ("myapp.connection", n).
+    grpc_channel_options: Sequence[tuple[str, int | str]] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", _parse_bootstrap(self.bootstrap_servers))
+        object.__setattr__(self, "grpc_channel_options", tuple(self.grpc_channel_options))
         _positive("request_timeout_ms", self.request_timeout_ms)
         _non_negative("retry_backoff_ms", self.retry_backoff_ms)
         _positive("metadata_max_age_ms", self.metadata_max_age_ms)

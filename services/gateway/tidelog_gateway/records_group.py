@@ -40,6 +40,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Set
+from typing import Any
 
 from tidelog import AsyncConsumer, TopicPartition
 from tidelog.errors import (
@@ -54,9 +55,9 @@ from tidelog.v1 import common_pb2, log_pb2, records_pb2
 from tidelog_gateway.cluster_view import ClusterView
 from tidelog_gateway.errors import error_proto
 from tidelog_gateway.records_common import (
-    CONSUME_WINDOW_BYTES,
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
+    CreditWindow,
     apply_requests,
     check_credit,
     consumed_record,
@@ -117,23 +118,25 @@ class GroupConsumeSession:
     owned partitions, and the responses it owes the client."""
 
     def __init__(
-        self, view: ClusterView, bootstrap: list[str], first: records_pb2.ConsumeRequest
+        self,
+        view: ClusterView,
+        bootstrap: list[str],
+        first: records_pb2.ConsumeRequest,
+        options: dict[str, Any],
     ) -> None:
         check_group(view, first)
         group = first.group
         self._topics = list(group.topics)
-        options = {}
+        options = dict(options)
         if group.session_timeout_ms:
             options["session_timeout_ms"] = group.session_timeout_ms
         self._consumer = AsyncConsumer(
             bootstrap_servers=bootstrap,
             group_id=group.group_id,
-            enable_auto_commit=False,
             auto_offset_reset=_RESET[group.reset],
-            fetch_buffer_bytes=CONSUME_WINDOW_BYTES,
-            max_partition_fetch_bytes=CONSUME_WINDOW_BYTES // 4,
             **options,
         )
+        self._window = CreditWindow(self._consumer, view)
         self._text = first.text
         self._max_records = MAX_RECORDS_PER_RESPONSE
         self._credit = 0
@@ -189,6 +192,8 @@ class GroupConsumeSession:
                         response.records.append(consumed_record(record, self._text))
                 if response.records:
                     self._credit -= len(response.records)
+                    self._window.sent(response)
+                    self._window.update(self._credit)
                     yield response
         finally:
             reader.cancel()
@@ -233,6 +238,7 @@ class GroupConsumeSession:
             self._unanswered += 1
             self._commits.put_nowait(request.commit)
         self._credit += request.credit_records
+        self._window.update(self._credit)
         self._changed.set()
 
     # ------------------------------------------------------------ commits
@@ -300,6 +306,7 @@ class GroupConsumeSession:
         self._tell(assigned=_tp_protos(assigned))
 
     def _tell(self, **change: list[common_pb2.TopicPartition]) -> None:
+        self._window.assigned(self._owned)
         self._outbox.append(
             records_pb2.ConsumeResponse(
                 assignment=records_pb2.AssignmentChange(owned=_tp_protos(self._owned), **change)

@@ -11,10 +11,12 @@ The gateway does the client's work with the Python SDK it is built on:
   topic or partition the etcd view does not know is answered at once with
   its typed error (no wait for metadata).
 - Consume: one `AsyncConsumer` per stream, on the partitions the client
-  names, with a small fetch window (CONSUME_WINDOW_BYTES), so an idle
-  stream holds at most that much; the client's credit is a number of
-  records. A partition that fails is reported in `errors` and no longer
-  read until the client sends a new position.
+  names; the client's credit is a number of records, and the consumer's
+  fetch window follows it (`records_common.CreditWindow`), so a stream
+  whose client stops reading holds about the records it granted. The
+  streams' consumers are spread over `upstream_connections` connections
+  to each broker. A partition that fails is reported in `errors` and no
+  longer read until the client sends a new position.
 
 - Consume in a group (the first request sets `group`): `records_group`.
 
@@ -48,12 +50,13 @@ from tidelog_gateway.errors import abort, error_proto
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import _open_stream
 from tidelog_gateway.records_common import (
-    CONSUME_WINDOW_BYTES,
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
+    CreditWindow,
     apply_requests,
     check_credit,
     consumed_record,
+    consumer_options,
 )
 from tidelog_gateway.records_group import GroupConsumeSession
 
@@ -83,6 +86,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
         self._draining = draining
         self._producers: dict[int | str, AsyncProducer] = {}
         self._producer_lock = asyncio.Lock()
+        self._consume_streams = 0
 
     async def close(self) -> None:
         producers, self._producers = list(self._producers.values()), {}
@@ -205,11 +209,14 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                 return
             requests = _chain(first, request_iterator)
             session: _ConsumeSession | GroupConsumeSession
+            # Round-robin over the gateway's connections to each broker.
+            self._consume_streams += 1
+            options = consumer_options(self._consume_streams % self._config.upstream_connections)
             try:
                 if first.HasField("group"):
-                    session = GroupConsumeSession(self._view, self._bootstrap(), first)
+                    session = GroupConsumeSession(self._view, self._bootstrap(), first, options)
                 else:
-                    session = _ConsumeSession(self._view, self._bootstrap())
+                    session = _ConsumeSession(self._view, self._bootstrap(), options)
             except TidelogError as exc:
                 await abort(context, exc, "consuming records")
             try:
@@ -286,15 +293,12 @@ def _value(record: records_pb2.ProduceRecord) -> bytes | None:
 class _ConsumeSession:
     """One Consume stream: its consumer, credit and settings."""
 
-    def __init__(self, view: ClusterView, bootstrap: list[str]) -> None:
+    def __init__(self, view: ClusterView, bootstrap: list[str], options: dict[str, Any]) -> None:
         self._view = view
         self._consumer = AsyncConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            auto_offset_reset="none",
-            fetch_buffer_bytes=CONSUME_WINDOW_BYTES,
-            max_partition_fetch_bytes=CONSUME_WINDOW_BYTES // 4,
+            bootstrap_servers=bootstrap, auto_offset_reset="none", **options
         )
+        self._window = CreditWindow(self._consumer, view)
         self._assignment: set[TopicPartition] = set()
         self._credit = 0
         self._text = False
@@ -342,6 +346,8 @@ class _ConsumeSession:
                         response.records.append(consumed_record(record, self._text))
                 if response.records:
                     self._credit -= len(response.records)
+                    self._window.sent(response)
+                    self._window.update(self._credit)
                     yield response
         finally:
             reader.cancel()
@@ -385,6 +391,7 @@ class _ConsumeSession:
         if assignment != self._assignment:
             self._consumer.assign(assignment)
             self._assignment = assignment
+            self._window.assigned(assignment)
         for tp, position in placed:
             if position.WhichOneof("start") == "offset":
                 self._consumer.seek(tp, position.offset)
@@ -393,6 +400,7 @@ class _ConsumeSession:
             else:
                 await self._consumer.seek_to_beginning(tp)
         self._credit += request.credit_records
+        self._window.update(self._credit)
         self._changed.set()
 
     def _check(self, position: records_pb2.ConsumePosition) -> None:
@@ -426,3 +434,4 @@ class _ConsumeSession:
         self._report(tp, exc)
         self._assignment.discard(tp)
         self._consumer.assign(self._assignment)
+        self._window.assigned(self._assignment)
