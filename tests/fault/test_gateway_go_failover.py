@@ -87,16 +87,17 @@ def test_go_client_acks_all_through_the_gateway_loses_nothing_while_leaders_are_
     cluster.create_topic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})
     killer = LeaderKiller(cluster, TOPIC, 3)
     stdout = tmp_path / "go-produce.out"
+    command = [
+        str(go_example), "produce",
+        "-gateway", gateway.address,
+        "-topic", TOPIC,
+        "-acks", "all",
+        "-duration", f"{PRODUCE_S}s",
+        "-timeout", "200s",
+    ]  # fmt: skip
     with stdout.open("w") as out:
         go = subprocess.Popen(
-            [
-                str(go_example), "produce",
-                "-gateway", gateway.address,
-                "-topic", TOPIC,
-                "-acks", "all",
-                "-duration", f"{PRODUCE_S}s",
-                "-timeout", "200s",
-            ],  # fmt: skip
+            command,
             stdout=out,
             stderr=subprocess.PIPE,
             text=True,
