@@ -133,24 +133,50 @@ async def apply_requests(
     return None
 
 
-def consumed_record(record: ConsumerRecord, text: bool) -> records_pb2.ConsumedRecord:
-    """`record` as sent to the client; with `text`, key and value as UTF-8
-    text when they decode."""
-    out = records_pb2.ConsumedRecord(
-        topic=record.topic,
-        partition=record.partition,
-        offset=record.offset,
-        timestamp_ms=record.timestamp,
-        headers=[records_pb2.RecordHeader(key=k, value=v or b"") for k, v in record.headers or ()],
-    )
-    for name, data in (("key", record.key), ("value", record.value)):
-        if data is None:
-            continue
-        if text:
-            try:
-                setattr(out, f"{name}_text", data.decode())
-                continue
-            except UnicodeDecodeError:
-                pass
+def add_records(
+    response: records_pb2.ConsumeResponse,
+    batches: Iterable[list[ConsumerRecord]],
+    text: bool,
+) -> None:
+    """Append the SDK's records to `response` as ConsumedRecords; with
+    `text`, keys and values as UTF-8 text when they decode.
+
+    The hot path of every consume stream: each record is built in place by
+    one `add()` (appending a built message would copy it), from the record
+    tuple's items by index, headers only when there are some."""
+    add = response.records.add
+    header = records_pb2.RecordHeader
+    for records in batches:
+        for r in records:
+            # ConsumerRecord: topic, partition, offset, timestamp,
+            # timestamp_type, key, value, headers, leader_epoch.
+            headers = [header(key=k, value=v or b"") for k, v in r[7]] if r[7] else None
+            if text:
+                out = add(
+                    topic=r[0],
+                    partition=r[1],
+                    offset=r[2],
+                    timestamp_ms=r[3],
+                    headers=headers,
+                )
+                _set_text(out, "key", r[5])
+                _set_text(out, "value", r[6])
+            else:
+                add(
+                    topic=r[0],
+                    partition=r[1],
+                    offset=r[2],
+                    timestamp_ms=r[3],
+                    key=r[5],
+                    value=r[6],
+                    headers=headers,
+                )
+
+
+def _set_text(out: records_pb2.ConsumedRecord, name: str, data: bytes | None) -> None:
+    if data is None:
+        return
+    try:
+        setattr(out, f"{name}_text", data.decode())
+    except UnicodeDecodeError:
         setattr(out, name, data)
-    return out

@@ -58,9 +58,9 @@ from tidelog_gateway.records_common import (
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
     CreditWindow,
+    add_records,
     apply_requests,
     check_credit,
-    consumed_record,
 )
 
 log = logging.getLogger("tidelog.gateway.records")
@@ -187,9 +187,7 @@ class GroupConsumeSession:
                 while self._outbox:
                     yield self._sent(self._outbox.popleft())
                 response = records_pb2.ConsumeResponse()
-                for records in batch.values():
-                    for record in records:
-                        response.records.append(consumed_record(record, self._text))
+                add_records(response, batch.values(), self._text)
                 if response.records:
                     self._credit -= len(response.records)
                     self._window.sent(response)

@@ -53,9 +53,9 @@ from tidelog_gateway.records_common import (
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
     CreditWindow,
+    add_records,
     apply_requests,
     check_credit,
-    consumed_record,
     consumer_options,
 )
 from tidelog_gateway.records_group import GroupConsumeSession
@@ -170,15 +170,24 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
     ) -> asyncio.Future[records_pb2.RecordsProduceResponse]:
         """Queue the request's records; the future of its answer."""
         results: list[Any] = []
+        # Partition counts of the request's topics, looked up once per topic.
+        counts: dict[str, int] = {}
         for record in request.records:
             try:
-                self._check_route(record)
+                topic = record.topic
+                count = counts.get(topic)
+                if count is None:
+                    count = counts[topic] = len(self._view.topic(topic).replicas)
+                partition = None
+                if record.HasField("partition"):
+                    partition = record.partition
+                    _check_partition(topic, partition, count)
                 future = await producer.send(
-                    record.topic,
+                    topic,
                     _value(record),
                     key=_key(record),
-                    headers=[(h.key, h.value) for h in record.headers],
-                    partition=record.partition if record.HasField("partition") else None,
+                    headers=[(h.key, h.value) for h in record.headers] if record.headers else None,
+                    partition=partition,
                     timestamp_ms=record.timestamp_ms if record.HasField("timestamp_ms") else None,
                 )
             except (TidelogError, ValueError, TypeError) as exc:
@@ -186,14 +195,6 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                 continue
             results.append((record, future))
         return asyncio.ensure_future(_answer(request.correlation_id, results))
-
-    def _check_route(self, record: records_pb2.ProduceRecord) -> None:
-        topic = self._view.topic(record.topic)
-        if record.HasField("partition") and not 0 <= record.partition < len(topic.replicas):
-            raise UnknownTopicOrPartitionError(
-                f"partition {record.partition} of topic {record.topic!r} does not exist: "
-                f"the topic has partitions 0 to {len(topic.replicas) - 1}"
-            )
 
     # ------------------------------------------------------------ consume
 
@@ -245,6 +246,14 @@ async def _chain(
         yield request
 
 
+def _check_partition(topic: str, partition: int, count: int) -> None:
+    if not 0 <= partition < count:
+        raise UnknownTopicOrPartitionError(
+            f"partition {partition} of topic {topic!r} does not exist: "
+            f"the topic has partitions 0 to {count - 1}"
+        )
+
+
 async def _answer(
     correlation_id: int, results: list[tuple[records_pb2.ProduceRecord, Any]]
 ) -> records_pb2.RecordsProduceResponse:
@@ -253,7 +262,9 @@ async def _answer(
         result = response.results.add(topic=record.topic, offset=-1, timestamp_ms=-1)
         if not isinstance(outcome, BaseException):
             try:
-                metadata = await outcome
+                # Records of one batch complete together: once the first is
+                # awaited the others are done, and get() skips the await.
+                metadata = outcome.get(0) if outcome.done() else await outcome
             except (TidelogError, asyncio.CancelledError) as exc:
                 outcome = exc
             else:
@@ -341,9 +352,7 @@ class _ConsumeSession:
                     self._fail_partition(exc)
                     continue
                 response = records_pb2.ConsumeResponse()
-                for records in batch.values():
-                    for record in records:
-                        response.records.append(consumed_record(record, self._text))
+                add_records(response, batch.values(), self._text)
                 if response.records:
                     self._credit -= len(response.records)
                     self._window.sent(response)
