@@ -37,11 +37,12 @@ test: install proto-check lint go-tools
 go-tools:
 	@tools/go-tools.sh >/dev/null || [ $$? -eq 3 ]
 
-# The Go and Java example programs (examples/), generated from protos/ and
-# built; tests/integration/clients runs them against a local cluster.
+# The Go, Java and TypeScript example programs (examples/), generated from
+# protos/ and built; tests/integration/clients runs them against a local cluster.
 examples: install
 	PYTHON=$(BIN)/python examples/go/build.sh
 	examples/java/build.sh
+	examples/typescript/build.sh
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
