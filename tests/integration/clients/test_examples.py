@@ -1,12 +1,13 @@
 """The Go, Java and TypeScript example programs (examples/go, examples/java,
 examples/typescript), built by their build scripts from protos/ and run
 against a real cluster through the gateway: each produces keyed records with
-headers through `tidelog.v1.Records` (the Go one also through the batch-level `Log`, with its own record-batch
-encoder) and consumes them back as a member of a consumer group, committing as
-it goes, and exits non-zero naming what did not come back intact. The Python
-SDK then reads the same topic, so the records are checked by a second client
-too, not only by the program that wrote them; and the group's committed offsets
-must be the log end offsets (every record was committed)."""
+headers through `tidelog.v1.Records` (the Go one also through the batch-level
+`Log`, with its own record-batch encoder) and consumes them back as a member
+of a consumer group, committing as it goes, and exits non-zero naming what did
+not come back intact. The Python SDK then reads the same topic, so the records
+are checked by a second client too, not only by the program that wrote them;
+and the group's committed offsets must be the log end offsets (every record
+was committed)."""
 
 from __future__ import annotations
 
