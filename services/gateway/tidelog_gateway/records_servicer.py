@@ -35,7 +35,13 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog import AsyncConsumer, AsyncProducer, TopicPartition
+from tidelog import (
+    AsyncConsumer,
+    AsyncProducer,
+    FutureRecordMetadata,
+    RecordMetadata,
+    TopicPartition,
+)
 from tidelog.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -254,24 +260,41 @@ def _check_partition(topic: str, partition: int, count: int) -> None:
         )
 
 
+async def _metadata(future: FutureRecordMetadata) -> RecordMetadata:
+    """Where the record went, or its error. Records of one batch complete
+    together: once the first is awaited the others are done, and are read
+    from their batch's result at once (the future is the 2-tuple (batch
+    result, index); its get() would take a lock per record)."""
+    if not future.done():
+        return await future
+    error = future.exception()
+    if error is not None:
+        raise error
+    batch, index = future
+    return batch.metadata(index)
+
+
 async def _answer(
     correlation_id: int, results: list[tuple[records_pb2.ProduceRecord, Any]]
 ) -> records_pb2.RecordsProduceResponse:
     response = records_pb2.RecordsProduceResponse(correlation_id=correlation_id)
+    add = response.results.add
     for record, outcome in results:
-        result = response.results.add(topic=record.topic, offset=-1, timestamp_ms=-1)
         if not isinstance(outcome, BaseException):
             try:
-                # Records of one batch complete together: once the first is
-                # awaited the others are done, and get() skips the await.
-                metadata = outcome.get(0) if outcome.done() else await outcome
+                metadata = await _metadata(outcome)
             except (TidelogError, asyncio.CancelledError) as exc:
                 outcome = exc
             else:
-                result.partition = metadata.partition
-                result.offset = metadata.offset
-                result.timestamp_ms = metadata.timestamp
+                # One call builds the result in place (the hot path).
+                add(
+                    topic=metadata.topic,
+                    partition=metadata.partition,
+                    offset=metadata.offset,
+                    timestamp_ms=metadata.timestamp,
+                )
                 continue
+        result = add(topic=record.topic, offset=-1, timestamp_ms=-1)
         if record.HasField("partition"):
             result.partition = record.partition
         if isinstance(outcome, TidelogError):
