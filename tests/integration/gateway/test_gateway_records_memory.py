@@ -1,6 +1,7 @@
 """Records.Consume streams that grant credit and never read cost the gateway
 about that credit (issue 10): 200 idle streams over a backlog on three
-brokers. Prints the gateway's RSS.
+brokers, reading explicit partitions or each a member of a consumer group,
+each on a fresh gateway. Prints the gateway's RSS.
 
 The brokers allow 100 Fetch streams per connection
 (fetch.max.streams.per.connection), so the 200 streams' consumers only
@@ -76,6 +77,18 @@ def gateway(
         process.stop()
 
 
+@pytest.fixture
+def fresh_gateway(
+    backlog: GatewayProcess, cluster: ClusterProcesses, tmp_path: Path
+) -> Iterator[GatewayProcess]:
+    """A gateway that has served nothing yet (its RSS is its own)."""
+    process = start_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
 @pytest.fixture(scope="module")
 def backlog(gateway: GatewayProcess) -> GatewayProcess:
     with AdminClient(gateway.address) as admin:
@@ -104,25 +117,34 @@ def backlog(gateway: GatewayProcess) -> GatewayProcess:
     return gateway
 
 
-async def _idle_streams(address: str, process: psutil.Process) -> tuple[int, list[int]]:
-    """Open the idle streams and watch the gateway's RSS for a while; then
-    read each stream's records. (peak RSS, records each stream delivered)."""
-    channels = [
-        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
-        for _ in range(CONNECTIONS)
-    ]
-    request = records_pb2.ConsumeRequest(
+def _first_request(kind: str, n: int) -> records_pb2.ConsumeRequest:
+    if kind == "group":
+        # A group each: every stream is a member that owns every partition.
+        return records_pb2.ConsumeRequest(
+            group=records_pb2.ConsumeGroup(group_id=f"idle-{n}", topics=[TOPIC]),
+            credit_records=CREDIT_RECORDS,
+        )
+    return records_pb2.ConsumeRequest(
         positions=[
             records_pb2.ConsumePosition(topic=TOPIC, partition=p, spec=log_pb2.EARLIEST)
             for p in range(PARTITIONS)
         ],
         credit_records=CREDIT_RECORDS,
     )
+
+
+async def _idle_streams(address: str, process: psutil.Process, kind: str) -> tuple[int, list[int]]:
+    """Open the idle streams and watch the gateway's RSS for a while; then
+    read each stream's records. (peak RSS, records each stream delivered)."""
+    channels = [
+        grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+        for _ in range(CONNECTIONS)
+    ]
     calls = []
     try:
         for i in range(IDLE_STREAMS):
             call = records_pb2_grpc.RecordsStub(channels[i % CONNECTIONS]).Consume(timeout=240)
-            await call.write(request)  # and read nothing for now
+            await call.write(_first_request(kind, i))  # and read nothing for now
             calls.append(call)
         peak = 0
         for _ in range(80):
@@ -145,25 +167,28 @@ async def _idle_streams(address: str, process: psutil.Process) -> tuple[int, lis
             await channel.close(None)
 
 
-def test_idle_consume_streams_cost_about_their_credit(backlog: GatewayProcess) -> None:
-    process = psutil.Process(backlog.pid)
+@pytest.mark.parametrize("kind", ["partitions", "group"])
+def test_idle_consume_streams_cost_about_their_credit(
+    fresh_gateway: GatewayProcess, kind: str
+) -> None:
+    process = psutil.Process(fresh_gateway.pid)
     baseline = process.memory_info().rss
-    peak, delivered = asyncio.run(_idle_streams(backlog.address, process))
+    peak, delivered = asyncio.run(_idle_streams(fresh_gateway.address, process, kind))
     # Every stream was served (more streams than one broker connection
     # takes), and sent exactly what its client granted.
     assert delivered == [CREDIT_RECORDS] * IDLE_STREAMS
     # Per stream: the records granted (~130 bytes each as sent) and one batch
     # per leader, held as fetched bytes, decoded records and protobuf
     # messages (x4), plus the fixed cost of a stream (its consumer, three
-    # upstream Fetch calls, the client's call: measured ~160 KiB, allowed
-    # 256 KiB). With a 1 MiB window per leader, as before, 200 streams
-    # grew the gateway by ~1 GiB.
+    # upstream Fetch calls, the client's call, in a group its membership:
+    # measured ~160 KiB without a group, allowed 256 KiB). With a 1 MiB
+    # window per leader, as before, 200 streams grew the gateway by ~1 GiB.
     batch = RECORDS_PER_BATCH * RECORD_BYTES
     per_stream = 4 * (CREDIT_RECORDS * 130 + PARTITIONS * batch) + 256 * KIB
     bound = IDLE_STREAMS * per_stream + 50 * MIB
     print(
         f"\ngateway RSS {baseline // MIB} MiB before, peak {peak // MIB} MiB with "
-        f"{IDLE_STREAMS} idle Records.Consume streams of {CREDIT_RECORDS} records' credit "
+        f"{IDLE_STREAMS} idle Records.Consume streams ({kind}) of {CREDIT_RECORDS} records' credit "
         f"(growth {(peak - baseline) // MIB} MiB, bound {bound // MIB} MiB; "
         f"{(peak - baseline) // IDLE_STREAMS // KIB} KiB a stream)"
     )
