@@ -188,11 +188,12 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                 if record.HasField("partition"):
                     partition = record.partition
                     _check_partition(topic, partition, count)
+                headers = record.headers  # each access builds a wrapper: once
                 future = await producer.send(
                     topic,
                     _value(record),
                     key=_key(record),
-                    headers=[(h.key, h.value) for h in record.headers] if record.headers else None,
+                    headers=[(h.key, h.value) for h in headers] if headers else None,
                     partition=partition,
                     timestamp_ms=record.timestamp_ms if record.HasField("timestamp_ms") else None,
                 )
