@@ -25,6 +25,9 @@ On the stream, besides records (paced by the client's record credit):
 The member leaves when the stream ends; what it had not committed is read
 again by the partitions' next owners (at-least-once).
 
+Memory: the consumer's fetch window follows the client's record credit
+(`records_common.CreditWindow`), recounted as the owned partitions change.
+
 Limits: COMMITS_IN_FLIGHT unanswered commits per stream (the stream stops
 reading requests until one is answered, so a client that sends commits and
 reads nothing holds no more); COMMIT_PARTITIONS_MAX offsets per commit;
