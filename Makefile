@@ -55,11 +55,12 @@ helm-background:
 go-tools:
 	@tools/go-tools.sh >/dev/null || [ $$? -eq 3 ]
 
-# The Go and Java example programs (examples/), generated from protos/ and
-# built; tests/integration/clients runs them against a local cluster.
+# The Go, Java and TypeScript example programs (examples/), generated from
+# protos/ and built; tests/integration/clients runs them against a local cluster.
 examples: install
 	PYTHON=$(BIN)/python examples/go/build.sh
 	examples/java/build.sh
+	examples/typescript/build.sh
 
 # The container images: one per service (deploy/docker/Dockerfile: tidelog-broker,
 # tidelog-coordinator, tidelog-gateway) and etcd's for tests/containers, each tagged with a

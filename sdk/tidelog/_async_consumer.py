@@ -274,6 +274,18 @@ class AsyncConsumer:
     def paused(self) -> set[TopicPartition]:
         return self._subs.paused()
 
+    def set_fetch_window(self, window_bytes: int) -> None:
+        """Change `fetch_buffer_bytes`, the credit window of each fetch
+        session (one per leader), while consuming: a larger window is
+        granted to the brokers at once; a smaller one is reached as fetched
+        data is consumed (credit already granted cannot be taken back). 0
+        fetches nothing more. For a program that must bound what it holds by
+        what its own readers want (the gateway, per client stream)."""
+        if window_bytes < 0:
+            raise ValueError(f"window_bytes must be >= 0, got {window_bytes}")
+        self._subs.set_window(window_bytes)
+        self._fetcher.set_window(window_bytes)
+
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: float = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:

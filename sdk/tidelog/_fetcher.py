@@ -104,6 +104,10 @@ class FetchSession:
         # When the stream last sent or received: a response's fetch latency
         # is the wait since then (ConsumerMetrics).
         self._last_event = time.monotonic()
+        #: Credit to keep back from what the application returns, after the
+        #: window shrank (`Fetcher.set_window`): granted credit cannot be
+        #: taken back from the broker, only not renewed.
+        self._withheld = 0
         self._call = fetcher.cluster.log_stub(address).Fetch(self._request_iterator())
         self._reader = asyncio.ensure_future(self._read_loop())
 
@@ -122,6 +126,12 @@ class FetchSession:
     ) -> None:
         if self.closed:
             return
+        if credit_bytes and self._withheld:
+            kept = min(credit_bytes, self._withheld)
+            self._withheld -= kept
+            credit_bytes -= kept
+            if not credit_bytes and not positions and not remove:
+                return
         request = log_pb2.FetchRequest(
             positions=[
                 log_pb2.FetchPosition(
@@ -138,12 +148,23 @@ class FetchSession:
         if self._first:
             # Session settings travel once; the window is the opening credit.
             self._first = False
-            request.credit_bytes += self._config.window_bytes
+            request.credit_bytes += self._fetcher.window
             request.max_bytes = self._config.response_max_bytes
             request.min_bytes = self._config.fetch_min_bytes
             request.max_wait_ms = self._config.fetch_max_wait_ms
         self._last_event = time.monotonic()
         self._requests.put_nowait(request)
+
+    def resize(self, delta: int) -> None:
+        """The window changed by `delta` bytes: grant the growth (after any
+        credit still kept back), or keep back the shrinkage."""
+        if delta < 0:
+            self._withheld -= delta
+            return
+        paid = min(delta, self._withheld)
+        self._withheld -= paid
+        if delta - paid:
+            self.send(credit_bytes=delta - paid)
 
     async def _read_loop(self) -> None:
         error: TidelogError | None = None
@@ -202,6 +223,9 @@ class Fetcher:
         self._backoff_s = config.retry_backoff_ms / 1000
         self._timeout_s = config.request_timeout_ms / 1000
         self._closed = False
+        #: Credit window of each session (config.window_bytes unless changed
+        #: by set_window).
+        self.window = config.window_bytes
         # Session failures since the last response: reconnects back off
         # exponentially (up to _MAX_RECONNECT_BACKOFF_S) while a broker is down.
         self._failures = 0
@@ -270,6 +294,15 @@ class Fetcher:
             if part.fetch_next is not None:
                 self._spawn(self._place(part))
             # else a reset is under way; it places the partition when done.
+
+    def set_window(self, window_bytes: int) -> None:
+        """Make `window_bytes` the credit window of every session, open or
+        future (AsyncConsumer.set_fetch_window)."""
+        delta = window_bytes - self.window
+        self.window = window_bytes
+        if delta:
+            for session in self._sessions.values():
+                session.resize(delta)
 
     def grant(self, credits: dict[int, int]) -> None:
         """Return consumed bytes to their sessions (session id -> bytes)."""

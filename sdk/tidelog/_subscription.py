@@ -349,6 +349,10 @@ class SubscriptionState:
             if self._credit_total >= self._grant_threshold:
                 self.flush_credit()
 
+    def set_window(self, window_bytes: int) -> None:
+        """The fetch window changed: credit goes back in quarters of it."""
+        self._grant_threshold = max(window_bytes // 4, 1)
+
     def flush_credit(self) -> None:
         if self._credit_total:
             credit, self._credit = self._credit, {}
