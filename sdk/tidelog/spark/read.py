@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 #: Bytes of stored batches per fetch answer, and so per RecordBatch handed
 #: to Spark (larger answers: fewer, larger Arrow batches).
-FETCH_BYTES = 4 * 1024 * 1024
+FETCH_BYTES = 1 * 1024 * 1024
 
 
 class RangePartition(InputPartition):
@@ -112,10 +112,11 @@ def read_range(part: RangePartition) -> Iterator[pa.RecordBatch]:
                 if lo or hi is not None:
                     batch = batch.slice(lo, (len(offsets) if hi is None else hi) - lo)
                 if batch.num_rows:
+                    position = max(position, int(offsets[-1]) + 1)
                     yield batch
             moved = consumer.position(tp, timeout=timeout_s)
-            if moved > position:
-                position = moved
+            if moved > position or polled:
+                position = max(position, moved)
                 deadline = time.monotonic() + timeout_s
             elif time.monotonic() > deadline:
                 raise TimeoutError(
