@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tidelog.consumer import Consumer
+from tidelog.errors import UnknownTopicOrPartitionError
 from tidelog.spark.options import EARLIEST, LATEST, SourceOptionError, SourceOptions
 from tidelog.types import TopicPartition
 
@@ -160,24 +161,46 @@ class OffsetReader:
 
     # ------------------------------------------------------------ offsets
 
+    def _existing(self, tps: list[TP]) -> list[TP]:
+        """Those of `tps` that exist now (after a lookup found one missing:
+        a topic deleted since the partitions were listed)."""
+        self._partitions = None
+        self._latest = None
+        found = set(self._find_partitions(at_start=False))
+        return [tp for tp in tps if tp in found]
+
+    def _list(self, tps: Iterable[TP], latest: bool) -> Offsets:
+        """Earliest or latest offsets of those of `tps` that still exist."""
+        query = list(tps)
+        for attempt in range(3):
+            if not query:
+                return {}
+            client = self._client()
+            look_up = client.end_offsets if latest else client.beginning_offsets
+            try:
+                found = look_up([TopicPartition(*tp) for tp in query])
+            except UnknownTopicOrPartitionError:
+                if attempt == 2:
+                    raise
+                query = self._existing(query)
+                continue
+            return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+        return {}
+
     def earliest(self, tps: Iterable[TP]) -> Offsets:
-        query = [TopicPartition(*tp) for tp in tps]
-        if not query:
-            return {}
-        found = self._client().beginning_offsets(query)
-        return {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+        """Earliest offsets; a partition gone meanwhile is left out."""
+        return self._list(tps, latest=False)
 
     def latest(self, tps: Iterable[TP], fresh: bool = False) -> Offsets:
+        """Latest offsets (reused for LATEST_TTL_S unless `fresh`); a
+        partition gone meanwhile is left out."""
         wanted = list(tps)
         now = time.monotonic()
         if not fresh and self._latest is not None:
             when, cached = self._latest
             if now - when < LATEST_TTL_S and all(tp in cached for tp in wanted):
                 return {tp: cached[tp] for tp in wanted}
-        if not wanted:
-            return {}
-        found = self._client().end_offsets([TopicPartition(*tp) for tp in wanted])
-        latest = {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+        latest = self._list(wanted, latest=True)
         self._latest = (now, latest)
         return latest
 
@@ -196,7 +219,8 @@ class OffsetReader:
     def resolve(self, offsets: Mapping[TP, int], tps: Iterable[TP]) -> Offsets:
         """Concrete offsets of `tps`: -2/-1 in `offsets` become the earliest
         and latest offsets; a partition `offsets` lacks (a new one) starts at
-        its earliest, as in Kafka's source."""
+        its earliest, as in Kafka's source. A partition gone meanwhile is
+        left out."""
         wanted = list(tps)
         need_earliest = [tp for tp in wanted if offsets.get(tp, EARLIEST) == EARLIEST]
         need_latest = [tp for tp in wanted if offsets.get(tp) == LATEST]
@@ -205,9 +229,14 @@ class OffsetReader:
         out: Offsets = {}
         for tp in wanted:
             value = offsets.get(tp, EARLIEST)
-            out[tp] = (
-                earliest[tp] if value == EARLIEST else latest[tp] if value == LATEST else value
-            )
+            if value == EARLIEST:
+                if tp in earliest:
+                    out[tp] = earliest[tp]
+            elif value == LATEST:
+                if tp in latest:
+                    out[tp] = latest[tp]
+            else:
+                out[tp] = value
         return out
 
 
