@@ -146,7 +146,7 @@ def test_a_driver_killed_in_the_middle_of_a_batch_loses_and_repeats_nothing(
         "--checkpoint", str(tmp_path / "checkpoint"), "--out", str(out),
         "--scratch", str(tmp_path / "scratch"), "--max-offsets", "40",
     ]  # fmt: skip
-    first = Driver([*common, "--batch-sleep", "2"], tmp_path / "driver-1.log")
+    first = Driver([*common, "--batch-sleep", "1.5"], tmp_path / "driver-1.log")
     try:
         # Batch 0 done, batch 1 read but not written: kill it there.
         first.wait_for(lambda ev: {"event": "batch-start", "id": 1} in ev, timeout_s=180)

@@ -30,12 +30,18 @@ def stream(spark: Any, bootstrap: str, **options: str) -> Any:
     return reader.load()
 
 
-def run_available_now(df: Any, checkpoint: Path, trigger: str = "availableNow") -> list[Any]:
-    """Run a stream to its end (AvailableNow or once) into memory; the rows."""
+def run_available_now(
+    df: Any, checkpoint: Path, trigger: str = "availableNow", batch_sizes: list[int] | None = None
+) -> list[Any]:
+    """Run a stream to its end (AvailableNow or once) into memory; the rows
+    (and each micro-batch's row count into `batch_sizes`)."""
     rows: list[Any] = []
 
     def collect(batch: Any, batch_id: int) -> None:
-        rows.extend(batch.collect())
+        got = batch.collect()
+        rows.extend(got)
+        if batch_sizes is not None:
+            batch_sizes.append(len(got))
 
     query = (
         df.writeStream.foreachBatch(collect)
@@ -125,8 +131,11 @@ def test_available_now_and_once_read_what_is_there(
     for p in range(3):
         produce(topic, [b"p%d-%d" % (p, i) for i in range(20)], partition=p)
     df = stream(spark, tidelog_bootstrap, subscribe=topic, startingOffsets="earliest",
-                maxOffsetsPerTrigger="7")  # fmt: skip
-    rows = run_available_now(df, tmp_path / "available-now")
+                maxOffsetsPerTrigger="25")  # fmt: skip
+    sizes: list[int] = []
+    rows = run_available_now(df, tmp_path / "available-now", batch_sizes=sizes)
+    # maxOffsetsPerTrigger holds under AvailableNow too: 60 records in batches of ~25.
+    assert len(sizes) >= 3 and max(sizes) <= 27, sizes
     assert sorted(r.value for r in rows) == sorted(
         b"p%d-%d" % (p, i) for p in range(3) for i in range(20)
     )
