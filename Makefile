@@ -14,6 +14,10 @@ install: $(STAMP)
 # One distribution per part, each with its own pyproject.toml; all installed
 # editable into .venv with the developer tools.
 PARTS := sdk services/common services/broker services/coordinator services/gateway
+# What pip installs: the parts, the SDK with its Spark extra (pyspark and
+# pyarrow, for tests/spark and bench/spark_bench.py; pyspark is a ~456 MB source
+# package, ~40 s cold, seconds from pip's cache).
+INSTALL_PARTS := $(patsubst sdk,sdk[spark],$(PARTS))
 
 # Reinstall only when a dependency list changes: `make install` is quick when
 # nothing did.
@@ -21,7 +25,12 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
 	@tools/check-prereqs.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(addprefix -e ,$(PARTS)) -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet $(foreach p,$(INSTALL_PARTS),-e '$(p)') -r requirements-dev.txt
+	@# PySpark finds `format("tidelog")` by listing top-level modules named
+	@# pyspark_* (pkgutil.iter_modules), which does not see the import hooks of
+	@# editable installs: put sdk/ itself on the venv's path so that
+	@# sdk/pyspark_tidelog is listed (an installed wheel needs nothing of this).
+	@$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "tidelog-sdk-modules.pth").write_text("$(CURDIR)/sdk\n")'
 	@touch $(STAMP)
 
 run: install
@@ -85,11 +94,13 @@ soak: install
 	$(BIN)/python -m pytest -q -m soak tests/fault
 
 # Throughput, latency and memory beside the same run's baselines, then the
-# control plane's numbers (rebalance time, offset commits per second).
+# control plane's numbers (rebalance time, offset commits per second), then the
+# Spark source against Spark's Kafka source (Kafka on this machine).
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
 	$(BIN)/python -m bench.gateway_bench
+	$(BIN)/python -m bench.spark_bench
 
 bench-kafka: install
 	$(BIN)/python -m bench --with-kafka
