@@ -105,12 +105,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess
         processes = _FastRetentionCluster(etcd, "/tidelog")
         processes.coordinators.append(
             start_coordinator(
-                etcd.endpoint,
-                root / "logs",
-                prefix="/tidelog",
-                coordinator_id="c0",
+                etcd.endpoint, root / "logs", prefix="/tidelog", coordinator_id="c0",
                 session_ttl_s=3,
-            )
+            )  # fmt: skip
         )
         processes.add_broker(root)
         processes.wait_registered(1)

@@ -20,6 +20,7 @@ import logging
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
@@ -100,13 +101,11 @@ def read_range(part: RangePartition) -> Iterator[pa.RecordBatch]:
                 report_data_loss(part.fail_on_data_loss, f"{name} is gone: {exc}")
                 return
             for batch in polled.get(tp, ()):
-                offsets = batch.column(4)
-                first = offsets[0].as_py()
-                if first > position and not part.fail_on_data_loss:
-                    log.info("%s: no records in [%d, %d)", name, position, first)
-                if offsets[len(offsets) - 1].as_py() >= part.end:
-                    keep = int(pa.compute.sum(pa.compute.less(offsets, part.end)).as_py() or 0)
-                    batch = batch.slice(0, keep)
+                offsets = batch.column(4).to_numpy()
+                if offsets[0] > position and not part.fail_on_data_loss:
+                    log.info("%s: no records in [%d, %d)", name, position, offsets[0])
+                if offsets[-1] >= part.end:
+                    batch = batch.slice(0, int(np.searchsorted(offsets, part.end)))
                 if batch.num_rows:
                     yield batch
             moved = consumer.position(tp, timeout=timeout_s)
