@@ -79,7 +79,7 @@ class TidelogDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         from tidelog.spark.sink import TidelogBatchWriter, start
 
-        return TidelogBatchWriter(start(self.options, schema))
+        return TidelogBatchWriter(start(self.options, schema, overwrite))
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from tidelog.spark.sink import TidelogStreamWriter, start

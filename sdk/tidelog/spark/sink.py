@@ -243,8 +243,10 @@ async def _check_topic_exists(config: ProducerConfig, topic: str) -> None:
         await cluster.close()
 
 
-def start(options: Mapping[str, str], schema: StructType) -> SinkOptions:
+def start(options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> SinkOptions:
     """What both writers check on the driver before any task runs."""
+    if overwrite:
+        raise SinkOptionError("a topic cannot be overwritten, only appended to: use mode('append')")
     parsed = parse_options(options)
     check_schema(schema, parsed)
     check_topic_exists(parsed)
