@@ -111,6 +111,21 @@ def test_bad_columns_and_options_fail_at_start_naming_them(
     assert read_records(tidelog_bootstrap, topic, 1) == []
 
 
+def test_a_batch_write_repeated_with_its_writer_id_is_written_once(
+    spark: Any, new_topic: Callable[..., str], tidelog_bootstrap: str
+) -> None:
+    """foreachBatch may run its function again for a replayed batch id: with
+    `writerId` naming query and batch, the second write writes nothing."""
+    topic = new_topic(partitions=2)
+    df = spark.createDataFrame([(f"v{i}".encode(),) for i in range(50)], "value binary")
+    for _ in range(2):
+        df.write.format("tidelog").mode("append").option(
+            "tidelog.bootstrap.servers", tidelog_bootstrap
+        ).option("topic", topic).option("writerId", "query-q1/batch-7").save()
+    values = sorted(r.value for r in read_records(tidelog_bootstrap, topic, 2))
+    assert values == sorted(f"v{i}".encode() for i in range(50))
+
+
 def test_overwrite_mode_is_refused(
     spark: Any, new_topic: Callable[..., str], tidelog_bootstrap: str
 ) -> None:

@@ -84,4 +84,4 @@ class TidelogDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from tidelog.spark.sink import TidelogStreamWriter, start
 
-        return TidelogStreamWriter(start(self.options, schema))
+        return TidelogStreamWriter(start(self.options, schema, overwrite, streaming=True))

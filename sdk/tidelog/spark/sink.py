@@ -94,8 +94,18 @@ _REFUSED = {
     "value.serializer": "values are written as the bytes of the 'value' column",
     "transactional.id": "the sink is exactly once by itself (one producer key per task)",
 }
-#: Options besides `kafka.*`.
-_OPTIONS = ("topic", source_options.SERVERS, "checkpointLocation", "path")
+#: Options besides `kafka.*` (checkpointLocation, path and queryName are
+#: Spark's own, which it passes to the sink too).
+_OPTIONS = (
+    "topic",
+    source_options.SERVERS,
+    "writerId",
+    "checkpointLocation",
+    "path",
+    "queryName",
+)
+#: Longest writerId: it goes into a producer key (255 characters at most).
+WRITER_ID_MAX_CHARS = 160
 
 _BINARY_OR_STRING = (BinaryType, StringType)
 
@@ -111,6 +121,9 @@ class SinkOptions:
 
     topic: str | None
     producer: ProducerConfig
+    #: A batch write's name for exactly once across its repetitions (None:
+    #: each job is new). `foreachBatch` passes query id and batch id.
+    writer_id: str | None = None
 
 
 def parse_options(options: Mapping[str, str]) -> SinkOptions:
@@ -161,12 +174,18 @@ def parse_options(options: Mapping[str, str]) -> SinkOptions:
             validate_topic_name(topic)
         except (TidelogError, ValueError) as exc:
             raise SinkOptionError(f"option 'topic': {exc}") from None
+    writer_id = source_options.get(options, "writerId")
+    if writer_id is not None and not 0 < len(writer_id) <= WRITER_ID_MAX_CHARS:
+        raise SinkOptionError(
+            f"option 'writerId' must have 1 to {WRITER_ID_MAX_CHARS} characters, "
+            f"not {len(writer_id)}"
+        )
     try:
         servers = source_options.servers(options)
         producer = ProducerConfig(bootstrap_servers=servers, **settings)
     except (ValueError, TypeError, TidelogError) as exc:
         raise SinkOptionError(f"tidelog sink: {exc}") from None
-    return SinkOptions(topic, producer)
+    return SinkOptions(topic, producer, writer_id)
 
 
 def _int_or_raw(value: str) -> int | str:
@@ -243,11 +262,21 @@ async def _check_topic_exists(config: ProducerConfig, topic: str) -> None:
         await cluster.close()
 
 
-def start(options: Mapping[str, str], schema: StructType, overwrite: bool = False) -> SinkOptions:
+def start(
+    options: Mapping[str, str], schema: StructType, overwrite: bool = False, streaming: bool = False
+) -> SinkOptions:
     """What both writers check on the driver before any task runs."""
     if overwrite:
-        raise SinkOptionError("a topic cannot be overwritten, only appended to: use mode('append')")
+        raise SinkOptionError(
+            "a topic cannot be overwritten, only appended to: use mode('append') "
+            "(a stream: outputMode('append'))"
+        )
     parsed = parse_options(options)
+    if streaming and parsed.writer_id is not None:
+        raise SinkOptionError(
+            "option 'writerId' is for df.write (in foreachBatch); a stream's writes are "
+            "named by its query id and batch id already"
+        )
     check_schema(schema, parsed)
     check_topic_exists(parsed)
     return parsed
@@ -297,15 +326,17 @@ def _log_commit(kind: str, messages: list[Any]) -> None:
 
 
 class TidelogBatchWriter(DataSourceArrowWriter):
-    """`df.write.format("tidelog")`: one writer key per task of this job."""
+    """`df.write.format("tidelog")`: one writer key per task of this job, or
+    of every job with the same `writerId` (a micro-batch that foreachBatch
+    writes again after a restart is then written once)."""
 
     def __init__(self, options: SinkOptions) -> None:
         self._options = options
         # Chosen on the driver: every attempt of a task of this job shares it.
-        self._job = uuid.uuid4().hex
+        self._job = f"id-{options.writer_id}" if options.writer_id else f"job-{uuid.uuid4().hex}"
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
-        key = f"spark-sink/job-{self._job}/{_task_partition()}"
+        key = f"spark-sink/{self._job}/{_task_partition()}"
         return SinkCommitMessage(
             run_task(self._options.producer, self._options.topic, key, iterator)
         )
