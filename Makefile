@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
+.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples demo-spark clean
 
 install: $(STAMP)
 
@@ -68,6 +68,13 @@ bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
 	$(BIN)/python -m bench.gateway_bench
+	$(BIN)/python -m bench.spark_pipeline_bench
+
+# The paper's pipeline on Spark (examples/spark/page_views.py), larger than in
+# `make test`, on a throwaway cluster: every count printed as it arrives, then
+# the produce-to-count latency at 1,000 events/s and the sink's rows/s.
+demo-spark: install
+	$(BIN)/python -m bench.spark_pipeline_bench --demo --seconds 60
 
 bench-kafka: install
 	$(BIN)/python -m bench --with-kafka
