@@ -63,11 +63,14 @@ soak: install
 	$(BIN)/python -m pytest -q -m soak tests/fault
 
 # Throughput, latency and memory beside the same run's baselines, then the
-# control plane's numbers (rebalance time, offset commits per second).
+# control plane's numbers (rebalance time, offset commits per second), then the
+# Spark source against Spark's Kafka source (Kafka on this machine), and the
+# page-view pipeline's latency and the Spark sink's rows/s.
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
 	$(BIN)/python -m bench.gateway_bench
+	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.spark_pipeline_bench
 
 # The paper's pipeline on Spark (examples/spark/page_views.py), larger than in

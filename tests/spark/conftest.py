@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from typing import Any
 import pytest
 from tidelog import AdminClient, NewTopic, Producer
 
+from tests.spark.session import spark_builder_config, spark_environment
 from tests.support.cluster import ClusterProcesses
 from tests.support.coordinator import start_coordinator
 from tests.support.etcd import EtcdProcess
@@ -41,31 +41,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.xdist_group("spark"))
-
-
-def spark_environment() -> dict[str, str]:
-    """What a Spark driver process of these tests needs in its environment."""
-    return {
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "SPARK_LOCAL_IP": "127.0.0.1",
-    }
-
-
-def spark_builder_config(scratch: Path) -> dict[str, str]:
-    """The session's settings (also used by the driver processes that
-    tests start themselves)."""
-    return {
-        "spark.master": "local[2]",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.ui.enabled": "false",
-        "spark.sql.shuffle.partitions": "2",
-        "spark.sql.session.timeZone": "UTC",
-        "spark.local.dir": str(scratch),
-        "spark.sql.streaming.stopTimeout": "30s",
-        "spark.driver.extraJavaOptions": f"-Djava.io.tmpdir={scratch}",
-    }
 
 
 @pytest.fixture(scope="session")
@@ -105,9 +80,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ClusterProcess
         processes = _FastRetentionCluster(etcd, "/tidelog")
         processes.coordinators.append(
             start_coordinator(
-                etcd.endpoint, root / "logs", prefix="/tidelog", coordinator_id="c0",
+                etcd.endpoint,
+                root / "logs",
+                prefix="/tidelog",
+                coordinator_id="c0",
                 session_ttl_s=3,
-            )  # fmt: skip
+            )
         )
         processes.add_broker(root)
         processes.wait_registered(1)

@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 #: Bytes of stored batches per fetch answer, and so per RecordBatch handed
 #: to Spark (larger answers: fewer, larger Arrow batches).
-FETCH_BYTES = 4 * 1024 * 1024
+FETCH_BYTES = 1 * 1024 * 1024
 
 
 class RangePartition(InputPartition):
@@ -103,14 +103,20 @@ def read_range(part: RangePartition) -> Iterator[pa.RecordBatch]:
             for batch in polled.get(tp, ()):
                 offsets = batch.column(4).to_numpy()
                 if offsets[0] > position and not part.fail_on_data_loss:
+                    # Retention (the consumer moved to the log start) or compaction.
                     log.info("%s: no records in [%d, %d)", name, position, offsets[0])
-                if offsets[-1] >= part.end:
-                    batch = batch.slice(0, int(np.searchsorted(offsets, part.end)))
+                # Only [position, end): a reset to the log start of a topic
+                # created again must not read records twice.
+                lo = int(np.searchsorted(offsets, position)) if offsets[0] < position else 0
+                hi = int(np.searchsorted(offsets, part.end)) if offsets[-1] >= part.end else None
+                if lo or hi is not None:
+                    batch = batch.slice(lo, (len(offsets) if hi is None else hi) - lo)
                 if batch.num_rows:
+                    position = max(position, int(offsets[-1]) + 1)
                     yield batch
             moved = consumer.position(tp, timeout=timeout_s)
-            if moved > position:
-                position = moved
+            if moved > position or polled:
+                position = max(position, moved)
                 deadline = time.monotonic() + timeout_s
             elif time.monotonic() > deadline:
                 raise TimeoutError(

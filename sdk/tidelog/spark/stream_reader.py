@@ -109,12 +109,11 @@ class TidelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         latest = self._latest()
         if isinstance(limit, ReadMaxRows):
-            begin = self._offsets.resolve(offs.from_json(start), [tp for tp in latest])
+            begin = self._offsets.resolve(offs.from_json(start), list(latest))
             # A partition whose start is past its end (recreated) reads nothing
             # here; planning reports it.
-            latest = offs.rate_limit(
-                {tp: min(begin[tp], latest[tp]) for tp in latest}, latest, limit.max_rows
-            )
+            begin = {tp: min(begin.get(tp, latest[tp]), latest[tp]) for tp in latest}
+            latest = offs.rate_limit(begin, latest, limit.max_rows)
         return offs.to_json(latest)
 
     def reportLatestOffset(self) -> dict | None:
@@ -182,8 +181,15 @@ def plan(
     tps = sorted(end)
     begin = reader.resolve(start, tps)
     earliest = reader.earliest(tps)
+    vanished = [tp for tp in tps if tp not in begin or tp not in earliest]
+    if vanished:
+        offs.report_data_loss(
+            fail, f"{', '.join(f'{t}-{p}' for t, p in vanished)} are gone (a deleted topic?)"
+        )
     ranges = []
     for tp in tps:
+        if tp in vanished:
+            continue
         first, last = begin[tp], end[tp]
         if start.get(tp) == LATEST:
             # "latest", resolved only now: nothing before the batch's end.
