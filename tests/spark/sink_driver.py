@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.spark.conftest import spark_builder_config, spark_environment
+from tests.spark.session import spark_builder_config, spark_environment
 
 
 def main() -> None:
