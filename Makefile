@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples images clean
+.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples images demo-spark clean
 
 install: $(STAMP)
 
@@ -95,12 +95,20 @@ soak: install
 
 # Throughput, latency and memory beside the same run's baselines, then the
 # control plane's numbers (rebalance time, offset commits per second), then the
-# Spark source against Spark's Kafka source (Kafka on this machine).
+# Spark source against Spark's Kafka source (Kafka on this machine), and the
+# page-view pipeline's latency and the Spark sink's rows/s.
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
 	$(BIN)/python -m bench.gateway_bench
 	$(BIN)/python -m bench.spark_bench
+	$(BIN)/python -m bench.spark_pipeline_bench
+
+# The paper's pipeline on Spark (examples/spark/page_views.py), larger than in
+# `make test`, on a throwaway cluster: every count printed as it arrives, then
+# the produce-to-count latency at 1,000 events/s and the sink's rows/s.
+demo-spark: install
+	$(BIN)/python -m bench.spark_pipeline_bench --demo --seconds 60
 
 bench-kafka: install
 	$(BIN)/python -m bench --with-kafka

@@ -10,7 +10,13 @@ options.
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+)
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -68,3 +74,14 @@ class TidelogDataSource(DataSource):
         from tidelog.spark.stream_reader import TidelogStreamReader
 
         return TidelogStreamReader(source_options.parse(self.options, streaming=True))
+
+    # The sink (tidelog.spark.sink): columns and options checked on the driver.
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from tidelog.spark.sink import TidelogBatchWriter, start
+
+        return TidelogBatchWriter(start(self.options, schema, overwrite))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from tidelog.spark.sink import TidelogStreamWriter, start
+
+        return TidelogStreamWriter(start(self.options, schema, overwrite, streaming=True))
