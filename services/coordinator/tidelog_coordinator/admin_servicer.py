@@ -201,6 +201,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DeleteRecordsResponse:
         try:
             check_partitions_per_request(len(request.partitions), "DeleteRecords")
+            check_topic_count(len({p.topic for p in request.partitions}), "DeleteRecords")
             results = await self.brokers.delete_records(list(request.partitions))
         except Exception as exc:
             await abort(context, exc, "deleting records")

@@ -71,19 +71,28 @@ class BrokerCalls:
         addresses = await self._addresses()
         by_leader: dict[int, list[int]] = {}
         results: list[admin_pb2.DeleteRecordsResult] = []
+        # One etcd range read per topic, not one read per partition: a request
+        # may name MAX_PARTITIONS_PER_REQUEST partitions.
+        states: dict[str, dict[int, PartitionState]] = {}
+        for topic in {p.topic for p in partitions}:
+            states[topic] = {}
+            for kv in await self.client.get_prefix(self.keys.partition_states(topic)):
+                tp = self.keys.parse_partition_state_key(kv.key)
+                if tp is not None and tp.topic == topic:
+                    states[topic][tp.partition] = PartitionState.decode(kv.value)
         for i, part in enumerate(partitions):
             results.append(
                 admin_pb2.DeleteRecordsResult(topic=part.topic, partition=part.partition)
             )
-            got = await self.client.get(self.keys.partition_state(part.topic, part.partition))
-            if got is None:
+            state = states[part.topic].get(part.partition)
+            if state is None:
                 _set_error(
                     results[i],
                     common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
                     f"partition {part.topic}-{part.partition} does not exist",
                 )
                 continue
-            leader = PartitionState.decode(got.value).leader
+            leader = state.leader
             if leader not in addresses:
                 _set_error(
                     results[i],
