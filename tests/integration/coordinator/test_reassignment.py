@@ -183,13 +183,10 @@ def test_a_move_past_a_brokers_partition_limit_is_refused(
         moves = {TopicPartition("many", p): [4] for p in range(45)}
         results = admin.alter_partition_reassignments(moves, raise_errors=False)
         refused = {tp: e for tp, e in results.items() if e is not None}
-        # 1 + 42 moves fit; the last 3 would not. (Seen twice under heavy
-        # load: 41 fit, a replica more on broker 4 than this test placed; so
-        # the check is that a prefix of the moves fits and the rest are
-        # refused at the limit, not the exact count.)
-        accepted = [p for p in range(45) if TopicPartition("many", p) not in refused]
-        assert accepted == list(range(len(accepted))), accepted
-        assert 40 <= len(accepted) <= 42, accepted
+        # 1 + 42 moves fit; 3 would not. Which 3 depends on the order in
+        # which the coordinator takes the partitions of one request (seen
+        # under load: 41 refused instead of 44), not only the last 3.
+        assert len(refused) == 3, refused
         assert all(isinstance(e, InvalidPartitionsError) for e in refused.values())
         assert "over its limit of 43" in str(next(iter(refused.values())))
     finally:
