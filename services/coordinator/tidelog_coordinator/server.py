@@ -140,6 +140,7 @@ class CoordinatorServer:
             await self.lifecycle.close()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        await self.offsets.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
