@@ -39,7 +39,7 @@ from itertools import repeat
 from typing import Any
 
 from tidelog._fetcher import DATA, RESET
-from tidelog.config import ConsumerConfig
+from tidelog.config import GRPC_MAX_MESSAGE_BYTES, ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
 from tidelog.records import HEADER_SIZE, decode_body, read_header, validate_batch
 from tidelog.types import ConsumerRecord, TopicPartition, _DeserializedRecord
@@ -131,7 +131,11 @@ class SubscriptionState:
         self._value_deserializer = config.value_deserializer
         # A batch decompressing past this is refused (a decompression bomb
         # cannot make the consumer allocate more than one fetch's worth).
-        self._max_batch_bytes = config.fetch_max_bytes
+        # fetch_max_bytes is not an absolute maximum (as in Kafka: a batch
+        # larger than it is returned whole), so a small fetch size must not
+        # refuse what the producer's default batches hold: at least what one
+        # fetch message may carry.
+        self._max_batch_bytes = max(config.fetch_max_bytes, GRPC_MAX_MESSAGE_BYTES)
         # Partitions stopped at a batch that cannot be decoded.
         self._failed: dict[TopicPartition, _PartitionState] = {}
 
