@@ -41,7 +41,7 @@ from typing import Any
 from tidelog._fetcher import DATA, RESET
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
-from tidelog.records import HEADER_SIZE, decode_body, read_header, validate_batch
+from tidelog.records import HEADER_SIZE, decode_batch_at, read_header, validate_batch
 from tidelog.types import ConsumerRecord, TopicPartition, _DeserializedRecord
 from tidelog.v1 import log_pb2
 
@@ -459,9 +459,7 @@ class SubscriptionState:
             try:
                 if self._check_crcs:
                     header = validate_batch(view, pos)
-                batch = decode_body(
-                    header, buf[pos + HEADER_SIZE : pos + size], self._max_batch_bytes
-                )
+                batch = decode_batch_at(buf, pos, header, self._max_batch_bytes)
             except TidelogError as exc:
                 return out, UndecodableBatchError(
                     f"{topic}-{partition}: the batch at offset {header.base_offset} (to "
