@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
+.PHONY: install run test test-unit test-integration soak bench bench-kafka bench-baseline lint format proto proto-check go-tools examples clean
 
 install: $(STAMP)
 
@@ -54,11 +54,18 @@ soak: install
 	$(BIN)/python -m pytest -q -m soak tests/fault
 
 # Throughput, latency and memory beside the same run's baselines, then the
-# control plane's numbers (rebalance time, offset commits per second).
+# control plane's numbers (rebalance time, offset commits per second), then
+# every figure that moved more than 15% from bench/baselines/<machine kind>.json
+# (a report, not a failure; bench/baseline.py).
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
 	$(BIN)/python -m bench.gateway_bench
+	$(BIN)/python -m bench.baseline compare
+
+# This run's figures (bench/results/) become the committed baseline.
+bench-baseline: install
+	$(BIN)/python -m bench.baseline update
 
 bench-kafka: install
 	$(BIN)/python -m bench --with-kafka

@@ -61,6 +61,7 @@ from tidelog.v1 import (
     group_pb2_grpc,
 )
 
+from bench import report
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
@@ -354,13 +355,20 @@ async def commit_throughput_processes(
 
 
 async def commit_rows(
-    etcd: EtcdProcess, logs: Path, rounds: int, seconds: float, processes: int, concurrency: int
+    etcd: EtcdProcess,
+    logs: Path,
+    rounds: int,
+    seconds: float,
+    processes: int,
+    concurrency: int,
+    figures: dict[str, float],
 ) -> list[tuple[str, str]]:
     """Offset commits, one transaction per commit against coalesced, in one run."""
     modes = {
         "one etcd transaction per commit": ("--offset-commit-coalesce-max", "1"),
         "coalesced (group commit)": (),
     }
+    keys = dict(zip(modes, ("one_txn_per_commit", "coalesced"), strict=True))
     coordinators = {
         mode: start_coordinator(
             etcd.endpoint,
@@ -389,6 +397,8 @@ async def commit_rows(
                 per_s = statistics.median(x[0] for x in results[mode])
                 req_s = statistics.median(x[1] for x in results[mode])
                 cpu_us = statistics.median(x[2] for x in results[mode])
+                figures[f"commits_{batch}p/{keys[mode]}/requests_per_s"] = round(req_s, 1)
+                figures[f"commits_{batch}p/{keys[mode]}/coordinator_cpu_us"] = round(cpu_us, 1)
                 rows.append(
                     (
                         f"offset commits, {batch} partitions/request, {mode} (median of {rounds})",
@@ -400,6 +410,7 @@ async def commit_rows(
         for coordinator in coordinators.values():
             coordinator.stop()
     floor = [await grpc_floor(seconds, processes, concurrency) for _ in range(rounds)]
+    figures["grpc_echo_floor/requests_per_s"] = round(statistics.median(f[0] for f in floor), 1)
     rows.append(
         (
             f"bare grpc.aio unary echo server, same clients (median of {rounds})",
@@ -420,12 +431,13 @@ async def commit_rows(
 async def main_async(args: argparse.Namespace) -> None:
     rounds = args.rounds
     rows: list[tuple[str, str]] = []
+    figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         etcd = EtcdProcess.start(Path(tmp) / "etcd")
         logs = Path(tmp) / "logs"
         try:
             if not args.only_commits:
-                rows += await control_rows(etcd, logs, rounds)
+                rows += await control_rows(etcd, logs, rounds, figures)
             rows += await commit_rows(
                 etcd,
                 logs,
@@ -433,9 +445,11 @@ async def main_async(args: argparse.Namespace) -> None:
                 args.seconds,
                 args.commit_processes,
                 args.commit_concurrency,
+                figures,
             )
             if not args.only_commits:
                 failovers = await controller_failover(etcd, logs, rounds)
+                figures["controller_failover/median_ms"] = round(statistics.median(failovers) * 1e3)
                 rows += [
                     ("controller fail-over after SIGKILL, session TTL 2 s (median)",
                      f"{statistics.median(failovers) * 1000:.0f} ms"),
@@ -444,6 +458,10 @@ async def main_async(args: argparse.Namespace) -> None:
                 ]  # fmt: skip
         finally:
             etcd.stop()
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"machine": report.machine_info(), "figures": figures, "rows": rows}
+        args.output.write_text(json.dumps(doc, indent=2) + "\n")
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  result")
     print(f"{'-' * width}  {'-' * 40}")
@@ -451,7 +469,9 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"{name:<{width}}  {value}")
 
 
-async def control_rows(etcd: EtcdProcess, logs: Path, rounds: int) -> list[tuple[str, str]]:
+async def control_rows(
+    etcd: EtcdProcess, logs: Path, rounds: int, figures: dict[str, float]
+) -> list[tuple[str, str]]:
     """Rebalance time and a dead member's partitions moving."""
     coordinator = start_coordinator(etcd.endpoint, logs, prefix=PREFIX, coordinator_id="bench")
     try:
@@ -467,6 +487,8 @@ async def control_rows(etcd: EtcdProcess, logs: Path, rounds: int) -> list[tuple
         ]
     finally:
         coordinator.stop()
+    figures["rebalance_3_to_4/median_ms"] = round(statistics.median(times) * 1e3)
+    figures["dead_member_moved/median_ms"] = round(statistics.median(moves) * 1e3)
     return [
         ("rebalance 3->4 members, 24 partitions, cooperative-sticky (median)",
          f"{statistics.median(times) * 1000:.0f} ms"),
@@ -487,6 +509,12 @@ def main() -> None:
         "--commit-concurrency", type=int, default=64, help="requests in flight per client process"
     )
     parser.add_argument("--only-commits", action="store_true")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / "group_bench.json",
+        help="figures as JSON, for bench.baseline (default bench/results/group_bench.json)",
+    )
     args = parser.parse_args()
     asyncio.run(main_async(args))
 
