@@ -43,6 +43,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tidelog import _fetch_wire
 from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
@@ -99,7 +100,13 @@ class FetchSession:
         self.closed = False
         self._requests: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
         self._first = True
-        self._call = fetcher.cluster.log_stub(address).Fetch(self._request_iterator())
+        # Responses parsed by _fetch_wire: records copied once, not twice.
+        fetch = fetcher.cluster.channel(address).stream_stream(
+            "/tidelog.v1.Log/Fetch",
+            request_serializer=log_pb2.FetchRequest.SerializeToString,
+            response_deserializer=_fetch_wire.parse,
+        )
+        self._call = fetch(self._request_iterator())
         self._reader = asyncio.ensure_future(self._read_loop())
 
     async def _request_iterator(self) -> AsyncIterator[log_pb2.FetchRequest]:
