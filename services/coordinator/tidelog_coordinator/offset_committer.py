@@ -126,7 +126,8 @@ class OffsetCommitter:
             asyncio.get_running_loop().create_future(),
         )
         self._queue.append(commit)
-        if self._task is None:
+        if self._task is None or self._task.done():
+            # First use, or (a bug) the task ended: commits must not hang.
             self._task = asyncio.create_task(self._run(), name="offset-committer")
         self._wakeup.set()
         return await commit.future
