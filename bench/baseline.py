@@ -2,7 +2,8 @@
 
 ``python -m bench.baseline compare`` (the last step of ``make bench``) reads the
 figures the benchmarks wrote (``bench/results/latest.json`` from ``python -m
-bench``, ``bench/results/group_bench.json`` from ``python -m bench.group_bench``)
+bench``, ``bench/results/group_bench.json`` from ``python -m bench.group_bench``,
+``bench/results/gateway.json`` from ``python -m bench.gateway_bench``)
 and prints every figure that moved by more than 15% either way from
 ``bench/baselines/<machine kind>.json``, saying whether the move is better or
 worse. It is a report, never a failure: this machine is shared and noisy, so a
@@ -25,12 +26,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench import report
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 BASELINES = ROOT / "bench" / "baselines"
 THRESHOLD = 0.15
 #: Inputs, by the name their figures get (the file may be missing: not run).
-SOURCES = {"bench": "latest.json", "group": "group_bench.json"}
+SOURCES = {"bench": "latest.json", "group": "group_bench.json", "gateway": "gateway.json"}
 
 #: Figures where a larger value is better; every other one is a time, a
 #: latency, CPU or memory, where smaller is better.
@@ -73,7 +76,12 @@ def current(results: Path = RESULTS) -> dict[str, Any]:
             continue
         doc = json.loads(path.read_text())
         machine = machine or doc.get("machine", {})
-        flat = figures(doc) if prefix == "bench" else doc.get("figures", {})
+        if prefix == "bench":
+            flat = figures(doc)
+        elif prefix == "gateway":  # its runs, one per repeat: their medians
+            flat = figures({"results": report.aggregate(doc.get("results", []))})
+        else:
+            flat = doc.get("figures", {})
         found.update({f"{prefix}/{k}": float(v) for k, v in flat.items()})
     return {"machine": machine, "figures": found}
 
