@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples images demo-spark clean
+.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka bench-baseline lint format proto proto-check go-tools examples images demo-spark clean
 
 install: $(STAMP)
 
@@ -94,15 +94,22 @@ soak: install
 	$(BIN)/python -m pytest -q -m soak tests/fault
 
 # Throughput, latency and memory beside the same run's baselines, then the
-# control plane's numbers (rebalance time, offset commits per second), then the
-# Spark source against Spark's Kafka source (Kafka on this machine), and the
-# page-view pipeline's latency and the Spark sink's rows/s.
+# control plane's numbers (rebalance time, offset commits per second), the
+# Spark source against Spark's Kafka source (Kafka on this machine) and the
+# page-view pipeline's latency and the Spark sink's rows/s; then every figure
+# that moved more than 15% from bench/baselines/<machine kind>.json (a report,
+# not a failure; bench/baseline.py).
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
 	$(BIN)/python -m bench.gateway_bench
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.spark_pipeline_bench
+	$(BIN)/python -m bench.baseline compare
+
+# This run's figures (bench/results/) become the committed baseline.
+bench-baseline: install
+	$(BIN)/python -m bench.baseline update
 
 # The paper's pipeline on Spark (examples/spark/page_views.py), larger than in
 # `make test`, on a throwaway cluster: every count printed as it arrives, then

@@ -61,6 +61,9 @@ DESCRIPTIONS = {
     "e2e_latency_10k": "a producer sends 100-byte records at a fixed 10,000 records/s "
     "(linger 0, acks=1) while a consumer reads the tail; latency = consumer receive time - "
     "send time, both in one process (Kafka: FixedRateLatency, one JVM). First 2 s not counted.",
+    "e2e_latency_10k_2proc": "as e2e_latency_10k with the consumer in a process of its own "
+    "(bench/e2e_consumer.py): producer and consumer no longer share one GIL. Kafka's figure "
+    "stays the one-JVM one.",
     "paper_produce_batch1": "the Kafka paper's producer test: 200-byte messages, one "
     "producer, acks=1, batch.size holding one message, linger 0.",
     "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
@@ -291,6 +294,20 @@ def run_e2e(ctx: Ctx, name: str) -> None:
         for system in ctx.systems(r):
             topic = f"{name}-{r}"
             if system == "tidelog":
+                # One process, then the consumer in its own (GIL per process).
+                ctx.add(
+                    workloads.end_to_end_latency(
+                        ctx.broker.address,
+                        ctx.broker.pid,
+                        f"{topic}-2proc",
+                        rate=s.e2e_rate,
+                        seconds=s.e2e_seconds,
+                        record_bytes=100,
+                        workload=f"{name}_2proc",
+                        warmup_s=s.e2e_warmup_s,
+                        processes=2,
+                    )
+                )
                 ctx.add(
                     workloads.end_to_end_latency(
                         ctx.broker.address,

@@ -13,8 +13,13 @@ real coordinator processes on free loopback ports, then measures:
    coordinator reports the 2 survivors owning all 24, Stable. Bounded below by
    the session timeout (given beside the figure). Repeated; median and max.
 3. offset commit throughput through one coordinator on one etcd: concurrent
-   committers, each request committing a batch of partitions (one etcd
-   transaction per request); partition-offsets per second.
+   committers (client processes, each with many concurrent requests), each
+   request committing a batch of partitions; requests and partition-offsets
+   per second, and the coordinator's CPU per request. Two coordinators on the
+   same etcd, measured alternately in one run: one writing one etcd
+   transaction per commit (--offset-commit-coalesce-max 1, the path before
+   issue 15) and one coalescing concurrent commits (group commit, the
+   default).
 4. controller fail-over: two coordinator replicas (session TTL 2 s); the
    controller is SIGKILLed (no resignation: its etcd lease must expire); time
    until the other answers DescribeCluster as controller. Repeated; median
@@ -24,7 +29,8 @@ The tests assert these behaviours with generous deadlines; the times are
 measured here (tests/integration/coordinator/test_groups.py,
 test_cluster.py and tests/integration/groups/test_consumer_groups.py point here).
 
-Usage: python -m bench.group_bench [--rounds N] [--seconds S]
+Usage: python -m bench.group_bench [--rounds N] [--seconds S] [--commit-processes P]
+       [--commit-concurrency C] [--only-commits]
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from pathlib import Path
 
 import aetcd
 import grpc
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -54,18 +61,21 @@ from tidelog.v1 import (
     group_pb2_grpc,
 )
 
+from bench import report
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
 PREFIX = "/bench"
 
 
-async def setup(etcd: EtcdProcess, address: str, topic: str, partitions: int) -> None:
+async def setup(
+    etcd: EtcdProcess, address: str, topic: str, partitions: int, prefix: str = PREFIX
+) -> None:
     host, _, port = etcd.endpoint.rpartition(":")
     async with aetcd.Client(host=host, port=int(port)) as client:
         lease = await client.lease(600)
         await client.put(
-            f"{PREFIX}/brokers/ids/1".encode(),
+            f"{prefix}/brokers/ids/1".encode(),
             json.dumps({"id": 1, "host": "127.0.0.1", "port": 9092}).encode(),
             lease=lease.id,
         )
@@ -185,9 +195,11 @@ async def controller_failover(etcd: EtcdProcess, logs: Path, rounds: int) -> lis
 
 
 async def commit_throughput(
-    address: str, topic: str, partitions: int, seconds: float, committers: int
-) -> tuple[float, float]:
-    clients = [OffsetStoreClient(address) for _ in range(committers)]
+    address: str, topic: str, partitions: int, seconds: float, committers: int, tag: str = ""
+) -> tuple[int, int, float]:
+    """`committers` concurrent request loops in this process, for `seconds`:
+    (partition-offsets, requests, elapsed)."""
+    clients = [OffsetStoreClient(address) for _ in range(min(committers, 16))]
     done = 0
     requests = 0
     deadline = time.perf_counter() + seconds
@@ -197,70 +209,259 @@ async def commit_throughput(
         offset = 0
         while time.perf_counter() < deadline:
             offset += 1
-            # Groups without members: AlterOffsets, the same one-transaction
-            # write as a member's commit (which adds a cached member check).
+            # Groups without members: AlterOffsets, the same fenced write as a
+            # member's commit (which adds a cached member check).
             await client.alter(
-                f"commit-{i}", {TopicPartition(topic, p): offset for p in range(partitions)}
+                f"commit-{tag}{i}", {TopicPartition(topic, p): offset for p in range(partitions)}
             )
             done += partitions
             requests += 1
 
     start = time.perf_counter()
-    await asyncio.gather(*(run(i, c) for i, c in enumerate(clients)))
+    await asyncio.gather(*(run(i, clients[i % len(clients)]) for i in range(committers)))
     elapsed = time.perf_counter() - start
     for c in clients:
         await c.close()
-    return done / elapsed, requests / elapsed
+    return done, requests, elapsed
 
 
-async def main_async(rounds: int, seconds: float) -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        etcd = EtcdProcess.start(Path(tmp) / "etcd")
-        coordinator = start_coordinator(
-            etcd.endpoint, Path(tmp) / "logs", prefix=PREFIX, coordinator_id="bench"
+_ECHO_SERVER = """
+import asyncio, grpc, sys
+
+async def echo(request, context):
+    return b""
+
+async def main():
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    print(port, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    await server.stop(0)
+
+asyncio.run(main())
+"""
+
+_ECHO_CLIENT = """
+import asyncio, json, sys, time, grpc
+
+async def main(address, concurrency, seconds):
+    channels = [grpc.aio.insecure_channel(address) for _ in range(16)]
+    calls = [c.unary_unary("/bench.Echo/Echo") for c in channels]
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def run(i):
+        nonlocal done
+        while time.perf_counter() < deadline:
+            await calls[i % 16](b"x" * 60)
+            done += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(run(i) for i in range(concurrency)))
+    print(json.dumps([done, done, time.perf_counter() - start]))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+"""
+
+
+async def grpc_floor(seconds: float, processes: int, concurrency: int) -> tuple[float, float]:
+    """The same client load against a bare grpc.aio unary server that does
+    nothing: what one Python gRPC process serves here at best (requests/s,
+    server CPU microseconds per request)."""
+    server = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _ECHO_SERVER,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert server.stdout is not None and server.stdin is not None
+    port = int(await server.stdout.readline())
+    try:
+        meter = psutil.Process(server.pid)
+        cpu = meter.cpu_times()
+        procs = [
+            await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-c",
+                _ECHO_CLIENT,
+                f"127.0.0.1:{port}",
+                str(concurrency),
+                str(seconds),
+                stdout=asyncio.subprocess.PIPE,
+            )
+            for _ in range(processes)
+        ]
+        outputs = [json.loads((await p.communicate())[0]) for p in procs]
+        after = meter.cpu_times()
+    finally:
+        server.stdin.close()
+        await server.wait()
+    requests = sum(o[1] for o in outputs)
+    cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
+    return requests / max(o[2] for o in outputs), cpu_s / max(1, requests) * 1e6
+
+
+_COMMIT_CLIENT = """
+import asyncio, json, sys
+from bench.group_bench import commit_throughput
+address, topic, partitions, seconds, committers, tag = sys.argv[1:]
+done, requests, elapsed = asyncio.run(
+    commit_throughput(address, topic, int(partitions), float(seconds), int(committers), tag)
+)
+print(json.dumps([done, requests, elapsed]))
+"""
+
+
+async def commit_throughput_processes(
+    coordinator: CoordinatorProcess,
+    topic: str,
+    partitions: int,
+    seconds: float,
+    processes: int,
+    concurrency: int,
+) -> tuple[float, float, float]:
+    """Client processes (a Python client process is itself a bottleneck),
+    each with `concurrency` requests in flight: (partition-offsets/s,
+    requests/s, coordinator CPU microseconds per request)."""
+    server = psutil.Process(coordinator.pid)
+    cpu = server.cpu_times()
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _COMMIT_CLIENT,
+            coordinator.address,
+            topic,
+            str(partitions),
+            str(seconds),
+            str(concurrency),
+            f"p{i}-",
+            stdout=asyncio.subprocess.PIPE,
+            cwd=str(Path(__file__).resolve().parents[1]),
         )
-        try:
-            await setup(etcd, coordinator.address, "rebalance", 24)
-            await setup(etcd, coordinator.address, "commits", 100)
-            times = [
-                await rebalance_round(coordinator.address, f"g{i}", "rebalance", 24)
-                for i in range(rounds)
-            ]
-            session_ms = 3_000
-            moves = [
-                await member_failure_round(
-                    coordinator.address, f"f{i}", "rebalance", 24, session_ms
-                )
-                for i in range(rounds)
-            ]
-            rows = [
-                ("rebalance 3->4 members, 24 partitions, cooperative-sticky (median)",
-                 f"{statistics.median(times) * 1000:.0f} ms"),
-                (f"rebalance 3->4 members (max of {rounds})", f"{max(times) * 1000:.0f} ms"),
-                (f"dead member's partitions moved, session {session_ms} ms (median)",
-                 f"{statistics.median(moves) * 1000:.0f} ms"),
-                (f"dead member's partitions moved (max of {rounds})",
-                 f"{max(moves) * 1000:.0f} ms"),
-            ]  # fmt: skip
-            for batch, committers in ((1, 4), (10, 4), (100, 4)):
-                per_s, req_s = await commit_throughput(
-                    coordinator.address, "commits", batch, seconds, committers
-                )
+        for i in range(processes)
+    ]
+    outputs = [json.loads((await p.communicate())[0]) for p in procs]
+    after = server.cpu_times()
+    cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
+    elapsed = max(o[2] for o in outputs)
+    done = sum(o[0] for o in outputs)
+    requests = sum(o[1] for o in outputs)
+    return done / elapsed, requests / elapsed, cpu_s / max(1, requests) * 1e6
+
+
+async def commit_rows(
+    etcd: EtcdProcess,
+    logs: Path,
+    rounds: int,
+    seconds: float,
+    processes: int,
+    concurrency: int,
+    figures: dict[str, float],
+) -> list[tuple[str, str]]:
+    """Offset commits, one transaction per commit against coalesced, in one run."""
+    modes = {
+        "one etcd transaction per commit": ("--offset-commit-coalesce-max", "1"),
+        "coalesced (group commit)": (),
+    }
+    keys = dict(zip(modes, ("one_txn_per_commit", "coalesced"), strict=True))
+    coordinators = {
+        mode: start_coordinator(
+            etcd.endpoint,
+            logs,
+            prefix=f"{PREFIX}-commits{i}",
+            coordinator_id=f"commits{i}",
+            extra_args=extra,
+        )
+        for i, (mode, extra) in enumerate(modes.items())
+    }
+    rows = []
+    try:
+        for i, coordinator in enumerate(coordinators.values()):
+            await setup(etcd, coordinator.address, "commits", 100, prefix=f"{PREFIX}-commits{i}")
+        for batch in (1, 10, 100):
+            results: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+            for r in range(rounds):
+                order = list(modes) if r % 2 == 0 else list(modes)[::-1]
+                for mode in order:
+                    results[mode].append(
+                        await commit_throughput_processes(
+                            coordinators[mode], "commits", batch, seconds, processes, concurrency
+                        )
+                    )
+            for mode in modes:
+                per_s = statistics.median(x[0] for x in results[mode])
+                req_s = statistics.median(x[1] for x in results[mode])
+                cpu_us = statistics.median(x[2] for x in results[mode])
+                figures[f"commits_{batch}p/{keys[mode]}/requests_per_s"] = round(req_s, 1)
+                figures[f"commits_{batch}p/{keys[mode]}/coordinator_cpu_us"] = round(cpu_us, 1)
                 rows.append(
                     (
-                        f"offset commits, {batch} partitions/request, {committers} committers",
-                        f"{per_s:,.0f} partition-offsets/s ({req_s:,.0f} requests/s)",
+                        f"offset commits, {batch} partitions/request, {mode} (median of {rounds})",
+                        f"{req_s:,.0f} requests/s ({per_s:,.0f} partition-offsets/s), "
+                        f"coordinator CPU {cpu_us:,.0f} us/request",
                     )
                 )
-            failovers = await controller_failover(etcd, Path(tmp) / "logs", rounds)
-            rows += [
-                ("controller fail-over after SIGKILL, session TTL 2 s (median)",
-                 f"{statistics.median(failovers) * 1000:.0f} ms"),
-                (f"controller fail-over (max of {rounds})", f"{max(failovers) * 1000:.0f} ms"),
-            ]  # fmt: skip
-        finally:
+    finally:
+        for coordinator in coordinators.values():
             coordinator.stop()
+    floor = [await grpc_floor(seconds, processes, concurrency) for _ in range(rounds)]
+    figures["grpc_echo_floor/requests_per_s"] = round(statistics.median(f[0] for f in floor), 1)
+    rows.append(
+        (
+            f"bare grpc.aio unary echo server, same clients (median of {rounds})",
+            f"{statistics.median(f[0] for f in floor):,.0f} requests/s, server CPU "
+            f"{statistics.median(f[1] for f in floor):,.0f} us/request",
+        )
+    )
+    rows.insert(
+        0,
+        (
+            "offset commit clients",
+            f"{processes} processes x {concurrency} concurrent requests, {seconds:g} s per run",
+        ),
+    )
+    return rows
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    rounds = args.rounds
+    rows: list[tuple[str, str]] = []
+    figures: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        etcd = EtcdProcess.start(Path(tmp) / "etcd")
+        logs = Path(tmp) / "logs"
+        try:
+            if not args.only_commits:
+                rows += await control_rows(etcd, logs, rounds, figures)
+            rows += await commit_rows(
+                etcd,
+                logs,
+                args.commit_rounds,
+                args.seconds,
+                args.commit_processes,
+                args.commit_concurrency,
+                figures,
+            )
+            if not args.only_commits:
+                failovers = await controller_failover(etcd, logs, rounds)
+                figures["controller_failover/median_ms"] = round(statistics.median(failovers) * 1e3)
+                rows += [
+                    ("controller fail-over after SIGKILL, session TTL 2 s (median)",
+                     f"{statistics.median(failovers) * 1000:.0f} ms"),
+                    (f"controller fail-over (max of {rounds})",
+                     f"{max(failovers) * 1000:.0f} ms"),
+                ]  # fmt: skip
+        finally:
             etcd.stop()
+    if args.output is not None:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        doc = {"machine": report.machine_info(), "figures": figures, "rows": rows}
+        args.output.write_text(json.dumps(doc, indent=2) + "\n")
     width = max(len(r[0]) for r in rows)
     print(f"{'measure':<{width}}  result")
     print(f"{'-' * width}  {'-' * 40}")
@@ -268,12 +469,54 @@ async def main_async(rounds: int, seconds: float) -> None:
         print(f"{name:<{width}}  {value}")
 
 
+async def control_rows(
+    etcd: EtcdProcess, logs: Path, rounds: int, figures: dict[str, float]
+) -> list[tuple[str, str]]:
+    """Rebalance time and a dead member's partitions moving."""
+    coordinator = start_coordinator(etcd.endpoint, logs, prefix=PREFIX, coordinator_id="bench")
+    try:
+        await setup(etcd, coordinator.address, "rebalance", 24)
+        times = [
+            await rebalance_round(coordinator.address, f"g{i}", "rebalance", 24)
+            for i in range(rounds)
+        ]
+        session_ms = 3_000
+        moves = [
+            await member_failure_round(coordinator.address, f"f{i}", "rebalance", 24, session_ms)
+            for i in range(rounds)
+        ]
+    finally:
+        coordinator.stop()
+    figures["rebalance_3_to_4/median_ms"] = round(statistics.median(times) * 1e3)
+    figures["dead_member_moved/median_ms"] = round(statistics.median(moves) * 1e3)
+    return [
+        ("rebalance 3->4 members, 24 partitions, cooperative-sticky (median)",
+         f"{statistics.median(times) * 1000:.0f} ms"),
+        (f"rebalance 3->4 members (max of {rounds})", f"{max(times) * 1000:.0f} ms"),
+        (f"dead member's partitions moved, session {session_ms} ms (median)",
+         f"{statistics.median(moves) * 1000:.0f} ms"),
+        (f"dead member's partitions moved (max of {rounds})", f"{max(moves) * 1000:.0f} ms"),
+    ]  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--commit-rounds", type=int, default=3, help="alternating runs per mode")
+    parser.add_argument("--commit-processes", type=int, default=4, help="client processes")
+    parser.add_argument(
+        "--commit-concurrency", type=int, default=64, help="requests in flight per client process"
+    )
+    parser.add_argument("--only-commits", action="store_true")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path(__file__).resolve().parent / "results" / "group_bench.json",
+        help="figures as JSON, for bench.baseline (default bench/results/group_bench.json)",
+    )
     args = parser.parse_args()
-    asyncio.run(main_async(args.rounds, args.seconds))
+    asyncio.run(main_async(args))
 
 
 if __name__ == "__main__":

@@ -135,7 +135,8 @@ def ratios(results: Sequence[Result], other: str) -> list[dict[str, Any]]:
     for r in results:
         if r["system"] != "tidelog":
             continue
-        o = by.get((r["workload"], other))
+        # The two-process latency run is compared with the system's one run.
+        o = by.get((r["workload"], other)) or by.get((r["workload"].removesuffix("_2proc"), other))
         if o is None:
             continue
         entry: dict[str, Any] = {"workload": r["workload"], "vs": other}

@@ -9,13 +9,19 @@ included), so its CPU is this process's CPU over the workload; the broker's is i
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
 import struct
+import subprocess
+import sys
+import tempfile
 import threading
 import time
+from array import array
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -196,7 +202,87 @@ def consume(
 
 # ---------------------------------------------------------------------------- latency
 
-_STAMP = struct.Struct(">QQ")  # send time (perf_counter_ns), sequence number
+STAMP = struct.Struct(">QQ")  # send time (perf_counter_ns), sequence number
+_STAMP = STAMP
+
+
+class _TailReader:
+    """The latency workload's consumer: a thread running `consume_tail`, or
+    bench/e2e_consumer.py in a process of its own."""
+
+    def __init__(
+        self,
+        address: str,
+        topic: str,
+        total: int,
+        warmup: int,
+        consume_tail: Any,
+        processes: int,
+    ) -> None:
+        self.total = total
+        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen[str] | None = None
+        self._output = Path(tempfile.mkstemp(prefix="tidelog-e2e-", suffix=".bin")[1])
+        if processes == 1:
+            self._thread = threading.Thread(
+                target=consume_tail, name="bench-e2e-consumer", daemon=True
+            )
+        else:
+            self._args = [
+                sys.executable, "-m", "bench.e2e_consumer",
+                address, topic, str(total), str(warmup), str(self._output),
+            ]  # fmt: skip
+
+    def start(self) -> None:
+        if self._thread is not None:
+            self._thread.start()
+            return
+        self._proc = subprocess.Popen(
+            self._args,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
+        assert self._proc.stdout is not None
+        if self._proc.stdout.readline().strip() != "ready":
+            self._proc.kill()
+            self._proc.wait()
+            raise RuntimeError("the latency consumer process did not start")
+
+    def finished(self, received: int) -> bool:
+        if self._thread is not None:
+            return received >= self.total or not self._thread.is_alive()
+        assert self._proc is not None
+        return self._proc.poll() is not None
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+        else:
+            assert self._proc is not None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout)
+
+    def stop(self, latencies: list[float]) -> list[float]:
+        """Wait for the reader to end; the latencies it measured."""
+        try:
+            if self._thread is not None:
+                self._thread.join(timeout=5)
+                return latencies
+            assert self._proc is not None and self._proc.stdin is not None
+            self._proc.stdin.close()  # stop now if the trailers did not get through
+            try:
+                self._proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+            measured = array("d")
+            data = self._output.read_bytes()
+            measured.frombytes(data[: len(data) // 8 * 8])
+            return measured.tolist()
+        finally:
+            self._output.unlink(missing_ok=True)
 
 
 def end_to_end_latency(
@@ -209,13 +295,17 @@ def end_to_end_latency(
     record_bytes: int,
     workload: str,
     warmup_s: float = 2.0,
+    processes: int = 1,
 ) -> Result:
-    """Produce at a fixed rate (linger_ms=0, acks=1) while a consumer thread reads the tail.
+    """Produce at a fixed rate (linger_ms=0, acks=1) while a consumer reads the tail: a
+    thread of this process (`processes=1`), or a process of its own (`processes=2`,
+    bench/e2e_consumer.py), so that producer and consumer do not share one GIL.
 
     Latency = the time the consumer's poll() returned the record minus the time it was given
-    to send(), both from the same monotonic clock. Records of the first `warmup_s` are not
-    counted (as in Kafka's FixedRateLatency); the coordinated-omission corrected figures
-    (from each record's scheduled send time) are under detail.
+    to send(), both from the same monotonic clock (CLOCK_MONOTONIC: one clock for every
+    process). Records of the first `warmup_s` are not counted (as in Kafka's
+    FixedRateLatency); the coordinated-omission corrected figures (from each record's
+    scheduled send time) are under detail.
     """
     warmup = int(rate * warmup_s)
     total = warmup + int(rate * seconds)
@@ -248,9 +338,9 @@ def end_to_end_latency(
                             latencies.append((now - sent) / 1e6)
                         received[0] += 1
 
-    reader = threading.Thread(target=consume_tail, name="bench-e2e-consumer", daemon=True)
+    reader = _TailReader(address, topic, total, warmup, consume_tail, processes)
     reader.start()
-    if not ready.wait(30):
+    if processes == 1 and not ready.wait(30):
         stop.set()
         raise RuntimeError("the latency consumer did not start within 30 s")
     schedule_lag: list[float] = []
@@ -276,24 +366,24 @@ def end_to_end_latency(
         # missed the wake-up of the last append would otherwise hold it until the next one.
         trailers = 0
         deadline = time.monotonic() + 20
-        while received[0] < total and reader.is_alive() and time.monotonic() < deadline:
+        while not reader.finished(received[0]) and time.monotonic() < deadline:
             reader.join(timeout=0.05)
-            if received[0] < total:
+            if not reader.finished(received[0]):
                 send(topic, _STAMP.pack(ns(), total + trailers) + pad)
                 trailers += 1
         stop.set()
-    reader.join(timeout=5)
+    lat = reader.stop(latencies)
     m = meter.done()
     lag = sorted(schedule_lag)
-    lat = latencies
     # Coordinated-omission corrected: a record sent late by the pacer waited that long too.
     corrected = sorted(a + b for a, b in zip(sorted(lat), lag, strict=False)) if lag else []
     detail = {
         "rate_target": rate,
         "achieved_send_rate": round(total / sent_s, 1),
         "warmup_records": warmup,
-        "received": received[0],
+        "received": len(lat) + warmup if processes > 1 else received[0],
         "trailer_records": trailers,
+        "processes": processes,
         "measured": len(lat),
         "mean_ms": round(statistics.fmean(lat), 3) if lat else None,
         "max_ms": round(max(lat), 3) if lat else None,
@@ -301,6 +391,8 @@ def end_to_end_latency(
         "p99_ms_upper_bound_with_lag": _ms(percentile(corrected, 99)),
         "producer": {"acks": 1, "linger_ms": 0},
     }
+    if processes > 1:
+        detail["client_cpu_note"] = "the producer process only; the consumer's is not counted"
     # CPU per million over every record sent and consumed (warm-up included), as Kafka's.
     result = make_result(workload, "tidelog", total, record_bytes, sent_s, m, lat, detail)
     result["records"] = len(lat)

@@ -44,6 +44,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tidelog import _fetch_wire
 from tidelog._client_metrics import ConsumerMetrics
 from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
@@ -108,7 +109,13 @@ class FetchSession:
         #: window shrank (`Fetcher.set_window`): granted credit cannot be
         #: taken back from the broker, only not renewed.
         self._withheld = 0
-        self._call = fetcher.cluster.log_stub(address).Fetch(self._request_iterator())
+        # Responses parsed by _fetch_wire: records copied once, not twice.
+        fetch = fetcher.cluster.channel(address).stream_stream(
+            "/tidelog.v1.Log/Fetch",
+            request_serializer=log_pb2.FetchRequest.SerializeToString,
+            response_deserializer=_fetch_wire.parse,
+        )
+        self._call = fetch(self._request_iterator())
         self._reader = asyncio.ensure_future(self._read_loop())
 
     async def _request_iterator(self) -> AsyncIterator[log_pb2.FetchRequest]:

@@ -473,9 +473,12 @@ def _read_array(typecode: str, body: bytes | memoryview, pos: int, count: int) -
     return arr, end
 
 
-def _slice_column(blob: bytes, pos: int, lengths: array) -> tuple[list[bytes | None], int]:
-    """Slice `len(lengths)` payloads from `blob` at `pos`; -1 is a null."""
-    if lengths and min(lengths) < 0:
+def _slice_column(
+    blob: bytes, pos: int, lengths: array, nulls: int = 1
+) -> tuple[list[bytes | None], int]:
+    """Slice `len(lengths)` payloads from `blob` at `pos`; -1 is a null.
+    `nulls` (from `_payload_bytes`): NO_NULLS spares a pass over `lengths`."""
+    if nulls != _NO_NULLS and lengths and min(lengths) < 0:
         out: list[bytes | None] = []
         for n in lengths:
             if n < 0:
@@ -510,6 +513,10 @@ def _decode_header_block(block: bytes) -> list[Header]:
     return out
 
 
+#: What a length column holds (`_payload_bytes`): no -1, some, only -1.
+_NO_NULLS, _SOME_NULLS, _ALL_NULLS = 0, 1, 2
+
+
 class _Columns(NamedTuple):
     """The number columns of a body, checked against each other, the header
     and the body's size (see `_read_columns`)."""
@@ -522,22 +529,28 @@ class _Columns(NamedTuple):
     header_lengths: array | None
     #: Where the concatenated keys start.
     payload_start: int
+    #: _NO_NULLS, _SOME_NULLS or _ALL_NULLS, for keys and for values.
+    key_nulls: int = _SOME_NULLS
+    value_nulls: int = _SOME_NULLS
 
 
-def _payload_bytes(lengths: array, column: str) -> int:
-    """Bytes a length column claims (-1 is a null, which holds none)."""
+def _payload_bytes(lengths: array, column: str) -> tuple[int, int]:
+    """Bytes a length column claims (-1 is a null, which holds none), and
+    whether it has nulls (_NO_NULLS, _SOME_NULLS, _ALL_NULLS)."""
     if not lengths or not lengths.tobytes().strip(b"\xff"):
-        return 0  # every one -1 (all keys null, a common column)
+        return 0, _ALL_NULLS  # every one -1 (all keys null, a common column)
     # One pass in the common case: read as unsigned, a negative length counts
     # 2^31 or more, so a total below 2^31 proves every length is >= 0.
     unsigned_total = sum(memoryview(lengths).cast("B").cast("I"))
     if unsigned_total < 2**31:
-        return unsigned_total
+        return unsigned_total, _NO_NULLS
     smallest = min(lengths)
     if smallest < -1:
         raise InvalidRecordError(f"malformed batch body: a {column} length is {smallest}")
     # sum() and count() run in C over the array: no per-record Python work.
-    return sum(lengths) + (lengths.count(-1) if smallest < 0 else 0)
+    if smallest < 0:
+        return sum(lengths) + lengths.count(-1), _SOME_NULLS
+    return sum(lengths), _NO_NULLS
 
 
 def _read_columns(header: BatchHeader, body: bytes | memoryview) -> _Columns:
@@ -591,16 +604,28 @@ def _read_columns(header: BatchHeader, body: bytes | memoryview) -> _Columns:
     key_lengths, pos = _read_array("i", body, pos, count)
     value_lengths, pos = _read_array("i", body, pos, count)
     header_lengths = None
-    payload = _payload_bytes(key_lengths, "key") + _payload_bytes(value_lengths, "value")
+    key_bytes, key_nulls = _payload_bytes(key_lengths, "key")
+    value_bytes, value_nulls = _payload_bytes(value_lengths, "value")
+    payload = key_bytes + value_bytes
     if flags & _FLAG_HEADERS:
         header_lengths, pos = _read_array("i", body, pos, count)
-        payload += _payload_bytes(header_lengths, "header block")
+        payload += _payload_bytes(header_lengths, "header block")[0]
     if payload != size - pos:
         raise InvalidRecordError(
             f"malformed batch body: the length columns of {count} records add up to "
             f"{payload} bytes, the body holds {size - pos} after them"
         )
-    return _Columns(flags, deltas, timestamps, key_lengths, value_lengths, header_lengths, pos)
+    return _Columns(
+        flags,
+        deltas,
+        timestamps,
+        key_lengths,
+        value_lengths,
+        header_lengths,
+        pos,
+        key_nulls,
+        value_nulls,
+    )
 
 
 def _check_header_blocks(blocks: bytes, lengths: array) -> None:
@@ -672,7 +697,37 @@ def decode_body(
     MessageTooLargeError (uncompressed body over `max_uncompressed_bytes`).
     """
     body = bytes(decompress(header.attributes & CODEC_MASK, raw_body, max_uncompressed_bytes))
-    columns = _read_columns(header, body)
+    return _decode_columns(header, _read_columns(header, body), body, 0)
+
+
+def decode_batch_at(
+    buf: bytes,
+    pos: int,
+    header: BatchHeader,
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+) -> DecodedBatch:
+    """`decode_body` of the batch at `pos` in `buf` (a fetched concatenation),
+    without copying an uncompressed body out of `buf` first: keys and values
+    are sliced from `buf` itself (one copy per value, as they must be bytes).
+    """
+    if header.attributes & CODEC_MASK:
+        return decode_body(
+            header, buf[pos + HEADER_SIZE : pos + header.size], max_uncompressed_bytes
+        )
+    start = pos + HEADER_SIZE
+    body = memoryview(buf)[start : pos + header.size]
+    if len(body) > max_uncompressed_bytes:
+        raise MessageTooLargeError(
+            f"batch body of {len(body)} bytes is larger than the limit of {max_uncompressed_bytes}"
+        )
+    return _decode_columns(header, _read_columns(header, body), buf, start)
+
+
+def _decode_columns(
+    header: BatchHeader, columns: _Columns, blob: bytes, start: int
+) -> DecodedBatch:
+    """The records' columns, the payloads sliced from `blob`, where the
+    (uncompressed) body starts at `start`."""
     count = header.record_count
     try:
         if columns.deltas is not None:
@@ -687,14 +742,14 @@ def decode_body(
         else:
             timestamps = list(repeat(header.base_timestamp, count))
         key_lengths = columns.key_lengths
-        pos = columns.payload_start
-        if max(key_lengths) < 0:
+        pos = start + columns.payload_start
+        if columns.key_nulls == _ALL_NULLS:
             keys: list[bytes | None] = list(repeat(None, count))
         else:
-            keys, pos = _slice_column(body, pos, key_lengths)
-        values, pos = _slice_column(body, pos, columns.value_lengths)
+            keys, pos = _slice_column(blob, pos, key_lengths, columns.key_nulls)
+        values, pos = _slice_column(blob, pos, columns.value_lengths, columns.value_nulls)
         if columns.header_lengths is not None:
-            blocks, pos = _slice_column(body, pos, columns.header_lengths)
+            blocks, pos = _slice_column(blob, pos, columns.header_lengths)
             record_headers = [_decode_header_block(b or b"") for b in blocks]
         else:
             record_headers = []

@@ -40,9 +40,11 @@ class ConsumerRecord(NamedTuple):
 
     A tuple rather than a class with __init__: a consumer builds one per
     record, and a tuple is built in C from columns (see
-    `SubscriptionState._decode_batches`) with no Python frame per record. A
-    tuple of plain values is also untracked by the garbage collector after
-    its first pass, so millions of them do not make collections slower.
+    `SubscriptionState._decode_batches`) with no Python frame per record. As
+    a tuple subclass it stays tracked by the garbage collector (CPython
+    untracks exact tuples only): the consumer moves new records straight to
+    the oldest generation so young collections do not traverse them (see
+    `_subscription._gc_paused`).
 
     The serialized key and value sizes are properties, not fields: without a
     deserializer they are the lengths of `key` and `value`, so building a

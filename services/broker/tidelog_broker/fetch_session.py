@@ -27,6 +27,7 @@ from tidelog.v1 import log_pb2
 
 from tidelog_broker.error_mapping import error_proto
 from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
+from tidelog_broker.fetch_wire import partition_entry
 from tidelog_broker.log_manager import TopicPartitionKey
 from tidelog_broker.metrics import BrokerMetrics
 from tidelog_broker.partition_manager import PartitionManager
@@ -126,9 +127,10 @@ class FetchSession:
         self._failure = exc
         self._changed.set()
 
-    async def responses(self) -> AsyncGenerator[log_pb2.FetchResponse, None]:
-        """Yield responses until the consumer's side ends and its credit is
-        spent; raise what `fail` was given."""
+    async def responses(self) -> AsyncGenerator[bytes, None]:
+        """Yield responses (serialized FetchResponses, see fetch_wire) until
+        the consumer's side ends and its credit is spent; raise what `fail`
+        was given."""
         loop = asyncio.get_running_loop()
         while True:
             if self._failure is not None:
@@ -169,7 +171,7 @@ class FetchSession:
             # is closed), which is when its bytes leave the budget.
             self._budget.reserve(self._peer, batch.size)
             try:
-                yield batch.response
+                yield b"".join(batch.pieces)
             finally:
                 self._budget.release(self._peer, batch.size)
 
@@ -198,7 +200,7 @@ class FetchSession:
     def _collect(self) -> _Collected:
         """Read what is available for every position, within the credit,
         without moving the positions (see _advance)."""
-        collected = _Collected(log_pb2.FetchResponse())
+        collected = _Collected()
         budget = min(self._max_bytes, self._credit_bytes, self._budget.available(self._peer))
         keys = list(self._positions)
         start = self._next_start % len(keys)
@@ -215,7 +217,7 @@ class FetchSession:
                     topic, partition, position.offset, limit
                 )
             except TidelogError as exc:
-                collected.response.partitions.append(
+                collected.pieces += partition_entry(
                     log_pb2.PartitionData(
                         topic=topic,
                         partition=partition,
@@ -228,7 +230,7 @@ class FetchSession:
                 continue
             if not data:
                 continue
-            collected.response.partitions.append(
+            collected.pieces += partition_entry(
                 log_pb2.PartitionData(
                     topic=topic,
                     partition=partition,
@@ -236,8 +238,8 @@ class FetchSession:
                     next_offset=next_offset,
                     high_watermark=self._manager.high_watermark(partition_log),
                     log_start_offset=partition_log.log_start_offset,
-                    records=data,
-                )
+                ),
+                data,
             )
             collected.next_offsets[key] = next_offset
             collected.sizes.append((topic, len(data)))
@@ -262,7 +264,8 @@ class FetchSession:
 class _Collected:
     """A response being assembled, and what sending it will change."""
 
-    response: log_pb2.FetchResponse
+    #: The serialized FetchResponse, in pieces (fetch_wire.partition_entry).
+    pieces: list[bytes] = field(default_factory=list)
     size: int = 0
     next_offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
     failed: list[TopicPartitionKey] = field(default_factory=list)

@@ -14,11 +14,13 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
+from tidelog_broker import fetch_wire
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import abort, error_proto
 from tidelog_broker.fetch_limits import FetchBudget, StreamLimitError
@@ -206,11 +208,12 @@ class LogServicer(log_pb2_grpc.LogServicer):
                 result.log_append_time_ms = -1
         return response
 
-    async def Fetch(
+    async def Fetch(  # type: ignore[override]  # bytes: see add_log_servicer
         self,
         request_iterator: AsyncIterator[log_pb2.FetchRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[log_pb2.FetchResponse]:
+    ) -> AsyncIterator[bytes]:
+        """Serialized FetchResponses (fetch_wire): register with add_log_servicer."""
         peer = context.peer()
         try:
             self._fetch_budget.open_stream(peer)
@@ -232,7 +235,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
         request_iterator: AsyncIterator[log_pb2.FetchRequest],
         context: grpc.aio.ServicerContext,
         peer: str,
-    ) -> AsyncGenerator[log_pb2.FetchResponse, None]:
+    ) -> AsyncGenerator[bytes, None]:
         session = FetchSession(self._manager, self._fetch_budget, peer, self._metrics)
 
         async def read_requests() -> None:
@@ -306,3 +309,40 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     isr=[config.broker_id],
                 )
         return response
+
+
+class _Captured:
+    """Stands in for the server in the generated registration, to take its
+    method handlers."""
+
+    name = ""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, handlers: object) -> None:
+        pass
+
+    def add_registered_method_handlers(
+        self, name: str, handlers: dict[str, grpc.RpcMethodHandler]
+    ) -> None:
+        self.name, self.handlers = name, dict(handlers)
+
+
+def add_log_servicer(servicer: LogServicer, server: grpc.aio.Server) -> None:
+    """`add_LogServicer_to_server`, with Fetch's responses passed to gRPC as
+    the bytes FetchSession frames (fetch_wire) instead of serialized again."""
+    captured = _Captured()
+    log_pb2_grpc.add_LogServicer_to_server(servicer, cast(Any, captured))
+    fetch = captured.handlers["Fetch"]
+    assert fetch.stream_stream is not None
+    captured.handlers["Fetch"] = grpc.stream_stream_rpc_method_handler(
+        fetch.stream_stream,
+        request_deserializer=fetch.request_deserializer,
+        response_serializer=fetch_wire.serialize,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(captured.name, captured.handlers),)
+    )
+    # As the generated registration does (the stubs do not declare it yet).
+    server.add_registered_method_handlers(  # type: ignore[attr-defined]
+        captured.name, captured.handlers
+    )

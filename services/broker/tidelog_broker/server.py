@@ -36,7 +36,6 @@ from tidelog.v1 import (
     cluster_pb2,
     cluster_pb2_grpc,
     log_pb2,
-    log_pb2_grpc,
 )
 from tidelog_server.forwarding import ChannelPool
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
@@ -53,7 +52,7 @@ from tidelog_broker.cluster_servicers import (
     add_admin_forwarder,
 )
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_servicer import LogServicer
+from tidelog_broker.log_servicer import LogServicer, add_log_servicer
 from tidelog_broker.metrics import BrokerMetrics
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.producer_epochs import EtcdEpochs, LocalEpochs
@@ -127,9 +126,7 @@ class BrokerServer:
             producer_ids = LocalProducerIds(self.config.data_dir)
             self.manager.highest_producer_epoch = LocalEpochs(producer_ids).highest_epoch
             # No `confirm` needed: the allocator is in this process.
-            log_pb2_grpc.add_LogServicer_to_server(
-                LogServicer(self.manager, self.config, metrics=metrics), server
-            )
+            add_log_servicer(LogServicer(self.manager, self.config, metrics=metrics), server)
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminServicer(self.manager, self.config), server
             )
@@ -141,7 +138,7 @@ class BrokerServer:
         else:
             epochs = EtcdEpochs(self.link.client, self.link.keys)
             self.manager.highest_producer_epoch = epochs.highest_epoch
-            log_pb2_grpc.add_LogServicer_to_server(
+            add_log_servicer(
                 LogServicer(
                     self.manager, self.config, ClusterMetadata(self.link).metadata, epochs, metrics
                 ),

@@ -38,6 +38,18 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
     parser.add_argument("--offsets-retention-check-interval-ms", type=int, default=60_000)
     parser.add_argument("--etcd-max-txn-ops", type=int, default=128)
     parser.add_argument(
+        "--offset-commit-coalesce-max",
+        type=int,
+        default=127,
+        help="offset commits written in one etcd transaction at most (1: one each)",
+    )
+    parser.add_argument(
+        "--offset-commit-queue-max",
+        type=int,
+        default=10_000,
+        help="offset commits waiting for etcd at most; more are refused (retriable)",
+    )
+    parser.add_argument(
         "--leader-imbalance-check-interval-ms",
         type=int,
         default=5_000,
@@ -83,6 +95,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         offsets_retention_check_interval_ms=args.offsets_retention_check_interval_ms,
         leader_imbalance_check_interval_ms=args.leader_imbalance_check_interval_ms,
         etcd_max_txn_ops=args.etcd_max_txn_ops,
+        offset_commit_coalesce_max=args.offset_commit_coalesce_max,
+        offset_commit_queue_max=args.offset_commit_queue_max,
         group_max_members=args.group_max_members,
         tls=tls,
         metrics_interval_ms=args.metrics_interval_ms,

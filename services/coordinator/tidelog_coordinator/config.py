@@ -43,6 +43,12 @@ class CoordinatorConfig:
     #: etcd's --max-txn-ops (default 128): larger commits and topic creations
     #: are split into transactions of at most this many operations.
     etcd_max_txn_ops: int = 128
+    #: Offset commits coalesced into one etcd transaction at most (group
+    #: commit, see offset_committer.py); 1 writes one transaction per commit.
+    offset_commit_coalesce_max: int = 127
+    #: Offset commits waiting for etcd at most; past it a commit is refused
+    #: with COORDINATOR_NOT_AVAILABLE (retriable) naming this limit.
+    offset_commit_queue_max: int = 10_000
     #: leader.imbalance.check.interval.ms: how often the controller moves
     #: leadership back to each partition's preferred (first) replica when it
     #: is in the ISR (0: never).

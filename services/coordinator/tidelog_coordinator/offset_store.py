@@ -13,8 +13,12 @@ with one compare that fences it:
   empty (etcd compares an empty range against a zero key-value, so
   `version == 0` holds exactly when no member key exists).
 
-A request larger than etcd's --max-txn-ops is split into transactions that
-each carry the same compare; each is atomic, the request as a whole is not.
+Commits are written through an `OffsetCommitter` (offset_committer.py):
+concurrent commits share one etcd transaction, each keeping its own compare
+(a nested transaction), and each is answered only once that transaction
+returned. A request too big for one transaction (etcd's --max-txn-ops and
+request size) is written in several that each carry the same compare; each
+is atomic, the request as a whole is not.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from tidelog_coordinator.group_limits import (
     validate_group_id,
 )
 from tidelog_coordinator.group_state import GroupView, MemberRecord
+from tidelog_coordinator.offset_committer import OffsetCommitter
 
 log = logging.getLogger("tidelog.coordinator.offsets")
 
@@ -100,14 +105,23 @@ class OffsetStore:
         self.config = config
         self.groups = groups
         self.clock = clock
+        self.committer = OffsetCommitter(
+            client,
+            max_txn_ops=config.etcd_max_txn_ops,
+            coalesce_max=config.offset_commit_coalesce_max,
+            queue_max=config.offset_commit_queue_max,
+        )
+
+    async def close(self) -> None:
+        """Stop the committer: commits still queued fail, unwritten."""
+        await self.committer.close()
 
     # ------------------------------------------------------------ commit / fetch
 
-    def _puts(self, group_id: str, entries: Sequence[OffsetEntry]) -> list[Any]:
-        tx = self.client.transactions
+    def _puts(self, group_id: str, entries: Sequence[OffsetEntry]) -> list[tuple[bytes, bytes]]:
         now_ms = self.clock.time_ms()
         return [
-            tx.put(
+            (
                 self.keys.offset(group_id, e.tp),
                 json.dumps(
                     {"offset": e.offset, "metadata": e.metadata, "commit_time_ms": now_ms},
@@ -126,7 +140,7 @@ class OffsetStore:
         tx = self.client.transactions
         members = self.keys.members(group_id)
         compare = tx.version(members, prefix_end(members)) == 0
-        if not await self._transact(compare, self._puts(group_id, entries)):
+        if not await self.committer.submit(compare, self._puts(group_id, entries)):
             raise NonEmptyGroupError(
                 f"group {group_id!r} has live members: stop them before changing its offsets"
             )
@@ -173,22 +187,12 @@ class OffsetStore:
                     )
                 record = fresh
             key = self.keys.member(group_id, record.member_key)
-            if await self._transact(tx.mod(key) == record.mod_revision, puts):
+            if await self.committer.submit(tx.mod(key) == record.mod_revision, puts):
                 return
             record = None  # the member key changed since we read it: check again
         raise IllegalGenerationError(
             f"member {member_id} of {group_id!r} kept changing during the commit: retry"
         )
-
-    async def _transact(self, compare: Any, ops: list[Any]) -> bool:
-        chunk = max(1, self.config.etcd_max_txn_ops - 1)
-        for i in range(0, len(ops), chunk):
-            ok, _ = await self.client.transaction(
-                compare=[compare], success=ops[i : i + chunk], failure=[]
-            )
-            if not ok:
-                return False
-        return True
 
     async def fetch(self, group_id: str, tps: Iterable[TopicPartition]) -> list[OffsetEntry]:
         """Committed offsets (offset -1 where none); every committed one if `tps` is empty."""

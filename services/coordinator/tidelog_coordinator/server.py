@@ -176,6 +176,7 @@ class CoordinatorServer:
             await self._server.stop(SHUTDOWN_GRACE_S)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
+        await self.offsets.close()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
