@@ -426,6 +426,24 @@ def test_with_tls_probes_run_the_health_command_over_tls(
             assert options[flag] == arg(ctr, flag)
         # The command's own deadline ends before the kubelet gives up on it.
         assert float(options["--timeout-s"]) < ctr[probe]["timeoutSeconds"]
+        # The server's certificate is checked for a name its peers dial.
+        assert options["--server-name"] == peer_name(tls_render, component)
+
+
+def peer_name(rendered: Rendered, component: str) -> str:
+    """A name under which the component's peers and clients reach it."""
+    domain = f"{NAMESPACE}.svc.cluster.local"
+    if component == "gateway":
+        return f"{RELEASE}-tidelog-gateway.{domain}"
+    ctr = container(workload(rendered, component))
+    if component == "broker":
+        advertised = arg(ctr, "--set").removeprefix("advertised.host=")
+    else:  # the shell in front of the coordinator computes it (test_chart_cli)
+        advertised = ctr["command"][2].split('--advertised-host="')[1].rstrip('"')
+    # $(POD_NAME) or $(echo $POD_IP | ...), then .<headless service>.<namespace>.svc...
+    _first, _, rest = advertised.partition(").")
+    service = rest.split(".")[0]
+    return f"health.{service}.{domain}"
 
 
 def test_the_health_command_is_shipped_with_the_server_core() -> None:

@@ -66,6 +66,19 @@ app.kubernetes.io/component: {{ .component }}
 {{ include "tidelog.fullname" . }}-coordinator-headless
 {{- end }}
 
+{{/* The names a certificate must cover, one per component: what peers and
+clients dial (docs/deploy.md). Wildcards are checked as "health.<domain>". */}}
+{{- define "tidelog.tlsName" -}}
+{{- $domain := printf "%s.svc.%s" .ctx.Release.Namespace .ctx.Values.clusterDomain }}
+{{- if eq .component "broker" }}
+{{- printf "health.%s.%s" (include "tidelog.brokerHeadless" .ctx) $domain }}
+{{- else if eq .component "coordinator" }}
+{{- printf "health.%s.%s" (include "tidelog.coordinatorHeadless" .ctx) $domain }}
+{{- else }}
+{{- printf "%s-gateway.%s" (include "tidelog.fullname" .ctx) $domain }}
+{{- end }}
+{{- end }}
+
 {{- define "tidelog.etcdHeadless" -}}
 {{ include "tidelog.fullname" . }}-etcd-headless
 {{- end }}
@@ -187,9 +200,11 @@ prometheus.io/path: /metrics
 {{- end }}
 
 {{/* A probe of a service's gRPC health (grpc.health.v1): call with
-(dict "ctx" $ "port" 9392 "service" ""). Kubernetes' native gRPC probe
-speaks no TLS: with TLS on, the image's `tidelog-health` command asks the
-same question over TLS, presenting the pod's own certificate. */}}
+(dict "ctx" $ "port" 9392 "service" "" "serverName" NAME). Kubernetes' native
+gRPC probe speaks no TLS: with TLS on, the image's `tidelog-health` command
+asks the same question over TLS, presenting the pod's own certificate and
+checking the server's for NAME, a name the component's peers dial (so a
+certificate that does not cover it keeps the pod from being Ready). */}}
 {{- define "tidelog.healthProbe" -}}
 {{- if .ctx.Values.tls.enabled }}
 {{- $dir := include "tidelog.tlsDir" .ctx }}
@@ -199,6 +214,7 @@ exec:
     - --address=127.0.0.1:{{ .port }}
     - --service={{ .service }}
     - --timeout-s=4
+    - --server-name={{ .serverName }}
     - --tls-cafile={{ $dir }}/ca.crt
     - --tls-certfile={{ $dir }}/tls.crt
     - --tls-keyfile={{ $dir }}/tls.key
