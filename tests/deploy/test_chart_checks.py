@@ -101,7 +101,9 @@ def test_the_values_schema_refuses_what_the_chart_cannot_deploy(
         chart.render(*values)
 
 
-def test_notes_say_how_to_reach_the_gateway(chart: Chart, tmp_path: Path) -> None:
+def test_notes_say_how_to_reach_the_gateway_with_and_without_tls(
+    chart: Chart, tmp_path: Path
+) -> None:
     """helm template does not render NOTES.txt (and `helm install --dry-run`
     needs a cluster): render it through `tpl` in a copy of the chart."""
     copy = tmp_path / "tidelog"
@@ -111,11 +113,21 @@ def test_notes_say_how_to_reach_the_gateway(chart: Chart, tmp_path: Path) -> Non
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
         '  notes: {{ tpl (.Files.Get "notes-source.txt") . | toYaml | indent 4 }}\n'
     )
-    out = Chart(chart.helm, copy).run(
-        "template", "rel", str(copy), "--namespace", NAMESPACE,
-        "--show-only", "templates/notes-render.yaml",
-    )  # fmt: skip
-    notes = yaml.safe_load(out)["data"]["notes"]
-    assert f"rel-tidelog-gateway.{NAMESPACE}.svc.cluster.local:9400" in notes
-    assert "port-forward svc/rel-tidelog-gateway 9400:9400" in notes
-    assert "TIDELOG_BOOTSTRAP=127.0.0.1:9400" in notes
+
+    def notes(*values: str) -> str:
+        out = Chart(chart.helm, copy).run(
+            "template", "rel", str(copy), "--namespace", NAMESPACE,
+            "--show-only", "templates/notes-render.yaml", *values,
+        )  # fmt: skip
+        return str(yaml.safe_load(out)["data"]["notes"])
+
+    plain = notes()
+    assert f"rel-tidelog-gateway.{NAMESPACE}.svc.cluster.local:9400" in plain
+    assert "port-forward svc/rel-tidelog-gateway 9400:9400" in plain
+    assert "TIDELOG_BOOTSTRAP=127.0.0.1:9400" in plain
+    assert "SSL" not in plain
+    tls = notes("--set", "tls.enabled=true", "--set", "tls.existingSecret=tidelog-tls")
+    # A certificate names the gateway, not 127.0.0.1: the client must dial the name.
+    assert "TIDELOG_BOOTSTRAP=rel-tidelog-gateway:9400" in tls
+    assert "TIDELOG_SECURITY_PROTOCOL=SSL TIDELOG_SSL_CAFILE=ca.crt" in tls
+    assert "get secret tidelog-tls" in tls
