@@ -327,6 +327,17 @@ def test_metrics_off_means_no_port_flag_annotation_or_service(chart: Chart) -> N
     assert not [name for name in services if name.endswith("-metrics")]
 
 
+def test_a_components_own_annotations_win_without_duplicate_keys(chart: Chart) -> None:
+    values = ("--set", "broker.podAnnotations.prometheus\\.io/path=/custom")
+    raw = chart.run(
+        "template", "rel", str(CHART), "--show-only", "templates/broker-statefulset.yaml", *values
+    )
+    # YAML readers differ on duplicate keys (PyYAML keeps the last): one key, one value.
+    assert raw.count("prometheus.io/path:") == 1
+    annotations = chart.render(*values).one("StatefulSet", "broker")["spec"]["template"]
+    assert annotations["metadata"]["annotations"]["prometheus.io/path"] == "/custom"
+
+
 def test_the_service_monitor_is_off_by_default_and_scrapes_every_metrics_service(
     rendered: Rendered, chart: Chart
 ) -> None:

@@ -189,13 +189,13 @@ subPath mount is not updated when the Secret is rotated). */}}
 and the component's own; call with (dict "ctx" $ "extra" .Values.broker.podAnnotations). */}}
 {{- define "tidelog.podAnnotations" -}}
 {{- $v := .ctx.Values }}
+{{- $annotations := deepCopy (.extra | default dict) }}
 {{- if and $v.metrics.enabled $v.metrics.podAnnotations }}
-prometheus.io/scrape: "true"
-prometheus.io/port: {{ $v.metrics.port | quote }}
-prometheus.io/path: /metrics
+{{- /* merge keeps the component's own values where both set a key */}}
+{{- $annotations = merge $annotations (dict "prometheus.io/scrape" "true" "prometheus.io/port" (toString $v.metrics.port) "prometheus.io/path" "/metrics") }}
 {{- end }}
-{{- with .extra }}
-{{ toYaml . }}
+{{- with $annotations }}
+{{- toYaml . }}
 {{- end }}
 {{- end }}
 
