@@ -16,6 +16,8 @@ pytestmark = [pytest.mark.xdist_group("containers"), pytest.mark.timeout(1200)]
 
 #: What each service image declares (deploy/docker/Dockerfile).
 PORTS = {"broker": "9392/tcp", "coordinator": "9093/tcp", "gateway": "9400/tcp"}
+#: Every image declares the metrics port the Helm chart serves metrics on.
+METRICS_PORT = "9404/tcp"
 #: The goal of issue 12 for each service image.
 MAX_IMAGE_BYTES = 200_000_000
 #: `docker stop`'s grace period, Docker's default (and below Kubernetes' 30 s).
@@ -43,7 +45,7 @@ def test_service_image_runs_as_non_root_and_declares_ports_and_data(
         image = client.images.get(images[service])
         config = image.attrs["Config"]
         assert config["User"] == "tidelog"
-        assert set(config["ExposedPorts"]) == {PORTS[service]}
+        assert set(config["ExposedPorts"]) == {PORTS[service], METRICS_PORT}
         assert config["Entrypoint"][0] == f"tidelog-{service}"
         volumes = set(config.get("Volumes") or {})
         assert volumes == ({"/var/lib/tidelog"} if service == "broker" else set())
@@ -92,6 +94,15 @@ def test_produce_and_consume_through_the_gateway_then_sigterm_stops_each_cleanly
         if len(received) == len(sent):
             break
     assert sorted(received) == sorted(sent)
+
+    # The Helm chart's exec probe (with TLS on) runs in each image: as its user, on its
+    # read-only root filesystem, against the service in that container.
+    for service in (cluster.gateway, *cluster.brokers.values(), cluster.coordinator):
+        ready = "tidelog.broker.InSync" if service.role.startswith("broker") else ""
+        probe = service.docker.exec_run(
+            ["tidelog-health", f"--address={service.address}", f"--service={ready}"]
+        )
+        assert probe.exit_code == 0, (service.role, probe.output.decode(errors="replace"))
 
     # SIGTERM (`docker stop`) while the consumer is still a member with a stream open to the
     # gateway: the gateway drains and exits; exit code 0 means the service stopped itself

@@ -19,11 +19,26 @@ from tests.deploy.conftest import HELM_BUILD_TIMEOUT_S
 pytestmark = [pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300), pytest.mark.xdist_group("helm")]
 
 PRODUCTION = str(CHART / "values-production.yaml")
+#: Every optional part on: TLS, the ServiceMonitor and the Grafana dashboard.
+EVERYTHING_ON = [
+    "--set", "tls.enabled=true", "--set", "tls.existingSecret=tidelog-tls",
+    "--set", "tls.clientAuth=require", "--set", "metrics.serviceMonitor.enabled=true",
+    "--set", "metrics.grafanaDashboard.enabled=true",
+]  # fmt: skip
+#: Kinds defined by CustomResourceDefinitions, which kubernetes-validate does
+#: not know (it ships only Kubernetes' own API schemas): skipped, by name, so
+#: that any other unknown kind still fails. The ServiceMonitor's own fields
+#: are checked in test_chart_promises.
+CUSTOM_RESOURCES = {("monitoring.coreos.com/v1", "ServiceMonitor")}
 #: The oldest Kubernetes the chart supports and the newest the package knows.
 KUBE_VERSIONS = ["1.27.0", "1.37.0"]
 
 
-@pytest.mark.parametrize("values", [[], ["-f", PRODUCTION]], ids=["default", "production"])
+@pytest.mark.parametrize(
+    "values",
+    [[], ["-f", PRODUCTION], EVERYTHING_ON],
+    ids=["default", "production", "tls-and-monitoring"],
+)
 def test_helm_lint_strict_passes(chart: Chart, values: list[str]) -> None:
     out = chart.run("lint", "--strict", str(CHART), *values)
     assert "0 chart(s) failed" in out
@@ -36,8 +51,10 @@ def test_helm_lint_strict_passes(chart: Chart, values: list[str]) -> None:
         [],
         ["-f", PRODUCTION],
         ["--set", "etcd.enabled=false", "--set", "etcd.externalEndpoints={e:2379}"],
+        EVERYTHING_ON,
+        ["--set", "metrics.enabled=false"],
     ],
-    ids=["default", "production", "external-etcd"],
+    ids=["default", "production", "external-etcd", "tls-and-monitoring", "no-metrics"],
 )
 def test_every_rendered_manifest_is_valid_for_kubernetes(
     chart: Chart, kube_version: str, values: list[str]
@@ -45,6 +62,8 @@ def test_every_rendered_manifest_is_valid_for_kubernetes(
     rendered = chart.render(*values, kube_version=kube_version)
     assert len(rendered.manifests) >= 10
     for manifest in rendered.manifests:
+        if (manifest["apiVersion"], manifest["kind"]) in CUSTOM_RESOURCES:
+            continue
         # strict: a field Kubernetes does not know is an error, not ignored.
         kubernetes_validate.validate(manifest, kube_version, strict=True)
 
@@ -63,6 +82,16 @@ def test_every_rendered_manifest_is_valid_for_kubernetes(
         ),
         (["--set", "brokers.replicas=3"], "brokers"),
         (["--set", "gateway.service.type=Ingress"], "/gateway/service/type"),
+        (["--set", "tls.enabled=true"], "/tls/existingSecret"),
+        (["--set", "tls.existingSecret=s", "--set", "tls.enabled=yes"], "/tls/enabled"),
+        (["--set", "tls.clientAuth=optional"], "/tls/clientAuth"),
+        (["--set", "tls.secret=s"], "tls"),
+        (["--set", "metrics.port=0"], "/metrics/port"),
+        (
+            ["--set", "metrics.enabled=false", "--set", "metrics.serviceMonitor.enabled=true"],
+            "/metrics/serviceMonitor/enabled",
+        ),
+        (["--set", "metrics.serviceMonitor.interval=soon"], "/metrics/serviceMonitor/interval"),
     ],
 )
 def test_the_values_schema_refuses_what_the_chart_cannot_deploy(
@@ -72,7 +101,9 @@ def test_the_values_schema_refuses_what_the_chart_cannot_deploy(
         chart.render(*values)
 
 
-def test_notes_say_how_to_reach_the_gateway(chart: Chart, tmp_path: Path) -> None:
+def test_notes_say_how_to_reach_the_gateway_with_and_without_tls(
+    chart: Chart, tmp_path: Path
+) -> None:
     """helm template does not render NOTES.txt (and `helm install --dry-run`
     needs a cluster): render it through `tpl` in a copy of the chart."""
     copy = tmp_path / "tidelog"
@@ -82,11 +113,21 @@ def test_notes_say_how_to_reach_the_gateway(chart: Chart, tmp_path: Path) -> Non
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: notes\ndata:\n"
         '  notes: {{ tpl (.Files.Get "notes-source.txt") . | toYaml | indent 4 }}\n'
     )
-    out = Chart(chart.helm, copy).run(
-        "template", "rel", str(copy), "--namespace", NAMESPACE,
-        "--show-only", "templates/notes-render.yaml",
-    )  # fmt: skip
-    notes = yaml.safe_load(out)["data"]["notes"]
-    assert f"rel-tidelog-gateway.{NAMESPACE}.svc.cluster.local:9400" in notes
-    assert "port-forward svc/rel-tidelog-gateway 9400:9400" in notes
-    assert "TIDELOG_BOOTSTRAP=127.0.0.1:9400" in notes
+
+    def notes(*values: str) -> str:
+        out = Chart(chart.helm, copy).run(
+            "template", "rel", str(copy), "--namespace", NAMESPACE,
+            "--show-only", "templates/notes-render.yaml", *values,
+        )  # fmt: skip
+        return str(yaml.safe_load(out)["data"]["notes"])
+
+    plain = notes()
+    assert f"rel-tidelog-gateway.{NAMESPACE}.svc.cluster.local:9400" in plain
+    assert "port-forward svc/rel-tidelog-gateway 9400:9400" in plain
+    assert "TIDELOG_BOOTSTRAP=127.0.0.1:9400" in plain
+    assert "SSL" not in plain
+    tls = notes("--set", "tls.enabled=true", "--set", "tls.existingSecret=tidelog-tls")
+    # A certificate names the gateway, not 127.0.0.1: the client must dial the name.
+    assert "TIDELOG_BOOTSTRAP=rel-tidelog-gateway:9400" in tls
+    assert "TIDELOG_SECURITY_PROTOCOL=SSL TIDELOG_SSL_CAFILE=ca.crt" in tls
+    assert "get secret tidelog-tls" in tls

@@ -2,21 +2,28 @@
 command lines (with Kubernetes' $(VAR) references expanded as the kubelet
 would) and the broker's server.properties go through the services' own
 argument parsing, and give the broker id of the pod's ordinal, the
-advertised address of its stable name, and every etcd member."""
+advertised address of its stable name, and every etcd member. With TLS and
+metrics on, the same holds with the mounted certificate files (made here by
+tidelog_server.dev_certs) and the metrics endpoint on the pod's address; the
+coordinator's shell wrapper is run by a real shell."""
 
 from __future__ import annotations
 
 import re
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
 from tidelog_broker.__main__ import cluster_from_args, config_from_args
 from tidelog_broker.__main__ import parse_args as broker_args
 from tidelog_coordinator.__main__ import parse_args as coordinator_args
+from tidelog_gateway.__main__ import parse_all as gateway_all
 from tidelog_gateway.__main__ import parse_args as gateway_args
+from tidelog_server.dev_certs import create_dev_certificates
+from tidelog_server.metrics import MetricsOptions
 
-from tests.deploy.chart import NAMESPACE, Rendered, container, env_value
+from tests.deploy.chart import NAMESPACE, Chart, Rendered, container, env_value
 from tests.deploy.conftest import HELM_BUILD_TIMEOUT_S
 
 # One worker runs every chart test: only it waits for a first build of helm.
@@ -77,3 +84,79 @@ def test_the_gateway_accepts_its_command_line(rendered: Rendered) -> None:
     config = gateway_args(expand(ctr, "rel-tidelog-gateway-abc"))
     assert config.listen_address.endswith(":9400")
     assert config.etcd_endpoint.count(",") == 2
+
+
+# ------------------------------------------------------------ TLS and metrics
+
+TLS_DIR = "/etc/tidelog-tls"
+
+
+@pytest.fixture(scope="module")
+def tls_render(chart: Chart) -> Rendered:
+    return chart.render(
+        "--set", "tls.enabled=true", "--set", "tls.existingSecret=tidelog-tls",
+        "--set", "tls.clientAuth=require",
+    )  # fmt: skip
+
+
+def with_certs(argv: list[str], tmp_path: Path) -> list[str]:
+    """The mounted Secret's files (tls.crt, tls.key, ca.crt) made for real."""
+    certs = create_dev_certificates(tmp_path / "certs", hosts=("*.test",))
+    files = {
+        f"{TLS_DIR}/tls.crt": str(certs.server_certfile),
+        f"{TLS_DIR}/tls.key": str(certs.server_keyfile),
+        f"{TLS_DIR}/ca.crt": str(certs.cafile),
+    }
+    return [re.sub(f"{TLS_DIR}/[a-z.]+", lambda m: files[m.group(0)], a) for a in argv]
+
+
+def test_the_broker_accepts_its_tls_and_metrics_command_line(
+    tls_render: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    brokers = tls_render.one("StatefulSet", "broker")
+    pod = f"{brokers['metadata']['name']}-0"
+    argv = [a for a in expand(container(brokers), pod) if not a.startswith("--config=")]
+    monkeypatch.setattr(socket, "gethostname", lambda: pod)
+    args = broker_args(with_certs(argv, tmp_path))
+    config = config_from_args(args)
+    assert config.tls is not None and config.tls.client_auth == "require"
+    assert (args.metrics_port, args.metrics_host) == (9404, "0.0.0.0")
+
+
+def test_the_gateway_accepts_its_tls_and_metrics_command_line(
+    tls_render: Rendered, tmp_path: Path
+) -> None:
+    ctr = container(tls_render.one("Deployment", "gateway"))
+    config, metrics = gateway_all(with_certs(expand(ctr, "rel-tidelog-gateway-abc"), tmp_path))
+    assert config.tls is not None and config.tls.client_auth == "require"
+    assert metrics == MetricsOptions(host="0.0.0.0", port=9404)
+
+
+def test_with_tls_the_coordinator_advertises_a_dns_name_its_certificate_can_carry(
+    tls_render: Rendered, tmp_path: Path
+) -> None:
+    """A certificate cannot name a pod IP: the shell in front of the
+    coordinator advertises the pod's name under the headless Service."""
+    ctr = container(tls_render.one("Deployment", "coordinator"))
+    shell, flag, script, program = ctr["command"]
+    assert (shell, flag, program) == ("/bin/sh", "-c", "tidelog-coordinator")
+    assert not any(a.startswith("--advertised-host") for a in ctr["args"])
+    # The shell execs "$0" "$@": run it with a program that prints its argv.
+    printer = tmp_path / "print-argv"
+    printer.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    printer.chmod(0o755)
+    env = {"POD_IP": "10.1.2.3", "POD_NAMESPACE": NAMESPACE, "PATH": "/usr/bin:/bin"}
+    argv = subprocess.run(
+        [shell, flag, script, str(printer), *expand(ctr, "rel-tidelog-coordinator-abc")],
+        env=env, capture_output=True, text=True, timeout=30, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    config, metrics = coordinator_args(with_certs(argv, tmp_path))
+    headless = tls_render.named("Service", "rel-tidelog-coordinator-headless")
+    assert config.advertised_host == (
+        f"10-1-2-3.{headless['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
+    )
+    assert config.tls is not None
+    assert metrics == MetricsOptions(host="0.0.0.0", port=9404)
+    # Cluster DNS answers that name only for pods behind the headless Service.
+    assert headless["spec"]["clusterIP"] == "None"
+    assert headless["spec"]["publishNotReadyAddresses"] is True

@@ -1,12 +1,16 @@
 """What the chart promises, read from the manifests it renders (default and
 production values, via the `rendered` fixture): stable broker ids and
 volumes, PodDisruptionBudgets, gRPC probes on each service's health port,
-anti-affinity, non-root read-only pods, and an upgrade order that keeps
-every partition writable with acks=all (docs/deploy.md explains it)."""
+anti-affinity, non-root read-only pods, an upgrade order that keeps every
+partition writable with acks=all (docs/deploy.md explains it), metrics that
+Prometheus finds (annotations, Services, an optional ServiceMonitor, the
+Grafana dashboard), and TLS from a mounted Secret on every service."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -142,6 +146,7 @@ def test_grpc_probes_ask_the_health_service_on_the_serving_port(
     if component == "broker":
         # Replication has a listener of its own; probes ask the client one.
         assert ports.pop("internal") == int(arg(ctr, "--internal-port")) != port
+    assert ports.pop("metrics") == int(arg(ctr, "--metrics-port")) != port
     assert ports == {"grpc": port}
     for probe in ("livenessProbe", "readinessProbe"):
         assert ctr[probe]["grpc"]["port"] == port, (component, probe)
@@ -279,3 +284,195 @@ def test_the_gateway_autoscales_in_production(production_render: Rendered) -> No
     # The HPA owns the replica count: the Deployment must not reset it.
     assert "replicas" not in gateway["spec"]
     assert (CHART / "values-production.yaml").exists()
+
+
+# ------------------------------------------------------------ metrics
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "tidelog.json"
+
+
+@pytest.mark.parametrize("component", TIDELOG)
+def test_every_service_serves_metrics_on_a_named_port_prometheus_finds(
+    rendered: Rendered, component: str
+) -> None:
+    pods = workload(rendered, component)["spec"]["template"]
+    ctr = container(workload(rendered, component))
+    port = int(arg(ctr, "--metrics-port"))
+    # On the pod's address, not the default 127.0.0.1 (unreachable from Prometheus).
+    assert arg(ctr, "--metrics-host") == arg(ctr, "--listen").rpartition(":")[0]
+    assert {"name": "metrics", "containerPort": port} in ctr["ports"]
+    annotations = pods["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == str(port)
+    assert annotations["prometheus.io/path"] == "/metrics"
+    (service,) = [
+        s for s in rendered.of_kind("Service")
+        if selects({"matchLabels": s["spec"]["selector"]}, pods["metadata"]["labels"])
+        and any(p["name"] == "metrics" for p in s["spec"]["ports"])
+    ]  # fmt: skip
+    # Headless and of its own: never the gateway's client Service.
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": port, "targetPort": "metrics"}]
+
+
+def test_metrics_off_means_no_port_flag_annotation_or_service(chart: Chart) -> None:
+    rendered = chart.render("--set", "metrics.enabled=false")
+    for component in TIDELOG:
+        pods = workload(rendered, component)["spec"]["template"]
+        ctr = pods["spec"]["containers"][0]
+        assert not any(a.startswith("--metrics") for a in ctr["args"])
+        assert "metrics" not in {p["name"] for p in ctr["ports"]}
+        assert "prometheus.io/scrape" not in pods["metadata"].get("annotations", {})
+    services = [s["metadata"]["name"] for s in rendered.of_kind("Service")]
+    assert not [name for name in services if name.endswith("-metrics")]
+
+
+def test_a_components_own_annotations_win_without_duplicate_keys(chart: Chart) -> None:
+    values = ("--set", "broker.podAnnotations.prometheus\\.io/path=/custom")
+    raw = chart.run(
+        "template", "rel", str(CHART), "--show-only", "templates/broker-statefulset.yaml", *values
+    )
+    # YAML readers differ on duplicate keys (PyYAML keeps the last): one key, one value.
+    assert raw.count("prometheus.io/path:") == 1
+    annotations = chart.render(*values).one("StatefulSet", "broker")["spec"]["template"]
+    assert annotations["metadata"]["annotations"]["prometheus.io/path"] == "/custom"
+
+
+def test_the_service_monitor_is_off_by_default_and_scrapes_every_metrics_service(
+    rendered: Rendered, chart: Chart
+) -> None:
+    assert not rendered.of_kind("ServiceMonitor")
+    on = chart.render(
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.serviceMonitor.labels.release=kube-prometheus",
+    )  # fmt: skip
+    (monitor,) = on.of_kind("ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] == "metrics" and endpoint["path"] == "/metrics"
+    scraped = {
+        s["metadata"]["labels"]["app.kubernetes.io/component"]
+        for s in on.of_kind("Service")
+        if selects(monitor["spec"]["selector"], s["metadata"]["labels"])
+    }
+    assert scraped == set(TIDELOG)
+    for service in on.of_kind("Service"):
+        if selects(monitor["spec"]["selector"], service["metadata"]["labels"]):
+            assert [p["name"] for p in service["spec"]["ports"]] == ["metrics"]
+
+
+def test_the_grafana_dashboard_is_an_optional_configmap_for_the_sidecar(
+    rendered: Rendered, chart: Chart
+) -> None:
+    assert not [m for m in rendered.of_kind("ConfigMap") if "grafana" in m["metadata"]["name"]]
+    on = chart.render("--set", "metrics.grafanaDashboard.enabled=true")
+    (dashboard,) = [m for m in on.of_kind("ConfigMap") if "grafana" in m["metadata"]["name"]]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    # The chart's copy is deploy/grafana/tidelog.json, byte for byte.
+    assert dashboard["data"]["tidelog.json"] == DASHBOARD.read_text().rstrip("\n")
+    assert json.loads(dashboard["data"]["tidelog.json"])["uid"] == "tidelog-overview"
+
+
+def test_the_charts_dashboard_is_the_one_in_deploy_grafana() -> None:
+    """A chart reads only its own files: it holds a copy. Edit
+    deploy/grafana/tidelog.json, then copy it to dashboards/tidelog.json."""
+    assert (CHART / "dashboards" / "tidelog.json").read_bytes() == DASHBOARD.read_bytes()
+
+
+# ------------------------------------------------------------ TLS
+
+TLS_SECRET = "tidelog-tls"
+
+
+@pytest.fixture(scope="module")
+def tls_render(chart: Chart) -> Rendered:
+    return chart.render(
+        "--set", "tls.enabled=true", "--set", f"tls.existingSecret={TLS_SECRET}",
+        "--set", "tls.clientAuth=require",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("component", TIDELOG)
+def test_tls_mounts_the_secret_read_only_and_gives_every_service_its_files(
+    tls_render: Rendered, component: str
+) -> None:
+    pod = pod_spec(workload(tls_render, component))
+    ctr = container(workload(tls_render, component))
+    (volume,) = [v for v in pod["volumes"] if "secret" in v]
+    assert volume["secret"]["secretName"] == TLS_SECRET
+    # Group-readable (the pod's fsGroup), not world-readable.
+    assert volume["secret"]["defaultMode"] == 0o440
+    (mount,) = [m for m in ctr["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    # A subPath mount is never updated: rotation would need a restart.
+    assert "subPath" not in mount
+    directory = mount["mountPath"]
+    assert arg(ctr, "--tls-certfile") == f"{directory}/tls.crt"
+    assert arg(ctr, "--tls-keyfile") == f"{directory}/tls.key"
+    assert arg(ctr, "--tls-cafile") == f"{directory}/ca.crt"
+    assert arg(ctr, "--tls-client-auth") == "require"
+
+
+@pytest.mark.parametrize("component", TIDELOG)
+def test_with_tls_probes_run_the_health_command_over_tls(
+    tls_render: Rendered, rendered: Rendered, component: str
+) -> None:
+    ctr = container(workload(tls_render, component))
+    plain = container(workload(rendered, component))
+    port = int(arg(ctr, "--listen").rpartition(":")[2])
+    probes = [p for p in ("startupProbe", "livenessProbe", "readinessProbe") if p in ctr]
+    assert probes == [p for p in ("startupProbe", "livenessProbe", "readinessProbe") if p in plain]
+    for probe in probes:
+        # Kubernetes' gRPC probe speaks no TLS: none is left.
+        assert "grpc" not in ctr[probe]
+        command = ctr[probe]["exec"]["command"]
+        assert command[0] == "tidelog-health"
+        options = dict(a.split("=", 1) for a in command[1:])
+        assert options["--address"] == f"127.0.0.1:{port}"
+        # The same health service as the plaintext probe asks.
+        assert options["--service"] == plain[probe]["grpc"]["service"]
+        for flag in ("--tls-cafile", "--tls-certfile", "--tls-keyfile"):
+            assert options[flag] == arg(ctr, flag)
+        # The command's own deadline ends before the kubelet gives up on it.
+        assert float(options["--timeout-s"]) < ctr[probe]["timeoutSeconds"]
+        # The server's certificate is checked for a name its peers dial.
+        assert options["--server-name"] == peer_name(tls_render, component)
+
+
+def peer_name(rendered: Rendered, component: str) -> str:
+    """A name under which the component's peers and clients reach it."""
+    domain = f"{NAMESPACE}.svc.cluster.local"
+    if component == "gateway":
+        return f"{RELEASE}-tidelog-gateway.{domain}"
+    ctr = container(workload(rendered, component))
+    if component == "broker":
+        advertised = arg(ctr, "--set").removeprefix("advertised.host=")
+    else:  # the shell in front of the coordinator computes it (test_chart_cli)
+        advertised = ctr["command"][2].split('--advertised-host="')[1].rstrip('"')
+    # $(POD_NAME) or $(echo $POD_IP | ...), then .<headless service>.<namespace>.svc...
+    _first, _, rest = advertised.partition(").")
+    service = rest.split(".")[0]
+    return f"health.{service}.{domain}"
+
+
+def test_the_health_command_is_shipped_with_the_server_core() -> None:
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="tidelog-health")
+    assert script.dist is not None and script.dist.name == "tidelog-server"
+
+
+def test_with_tls_no_port_claims_cleartext_http2(tls_render: Rendered) -> None:
+    for service in tls_render.of_kind("Service"):
+        for port in service["spec"]["ports"]:
+            assert port.get("appProtocol") != "kubernetes.io/h2c", service["metadata"]["name"]
+
+
+def test_tls_off_mounts_nothing_and_keeps_native_grpc_probes(rendered: Rendered) -> None:
+    for component in TIDELOG:
+        ctr = container(workload(rendered, component))
+        assert not any(a.startswith("--tls") for a in ctr["args"])
+        assert not [v for v in pod_spec(workload(rendered, component))["volumes"] if "secret" in v]
+        assert "grpc" in ctr["livenessProbe"]

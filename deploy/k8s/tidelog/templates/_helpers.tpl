@@ -62,6 +62,23 @@ app.kubernetes.io/component: {{ .component }}
 {{ include "tidelog.fullname" . }}-broker-headless
 {{- end }}
 
+{{- define "tidelog.coordinatorHeadless" -}}
+{{ include "tidelog.fullname" . }}-coordinator-headless
+{{- end }}
+
+{{/* The names a certificate must cover, one per component: what peers and
+clients dial (docs/deploy.md). Wildcards are checked as "health.<domain>". */}}
+{{- define "tidelog.tlsName" -}}
+{{- $domain := printf "%s.svc.%s" .ctx.Release.Namespace .ctx.Values.clusterDomain }}
+{{- if eq .component "broker" }}
+{{- printf "health.%s.%s" (include "tidelog.brokerHeadless" .ctx) $domain }}
+{{- else if eq .component "coordinator" }}
+{{- printf "health.%s.%s" (include "tidelog.coordinatorHeadless" .ctx) $domain }}
+{{- else }}
+{{- printf "%s-gateway.%s" (include "tidelog.fullname" .ctx) $domain }}
+{{- end }}
+{{- end }}
+
 {{- define "tidelog.etcdHeadless" -}}
 {{ include "tidelog.fullname" . }}-etcd-headless
 {{- end }}
@@ -128,4 +145,107 @@ its volumes (the root filesystem is read-only). */}}
   value: "1"
 - name: HOME
   value: /tmp
+{{- end }}
+
+{{/* Where the TLS Secret is mounted (read-only, never with subPath: a
+subPath mount is not updated when the Secret is rotated). */}}
+{{- define "tidelog.tlsDir" -}}
+/etc/tidelog-tls
+{{- end }}
+
+{{- define "tidelog.tlsSecret" -}}
+{{- if not .Values.tls.existingSecret }}
+{{- fail "tls.enabled is true: give tls.existingSecret (a Secret with tls.crt, tls.key and ca.crt)" }}
+{{- end }}
+{{- .Values.tls.existingSecret }}
+{{- end }}
+
+{{/* Metrics and TLS options every Tidelog service takes: call with
+(dict "ctx" $ "listenHost" "0.0.0.0"). */}}
+{{- define "tidelog.commonArgs" -}}
+{{- $v := .ctx.Values }}
+{{- if $v.metrics.enabled }}
+- --metrics-port={{ $v.metrics.port }}
+- --metrics-host={{ .listenHost }}
+{{- end }}
+{{- if $v.tls.enabled }}
+{{- $dir := include "tidelog.tlsDir" .ctx }}
+- --tls-certfile={{ $dir }}/tls.crt
+- --tls-keyfile={{ $dir }}/tls.key
+- --tls-cafile={{ $dir }}/ca.crt
+- --tls-client-auth={{ $v.tls.clientAuth }}
+{{- end }}
+{{- end }}
+
+{{/* The metrics container port (nothing when metrics are off). */}}
+{{- define "tidelog.metricsContainerPort" -}}
+{{- if .Values.metrics.enabled }}
+- name: metrics
+  containerPort: {{ .Values.metrics.port }}
+{{- end }}
+{{- end }}
+
+{{/* Pod annotations of a Tidelog component: Prometheus' scrape annotations
+and the component's own; call with (dict "ctx" $ "extra" .Values.broker.podAnnotations). */}}
+{{- define "tidelog.podAnnotations" -}}
+{{- $v := .ctx.Values }}
+{{- $annotations := deepCopy (.extra | default dict) }}
+{{- if and $v.metrics.enabled $v.metrics.podAnnotations }}
+{{- /* merge keeps the component's own values where both set a key */}}
+{{- $annotations = merge $annotations (dict "prometheus.io/scrape" "true" "prometheus.io/port" (toString $v.metrics.port) "prometheus.io/path" "/metrics") }}
+{{- end }}
+{{- with $annotations }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/* A probe of a service's gRPC health (grpc.health.v1): call with
+(dict "ctx" $ "port" 9392 "service" "" "serverName" NAME). Kubernetes' native
+gRPC probe speaks no TLS: with TLS on, the image's `tidelog-health` command
+asks the same question over TLS, presenting the pod's own certificate and
+checking the server's for NAME, a name the component's peers dial (so a
+certificate that does not cover it keeps the pod from being Ready). */}}
+{{- define "tidelog.healthProbe" -}}
+{{- if .ctx.Values.tls.enabled }}
+{{- $dir := include "tidelog.tlsDir" .ctx }}
+exec:
+  command:
+    - tidelog-health
+    - --address=127.0.0.1:{{ .port }}
+    - --service={{ .service }}
+    - --timeout-s=4
+    - --server-name={{ .serverName }}
+    - --tls-cafile={{ $dir }}/ca.crt
+    - --tls-certfile={{ $dir }}/tls.crt
+    - --tls-keyfile={{ $dir }}/tls.key
+{{- else }}
+grpc:
+  port: {{ .port }}
+  service: {{ .service | quote }}
+{{- end }}
+{{- end }}
+
+{{- define "tidelog.tlsVolumeMount" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "tidelog.tlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* Mode 0440 (288): readable by the pods' group (fsGroup), not by others. */}}
+{{- define "tidelog.tlsVolume" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "tidelog.tlsSecret" . }}
+    defaultMode: 288
+{{- end }}
+{{- end }}
+
+{{/* appProtocol of a Tidelog gRPC port: cleartext HTTP/2 unless TLS is on. */}}
+{{- define "tidelog.appProtocol" -}}
+{{- if not .Values.tls.enabled }}
+appProtocol: kubernetes.io/h2c
+{{- end }}
 {{- end }}
