@@ -63,6 +63,9 @@ def tls_args(certs: DevCertificates) -> list[str]:
         "--tls-certfile", str(certs.server_certfile),
         "--tls-keyfile", str(certs.server_keyfile),
         "--tls-cafile", str(certs.cafile),
+        # These clients present no identity (anonymity is refused by default
+        # with TLS: tests/integration/test_acls.py).
+        "--allow-anonymous", "true",
     ]  # fmt: skip
 
 

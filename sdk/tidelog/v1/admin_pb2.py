@@ -23,9 +23,10 @@ _sym_db = _symbol_database.Default()
 
 
 from tidelog.v1 import common_pb2 as tidelog_dot_v1_dot_common__pb2
+from tidelog.v1 import security_pb2 as tidelog_dot_v1_dot_security__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xe7\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x12\x39\n\x12replica_assignment\x18\x05 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x11ReplicaAssignment\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x12\n\nbroker_ids\x18\x02 \x03(\x05\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\"\'\n\x16\x44\x65scribeConfigsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"C\n\x17\x44\x65scribeConfigsResponse\x12(\n\x06topics\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.TopicConfigs\"h\n\x0cTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.tidelog.v1.ConfigEntry\"T\n\x0b\x43onfigEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12(\n\x06source\x18\x03 \x01(\x0e\x32\x18.tidelog.v1.ConfigSource\"[\n\x13\x41lterConfigsRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.AlterTopicConfigs\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x92\x01\n\x11\x41lterTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x03set\x18\x02 \x03(\x0b\x32&.tidelog.v1.AlterTopicConfigs.SetEntry\x12\x0e\n\x06\x64\x65lete\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x41lterConfigsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult*{\n\x0c\x43onfigSource\x12\x1d\n\x19\x43ONFIG_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONFIG_SOURCE_DEFAULT\x10\x01\x12\x18\n\x14\x43ONFIG_SOURCE_BROKER\x10\x02\x12\x17\n\x13\x43ONFIG_SOURCE_TOPIC\x10\x03\x32\xb5\x03\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponse\x12Z\n\x0f\x44\x65scribeConfigs\x12\".tidelog.v1.DescribeConfigsRequest\x1a#.tidelog.v1.DescribeConfigsResponse\x12Q\n\x0c\x41lterConfigs\x12\x1f.tidelog.v1.AlterConfigsRequest\x1a .tidelog.v1.AlterConfigsResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\x1a\x19tidelog/v1/security.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xe7\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x12\x39\n\x12replica_assignment\x18\x05 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x11ReplicaAssignment\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x12\n\nbroker_ids\x18\x02 \x03(\x05\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\"\'\n\x16\x44\x65scribeConfigsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"C\n\x17\x44\x65scribeConfigsResponse\x12(\n\x06topics\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.TopicConfigs\"h\n\x0cTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.tidelog.v1.ConfigEntry\"T\n\x0b\x43onfigEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12(\n\x06source\x18\x03 \x01(\x0e\x32\x18.tidelog.v1.ConfigSource\"[\n\x13\x41lterConfigsRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.AlterTopicConfigs\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x92\x01\n\x11\x41lterTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x03set\x18\x02 \x03(\x0b\x32&.tidelog.v1.AlterTopicConfigs.SetEntry\x12\x0e\n\x06\x64\x65lete\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x41lterConfigsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult*{\n\x0c\x43onfigSource\x12\x1d\n\x19\x43ONFIG_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONFIG_SOURCE_DEFAULT\x10\x01\x12\x18\n\x14\x43ONFIG_SOURCE_BROKER\x10\x02\x12\x17\n\x13\x43ONFIG_SOURCE_TOPIC\x10\x03\x32\xce\x08\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponse\x12Z\n\x0f\x44\x65scribeConfigs\x12\".tidelog.v1.DescribeConfigsRequest\x1a#.tidelog.v1.DescribeConfigsResponse\x12Q\n\x0c\x41lterConfigs\x12\x1f.tidelog.v1.AlterConfigsRequest\x1a .tidelog.v1.AlterConfigsResponse\x12K\n\nCreateAcls\x12\x1d.tidelog.v1.CreateAclsRequest\x1a\x1e.tidelog.v1.CreateAclsResponse\x12Q\n\x0c\x44\x65scribeAcls\x12\x1f.tidelog.v1.DescribeAclsRequest\x1a .tidelog.v1.DescribeAclsResponse\x12K\n\nDeleteAcls\x12\x1d.tidelog.v1.DeleteAclsRequest\x1a\x1e.tidelog.v1.DeleteAclsResponse\x12i\n\x14\x41lterUserCredentials\x12\'.tidelog.v1.AlterUserCredentialsRequest\x1a(.tidelog.v1.AlterUserCredentialsResponse\x12r\n\x17\x44\x65scribeUserCredentials\x12*.tidelog.v1.DescribeUserCredentialsRequest\x1a+.tidelog.v1.DescribeUserCredentialsResponse\x12`\n\x11\x41lterClientQuotas\x12$.tidelog.v1.AlterClientQuotasRequest\x1a%.tidelog.v1.AlterClientQuotasResponse\x12i\n\x14\x44\x65scribeClientQuotas\x12\'.tidelog.v1.DescribeClientQuotasRequest\x1a(.tidelog.v1.DescribeClientQuotasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,50 +39,50 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_options = b'8\001'
   _globals['_ALTERTOPICCONFIGS_SETENTRY']._loaded_options = None
   _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_options = b'8\001'
-  _globals['_CONFIGSOURCE']._serialized_start=1835
-  _globals['_CONFIGSOURCE']._serialized_end=1958
-  _globals['_CREATETOPICSREQUEST']._serialized_start=63
-  _globals['_CREATETOPICSREQUEST']._serialized_end=145
-  _globals['_NEWTOPIC']._serialized_start=148
-  _globals['_NEWTOPIC']._serialized_end=379
-  _globals['_NEWTOPIC_CONFIGSENTRY']._serialized_start=333
-  _globals['_NEWTOPIC_CONFIGSENTRY']._serialized_end=379
-  _globals['_REPLICAASSIGNMENT']._serialized_start=381
-  _globals['_REPLICAASSIGNMENT']._serialized_end=439
-  _globals['_CREATETOPICSRESPONSE']._serialized_start=441
-  _globals['_CREATETOPICSRESPONSE']._serialized_end=504
-  _globals['_TOPICRESULT']._serialized_start=506
-  _globals['_TOPICRESULT']._serialized_end=567
-  _globals['_DELETETOPICSREQUEST']._serialized_start=569
-  _globals['_DELETETOPICSREQUEST']._serialized_end=605
-  _globals['_DELETETOPICSRESPONSE']._serialized_start=607
-  _globals['_DELETETOPICSRESPONSE']._serialized_end=670
-  _globals['_DESCRIBETOPICSREQUEST']._serialized_start=672
-  _globals['_DESCRIBETOPICSREQUEST']._serialized_end=710
-  _globals['_DESCRIBETOPICSRESPONSE']._serialized_start=712
-  _globals['_DESCRIBETOPICSRESPONSE']._serialized_end=782
-  _globals['_TOPICDESCRIPTION']._serialized_start=785
-  _globals['_TOPICDESCRIPTION']._serialized_end=1013
-  _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_start=333
-  _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_end=379
-  _globals['_PARTITIONDESCRIPTION']._serialized_start=1016
-  _globals['_PARTITIONDESCRIPTION']._serialized_end=1224
-  _globals['_DESCRIBECONFIGSREQUEST']._serialized_start=1226
-  _globals['_DESCRIBECONFIGSREQUEST']._serialized_end=1265
-  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_start=1267
-  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_end=1334
-  _globals['_TOPICCONFIGS']._serialized_start=1336
-  _globals['_TOPICCONFIGS']._serialized_end=1440
-  _globals['_CONFIGENTRY']._serialized_start=1442
-  _globals['_CONFIGENTRY']._serialized_end=1526
-  _globals['_ALTERCONFIGSREQUEST']._serialized_start=1528
-  _globals['_ALTERCONFIGSREQUEST']._serialized_end=1619
-  _globals['_ALTERTOPICCONFIGS']._serialized_start=1622
-  _globals['_ALTERTOPICCONFIGS']._serialized_end=1768
-  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_start=1726
-  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_end=1768
-  _globals['_ALTERCONFIGSRESPONSE']._serialized_start=1770
-  _globals['_ALTERCONFIGSRESPONSE']._serialized_end=1833
-  _globals['_ADMIN']._serialized_start=1961
-  _globals['_ADMIN']._serialized_end=2398
+  _globals['_CONFIGSOURCE']._serialized_start=1862
+  _globals['_CONFIGSOURCE']._serialized_end=1985
+  _globals['_CREATETOPICSREQUEST']._serialized_start=90
+  _globals['_CREATETOPICSREQUEST']._serialized_end=172
+  _globals['_NEWTOPIC']._serialized_start=175
+  _globals['_NEWTOPIC']._serialized_end=406
+  _globals['_NEWTOPIC_CONFIGSENTRY']._serialized_start=360
+  _globals['_NEWTOPIC_CONFIGSENTRY']._serialized_end=406
+  _globals['_REPLICAASSIGNMENT']._serialized_start=408
+  _globals['_REPLICAASSIGNMENT']._serialized_end=466
+  _globals['_CREATETOPICSRESPONSE']._serialized_start=468
+  _globals['_CREATETOPICSRESPONSE']._serialized_end=531
+  _globals['_TOPICRESULT']._serialized_start=533
+  _globals['_TOPICRESULT']._serialized_end=594
+  _globals['_DELETETOPICSREQUEST']._serialized_start=596
+  _globals['_DELETETOPICSREQUEST']._serialized_end=632
+  _globals['_DELETETOPICSRESPONSE']._serialized_start=634
+  _globals['_DELETETOPICSRESPONSE']._serialized_end=697
+  _globals['_DESCRIBETOPICSREQUEST']._serialized_start=699
+  _globals['_DESCRIBETOPICSREQUEST']._serialized_end=737
+  _globals['_DESCRIBETOPICSRESPONSE']._serialized_start=739
+  _globals['_DESCRIBETOPICSRESPONSE']._serialized_end=809
+  _globals['_TOPICDESCRIPTION']._serialized_start=812
+  _globals['_TOPICDESCRIPTION']._serialized_end=1040
+  _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_start=360
+  _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_end=406
+  _globals['_PARTITIONDESCRIPTION']._serialized_start=1043
+  _globals['_PARTITIONDESCRIPTION']._serialized_end=1251
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_start=1253
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_end=1292
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_start=1294
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_end=1361
+  _globals['_TOPICCONFIGS']._serialized_start=1363
+  _globals['_TOPICCONFIGS']._serialized_end=1467
+  _globals['_CONFIGENTRY']._serialized_start=1469
+  _globals['_CONFIGENTRY']._serialized_end=1553
+  _globals['_ALTERCONFIGSREQUEST']._serialized_start=1555
+  _globals['_ALTERCONFIGSREQUEST']._serialized_end=1646
+  _globals['_ALTERTOPICCONFIGS']._serialized_start=1649
+  _globals['_ALTERTOPICCONFIGS']._serialized_end=1795
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_start=1753
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_end=1795
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_start=1797
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_end=1860
+  _globals['_ADMIN']._serialized_start=1988
+  _globals['_ADMIN']._serialized_end=3090
 # @@protoc_insertion_point(module_scope)

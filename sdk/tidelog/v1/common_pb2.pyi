@@ -81,6 +81,21 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The named group is not known."""
     NON_EMPTY_GROUP: _ErrorCode.ValueType  # 27
     """The group still has live members."""
+    AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 28
+    """The principal may not do the operation on the resource (ACLs); the
+    message names both. Not retriable: an operator must grant it.
+    """
+    TOPIC_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 29
+    """AUTHORIZATION_FAILED on a topic."""
+    GROUP_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 30
+    """AUTHORIZATION_FAILED on a consumer group."""
+    CLUSTER_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 31
+    """AUTHORIZATION_FAILED on the cluster."""
+    SASL_AUTHENTICATION_FAILED: _ErrorCode.ValueType  # 32
+    """The client could not be authenticated: unknown user or wrong password,
+    credentials sent without TLS, or no identity where anonymous clients are
+    not allowed.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Typed, per-partition outcome of a request. The names and meanings follow
@@ -147,6 +162,21 @@ GROUP_ID_NOT_FOUND: ErrorCode.ValueType  # 26
 """The named group is not known."""
 NON_EMPTY_GROUP: ErrorCode.ValueType  # 27
 """The group still has live members."""
+AUTHORIZATION_FAILED: ErrorCode.ValueType  # 28
+"""The principal may not do the operation on the resource (ACLs); the
+message names both. Not retriable: an operator must grant it.
+"""
+TOPIC_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 29
+"""AUTHORIZATION_FAILED on a topic."""
+GROUP_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 30
+"""AUTHORIZATION_FAILED on a consumer group."""
+CLUSTER_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 31
+"""AUTHORIZATION_FAILED on the cluster."""
+SASL_AUTHENTICATION_FAILED: ErrorCode.ValueType  # 32
+"""The client could not be authenticated: unknown user or wrong password,
+credentials sent without TLS, or no identity where anonymous clients are
+not allowed.
+"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

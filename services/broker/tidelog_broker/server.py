@@ -37,9 +37,12 @@ from tidelog.v1 import (
     log_pb2,
     log_pb2_grpc,
 )
+from tidelog_server.authorizer import Interceptor
 from tidelog_server.forwarding import ChannelPool
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.internal import replica_pb2_grpc
+from tidelog_server.security import Security
+from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import add_port, channel_security_of
 
 from tidelog_broker.admin_servicer import AdminServicer
@@ -82,6 +85,10 @@ class BrokerServer:
         self._internal_server: grpc.aio.Server | None = None
         #: The internal listener's bound port (cluster mode), once started.
         self.internal_port: int | None = None
+        #: Principals, ACLs and quotas (from etcd in cluster mode).
+        self.security = Security(
+            config.security or SecurityOptions(), config.tls, quotas_enabled=True
+        )
         self._health = HealthServicer()
         self._background: list[asyncio.Task[None]] = []
         self.bound_port: int | None = None
@@ -96,7 +103,7 @@ class BrokerServer:
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
         ]
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=[Interceptor(self.security)])
         services = [
             log_pb2.DESCRIPTOR.services_by_name["Log"].full_name,
             admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -108,8 +115,10 @@ class BrokerServer:
             self.manager.highest_producer_epoch = LocalEpochs(producer_ids).highest_epoch
             # No `confirm` needed: the allocator is in this process.
             log_pb2_grpc.add_LogServicer_to_server(LogServicer(self.manager, self.config), server)
+            # (ACL, user and quota RPCs stay UNIMPLEMENTED: they need etcd.)
             admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminServicer(self.manager, self.config), server
+                AdminServicer(self.manager, self.config),  # type: ignore[abstract]
+                server,
             )
             # InitProducerId from a local counter (idempotent producers).
             cluster_pb2_grpc.add_ClusterServicer_to_server(
@@ -137,6 +146,9 @@ class BrokerServer:
             self._internal_server = self._internal_listener(options)
             await self._internal_server.start()
             await self.link.start(self.bound_port, self.internal_port)
+            await self.security.start(self.link.client, self.link.keys)
+        else:
+            await self.security.start(None, None)
         await server.start()
         self._server = server
         self._background.append(asyncio.create_task(self.manager.logs.run_flush_scheduler()))
@@ -159,7 +171,7 @@ class BrokerServer:
         """Replication on a port of its own: followers read past the high
         watermark, which no client may, so the Replica service is never on
         the client listener (nor listed by its reflection)."""
-        server = grpc.aio.server(options=options)
+        server = grpc.aio.server(options=options, interceptors=[Interceptor(self.security)])
         replica_pb2_grpc.add_ReplicaServicer_to_server(
             ReplicaServicer(self.manager.replicas, self.config), server
         )
@@ -187,6 +199,7 @@ class BrokerServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.security.stop()
         self.manager.close()
         log.info("broker %d stopped", self.config.broker_id)
 

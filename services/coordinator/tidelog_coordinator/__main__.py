@@ -7,6 +7,7 @@ import asyncio
 import logging
 import signal
 
+from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_coordinator.config import CoordinatorConfig
@@ -42,9 +43,11 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     )
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
+    add_security_arguments(parser)
     args = parser.parse_args(argv)
     try:
         tls = tls_from_args(args)
+        security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(
@@ -66,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         etcd_max_txn_ops=args.etcd_max_txn_ops,
         group_max_members=args.group_max_members,
         tls=tls,
+        security=security,
         **extra,
     )
 

@@ -18,9 +18,10 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc,
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicRecord
 from tidelog_coordinator.producer_ids import ProducerIdAllocator
+from tidelog_coordinator.security_admin import SecurityAdmin
 
 
-class AdminServicer(admin_pb2_grpc.AdminServicer):
+class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
     def __init__(self, metadata: MetadataManager) -> None:
         self.metadata = metadata
 

@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import ServerTls
 
 
@@ -52,3 +53,5 @@ class CoordinatorConfig:
     group_max_members: int = 1_000
     #: TLS on the listener (None: plain text).
     tls: ServerTls | None = None
+    #: Authentication and authorization (--allow-anonymous, --super-users, ...).
+    security: SecurityOptions = field(default_factory=SecurityOptions)

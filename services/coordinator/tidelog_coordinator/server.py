@@ -32,9 +32,11 @@ from tidelog.v1 import (
     group_pb2,
     group_pb2_grpc,
 )
+from tidelog_server.authorizer import Interceptor
 from tidelog_server.etcd import Election, PrefixWatcher, connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
+from tidelog_server.security import Security
 from tidelog_server.tls import add_port
 
 from tidelog_coordinator.admin_servicer import (
@@ -77,6 +79,7 @@ class CoordinatorServer:
         self._topics_watcher = PrefixWatcher(
             self.client, self.keys.topics, self.groups.cache.apply_topics, name="topics"
         )
+        self.security = Security(config.security, config.tls)
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
@@ -86,7 +89,10 @@ class CoordinatorServer:
         return controller_value_id(await Election.leader(self.client, self.keys.election))
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS])
+        server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS],
+            interceptors=[Interceptor(self.security)],
+        )
         admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.metadata), server)
         cluster_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(self.metadata, self._controller_id), server
@@ -115,6 +121,7 @@ class CoordinatorServer:
             asyncio.create_task(self._groups_watcher.run(), name="watch-groups"),
             asyncio.create_task(self.lifecycle.run(), name="lifecycle"),
         ]
+        await self.security.start(self.client, self.keys)
         await server.start()
         self._server = server
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -141,6 +148,7 @@ class CoordinatorServer:
             await self.lifecycle.close()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        await self.security.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import logging
 
+from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_gateway.config import GatewayConfig
@@ -51,9 +52,11 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     parser.add_argument("--drain-timeout-s", type=float, default=defaults.drain_timeout_s)
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
+    add_security_arguments(parser)
     args = parser.parse_args(argv)
     try:
         tls = tls_from_args(args)
+        security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(
@@ -78,6 +81,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         upstream_connections=args.upstream_connections,
         drain_timeout_s=args.drain_timeout_s,
         tls=tls,
+        security=security,
     )
 
 
