@@ -26,6 +26,7 @@ import grpc
 import grpc.aio
 
 from tidelog._admin_groups import GroupAdmin, GroupDescription, GroupListing
+from tidelog._admin_security import AsyncSecurityAdmin, SecurityAdmin
 from tidelog._connection import Cluster
 from tidelog._loop_thread import LoopThread
 from tidelog.config import AdminConfig
@@ -156,7 +157,7 @@ _SOURCES = {
 }
 
 
-class AsyncAdminClient:
+class AsyncAdminClient(AsyncSecurityAdmin):
     """Topic administration on asyncio. Options: see `tidelog.config.AdminConfig`."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
@@ -466,7 +467,7 @@ class AsyncAdminClient:
         await self.close()
 
 
-class AdminClient:
+class AdminClient(SecurityAdmin):
     """Blocking topic administration. Options: see `tidelog.config.AdminConfig`."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):

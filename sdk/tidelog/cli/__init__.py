@@ -18,7 +18,7 @@ import sys
 
 import grpc
 
-from tidelog.cli import consume, dev_cluster, groups, produce, topics
+from tidelog.cli import consume, dev_cluster, groups, produce, security, topics
 from tidelog.cli._common import EXIT_USAGE, ArgumentParser, add_bootstrap_argument, fail
 from tidelog.errors import TidelogError, error_from_rpc
 
@@ -26,7 +26,7 @@ from tidelog.errors import TidelogError, error_from_rpc
 def build_parser() -> ArgumentParser:
     parser = ArgumentParser(prog="tidelog", description="Tidelog command-line client.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev_cluster, topics, produce, consume, groups):
+    for module in (dev_cluster, topics, produce, consume, groups, security):
         module.register(sub, add_bootstrap_argument)
     return parser
 

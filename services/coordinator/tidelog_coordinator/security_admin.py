@@ -206,12 +206,17 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
         for entry in request.entries:
             try:
                 principal = check_principal(entry.entity.principal)
-                values = check_quota_values(dict(entry.values))
+                check_quota_values(dict(entry.values))
             except ValueError as exc:
                 response.results.append(_invalid(str(exc)))
                 continue
             key = self._keys.quota(principal, entry.entity.client_id)
             try:
+                # The quotas named replace theirs; the others are kept.
+                current = await self._client.get(key)
+                values = decode_quota(current.value) if current is not None else {}
+                values.update(entry.values)
+                values = {k: v for k, v in values.items() if v > 0}
                 if values:
                     await self._client.put(key, encode_quota(values))
                 else:
