@@ -71,7 +71,7 @@ class Authenticator:
         self.verifier = verifier
         self.allow_anonymous = allow_anonymous
 
-    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+    async def caller(self, context: grpc.aio.ServicerContext) -> Caller:
         """Raises SaslAuthenticationError when the call has no acceptable identity."""
         user = password = None
         client_id = ""
@@ -89,7 +89,7 @@ class Authenticator:
                     "credentials are refused on a connection without TLS: "
                     "use security_protocol='SASL_SSL'"
                 )
-            if password is None or not self.verifier.verify(user, password):
+            if password is None or not await self.verifier.verify(user, password):
                 raise SaslAuthenticationError(
                     f"authentication failed for user {user[:64]!r}: unknown user or wrong password"
                 )

@@ -241,7 +241,7 @@ class Interceptor(grpc.aio.ServerInterceptor):
                 ),
             )
         try:
-            return self.security.authenticator.caller(context)
+            return await self.security.authenticator.caller(context)
         except SaslAuthenticationError as exc:
             await _abort(context, exc)
             raise  # pragma: no cover

@@ -15,6 +15,7 @@ cost one SHA-256, and a changed or removed record forgets it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -30,6 +31,10 @@ SALT_BYTES = 16
 #: Limits on what a client controls.
 MAX_USER_CHARS = 256
 MAX_PASSWORD_BYTES = 1_024
+#: Users set by one AlterUserCredentials request (each costs one scrypt).
+MAX_USERS_PER_REQUEST = 16
+#: scrypt checks of credentials running at once (see Verifier.verify).
+SLOW_CHECKS = 1
 
 
 def check_user_name(user: str) -> str:
@@ -101,12 +106,13 @@ class StoredCredential:
 
 class Verifier:
     """Checks (user, password) against the stored records; see module doc.
-    One event loop; not thread-safe."""
+    One event loop (scrypt runs in threads); not thread-safe."""
 
     def __init__(self) -> None:
         self._records: dict[str, StoredCredential] = {}
         #: user -> (record it was checked against, SHA-256 of the password).
         self._verified: dict[str, tuple[StoredCredential, bytes]] = {}
+        self._slow_checks = asyncio.Semaphore(SLOW_CHECKS)
 
     def replace(self, records: dict[str, StoredCredential]) -> None:
         self._records = dict(records)
@@ -122,15 +128,21 @@ class Verifier:
     def users(self) -> list[str]:
         return sorted(self._records)
 
-    def verify(self, user: str, password: bytes) -> bool:
+    async def verify(self, user: str, password: bytes) -> bool:
         record = self._records.get(user)
-        if record is None:
+        if record is None or len(password) > MAX_PASSWORD_BYTES:
             return False
         digest = hashlib.sha256(record.salt + password).digest()
         remembered = self._verified.get(user)
         if remembered is not None and remembered[0] is record:
             return hmac.compare_digest(remembered[1], digest)
-        if not record.verify(password):
+        # scrypt takes ~50 ms of CPU: in a thread, so the event loop keeps
+        # serving, and at most SLOW_CHECKS at once, so that a flood of wrong
+        # passwords costs the service a bounded share of its CPU.
+        async with self._slow_checks:
+            ok = await asyncio.to_thread(record.verify, password)
+        if not ok:
             return False
-        self._verified[user] = (record, digest)
+        if self._records.get(user) is record:
+            self._verified[user] = (record, digest)
         return True

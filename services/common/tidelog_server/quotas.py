@@ -72,11 +72,12 @@ class _Rate:
 
     def throttle_ms(self, quota: float, now: float) -> int:
         """How long to wait for total / window to drop to the quota."""
-        window = max(1.0, min(WINDOW_S, now - self.started))
-        if self.total <= quota * window:
+        elapsed = min(WINDOW_S, now - self.started)
+        # A window of at least a second: the first request is not "infinitely fast".
+        if self.total <= quota * max(1.0, elapsed):
             return 0
-        # Wait w such that total / (window + w) == quota.
-        wait_s = self.total / quota - window
+        # Wait w such that total / (elapsed + w) == quota.
+        wait_s = self.total / quota - elapsed
         return min(MAX_THROTTLE_MS, int(wait_s * 1000))
 
 

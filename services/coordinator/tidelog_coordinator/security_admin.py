@@ -12,6 +12,7 @@ cluster has it.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import unquote
 
@@ -20,7 +21,7 @@ import grpc
 from tidelog.errors import InvalidRequestError
 from tidelog.v1 import admin_pb2_grpc, common_pb2, security_pb2
 from tidelog_server.acls import MAX_BINDINGS_PER_REQUEST, AclBinding, AclFilter, check_principal
-from tidelog_server.credentials import StoredCredential, check_user_name
+from tidelog_server.credentials import MAX_USERS_PER_REQUEST, StoredCredential, check_user_name
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.quotas import check_quota_values, decode_quota, encode_quota
 
@@ -148,15 +149,23 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
     async def AlterUserCredentials(
         self, request: security_pb2.AlterUserCredentialsRequest, context: grpc.aio.ServicerContext
     ) -> security_pb2.AlterUserCredentialsResponse:
-        await self._check_count(
-            len(request.upsertions) + len(request.deletions), "AlterUserCredentials", context
-        )
+        await self._check_count(len(request.deletions), "AlterUserCredentials", context)
+        if len(request.upsertions) > MAX_USERS_PER_REQUEST:
+            await abort(
+                context,
+                InvalidRequestError(
+                    f"AlterUserCredentials sets {len(request.upsertions)} passwords: at most "
+                    f"{MAX_USERS_PER_REQUEST} (MAX_USERS_PER_REQUEST; each is hashed with scrypt)"
+                ),
+                "answering AlterUserCredentials",
+            )
         response = security_pb2.AlterUserCredentialsResponse()
         for upsertion in request.upsertions:
             result = response.results.add(user=upsertion.user)
             try:
                 check_user_name(upsertion.user)
-                record = StoredCredential.create(upsertion.password)
+                # scrypt: ~50 ms of CPU, off the event loop.
+                record = await asyncio.to_thread(StoredCredential.create, upsertion.password)
             except ValueError as exc:
                 result.error.CopyFrom(_invalid(str(exc)))
                 continue
