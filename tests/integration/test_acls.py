@@ -27,6 +27,7 @@ from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from tidelog._admin_security import AclBinding, AclBindingFilter
 from tidelog.errors import (
     ClusterAuthorizationFailedError,
+    GroupAuthorizationFailedError,
     SaslAuthenticationError,
     TopicAuthorizationFailedError,
 )
@@ -415,3 +416,28 @@ def test_anonymous_clients_are_refused_by_default_with_tls(
             sasl_plain_username="root",
             sasl_plain_password="x",
         )
+
+
+def test_a_group_needs_read_on_the_group(cluster: SecureCluster) -> None:
+    _create(cluster, "grouped")
+    _produce(cluster, "admin", "grouped")
+    _grant(cluster, AclBinding("User:bob", "Read", "topic", "grouped"))
+    options = cluster.options("bob")
+    with Consumer(
+        bootstrap_servers=cluster.bootstrap, group_id="bobs-group", consumer_timeout_ms=20_000,
+        auto_offset_reset="earliest", **options,
+    ) as consumer:  # fmt: skip
+        consumer.subscribe(["grouped"])
+        with pytest.raises(GroupAuthorizationFailedError, match="Read group 'bobs-group'"):
+            list(consumer)
+    _grant(cluster, AclBinding("User:bob", "Read", "group", "bobs-", pattern_type="prefixed"))
+    with Consumer(
+        bootstrap_servers=cluster.bootstrap, group_id="bobs-group", consumer_timeout_ms=5_000,
+        auto_offset_reset="earliest", **options,
+    ) as consumer:  # fmt: skip
+        consumer.subscribe(["grouped"])
+        assert [r.value for r in _eventually(lambda: list(consumer) or _fail())] == [b"hello"]
+
+
+def _fail() -> list[Any]:
+    raise AssertionError("nothing consumed yet")
