@@ -15,6 +15,7 @@ and that credentials are checked against a salted hash.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -279,6 +280,44 @@ def test_acls_cli_adds_lists_and_removes(
     assert listed.stdout.decode().splitlines() == [
         "allow User:carol Describe from * on topic:prefixed:cli-"
     ]
+    # Users: the password from stdin, listed with its mechanism only.
+    tidelog(
+        "users",
+        "add",
+        "dave",
+        "--password-stdin",
+        stdin=b"pw-of-dave\n",
+        bootstrap=cluster.bootstrap,
+    )
+    users = tidelog("users", "list", bootstrap=cluster.bootstrap).stdout.decode()
+    assert "dave  scrypt-n16384-r8-p1" in users and "pw-of-dave" not in users
+    tidelog("users", "remove", "dave", bootstrap=cluster.bootstrap)
+    assert "dave" not in tidelog("users", "list", bootstrap=cluster.bootstrap).stdout.decode()
+    # Quotas: set, merged, described, removed.
+    tidelog(
+        "quotas", "set", "--principal", "User:dave", "--producer-byte-rate", "1000",
+        bootstrap=cluster.bootstrap,
+    )  # fmt: skip
+    tidelog(
+        "quotas", "set", "--principal", "User:dave", "--request-rate", "5",
+        bootstrap=cluster.bootstrap,
+    )  # fmt: skip
+    described = tidelog("quotas", "describe", bootstrap=cluster.bootstrap).stdout.decode()
+    assert "User:dave: producer_byte_rate=1000, request_rate=5" in described
+    tidelog(
+        "quotas", "set", "--principal", "User:dave", "--producer-byte-rate", "0",
+        "--request-rate", "0", bootstrap=cluster.bootstrap,
+    )  # fmt: skip
+    assert (
+        "User:dave"
+        not in tidelog("quotas", "describe", bootstrap=cluster.bootstrap).stdout.decode()
+    )
+    # Refused as the command line's fault, naming what is wrong.
+    bad = tidelog(
+        "acls", "add", "--allow-principal", "carol", "--operation", "Read", "--topic", "t",
+        bootstrap=cluster.bootstrap, check=False,
+    )  # fmt: skip
+    assert bad.returncode != 0 and b"User:<name>" in bad.stderr
 
 
 def test_sasl_credentials_are_checked_against_a_salted_hash(cluster: SecureCluster) -> None:
@@ -441,3 +480,44 @@ def test_a_group_needs_read_on_the_group(cluster: SecureCluster) -> None:
 
 def _fail() -> list[Any]:
     raise AssertionError("nothing consumed yet")
+
+
+def test_a_fetch_quota_holds_the_answers_back(cluster: SecureCluster) -> None:
+    rate = 200_000  # bytes per second
+    _create(cluster, "fquota")
+    with Producer(bootstrap_servers=cluster.bootstrap, **cluster.options("admin")) as producer:
+        for _ in range(3000):
+            producer.send("fquota", b"y" * 1000)
+        producer.flush(timeout=60)
+    _grant(cluster, AclBinding("User:bob", "Read", "topic", "fquota"))
+    with cluster.admin() as admin:
+        admin.alter_client_quotas("User:bob", {"consumer_byte_rate": rate})
+    security = ChannelSecurity.from_options(**_channel_options(cluster, "bob"))
+    stop = threading.Event()
+
+    def requests() -> Iterator[log_pb2.FetchRequest]:
+        yield log_pb2.FetchRequest(
+            positions=[log_pb2.FetchPosition(topic="fquota", partition=0, fetch_offset=0)],
+            credit_bytes=64 * 1024 * 1024,
+            max_bytes=64 * 1024,
+        )
+        stop.wait(60)
+
+    fetched = 0
+    throttles: list[int] = []
+    with security.channel(cluster.bootstrap) as channel:
+        call = log_pb2_grpc.LogStub(channel).Fetch(requests(), timeout=60)
+        started = time.monotonic()
+        for response in call:
+            fetched += sum(len(p.records) for p in response.partitions)
+            throttles.append(response.throttle_time_ms)
+            if time.monotonic() - started > 4 or fetched >= 3_000_000:
+                break
+        elapsed = time.monotonic() - started
+        stop.set()
+        call.cancel()
+    assert max(throttles) > 0, "the broker never reported a throttle time"
+    # Unthrottled, the 3 MB arrive in well under a second on loopback.
+    assert fetched < 2 * rate * elapsed + 10 * rate, (fetched, elapsed)
+    with cluster.admin() as admin:
+        admin.alter_client_quotas("User:bob", {"consumer_byte_rate": 0})
