@@ -26,7 +26,13 @@ import grpc
 import grpc.aio
 
 from tidelog._admin_groups import GroupAdmin, GroupDescription, GroupListing
-from tidelog._admin_security import AsyncSecurityAdmin, SecurityAdmin
+from tidelog._admin_security import (
+    AclBinding,
+    AclBindingFilter,
+    AsyncSecurityAdmin,
+    ClientQuota,
+    SecurityAdmin,
+)
 from tidelog._connection import Cluster
 from tidelog._loop_thread import LoopThread
 from tidelog.config import AdminConfig
@@ -58,7 +64,16 @@ from tidelog.types import (
 )
 from tidelog.v1 import admin_pb2, cluster_pb2
 
-__all__ = ["AdminClient", "AsyncAdminClient", "ConfigEntry", "GroupDescription", "GroupListing"]
+__all__ = [
+    "AclBinding",
+    "AclBindingFilter",
+    "AdminClient",
+    "AsyncAdminClient",
+    "ClientQuota",
+    "ConfigEntry",
+    "GroupDescription",
+    "GroupListing",
+]
 
 T = TypeVar("T")
 

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
-from tidelog._admin_security import AclBinding, AclBindingFilter
+from tidelog.admin import AclBinding, AclBindingFilter
 from tidelog.errors import (
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,

@@ -18,8 +18,7 @@ import argparse
 import getpass
 import sys
 
-from tidelog._admin_security import AclBinding, AclBindingFilter
-from tidelog.admin import AdminClient
+from tidelog.admin import AclBinding, AclBindingFilter, AdminClient
 from tidelog.cli._common import AddBootstrap
 
 CLUSTER = "tidelog-cluster"

@@ -49,6 +49,8 @@ WILDCARD_PRINCIPAL = "User:*"
 #: Limits on what one Admin request may carry.
 MAX_BINDINGS_PER_REQUEST = 1_000
 MAX_NAME_CHARS = 1_000
+#: Decisions remembered between ACL changes (a hot topic is checked per request).
+MAX_REMEMBERED_DECISIONS = 10_000
 
 #: Operations that a grant of the key implies (Kafka's implied operations).
 _IMPLIES = {
@@ -200,6 +202,7 @@ class AclTable:
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
         self._by_key: dict[bytes, AclBinding] = {}
         self._by_type: dict[str, list[AclBinding]] = {t: [] for t in RESOURCE_TYPES}
+        self._decisions: dict[tuple[str, str, str, str, str], Decision] = {}
 
     def replace(self, bindings: dict[bytes, AclBinding]) -> None:
         self._by_key = dict(bindings)
@@ -213,11 +216,13 @@ class AclTable:
         self._reindex()
 
     def _reindex(self) -> None:
-        # ACL changes are rare and reads are per call: index once per change.
+        # ACL changes are rare and reads are per call: index once per change,
+        # and remember decisions until the next change.
         by_type: dict[str, list[AclBinding]] = {t: [] for t in RESOURCE_TYPES}
         for binding in self._by_key.values():
             by_type[binding.resource_type].append(binding)
         self._by_type = by_type
+        self._decisions.clear()
 
     def bindings(self) -> list[AclBinding]:
         return list(self._by_key.values())
@@ -227,6 +232,17 @@ class AclTable:
     ) -> Decision:
         if principal in self.super_users:
             return Decision(True, "super user")
+        key = (principal, host, operation, resource_type, name)
+        decision = self._decisions.get(key)
+        if decision is None:
+            if len(self._decisions) >= MAX_REMEMBERED_DECISIONS:
+                self._decisions.clear()
+            decision = self._decisions[key] = self._decide(*key)
+        return decision
+
+    def _decide(
+        self, principal: str, host: str, operation: str, resource_type: str, name: str
+    ) -> Decision:
         matching = [
             b for b in self._by_type[resource_type] if b.matches_resource(resource_type, name)
         ]

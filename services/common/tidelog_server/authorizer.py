@@ -279,13 +279,18 @@ class Interceptor(grpc.aio.ServerInterceptor):
         )
         return decision.allowed
 
-    def _throttle_ms(self, caller: Caller, key: str, amount: float) -> int:
+    def _metered(self, caller: Caller) -> bool:
+        """Whether this caller's traffic counts against quotas right now (a
+        quota set while a stream is open applies to it from then on)."""
         security = self.security
-        if not security.quotas_enabled or not security.quotas.enabled:
-            return 0
-        if caller.principal in security.super_users:
-            return 0
-        return security.quotas.record(caller.principal, caller.client_id, key, amount)
+        return (
+            security.quotas_enabled
+            and security.quotas.enabled
+            and caller.principal not in security.super_users
+        )
+
+    def _throttle_ms(self, caller: Caller, key: str, amount: float) -> int:
+        return self.security.quotas.record(caller.principal, caller.client_id, key, amount)
 
     # Wrappers
 
@@ -293,10 +298,11 @@ class Interceptor(grpc.aio.ServerInterceptor):
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             caller = await self._admit(context)
             await self._check(caller, rule.checks(request, {}), context)
-            throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
-            if throttle_ms:
-                # Request quota: the answer is held back, never refused.
-                await asyncio.sleep(throttle_ms / 1000)
+            if self._metered(caller):
+                throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
+                if throttle_ms:
+                    # Request quota: the answer is held back, never refused.
+                    await asyncio.sleep(throttle_ms / 1000)
             response = await behavior(request, context)
             listing = rule.listing
             if listing is not None and response is not None and not _named(request, rule):
@@ -337,14 +343,16 @@ class Interceptor(grpc.aio.ServerInterceptor):
                     wait_s = hold_until[0] - time.monotonic()
                     if wait_s > 0:
                         await asyncio.sleep(wait_s)
-                    throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
-                    if rule.quota == "produce":
-                        throttle_ms = max(
-                            throttle_ms,
-                            self._throttle_ms(caller, PRODUCER_BYTE_RATE, request.ByteSize()),
-                        )
-                    if throttle_ms:
-                        hold_until[0] = time.monotonic() + throttle_ms / 1000
+                    if self._metered(caller):
+                        throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
+                        if rule.quota == "produce":
+                            # ByteSize: no copy of the records (a field read would).
+                            size = request.ByteSize()
+                            throttle_ms = max(
+                                throttle_ms, self._throttle_ms(caller, PRODUCER_BYTE_RATE, size)
+                            )
+                        if throttle_ms:
+                            hold_until[0] = time.monotonic() + throttle_ms / 1000
                     yield request
 
             try:
@@ -353,19 +361,24 @@ class Interceptor(grpc.aio.ServerInterceptor):
                     async for response in responses:
                         if denied:
                             break
-                        throttle_ms = 0
+                        if not rule.quota:
+                            yield response
+                            continue
+                        wait_s = hold_until[0] - time.monotonic()
                         if rule.quota == "fetch":
-                            wait_s = hold_until[0] - time.monotonic()
+                            # The answer before went over: hold this one back.
                             if wait_s > 0:
                                 await asyncio.sleep(wait_s)
-                            throttle_ms = self._throttle_ms(
-                                caller, CONSUMER_BYTE_RATE, response.ByteSize()
-                            )
-                            if throttle_ms:
-                                hold_until[0] = time.monotonic() + throttle_ms / 1000
+                            throttle_ms = 0
+                            if self._metered(caller):
+                                size = response.ByteSize()
+                                throttle_ms = self._throttle_ms(caller, CONSUMER_BYTE_RATE, size)
+                                if throttle_ms:
+                                    hold_until[0] = time.monotonic() + throttle_ms / 1000
                         else:
-                            throttle_ms = int(max(0.0, hold_until[0] - time.monotonic()) * 1000)
-                        if throttle_ms and rule.quota:
+                            # Produce: how long the next request will be held.
+                            throttle_ms = int(max(0.0, wait_s) * 1000)
+                        if throttle_ms:
                             response.throttle_time_ms = throttle_ms
                         yield response
             except AuthorizationFailedError as exc:
