@@ -522,3 +522,24 @@ def test_a_fetch_quota_holds_the_answers_back(cluster: SecureCluster) -> None:
     assert fetched < 2 * rate * elapsed + 10 * rate, (fetched, elapsed)
     with cluster.admin() as admin:
         admin.alter_client_quotas("User:bob", {"consumer_byte_rate": 0})
+
+
+def test_a_request_rate_quota_answers_late_not_never(cluster: SecureCluster) -> None:
+    _create(cluster, "rated")
+    _grant(cluster, AclBinding("User:alice", "Describe", "topic", "rated"))
+    with cluster.admin() as admin:
+        admin.alter_client_quotas("User:alice", {"request_rate": 5})
+    try:
+        with cluster.admin("alice") as admin:
+            _eventually(lambda: admin.describe_topics(["rated"]))
+            started = time.monotonic()
+            for _ in range(50):
+                # Every call is answered (slowed, never refused).
+                assert [t.name for t in admin.describe_topics(["rated"])] == ["rated"]
+            elapsed = time.monotonic() - started
+        # 50 calls at 5 a second take about 10 s; unthrottled, ms each.
+        # A lower bound only: a loaded machine makes it longer, never shorter.
+        assert elapsed > 5.0, elapsed
+    finally:
+        with cluster.admin() as admin:
+            admin.alter_client_quotas("User:alice", {"request_rate": 0})
