@@ -7,13 +7,17 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples clean
+.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka lint format proto proto-check go-tools examples images demo-spark clean
 
 install: $(STAMP)
 
 # One distribution per part, each with its own pyproject.toml; all installed
 # editable into .venv with the developer tools.
 PARTS := sdk services/common services/broker services/coordinator services/gateway
+# What pip installs: the parts, the SDK with its Spark extra (pyspark and
+# pyarrow, for tests/spark and bench/spark_bench.py; pyspark is a ~456 MB source
+# package, ~40 s cold, seconds from pip's cache).
+INSTALL_PARTS := $(patsubst sdk,sdk[spark],$(PARTS))
 
 # Reinstall only when a dependency list changes: `make install` is quick when
 # nothing did.
@@ -21,7 +25,12 @@ $(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
 	@tools/check-prereqs.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet $(addprefix -e ,$(PARTS)) -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet $(foreach p,$(INSTALL_PARTS),-e '$(p)') -r requirements-dev.txt
+	@# PySpark finds `format("tidelog")` by listing top-level modules named
+	@# pyspark_* (pkgutil.iter_modules), which does not see the import hooks of
+	@# editable installs: put sdk/ itself on the venv's path so that
+	@# sdk/pyspark_tidelog is listed (an installed wheel needs nothing of this).
+	@$(BIN)/python -c 'import pathlib, sysconfig; pathlib.Path(sysconfig.get_paths()["purelib"], "tidelog-sdk-modules.pth").write_text("$(CURDIR)/sdk\n")'
 	@touch $(STAMP)
 
 run: install
@@ -31,10 +40,22 @@ run: install
 # start, so more workers than cores pays); tests that share one heavy resource
 # carry an xdist_group mark and run in one worker. The fault tests kill
 # processes and wait out leases: they run after the rest, one at a time.
+# helm-background first: the first build of helm takes ~10 minutes and runs
+# beside lint and the tests; tests/deploy (one worker) waits for it.
 TEST_WORKERS ?= 4
-test: install proto-check lint go-tools
+test: helm-background install proto-check lint go-tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests --ignore=tests/fault
 	$(BIN)/python -m pytest -q tests/fault
+
+# helm (helm.sh/helm/v3, version pinned in tools/helm.sh), built once into
+# ~/.cache/tidelog/go-bin and shared by every clone: `make helm` waits for it,
+# `make helm-background` starts the build and returns (exit 3 = no Go: the
+# chart tests skip and say so; 4 = a build is under way).
+helm:
+	@tools/helm.sh >/dev/null || [ $$? -eq 3 ]
+
+helm-background:
+	@tools/helm.sh --background >/dev/null; rc=$$?; [ $$rc -eq 0 ] || [ $$rc -eq 3 ] || [ $$rc -eq 4 ]
 
 # grpcurl and the Go protoc plugins at pinned versions, built once into
 # .cache/go-bin (docs/any-language.md and the Go example use them). Without Go
@@ -43,11 +64,24 @@ test: install proto-check lint go-tools
 go-tools:
 	@tools/go-tools.sh >/dev/null || [ $$? -eq 3 ]
 
-# The Go and Java example programs (examples/), generated from protos/ and
-# built; tests/integration/clients runs them against a local cluster.
+# The Go, Java and TypeScript example programs (examples/), generated from
+# protos/ and built; tests/integration/clients runs them against a local cluster.
 examples: install
 	PYTHON=$(BIN)/python examples/go/build.sh
 	examples/java/build.sh
+	examples/typescript/build.sh
+
+# The container images: one per service (deploy/docker/Dockerfile: tidelog-broker,
+# tidelog-coordinator, tidelog-gateway) and etcd's for tests/containers, each tagged with a
+# hash of its inputs and :latest, and built only when those changed (tools/images.py; the
+# wheelhouse and the base image are cached under ~/.cache/tidelog). Starts a Docker engine
+# first when none answers (tools/docker-engine.sh, as root; it keeps running:
+# `tools/docker-engine.sh stop`). No registry is reachable here, so the base image is made
+# with debootstrap; elsewhere: make images BASE_IMAGE=python:3.11-slim-bookworm
+BASE_IMAGE ?= local
+images: install
+	@host=$$(tools/docker-engine.sh start) && \
+	  DOCKER_HOST=$$host $(BIN)/python tools/images.py --base $(BASE_IMAGE) --tag latest
 
 test-unit: install
 	$(BIN)/python -m pytest -q tests/unit
@@ -60,11 +94,21 @@ soak: install
 	$(BIN)/python -m pytest -q -m soak tests/fault
 
 # Throughput, latency and memory beside the same run's baselines, then the
-# control plane's numbers (rebalance time, offset commits per second).
+# control plane's numbers (rebalance time, offset commits per second), then the
+# Spark source against Spark's Kafka source (Kafka on this machine), and the
+# page-view pipeline's latency and the Spark sink's rows/s.
 bench: install
 	$(BIN)/python -m bench
 	$(BIN)/python -m bench.group_bench
 	$(BIN)/python -m bench.gateway_bench
+	$(BIN)/python -m bench.spark_bench
+	$(BIN)/python -m bench.spark_pipeline_bench
+
+# The paper's pipeline on Spark (examples/spark/page_views.py), larger than in
+# `make test`, on a throwaway cluster: every count printed as it arrives, then
+# the produce-to-count latency at 1,000 events/s and the sink's rows/s.
+demo-spark: install
+	$(BIN)/python -m bench.spark_pipeline_bench --demo --seconds 60
 
 bench-kafka: install
 	$(BIN)/python -m bench --with-kafka

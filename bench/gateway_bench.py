@@ -13,6 +13,15 @@ gateway), alternating which goes first over ``--repeat`` rounds:
 - end-to-end latency at 10,000 records/s (producer and tail consumer in one
   process): the latency the gateway adds is its p50/p99 minus the direct ones.
 
+Then, on the same gateway:
+
+- the record-level API (`tidelog.v1.Records`) from the Go client
+  (`tidelog-go-example bench`, built by examples/go/build.sh; skipped with
+  the reason where Go is missing): produce and consume of 100-byte records,
+  records/s (goal: 300k each);
+- the RSS of a fresh gateway with 100 open, idle `Records.Consume` streams,
+  each granted 100 records over a three-partition backlog and never read.
+
 Prints medians, the ratio gateway/direct (issue 10's goal: at least 0.8x)
 and the added latency (goal: p99 at most +1 ms), and writes
 ``<output>/gateway.json``. A missed goal prints BELOW; it never fails the
@@ -23,9 +32,12 @@ run. The "server" CPU column is the broker's (direct) or the gateway's
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -43,6 +55,10 @@ from tests.support.gateway import GatewayProcess, start_gateway  # noqa: E402
 RECORD_BYTES = 100
 THROUGHPUT_GOAL = 0.8
 ADDED_P99_GOAL_MS = 1.0
+GO_RECORDS_GOAL = 300_000
+IDLE_STREAMS = 100
+IDLE_CREDIT_RECORDS = 100
+MIB = 1024 * 1024
 
 
 @contextlib.contextmanager
@@ -60,7 +76,9 @@ def median_of(rows: list[dict[str, Any]], key: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def run(count: int, repeat: int, e2e_seconds: float, output: Path) -> dict[str, Any]:
+def run(
+    count: int, repeat: int, e2e_seconds: float, output: Path, go: bool = True
+) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     with cluster_and_gateway() as (cluster, gateway):
         broker = cluster.brokers[0]
@@ -85,6 +103,15 @@ def run(count: int, repeat: int, e2e_seconds: float, output: Path) -> dict[str, 
                         f"   p50 {row['p50_ms'] or 0:.2f} ms   p99 {row['p99_ms'] or 0:.2f} ms",
                         flush=True,
                     )
+        go_api = go_records_api(gateway.address, count) if go else {"status": "NOT RUN"}
+        # A gateway of its own, so that its RSS is not what the workloads
+        # above left on the heap.
+        with tmpdir("tidelog-bench-idle-") as idle_logs:
+            fresh = start_gateway(cluster.etcd.endpoint, idle_logs, prefix=cluster.prefix)
+            try:
+                idle = idle_consume_rss(cluster.bootstrap, fresh)
+            finally:
+                fresh.stop()
     summary: dict[str, Any] = {}
     print(f"\n{'workload':<18}{'direct':>14}{'gateway':>14}{'ratio':>8}  goal")
     for name in ("produce_100B", "consume_100B"):
@@ -111,6 +138,8 @@ def run(count: int, repeat: int, e2e_seconds: float, output: Path) -> dict[str, 
     e2e["status"] = "PASS" if added_p99 is not None and added_p99 <= ADDED_P99_GOAL_MS else "BELOW"
     print(f"latency added at 10k records/s, p99: goal <= +{ADDED_P99_GOAL_MS} ms {e2e['status']}")
     summary["e2e_latency_10k"] = e2e
+    summary["go_records_api"] = go_api
+    summary["idle_consume_streams"] = idle
     doc = {
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "options": {"count": count, "repeat": repeat, "e2e_seconds": e2e_seconds},
@@ -121,6 +150,101 @@ def run(count: int, repeat: int, e2e_seconds: float, output: Path) -> dict[str, 
     (output / "gateway.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"\nwrote {output / 'gateway.json'}")
     return doc
+
+
+def go_records_api(address: str, count: int) -> dict[str, Any]:
+    """The Go client's record-level produce and consume throughput."""
+    build = subprocess.run(
+        [str(ROOT / "examples/go/build.sh")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if build.returncode != 0:
+        reason = build.stderr.strip().splitlines()[-1] if build.stderr.strip() else "failed"
+        print(f"Go record-level API: not run ({reason})")
+        return {"status": "NOT RUN", "reason": reason}
+    binary = build.stdout.strip().splitlines()[-1]
+    run_ = subprocess.run(
+        [binary, "bench", "-gateway", address, "-topic", f"go-bench-{time.time_ns()}",
+         "-records", str(count), "-size", str(RECORD_BYTES)],
+        capture_output=True, text=True, check=False, timeout=900,
+    )  # fmt: skip
+    if run_.returncode != 0:
+        print(f"Go record-level API: failed: {run_.stderr.strip()[-500:]}")
+        return {"status": "FAILED", "reason": run_.stderr.strip()[-500:]}
+    result: dict[str, Any] = json.loads(run_.stdout.strip().splitlines()[-1])
+    for key in ("produce_records_per_s", "consume_records_per_s"):
+        result[key.replace("records_per_s", "status")] = (
+            "PASS" if result[key] >= GO_RECORDS_GOAL else "BELOW"
+        )
+    print(
+        f"Go client, Records API, {RECORD_BYTES} B: produce {result['produce_records_per_s']:,.0f}"
+        f" rec/s {result['produce_status']}, consume {result['consume_records_per_s']:,.0f} rec/s "
+        f"{result['consume_status']} (goal >= {GO_RECORDS_GOAL:,} each)"
+    )
+    return result
+
+
+def idle_consume_rss(bootstrap: str, gateway: GatewayProcess) -> dict[str, Any]:
+    """The RSS of `gateway` (fresh) with IDLE_STREAMS idle Records.Consume
+    streams over a backlog written direct to the brokers (`bootstrap`)."""
+    import grpc.aio
+    import psutil
+    from tidelog import AdminClient, NewTopic, Producer
+    from tidelog.v1 import log_pb2, records_pb2, records_pb2_grpc
+
+    topic = f"gateway-idle-{time.time_ns()}"
+    with AdminClient(bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 3)])
+    # A backlog of 16 KiB batches, 1 MiB per partition.
+    with Producer(bootstrap_servers=bootstrap, batch_size=16 * 1024) as producer:
+        for i in range(30_000):
+            producer.send(topic, b"v" * RECORD_BYTES, partition=i % 3)
+    process = psutil.Process(gateway.pid)
+
+    async def hold() -> tuple[int, int]:
+        channel = grpc.aio.insecure_channel(gateway.address)
+        request = records_pb2.ConsumeRequest(
+            positions=[
+                records_pb2.ConsumePosition(topic=topic, partition=p, spec=log_pb2.EARLIEST)
+                for p in range(3)
+            ],
+            credit_records=IDLE_CREDIT_RECORDS,
+        )
+        before = process.memory_info().rss
+        calls = []
+        try:
+            for _ in range(IDLE_STREAMS):
+                call = records_pb2_grpc.RecordsStub(channel).Consume(timeout=120)
+                await call.write(request)  # and never read
+                calls.append(call)
+            peak = 0
+            for _ in range(50):
+                peak = max(peak, process.memory_info().rss)
+                await asyncio.sleep(0.1)
+            return before, peak
+        finally:
+            for call in calls:
+                call.cancel()
+            await channel.close(None)
+
+    before, peak = asyncio.run(hold())
+    print(
+        f"gateway RSS with {IDLE_STREAMS} idle Records.Consume streams ({IDLE_CREDIT_RECORDS} "
+        f"records of credit each): {peak / MIB:.0f} MiB (a fresh gateway: {before / MIB:.0f} MiB "
+        "before, "
+        f"{(peak - before) / IDLE_STREAMS / 1024:.0f} KiB a stream)"
+    )
+    return {
+        "streams": IDLE_STREAMS,
+        "credit_records": IDLE_CREDIT_RECORDS,
+        "rss_before_mib": before / MIB,
+        "rss_peak_mib": peak / MIB,
+        "per_stream_kib": (peak - before) / IDLE_STREAMS / 1024,
+    }
 
 
 def _steps(
@@ -171,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.records, args.repeat, args.e2e_seconds = 20_000, 1, 1.0
-    run(args.records, args.repeat, args.e2e_seconds, args.output)
+    # --quick is a smoke test: no Go build (the first one takes minutes).
+    run(args.records, args.repeat, args.e2e_seconds, args.output, go=not args.quick)
     return 0
 
 

@@ -13,7 +13,10 @@
 // With -api log it produces through the batch-level tidelog.v1.Log service
 // instead, with the record-batch encoder of batch.go (written from
 // docs/record-batch.md), and reads back through Records as before.
-// `tidelog-go-example encode` only encodes batches (see logapi.go).
+// `tidelog-go-example encode` only encodes batches (see logapi.go);
+// `tidelog-go-example produce` produces for a while and prints which records
+// were acknowledged (see produce.go); `tidelog-go-example bench` measures the
+// record-level API's throughput (see bench.go).
 //
 // It exits 0 and prints one line when every record came back intact, else it
 // exits 1 naming what was wrong.
@@ -39,6 +42,14 @@ const recordsPerRequest = 100
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "encode" {
 		encodeMain()
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "produce" {
+		produceMain(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "bench" {
+		benchMain(os.Args[2:])
 		return
 	}
 	api := flag.String("api", "records", "produce with the record-level Records service or the batch-level Log service (records|log)")

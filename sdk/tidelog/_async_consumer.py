@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
+from tidelog._client_metrics import Metrics
 from tidelog._connection import Cluster, check_known_partitions
 from tidelog._consumer_common import (
     ITERATION_CHUNK,
@@ -104,6 +105,7 @@ class AsyncConsumer:
         self._cluster = Cluster(self._config)
         self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
         self._subs = SubscriptionState(self._config, self._inbox, self._command)
+        self._subs.metrics = self._fetcher.metrics  # one set of counters
         self._timeout_s = self._config.request_timeout_ms / 1000
         self._started = False
         self._closed = False
@@ -146,6 +148,18 @@ class AsyncConsumer:
         """Join the group (see Consumer.subscribe)."""
         self._check_open()
         await self._side.subscribe(topics, pattern, listener)
+
+    def metrics(self) -> Metrics:
+        """kafka-python's shape: group -> name -> value.
+        "consumer-fetch-manager-metrics": records-consumed-total/-rate,
+        bytes-consumed-total/-rate, fetch-total/-rate, fetch-size-avg,
+        records-per-request-avg, fetch-latency-avg/-max (ms), records-lag-max
+        (the most records any assigned partition is behind its high
+        watermark); "consumer-fetch-manager-metrics.<topic>-<partition>":
+        records-lag; "consumer-coordinator-metrics": assigned-partitions.
+        Rates, averages and maxima cover the last 30-60 s; totals, the
+        consumer's life. Cheap: counters are kept per fetch response."""
+        return self._subs.metrics_snapshot()
 
     def subscription(self) -> set[str]:
         return self._side.subscription()
@@ -259,6 +273,18 @@ class AsyncConsumer:
 
     def paused(self) -> set[TopicPartition]:
         return self._subs.paused()
+
+    def set_fetch_window(self, window_bytes: int) -> None:
+        """Change `fetch_buffer_bytes`, the credit window of each fetch
+        session (one per leader), while consuming: a larger window is
+        granted to the brokers at once; a smaller one is reached as fetched
+        data is consumed (credit already granted cannot be taken back). 0
+        fetches nothing more. For a program that must bound what it holds by
+        what its own readers want (the gateway, per client stream)."""
+        if window_bytes < 0:
+            raise ValueError(f"window_bytes must be >= 0, got {window_bytes}")
+        self._subs.set_window(window_bytes)
+        self._fetcher.set_window(window_bytes)
 
     async def getmany(
         self, *partitions: TopicPartition, timeout_ms: float = 0, max_records: int | None = None

@@ -67,6 +67,7 @@ def channel_options(config: CommonConfig) -> list[tuple[str, int | str]]:
         # exponential backoff up to 120 s; our own retry loop paces attempts.
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", 2_000),
+        *config.grpc_channel_options,
     ]
 
 

@@ -40,7 +40,7 @@ from tidelog.errors import (
     TidelogError,
 )
 from tidelog.group import OffsetAndMetadata, RebalanceListener
-from tidelog.types import ConsumerRecord, TopicPartition
+from tidelog.types import TopicPartition
 
 log = logging.getLogger("tidelog.consumer")
 
@@ -397,12 +397,17 @@ class GroupSide:
     # ------------------------------------------------------------ polling
 
     async def poll(
-        self, timeout_ms: float, limit: int, only: frozenset[TopicPartition] | None = None
-    ) -> dict[TopicPartition, list[ConsumerRecord]]:
+        self,
+        timeout_ms: float,
+        limit: int,
+        only: frozenset[TopicPartition] | None = None,
+        collect: Callable[[], dict[TopicPartition, Any]] | None = None,
+    ) -> dict[TopicPartition, Any]:
         """poll()/getmany() of a subscribed consumer: apply group events,
         rejoin after the watchdog made it leave, auto-commit, then take up to
-        `limit` records (of the owned partitions in `only` when given),
-        waiting up to `timeout_ms` for some."""
+        `limit` records (of the owned partitions in `only` when given; with
+        `collect`, what it takes: poll_arrow's batches), waiting up to
+        `timeout_ms` for some."""
         group = self.group
         assert group is not None
         io = self.io
@@ -424,6 +429,8 @@ class GroupSide:
                 if only is not None:
                     # A named partition revoked meanwhile is simply not read.
                     records = self.subs.collect(limit, only & owned) if only & owned else {}
+                elif collect is not None:
+                    records = collect() if owned else {}
                 else:
                     records = self.subs.collect(limit) if owned else {}
                 if records:

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tidelog._client_metrics import ConsumerMetrics
 from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
@@ -101,6 +103,13 @@ class FetchSession:
         self.closed = False
         self._requests: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
         self._first = True
+        # When the stream last sent or received: a response's fetch latency
+        # is the wait since then (ConsumerMetrics).
+        self._last_event = time.monotonic()
+        #: Credit to keep back from what the application returns, after the
+        #: window shrank (`Fetcher.set_window`): granted credit cannot be
+        #: taken back from the broker, only not renewed.
+        self._withheld = 0
         self._call = fetcher.cluster.log_stub(address).Fetch(self._request_iterator())
         self._reader = asyncio.ensure_future(self._read_loop())
 
@@ -119,6 +128,12 @@ class FetchSession:
     ) -> None:
         if self.closed:
             return
+        if credit_bytes and self._withheld:
+            kept = min(credit_bytes, self._withheld)
+            self._withheld -= kept
+            credit_bytes -= kept
+            if not credit_bytes and not positions and not remove:
+                return
         request = log_pb2.FetchRequest(
             positions=[
                 log_pb2.FetchPosition(
@@ -135,16 +150,31 @@ class FetchSession:
         if self._first:
             # Session settings travel once; the window is the opening credit.
             self._first = False
-            request.credit_bytes += self._config.window_bytes
+            request.credit_bytes += self._fetcher.window
             request.max_bytes = self._config.response_max_bytes
             request.min_bytes = self._config.fetch_min_bytes
             request.max_wait_ms = self._config.fetch_max_wait_ms
+        self._last_event = time.monotonic()
         self._requests.put_nowait(request)
+
+    def resize(self, delta: int) -> None:
+        """The window changed by `delta` bytes: grant the growth (after any
+        credit still kept back), or keep back the shrinkage."""
+        if delta < 0:
+            self._withheld -= delta
+            return
+        paid = min(delta, self._withheld)
+        self._withheld -= paid
+        if delta - paid:
+            self.send(credit_bytes=delta - paid)
 
     async def _read_loop(self) -> None:
         error: TidelogError | None = None
         try:
             async for response in self._call:
+                now = time.monotonic()
+                self._fetcher.metrics.fetch_latency_ms.record((now - self._last_event) * 1000)
+                self._last_event = now
                 self._fetcher.on_response(self, response)
             error = BrokerNotAvailableError(f"{self.address} ended the fetch stream")
         except grpc.aio.AioRpcError as exc:
@@ -195,9 +225,15 @@ class Fetcher:
         self._backoff_s = config.retry_backoff_ms / 1000
         self._timeout_s = config.request_timeout_ms / 1000
         self._closed = False
+        #: Credit window of each session (config.window_bytes unless changed
+        #: by set_window).
+        self.window = config.window_bytes
         # Session failures since the last response: reconnects back off
         # exponentially (up to _MAX_RECONNECT_BACKOFF_S) while a broker is down.
         self._failures = 0
+        #: Fetch latency per response (the consumer shares it with its
+        #: SubscriptionState: Consumer.metrics()).
+        self.metrics = ConsumerMetrics()
 
     # ------------------------------------------------------------ commands
 
@@ -260,6 +296,15 @@ class Fetcher:
             if part.fetch_next is not None:
                 self._spawn(self._place(part))
             # else a reset is under way; it places the partition when done.
+
+    def set_window(self, window_bytes: int) -> None:
+        """Make `window_bytes` the credit window of every session, open or
+        future (AsyncConsumer.set_fetch_window)."""
+        delta = window_bytes - self.window
+        self.window = window_bytes
+        if delta:
+            for session in self._sessions.values():
+                session.resize(delta)
 
     def grant(self, credits: dict[int, int]) -> None:
         """Return consumed bytes to their sessions (session id -> bytes)."""

@@ -41,6 +41,7 @@ import grpc
 import grpc.aio
 
 from tidelog._accumulator import ProducerBatch, RecordAccumulator
+from tidelog._client_metrics import ProducerMetrics
 from tidelog._connection import Cluster, call_error
 from tidelog._futures import BatchResult
 from tidelog._idempotence import ProducerIdentity
@@ -109,7 +110,12 @@ class ProduceStream:
             return
         entry.correlation_id = request.correlation_id = self._next_correlation_id
         self._next_correlation_id += 1
-        entry.sent_at = time.monotonic()
+        entry.sent_at = now = time.monotonic()
+        queue_time_ms = self._sender.metrics.queue_time_ms
+        for group in entry.batches.values():
+            for batch in group:
+                if batch.attempts == 0:  # first send: how long it waited to go
+                    queue_time_ms.record((now - batch.created) * 1000)
         expects_answer = self._config.acks != 0
         if expects_answer:
             self._inflight.append(entry)
@@ -160,6 +166,9 @@ class ProduceStream:
                 if response.throttle_time_ms > 0:
                     self.throttled_until = time.monotonic() + response.throttle_time_ms / 1000
                 self._slots.release()
+                metrics = self._sender.metrics
+                metrics.requests.add(1)
+                metrics.request_latency_ms.record((time.monotonic() - entry.sent_at) * 1000)
                 self._sender.on_response(entry, response)
         except grpc.aio.AioRpcError as exc:
             error = _stream_error(exc, self.address)
@@ -227,6 +236,8 @@ class Sender:
         #: Set whenever a batch is resolved: an AsyncProducer waiting for
         #: buffer space awaits it.
         self.space_freed = asyncio.Event()
+        #: What Producer.metrics() reports (per batch and request, never per record).
+        self.metrics = ProducerMetrics()
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
@@ -413,10 +424,12 @@ class Sender:
             del self._streams[stream.address]
 
     def _complete(self, batch: ProducerBatch, base_offset: int, append_time_ms: int) -> None:
+        self.metrics.batch_sent(batch.topic, batch.record_count(), len(batch.encoded or b""))
         batch.result.complete(base_offset, append_time_ms)
         self._resolved(batch)
 
     def _fail(self, batch: ProducerBatch, error: BaseException) -> None:
+        self.metrics.batch_failed(batch.topic, batch.record_count())
         self._identity.failed_for_good(batch)
         batch.result.fail(error)
         self._resolved(batch)
@@ -469,6 +482,7 @@ class Sender:
                 self._fail(batch, error)
             else:
                 retry.append(batch)
+                self.metrics.records_retried.add(batch.record_count())
         if retry:
             if isinstance(
                 error,

@@ -38,6 +38,7 @@ from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
 
+from tidelog._client_metrics import ConsumerMetrics, Metrics, lags_of
 from tidelog._fetcher import DATA, RESET
 from tidelog.config import ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
@@ -126,6 +127,8 @@ class SubscriptionState:
         self._credit: dict[int, int] = {}
         self._credit_total = 0
         self._grant_threshold = max(config.window_bytes // 4, 1)
+        #: Records and bytes taken (Consumer.metrics(); shared with the Fetcher).
+        self.metrics = ConsumerMetrics()
         self._check_crcs = config.check_crcs
         self._key_deserializer = config.key_deserializer
         self._value_deserializer = config.value_deserializer
@@ -161,6 +164,12 @@ class SubscriptionState:
 
     def assignment(self) -> set[TopicPartition]:
         return set(self._states)
+
+    def metrics_snapshot(self) -> Metrics:
+        """Consumer.metrics(): the counters, and the lag of each assigned
+        partition whose position and high watermark are known."""
+        states = list(self._states.values())
+        return self.metrics.snapshot(lags_of(states), len(states))
 
     def state(self, tp: TopicPartition) -> _PartitionState:
         state = self._states.get(tp)
@@ -340,6 +349,10 @@ class SubscriptionState:
             if self._credit_total >= self._grant_threshold:
                 self.flush_credit()
 
+    def set_window(self, window_bytes: int) -> None:
+        """The fetch window changed: credit goes back in quarters of it."""
+        self._grant_threshold = max(window_bytes // 4, 1)
+
     def flush_credit(self) -> None:
         if self._credit_total:
             credit, self._credit = self._credit, {}
@@ -354,6 +367,7 @@ class SubscriptionState:
             if raw:
                 self._credit[session.id] = self._credit.get(session.id, 0) + len(raw)
                 self._credit_total += len(raw)
+                self.metrics.bytes_consumed.add(len(raw))
             self._take_data(tp, data, raw)
             return
         _, tp, epoch, payload = item
@@ -389,6 +403,7 @@ class SubscriptionState:
             self._failed[tp] = state
         if not records:
             return
+        self.metrics.records_consumed.add(len(records))
         if state.index < len(state.records):
             # Still holding records (absorb() ran outside collect): keep them.
             state.records = state.records[state.index :] + records

@@ -1,6 +1,7 @@
 """`AdminClient` (blocking) and `AsyncAdminClient`: create, delete, describe
 topics, and describe and alter their configs; list, describe, reset and
-delete consumer groups (`_admin_groups`).
+delete consumer groups (`_admin_groups`); add partitions, delete records,
+elect preferred leaders and reassign replicas (`_admin_partitions`).
 
 The Admin service is unary; any broker (or the gateway) answers it, so calls
 go to the first address that is reachable. Topics succeed or fail one by one,
@@ -25,6 +26,7 @@ from typing import Any, TypeVar
 import grpc
 import grpc.aio
 
+from tidelog import _admin_partitions
 from tidelog._admin_groups import GroupAdmin, GroupDescription, GroupListing
 from tidelog._admin_security import (
     AclBinding,
@@ -55,10 +57,12 @@ from tidelog.types import (
     ConfigResource,
     ConfigResourceType,
     ListOffsetsResultInfo,
+    NewPartitions,
     NewTopic,
     Node,
     OffsetSpec,
     PartitionInfo,
+    PartitionReassignment,
     TopicDescription,
     TopicPartition,
 )
@@ -143,6 +147,8 @@ def _description(topic: admin_pb2.TopicDescription) -> TopicDescription:
                 high_watermark=p.high_watermark,
                 size_bytes=p.size_bytes,
                 segment_count=p.segment_count,
+                adding_replicas=list(p.adding_replicas),
+                removing_replicas=list(p.removing_replicas),
             )
             for p in sorted(topic.partitions, key=lambda p: p.partition)
         ],
@@ -388,6 +394,74 @@ class AsyncAdminClient(AsyncSecurityAdmin):
         response = await self._call(lambda s: s.AlterConfigs(request, timeout=self._timeout_s))
         _raise_first_error(response.topics)
 
+    # ------------------------------------------------------------ partitions
+    # (need a cluster, except delete_records)
+
+    async def create_partitions(
+        self,
+        topic_partitions: Mapping[str, NewPartitions | int],
+        validate_only: bool = False,
+        raise_errors: bool = True,
+    ) -> dict[str, TidelogError | None]:
+        """Add partitions: topic -> NewPartitions(total_count, new_assignments)
+        (or the total count alone). The count only grows (InvalidPartitionsError
+        otherwise). Records with a key may map to another partition afterwards;
+        producers and group members see the new partitions at their next
+        metadata refresh (metadata_max_age_ms) or rebalance. Results as
+        create_topics'."""
+        return await _admin_partitions.create_partitions(
+            self._call, self._timeout_s, dict(topic_partitions), validate_only, raise_errors
+        )
+
+    async def delete_records(
+        self, records_to_delete: Mapping[TopicPartition, int], raise_errors: bool = True
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """Delete the records below an offset in each partition (-1: the high
+        watermark, that is every committed record): partition -> its new log
+        start offset (Kafka's low watermark), or its typed error (the first
+        one raised unless raise_errors=False). An offset past the high
+        watermark fails with OffsetOutOfRangeError."""
+        return await _admin_partitions.delete_records(
+            self._call, self._timeout_s, dict(records_to_delete), raise_errors
+        )
+
+    async def elect_leaders(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Preferred-leader election (Kafka's electLeaders, PREFERRED): make
+        each partition's first replica its leader where it is alive and in
+        the ISR; every partition when None. partition -> None (elected) or
+        ElectionNotNeededError (it already led) or
+        PreferredLeaderNotAvailableError (it is not alive or not in sync)."""
+        return await _admin_partitions.elect_leaders(
+            self._call, self._timeout_s, None if partitions is None else list(partitions)
+        )
+
+    async def alter_partition_reassignments(
+        self,
+        reassignments: Mapping[TopicPartition, Sequence[int] | None],
+        throttle_bytes_per_s: int = 0,
+        raise_errors: bool = True,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Move partitions to other replicas: partition -> target broker ids
+        (the preferred leader first), or None to cancel its move (the
+        original replicas are restored). The new replicas catch up, join the
+        ISR, then the others are removed; `throttle_bytes_per_s` limits what
+        each leader sends to the new replicas (0: no limit). Returns at once;
+        list_partition_reassignments shows the progress."""
+        return await _admin_partitions.alter_partition_reassignments(
+            self._call, self._timeout_s, dict(reassignments), throttle_bytes_per_s, raise_errors
+        )
+
+    async def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """Reassignments in progress (of `partitions`; all when None), with
+        each adding replica's progress."""
+        return await _admin_partitions.list_partition_reassignments(
+            self._call, self._timeout_s, None if partitions is None else list(partitions)
+        )
+
     async def describe_cluster(self) -> ClusterDescription:
         """The cluster id, controller, live brokers and coordinators. A
         standalone broker (no etcd) answers with its brokers only."""
@@ -552,6 +626,57 @@ class AdminClient(SecurityAdmin):
         self._loop_thread.run(
             self._async.incremental_alter_configs(list(resources), validate_only),
             2 * self._timeout_s,
+        )
+
+    def create_partitions(
+        self,
+        topic_partitions: Mapping[str, NewPartitions | int],
+        validate_only: bool = False,
+        raise_errors: bool = True,
+    ) -> dict[str, TidelogError | None]:
+        """Add partitions to topics; see AsyncAdminClient.create_partitions."""
+        return self._loop_thread.run(
+            self._async.create_partitions(dict(topic_partitions), validate_only, raise_errors),
+            self._timeout_s,
+        )
+
+    def delete_records(
+        self, records_to_delete: Mapping[TopicPartition, int], raise_errors: bool = True
+    ) -> dict[TopicPartition, int | TidelogError]:
+        """Delete records below offsets; see AsyncAdminClient.delete_records."""
+        return self._loop_thread.run(
+            self._async.delete_records(dict(records_to_delete), raise_errors), self._timeout_s
+        )
+
+    def elect_leaders(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Preferred-leader election; see AsyncAdminClient.elect_leaders."""
+        partitions = None if partitions is None else list(partitions)
+        return self._loop_thread.run(self._async.elect_leaders(partitions), self._timeout_s)
+
+    def alter_partition_reassignments(
+        self,
+        reassignments: Mapping[TopicPartition, Sequence[int] | None],
+        throttle_bytes_per_s: int = 0,
+        raise_errors: bool = True,
+    ) -> dict[TopicPartition, TidelogError | None]:
+        """Start, change or cancel replica moves; see
+        AsyncAdminClient.alter_partition_reassignments."""
+        return self._loop_thread.run(
+            self._async.alter_partition_reassignments(
+                dict(reassignments), throttle_bytes_per_s, raise_errors
+            ),
+            self._timeout_s,
+        )
+
+    def list_partition_reassignments(
+        self, partitions: Iterable[TopicPartition] | None = None
+    ) -> dict[TopicPartition, PartitionReassignment]:
+        """Reassignments in progress with their progress."""
+        partitions = None if partitions is None else list(partitions)
+        return self._loop_thread.run(
+            self._async.list_partition_reassignments(partitions), self._timeout_s
         )
 
     def describe_cluster(self) -> ClusterDescription:

@@ -114,9 +114,16 @@ class CommonConfig:
     sasl_mechanism: str = "PLAIN"
     sasl_plain_username: str | None = None
     sasl_plain_password: str | None = None
+    #: Extra gRPC channel arguments, (name, value) pairs added after the
+    #: client's own. gRPC shares one TCP connection per address among all
+    #: channels of a process whose arguments are equal, so a program that
+    #: runs many clients (the gateway) can spread them over several
+    #: connections with an argument of its own, e.g. ("myapp.connection", n).
+    grpc_channel_options: Sequence[tuple[str, int | str]] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "bootstrap_servers", _parse_bootstrap(self.bootstrap_servers))
+        object.__setattr__(self, "grpc_channel_options", tuple(self.grpc_channel_options))
         for name, variable in SECURITY_ENV.items():
             if getattr(self, name) is None and os.environ.get(variable, "").strip():
                 object.__setattr__(self, name, os.environ[variable].strip())

@@ -34,9 +34,10 @@ import threading
 import time
 from collections import deque
 from collections.abc import Coroutine, Iterable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tidelog._async_consumer import AsyncConsumer
+from tidelog._client_metrics import Metrics
 from tidelog._connection import Cluster
 from tidelog._consumer_common import (
     ITERATION_CHUNK,
@@ -59,6 +60,9 @@ from tidelog._subscription import SubscriptionState
 from tidelog.errors import ClosedError, IllegalStateError, TidelogTimeoutError
 from tidelog.group import RebalanceListener
 from tidelog.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 T = TypeVar("T")
 
@@ -120,6 +124,7 @@ class Consumer:
         self._cluster = Cluster(self._config)
         self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
         self._subs = SubscriptionState(self._config, self._inbox, self._command)
+        self._subs.metrics = self._fetcher.metrics  # one set of counters
         # What iteration returned, so that commit() commits exactly that.
         self._handed = HandedOut()
         self._timeout_s = self._config.request_timeout_ms / 1000
@@ -161,6 +166,18 @@ class Consumer:
         assigned and lost. Subscribing again replaces the subscription."""
         self._check_open()
         run_blocking(self._side.subscribe(topics, pattern, listener))
+
+    def metrics(self) -> Metrics:
+        """kafka-python's shape: group -> name -> value.
+        "consumer-fetch-manager-metrics": records-consumed-total/-rate,
+        bytes-consumed-total/-rate, fetch-total/-rate, fetch-size-avg,
+        records-per-request-avg, fetch-latency-avg/-max (ms), records-lag-max
+        (the most records any assigned partition is behind its high
+        watermark); "consumer-fetch-manager-metrics.<topic>-<partition>":
+        records-lag; "consumer-coordinator-metrics": assigned-partitions.
+        Rates, averages and maxima cover the last 30-60 s; totals, the
+        consumer's life. Cheap: counters are kept per fetch response."""
+        return self._subs.metrics_snapshot()
 
     def subscription(self) -> set[str]:
         """The subscribed topics (or the pattern), empty when not subscribed."""
@@ -317,6 +334,44 @@ class Consumer:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return records
+            self._data.wait(remaining)
+
+    def poll_arrow(
+        self, timeout_ms: float = 0, include_headers: bool = False
+    ) -> dict[TopicPartition, list[pa.RecordBatch]]:
+        """poll() with the records as pyarrow RecordBatches: one per fetch
+        answer (up to max_partition_fetch_bytes of stored batches), per
+        partition in offset order, built from the stored columnar bodies
+        with no Python object per record (`tidelog.columnar`; needs the
+        `arrow` extra). Columns: key, value, topic, partition, offset,
+        timestamp (UTC, microseconds), timestampType, and headers when
+        `include_headers` (null for a record without). Positions, commits,
+        pause/resume and group membership behave as with poll(); there is no
+        max_records: a fetch answer is the unit. Returns {} when nothing came
+        within `timeout_ms`. `pyarrow.Table.from_batches(batches)` joins a
+        partition's batches without copying."""
+        from tidelog._arrow_poll import collect_arrow  # pyarrow only when asked for
+
+        self._check_open()
+        if self._handed.chunk:
+            self._subs.unread(self._handed.give_back())
+
+        def collect() -> dict[TopicPartition, list[pa.RecordBatch]]:
+            return collect_arrow(self._subs, include_headers)
+
+        if self._side.subscribed:
+            return run_blocking(self._side.poll(timeout_ms, 0, collect=collect))
+        if not self._subs.assignment():
+            raise IllegalStateError("no partitions assigned: call assign() or subscribe() first")
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            self._data.clear()
+            batches = collect()
+            if batches:
+                return batches
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return batches
             self._data.wait(remaining)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:

@@ -277,6 +277,28 @@ class NonEmptyGroupError(TidelogError):
     grpc_status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class ElectionNotNeededError(TidelogError):
+    """The preferred replica already leads the partition."""
+
+    code_name = "ELECTION_NOT_NEEDED"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class PreferredLeaderNotAvailableError(TidelogError):
+    """The preferred replica is not alive or not in the ISR (it may catch up)."""
+
+    retriable = True
+    code_name = "PREFERRED_LEADER_NOT_AVAILABLE"
+    grpc_status = grpc.StatusCode.UNAVAILABLE
+
+
+class NoReassignmentInProgressError(TidelogError):
+    """A reassignment was to be cancelled, but the partition has none."""
+
+    code_name = "NO_REASSIGNMENT_IN_PROGRESS"
+    grpc_status = grpc.StatusCode.FAILED_PRECONDITION
+
+
 class AuthorizationFailedError(TidelogError):
     """The principal may not do this operation on this resource (ACLs). The
     message names the principal, the operation and the resource. Not
@@ -395,6 +417,9 @@ for _cls in (
     InvalidTimestampError,
     GroupIdNotFoundError,
     NonEmptyGroupError,
+    ElectionNotNeededError,
+    PreferredLeaderNotAvailableError,
+    NoReassignmentInProgressError,
     AuthorizationFailedError,
     TopicAuthorizationFailedError,
     GroupAuthorizationFailedError,

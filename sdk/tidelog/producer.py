@@ -31,6 +31,7 @@ from tidelog._accumulator import (
     RecordAccumulator,
     record_size,
 )
+from tidelog._client_metrics import Metrics, ProducerMetrics
 from tidelog._connection import Cluster
 from tidelog._futures import FutureRecordMetadata, failed_future
 from tidelog._loop_thread import LoopThread
@@ -97,6 +98,11 @@ class _ProducerCore:
         self._partition_lists: dict[str, tuple[object, list[int], list[int]]] = {}
         #: No serializer: bytes go in as they are (the send() fast path).
         self.plain_bytes = self.key_serializer is None and self.value_serializer is None
+
+    def metrics(self) -> Metrics:
+        """See Producer.metrics (zeros before the sender has started)."""
+        sent = self.sender.metrics if self.sender is not None else ProducerMetrics()
+        return sent.snapshot()
 
     def prepare(
         self,
@@ -284,6 +290,16 @@ class Producer:
         """The partition numbers of `topic` (created if auto-creation is on)."""
         return set(range(self._partition_count(topic)))
 
+    def metrics(self) -> Metrics:
+        """kafka-python's shape: group -> name -> value. "producer-metrics":
+        record-send-total/-rate, record-error-*, record-retry-*, byte-total/
+        -rate, batch-size-avg/-max (bytes as sent), records-per-request-avg,
+        record-queue-time-avg/-max and request-latency-avg/-max (ms),
+        request-total/-rate; "producer-topic-metrics.<topic>": record-send-*,
+        byte-*, record-error-*. Rates, averages and maxima cover the last
+        30-60 s (tidelog._client_metrics); totals, the producer's life."""
+        return self._core.metrics()
+
     def close(self, timeout: float | None = None) -> dict[TopicPartition, int]:
         """Send what is buffered (waiting up to `timeout` seconds, forever
         when None), then release connections. Records not delivered by then
@@ -414,6 +430,10 @@ class AsyncProducer:
     async def partitions_for(self, topic: str) -> set[int]:
         meta = await self._core.cluster.topic(topic, timeout_s=self._max_block_s)
         return set(range(meta.partition_count))
+
+    def metrics(self) -> Metrics:
+        """As Producer.metrics (not a coroutine: it only reads counters)."""
+        return self._core.metrics()
 
     async def stop(self, timeout: float | None = None) -> dict[TopicPartition, int]:
         """Flush (up to `timeout` seconds) and close; returns the records not

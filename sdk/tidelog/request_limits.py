@@ -18,6 +18,18 @@ from tidelog.errors import InvalidRequestError
 MAX_TOPICS_PER_REQUEST = 1000
 #: Partitions of one topic in a CreateTopics request.
 MAX_PARTITIONS_PER_TOPIC = 10_000
+#: Partitions named in one DeleteRecords, ElectLeaders or partition
+#: reassignment request.
+MAX_PARTITIONS_PER_REQUEST = 10_000
+
+
+def check_partitions_per_request(count: int, what: str) -> None:
+    """Refuse a request naming more than MAX_PARTITIONS_PER_REQUEST partitions."""
+    if count > MAX_PARTITIONS_PER_REQUEST:
+        raise InvalidRequestError(
+            f"{count} partitions in one {what} request: MAX_PARTITIONS_PER_REQUEST is "
+            f"{MAX_PARTITIONS_PER_REQUEST}; send them in several requests"
+        )
 
 
 def check_create_topics(topics: Iterable[tuple[str, int]]) -> None:

@@ -148,6 +148,53 @@ class NewTopic:
 
 
 @dataclass(frozen=True)
+class NewPartitions:
+    """Partitions to add to a topic (AdminClient.create_partitions), as
+    kafka-python's: the count after the change, and optionally the replicas
+    of each new partition (a list per new partition, in order, the
+    preferred leader first). Records with a key may map to another partition
+    once a topic has more partitions."""
+
+    total_count: int
+    new_assignments: Sequence[Sequence[int]] | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaProgress:
+    """How far a replica being added by a reassignment has come."""
+
+    broker_id: int
+    #: False when its broker could not be asked (the other figures are 0).
+    reachable: bool
+    log_end_offset: int
+    size_bytes: int
+    #: Records and bytes it still has to copy from the leader.
+    lag_records: int
+    lag_bytes: int
+    in_sync: bool
+
+
+@dataclass(frozen=True)
+class PartitionReassignment:
+    """A replica move in progress (AdminClient.list_partition_reassignments)."""
+
+    #: Every replica while it lasts: the target, then the leaving ones.
+    replicas: list[int]
+    adding_replicas: list[int]
+    removing_replicas: list[int]
+    #: What a cancel restores.
+    original_replicas: list[int]
+    throttle_bytes_per_s: int
+    #: Wall-clock ms since the epoch when it started.
+    started_ms: int
+    leader: int
+    isr: list[int]
+    leader_log_end_offset: int
+    #: Adding replica -> its progress.
+    progress: dict[int, ReplicaProgress]
+
+
+@dataclass(frozen=True)
 class PartitionInfo:
     """One partition of a topic as AdminClient.describe_topics shows it."""
 
@@ -160,6 +207,10 @@ class PartitionInfo:
     high_watermark: int
     size_bytes: int
     segment_count: int
+    #: While a reassignment moves it (`replicas` then lists every replica
+    #: of the move): the replicas being added, and those leaving.
+    adding_replicas: list[int] = field(default_factory=list)
+    removing_replicas: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -68,4 +68,5 @@ def test_quick_gateway_bench_compares_through_the_gateway_with_direct(tmp_path: 
     for q in ("p50_ms", "p99_ms"):
         assert summary["e2e_latency_10k"][q]["direct"] > 0
         assert summary["e2e_latency_10k"][q]["gateway"] > 0
+    assert summary["idle_consume_streams"]["rss_peak_mib"] > 0
     assert all("short_by" not in r["detail"] for r in doc["results"])

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -85,13 +86,13 @@ def test_readme_tour(broker: BrokerProcess, topic_name: str) -> None:
 
 def test_errors_are_one_clear_line(broker: BrokerProcess) -> None:
     result = tidelog("topics", "create", "bad name", bootstrap=broker.address, check=False)
-    assert result.returncode == 1
+    assert result.returncode == 2  # usage: an invalid name
     message = result.stderr.decode()
     assert "InvalidTopicError" in message and "Traceback" not in message
     missing = tidelog(
         "consume", "no-such-topic", "--timeout-ms", "200", bootstrap=broker.address, check=False
     )
-    assert missing.returncode == 1 and "does not exist" in missing.stderr.decode()
+    assert missing.returncode == 3 and "does not exist" in missing.stderr.decode()  # not found
 
 
 def one_line_error(result: subprocess.CompletedProcess[bytes], code: int) -> str:
@@ -117,7 +118,7 @@ def test_a_partition_that_does_not_exist_is_an_error_at_once(
         "consume", topic_name, "--partition", "7",
         bootstrap=broker.address, check=False, timeout=PROMPT_S,
     )  # fmt: skip
-    message = one_line_error(missing, 1)
+    message = one_line_error(missing, 3)
     assert "partition 7" in message and "0 to 2" in message
     negative = tidelog(
         "consume", topic_name, "--partition", "-1",
@@ -128,7 +129,7 @@ def test_a_partition_that_does_not_exist_is_an_error_at_once(
         "produce", topic_name, "--partition", "3",
         bootstrap=broker.address, stdin=b"x\n", check=False, timeout=PROMPT_S,
     )  # fmt: skip
-    assert "partition 3" in one_line_error(produced, 1)
+    assert "partition 3" in one_line_error(produced, 3)
 
 
 def test_the_sdk_consumer_refuses_a_partition_that_does_not_exist(
@@ -166,10 +167,9 @@ def test_user_mistakes_are_one_line_errors(broker: BrokerProcess, topic_name: st
     bootstrap = broker.address
     tidelog("topics", "create", topic_name, bootstrap=bootstrap)
     offset = tidelog(
-        "consume", topic_name, "--partition", "0", "--offset", "-5",
-        bootstrap=bootstrap, check=False,
+        "consume", topic_name, "--offset", "5", bootstrap=bootstrap, check=False,
     )  # fmt: skip
-    assert "--offset" in one_line_error(offset, 2)
+    assert "--partition" in one_line_error(offset, 2)  # an offset N >= 0 is per partition
     no_host = tidelog("topics", "list", bootstrap="29392", check=False)
     assert "host:port" in one_line_error(no_host, 2)
     zero = tidelog("topics", "create", f"{topic_name}-0", "--partitions", "0",
@@ -180,17 +180,17 @@ def test_user_mistakes_are_one_line_errors(broker: BrokerProcess, topic_name: st
         "topics", "create", f"{topic_name}-1", "--config", "retention.ms=" + "9" * 400,
         bootstrap=bootstrap, check=False,
     )  # fmt: skip
-    assert "retention.ms" in one_line_error(config, 1)
+    assert "retention.ms" in one_line_error(config, 2)
 
 
 def test_a_wrong_port_is_an_error_naming_the_address_at_once() -> None:
     nobody = f"127.0.0.1:{free_port()}"
     listed = tidelog("topics", "list", bootstrap=nobody, check=False, timeout=PROMPT_S)
-    assert nobody in one_line_error(listed, 1)
+    assert nobody in one_line_error(listed, 4)  # unavailable
     produced = tidelog(
         "produce", "greetings", bootstrap=nobody, stdin=b"x\n", check=False, timeout=PROMPT_S
     )
-    assert nobody in one_line_error(produced, 1)
+    assert nobody in one_line_error(produced, 4)
 
 
 def test_a_topic_that_does_not_exist_is_an_error_naming_it(
@@ -202,7 +202,7 @@ def test_a_topic_that_does_not_exist_is_an_error_naming_it(
             "consume", topic_name, "--timeout-ms", "200", *args,
             bootstrap=broker.address, check=False, timeout=PROMPT_S,
         )  # fmt: skip
-        message = one_line_error(consumed, 1)
+        message = one_line_error(consumed, 3)
         assert topic_name in message and "does not exist" in message
     # A broker without auto.create.topics.enable (the default): produce too.
     plain = start_broker(tmp_path / "plain", extra_args=())
@@ -211,7 +211,7 @@ def test_a_topic_that_does_not_exist_is_an_error_naming_it(
             "produce", "greetngs", bootstrap=plain.address, stdin=b"x\n",
             check=False, timeout=PROMPT_S,
         )  # fmt: skip
-        message = one_line_error(produced, 1)
+        message = one_line_error(produced, 3)
         assert "'greetngs'" in message and "does not exist" in message
     finally:
         plain.stop()
@@ -307,12 +307,12 @@ def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
         bootstrap = f"127.0.0.1:{port}"
         # Automatic creation is off, as on a broker: a typo is an error naming it.
         typo = tidelog("produce", "greetngs", bootstrap=bootstrap, stdin=b"x\n", check=False)
-        assert "'greetngs'" in one_line_error(typo, 1)
+        assert "'greetngs'" in one_line_error(typo, 3)
         for name in ("bad/name", ""):  # INVALID_TOPIC, not 61 s of retries
             bad = tidelog(
                 "produce", name, bootstrap=bootstrap, stdin=b"x\n", check=False, timeout=PROMPT_S
             )
-            assert "InvalidTopicError" in one_line_error(bad, 1)
+            assert "InvalidTopicError" in one_line_error(bad, 2)
         tidelog("topics", "create", "greetings", bootstrap=bootstrap)
         tidelog("produce", "greetings", bootstrap=bootstrap, stdin=b"one\ntwo\n")
         consumed = tidelog(
@@ -328,6 +328,17 @@ def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
             bootstrap=gateway.group(1).decode(),
         )  # fmt: skip
         assert through_gateway.stdout == b"one\ntwo\n"
+        # Each service's Prometheus endpoint is printed and answers.
+        metrics = dict(re.findall(rb"    (\w[\w ]*): (http://127\.0\.0\.1:\d+/metrics)", banner))
+        assert sorted(metrics) == [
+            b"broker 0",
+            b"broker 1",
+            b"broker 2",
+            b"coordinator",
+            b"gateway",
+        ]
+        with urllib.request.urlopen(metrics[b"broker 0"].decode(), timeout=10) as answer:
+            assert b"tidelog_broker_partitions" in answer.read()
 
         dev.send_signal(signal.SIGINT)
         assert dev.wait(timeout=20) == 0
@@ -439,14 +450,14 @@ def test_topics_alter_sets_and_removes_overrides(broker: BrokerProcess, topic_na
         "topics", "alter", topic_name, "--config", "retention.ms=-5",
         bootstrap=bootstrap, check=False,
     )  # fmt: skip
-    assert "retention.ms" in one_line_error(bad, 1)
+    assert "retention.ms" in one_line_error(bad, 2)
     nothing = tidelog("topics", "alter", topic_name, bootstrap=bootstrap, check=False)
-    assert "--config" in one_line_error(nothing, 1)
+    assert "--config" in one_line_error(nothing, 2)
     missing = tidelog(
         "topics", "alter", f"{topic_name}-missing", "--config", "retention.ms=1000",
         bootstrap=bootstrap, check=False,
     )  # fmt: skip
-    assert f"{topic_name}-missing" in one_line_error(missing, 1)
+    assert f"{topic_name}-missing" in one_line_error(missing, 3)
     with AdminClient(bootstrap) as admin:
         configs = admin.describe_configs([topic_name])[topic_name]
     assert configs["retention.ms"].value == default  # refused changes changed nothing
@@ -466,9 +477,9 @@ def test_topics_delete_removes_the_topic_and_its_data(
     consumed = tidelog(
         "consume", topic_name, "--timeout-ms", "200", bootstrap=bootstrap, check=False
     )
-    assert "does not exist" in one_line_error(consumed, 1)
+    assert "does not exist" in one_line_error(consumed, 3)
     again = tidelog("topics", "delete", topic_name, bootstrap=bootstrap, check=False)
-    assert topic_name in one_line_error(again, 1)
+    assert topic_name in one_line_error(again, 3)
     # The name is free again, and the new topic starts empty.
     tidelog("topics", "create", topic_name, bootstrap=bootstrap)
     with AdminClient(bootstrap) as admin:

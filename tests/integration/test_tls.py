@@ -290,3 +290,37 @@ def test_tidelog_dev_tls_runs_the_whole_cluster_encrypted(
         assert dev.wait(timeout=60) == 0
     finally:
         kill_dev(dev, children)
+
+
+def test_the_record_api_through_the_gateway_reaches_tls_brokers(cluster: TlsCluster) -> None:
+    """The gateway's own clients (Records) present its certificate to the brokers."""
+    from tidelog.v1 import records_pb2, records_pb2_grpc
+
+    with AdminClient(bootstrap_servers=cluster.bootstrap, **cluster.client_options()) as admin:
+        admin.create_topics([NewTopic("secure-records", 1, 2)])
+    security = ChannelSecurity.from_options("SSL", str(cluster.certs.cafile))
+    with security.channel(cluster.gateway.address) as channel:
+        stub = records_pb2_grpc.RecordsStub(channel)
+        request = records_pb2.RecordsProduceRequest(
+            correlation_id=1,
+            records=[
+                records_pb2.ProduceRecord(topic="secure-records", value=b"r%d" % i)
+                for i in range(5)
+            ],
+            acks=records_pb2.ACKS_ALL,
+        )
+        answers = list(stub.Produce(iter([request]), timeout=60))
+        results = [r for a in answers for r in a.results]
+        assert len(results) == 5 and all(not r.HasField("error") for r in results), answers
+        consume = records_pb2.ConsumeRequest(
+            positions=[records_pb2.ConsumePosition(topic="secure-records", partition=0, offset=0)],
+            credit_records=5,
+        )
+        got: list[bytes] = []
+        call = stub.Consume(iter([consume]), timeout=60)
+        for response in call:
+            got.extend(r.value for r in response.records)
+            if len(got) >= 5:
+                call.cancel()
+                break
+    assert got == [b"r%d" % i for i in range(5)]

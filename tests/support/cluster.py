@@ -10,6 +10,7 @@ PID. Brokers use a short session TTL so that tests of failures stay fast.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import grpc
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc
 
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
-from tests.support.etcd import EtcdProcess
+from tests.support.etcd import EtcdCluster, EtcdProcess
 from tests.support.processes import BrokerProcess, start_broker
 
 BROKER_SESSION_TTL_S = 3
@@ -26,10 +27,13 @@ REGISTER_TIMEOUT_S = 20.0
 
 @dataclass
 class ClusterProcesses:
-    etcd: EtcdProcess
+    #: One member, or several (`endpoint` is then every member's address).
+    etcd: EtcdProcess | EtcdCluster
     prefix: str
     coordinators: list[CoordinatorProcess] = field(default_factory=list)
     brokers: list[BrokerProcess] = field(default_factory=list)
+    #: Added to every broker's command line (e.g. --config FILE).
+    extra_broker_args: list[str] = field(default_factory=list)
 
     @property
     def bootstrap(self) -> str:
@@ -62,6 +66,7 @@ class ClusterProcesses:
             "--etcd", self.etcd.endpoint,
             "--etcd-prefix", self.prefix,
             "--session-ttl-s", str(BROKER_SESSION_TTL_S),
+            *self.extra_broker_args,
         ]  # fmt: skip
 
     def add_broker(self, data_root: Path) -> BrokerProcess:
@@ -82,10 +87,16 @@ class ClusterProcesses:
 
 
 def start_cluster(
-    root: Path, *, etcd: EtcdProcess, prefix: str = "/tidelog", brokers: int = 3
+    root: Path,
+    *,
+    etcd: EtcdProcess | EtcdCluster,
+    prefix: str = "/tidelog",
+    brokers: int = 3,
+    broker_args: Sequence[str] = (),
 ) -> ClusterProcesses:
-    """Start a coordinator and `brokers` brokers on `etcd` under `prefix`."""
-    cluster = ClusterProcesses(etcd, prefix)
+    """Start a coordinator and `brokers` brokers on `etcd` under `prefix`
+    (`broker_args` added to each broker's command line)."""
+    cluster = ClusterProcesses(etcd, prefix, extra_broker_args=list(broker_args))
     try:
         cluster.coordinators.append(
             start_coordinator(

@@ -7,18 +7,28 @@ loopback ports (client and peer) that it keeps across `restart()`, so clients
 can reconnect to the same endpoint, and it stores its data in `data_dir`,
 which `restart()` reuses (leases, keys and revisions survive).
 
+`EtcdCluster.start(root, members=3)` runs a cluster of several members on
+loopback (each an `EtcdProcess`), for tests of members dying: its `endpoint`
+is every member's address, comma separated (what the services' `--etcd`
+takes), `kill(i)` SIGKILLs one member, and `make_leader(i)` moves the raft
+leadership to a member (so a test can kill the leader the services use).
+
 Every process is stopped through its own PID (never by name), so tests can
 run beside other etcd servers on the machine.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.request
+import uuid
 from pathlib import Path
+from typing import Any
 
 from tidelog_server.dev import etcd_binary
 
@@ -35,12 +45,30 @@ def free_port() -> int:
 class EtcdProcess:
     """One etcd member on loopback. Not thread-safe; one owner (a test)."""
 
-    def __init__(self, data_dir: Path, client_port: int, peer_port: int) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        client_port: int,
+        peer_port: int,
+        *,
+        name: str = "test",
+        initial_cluster: str = "",
+        cluster_token: str = "",
+    ) -> None:
         self.data_dir = data_dir
         self.client_port = client_port
         self.peer_port = peer_port
+        self.name = name
+        #: name=peer-url,... of every member (default: this one alone).
+        self.initial_cluster = initial_cluster or f"{name}={self.peer_url}"
+        #: Keeps members of different test clusters from ever joining each other.
+        self.cluster_token = cluster_token or f"tidelog-test-{uuid.uuid4().hex[:12]}"
         self.proc: subprocess.Popen[bytes] | None = None
         self._log = data_dir.parent / f"etcd-{client_port}.log"
+
+    @property
+    def peer_url(self) -> str:
+        return f"http://127.0.0.1:{self.peer_port}"
 
     @property
     def endpoint(self) -> str:
@@ -53,25 +81,27 @@ class EtcdProcess:
         etcd._spawn()
         return etcd
 
-    def _spawn(self) -> None:
+    def _spawn(self, wait: bool = True) -> None:
         client = f"http://127.0.0.1:{self.client_port}"
-        peer = f"http://127.0.0.1:{self.peer_port}"
+        peer = self.peer_url
         args = [
             etcd_binary(),
-            "--name=test",
+            f"--name={self.name}",
             f"--data-dir={self.data_dir}",
             f"--listen-client-urls={client}",
             f"--advertise-client-urls={client}",
             f"--listen-peer-urls={peer}",
             f"--initial-advertise-peer-urls={peer}",
-            f"--initial-cluster=test={peer}",
+            f"--initial-cluster={self.initial_cluster}",
+            f"--initial-cluster-token={self.cluster_token}",
             # Tests care about latency, not durability of the test data dir.
             "--unsafe-no-fsync",
             "--log-level=warn",
         ]
         with open(self._log, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
-        self._wait_ready()
+        if wait:
+            self._wait_ready()
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -114,3 +144,82 @@ class EtcdProcess:
         """Stop and start again with the same data dir and the same ports."""
         self.stop()
         self._spawn()
+
+
+class EtcdCluster:
+    """Several etcd members on loopback, one cluster. One owner (a test)."""
+
+    def __init__(self, members: list[EtcdProcess]) -> None:
+        self.members = members
+
+    @classmethod
+    def start(cls, root: Path, members: int = 3) -> EtcdCluster:
+        root.mkdir(parents=True, exist_ok=True)
+        ports = [(free_port(), free_port()) for _ in range(members)]
+        initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))
+        token = f"tidelog-test-{uuid.uuid4().hex[:12]}"
+        cluster = cls(
+            [
+                EtcdProcess(
+                    root / f"m{i}" / "etcd",
+                    client,
+                    peer,
+                    name=f"m{i}",
+                    initial_cluster=initial,
+                    cluster_token=token,
+                )
+                for i, (client, peer) in enumerate(ports)
+            ]
+        )
+        try:
+            # Every member first: none is healthy before a quorum has met.
+            for member in cluster.members:
+                member.data_dir.parent.mkdir(parents=True, exist_ok=True)
+                member._spawn(wait=False)
+            for member in cluster.members:
+                member._wait_ready()
+        except BaseException:
+            cluster.stop()
+            raise
+        return cluster
+
+    @property
+    def endpoint(self) -> str:
+        """Every member's host:port, comma separated (the `--etcd` value)."""
+        return ",".join(member.endpoint for member in self.members)
+
+    def kill(self, index: int) -> None:
+        """SIGKILL one member, as a crash."""
+        self.members[index].kill()
+
+    def make_leader(self, index: int) -> None:
+        """Transfer the raft leadership to member `index` (etcd's
+        MoveLeader, through its JSON gateway), and wait until it leads."""
+        target = _status(self.members[index])["header"]["member_id"]
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            status = _status(self.members[index])
+            if status["leader"] == target:
+                return
+            leader = next(
+                m for m in self.members if _status(m)["header"]["member_id"] == status["leader"]
+            )
+            _post(leader, "/v3/maintenance/transfer-leadership", {"targetID": target})
+            time.sleep(0.1)
+        raise RuntimeError(f"member {index} did not become the leader in {START_TIMEOUT_S} s")
+
+    def stop(self) -> None:
+        for member in self.members:
+            member.stop()
+
+
+def _post(member: EtcdProcess, path: str, body: dict[str, object]) -> dict[str, object]:
+    request = urllib.request.Request(
+        f"http://{member.endpoint}{path}", data=json.dumps(body).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.loads(reply.read())  # type: ignore[no-any-return]
+
+
+def _status(member: EtcdProcess) -> dict[str, Any]:
+    return _post(member, "/v3/maintenance/status", {})

@@ -107,7 +107,8 @@ def wheels(
 
 def test_client_wheel_holds_only_the_client(wheels: dict[str, Wheel]) -> None:
     client = wheels["tidelog"]
-    assert client.top_level == {"tidelog"}
+    # pyspark_tidelog: the hook by which pyspark finds format("tidelog") (tidelog.spark).
+    assert client.top_level == {"tidelog", "pyspark_tidelog"}
     for server_only in ("tidelog/_etcd/", "tidelog/internal/", "tidelog/cli/dev.py"):
         assert not [n for n in client.names if n.startswith(server_only)], server_only
     assert "tidelog/group/assignors.py" not in client.names
@@ -124,11 +125,16 @@ def test_client_requires_ranges_and_no_server_dependency(wheels: dict[str, Wheel
 
 def test_client_codecs_are_extras(wheels: dict[str, Wheel]) -> None:
     client = wheels["tidelog"]
-    assert set(client.metadata.get_all("Provides-Extra") or []) == {"lz4", "zstd", "snappy", "all"}
+    assert set(client.metadata.get_all("Provides-Extra") or []) == {
+        "lz4", "zstd", "snappy", "all", "arrow", "spark",
+    }  # fmt: skip
     assert set(client.requires("lz4")) == {"lz4"}
     assert set(client.requires("zstd")) == {"zstandard"}
     assert set(client.requires("snappy")) == {"cramjam"}
     assert set(client.requires("all")) == {"lz4", "zstandard", "cramjam"}
+    # The columnar read and the Spark data source.
+    assert set(client.requires("arrow")) == {"pyarrow", "numpy"}
+    assert set(client.requires("spark")) == {"pyspark", "pyarrow", "numpy"}
     assert client.entry_points.split("[console_scripts]")[1].split() == [
         "tidelog",
         "=",

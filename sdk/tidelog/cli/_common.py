@@ -1,26 +1,141 @@
-"""What every command shares: the bootstrap option, argument types, the
-topic check, errors, progress output."""
+"""What every command shares: the global options (accepted before or after
+the subcommand), argument types, client properties with Kafka's names, the
+topic check, exit codes, progress output."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+import grpc
+
 from tidelog._connection import Cluster
 from tidelog.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, CommonConfig, default_bootstrap
-from tidelog.errors import UnknownTopicOrPartitionError
+from tidelog.errors import (
+    AuthorizationFailedError,
+    BrokerNotAvailableError,
+    CoordinatorNotAvailableError,
+    GroupIdNotFoundError,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    InvalidRequestError,
+    InvalidTimestampError,
+    InvalidTopicError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    SaslAuthenticationError,
+    TidelogError,
+    TidelogTimeoutError,
+    UnknownTopicOrPartitionError,
+    error_from_rpc,
+)
 from tidelog.names import validate_topic_name
 
 AddBootstrap = Callable[[argparse.ArgumentParser], None]
 
-#: Exit codes: 1 for an error the cluster answered (or could not be reached),
-#: 2 for a command line that is wrong in itself (as argparse does).
+#: Exit codes, a small documented set (EXIT_CODES_HELP; README). Scripts
+#: can tell "fix the command" (2) from "it is not there" (3) from "try
+#: again later" (4) without parsing messages.
+EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_USAGE = 2
+EXIT_NOT_FOUND = 3
+EXIT_UNAVAILABLE = 4
+EXIT_AUTH = 5
+EXIT_INTERRUPTED = 130
+
+EXIT_CODES_HELP = """exit codes:
+  0    success
+  1    an error the cluster answered that no code below covers (produce: some
+       records were not acknowledged)
+  2    usage: the command line is wrong (unknown option, a bad value, an invalid
+       topic name, config or request)
+  3    not found: a topic, partition or consumer group that does not exist
+  4    unavailable: no broker or coordinator answered, or a request timed out
+       (retrying later may succeed)
+  5    refused: authentication or authorization failed
+  130  interrupted (Ctrl-C)"""
+
+_USAGE_ERRORS: tuple[type[TidelogError], ...] = (
+    InvalidRequestError,
+    InvalidTopicError,
+    InvalidConfigError,
+    InvalidPartitionsError,
+    InvalidReplicationFactorError,
+    InvalidTimestampError,
+)
+_NOT_FOUND_ERRORS: tuple[type[TidelogError], ...] = (
+    UnknownTopicOrPartitionError,
+    GroupIdNotFoundError,
+)
+_UNAVAILABLE_ERRORS: tuple[type[TidelogError], ...] = (
+    BrokerNotAvailableError,
+    CoordinatorNotAvailableError,
+    TidelogTimeoutError,
+    RequestTimedOutError,
+    NotEnoughReplicasError,
+    NotLeaderOrFollowerError,
+)
+_AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+
+
+def exit_code_for(error: BaseException) -> int:
+    """The exit code of a command that failed with `error` (EXIT_CODES_HELP)."""
+    if isinstance(error, grpc.RpcError):
+        if error.code() in _AUTH_CODES:
+            return EXIT_AUTH
+        error = error_from_rpc(error)
+    if isinstance(error, AuthorizationFailedError | SaslAuthenticationError):
+        return EXIT_AUTH
+    if isinstance(error, (*_USAGE_ERRORS, ValueError, TypeError)):
+        return EXIT_USAGE
+    if isinstance(error, _NOT_FOUND_ERRORS):
+        return EXIT_NOT_FOUND
+    if isinstance(error, _UNAVAILABLE_ERRORS):
+        return EXIT_UNAVAILABLE
+    return EXIT_ERROR
+
+
+#: Options every command takes, before or after the subcommand.
+GLOBAL_VALUE_OPTIONS = {"--bootstrap-server": "bootstrap_server", "-b": "bootstrap_server"}
+
+
+def split_global_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Take the global options out of `argv`, wherever they stand (before the
+    subcommand, as kafka-topics users type them, or after it), so that every
+    subcommand, whoever wrote it, accepts them in both places. Stops at `--`.
+    The last one given wins. Raises ArgumentTypeError for a bad value."""
+    found: dict[str, str] = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            rest.extend(argv[i:])
+            break
+        name, eq, inline = token.partition("=")
+        dest = GLOBAL_VALUE_OPTIONS.get(name if eq and name.startswith("--") else token)
+        if dest is None:
+            rest.append(token)
+            i += 1
+            continue
+        if eq and name.startswith("--"):
+            value = inline
+            i += 1
+        elif i + 1 < len(argv):
+            value = argv[i + 1]
+            i += 2
+        else:
+            raise argparse.ArgumentTypeError(f"{token} expects a value (HOST:PORT)")
+        found[dest] = _bootstrap(value)
+    return found, rest
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -41,7 +156,10 @@ def _bootstrap(text: str) -> str:
 
 
 def add_bootstrap_argument(parser: argparse.ArgumentParser) -> None:
+    """For `--help`: main() takes the option out of the command line first
+    (split_global_options), wherever it stands, and sets args.bootstrap_server."""
     parser.add_argument(
+        "-b",
         "--bootstrap-server",
         type=_bootstrap,
         default=default_bootstrap(),
@@ -92,6 +210,81 @@ def check_topic(bootstrap: str, topic: str, *, allow_auto_create: bool = False) 
 
     validate_topic_name(topic)
     return asyncio.run(look())
+
+
+def unescape(text: str) -> str:
+    """Backslash escapes in separators and formats, as kcat reads them:
+    \\n, \\t, \\r, \\0 and \\\\ (a shell passes them as two characters)."""
+    if "\\" not in text:
+        return text
+    out = []
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\" and i + 1 < len(text):
+            nxt = text[i + 1]
+            mapped = {"n": "\n", "t": "\t", "r": "\r", "0": "\0", "\\": "\\"}.get(nxt)
+            if mapped is not None:
+                out.append(mapped)
+                i += 2
+                continue
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+#: Client options a --producer-property/--consumer-property may not set: the
+#: command sets them from its own options, or they take Python objects.
+_RESERVED_PROPERTIES = frozenset(
+    {
+        "bootstrap_servers",
+        "group_id",
+        "key_serializer",
+        "value_serializer",
+        "key_deserializer",
+        "value_deserializer",
+        "partitioner",
+    }
+)
+
+
+def client_properties(pairs: list[str], config: type, flag: str) -> dict[str, Any]:
+    """`--producer-property linger.ms=10` and the like: Kafka's names (dots or
+    underscores) to the client's keyword arguments, converted to the field's
+    type. An unknown name or a bad value raises InvalidConfigError naming it."""
+    fields = {f.name: str(f.type) for f in dataclasses.fields(config)}
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, text = pair.partition("=")
+        key = name.strip().replace(".", "_").replace("-", "_")
+        if not sep or not key:
+            raise InvalidConfigError(f"{flag} expects key=value, got {pair!r}")
+        if key not in fields or key in _RESERVED_PROPERTIES:
+            known = ", ".join(
+                sorted(k.replace("_", ".") for k in fields if k not in _RESERVED_PROPERTIES)
+            )
+            raise InvalidConfigError(f"{flag}: unknown property {name!r}; known: {known}")
+        out[key] = _convert_property(name, text.strip(), fields[key], flag)
+    return out
+
+
+def _convert_property(name: str, text: str, kind: str, flag: str) -> Any:
+    if text.lower() in ("none", "null") and "None" in kind:
+        return None
+    if kind.startswith("bool"):
+        if text.lower() not in ("true", "false"):
+            raise InvalidConfigError(f"{flag} {name}={text!r}: expected true or false")
+        return text.lower() == "true"
+    if "Literal" in kind and not kind.startswith("int"):
+        return text  # the client checks the choice and names it
+    if kind.startswith(("int", "float")):
+        if kind.startswith("int") and "Literal" in kind and text == "all":
+            return text  # acks=all
+        try:
+            return int(text) if kind.startswith("int") else float(text)
+        except ValueError:
+            raise InvalidConfigError(f"{flag} {name}={text!r}: expected a number") from None
+    return text
 
 
 def fail(message: str, code: int = EXIT_ERROR) -> int:

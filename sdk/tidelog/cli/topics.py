@@ -1,17 +1,34 @@
-"""`tidelog topics create|list|describe|alter|delete`."""
+"""`tidelog topics create|list|describe|alter|delete`.
+
+`describe` can list only the partitions in trouble, as kafka-topics does:
+`--under-replicated-partitions` (fewer in-sync replicas than replicas),
+`--unavailable-partitions` (no live leader), `--under-min-isr-partitions`
+(fewer in-sync replicas than min.insync.replicas: acks=all writes fail) and
+`--at-min-isr-partitions`. `alter --partitions N` adds partitions.
+"""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from tidelog.admin import AdminClient
 from tidelog.cli._common import AddBootstrap, int_at_least
 from tidelog.errors import InvalidConfigError
-from tidelog.types import NewTopic
+from tidelog.types import NewPartitions, NewTopic, PartitionInfo, TopicDescription
+
+#: Kafka's warning, printed when partitions are added.
+KEYED_RECORDS_WARNING = (
+    "WARNING: if partitions are added to a topic whose records have keys, records with a "
+    "given key may go to another partition than before, so their order across the change "
+    "is no longer guaranteed"
+)
 
 
 def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> None:
-    topics = sub.add_parser("topics", help="create, list, describe and delete topics")
+    topics = sub.add_parser(
+        "topics", help="create, list, describe, alter (configs, partitions) and delete topics"
+    )
     actions = topics.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     create = actions.add_parser("create", help="create a topic")
@@ -52,10 +69,22 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
         help="also print every topic config and where it comes from (topic override, "
         "broker default, built-in default)",
     )
-    describe.set_defaults(handler=_describe)
+    trouble = describe.add_mutually_exclusive_group()
+    for flag, text in _FILTERS.items():
+        trouble.add_argument(flag, dest="only", action="store_const", const=flag, help=text)
+    describe.set_defaults(handler=_describe, only=None)
 
-    alter = actions.add_parser("alter", help="set or remove topic config overrides")
+    alter = actions.add_parser(
+        "alter", help="add partitions, or set or remove topic config overrides"
+    )
     alter.add_argument("name")
+    alter.add_argument(
+        "--partitions",
+        type=int_at_least(1),
+        metavar="N",
+        help="grow the topic to N partitions (more than it has); keyed records may then "
+        "map to other partitions",
+    )
     alter.add_argument(
         "--config",
         action="append",
@@ -144,14 +173,50 @@ def _human_bytes(n: int) -> str:
     return f"{n} B"
 
 
+_FILTERS = {
+    "--under-replicated-partitions": "only partitions with fewer in-sync replicas than replicas",
+    "--unavailable-partitions": "only partitions without a live leader",
+    "--under-min-isr-partitions": "only partitions with fewer in-sync replicas than "
+    "min.insync.replicas (acks=all writes to them fail)",
+    "--at-min-isr-partitions": "only partitions with exactly min.insync.replicas in-sync replicas",
+}
+
+
+def in_trouble(
+    only: str | None, topic: TopicDescription, partition: PartitionInfo, live: set[int]
+) -> bool:
+    """Whether `partition` passes the describe filter `only` (a _FILTERS flag)."""
+    min_isr = int(topic.configs.get("min.insync.replicas", "1") or 1)
+    if only == "--under-replicated-partitions":
+        return len(partition.isr) < len(partition.replicas)
+    if only == "--unavailable-partitions":
+        return partition.leader < 0 or partition.leader not in live
+    if only == "--under-min-isr-partitions":
+        return len(partition.isr) < min_isr
+    if only == "--at-min-isr-partitions":
+        return len(partition.isr) == min_isr
+    return True
+
+
 def _describe(args: argparse.Namespace) -> int:
     with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
         descriptions = admin.describe_topics([args.name] if args.name else None)
         configs = admin.describe_configs([t.name for t in descriptions]) if args.configs else {}
+        live = {b.id for b in admin.describe_cluster().brokers} if args.only else set()
+    if args.only:
+        descriptions = [
+            TopicDescription(
+                t.name, [p for p in t.partitions if in_trouble(args.only, t, p, live)], t.configs
+            )
+            for t in descriptions
+        ]
+        descriptions = [t for t in descriptions if t.partitions]
     for topic in descriptions:
         print(f"topic {topic.name}  partitions {len(topic.partitions)}")
-        header = ("partition", "leader", "replicas", "isr", "start", "end", "size", "segments")
-        rows = [
+        header: tuple[str, ...] = (
+            "partition", "leader", "replicas", "isr", "start", "end", "size", "segments",
+        )  # fmt: skip
+        rows: list[tuple[str, ...]] = [
             (
                 str(p.partition),
                 str(p.leader),
@@ -164,6 +229,17 @@ def _describe(args: argparse.Namespace) -> int:
             )
             for p in topic.partitions
         ]
+        if any(p.adding_replicas or p.removing_replicas for p in topic.partitions):
+            # A reassignment in progress: say which replicas come and go.
+            header += ("adding", "removing")
+            rows = [
+                (
+                    *row,
+                    ",".join(map(str, p.adding_replicas)) or "-",
+                    ",".join(map(str, p.removing_replicas)) or "-",
+                )
+                for row, p in zip(rows, topic.partitions, strict=True)
+            ]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
@@ -181,10 +257,19 @@ def _alter(args: argparse.Namespace) -> int:
     changes: dict[str, str | None] = dict(_parse_configs(args.config))
     for key in args.delete_config:
         changes[key.strip()] = None
-    if not changes:
-        raise InvalidConfigError("topics alter needs --config KEY=VALUE or --delete-config KEY")
+    if not changes and args.partitions is None:
+        raise InvalidConfigError(
+            "topics alter needs --partitions N, --config KEY=VALUE or --delete-config KEY"
+        )
     with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
-        admin.alter_configs({args.name: changes})
+        if args.partitions is not None:
+            print(KEYED_RECORDS_WARNING, file=sys.stderr)
+            admin.create_partitions({args.name: NewPartitions(args.partitions)})
+            print(f"topic {args.name} now has {args.partitions} partitions")
+        if changes:
+            admin.alter_configs({args.name: changes})
+    if not changes:
+        return 0
     print(
         f"altered configs of topic {args.name}: "
         + ", ".join(f"{k}={v}" if v is not None else f"-{k}" for k, v in changes.items())

@@ -26,7 +26,7 @@ from tidelog.v1 import common_pb2 as tidelog_dot_v1_dot_common__pb2
 from tidelog.v1 import security_pb2 as tidelog_dot_v1_dot_security__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\x1a\x19tidelog/v1/security.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xe7\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x12\x39\n\x12replica_assignment\x18\x05 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x11ReplicaAssignment\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x12\n\nbroker_ids\x18\x02 \x03(\x05\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xd0\x01\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\"\'\n\x16\x44\x65scribeConfigsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"C\n\x17\x44\x65scribeConfigsResponse\x12(\n\x06topics\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.TopicConfigs\"h\n\x0cTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.tidelog.v1.ConfigEntry\"T\n\x0b\x43onfigEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12(\n\x06source\x18\x03 \x01(\x0e\x32\x18.tidelog.v1.ConfigSource\"[\n\x13\x41lterConfigsRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.AlterTopicConfigs\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x92\x01\n\x11\x41lterTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x03set\x18\x02 \x03(\x0b\x32&.tidelog.v1.AlterTopicConfigs.SetEntry\x12\x0e\n\x06\x64\x65lete\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x41lterConfigsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult*{\n\x0c\x43onfigSource\x12\x1d\n\x19\x43ONFIG_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONFIG_SOURCE_DEFAULT\x10\x01\x12\x18\n\x14\x43ONFIG_SOURCE_BROKER\x10\x02\x12\x17\n\x13\x43ONFIG_SOURCE_TOPIC\x10\x03\x32\xce\x08\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponse\x12Z\n\x0f\x44\x65scribeConfigs\x12\".tidelog.v1.DescribeConfigsRequest\x1a#.tidelog.v1.DescribeConfigsResponse\x12Q\n\x0c\x41lterConfigs\x12\x1f.tidelog.v1.AlterConfigsRequest\x1a .tidelog.v1.AlterConfigsResponse\x12K\n\nCreateAcls\x12\x1d.tidelog.v1.CreateAclsRequest\x1a\x1e.tidelog.v1.CreateAclsResponse\x12Q\n\x0c\x44\x65scribeAcls\x12\x1f.tidelog.v1.DescribeAclsRequest\x1a .tidelog.v1.DescribeAclsResponse\x12K\n\nDeleteAcls\x12\x1d.tidelog.v1.DeleteAclsRequest\x1a\x1e.tidelog.v1.DeleteAclsResponse\x12i\n\x14\x41lterUserCredentials\x12\'.tidelog.v1.AlterUserCredentialsRequest\x1a(.tidelog.v1.AlterUserCredentialsResponse\x12r\n\x17\x44\x65scribeUserCredentials\x12*.tidelog.v1.DescribeUserCredentialsRequest\x1a+.tidelog.v1.DescribeUserCredentialsResponse\x12`\n\x11\x41lterClientQuotas\x12$.tidelog.v1.AlterClientQuotasRequest\x1a%.tidelog.v1.AlterClientQuotasResponse\x12i\n\x14\x44\x65scribeClientQuotas\x12\'.tidelog.v1.DescribeClientQuotasRequest\x1a(.tidelog.v1.DescribeClientQuotasResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/admin.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\x1a\x19tidelog/v1/security.proto\"R\n\x13\x43reateTopicsRequest\x12$\n\x06topics\x18\x01 \x03(\x0b\x32\x14.tidelog.v1.NewTopic\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\xe7\x01\n\x08NewTopic\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\npartitions\x18\x02 \x01(\x05\x12\x1a\n\x12replication_factor\x18\x03 \x01(\x05\x12\x32\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32!.tidelog.v1.NewTopic.ConfigsEntry\x12\x39\n\x12replica_assignment\x18\x05 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\":\n\x11ReplicaAssignment\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x12\n\nbroker_ids\x18\x02 \x03(\x05\"?\n\x14\x43reateTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"=\n\x0bTopicResult\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"$\n\x13\x44\x65leteTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"?\n\x14\x44\x65leteTopicsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"&\n\x15\x44\x65scribeTopicsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"F\n\x16\x44\x65scribeTopicsResponse\x12,\n\x06topics\x18\x01 \x03(\x0b\x32\x1c.tidelog.v1.TopicDescription\"\xe4\x01\n\x10TopicDescription\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x34\n\npartitions\x18\x03 \x03(\x0b\x32 .tidelog.v1.PartitionDescription\x12:\n\x07\x63onfigs\x18\x04 \x03(\x0b\x32).tidelog.v1.TopicDescription.ConfigsEntry\x1a.\n\x0c\x43onfigsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x84\x02\n\x14PartitionDescription\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12\x11\n\tleader_id\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x0b\n\x03isr\x18\x04 \x03(\x05\x12\x18\n\x10log_start_offset\x18\x05 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x06 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x07 \x01(\x03\x12\x12\n\nsize_bytes\x18\x08 \x01(\x03\x12\x15\n\rsegment_count\x18\t \x01(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\n \x03(\x05\x12\x19\n\x11removing_replicas\x18\x0b \x03(\x05\"\'\n\x16\x44\x65scribeConfigsRequest\x12\r\n\x05names\x18\x01 \x03(\t\"C\n\x17\x44\x65scribeConfigsResponse\x12(\n\x06topics\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.TopicConfigs\"h\n\x0cTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12(\n\x07\x65ntries\x18\x03 \x03(\x0b\x32\x17.tidelog.v1.ConfigEntry\"T\n\x0b\x43onfigEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12(\n\x06source\x18\x03 \x01(\x0e\x32\x18.tidelog.v1.ConfigSource\"[\n\x13\x41lterConfigsRequest\x12-\n\x06topics\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.AlterTopicConfigs\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"\x92\x01\n\x11\x41lterTopicConfigs\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x33\n\x03set\x18\x02 \x03(\x0b\x32&.tidelog.v1.AlterTopicConfigs.SetEntry\x12\x0e\n\x06\x64\x65lete\x18\x03 \x03(\t\x1a*\n\x08SetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"?\n\x14\x41lterConfigsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"[\n\x17\x43reatePartitionsRequest\x12)\n\x06topics\x18\x01 \x03(\x0b\x32\x19.tidelog.v1.NewPartitions\x12\x15\n\rvalidate_only\x18\x02 \x01(\x08\"e\n\rNewPartitions\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x13\n\x0btotal_count\x18\x02 \x01(\x05\x12\x31\n\nassignment\x18\x03 \x03(\x0b\x32\x1d.tidelog.v1.ReplicaAssignment\"C\n\x18\x43reatePartitionsResponse\x12\'\n\x06topics\x18\x01 \x03(\x0b\x32\x17.tidelog.v1.TopicResult\"N\n\x14\x44\x65leteRecordsRequest\x12\x36\n\npartitions\x18\x01 \x03(\x0b\x32\".tidelog.v1.DeleteRecordsPartition\"J\n\x16\x44\x65leteRecordsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"L\n\x15\x44\x65leteRecordsResponse\x12\x33\n\npartitions\x18\x01 \x03(\x0b\x32\x1f.tidelog.v1.DeleteRecordsResult\"p\n\x13\x44\x65leteRecordsResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x15\n\rlow_watermark\x18\x03 \x01(\x03\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x11.tidelog.v1.Error\"E\n\x13\x45lectLeadersRequest\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"J\n\x14\x45lectLeadersResponse\x12\x32\n\npartitions\x18\x01 \x03(\x0b\x32\x1e.tidelog.v1.ElectLeadersResult\"k\n\x12\x45lectLeadersResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x11\n\tleader_id\x18\x03 \x01(\x05\x12 \n\x05\x65rror\x18\x04 \x01(\x0b\x32\x11.tidelog.v1.Error\"y\n\"AlterPartitionReassignmentsRequest\x12\x35\n\npartitions\x18\x01 \x03(\x0b\x32!.tidelog.v1.PartitionReassignment\x12\x1c\n\x14throttle_bytes_per_s\x18\x02 \x01(\x03\"K\n\x15PartitionReassignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\"Y\n#AlterPartitionReassignmentsResponse\x12\x32\n\npartitions\x18\x01 \x03(\x0b\x32\x1e.tidelog.v1.ReassignmentResult\"X\n\x12ReassignmentResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\"S\n!ListPartitionReassignmentsRequest\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"\\\n\"ListPartitionReassignmentsResponse\x12\x36\n\rreassignments\x18\x01 \x03(\x0b\x32\x1f.tidelog.v1.OngoingReassignment\"\xd3\x02\n\x13OngoingReassignment\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x08replicas\x18\x03 \x03(\x05\x12\x17\n\x0f\x61\x64\x64ing_replicas\x18\x04 \x03(\x05\x12\x19\n\x11removing_replicas\x18\x05 \x03(\x05\x12\x19\n\x11original_replicas\x18\x06 \x03(\x05\x12\x1c\n\x14throttle_bytes_per_s\x18\x07 \x01(\x03\x12\x12\n\nstarted_ms\x18\x08 \x01(\x03\x12\x11\n\tleader_id\x18\t \x01(\x05\x12\x0b\n\x03isr\x18\n \x03(\x05\x12\x1d\n\x15leader_log_end_offset\x18\x0b \x01(\x03\x12\x19\n\x11leader_size_bytes\x18\x0c \x01(\x03\x12-\n\x08progress\x18\r \x03(\x0b\x32\x1b.tidelog.v1.ReplicaProgress\"\x9c\x01\n\x0fReplicaProgress\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x11\n\treachable\x18\x02 \x01(\x08\x12\x16\n\x0elog_end_offset\x18\x03 \x01(\x03\x12\x12\n\nsize_bytes\x18\x04 \x01(\x03\x12\x13\n\x0blag_records\x18\x05 \x01(\x03\x12\x11\n\tlag_bytes\x18\x06 \x01(\x03\x12\x0f\n\x07in_sync\x18\x07 \x01(\x08*{\n\x0c\x43onfigSource\x12\x1d\n\x19\x43ONFIG_SOURCE_UNSPECIFIED\x10\x00\x12\x19\n\x15\x43ONFIG_SOURCE_DEFAULT\x10\x01\x12\x18\n\x14\x43ONFIG_SOURCE_BROKER\x10\x02\x12\x17\n\x13\x43ONFIG_SOURCE_TOPIC\x10\x03\x32\xd3\x0c\n\x05\x41\x64min\x12Q\n\x0c\x43reateTopics\x12\x1f.tidelog.v1.CreateTopicsRequest\x1a .tidelog.v1.CreateTopicsResponse\x12Q\n\x0c\x44\x65leteTopics\x12\x1f.tidelog.v1.DeleteTopicsRequest\x1a .tidelog.v1.DeleteTopicsResponse\x12W\n\x0e\x44\x65scribeTopics\x12!.tidelog.v1.DescribeTopicsRequest\x1a\".tidelog.v1.DescribeTopicsResponse\x12Z\n\x0f\x44\x65scribeConfigs\x12\".tidelog.v1.DescribeConfigsRequest\x1a#.tidelog.v1.DescribeConfigsResponse\x12Q\n\x0c\x41lterConfigs\x12\x1f.tidelog.v1.AlterConfigsRequest\x1a .tidelog.v1.AlterConfigsResponse\x12]\n\x10\x43reatePartitions\x12#.tidelog.v1.CreatePartitionsRequest\x1a$.tidelog.v1.CreatePartitionsResponse\x12T\n\rDeleteRecords\x12 .tidelog.v1.DeleteRecordsRequest\x1a!.tidelog.v1.DeleteRecordsResponse\x12Q\n\x0c\x45lectLeaders\x12\x1f.tidelog.v1.ElectLeadersRequest\x1a .tidelog.v1.ElectLeadersResponse\x12~\n\x1b\x41lterPartitionReassignments\x12..tidelog.v1.AlterPartitionReassignmentsRequest\x1a/.tidelog.v1.AlterPartitionReassignmentsResponse\x12{\n\x1aListPartitionReassignments\x12-.tidelog.v1.ListPartitionReassignmentsRequest\x1a..tidelog.v1.ListPartitionReassignmentsResponse\x12K\n\nCreateAcls\x12\x1d.tidelog.v1.CreateAclsRequest\x1a\x1e.tidelog.v1.CreateAclsResponse\x12Q\n\x0c\x44\x65scribeAcls\x12\x1f.tidelog.v1.DescribeAclsRequest\x1a .tidelog.v1.DescribeAclsResponse\x12K\n\nDeleteAcls\x12\x1d.tidelog.v1.DeleteAclsRequest\x1a\x1e.tidelog.v1.DeleteAclsResponse\x12i\n\x14\x41lterUserCredentials\x12\'.tidelog.v1.AlterUserCredentialsRequest\x1a(.tidelog.v1.AlterUserCredentialsResponse\x12r\n\x17\x44\x65scribeUserCredentials\x12*.tidelog.v1.DescribeUserCredentialsRequest\x1a+.tidelog.v1.DescribeUserCredentialsResponse\x12`\n\x11\x41lterClientQuotas\x12$.tidelog.v1.AlterClientQuotasRequest\x1a%.tidelog.v1.AlterClientQuotasResponse\x12i\n\x14\x44\x65scribeClientQuotas\x12\'.tidelog.v1.DescribeClientQuotasRequest\x1a(.tidelog.v1.DescribeClientQuotasResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -39,8 +39,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_options = b'8\001'
   _globals['_ALTERTOPICCONFIGS_SETENTRY']._loaded_options = None
   _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_options = b'8\001'
-  _globals['_CONFIGSOURCE']._serialized_start=1862
-  _globals['_CONFIGSOURCE']._serialized_end=1985
+  _globals['_CONFIGSOURCE']._serialized_start=3844
+  _globals['_CONFIGSOURCE']._serialized_end=3967
   _globals['_CREATETOPICSREQUEST']._serialized_start=90
   _globals['_CREATETOPICSREQUEST']._serialized_end=172
   _globals['_NEWTOPIC']._serialized_start=175
@@ -66,23 +66,59 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_start=360
   _globals['_TOPICDESCRIPTION_CONFIGSENTRY']._serialized_end=406
   _globals['_PARTITIONDESCRIPTION']._serialized_start=1043
-  _globals['_PARTITIONDESCRIPTION']._serialized_end=1251
-  _globals['_DESCRIBECONFIGSREQUEST']._serialized_start=1253
-  _globals['_DESCRIBECONFIGSREQUEST']._serialized_end=1292
-  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_start=1294
-  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_end=1361
-  _globals['_TOPICCONFIGS']._serialized_start=1363
-  _globals['_TOPICCONFIGS']._serialized_end=1467
-  _globals['_CONFIGENTRY']._serialized_start=1469
-  _globals['_CONFIGENTRY']._serialized_end=1553
-  _globals['_ALTERCONFIGSREQUEST']._serialized_start=1555
-  _globals['_ALTERCONFIGSREQUEST']._serialized_end=1646
-  _globals['_ALTERTOPICCONFIGS']._serialized_start=1649
-  _globals['_ALTERTOPICCONFIGS']._serialized_end=1795
-  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_start=1753
-  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_end=1795
-  _globals['_ALTERCONFIGSRESPONSE']._serialized_start=1797
-  _globals['_ALTERCONFIGSRESPONSE']._serialized_end=1860
-  _globals['_ADMIN']._serialized_start=1988
-  _globals['_ADMIN']._serialized_end=3090
+  _globals['_PARTITIONDESCRIPTION']._serialized_end=1303
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_start=1305
+  _globals['_DESCRIBECONFIGSREQUEST']._serialized_end=1344
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_start=1346
+  _globals['_DESCRIBECONFIGSRESPONSE']._serialized_end=1413
+  _globals['_TOPICCONFIGS']._serialized_start=1415
+  _globals['_TOPICCONFIGS']._serialized_end=1519
+  _globals['_CONFIGENTRY']._serialized_start=1521
+  _globals['_CONFIGENTRY']._serialized_end=1605
+  _globals['_ALTERCONFIGSREQUEST']._serialized_start=1607
+  _globals['_ALTERCONFIGSREQUEST']._serialized_end=1698
+  _globals['_ALTERTOPICCONFIGS']._serialized_start=1701
+  _globals['_ALTERTOPICCONFIGS']._serialized_end=1847
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_start=1805
+  _globals['_ALTERTOPICCONFIGS_SETENTRY']._serialized_end=1847
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_start=1849
+  _globals['_ALTERCONFIGSRESPONSE']._serialized_end=1912
+  _globals['_CREATEPARTITIONSREQUEST']._serialized_start=1914
+  _globals['_CREATEPARTITIONSREQUEST']._serialized_end=2005
+  _globals['_NEWPARTITIONS']._serialized_start=2007
+  _globals['_NEWPARTITIONS']._serialized_end=2108
+  _globals['_CREATEPARTITIONSRESPONSE']._serialized_start=2110
+  _globals['_CREATEPARTITIONSRESPONSE']._serialized_end=2177
+  _globals['_DELETERECORDSREQUEST']._serialized_start=2179
+  _globals['_DELETERECORDSREQUEST']._serialized_end=2257
+  _globals['_DELETERECORDSPARTITION']._serialized_start=2259
+  _globals['_DELETERECORDSPARTITION']._serialized_end=2333
+  _globals['_DELETERECORDSRESPONSE']._serialized_start=2335
+  _globals['_DELETERECORDSRESPONSE']._serialized_end=2411
+  _globals['_DELETERECORDSRESULT']._serialized_start=2413
+  _globals['_DELETERECORDSRESULT']._serialized_end=2525
+  _globals['_ELECTLEADERSREQUEST']._serialized_start=2527
+  _globals['_ELECTLEADERSREQUEST']._serialized_end=2596
+  _globals['_ELECTLEADERSRESPONSE']._serialized_start=2598
+  _globals['_ELECTLEADERSRESPONSE']._serialized_end=2672
+  _globals['_ELECTLEADERSRESULT']._serialized_start=2674
+  _globals['_ELECTLEADERSRESULT']._serialized_end=2781
+  _globals['_ALTERPARTITIONREASSIGNMENTSREQUEST']._serialized_start=2783
+  _globals['_ALTERPARTITIONREASSIGNMENTSREQUEST']._serialized_end=2904
+  _globals['_PARTITIONREASSIGNMENT']._serialized_start=2906
+  _globals['_PARTITIONREASSIGNMENT']._serialized_end=2981
+  _globals['_ALTERPARTITIONREASSIGNMENTSRESPONSE']._serialized_start=2983
+  _globals['_ALTERPARTITIONREASSIGNMENTSRESPONSE']._serialized_end=3072
+  _globals['_REASSIGNMENTRESULT']._serialized_start=3074
+  _globals['_REASSIGNMENTRESULT']._serialized_end=3162
+  _globals['_LISTPARTITIONREASSIGNMENTSREQUEST']._serialized_start=3164
+  _globals['_LISTPARTITIONREASSIGNMENTSREQUEST']._serialized_end=3247
+  _globals['_LISTPARTITIONREASSIGNMENTSRESPONSE']._serialized_start=3249
+  _globals['_LISTPARTITIONREASSIGNMENTSRESPONSE']._serialized_end=3341
+  _globals['_ONGOINGREASSIGNMENT']._serialized_start=3344
+  _globals['_ONGOINGREASSIGNMENT']._serialized_end=3683
+  _globals['_REPLICAPROGRESS']._serialized_start=3686
+  _globals['_REPLICAPROGRESS']._serialized_end=3842
+  _globals['_ADMIN']._serialized_start=3970
+  _globals['_ADMIN']._serialized_end=5589
 # @@protoc_insertion_point(module_scope)

@@ -367,6 +367,8 @@ class PartitionDescription(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
     SIZE_BYTES_FIELD_NUMBER: _builtins.int
     SEGMENT_COUNT_FIELD_NUMBER: _builtins.int
+    ADDING_REPLICAS_FIELD_NUMBER: _builtins.int
+    REMOVING_REPLICAS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_id: _builtins.int
     log_start_offset: _builtins.int
@@ -383,6 +385,14 @@ class PartitionDescription(_message.Message):
     def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def adding_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """While a reassignment moves the partition (`replicas` then lists every
+        replica of the move): the replicas being added and those leaving.
+        """
+
+    @_builtins.property
+    def removing_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -395,10 +405,12 @@ class PartitionDescription(_message.Message):
         high_watermark: _builtins.int = ...,
         size_bytes: _builtins.int = ...,
         segment_count: _builtins.int = ...,
+        adding_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        removing_replicas: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -607,3 +619,544 @@ class AlterConfigsResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___AlterConfigsResponse: _TypeAlias = AlterConfigsResponse  # noqa: Y015
+
+@_typing.final
+class CreatePartitionsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    VALIDATE_ONLY_FIELD_NUMBER: _builtins.int
+    validate_only: _builtins.bool
+    """Check the request, create nothing."""
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewPartitions]:
+        """At most MAX_TOPICS_PER_REQUEST topics."""
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___NewPartitions] | None = ...,
+        validate_only: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics", "validate_only", b"validate_only"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsRequest: _TypeAlias = CreatePartitionsRequest  # noqa: Y015
+
+@_typing.final
+class NewPartitions(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    NAME_FIELD_NUMBER: _builtins.int
+    TOTAL_COUNT_FIELD_NUMBER: _builtins.int
+    ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    name: _builtins.str
+    """The topic to grow."""
+    total_count: _builtins.int
+    """The partition count after the change: more than the topic has, at most
+    MAX_PARTITIONS_PER_TOPIC.
+    """
+    @_builtins.property
+    def assignment(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaAssignment]:
+        """Optional placement of the new partitions (Kafka's newAssignments): one
+        entry per new partition, numbered from the current count on, each with
+        as many live brokers as the topic's replication factor. Empty: the
+        coordinator places them as it places a new topic's.
+        """
+
+    def __init__(
+        self,
+        *,
+        name: _builtins.str = ...,
+        total_count: _builtins.int = ...,
+        assignment: _abc.Iterable[Global___ReplicaAssignment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "name", b"name", "total_count", b"total_count"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___NewPartitions: _TypeAlias = NewPartitions  # noqa: Y015
+
+@_typing.final
+class CreatePartitionsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPICS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___TopicResult]:
+        """One result per topic, in request order."""
+
+    def __init__(
+        self,
+        *,
+        topics: _abc.Iterable[Global___TopicResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["topics", b"topics"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CreatePartitionsResponse: _TypeAlias = CreatePartitionsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteRecordsPartition]:
+        """At most MAX_PARTITIONS_PER_REQUEST partitions."""
+
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___DeleteRecordsPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsRequest: _TypeAlias = DeleteRecordsRequest  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsPartition(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    OFFSET_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    offset: _builtins.int
+    """The new log start offset: records below it are deleted. At most the high
+    watermark; -1 means the high watermark (delete everything committed).
+    """
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        offset: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["offset", b"offset", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsPartition: _TypeAlias = DeleteRecordsPartition  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteRecordsResult]:
+        """One result per partition, in request order."""
+
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___DeleteRecordsResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsResponse: _TypeAlias = DeleteRecordsResponse  # noqa: Y015
+
+@_typing.final
+class DeleteRecordsResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LOW_WATERMARK_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    low_watermark: _builtins.int
+    """The partition's log start offset after the call (Kafka's low watermark)."""
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Unset on success."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        low_watermark: _builtins.int = ...,
+        error: _common_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "low_watermark", b"low_watermark", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeleteRecordsResult: _TypeAlias = DeleteRecordsResult  # noqa: Y015
+
+@_typing.final
+class ElectLeadersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
+        """The partitions to elect the preferred leader of; empty means every
+        partition of every topic. At most MAX_PARTITIONS_PER_REQUEST.
+        """
+
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersRequest: _TypeAlias = ElectLeadersRequest  # noqa: Y015
+
+@_typing.final
+class ElectLeadersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ElectLeadersResult]:
+        """One result per partition, in request order (every partition when the
+        request named none).
+        """
+
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___ElectLeadersResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersResponse: _TypeAlias = ElectLeadersResponse  # noqa: Y015
+
+@_typing.final
+class ElectLeadersResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    LEADER_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    leader_id: _builtins.int
+    """The partition's leader after the call (-1: none)."""
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Unset when the preferred replica was elected; ELECTION_NOT_NEEDED when it
+        already led; PREFERRED_LEADER_NOT_AVAILABLE when it is not alive or not
+        in the ISR.
+        """
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        leader_id: _builtins.int = ...,
+        error: _common_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "leader_id", b"leader_id", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ElectLeadersResult: _TypeAlias = ElectLeadersResult  # noqa: Y015
+
+@_typing.final
+class AlterPartitionReassignmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    THROTTLE_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    throttle_bytes_per_s: _builtins.int
+    """Replication bytes per second that each leader broker sends to the
+    replicas being added (0: not throttled). Applies to the partitions of
+    this request; a later request for the same partitions changes it.
+    """
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionReassignment]:
+        """At most MAX_PARTITIONS_PER_REQUEST partitions."""
+
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___PartitionReassignment] | None = ...,
+        throttle_bytes_per_s: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "throttle_bytes_per_s", b"throttle_bytes_per_s"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionReassignmentsRequest: _TypeAlias = AlterPartitionReassignmentsRequest  # noqa: Y015
+
+@_typing.final
+class PartitionReassignment(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The target replicas, the preferred leader first: live brokers, none
+        twice. Empty: cancel the partition's reassignment in progress (its
+        original replicas are restored).
+        """
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partition", b"partition", "replicas", b"replicas", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___PartitionReassignment: _TypeAlias = PartitionReassignment  # noqa: Y015
+
+@_typing.final
+class AlterPartitionReassignmentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReassignmentResult]:
+        """One result per partition, in request order."""
+
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[Global___ReassignmentResult] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AlterPartitionReassignmentsResponse: _TypeAlias = AlterPartitionReassignmentsResponse  # noqa: Y015
+
+@_typing.final
+class ReassignmentResult(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Unset when the reassignment was started, changed or cancelled."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        error: _common_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "partition", b"partition", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReassignmentResult: _TypeAlias = ReassignmentResult  # noqa: Y015
+
+@_typing.final
+class ListPartitionReassignmentsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    PARTITIONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
+        """Empty: every reassignment in progress. At most
+        MAX_PARTITIONS_PER_REQUEST.
+        """
+
+    def __init__(
+        self,
+        *,
+        partitions: _abc.Iterable[_common_pb2.TopicPartition] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPartitionReassignmentsRequest: _TypeAlias = ListPartitionReassignmentsRequest  # noqa: Y015
+
+@_typing.final
+class ListPartitionReassignmentsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REASSIGNMENTS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def reassignments(self) -> _containers.RepeatedCompositeFieldContainer[Global___OngoingReassignment]: ...
+    def __init__(
+        self,
+        *,
+        reassignments: _abc.Iterable[Global___OngoingReassignment] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["reassignments", b"reassignments"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListPartitionReassignmentsResponse: _TypeAlias = ListPartitionReassignmentsResponse  # noqa: Y015
+
+@_typing.final
+class OngoingReassignment(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TOPIC_FIELD_NUMBER: _builtins.int
+    PARTITION_FIELD_NUMBER: _builtins.int
+    REPLICAS_FIELD_NUMBER: _builtins.int
+    ADDING_REPLICAS_FIELD_NUMBER: _builtins.int
+    REMOVING_REPLICAS_FIELD_NUMBER: _builtins.int
+    ORIGINAL_REPLICAS_FIELD_NUMBER: _builtins.int
+    THROTTLE_BYTES_PER_S_FIELD_NUMBER: _builtins.int
+    STARTED_MS_FIELD_NUMBER: _builtins.int
+    LEADER_ID_FIELD_NUMBER: _builtins.int
+    ISR_FIELD_NUMBER: _builtins.int
+    LEADER_LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    LEADER_SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    PROGRESS_FIELD_NUMBER: _builtins.int
+    topic: _builtins.str
+    partition: _builtins.int
+    throttle_bytes_per_s: _builtins.int
+    started_ms: _builtins.int
+    """Wall-clock ms since the epoch when the reassignment started."""
+    leader_id: _builtins.int
+    leader_log_end_offset: _builtins.int
+    """The leader's log end offset and size (0 when it could not be asked:
+    the coordinator does not know; brokers fill these in).
+    """
+    leader_size_bytes: _builtins.int
+    @_builtins.property
+    def replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Every replica while the move lasts: the target first, then the original
+        replicas that are leaving.
+        """
+
+    @_builtins.property
+    def adding_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Replicas of the target that were not replicas before."""
+
+    @_builtins.property
+    def removing_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Original replicas not in the target."""
+
+    @_builtins.property
+    def original_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """The replicas before the move (what a cancel restores)."""
+
+    @_builtins.property
+    def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def progress(self) -> _containers.RepeatedCompositeFieldContainer[Global___ReplicaProgress]:
+        """Each adding replica's progress (filled in by brokers)."""
+
+    def __init__(
+        self,
+        *,
+        topic: _builtins.str = ...,
+        partition: _builtins.int = ...,
+        replicas: _abc.Iterable[_builtins.int] | None = ...,
+        adding_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        removing_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        original_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        throttle_bytes_per_s: _builtins.int = ...,
+        started_ms: _builtins.int = ...,
+        leader_id: _builtins.int = ...,
+        isr: _abc.Iterable[_builtins.int] | None = ...,
+        leader_log_end_offset: _builtins.int = ...,
+        leader_size_bytes: _builtins.int = ...,
+        progress: _abc.Iterable[Global___ReplicaProgress] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "isr", b"isr", "leader_id", b"leader_id", "leader_log_end_offset", b"leader_log_end_offset", "leader_size_bytes", b"leader_size_bytes", "original_replicas", b"original_replicas", "partition", b"partition", "progress", b"progress", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "started_ms", b"started_ms", "throttle_bytes_per_s", b"throttle_bytes_per_s", "topic", b"topic"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OngoingReassignment: _TypeAlias = OngoingReassignment  # noqa: Y015
+
+@_typing.final
+class ReplicaProgress(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    BROKER_ID_FIELD_NUMBER: _builtins.int
+    REACHABLE_FIELD_NUMBER: _builtins.int
+    LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
+    SIZE_BYTES_FIELD_NUMBER: _builtins.int
+    LAG_RECORDS_FIELD_NUMBER: _builtins.int
+    LAG_BYTES_FIELD_NUMBER: _builtins.int
+    IN_SYNC_FIELD_NUMBER: _builtins.int
+    broker_id: _builtins.int
+    reachable: _builtins.bool
+    """False when the broker could not be asked (down): the other fields are 0."""
+    log_end_offset: _builtins.int
+    size_bytes: _builtins.int
+    lag_records: _builtins.int
+    """Records and bytes it still has to copy (from the leader's figures)."""
+    lag_bytes: _builtins.int
+    in_sync: _builtins.bool
+    def __init__(
+        self,
+        *,
+        broker_id: _builtins.int = ...,
+        reachable: _builtins.bool = ...,
+        log_end_offset: _builtins.int = ...,
+        size_bytes: _builtins.int = ...,
+        lag_records: _builtins.int = ...,
+        lag_bytes: _builtins.int = ...,
+        in_sync: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "lag_records", b"lag_records", "log_end_offset", b"log_end_offset", "reachable", b"reachable", "size_bytes", b"size_bytes"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReplicaProgress: _TypeAlias = ReplicaProgress  # noqa: Y015

@@ -60,6 +60,31 @@ class AdminStub:
                 request_serializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsRequest.SerializeToString,
                 response_deserializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsResponse.FromString,
                 _registered_method=True)
+        self.CreatePartitions = channel.unary_unary(
+                '/tidelog.v1.Admin/CreatePartitions',
+                request_serializer=tidelog_dot_v1_dot_admin__pb2.CreatePartitionsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_admin__pb2.CreatePartitionsResponse.FromString,
+                _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/tidelog.v1.Admin/DeleteRecords',
+                request_serializer=tidelog_dot_v1_dot_admin__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_admin__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/tidelog.v1.Admin/ElectLeaders',
+                request_serializer=tidelog_dot_v1_dot_admin__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_admin__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/tidelog.v1.Admin/AlterPartitionReassignments',
+                request_serializer=tidelog_dot_v1_dot_admin__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_admin__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/tidelog.v1.Admin/ListPartitionReassignments',
+                request_serializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
         self.CreateAcls = channel.unary_unary(
                 '/tidelog.v1.Admin/CreateAcls',
                 request_serializer=tidelog_dot_v1_dot_security__pb2.CreateAclsRequest.SerializeToString,
@@ -138,6 +163,50 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreatePartitions(self, request, context):
+        """Add partitions to topics (Kafka's CreatePartitions). The count only
+        grows: a smaller or equal count fails the topic with INVALID_PARTITIONS.
+        Records with a key may map to another partition afterwards.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteRecords(self, request, context):
+        """Move the log start offset of partitions forward (Kafka's DeleteRecords):
+        records below it can no longer be read, and whole segments below it are
+        deleted. Served by each partition's leader; a broker asked for a
+        partition it does not lead asks the leader.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ElectLeaders(self, request, context):
+        """Make each partition's preferred replica (the first of its replicas) its
+        leader, when it is alive and in the ISR (Kafka's ElectLeaders, PREFERRED).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterPartitionReassignments(self, request, context):
+        """Start, change or cancel the move of partitions to other replicas (Kafka's
+        AlterPartitionReassignments). New replicas are added and catch up, join
+        the ISR, then the replicas not in the target are removed (the leader
+        moves first if it is one of them).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
+        """Reassignments in progress, with each adding replica's progress.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def CreateAcls(self, request, context):
         """ACLs, user credentials and quotas (messages in security.proto; Kafka's
         CreateAcls, DescribeAcls, DeleteAcls, AlterUserScramCredentials,
@@ -210,6 +279,31 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.AlterConfigs,
                     request_deserializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsRequest.FromString,
                     response_serializer=tidelog_dot_v1_dot_admin__pb2.AlterConfigsResponse.SerializeToString,
+            ),
+            'CreatePartitions': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreatePartitions,
+                    request_deserializer=tidelog_dot_v1_dot_admin__pb2.CreatePartitionsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_admin__pb2.CreatePartitionsResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=tidelog_dot_v1_dot_admin__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_admin__pb2.DeleteRecordsResponse.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=tidelog_dot_v1_dot_admin__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_admin__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=tidelog_dot_v1_dot_admin__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_admin__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsResponse.SerializeToString,
             ),
             'CreateAcls': grpc.unary_unary_rpc_method_handler(
                     servicer.CreateAcls,
@@ -382,6 +476,141 @@ class Admin:
             '/tidelog.v1.Admin/AlterConfigs',
             tidelog_dot_v1_dot_admin__pb2.AlterConfigsRequest.SerializeToString,
             tidelog_dot_v1_dot_admin__pb2.AlterConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreatePartitions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/CreatePartitions',
+            tidelog_dot_v1_dot_admin__pb2.CreatePartitionsRequest.SerializeToString,
+            tidelog_dot_v1_dot_admin__pb2.CreatePartitionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/DeleteRecords',
+            tidelog_dot_v1_dot_admin__pb2.DeleteRecordsRequest.SerializeToString,
+            tidelog_dot_v1_dot_admin__pb2.DeleteRecordsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/ElectLeaders',
+            tidelog_dot_v1_dot_admin__pb2.ElectLeadersRequest.SerializeToString,
+            tidelog_dot_v1_dot_admin__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/AlterPartitionReassignments',
+            tidelog_dot_v1_dot_admin__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            tidelog_dot_v1_dot_admin__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/ListPartitionReassignments',
+            tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,6 +50,29 @@ class AdminStub:
     their value). Takes effect without a restart. Unknown keys and invalid
     values fail the topic with INVALID_CONFIG naming the key and the range.
     """
+    CreatePartitions: _grpc.UnaryUnaryMultiCallable[_admin_pb2.CreatePartitionsRequest, _admin_pb2.CreatePartitionsResponse]
+    """Add partitions to topics (Kafka's CreatePartitions). The count only
+    grows: a smaller or equal count fails the topic with INVALID_PARTITIONS.
+    Records with a key may map to another partition afterwards.
+    """
+    DeleteRecords: _grpc.UnaryUnaryMultiCallable[_admin_pb2.DeleteRecordsRequest, _admin_pb2.DeleteRecordsResponse]
+    """Move the log start offset of partitions forward (Kafka's DeleteRecords):
+    records below it can no longer be read, and whole segments below it are
+    deleted. Served by each partition's leader; a broker asked for a
+    partition it does not lead asks the leader.
+    """
+    ElectLeaders: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ElectLeadersRequest, _admin_pb2.ElectLeadersResponse]
+    """Make each partition's preferred replica (the first of its replicas) its
+    leader, when it is alive and in the ISR (Kafka's ElectLeaders, PREFERRED).
+    """
+    AlterPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_admin_pb2.AlterPartitionReassignmentsRequest, _admin_pb2.AlterPartitionReassignmentsResponse]
+    """Start, change or cancel the move of partitions to other replicas (Kafka's
+    AlterPartitionReassignments). New replicas are added and catch up, join
+    the ISR, then the replicas not in the target are removed (the leader
+    moves first if it is one of them).
+    """
+    ListPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPartitionReassignmentsRequest, _admin_pb2.ListPartitionReassignmentsResponse]
+    """Reassignments in progress, with each adding replica's progress."""
     CreateAcls: _grpc.UnaryUnaryMultiCallable[_security_pb2.CreateAclsRequest, _security_pb2.CreateAclsResponse]
     """ACLs, user credentials and quotas (messages in security.proto; Kafka's
     CreateAcls, DescribeAcls, DeleteAcls, AlterUserScramCredentials,
@@ -80,6 +103,29 @@ class AdminAsyncStub(AdminStub):
     their value). Takes effect without a restart. Unknown keys and invalid
     values fail the topic with INVALID_CONFIG naming the key and the range.
     """
+    CreatePartitions: _aio.UnaryUnaryMultiCallable[_admin_pb2.CreatePartitionsRequest, _admin_pb2.CreatePartitionsResponse]  # type: ignore[assignment]
+    """Add partitions to topics (Kafka's CreatePartitions). The count only
+    grows: a smaller or equal count fails the topic with INVALID_PARTITIONS.
+    Records with a key may map to another partition afterwards.
+    """
+    DeleteRecords: _aio.UnaryUnaryMultiCallable[_admin_pb2.DeleteRecordsRequest, _admin_pb2.DeleteRecordsResponse]  # type: ignore[assignment]
+    """Move the log start offset of partitions forward (Kafka's DeleteRecords):
+    records below it can no longer be read, and whole segments below it are
+    deleted. Served by each partition's leader; a broker asked for a
+    partition it does not lead asks the leader.
+    """
+    ElectLeaders: _aio.UnaryUnaryMultiCallable[_admin_pb2.ElectLeadersRequest, _admin_pb2.ElectLeadersResponse]  # type: ignore[assignment]
+    """Make each partition's preferred replica (the first of its replicas) its
+    leader, when it is alive and in the ISR (Kafka's ElectLeaders, PREFERRED).
+    """
+    AlterPartitionReassignments: _aio.UnaryUnaryMultiCallable[_admin_pb2.AlterPartitionReassignmentsRequest, _admin_pb2.AlterPartitionReassignmentsResponse]  # type: ignore[assignment]
+    """Start, change or cancel the move of partitions to other replicas (Kafka's
+    AlterPartitionReassignments). New replicas are added and catch up, join
+    the ISR, then the replicas not in the target are removed (the leader
+    moves first if it is one of them).
+    """
+    ListPartitionReassignments: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPartitionReassignmentsRequest, _admin_pb2.ListPartitionReassignmentsResponse]  # type: ignore[assignment]
+    """Reassignments in progress, with each adding replica's progress."""
     CreateAcls: _aio.UnaryUnaryMultiCallable[_security_pb2.CreateAclsRequest, _security_pb2.CreateAclsResponse]  # type: ignore[assignment]
     """ACLs, user credentials and quotas (messages in security.proto; Kafka's
     CreateAcls, DescribeAcls, DeleteAcls, AlterUserScramCredentials,
@@ -137,6 +183,59 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         their value). Takes effect without a restart. Unknown keys and invalid
         values fail the topic with INVALID_CONFIG naming the key and the range.
         """
+
+    @_abc_1.abstractmethod
+    def CreatePartitions(
+        self,
+        request: _admin_pb2.CreatePartitionsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.CreatePartitionsResponse, _abc.Awaitable[_admin_pb2.CreatePartitionsResponse]]:
+        """Add partitions to topics (Kafka's CreatePartitions). The count only
+        grows: a smaller or equal count fails the topic with INVALID_PARTITIONS.
+        Records with a key may map to another partition afterwards.
+        """
+
+    @_abc_1.abstractmethod
+    def DeleteRecords(
+        self,
+        request: _admin_pb2.DeleteRecordsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.DeleteRecordsResponse, _abc.Awaitable[_admin_pb2.DeleteRecordsResponse]]:
+        """Move the log start offset of partitions forward (Kafka's DeleteRecords):
+        records below it can no longer be read, and whole segments below it are
+        deleted. Served by each partition's leader; a broker asked for a
+        partition it does not lead asks the leader.
+        """
+
+    @_abc_1.abstractmethod
+    def ElectLeaders(
+        self,
+        request: _admin_pb2.ElectLeadersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ElectLeadersResponse, _abc.Awaitable[_admin_pb2.ElectLeadersResponse]]:
+        """Make each partition's preferred replica (the first of its replicas) its
+        leader, when it is alive and in the ISR (Kafka's ElectLeaders, PREFERRED).
+        """
+
+    @_abc_1.abstractmethod
+    def AlterPartitionReassignments(
+        self,
+        request: _admin_pb2.AlterPartitionReassignmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.AlterPartitionReassignmentsResponse, _abc.Awaitable[_admin_pb2.AlterPartitionReassignmentsResponse]]:
+        """Start, change or cancel the move of partitions to other replicas (Kafka's
+        AlterPartitionReassignments). New replicas are added and catch up, join
+        the ISR, then the replicas not in the target are removed (the leader
+        moves first if it is one of them).
+        """
+
+    @_abc_1.abstractmethod
+    def ListPartitionReassignments(
+        self,
+        request: _admin_pb2.ListPartitionReassignmentsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_admin_pb2.ListPartitionReassignmentsResponse, _abc.Awaitable[_admin_pb2.ListPartitionReassignmentsResponse]]:
+        """Reassignments in progress, with each adding replica's progress."""
 
     @_abc_1.abstractmethod
     def CreateAcls(

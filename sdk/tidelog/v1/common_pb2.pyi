@@ -81,17 +81,25 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """The named group is not known."""
     NON_EMPTY_GROUP: _ErrorCode.ValueType  # 27
     """The group still has live members."""
-    AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 28
+    ELECTION_NOT_NEEDED: _ErrorCode.ValueType  # 28
+    """The preferred replica already leads the partition: nothing to elect."""
+    PREFERRED_LEADER_NOT_AVAILABLE: _ErrorCode.ValueType  # 29
+    """The preferred replica is not alive or not in the ISR (retriable: it may
+    catch up).
+    """
+    NO_REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 30
+    """A reassignment was to be cancelled, but the partition has none."""
+    AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 31
     """The principal may not do the operation on the resource (ACLs); the
     message names both. Not retriable: an operator must grant it.
     """
-    TOPIC_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 29
+    TOPIC_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 32
     """AUTHORIZATION_FAILED on a topic."""
-    GROUP_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 30
+    GROUP_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 33
     """AUTHORIZATION_FAILED on a consumer group."""
-    CLUSTER_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 31
+    CLUSTER_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 34
     """AUTHORIZATION_FAILED on the cluster."""
-    SASL_AUTHENTICATION_FAILED: _ErrorCode.ValueType  # 32
+    SASL_AUTHENTICATION_FAILED: _ErrorCode.ValueType  # 35
     """The client could not be authenticated: unknown user or wrong password,
     credentials sent without TLS, or no identity where anonymous clients are
     not allowed.
@@ -162,17 +170,25 @@ GROUP_ID_NOT_FOUND: ErrorCode.ValueType  # 26
 """The named group is not known."""
 NON_EMPTY_GROUP: ErrorCode.ValueType  # 27
 """The group still has live members."""
-AUTHORIZATION_FAILED: ErrorCode.ValueType  # 28
+ELECTION_NOT_NEEDED: ErrorCode.ValueType  # 28
+"""The preferred replica already leads the partition: nothing to elect."""
+PREFERRED_LEADER_NOT_AVAILABLE: ErrorCode.ValueType  # 29
+"""The preferred replica is not alive or not in the ISR (retriable: it may
+catch up).
+"""
+NO_REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 30
+"""A reassignment was to be cancelled, but the partition has none."""
+AUTHORIZATION_FAILED: ErrorCode.ValueType  # 31
 """The principal may not do the operation on the resource (ACLs); the
 message names both. Not retriable: an operator must grant it.
 """
-TOPIC_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 29
+TOPIC_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 32
 """AUTHORIZATION_FAILED on a topic."""
-GROUP_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 30
+GROUP_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 33
 """AUTHORIZATION_FAILED on a consumer group."""
-CLUSTER_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 31
+CLUSTER_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 34
 """AUTHORIZATION_FAILED on the cluster."""
-SASL_AUTHENTICATION_FAILED: ErrorCode.ValueType  # 32
+SASL_AUTHENTICATION_FAILED: ErrorCode.ValueType  # 35
 """The client could not be authenticated: unknown user or wrong password,
 credentials sent without TLS, or no identity where anonymous clients are
 not allowed.

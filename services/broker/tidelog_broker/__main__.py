@@ -7,10 +7,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
+import socket
 import sys
 from pathlib import Path
 
 from tidelog.errors import TidelogError
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+from tidelog_server.metrics import add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
@@ -49,6 +53,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_security_arguments(parser)
     parser.add_argument("--broker-id", type=int, default=None, help="this broker's id (default 0)")
     parser.add_argument(
+        "--broker-id-from-hostname",
+        action="store_true",
+        help="take the broker id from the host name's trailing -<ordinal> "
+        "(a Kubernetes StatefulSet pod: tidelog-broker-2 is broker 2)",
+    )
+    parser.add_argument(
         "--auto-create-topics",
         action="store_true",
         default=None,
@@ -65,8 +75,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--etcd",
         default=None,
-        metavar="HOST:PORT",
-        help="cluster mode: register in this etcd and learn topics from it (no topics.json)",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="cluster mode: register in this etcd and learn topics from it (no topics.json); "
+        "several members comma separated, used in turn when one dies",
     )
     parser.add_argument(
         "--etcd-prefix",
@@ -82,16 +93,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(and its partitions get new leaders; default %(default)s, the least etcd allows)",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    add_metrics_arguments(parser)
     return parser.parse_args(argv)
 
 
 def cluster_from_args(args: argparse.Namespace) -> ClusterConfig | None:
     if not args.etcd:
         return None
-    host, _, port = args.etcd.rpartition(":")
-    if not host or not port.isdigit():
-        raise TidelogError(f"--etcd expects host:port, got {args.etcd!r}")
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        raise TidelogError(f"--etcd: {exc}") from None
     return ClusterConfig(args.etcd, args.etcd_prefix, args.rack, max(2, args.session_ttl_s))
+
+
+def broker_id_from_hostname(hostname: str) -> int:
+    """The ordinal that ends a StatefulSet pod's name (`<set>-<ordinal>`):
+    stable across restarts and moves of the pod, as its volume is."""
+    # The pod name is the host name's first label (the FQDN adds the Service).
+    match = re.fullmatch(r".+-(\d{1,9})", hostname.split(".", 1)[0])
+    if match is None:
+        raise TidelogError(
+            f"--broker-id-from-hostname: host name {hostname!r} does not end in "
+            "-<ordinal> (as a StatefulSet pod's name does); give --broker-id instead"
+        )
+    return int(match.group(1))
 
 
 def config_from_args(args: argparse.Namespace) -> BrokerConfig:
@@ -117,6 +143,10 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         config = build_config(config, read_properties(args.config))
     config = build_config(config, parse_settings(args.set))
     changes: dict[str, object] = {}
+    if args.broker_id_from_hostname:
+        if args.broker_id is not None:
+            raise TidelogError("give --broker-id or --broker-id-from-hostname, not both")
+        changes["broker_id"] = broker_id_from_hostname(socket.gethostname())
     if args.broker_id is not None:
         changes["broker_id"] = args.broker_id
     if args.auto_create_topics is not None:
@@ -140,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()
     # SIGINT is handled inside serve(); this covers one before the loop is up.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, cluster))
+        asyncio.run(serve(config, cluster, metrics_options(args)))
     return 0
 
 

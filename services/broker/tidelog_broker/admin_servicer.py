@@ -8,12 +8,15 @@ the same service with the same messages.
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 import grpc
 from tidelog.errors import InvalidRequestError
 from tidelog.request_limits import check_create_topics, check_topic_count
 from tidelog.v1 import admin_pb2, admin_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.delete_records import delete_records
 from tidelog_broker.error_mapping import abort, error_proto
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.storage import config_to_strings
@@ -26,7 +29,9 @@ _CONFIG_SOURCES = {
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
-    """CreateTopics, DeleteTopics, DescribeTopics, DescribeConfigs, AlterConfigs."""
+    """CreateTopics, DeleteTopics, DescribeTopics, DescribeConfigs, AlterConfigs,
+    DeleteRecords. The partition operations that need a cluster (adding
+    partitions, elections, reassignments) answer INVALID_REQUEST saying so."""
 
     def __init__(self, manager: PartitionManager, config: BrokerConfig) -> None:
         self._manager = manager
@@ -178,3 +183,46 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"altering configs of {change.name}"))
         return response
+
+    async def DeleteRecords(
+        self, request: admin_pb2.DeleteRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DeleteRecordsResponse:
+        try:
+            return await delete_records(self._manager, request)
+        except Exception as exc:
+            await abort(context, exc, "deleting records")
+
+    async def _needs_cluster(self, context: grpc.aio.ServicerContext, what: str) -> NoReturn:
+        await abort(
+            context,
+            InvalidRequestError(
+                f"{what} needs a cluster (brokers started with --etcd and a coordinator); "
+                "this broker runs standalone"
+            ),
+            what,
+        )
+
+    async def CreatePartitions(
+        self, request: admin_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CreatePartitionsResponse:
+        await self._needs_cluster(context, "adding partitions")
+
+    async def ElectLeaders(
+        self, request: admin_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ElectLeadersResponse:
+        await self._needs_cluster(context, "electing leaders")
+
+    async def AlterPartitionReassignments(
+        self,
+        request: admin_pb2.AlterPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_pb2.AlterPartitionReassignmentsResponse:
+        await self._needs_cluster(context, "reassigning partitions")
+
+    async def ListPartitionReassignments(
+        self,
+        request: admin_pb2.ListPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_pb2.ListPartitionReassignmentsResponse:
+        # A standalone broker never reassigns: nothing is in progress.
+        return admin_pb2.ListPartitionReassignmentsResponse()

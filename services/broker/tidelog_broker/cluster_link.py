@@ -16,7 +16,8 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   from the leader). Every change is reconciled into the PartitionManager:
   partitions opened or created, roles, epochs and ISR applied (`set_role`),
   configs applied (`PartitionLog.update_config`), data deleted when the
-  topic is deleted;
+  topic is deleted or a reassignment moved the replica away; the
+  replication throttle of reassignments configured;
 - as leader, ISR changes the PartitionManager proposes: written to the state
   key in a transaction that compares its mod revision and its value (so its
   leader and leader epoch): a deposed leader's write fails, and the watch
@@ -174,6 +175,17 @@ class ClusterLink:
             for watcher in self._watchers:
                 await watcher.synced.wait()
 
+    def in_sync(self) -> bool:
+        """Registered, caught up with etcd, and in the ISR of every partition
+        it hosts that has a live leader: stopping this broker now costs no
+        partition more than this one replica (what a rolling restart and a
+        PodDisruptionBudget must know before taking the next broker down)."""
+        return (
+            self.registered.is_set()
+            and all(watcher.synced.is_set() for watcher in self._watchers)
+            and not self.view.out_of_sync(self.broker.broker_id)
+        )
+
     async def stop(self) -> None:
         """Revoke the session (the broker disappears from the cluster now)."""
         for task in self._tasks:
@@ -325,6 +337,8 @@ class ClusterLink:
         me = self.broker.broker_id
         ids_changed = False
         followed: dict[int, dict[tuple[str, int], int]] = {}
+        throttled: dict[tuple[str, int], frozenset[int]] = {}
+        rates: list[int] = []
         for name, topic in self.view.topics.items():
             led = [
                 p
@@ -341,6 +355,7 @@ class ClusterLink:
                 )
                 del self._local_ids[name]
                 ids_changed = True
+            hosted = self.manager.logs.hosted_partitions(name)
             try:
                 self.manager.logs.host_partitions(
                     TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
@@ -379,6 +394,24 @@ class ClusterLink:
                     )
                 except Exception:
                     flood.exception("applying the state of %s-%d failed", name, p)
+            # Replicas moved away by a reassignment (the partition lives on,
+            # without this broker): their logs go, as Kafka deletes them.
+            moved = [
+                p
+                for p in hosted
+                if p < len(topic.replicas)
+                and me not in topic.replicas[p]
+                and self.view.state(topic, p) is not None
+            ]
+            if moved:
+                log.info(
+                    "%s partitions %s moved to other brokers: deleting their logs", name, moved
+                )
+                self.manager.logs.delete_local_logs(name, moved)
+            for p, reassignment in topic.reassignments.items():
+                if reassignment.throttle_bytes_per_s > 0 and reassignment.adding:
+                    throttled[(name, p)] = frozenset(reassignment.adding)
+                    rates.append(reassignment.throttle_bytes_per_s)
             if led and self._local_ids.get(name) != topic.topic_id:
                 self._local_ids[name] = topic.topic_id
                 ids_changed = True
@@ -398,6 +431,7 @@ class ClusterLink:
                 name, self.manager.logs.local_topics().get(name, [])
             )
         self.fetchers.assign(followed)
+        self.manager.replicas.throttle.configure(throttled, min(rates, default=0))
         # Once the topics are listed; the cluster id may come later (the
         # registration loop fetches it), so retried on every reconcile until
         # it is known: a check skipped at the first listing never came back.
@@ -408,15 +442,30 @@ class ClusterLink:
             self._save_meta()
 
     def _delete_strays(self) -> bool:
-        """At the first listing: delete logs of topics deleted while we were down."""
+        """At the first listing: delete logs of topics deleted while we were
+        down, and of replicas reassigned to other brokers meanwhile."""
         if not self.cluster_id or self._local_cluster_id != self.cluster_id:
             return False  # not sure this data dir is ours: keep everything
         self._strays_checked = True
         changed = False
+        me = self.broker.broker_id
         for name, partitions in self.manager.logs.local_topics().items():
-            if name not in self.view.topics:
+            topic = self.view.topics.get(name)
+            if topic is None:
                 self.manager.logs.delete_local_logs(name, partitions)
                 changed |= self._local_ids.pop(name, None) is not None
+                continue
+            # Replicas moved away by a reassignment while we were down.
+            moved = [
+                p
+                for p in partitions
+                if p < len(topic.replicas)
+                and me not in topic.replicas[p]
+                and self.view.state(topic, p) is not None
+            ]
+            if moved and self._local_ids.get(name) == topic.topic_id:
+                log.info("%s partitions %s moved away while this broker was down", name, moved)
+                self.manager.logs.delete_local_logs(name, moved)
         return changed
 
     # ------------------------------------------------------------ replication

@@ -7,7 +7,9 @@
   is then completed with what only brokers know (log offsets, sizes,
   segments): from this broker's logs, and from each other leader, asked with
   the `tidelog-local` metadata key so that it answers from its own logs
-  instead of forwarding again.
+  instead of forwarding again. DeleteRecords goes to the coordinator too,
+  which asks each partition's leader with that key: the leader then deletes
+  in its own logs (delete_records).
 - `BrokerClusterServicer` (`tidelog.v1.Cluster`): DescribeCluster from the
   broker's etcd view, so that a client given only a broker address learns
   the coordinator endpoints (the consumer's group membership needs them);
@@ -39,6 +41,7 @@ from tidelog_server.forwarding import LOCAL_METADATA_KEY, CoordinatorForwarding
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
+from tidelog_broker.delete_records import delete_records
 from tidelog_broker.error_mapping import abort
 from tidelog_broker.producer_ids import ProducerIdForwarder
 
@@ -70,10 +73,20 @@ class AdminForwarder:
             method,
         )
 
+    async def DeleteRecords(
+        self, request: admin_pb2.DeleteRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DeleteRecordsResponse:
+        if not _is_local(context):
+            return await self.forward("DeleteRecords", request, context)
+        try:
+            return await delete_records(self._link.manager, request)
+        except Exception as exc:
+            await abort(context, exc, "deleting records")
+
     async def DescribeTopics(
         self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeTopicsResponse:
-        if any(k == LOCAL_METADATA_KEY for k, _ in context.invocation_metadata() or ()):
+        if _is_local(context):
             return self._describe_local(request)
         response: admin_pb2.DescribeTopicsResponse = await self.forward(
             "DescribeTopics", request, context
@@ -134,6 +147,11 @@ class AdminForwarder:
                     segment_count=view.segment_count,
                 )
         return response
+
+
+def _is_local(context: grpc.aio.ServicerContext) -> bool:
+    """The call carries `tidelog-local`: answer from this broker's own logs."""
+    return any(k == LOCAL_METADATA_KEY for k, _ in context.invocation_metadata() or ())
 
 
 def _forwarding_method(name: str) -> Any:

@@ -28,6 +28,7 @@ from tidelog.v1 import log_pb2
 from tidelog_broker.error_mapping import error_proto
 from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
 from tidelog_broker.log_manager import TopicPartitionKey
+from tidelog_broker.metrics import BrokerMetrics
 from tidelog_broker.partition_manager import PartitionManager
 
 DEFAULT_MAX_BYTES = 1024 * 1024
@@ -47,9 +48,14 @@ class FetchSession:
     """Positions and credit of one Fetch stream; yields its responses."""
 
     def __init__(
-        self, manager: PartitionManager, budget: FetchBudget | None = None, peer: str = ""
+        self,
+        manager: PartitionManager,
+        budget: FetchBudget | None = None,
+        peer: str = "",
+        metrics: BrokerMetrics | None = None,
     ) -> None:
         self._manager = manager
+        self._metrics = metrics
         self._budget = budget if budget is not None else FetchBudget(FetchLimits())
         # The connection this stream came on (its share of the budget).
         self._peer = peer
@@ -234,6 +240,7 @@ class FetchSession:
                 )
             )
             collected.next_offsets[key] = next_offset
+            collected.sizes.append((topic, len(data)))
             collected.size += len(data)
         return collected
 
@@ -246,6 +253,9 @@ class FetchSession:
             del self._positions[key]
         self._credit_bytes -= collected.size
         self._next_start += 1
+        if self._metrics is not None:
+            for topic, size in collected.sizes:
+                self._metrics.fetched(topic, size)
 
 
 @dataclass
@@ -256,3 +266,5 @@ class _Collected:
     size: int = 0
     next_offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
     failed: list[TopicPartitionKey] = field(default_factory=list)
+    #: (topic, record bytes) of each partition with records (metrics).
+    sizes: list[tuple[str, int]] = field(default_factory=list)

@@ -308,6 +308,11 @@ class LogManager:
         topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
         log.info("hosting %s partitions %s", spec.name, sorted(wanted))
 
+    def hosted_partitions(self, name: str) -> list[int]:
+        """Cluster mode: the partitions of topic `name` with an open log here."""
+        topic = self._topics.get(name)
+        return [] if topic is None else sorted(topic.hosted)
+
     def drop_topic(self, name: str, delete_data: bool) -> None:
         """Cluster mode: stop hosting a topic; with `delete_data`, remove its
         logs (the topic was deleted). Unknown names are ignored (idempotent)."""

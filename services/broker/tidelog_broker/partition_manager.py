@@ -10,7 +10,7 @@ asyncio event loop (log_manager says what runs in worker threads).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from tidelog import records
@@ -195,6 +195,19 @@ class PartitionManager:
             )
         found = partition_log.offset_for_timestamp(timestamp_ms)
         return found if found is not None else (-1, -1)
+
+    def hosted_partitions(
+        self,
+    ) -> Iterator[tuple[PartitionLog, PartitionReplication | None, int]]:
+        """Every partition log hosted here, with its replication state (None
+        standalone) and its min.insync.replicas: what metrics are read from."""
+        for name in self.logs.topic_names():
+            for partition_log in self.logs.topic(name).hosted.values():
+                yield (
+                    partition_log,
+                    self.replicas.replication(name, partition_log.partition),
+                    partition_log.config.min_insync_replicas,
+                )
 
     def describe(self, topic: str) -> list[PartitionView]:
         return [

@@ -5,7 +5,8 @@ it in lock step: send a request naming every partition followed on that
 leader (fetch offset = this log's end, the epoch known from etcd, the epoch
 of the log's last batch), read the answer, apply it, repeat. Applying means:
 append the batches as they are (`PartitionLog.append_replicated`, keeping
-the leader's offsets), take the leader's HW (capped at our log end), or,
+the leader's offsets), take the leader's HW (capped at our log end) and its
+log start offset (records it deleted go here too), or,
 when the leader reports a diverging epoch, truncate the divergent suffix and
 fetch again. When our log ends below the leader's log start offset (the
 leader answers OFFSET_OUT_OF_RANGE: retention deleted what we still need),
@@ -211,6 +212,7 @@ class ReplicaFetcher:
                 self._manager.append_replicated(
                     data.topic, data.partition, data.records, data.high_watermark
                 )
+                self._manager.follow_log_start(data.topic, data.partition, data.log_start_offset)
             except (TidelogError, ValueError) as exc:
                 flood.warning(
                     "replicating %s-%d from broker %d failed: %s",

@@ -26,7 +26,9 @@ from tidelog_server.log_flood import RateLimitedLog
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_manager import LogManager, TopicPartitionKey
 from tidelog_broker.replica_state import PartitionReplication, RegistrationOf, Role
+from tidelog_broker.replica_throttle import ReplicationThrottle
 from tidelog_broker.storage import Clock, PartitionLog
+from tidelog_broker.storage.partition_log import unlink_files
 
 log = logging.getLogger("tidelog.broker")
 # Errors that loops repeat (per partition, per pass) log once per interval.
@@ -56,6 +58,12 @@ class ReplicaManager:
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
+        #: Called with (old ISR, new ISR) when the ISR of a partition led
+        #: here changes (metrics count shrinks and expansions).
+        self.on_isr_change: Callable[[list[int], list[int]], None] = lambda _old, _new: None
+        #: Cluster mode: the byte rate to replicas being added by a
+        #: reassignment (configured by ClusterLink, applied by ReplicaServicer).
+        self.throttle = ReplicationThrottle()
 
     def _forget(self, topic: str, partition: int) -> None:
         self._replication.pop((topic, partition), None)
@@ -118,6 +126,8 @@ class ReplicaManager:
         if old is not None and old.role is role and old.leader_epoch == leader_epoch:
             old.replicas = list(replicas)
             if old.isr != isr:
+                if old.is_leader:
+                    self.on_isr_change(old.isr, isr)
                 old.isr = list(isr)
                 old.isr_change_pending = False
                 if old.is_leader:
@@ -236,11 +246,33 @@ class ReplicaManager:
         partition_log = self._logs.partition_log(topic, partition)
         if data:
             batches = list(records.iter_batches(data, None))
+            first = batches[0][1].base_offset
+            end = partition_log.log_end_offset
+            if first < end == partition_log.log_start_offset:
+                # Our log is empty and starts inside the leader's first batch
+                # (DeleteRecords moved the leader's log start into a batch, and
+                # this replica was reset there or is new): start it at the
+                # batch instead, as Kafka's follower does; the leader's log
+                # start offset (follow_log_start) then hides what is below.
+                partition_log.reset_to(first)
             partition_log.append_replicated(data, batches)
         replication = self._replication.get((topic, partition))
         if replication is not None and not replication.is_leader:
             high_watermark = min(leader_high_watermark, partition_log.log_end_offset)
             replication.high_watermark = max(replication.high_watermark, high_watermark)
+
+    def follow_log_start(self, topic: str, partition: int, leader_log_start: int) -> None:
+        """Follower: the leader's log now starts at `leader_log_start`
+        (DeleteRecords, retention): move ours up as far as our log goes, so
+        that records deleted on the leader are deleted here too."""
+        partition_log = self._logs.partition_log(topic, partition)
+        offset = min(leader_log_start, partition_log.log_end_offset)
+        if offset <= partition_log.log_start_offset:
+            return
+        doomed = partition_log.delete_records_before(offset)
+        if doomed:
+            # Unreachable once renamed; a failed unlink is retried by the next open.
+            asyncio.get_running_loop().run_in_executor(None, unlink_files, doomed)
 
     def truncate_replica(self, topic: str, partition: int, offset: int) -> int:
         """Follower: drop a divergent suffix from `offset`; the new log end."""

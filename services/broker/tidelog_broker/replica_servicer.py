@@ -16,9 +16,14 @@ NOT_LEADER_OR_FOLLOWER for that partition, with no records, and its fetch
 offset is not taken as progress. One stream speaks for one replica id.
 This binds a fetch to a live registration, not to a proven identity.
 The service is served only on the broker's internal listener (server.py),
-never on the client port; until that listener requires certificates from
-the cluster's authority, a process that can reach the internal port can
-still pose as a live follower: keep it off the clients' network.
+never on the client port; with TLS, that listener requires a certificate
+from the cluster's authority; without it, a process that can reach the
+internal port can still pose as a live follower: keep it off the clients'
+network.
+
+Replicas being added by a reassignment started with a throttle get at most
+the broker's replication throttle (replica_throttle): with the bucket empty,
+their partitions are answered without records (and the long-poll waits on).
 
 Not thread-safe: runs on the broker's event loop.
 """
@@ -150,12 +155,16 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                     continue
                 if sent_hw.get(key) != high_watermark:
                     news = True
-                if part.fetch_offset < log_end_offset and budget > 0:
-                    result = partition_log.read(part.fetch_offset, budget)
+                throttled = self._manager.throttle.applies(key, request.replica_id)
+                allowed = min(budget, self._manager.throttle.allowance()) if throttled else budget
+                if part.fetch_offset < log_end_offset and allowed > 0:
+                    result = partition_log.read(part.fetch_offset, allowed)
                     if result.records:
                         data.records = result.records
                         budget -= len(result.records)
                         news = True
+                        if throttled:
+                            self._manager.throttle.consume(len(result.records))
                 replication.on_answer(request.replica_id, log_end_offset)
             except TidelogError as exc:
                 data.error.CopyFrom(error_proto(exc, f"replicating {part.topic}-{part.partition}"))

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import signal
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -41,6 +42,7 @@ from tidelog_server.authorizer import Interceptor
 from tidelog_server.forwarding import ChannelPool
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.internal import replica_pb2_grpc
+from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
 from tidelog_server.security import Security
 from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import add_port, channel_security_of
@@ -55,6 +57,7 @@ from tidelog_broker.cluster_servicers import (
 )
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_servicer import LogServicer
+from tidelog_broker.metrics import BrokerMetrics
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.producer_epochs import EtcdEpochs, LocalEpochs
 from tidelog_broker.producer_ids import LocalProducerIds, StandaloneClusterServicer
@@ -68,12 +71,27 @@ log = logging.getLogger("tidelog.broker")
 # see the stream end and reconnect.
 SHUTDOWN_GRACE_S = 1.0
 
+#: Health service name that is SERVING while this broker is in the ISR of
+#: every partition it hosts (cluster mode; `ClusterLink.in_sync`): the Helm
+#: chart's readiness probe, so a rolling restart waits for it.
+IN_SYNC_HEALTH = "tidelog.broker.InSync"
+IN_SYNC_CHECK_INTERVAL_S = 1.0
+
 
 class BrokerServer:
     """One broker: its PartitionManager behind a grpc.aio server."""
 
-    def __init__(self, config: BrokerConfig, cluster: ClusterConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        cluster: ClusterConfig | None = None,
+        metrics: MetricsOptions | None = None,
+    ) -> None:
         self.config = config
+        #: Prometheus metrics, with --metrics-port only (metrics.py).
+        self.metrics = None if metrics is None else BrokerMetrics(config.broker_id)
+        self._metrics_options = metrics
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self.manager = PartitionManager(config, cluster_mode=cluster is not None)
         #: Every channel the servicers open (to coordinators, to other
         #: brokers), closed at stop.
@@ -103,7 +121,11 @@ class BrokerServer:
             ("grpc.so_reuseport", 0),
             *KEEPALIVE_OPTIONS,
         ]
-        server = grpc.aio.server(options=options, interceptors=[Interceptor(self.security)])
+        metrics = self.metrics
+        # Metrics first: they count the calls the security interceptor refuses.
+        interceptors: list[Any] = [] if metrics is None else [metrics.rpc.interceptor()]
+        interceptors.append(Interceptor(self.security))
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         services = [
             log_pb2.DESCRIPTOR.services_by_name["Log"].full_name,
             admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,
@@ -114,7 +136,9 @@ class BrokerServer:
             producer_ids = LocalProducerIds(self.config.data_dir)
             self.manager.highest_producer_epoch = LocalEpochs(producer_ids).highest_epoch
             # No `confirm` needed: the allocator is in this process.
-            log_pb2_grpc.add_LogServicer_to_server(LogServicer(self.manager, self.config), server)
+            log_pb2_grpc.add_LogServicer_to_server(
+                LogServicer(self.manager, self.config, metrics=metrics), server
+            )
             # (ACL, user and quota RPCs stay UNIMPLEMENTED: they need etcd.)
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminServicer(self.manager, self.config),  # type: ignore[abstract]
@@ -129,7 +153,9 @@ class BrokerServer:
             epochs = EtcdEpochs(self.link.client, self.link.keys)
             self.manager.highest_producer_epoch = epochs.highest_epoch
             log_pb2_grpc.add_LogServicer_to_server(
-                LogServicer(self.manager, self.config, ClusterMetadata(self.link).metadata, epochs),
+                LogServicer(
+                    self.manager, self.config, ClusterMetadata(self.link).metadata, epochs, metrics
+                ),
                 server,
             )
             add_admin_forwarder(AdminForwarder(self.link, self.link.forwarding), server)
@@ -143,7 +169,7 @@ class BrokerServer:
         if self.bound_port == 0:
             raise OSError(f"cannot listen on {self.config.listen_address}")
         if self.link is not None:
-            self._internal_server = self._internal_listener(options)
+            self._internal_server = self._internal_listener(options, interceptors)
             await self._internal_server.start()
             await self.link.start(self.bound_port, self.internal_port)
             await self.security.start(self.link.client, self.link.keys)
@@ -151,12 +177,18 @@ class BrokerServer:
             await self.security.start(None, None)
         await server.start()
         self._server = server
+        if metrics is not None and self._metrics_options is not None:
+            metrics.watch(self.manager, asyncio.get_running_loop())
+            self.metrics_endpoint = MetricsEndpoint(
+                metrics.registry, self._metrics_options.host, self._metrics_options.port
+            )
         self._background.append(asyncio.create_task(self.manager.logs.run_flush_scheduler()))
         self._background.append(asyncio.create_task(self.manager.logs.run_retention()))
         if self.config.cleaner_enable:
             self._background.append(asyncio.create_task(self.manager.logs.run_cleaner()))
         if self.link is not None:
             self._background.append(asyncio.create_task(self.manager.replicas.run_isr_checks()))
+            self._background.append(asyncio.create_task(self._report_in_sync(self.link)))
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._health.set("tidelog.v1.Log", health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -167,11 +199,23 @@ class BrokerServer:
             self.config.data_dir,
         )
 
-    def _internal_listener(self, options: Sequence[tuple[str, int | str]]) -> grpc.aio.Server:
+    async def _report_in_sync(self, link: ClusterLink) -> None:
+        serving, not_serving = (
+            health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
+        while True:
+            # After enter_graceful_shutdown() the servicer ignores this.
+            await self._health.set(IN_SYNC_HEALTH, serving if link.in_sync() else not_serving)
+            await asyncio.sleep(IN_SYNC_CHECK_INTERVAL_S)
+
+    def _internal_listener(
+        self, options: Sequence[tuple[str, int | str]], interceptors: Sequence[Any]
+    ) -> grpc.aio.Server:
         """Replication on a port of its own: followers read past the high
         watermark, which no client may, so the Replica service is never on
         the client listener (nor listed by its reflection)."""
-        server = grpc.aio.server(options=options, interceptors=[Interceptor(self.security)])
+        server = grpc.aio.server(options=options, interceptors=interceptors)
         replica_pb2_grpc.add_ReplicaServicer_to_server(
             ReplicaServicer(self.manager.replicas, self.config), server
         )
@@ -193,6 +237,8 @@ class BrokerServer:
             await self._internal_server.stop(SHUTDOWN_GRACE_S)
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         # After the server: no call in flight opens a channel any more.
         await self.channels.close()
         for task in self._background:
@@ -204,9 +250,13 @@ class BrokerServer:
         log.info("broker %d stopped", self.config.broker_id)
 
 
-async def serve(config: BrokerConfig, cluster: ClusterConfig | None = None) -> None:
+async def serve(
+    config: BrokerConfig,
+    cluster: ClusterConfig | None = None,
+    metrics: MetricsOptions | None = None,
+) -> None:
     """Run a broker until SIGTERM or SIGINT."""
-    broker = BrokerServer(config, cluster)
+    broker = BrokerServer(config, cluster, metrics)
     await broker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

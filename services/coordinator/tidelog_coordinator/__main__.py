@@ -7,6 +7,8 @@ import asyncio
 import logging
 import signal
 
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
@@ -14,10 +16,14 @@ from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.server import CoordinatorServer
 
 
-def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
+def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, MetricsOptions | None]:
     parser = argparse.ArgumentParser(prog="tidelog-coordinator", description=__doc__)
     parser.add_argument("--listen", default="127.0.0.1:9093", help="host:port to serve on")
-    parser.add_argument("--etcd", default="127.0.0.1:2379", help="etcd endpoint host:port")
+    parser.add_argument(
+        "--etcd",
+        default="127.0.0.1:2379",
+        help="etcd endpoints host:port[,host:port...] (several: used in turn when one dies)",
+    )
     parser.add_argument("--prefix", default="/tidelog", help="key prefix of the cluster in etcd")
     parser.add_argument("--id", default=None, help="replica name (default: host-pid)")
     parser.add_argument("--advertised-host", default="", help="host clients should use")
@@ -43,19 +49,32 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
     )
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
+    add_metrics_arguments(parser)
+    parser.add_argument(
+        "--metrics-interval-ms",
+        type=int,
+        default=5_000,
+        help="how often the controller refreshes cluster gauges and consumer lag",
+    )
     add_security_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
         security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.metrics_interval_ms < 100:
+        parser.error(f"--metrics-interval-ms must be at least 100, got {args.metrics_interval_ms}")
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     extra = {"coordinator_id": args.id} if args.id else {}
-    return CoordinatorConfig(
+    config = CoordinatorConfig(
         listen_address=args.listen,
         etcd_endpoint=args.etcd,
         etcd_prefix=args.prefix,
@@ -69,13 +88,15 @@ def parse_args(argv: list[str] | None = None) -> CoordinatorConfig:
         etcd_max_txn_ops=args.etcd_max_txn_ops,
         group_max_members=args.group_max_members,
         tls=tls,
+        metrics_interval_ms=args.metrics_interval_ms,
         security=security,
         **extra,
     )
+    return config, metrics_options(args)
 
 
-async def serve(config: CoordinatorConfig) -> None:
-    server = CoordinatorServer(config)
+async def serve(config: CoordinatorConfig, metrics: MetricsOptions | None = None) -> None:
+    server = CoordinatorServer(config, metrics)
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -86,7 +107,7 @@ async def serve(config: CoordinatorConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(parse_args(argv)))
+    asyncio.run(serve(*parse_args(argv)))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,11 @@
 """`tidelog.v1.Admin` and `tidelog.v1.Cluster` on the coordinator.
 
-Validates and maps errors; MetadataManager does the work. Each topic of a
-request succeeds or fails alone, with its error in-band. Log offsets and
-sizes in DescribeTopics are the brokers' to report; here they are zero.
+Validates and maps errors; MetadataManager (topics, configs) and
+PartitionAdmin (partitions added, leaders elected, reassignments) do the
+work. Each topic or partition of a request succeeds or fails alone, with its
+error in-band. Log offsets and sizes in DescribeTopics are the brokers' to
+report; here they are zero. DeleteRecords and the progress of reassignments
+are asked of the brokers (BrokerCalls).
 """
 
 from __future__ import annotations
@@ -12,18 +15,27 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 from tidelog.errors import InvalidRequestError
-from tidelog.request_limits import check_create_topics, check_topic_count
+from tidelog.request_limits import (
+    check_create_topics,
+    check_partitions_per_request,
+    check_topic_count,
+)
+from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
 
+from tidelog_coordinator.broker_calls import BrokerCalls
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicRecord
+from tidelog_coordinator.partition_admin import PartitionAdmin
 from tidelog_coordinator.producer_ids import ProducerIdAllocator
 from tidelog_coordinator.security_admin import SecurityAdmin
 
 
 class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
-    def __init__(self, metadata: MetadataManager) -> None:
+    def __init__(self, metadata: MetadataManager, brokers: BrokerCalls | None = None) -> None:
         self.metadata = metadata
+        self.partitions = PartitionAdmin(metadata)
+        self.brokers = brokers or BrokerCalls(metadata.client, metadata.keys)
 
     @staticmethod
     async def _check_topic_count(count: int, rpc: str, context: grpc.aio.ServicerContext) -> None:
@@ -100,6 +112,8 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                                 leader_id=p.leader,
                                 replicas=p.replicas,
                                 isr=p.isr,
+                                adding_replicas=p.adding,
+                                removing_replicas=p.removing,
                             )
                             for p in item.partitions
                         ],
@@ -158,6 +172,129 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                 )
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"altering configs of {change.name!r}"))
+        return response
+
+    # ------------------------------------------------------------ partitions
+
+    async def CreatePartitions(
+        self, request: admin_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CreatePartitionsResponse:
+        try:
+            check_create_topics((t.name, t.total_count) for t in request.topics)
+        except InvalidRequestError as exc:
+            await abort(context, exc, "adding partitions")
+        response = admin_pb2.CreatePartitionsResponse()
+        for topic in request.topics:
+            result = response.topics.add(name=topic.name)
+            try:
+                await self.partitions.create_partitions(
+                    topic.name,
+                    topic.total_count,
+                    [(a.partition, list(a.broker_ids)) for a in topic.assignment],
+                    request.validate_only,
+                )
+            except Exception as exc:
+                result.error.CopyFrom(error_proto(exc, f"adding partitions to {topic.name!r}"))
+        return response
+
+    async def DeleteRecords(
+        self, request: admin_pb2.DeleteRecordsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DeleteRecordsResponse:
+        try:
+            check_partitions_per_request(len(request.partitions), "DeleteRecords")
+            results = await self.brokers.delete_records(list(request.partitions))
+        except Exception as exc:
+            await abort(context, exc, "deleting records")
+        return admin_pb2.DeleteRecordsResponse(partitions=results)
+
+    async def ElectLeaders(
+        self, request: admin_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.ElectLeadersResponse:
+        try:
+            check_partitions_per_request(len(request.partitions), "ElectLeaders")
+            results = await self.partitions.elect_preferred(
+                [TopicPartition(p.topic, p.partition) for p in request.partitions]
+            )
+        except Exception as exc:
+            await abort(context, exc, "electing leaders")
+        response = admin_pb2.ElectLeadersResponse()
+        for result in results:
+            item = response.partitions.add(
+                topic=result.tp.topic, partition=result.tp.partition, leader_id=result.leader
+            )
+            if result.error is not None:
+                item.error.CopyFrom(error_proto(result.error, "electing leaders"))
+        return response
+
+    async def AlterPartitionReassignments(
+        self,
+        request: admin_pb2.AlterPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_pb2.AlterPartitionReassignmentsResponse:
+        try:
+            check_partitions_per_request(len(request.partitions), "AlterPartitionReassignments")
+        except InvalidRequestError as exc:
+            await abort(context, exc, "reassigning partitions")
+        response = admin_pb2.AlterPartitionReassignmentsResponse()
+        for part in request.partitions:
+            result = response.partitions.add(topic=part.topic, partition=part.partition)
+            try:
+                await self.partitions.alter_reassignment(
+                    TopicPartition(part.topic, part.partition),
+                    list(part.replicas),
+                    request.throttle_bytes_per_s,
+                )
+            except Exception as exc:
+                result.error.CopyFrom(
+                    error_proto(exc, f"reassigning {part.topic}-{part.partition}")
+                )
+        return response
+
+    async def ListPartitionReassignments(
+        self,
+        request: admin_pb2.ListPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> admin_pb2.ListPartitionReassignmentsResponse:
+        try:
+            check_partitions_per_request(len(request.partitions), "ListPartitionReassignments")
+            ongoing = await self.partitions.list_reassignments(
+                [TopicPartition(p.topic, p.partition) for p in request.partitions]
+            )
+            asked = {r.leader for r in ongoing} | {
+                b for r in ongoing for b in r.reassignment.adding
+            }
+            logs = await self.brokers.local_logs(asked, {r.tp.topic for r in ongoing})
+        except Exception as exc:
+            await abort(context, exc, "listing reassignments")
+        response = admin_pb2.ListPartitionReassignmentsResponse()
+        for r in ongoing:
+            leader_log = logs.get((r.leader, r.tp))
+            item = response.reassignments.add(
+                topic=r.tp.topic,
+                partition=r.tp.partition,
+                replicas=r.replicas,
+                adding_replicas=r.reassignment.adding,
+                removing_replicas=r.reassignment.removing,
+                original_replicas=r.reassignment.original,
+                throttle_bytes_per_s=r.reassignment.throttle_bytes_per_s,
+                started_ms=r.reassignment.started_ms,
+                leader_id=r.leader,
+                isr=r.isr,
+            )
+            if leader_log is not None:
+                item.leader_log_end_offset = leader_log.log_end_offset
+                item.leader_size_bytes = leader_log.size_bytes
+            for broker in r.reassignment.adding:
+                local = logs.get((broker, r.tp))
+                progress = item.progress.add(broker_id=broker, in_sync=broker in r.isr)
+                if local is None:
+                    continue
+                progress.reachable = True
+                progress.log_end_offset = local.log_end_offset
+                progress.size_bytes = local.size_bytes
+                if leader_log is not None:
+                    progress.lag_records = max(0, leader_log.log_end_offset - local.log_end_offset)
+                    progress.lag_bytes = max(0, leader_log.size_bytes - local.size_bytes)
         return response
 
 

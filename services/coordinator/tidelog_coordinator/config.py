@@ -53,5 +53,9 @@ class CoordinatorConfig:
     group_max_members: int = 1_000
     #: TLS on the listener (None: plain text).
     tls: ServerTls | None = None
+    #: With --metrics-port: how often the controller refreshes the cluster
+    #: gauges and the groups' lag (one etcd read and one ListOffsets per
+    #: leader each time).
+    metrics_interval_ms: int = 5_000
     #: Authentication and authorization (--allow-anonymous, --super-users, ...).
     security: SecurityOptions = field(default_factory=SecurityOptions)

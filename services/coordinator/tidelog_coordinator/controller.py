@@ -4,7 +4,8 @@
 1. create a Session (retrying while etcd is unreachable);
 2. register this replica under `coordinators/<id>` on the session's lease;
 3. campaign for controller; once elected, run the controller duties (offset
-   expiry; partition leader election, see leader_election.py) with every
+   expiry; partition leader election, see leader_election.py; completing
+   replica reassignments, see reassignment_driver.py) with every
    write fenced by the election key's create revision;
 4. when the session is lost (etcd says the lease is gone, for example after
    an outage longer than the TTL), stop the duties and start again at 1.
@@ -36,6 +37,7 @@ from tidelog_server.log_flood import RateLimitedLog
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.leader_election import LeaderElector
 from tidelog_coordinator.offset_store import OffsetStore
+from tidelog_coordinator.reassignment_driver import ReassignmentDriver
 
 log = logging.getLogger("tidelog.coordinator.controller")
 # Errors these loops repeat (every retry, every pass) log once per interval.
@@ -151,12 +153,15 @@ class ReplicaLifecycle:
             self.client, self.keys, self.config.leader_imbalance_check_interval_ms
         )
         elections = asyncio.create_task(elector.run(election.leader_compare()))
+        driver = ReassignmentDriver(self.client, self.keys)
+        reassignments = asyncio.create_task(driver.run(election.leader_compare()))
         try:
             await self._expire_offsets(election)
         finally:
-            elections.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await elections
+            for task in (elections, reassignments):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def _expire_offsets(self, election: Election) -> None:
         interval_s = self.config.offsets_retention_check_interval_ms / 1000

@@ -181,6 +181,9 @@ class GroupCoordinator:
         self.local: dict[str, dict[str, MemberStream]] = {}
         self._dirty: set[str] = set()
         self._drainer: asyncio.Task[None] | None = None
+        #: Called with a group id when this replica wrote its new generation
+        #: (metrics count rebalances).
+        self.on_generation: Callable[[str], None] = lambda _group_id: None
 
     # ------------------------------------------------------------ join / leave
 
@@ -441,6 +444,7 @@ class GroupCoordinator:
         )
         if ok:
             log.info("group %r: generation %d (%s)", group_id, new.group_epoch, new.assignor)
+            self.on_generation(group_id)
 
     async def _push(self, stream: MemberStream, view: GroupView) -> None:
         if stream.closed:

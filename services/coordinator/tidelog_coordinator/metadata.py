@@ -80,6 +80,9 @@ class PartitionRecord:
     leader: int
     leader_epoch: int
     isr: list[int]
+    #: A reassignment in progress: the replicas being added and those leaving.
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +314,7 @@ class MetadataManager:
             parts_out = []
             for partition, replicas in enumerate(topic.replicas):
                 state = states.get(TopicPartition(name, partition), PartitionState())
+                moving = topic.reassignments.get(partition)
                 parts_out.append(
                     PartitionRecord(
                         partition,
@@ -318,6 +322,8 @@ class MetadataManager:
                         state.leader,
                         state.leader_epoch,
                         list(state.isr),
+                        moving.adding if moving is not None else (),
+                        moving.removing if moving is not None else (),
                     )
                 )
             out.append(TopicRecord(name, topic.topic_id, parts_out, dict(topic.configs)))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -36,6 +37,7 @@ from tidelog_server.authorizer import Interceptor
 from tidelog_server.etcd import Election, PrefixWatcher, connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
+from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
 from tidelog_server.security import Security
 from tidelog_server.tls import add_port
 
@@ -44,11 +46,13 @@ from tidelog_coordinator.admin_servicer import (
     ClusterServicer,
     controller_value_id,
 )
+from tidelog_coordinator.broker_calls import BrokerCalls
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.controller import ReplicaLifecycle
 from tidelog_coordinator.group_coordinator import GroupCoordinator
 from tidelog_coordinator.group_servicer import GroupServicer
 from tidelog_coordinator.metadata import MetadataManager
+from tidelog_coordinator.metrics import ClusterProbe, CoordinatorMetrics
 from tidelog_coordinator.offset_store import OffsetStore
 
 log = logging.getLogger("tidelog.coordinator")
@@ -59,11 +63,17 @@ SHUTDOWN_GRACE_S = 2.0
 class CoordinatorServer:
     """One coordinator replica."""
 
-    def __init__(self, config: CoordinatorConfig) -> None:
+    def __init__(self, config: CoordinatorConfig, metrics: MetricsOptions | None = None) -> None:
         self.config = config
+        #: Prometheus metrics, with --metrics-port only (metrics.py).
+        self.metrics = None if metrics is None else CoordinatorMetrics()
+        self._metrics_options = metrics
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self.keys = Keys(config.etcd_prefix)
         self.client = connect(config.etcd_endpoint)
         self.metadata = MetadataManager(self.client, self.keys, config)
+        #: Channels to brokers (DeleteRecords, reassignment progress).
+        self.brokers = BrokerCalls(self.client, self.keys)
         self.lifecycle: ReplicaLifecycle | None = None
         self.groups = GroupCoordinator(
             self.client,
@@ -89,11 +99,16 @@ class CoordinatorServer:
         return controller_value_id(await Election.leader(self.client, self.keys.election))
 
     async def start(self) -> None:
+        metrics = self.metrics
+        # Metrics first: they count the calls the security interceptor refuses.
+        interceptors: list[Any] = [] if metrics is None else [metrics.rpc.interceptor()]
+        interceptors.append(Interceptor(self.security))
         server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS],
-            interceptors=[Interceptor(self.security)],
+            options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS], interceptors=interceptors
         )
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminServicer(self.metadata), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(
+            AdminServicer(self.metadata, self.brokers), server
+        )
         cluster_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(self.metadata, self._controller_id), server
         )
@@ -121,6 +136,24 @@ class CoordinatorServer:
             asyncio.create_task(self._groups_watcher.run(), name="watch-groups"),
             asyncio.create_task(self.lifecycle.run(), name="lifecycle"),
         ]
+        if metrics is not None and self._metrics_options is not None:
+            lifecycle = self.lifecycle
+            self.groups.on_generation = metrics.rebalanced
+            metrics.watch(
+                asyncio.get_running_loop(), lambda: lifecycle.is_controller, self.groups.cache
+            )
+            probe = ClusterProbe(
+                metrics,
+                self.client,
+                self.keys,
+                self.metadata,
+                lambda: lifecycle.is_controller,
+                self.config.metrics_interval_ms,
+            )
+            self._tasks.append(asyncio.create_task(probe.run(), name="metrics"))
+            self.metrics_endpoint = MetricsEndpoint(
+                metrics.registry, self._metrics_options.host, self._metrics_options.port
+            )
         await self.security.start(self.client, self.keys)
         await server.start()
         self._server = server
@@ -148,11 +181,14 @@ class CoordinatorServer:
             await self.lifecycle.close()
         if self._server is not None:
             await self._server.stop(SHUTDOWN_GRACE_S)
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         await self.security.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.brokers.close()
         await self.client.close()
         log.info("coordinator %s stopped", self.config.coordinator_id)

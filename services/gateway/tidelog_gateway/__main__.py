@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import logging
 
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
@@ -21,10 +23,19 @@ def _positive(text: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> GatewayConfig:
+    return parse_all(argv)[0]
+
+
+def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOptions | None]:
+    """The gateway's config and its metrics endpoint (--metrics-port)."""
     defaults = GatewayConfig()
     parser = argparse.ArgumentParser(prog="tidelog-gateway", description=__doc__)
     parser.add_argument("--listen", default=defaults.listen_address, help="host:port to serve on")
-    parser.add_argument("--etcd", default=defaults.etcd_endpoint, help="etcd endpoint host:port")
+    parser.add_argument(
+        "--etcd",
+        default=defaults.etcd_endpoint,
+        help="etcd endpoints host:port[,host:port...] (several: used in turn when one dies)",
+    )
     parser.add_argument("--prefix", default=defaults.etcd_prefix, help="the cluster's etcd prefix")
     parser.add_argument(
         "--advertised-address",
@@ -52,8 +63,13 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     parser.add_argument("--drain-timeout-s", type=float, default=defaults.drain_timeout_s)
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
+    add_metrics_arguments(parser)
     add_security_arguments(parser)
     args = parser.parse_args(argv)
+    try:
+        parse_endpoints(args.etcd)
+    except EtcdEndpointError as exc:
+        parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
         security = SecurityOptions.from_args(args)
@@ -65,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     )
     if args.advertised_address and not args.advertised_address.rpartition(":")[2].isdigit():
         parser.error(f"--advertised-address must be host:port, got {args.advertised_address!r}")
-    return GatewayConfig(
+    config = GatewayConfig(
         listen_address=args.listen,
         etcd_endpoint=args.etcd,
         etcd_prefix=args.prefix,
@@ -83,10 +99,11 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         tls=tls,
         security=security,
     )
+    return config, metrics_options(args)
 
 
 def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(parse_args(argv)))
+    asyncio.run(serve(*parse_all(argv)))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,9 @@ On the stream, besides records (paced by the client's record credit):
 The member leaves when the stream ends; what it had not committed is read
 again by the partitions' next owners (at-least-once).
 
+Memory: the consumer's fetch window follows the client's record credit
+(`records_common.CreditWindow`), recounted as the owned partitions change.
+
 Limits: COMMITS_IN_FLIGHT unanswered commits per stream (the stream stops
 reading requests until one is answered, so a client that sends commits and
 reads nothing holds no more); COMMIT_PARTITIONS_MAX offsets per commit;
@@ -40,6 +43,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Set
+from typing import Any
 
 from tidelog import AsyncConsumer, TopicPartition
 from tidelog.errors import (
@@ -54,12 +58,12 @@ from tidelog.v1 import common_pb2, log_pb2, records_pb2
 from tidelog_gateway.cluster_view import ClusterView
 from tidelog_gateway.errors import error_proto
 from tidelog_gateway.records_common import (
-    CONSUME_WINDOW_BYTES,
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
+    CreditWindow,
+    add_records,
     apply_requests,
     check_credit,
-    consumed_record,
 )
 
 log = logging.getLogger("tidelog.gateway.records")
@@ -117,23 +121,25 @@ class GroupConsumeSession:
     owned partitions, and the responses it owes the client."""
 
     def __init__(
-        self, view: ClusterView, bootstrap: list[str], first: records_pb2.ConsumeRequest
+        self,
+        view: ClusterView,
+        bootstrap: list[str],
+        first: records_pb2.ConsumeRequest,
+        options: dict[str, Any],
     ) -> None:
         check_group(view, first)
         group = first.group
         self._topics = list(group.topics)
-        options = {}
+        options = dict(options)
         if group.session_timeout_ms:
             options["session_timeout_ms"] = group.session_timeout_ms
         self._consumer = AsyncConsumer(
             bootstrap_servers=bootstrap,
             group_id=group.group_id,
-            enable_auto_commit=False,
             auto_offset_reset=_RESET[group.reset],
-            fetch_buffer_bytes=CONSUME_WINDOW_BYTES,
-            max_partition_fetch_bytes=CONSUME_WINDOW_BYTES // 4,
             **options,
         )
+        self._window = CreditWindow(self._consumer, view)
         self._text = first.text
         self._max_records = MAX_RECORDS_PER_RESPONSE
         self._credit = 0
@@ -184,11 +190,11 @@ class GroupConsumeSession:
                 while self._outbox:
                     yield self._sent(self._outbox.popleft())
                 response = records_pb2.ConsumeResponse()
-                for records in batch.values():
-                    for record in records:
-                        response.records.append(consumed_record(record, self._text))
+                add_records(response, batch.values(), self._text)
                 if response.records:
                     self._credit -= len(response.records)
+                    self._window.sent(response)
+                    self._window.update(self._credit)
                     yield response
         finally:
             reader.cancel()
@@ -233,6 +239,7 @@ class GroupConsumeSession:
             self._unanswered += 1
             self._commits.put_nowait(request.commit)
         self._credit += request.credit_records
+        self._window.update(self._credit)
         self._changed.set()
 
     # ------------------------------------------------------------ commits
@@ -300,6 +307,7 @@ class GroupConsumeSession:
         self._tell(assigned=_tp_protos(assigned))
 
     def _tell(self, **change: list[common_pb2.TopicPartition]) -> None:
+        self._window.assigned(self._owned)
         self._outbox.append(
             records_pb2.ConsumeResponse(
                 assignment=records_pb2.AssignmentChange(owned=_tp_protos(self._owned), **change)

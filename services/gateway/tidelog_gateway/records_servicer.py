@@ -11,10 +11,12 @@ The gateway does the client's work with the Python SDK it is built on:
   topic or partition the etcd view does not know is answered at once with
   its typed error (no wait for metadata).
 - Consume: one `AsyncConsumer` per stream, on the partitions the client
-  names, with a small fetch window (CONSUME_WINDOW_BYTES), so an idle
-  stream holds at most that much; the client's credit is a number of
-  records. A partition that fails is reported in `errors` and no longer
-  read until the client sends a new position.
+  names; the client's credit is a number of records, and the consumer's
+  fetch window follows it (`records_common.CreditWindow`), so a stream
+  whose client stops reading holds about the records it granted. The
+  streams' consumers are spread over `upstream_connections` connections
+  to each broker. A partition that fails is reported in `errors` and no
+  longer read until the client sends a new position.
 
 - Consume in a group (the first request sets `group`): `records_group`.
 
@@ -33,7 +35,13 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog import AsyncConsumer, AsyncProducer, TopicPartition
+from tidelog import (
+    AsyncConsumer,
+    AsyncProducer,
+    FutureRecordMetadata,
+    RecordMetadata,
+    TopicPartition,
+)
 from tidelog.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
@@ -41,6 +49,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.v1 import log_pb2, records_pb2, records_pb2_grpc
+from tidelog_server.tls import client_options
 
 from tidelog_gateway.cluster_view import ClusterView
 from tidelog_gateway.config import GatewayConfig
@@ -48,12 +57,13 @@ from tidelog_gateway.errors import abort, error_proto
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import _open_stream
 from tidelog_gateway.records_common import (
-    CONSUME_WINDOW_BYTES,
     MAX_RECORDS_PER_RESPONSE,
     POLL_MS,
+    CreditWindow,
+    add_records,
     apply_requests,
     check_credit,
-    consumed_record,
+    consumer_options,
 )
 from tidelog_gateway.records_group import GroupConsumeSession
 
@@ -83,6 +93,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
         self._draining = draining
         self._producers: dict[int | str, AsyncProducer] = {}
         self._producer_lock = asyncio.Lock()
+        self._consume_streams = 0
 
     async def close(self) -> None:
         producers, self._producers = list(self._producers.values()), {}
@@ -101,7 +112,11 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
             producer = self._producers.get(acks)
             if producer is None:
                 producer = AsyncProducer(
-                    self._bootstrap(), acks=acks, linger_ms=2, max_block_ms=10_000
+                    self._bootstrap(),
+                    acks=acks,
+                    linger_ms=2,
+                    max_block_ms=10_000,
+                    **client_options(self._config.tls),
                 )
                 await producer.start()
                 self._producers[acks] = producer
@@ -166,15 +181,25 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
     ) -> asyncio.Future[records_pb2.RecordsProduceResponse]:
         """Queue the request's records; the future of its answer."""
         results: list[Any] = []
+        # Partition counts of the request's topics, looked up once per topic.
+        counts: dict[str, int] = {}
         for record in request.records:
             try:
-                self._check_route(record)
+                topic = record.topic
+                count = counts.get(topic)
+                if count is None:
+                    count = counts[topic] = len(self._view.topic(topic).replicas)
+                partition = None
+                if record.HasField("partition"):
+                    partition = record.partition
+                    _check_partition(topic, partition, count)
+                headers = record.headers  # each access builds a wrapper: once
                 future = await producer.send(
-                    record.topic,
+                    topic,
                     _value(record),
                     key=_key(record),
-                    headers=[(h.key, h.value) for h in record.headers],
-                    partition=record.partition if record.HasField("partition") else None,
+                    headers=[(h.key, h.value) for h in headers] if headers else None,
+                    partition=partition,
                     timestamp_ms=record.timestamp_ms if record.HasField("timestamp_ms") else None,
                 )
             except (TidelogError, ValueError, TypeError) as exc:
@@ -182,14 +207,6 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                 continue
             results.append((record, future))
         return asyncio.ensure_future(_answer(request.correlation_id, results))
-
-    def _check_route(self, record: records_pb2.ProduceRecord) -> None:
-        topic = self._view.topic(record.topic)
-        if record.HasField("partition") and not 0 <= record.partition < len(topic.replicas):
-            raise UnknownTopicOrPartitionError(
-                f"partition {record.partition} of topic {record.topic!r} does not exist: "
-                f"the topic has partitions 0 to {len(topic.replicas) - 1}"
-            )
 
     # ------------------------------------------------------------ consume
 
@@ -205,11 +222,16 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                 return
             requests = _chain(first, request_iterator)
             session: _ConsumeSession | GroupConsumeSession
+            # Round-robin over the gateway's connections to each broker.
+            self._consume_streams += 1
+            options = consumer_options(
+                self._consume_streams % self._config.upstream_connections, self._config.tls
+            )
             try:
                 if first.HasField("group"):
-                    session = GroupConsumeSession(self._view, self._bootstrap(), first)
+                    session = GroupConsumeSession(self._view, self._bootstrap(), first, options)
                 else:
-                    session = _ConsumeSession(self._view, self._bootstrap())
+                    session = _ConsumeSession(self._view, self._bootstrap(), options)
             except TidelogError as exc:
                 await abort(context, exc, "consuming records")
             try:
@@ -238,22 +260,49 @@ async def _chain(
         yield request
 
 
+def _check_partition(topic: str, partition: int, count: int) -> None:
+    if not 0 <= partition < count:
+        raise UnknownTopicOrPartitionError(
+            f"partition {partition} of topic {topic!r} does not exist: "
+            f"the topic has partitions 0 to {count - 1}"
+        )
+
+
+async def _metadata(future: FutureRecordMetadata) -> RecordMetadata:
+    """Where the record went, or its error. Records of one batch complete
+    together: once the first is awaited the others are done, and are read
+    from their batch's result at once (the future is the 2-tuple (batch
+    result, index); its get() would take a lock per record)."""
+    if not future.done():
+        return await future
+    error = future.exception()
+    if error is not None:
+        raise error
+    batch, index = future
+    return batch.metadata(index)
+
+
 async def _answer(
     correlation_id: int, results: list[tuple[records_pb2.ProduceRecord, Any]]
 ) -> records_pb2.RecordsProduceResponse:
     response = records_pb2.RecordsProduceResponse(correlation_id=correlation_id)
+    add = response.results.add
     for record, outcome in results:
-        result = response.results.add(topic=record.topic, offset=-1, timestamp_ms=-1)
         if not isinstance(outcome, BaseException):
             try:
-                metadata = await outcome
+                metadata = await _metadata(outcome)
             except (TidelogError, asyncio.CancelledError) as exc:
                 outcome = exc
             else:
-                result.partition = metadata.partition
-                result.offset = metadata.offset
-                result.timestamp_ms = metadata.timestamp
+                # One call builds the result in place (the hot path).
+                add(
+                    topic=metadata.topic,
+                    partition=metadata.partition,
+                    offset=metadata.offset,
+                    timestamp_ms=metadata.timestamp,
+                )
                 continue
+        result = add(topic=record.topic, offset=-1, timestamp_ms=-1)
         if record.HasField("partition"):
             result.partition = record.partition
         if isinstance(outcome, TidelogError):
@@ -286,15 +335,12 @@ def _value(record: records_pb2.ProduceRecord) -> bytes | None:
 class _ConsumeSession:
     """One Consume stream: its consumer, credit and settings."""
 
-    def __init__(self, view: ClusterView, bootstrap: list[str]) -> None:
+    def __init__(self, view: ClusterView, bootstrap: list[str], options: dict[str, Any]) -> None:
         self._view = view
         self._consumer = AsyncConsumer(
-            bootstrap_servers=bootstrap,
-            enable_auto_commit=False,
-            auto_offset_reset="none",
-            fetch_buffer_bytes=CONSUME_WINDOW_BYTES,
-            max_partition_fetch_bytes=CONSUME_WINDOW_BYTES // 4,
+            bootstrap_servers=bootstrap, auto_offset_reset="none", **options
         )
+        self._window = CreditWindow(self._consumer, view)
         self._assignment: set[TopicPartition] = set()
         self._credit = 0
         self._text = False
@@ -337,11 +383,11 @@ class _ConsumeSession:
                     self._fail_partition(exc)
                     continue
                 response = records_pb2.ConsumeResponse()
-                for records in batch.values():
-                    for record in records:
-                        response.records.append(consumed_record(record, self._text))
+                add_records(response, batch.values(), self._text)
                 if response.records:
                     self._credit -= len(response.records)
+                    self._window.sent(response)
+                    self._window.update(self._credit)
                     yield response
         finally:
             reader.cancel()
@@ -385,6 +431,7 @@ class _ConsumeSession:
         if assignment != self._assignment:
             self._consumer.assign(assignment)
             self._assignment = assignment
+            self._window.assigned(assignment)
         for tp, position in placed:
             if position.WhichOneof("start") == "offset":
                 self._consumer.seek(tp, position.offset)
@@ -393,6 +440,7 @@ class _ConsumeSession:
             else:
                 await self._consumer.seek_to_beginning(tp)
         self._credit += request.credit_records
+        self._window.update(self._credit)
         self._changed.set()
 
     def _check(self, position: records_pb2.ConsumePosition) -> None:
@@ -426,3 +474,4 @@ class _ConsumeSession:
         self._report(tp, exc)
         self._assignment.discard(tp)
         self._consumer.assign(self._assignment)
+        self._window.assigned(self._assignment)

@@ -39,6 +39,7 @@ from tidelog.v1 import (
 )
 from tidelog_server.authorizer import Interceptor
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
+from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
 from tidelog_server.security import Security
 from tidelog_server.tls import add_port, channel_security_of
 
@@ -55,6 +56,7 @@ from tidelog_gateway.control_servicers import (
 )
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import GatewayLogServicer
+from tidelog_gateway.metrics import GatewayMetrics
 from tidelog_gateway.records_servicer import RecordsServicer
 
 log = logging.getLogger("tidelog.gateway")
@@ -64,8 +66,12 @@ SYNC_TIMEOUT_S = 30.0
 
 
 class GatewayServer:
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, metrics: MetricsOptions | None = None) -> None:
         self.config = config
+        #: Prometheus metrics, with --metrics-port only (metrics.py).
+        self.metrics = None if metrics is None else GatewayMetrics()
+        self._metrics_options = metrics
+        self.metrics_endpoint: MetricsEndpoint | None = None
         self.view = ClusterView(config.etcd_endpoint, config.etcd_prefix)
         self.channels = Channels(
             config.max_message_bytes,
@@ -92,7 +98,11 @@ class GatewayServer:
                 ("grpc.so_reuseport", 0),
                 *KEEPALIVE_OPTIONS,
             ],
-            interceptors=[Interceptor(self.security)],
+            # Metrics first: they count the calls the security interceptor refuses.
+            interceptors=[
+                *([] if self.metrics is None else [self.metrics.rpc.interceptor()]),
+                Interceptor(self.security),
+            ],
         )
         forwarder = Forwarder(self.view, self.channels, config)
         log_pb2_grpc.add_LogServicer_to_server(
@@ -121,6 +131,12 @@ class GatewayServer:
         await self._health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
         await server.start()
         self._server = server
+        if self.metrics is not None and self._metrics_options is not None:
+            self.metrics.watch(self.streams, asyncio.get_running_loop())
+            options = self._metrics_options
+            self.metrics_endpoint = MetricsEndpoint(
+                self.metrics.registry, options.host, options.port
+            )
         await self.view.start()
         await self.view.wait_synced(SYNC_TIMEOUT_S)
         await self.security.start(self.view.client, self.view.keys)
@@ -144,12 +160,14 @@ class GatewayServer:
         await self.security.stop()
         await self.view.stop()
         await self.channels.close()
+        if self.metrics_endpoint is not None:
+            self.metrics_endpoint.close()
         log.info("gateway stopped")
 
 
-async def serve(config: GatewayConfig) -> None:
+async def serve(config: GatewayConfig, metrics: MetricsOptions | None = None) -> None:
     """Run a gateway until SIGTERM or SIGINT."""
-    gateway = GatewayServer(config)
+    gateway = GatewayServer(config, metrics)
     await gateway.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

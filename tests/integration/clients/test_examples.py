@@ -1,12 +1,13 @@
-"""The Go and Java example programs (examples/go, examples/java), built by
-their build scripts from protos/ and run against a real cluster through the
-gateway: each produces keyed records with headers through `tidelog.v1.Records`
-(the Go one also through the batch-level `Log`, with its own record-batch
-encoder) and consumes them back as a member of a consumer group, committing as
-it goes, and exits non-zero naming what did not come back intact. The Python
-SDK then reads the same topic, so the records are checked by a second client
-too, not only by the program that wrote them; and the group's committed offsets
-must be the log end offsets (every record was committed)."""
+"""The Go, Java and TypeScript example programs (examples/go, examples/java,
+examples/typescript), built by their build scripts from protos/ and run
+against a real cluster through the gateway: each produces keyed records with
+headers through `tidelog.v1.Records` (the Go one also through the batch-level
+`Log`, with its own record-batch encoder) and consumes them back as a member
+of a consumer group, committing as it goes, and exits non-zero naming what did
+not come back intact. The Python SDK then reads the same topic, so the records
+are checked by a second client too, not only by the program that wrote them;
+and the group's committed offsets must be the log end offsets (every record
+was committed)."""
 
 from __future__ import annotations
 
@@ -63,7 +64,8 @@ def assert_group_committed_everything(gateway: GatewayProcess, group: str, topic
 
 
 @pytest.mark.parametrize(
-    ("language", "api"), [("go", "records"), ("go", "log"), ("java", "records")]
+    ("language", "api"),
+    [("go", "records"), ("go", "log"), ("java", "records"), ("typescript", "records")],
 )
 def test_example_produces_and_consumes_through_the_gateway(
     request: pytest.FixtureRequest, language: str, api: str
@@ -71,6 +73,8 @@ def test_example_produces_and_consumes_through_the_gateway(
     # Built before the cluster starts: a machine without the toolchain skips at once.
     if language == "go":
         program = [str(build("examples/go/build.sh")), "-api", api]
+    elif language == "typescript":
+        program = ["node", str(build("examples/typescript/build.sh"))]
     else:
         program = ["java", "-jar", str(build("examples/java/build.sh"))]
     gateway: GatewayProcess = request.getfixturevalue("gateway")

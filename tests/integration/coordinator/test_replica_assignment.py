@@ -253,12 +253,12 @@ def test_the_cli_takes_kafka_topics_replica_assignment_syntax(
     assert described.returncode == 0, described.stderr
     assert "1,2,0" in described.stdout and "0,1,2" in described.stdout
 
-    # A broker that is not live: the cluster's answer, on one line.
+    # A broker that is not live: the cluster refuses the request as invalid (usage, 2).
     refused = tidelog_cli(
         "topics", "create", "cli-refused", "--replica-assignment", "0:5",
         bootstrap=cluster.bootstrap,
     )  # fmt: skip
-    assert refused.returncode == 1, refused
+    assert refused.returncode == 2, refused
     assert "names broker 5, which is not a live broker" in refused.stderr
     assert len(refused.stderr.strip().splitlines()) == 1
     # Malformed: a usage error naming the partition, before anything is sent.
@@ -273,7 +273,7 @@ def test_the_cli_takes_kafka_topics_replica_assignment_syntax(
         "topics", "create", "cli-refused", "--replica-assignment", "0:1,1:2",
         "--partitions", "3", bootstrap=cluster.bootstrap,
     )  # fmt: skip
-    assert mismatch.returncode == 1, mismatch
+    assert mismatch.returncode == 2, mismatch
     assert "num_partitions=3 but replica_assignments gives 2" in mismatch.stderr
     assert not topic_exists(cluster, "cli-refused")
 

@@ -129,7 +129,7 @@ def test_reset_offsets_all_topics_and_describe_all_groups(
         cluster, "groups", "reset-offsets", group, "--all-topics", "--partition", "0",
         "--to-latest",
     )  # fmt: skip
-    assert mixed.returncode == 1 and "--partition" in mixed.stderr, mixed.stderr
+    assert mixed.returncode == 2 and "--partition" in mixed.stderr, mixed.stderr
 
     described = cli(cluster, "groups", "describe", "--all-groups")
     assert described.returncode == 0, described.stderr
@@ -139,3 +139,18 @@ def test_reset_offsets_all_topics_and_describe_all_groups(
     # group: topic 0 and 1 at 4 (lag 0), other_topic 0 at 3; other_group: topic 1 at 1 (lag 3).
     assert [topic, "1", "-", "1", "4", "3"] in rows, described.stdout
     assert [other_topic, "0", "-", "3", "3", "0"] in rows, described.stdout
+
+
+def test_consume_in_a_group_exits_at_the_end_and_commits(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    topic, group = names
+    create_topic(cluster, topic, 2)
+    produce_at(cluster, topic, 2, [int(time.time() * 1000)] * 3)
+    # -e in a group: the ends of the partitions assigned; no --timeout-ms needed.
+    first = cli(cluster, "consume", topic, "--group", group, "--from-beginning", "-e")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == ["x"] * 6
+    assert committed(cluster, group) == {(topic, 0): 3, (topic, 1): 3}
+    again = cli(cluster, "consume", topic, "-G", group, "-e", "--output", "json")
+    assert again.returncode == 0 and again.stdout == "", again.stderr  # nothing new

@@ -11,6 +11,7 @@ from typing import Any
 from tidelog import TopicPartition
 from tidelog.errors import CoordinatorNotAvailableError
 from tidelog.v1 import common_pb2, group_pb2, records_pb2
+from tidelog_gateway.records_common import consumer_options
 from tidelog_gateway.records_group import GroupConsumeSession
 
 TP = TopicPartition("t", 0)
@@ -19,6 +20,9 @@ TP = TopicPartition("t", 0)
 class View:
     def topic(self, name: str) -> Any:
         return object()
+
+    def leader_address(self, name: str, partition: int) -> str:
+        return "127.0.0.1:1"
 
 
 class ScriptedConsumer:
@@ -37,7 +41,12 @@ class ScriptedConsumer:
 
 def session_with(consumer: ScriptedConsumer) -> GroupConsumeSession:
     first = records_pb2.ConsumeRequest(group=records_pb2.ConsumeGroup(group_id="g", topics=["t"]))
-    session = GroupConsumeSession(View(), ["127.0.0.1:1"], first)  # type: ignore[arg-type]
+    session = GroupConsumeSession(
+        View(),  # type: ignore[arg-type]
+        ["127.0.0.1:1"],
+        first,
+        consumer_options(0),
+    )
     session._consumer = consumer  # type: ignore[assignment]
     session.on_partitions_assigned({TP})
     session._outbox.clear()

@@ -139,3 +139,34 @@ def test_an_unreadable_value_is_skipped_and_the_rest_applied() -> None:
     assert sorted(view.states) == [("t", 1)]
     view.apply_coordinators(WatchBatch(True, [Change(KEYS.coordinator("c0"), b"[]", 12)]))
     assert view.coordinators == {}
+
+
+def test_out_of_sync_lists_the_partitions_a_live_leader_has_not_taken_back() -> None:
+    """What a broker's readiness (health "tidelog.broker.InSync") waits for."""
+    view = ClusterView(KEYS)
+    for broker_id in (1, 2, 3):
+        value = BrokerRegistration(broker_id, "h", 1).encode()
+        view.apply_brokers(
+            WatchBatch(False, [Change(KEYS.broker(broker_id), value, 5, create_revision=5)])
+        )
+    topic = topic_value("t", "id", [[1, 2, 3], [2, 3, 1], [3, 1, 2]])
+    view.apply_topics(WatchBatch(True, [Change(KEYS.topic("t"), topic, 6, create_revision=6)]))
+    states = {0: (1, [1, 2, 3]), 1: (2, [2, 3]), 2: (3, [3, 2])}
+    view.apply_states(
+        WatchBatch(
+            True,
+            [
+                Change(
+                    KEYS.partition_state("t", p), PartitionState(leader, 1, tuple(isr)).encode(), 7
+                )
+                for p, (leader, isr) in states.items()
+            ],
+        )
+    )
+    assert view.out_of_sync(1) == [("t", 1), ("t", 2)]
+    assert view.out_of_sync(2) == [] and view.out_of_sync(3) == []
+    assert view.out_of_sync(4) == []  # hosts nothing
+    # Partition 2's leader dies: nobody can bring broker 1 back into its
+    # ISR, so it no longer counts against broker 1.
+    view.apply_brokers(WatchBatch(False, [Change(KEYS.broker(3), None, 8)]))
+    assert view.out_of_sync(1) == [("t", 1)]

@@ -497,7 +497,33 @@ class PartitionLog:
         with _storage_errors(f"deleting old segments of {self.name}"):
             return self._delete_first_segments(count)
 
-    def _delete_first_segments(self, count: int) -> list[Path]:
+    def delete_records_before(self, offset: int) -> list[Path]:
+        """Kafka's DeleteRecords: move the log start offset up to `offset`
+        (never down; at most the log end; the caller checks it against the
+        high watermark) and drop the closed segments wholly below it. Reads
+        below the new start get OFFSET_OUT_OF_RANGE from now on; the batch
+        that straddles it stays on disk, unreadable below it.
+
+        The new start is on disk (fsynced) before this returns: an
+        acknowledged deletion survives a crash. Returns the renamed segment
+        files for the caller to unlink off the event loop (`unlink_files`).
+        """
+        if offset < 0 or offset > self.log_end_offset:
+            raise self._out_of_range(offset)
+        if offset <= self._log_start_offset:
+            return []
+        with _storage_errors(f"deleting records of {self.name} below offset {offset}"):
+            # Segments [i] with the next one starting at or below `offset`
+            # hold nothing at or above it; the active one always stays.
+            count = bisect_right(self._base_offsets, offset) - 1
+            self._log_start_offset = offset
+            checkpoints.write_log_start_offset(self.directory, offset, durable=True)
+            renamed = self._delete_first_segments(count, "delete-records") if count > 0 else []
+            self._clean_offset = max(self._clean_offset, offset)
+        logger.info("%s: records below offset %d deleted (%d segments)", self.name, offset, count)
+        return renamed
+
+    def _delete_first_segments(self, count: int, reason: str = "retention") -> list[Path]:
         doomed = self._segments[:count]
         del self._segments[:count]
         del self._base_offsets[:count]
@@ -515,8 +541,9 @@ class PartitionLog:
             renamed.extend(rename_deleted(segment.file_paths))
         self._directory_dirty = True
         logger.info(
-            "%s: retention deleted %d segments; the log now starts at offset %d",
+            "%s: %s deleted %d segments; the log now starts at offset %d",
             self.name,
+            reason,
             count,
             self._log_start_offset,
         )

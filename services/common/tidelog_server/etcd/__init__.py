@@ -5,7 +5,9 @@ prefixes and spell keys the same way, and services never import each other,
 so the primitives live here, in the server core that both depend on.
 In the spirit of etcd's client/v3/concurrency package:
 
-- `connect`: an aetcd client with the channel options the services need;
+- `connect`: an `EtcdClient` (aetcd with the channel options the services
+  need) over one member or several, failing over between them
+  (`parse_endpoints` reads an `--etcd host:port[,host:port...]` value);
   `is_unavailable`: whether a failure means "etcd unreachable, retry";
 - `Keys` (in `keys`): the etcd key layout of a cluster, with one parser per
   kind of key; `records`: typed values stored under those keys;
@@ -17,7 +19,7 @@ In the spirit of etcd's client/v3/concurrency package:
   the last seen revision after a lost connection, re-listed after compaction.
 """
 
-from tidelog_server.etcd.client import connect, is_unavailable
+from tidelog_server.etcd.client import EtcdClient, connect, is_unavailable, parse_endpoints
 from tidelog_server.etcd.election import Election, ElectionKeyLostError
 from tidelog_server.etcd.session import Session
 from tidelog_server.etcd.watch import Change, PrefixWatcher, WatchBatch
@@ -26,9 +28,11 @@ __all__ = [
     "Change",
     "Election",
     "ElectionKeyLostError",
+    "EtcdClient",
     "PrefixWatcher",
     "Session",
     "WatchBatch",
     "connect",
     "is_unavailable",
+    "parse_endpoints",
 ]

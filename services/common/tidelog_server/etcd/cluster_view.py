@@ -22,7 +22,7 @@ carries every other change. Not thread-safe: one event loop.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tidelog_server.etcd import WatchBatch
 from tidelog_server.etcd.keys import Keys
@@ -30,6 +30,7 @@ from tidelog_server.etcd.records import (
     BrokerRegistration,
     CoordinatorRegistration,
     PartitionState,
+    Reassignment,
     TopicAssignment,
 )
 
@@ -55,6 +56,9 @@ class KnownTopic:
     configs: dict[str, str]
     #: Create revision of the topic key.
     create_revision: int
+    #: Reassignments in progress, by partition (`replicas` already holds
+    #: every replica of the move: the target and the leaving ones).
+    reassignments: dict[int, Reassignment] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class ClusterView:
                 [list(replicas) for replicas in topic.replicas],
                 dict(topic.configs),
                 change.create_revision,
+                dict(topic.reassignments),
             )
 
     def apply_states(self, batch: WatchBatch) -> None:
@@ -162,6 +167,24 @@ class ClusterView:
         if state is None or state.mod_revision < topic.create_revision:
             return None
         return state
+
+    def out_of_sync(self, broker_id: int) -> list[tuple[str, int]]:
+        """Partitions with a replica on `broker_id` that is not in their ISR
+        while a live leader could bring it there (a partition without a live
+        leader cannot, and must not hold up a rolling restart for ever).
+        Empty: losing this broker now leaves every partition's ISR as it is
+        minus this broker, which is what a rolling restart may do next."""
+        behind = []
+        for topic in self.topics.values():
+            for partition, replicas in enumerate(topic.replicas):
+                if broker_id not in replicas:
+                    continue
+                state = self.state(topic, partition)
+                if state is None or state.leader not in self.brokers:
+                    continue
+                if broker_id not in state.isr:
+                    behind.append((topic.name, partition))
+        return behind
 
     def registration_of(self, broker_id: int) -> int | None:
         """The create revision of a live broker's registration; None when it

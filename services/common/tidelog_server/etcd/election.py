@@ -25,7 +25,7 @@ from typing import Any
 import aetcd
 import aetcd.rpc
 
-from tidelog_server.etcd.client import ETCD_CALL_TIMEOUT_S
+from tidelog_server.etcd.client import raw_kv
 from tidelog_server.etcd.keys import prefix_end
 from tidelog_server.etcd.session import Session
 
@@ -103,12 +103,9 @@ class Election:
             compare=[self.leader_compare().build_message()],
             success=[rpc.RequestOp(request_range=before)],
         )
-        await self.client.connect()
         # aetcd's range call cannot say limit or max_create_revision: the raw
         # stub can (its errors are raw AioRpcErrors, which is_unavailable knows).
-        reply = await self.client.kvstub.Txn(
-            request, timeout=ETCD_CALL_TIMEOUT_S, metadata=self.client.metadata
-        )
+        reply = await raw_kv(self.client, "Txn", request)
         if not reply.succeeded:
             raise ElectionKeyLostError(
                 f"election key {self.key!r} vanished: the session's lease is gone"
@@ -162,8 +159,5 @@ async def _first(client: aetcd.Client, prefix: bytes) -> Any:
         sort_order=rpc.RangeRequest.ASCEND,
         sort_target=rpc.RangeRequest.CREATE,
     )
-    await client.connect()
-    reply = await client.kvstub.Range(
-        request, timeout=ETCD_CALL_TIMEOUT_S, metadata=client.metadata
-    )
+    reply = await raw_kv(client, "Range", request)
     return reply.kvs[0] if reply.kvs else None

@@ -11,7 +11,10 @@ clusters (or tests) can share one etcd. Values are UTF-8 JSON.
                                                      create revision is the controller
     <prefix>/topics/<topic>                          {name, topic_id, partitions:
                                                      [{partition, replicas}], configs
-                                                     (overrides), version, created_ms}
+                                                     (overrides), version, created_ms,
+                                                     reassignments (when any): {p:
+                                                     {target, original,
+                                                     throttle_bytes_per_s, started_ms}}}
     <prefix>/partitions/<topic>/<p>/state            {leader, leader_epoch, isr, version}
     <prefix>/groups/<group>/members/<member_key>     lease-bound {member_id, instance_id,
                                                      client_id, topics, pattern, assignor,

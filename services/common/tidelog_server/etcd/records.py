@@ -8,7 +8,7 @@ compactly with sorted keys, so that equal records are equal bytes.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -138,11 +138,60 @@ class CoordinatorRegistration:
 
 
 @dataclass(frozen=True)
+class Reassignment:
+    """A partition's replica move in progress (in its topic's record).
+
+    While it lasts, the partition's replicas are `target` followed by the
+    `original` replicas not in it; the controller completes it (replicas =
+    target) once every target replica is in the ISR; a cancel restores
+    `original`."""
+
+    target: tuple[int, ...]
+    original: tuple[int, ...]
+    #: Bytes per second a leader sends to the adding replicas (0: no limit).
+    throttle_bytes_per_s: int = 0
+    #: Wall-clock ms since the epoch when it started.
+    started_ms: int = 0
+
+    @property
+    def adding(self) -> tuple[int, ...]:
+        return tuple(b for b in self.target if b not in self.original)
+
+    @property
+    def removing(self) -> tuple[int, ...]:
+        return tuple(b for b in self.original if b not in self.target)
+
+    @property
+    def replicas(self) -> tuple[int, ...]:
+        """Every replica while the move lasts: the target, then the leaving ones."""
+        return self.target + self.removing
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Reassignment:
+        return cls(
+            target=tuple(int(b) for b in data.get("target", ())),  # type: ignore[attr-defined]
+            original=tuple(int(b) for b in data.get("original", ())),  # type: ignore[attr-defined]
+            throttle_bytes_per_s=int(data.get("throttle_bytes_per_s", 0)),  # type: ignore[call-overload]
+            started_ms=int(data.get("started_ms", 0)),  # type: ignore[call-overload]
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "target": list(self.target),
+            "original": list(self.original),
+            "throttle_bytes_per_s": self.throttle_bytes_per_s,
+            "started_ms": self.started_ms,
+        }
+
+
+@dataclass(frozen=True)
 class TopicAssignment:
     """`<prefix>/topics/<name>`: a topic's id, the replicas of each partition
-    (index = partition) and its config overrides. Written by the coordinator
-    that creates the topic (and alters its configs); `version` counts the
-    writes."""
+    (index = partition), its config overrides and the reassignments in
+    progress (partition -> Reassignment; the key is left out when there are
+    none, so a record without any is the bytes an older release wrote).
+    Written by the coordinator that creates the topic (alters its configs,
+    adds partitions, reassigns them); `version` counts the writes."""
 
     name: str
     topic_id: str
@@ -151,6 +200,7 @@ class TopicAssignment:
     version: int = 1
     #: Wall-clock time of creation, ms since the epoch.
     created_ms: int = 0
+    reassignments: dict[int, Reassignment] = field(default_factory=dict)
 
     @classmethod
     def decode(cls, value: bytes) -> TopicAssignment:
@@ -170,19 +220,25 @@ class TopicAssignment:
             configs={str(k): str(v) for k, v in data.get("configs", {}).items()},
             version=int(data.get("version", 1)),
             created_ms=int(data.get("created_ms", 0)),
+            reassignments={
+                int(p): Reassignment.from_json(r) for p, r in data.get("reassignments", {}).items()
+            },
         )
 
     def encode(self) -> bytes:
-        return _compact(
-            {
-                "name": self.name,
-                "topic_id": self.topic_id,
-                "partitions": [
-                    {"partition": p, "replicas": list(replicas)}
-                    for p, replicas in enumerate(self.replicas)
-                ],
-                "configs": self.configs,
-                "version": self.version,
-                "created_ms": self.created_ms,
+        body: dict[str, object] = {
+            "name": self.name,
+            "topic_id": self.topic_id,
+            "partitions": [
+                {"partition": p, "replicas": list(replicas)}
+                for p, replicas in enumerate(self.replicas)
+            ],
+            "configs": self.configs,
+            "version": self.version,
+            "created_ms": self.created_ms,
+        }
+        if self.reassignments:
+            body["reassignments"] = {
+                str(p): r.to_json() for p, r in sorted(self.reassignments.items())
             }
-        )
+        return _compact(body)

@@ -2,7 +2,9 @@
 
 Everything ephemeral a replica writes (its coordinator registration, its
 election candidacy) is bound to its session's lease, so it vanishes when the
-process dies. The keepalive refreshes every TTL/3. While etcd is unreachable
+process dies. The keepalive refreshes every TTL/3, each refresh answered
+within TTL/3 or abandoned (with several etcd members the client then moves to
+the next one, well before the lease expires). While etcd is unreachable
 the session keeps trying: the lease may well survive (etcd restarts extend
 every lease by a full TTL), and nothing can be written meanwhile anyway. The
 session is `lost` only when etcd says the lease is gone; the owner then
@@ -16,10 +18,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import aetcd
 
-from tidelog_server.etcd.client import is_unavailable
+from tidelog_server.etcd.client import ETCD_CALL_TIMEOUT_S, EtcdClient, is_unavailable
 
 log = logging.getLogger("tidelog.etcd.session")
 
@@ -63,7 +66,7 @@ class Session:
             await asyncio.sleep(interval_s)
             sent = asyncio.get_running_loop().time()
             try:
-                reply = await self.client.refresh_lease(self.lease_id)
+                reply = await self._refresh()
             except Exception as exc:
                 if not is_unavailable(exc):
                     log.exception("refreshing lease %x failed", self.lease_id)
@@ -77,6 +80,14 @@ class Session:
                 self.lost.set()
                 return
             self.valid_until = sent + min(self.ttl_s, reply.TTL)
+
+    async def _refresh(self) -> Any:
+        if isinstance(self.client, EtcdClient):
+            # Answered within a third of the TTL or abandoned: the client then
+            # fails over, and the next member still gets the refresh in time.
+            timeout_s = min(ETCD_CALL_TIMEOUT_S, max(0.5, self.ttl_s / 3))
+            return await self.client.refresh_lease(self.lease_id, timeout=timeout_s)
+        return await self.client.refresh_lease(self.lease_id)
 
     async def close(self) -> None:
         """Stop the keepalive and revoke the lease (its keys vanish now)."""

@@ -1,0 +1,144 @@
+"""Calls from the coordinator to brokers, for the admin answers that only
+brokers can give: deleting records (each partition's leader moves its log
+start offset) and the progress of reassignments (log end offsets and sizes
+of the leader and of each adding replica).
+
+Each call carries the `tidelog-local` metadata key, so that the broker
+answers from its own logs instead of forwarding the call back here. Channels
+come from one pool per coordinator, closed when it stops. Brokers' addresses
+are read from etcd at each call (a broker that restarted elsewhere is found).
+
+Safe for concurrent use on one event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aetcd
+import grpc
+import grpc.aio
+from tidelog.errors import NotLeaderOrFollowerError
+from tidelog.types import TopicPartition
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState
+from tidelog_server.forwarding import LOCAL_METADATA_KEY, ChannelPool
+
+#: Deadline of one call to a broker.
+BROKER_CALL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class LocalLog:
+    """What a broker reports of its own replica of a partition."""
+
+    log_start_offset: int
+    log_end_offset: int
+    size_bytes: int
+
+
+class BrokerCalls:
+    """The coordinator's calls to brokers (module doc)."""
+
+    def __init__(self, client: aetcd.Client, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+        self.pool = ChannelPool()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    async def _addresses(self) -> dict[int, str]:
+        out = {}
+        for kv in await self.client.get_prefix(self.keys.brokers):
+            registration = BrokerRegistration.decode(kv.value)
+            if registration.host and registration.port:
+                out[registration.broker_id] = registration.address
+        return out
+
+    def _stub(self, address: str) -> Any:
+        return admin_pb2_grpc.AdminStub(self.pool.channel(address))
+
+    async def delete_records(
+        self, partitions: Sequence[admin_pb2.DeleteRecordsPartition]
+    ) -> list[admin_pb2.DeleteRecordsResult]:
+        """Ask each partition's leader to delete records below its offset;
+        one result per partition, in order (NOT_LEADER_OR_FOLLOWER when the
+        partition has no live leader: retriable)."""
+        addresses = await self._addresses()
+        by_leader: dict[int, list[int]] = {}
+        results: list[admin_pb2.DeleteRecordsResult] = []
+        for i, part in enumerate(partitions):
+            results.append(
+                admin_pb2.DeleteRecordsResult(topic=part.topic, partition=part.partition)
+            )
+            got = await self.client.get(self.keys.partition_state(part.topic, part.partition))
+            if got is None:
+                _set_error(
+                    results[i],
+                    common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"partition {part.topic}-{part.partition} does not exist",
+                )
+                continue
+            leader = PartitionState.decode(got.value).leader
+            if leader not in addresses:
+                _set_error(
+                    results[i],
+                    common_pb2.NOT_LEADER_OR_FOLLOWER,
+                    f"{part.topic}-{part.partition} has no live leader (leader {leader}): retry",
+                )
+                continue
+            by_leader.setdefault(leader, []).append(i)
+        for leader, indexes in by_leader.items():
+            request = admin_pb2.DeleteRecordsRequest(partitions=[partitions[i] for i in indexes])
+            try:
+                answer = await self._stub(addresses[leader]).DeleteRecords(
+                    request,
+                    timeout=BROKER_CALL_TIMEOUT_S,
+                    metadata=((LOCAL_METADATA_KEY, "1"),),
+                )
+            except grpc.aio.AioRpcError as exc:
+                error = NotLeaderOrFollowerError(
+                    f"leader {leader} at {addresses[leader]} did not answer: {exc.details()}"
+                )
+                for i in indexes:
+                    _set_error(results[i], common_pb2.NOT_LEADER_OR_FOLLOWER, error.message)
+                continue
+            for i, result in zip(indexes, answer.partitions, strict=False):
+                results[i].CopyFrom(result)
+        return results
+
+    async def local_logs(
+        self, brokers: Iterable[int], topics: Iterable[str]
+    ) -> dict[tuple[int, TopicPartition], LocalLog]:
+        """Each broker's own replicas of `topics`: (broker, partition) ->
+        LocalLog. A broker that does not answer is left out."""
+        addresses = await self._addresses()
+        names = sorted(set(topics))
+        out: dict[tuple[int, TopicPartition], LocalLog] = {}
+        for broker in sorted(set(brokers)):
+            address = addresses.get(broker)
+            if address is None:
+                continue
+            try:
+                answer = await self._stub(address).DescribeTopics(
+                    admin_pb2.DescribeTopicsRequest(names=names),
+                    timeout=BROKER_CALL_TIMEOUT_S,
+                    metadata=((LOCAL_METADATA_KEY, "1"),),
+                )
+            except grpc.aio.AioRpcError:
+                continue
+            for topic in answer.topics:
+                for p in topic.partitions:
+                    out[(broker, TopicPartition(topic.name, p.partition))] = LocalLog(
+                        p.log_start_offset, p.log_end_offset, p.size_bytes
+                    )
+        return out
+
+
+def _set_error(result: admin_pb2.DeleteRecordsResult, code: int, message: str) -> None:
+    result.error.code = code  # type: ignore[assignment]
+    result.error.message = message

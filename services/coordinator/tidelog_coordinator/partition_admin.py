@@ -1,0 +1,399 @@
+"""Admin operations on existing partitions, over etcd: adding partitions to a
+topic, preferred-leader election, and starting, changing, cancelling and
+listing replica reassignments (their completion is the controller's:
+reassignment_driver).
+
+Every write is a transaction that compares the mod revision of each key it
+read (the topic record, the partition state), so it never overwrites a
+change made meanwhile (an ISR change by the leader, a leader election by the
+controller, another admin call): it re-reads and tries again, a few times.
+Any coordinator replica may serve these calls; the compares serialise them
+with the controller's own writes.
+
+Safe for concurrent use on one event loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aetcd
+from tidelog.errors import (
+    ElectionNotNeededError,
+    InvalidPartitionsError,
+    InvalidRequestError,
+    NoReassignmentInProgressError,
+    PreferredLeaderNotAvailableError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+)
+from tidelog.names import validate_topic_name
+from tidelog.types import TopicPartition
+from tidelog_server.etcd.records import (
+    BrokerRegistration,
+    PartitionState,
+    Reassignment,
+    TopicAssignment,
+)
+
+from tidelog_coordinator import reassignment as rules
+from tidelog_coordinator.leader_election import decide
+from tidelog_coordinator.metadata import MAX_PARTITIONS, MetadataManager
+from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
+
+#: Attempts of one read-compare-write before the call gives up (each failed
+#: attempt means a key changed meanwhile).
+WRITE_ATTEMPTS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class ElectionResult:
+    tp: TopicPartition
+    leader: int
+    error: Exception | None
+
+
+@dataclass(frozen=True, slots=True)
+class OngoingReassignment:
+    tp: TopicPartition
+    reassignment: Reassignment
+    replicas: tuple[int, ...]
+    leader: int
+    isr: tuple[int, ...]
+
+
+class PartitionAdmin:
+    """CreatePartitions, ElectLeaders, Alter/ListPartitionReassignments."""
+
+    def __init__(self, metadata: MetadataManager) -> None:
+        self.metadata = metadata
+        self.client: aetcd.Client = metadata.client
+        self.keys = metadata.keys
+
+    # ------------------------------------------------------------ reads
+
+    async def _live(self) -> dict[int, int]:
+        """Live broker id -> create revision of its registration."""
+        return {
+            BrokerRegistration.decode(kv.value).broker_id: kv.create_revision
+            for kv in await self.client.get_prefix(self.keys.brokers)
+        }
+
+    async def _topic(self, name: str) -> tuple[TopicAssignment, Any]:
+        validate_topic_name(name)
+        got = await self.client.get(self.keys.topic(name))
+        if got is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        return TopicAssignment.decode(got.value), got
+
+    async def _state(self, tp: TopicPartition) -> tuple[PartitionState, Any]:
+        got = await self.client.get(self.keys.partition_state(tp.topic, tp.partition))
+        if got is None:
+            raise UnknownTopicOrPartitionError(
+                f"{tp.topic}-{tp.partition} has no state yet (being created): retry"
+            )
+        return PartitionState.decode(got.value), got
+
+    # ------------------------------------------------------------ partitions
+
+    async def create_partitions(
+        self,
+        name: str,
+        total: int,
+        assignment: Sequence[tuple[int, Sequence[int]]],
+        validate_only: bool,
+    ) -> int:
+        """Grow topic `name` to `total` partitions (placed by `assignment`,
+        (partition, broker ids) pairs for the new ones, or as a new topic's
+        are); returns the count it had. The new partitions' states are
+        written with the topic record, their first replica leading."""
+        tx = self.client.transactions
+        for _ in range(WRITE_ATTEMPTS):
+            topic, got = await self._topic(name)
+            current = len(topic.replicas)
+            if total <= current:
+                raise InvalidPartitionsError(
+                    f"topic {name!r} has {current} partitions and {total} were asked for: "
+                    f"the count can only grow (ask for more than {current})"
+                )
+            if total > MAX_PARTITIONS:
+                raise InvalidPartitionsError(
+                    f"{total} partitions requested for {name!r}: use at most {MAX_PARTITIONS}"
+                )
+            first = topic.reassignments.get(0)
+            factor = len(first.target) if first is not None else len(topic.replicas[0])
+            brokers = await self.metadata.live_brokers()
+            live = [b.broker_id for b in brokers]
+            if assignment:
+                placement = _check_new_assignment(name, assignment, current, total, factor, live)
+            else:
+                slots = [BrokerSlot(b.broker_id, b.rack) for b in brokers]
+                placement = place_replicas(name, slots, total, factor)[current:]
+            check_capacity(
+                name,
+                placement,
+                await self.metadata.hosted_replicas(),
+                {b.broker_id: b.max_partitions for b in brokers},
+            )
+            if validate_only:
+                return current
+            grown = dataclasses.replace(
+                topic,
+                replicas=topic.replicas + tuple(tuple(r) for r in placement),
+                version=topic.version + 1,
+            )
+            states = [
+                tx.put(
+                    self.keys.partition_state(name, current + i),
+                    PartitionState(replicas[0], 0, tuple(replicas)).encode(),
+                )
+                for i, replicas in enumerate(placement)
+            ]
+            topic_key = self.keys.topic(name)
+            chunk = max(1, self.metadata.config.etcd_max_txn_ops - 2)
+            ok, responses = await self.client.transaction(
+                compare=[tx.mod(topic_key) == got.mod_revision],
+                success=[tx.put(topic_key, grown.encode()), *states[:chunk]],
+                failure=[],
+            )
+            if not ok:
+                continue  # the topic changed meanwhile: read it again
+            written = responses[0].response_put.header.revision
+            # More states than one transaction takes (etcd's --max-txn-ops):
+            # the rest follow while the topic record is the one written
+            # (brokers treat a partition without a state as not ready yet).
+            for i in range(chunk, len(states), chunk):
+                ok, _ = await self.client.transaction(
+                    compare=[tx.mod(topic_key) == written],
+                    success=states[i : i + chunk],
+                    failure=[],
+                )
+                if not ok:
+                    raise UnknownTopicOrPartitionError(
+                        f"topic {name!r} changed while its partitions were being added: "
+                        "describe it and retry"
+                    )
+            return current
+        raise RequestTimedOutError(f"topic {name!r} kept changing while adding partitions: retry")
+
+    # ------------------------------------------------------------ elections
+
+    async def elect_preferred(self, wanted: Sequence[TopicPartition]) -> list[ElectionResult]:
+        """Make the preferred replica (the first) lead each partition of
+        `wanted` (every partition when empty) when it is alive and in the ISR."""
+        registered = await self._live()
+        topics = {
+            t.name: t
+            for t in (
+                TopicAssignment.decode(kv.value)
+                for kv in await self.client.get_prefix(self.keys.topics)
+            )
+        }
+        if not wanted:
+            wanted = [
+                TopicPartition(name, p)
+                for name in sorted(topics)
+                for p in range(len(topics[name].replicas))
+            ]
+        return [await self._elect_one(tp, topics.get(tp.topic), registered) for tp in wanted]
+
+    async def _elect_one(
+        self, tp: TopicPartition, topic: TopicAssignment | None, registered: dict[int, int]
+    ) -> ElectionResult:
+        name = f"{tp.topic}-{tp.partition}"
+        if topic is None or not 0 <= tp.partition < len(topic.replicas):
+            return ElectionResult(
+                tp, -1, UnknownTopicOrPartitionError(f"partition {name} does not exist")
+            )
+        replicas = list(topic.replicas[tp.partition])
+        preferred = replicas[0]
+        tx = self.client.transactions
+        state = PartitionState()
+        for _ in range(WRITE_ATTEMPTS):
+            try:
+                state, got = await self._state(tp)
+            except UnknownTopicOrPartitionError as exc:
+                return ElectionResult(tp, -1, exc)
+            if state.leader == preferred and preferred in registered:
+                return ElectionResult(
+                    tp,
+                    state.leader,
+                    ElectionNotNeededError(f"{name}: preferred replica {preferred} already leads"),
+                )
+            restarted = {b for b, rev in registered.items() if rev > got.mod_revision}
+            new = decide(replicas, state, set(registered), False, True, restarted)
+            if new is None or new.leader != preferred:
+                why = (
+                    "is not alive"
+                    if preferred not in registered
+                    else f"is not in the ISR {list(state.isr)}"
+                )
+                return ElectionResult(
+                    tp,
+                    state.leader,
+                    PreferredLeaderNotAvailableError(
+                        f"{name}: preferred replica {preferred} {why}; the leader stays "
+                        f"{state.leader}"
+                    ),
+                )
+            key = self.keys.partition_state(tp.topic, tp.partition)
+            ok, _ = await self.client.transaction(
+                compare=[tx.mod(key) == got.mod_revision],
+                success=[tx.put(key, new.encode())],
+                failure=[],
+            )
+            if ok:
+                return ElectionResult(tp, new.leader, None)
+        return ElectionResult(
+            tp, state.leader, RequestTimedOutError(f"{name}: its state kept changing: retry")
+        )
+
+    # ------------------------------------------------------------ reassignments
+
+    async def alter_reassignment(
+        self, tp: TopicPartition, target: Sequence[int], throttle_bytes_per_s: int
+    ) -> None:
+        """Start, change (a new target or throttle) or, with an empty
+        `target`, cancel the reassignment of one partition."""
+        name = f"{tp.topic}-{tp.partition}"
+        if throttle_bytes_per_s < 0:
+            raise InvalidRequestError(
+                f"throttle {throttle_bytes_per_s} bytes/s is negative: use 0 (no limit) or more"
+            )
+        tx = self.client.transactions
+        for _ in range(WRITE_ATTEMPTS):
+            topic, topic_kv = await self._topic(tp.topic)
+            if not 0 <= tp.partition < len(topic.replicas):
+                raise UnknownTopicOrPartitionError(
+                    f"partition {name} does not exist (topic {tp.topic!r} has "
+                    f"{len(topic.replicas)} partitions)"
+                )
+            live = await self._live()
+            if target:
+                rules.check_target(name, target, live)
+            ongoing = topic.reassignments.get(tp.partition)
+            if not target and ongoing is None:
+                raise NoReassignmentInProgressError(f"{name} has no reassignment to cancel")
+            new = rules.start(
+                topic.replicas[tp.partition],
+                ongoing,
+                target,
+                throttle_bytes_per_s,
+                self.metadata.clock.time_ms(),
+            )
+            if new is None and ongoing is None:
+                return  # already has exactly these replicas
+            current = set(topic.replicas[tp.partition])
+            adding = [b for b in target if b not in current]
+            if adding:
+                # A broker past its max.partitions would refuse the replica
+                # (and the move would never complete): refuse it here.
+                brokers = await self.metadata.live_brokers()
+                check_capacity(
+                    name,
+                    [adding],
+                    await self.metadata.hosted_replicas(),
+                    {b.broker_id: b.max_partitions for b in brokers},
+                )
+            replicas = new.replicas if new is not None else ongoing.original  # type: ignore[union-attr]
+            state, state_kv = await self._state(tp)
+            new_state = rules.state_for_replicas(replicas, state, live)
+            if new_state is None:
+                raise InvalidRequestError(
+                    f"{name}: none of the replicas {list(replicas)} is alive and in the ISR "
+                    f"{list(state.isr)}, so none could lead: "
+                    + ("wait for one to catch up" if new is None else "choose other replicas")
+                )
+            reassignments = dict(topic.reassignments)
+            if new is None:
+                reassignments.pop(tp.partition, None)
+            else:
+                reassignments[tp.partition] = new
+            all_replicas = list(topic.replicas)
+            all_replicas[tp.partition] = tuple(replicas)
+            altered = dataclasses.replace(
+                topic,
+                replicas=tuple(all_replicas),
+                reassignments=reassignments,
+                version=topic.version + 1,
+            )
+            topic_key = self.keys.topic(tp.topic)
+            state_key = self.keys.partition_state(tp.topic, tp.partition)
+            success = [tx.put(topic_key, altered.encode())]
+            if new_state is not state:
+                success.append(tx.put(state_key, new_state.encode()))
+            ok, _ = await self.client.transaction(
+                compare=[
+                    tx.mod(topic_key) == topic_kv.mod_revision,
+                    tx.mod(state_key) == state_kv.mod_revision,
+                ],
+                success=success,
+                failure=[],
+            )
+            if ok:
+                return
+        raise RequestTimedOutError(f"{name}: its replicas kept changing: retry")
+
+    async def list_reassignments(
+        self, wanted: Sequence[TopicPartition]
+    ) -> list[OngoingReassignment]:
+        """Reassignments in progress (of `wanted`; all when empty), by partition."""
+        wanted_set = set(wanted)
+        states: dict[TopicPartition, PartitionState] = {}
+        for kv in await self.client.get_prefix(self.keys.all_partition_states):
+            tp = self.keys.parse_partition_state_key(kv.key)
+            if tp is not None:
+                states[tp] = PartitionState.decode(kv.value)
+        out = []
+        for kv in await self.client.get_prefix(self.keys.topics):
+            topic = TopicAssignment.decode(kv.value)
+            for partition, reassignment in sorted(topic.reassignments.items()):
+                tp = TopicPartition(topic.name, partition)
+                if wanted_set and tp not in wanted_set:
+                    continue
+                state = states.get(tp, PartitionState())
+                replicas = (
+                    topic.replicas[partition]
+                    if partition < len(topic.replicas)
+                    else reassignment.replicas
+                )
+                out.append(OngoingReassignment(tp, reassignment, replicas, state.leader, state.isr))
+        return sorted(out, key=lambda r: (r.tp.topic, r.tp.partition))
+
+
+def _check_new_assignment(
+    name: str,
+    assignment: Sequence[tuple[int, Sequence[int]]],
+    current: int,
+    total: int,
+    factor: int,
+    live: Sequence[int],
+) -> list[list[int]]:
+    """The replicas of each new partition (current .. total-1), as given,
+    checked: one entry per new partition, `factor` live brokers each, none
+    twice. InvalidRequestError names the first thing wrong."""
+    by_partition: dict[int, list[int]] = {}
+    for partition, replicas in assignment:
+        if not current <= partition < total or partition in by_partition:
+            raise InvalidRequestError(
+                f"assignment of {name!r} names partition {partition}: give each new "
+                f"partition ({current} to {total - 1}) once"
+            )
+        by_partition[partition] = list(replicas)
+    if len(by_partition) != total - current:
+        raise InvalidRequestError(
+            f"assignment of {name!r} has {len(by_partition)} partitions: the "
+            f"{total - current} new ones ({current} to {total - 1}) need one entry each"
+        )
+    for partition in range(current, total):
+        replicas = by_partition[partition]
+        if len(replicas) != factor:
+            raise InvalidRequestError(
+                f"assignment of {name!r}: partition {partition} has {len(replicas)} replicas; "
+                f"the topic's replication factor is {factor}"
+            )
+        rules.check_target(f"{name}-{partition}", replicas, live)
+    return [by_partition[p] for p in range(current, total)]

@@ -1,0 +1,127 @@
+"""The controller duty that completes replica reassignments.
+
+A pass reads every topic record with a reassignment in progress and each
+such partition's state; a partition whose target replicas are all in the ISR
+(`reassignment.is_complete`) gets, in one transaction, its replicas set to the
+target, the reassignment removed, and its state cut to the target (a leaving
+leader replaced by an in-sync target replica, in a new epoch). The
+transaction compares the topic record's and the state's mod revisions and
+the controller's election key, so it never overwrites a change made
+meanwhile (an ISR change, an election, a cancel) and a deposed controller
+cannot write: the next pass sees the new state.
+
+A coordinator that dies mid-reassignment loses nothing: the reassignment
+lives in etcd, and the next controller's driver carries on from there.
+
+Not thread-safe: runs on the coordinator's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from typing import Any
+
+import aetcd
+from tidelog_server.etcd import is_unavailable
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
+from tidelog_server.log_flood import RateLimitedLog
+
+from tidelog_coordinator import reassignment as rules
+
+log = logging.getLogger("tidelog.coordinator.reassignment")
+flood = RateLimitedLog(log)
+
+#: How often a pass runs (a reassignment completes at most this long after
+#: its last replica joined the ISR).
+PASS_INTERVAL_S = 0.5
+
+
+class ReassignmentDriver:
+    """Completes reassignments while this replica is the controller."""
+
+    def __init__(self, client: aetcd.Client, keys: Keys) -> None:
+        self.client = client
+        self.keys = keys
+
+    async def run(self, fence: Any) -> None:
+        """Passes until cancelled; `fence` is the election's leader compare."""
+        while True:
+            try:
+                await self.complete_once(fence)
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    flood.exception("reassignment pass failed")
+            await asyncio.sleep(PASS_INTERVAL_S)
+
+    async def complete_once(self, fence: Any) -> int:
+        """One pass; returns how many partitions it completed."""
+        moving = []
+        for kv in await self.client.get_prefix(self.keys.topics):
+            topic = TopicAssignment.decode(kv.value)
+            if topic.reassignments:
+                moving.append((topic, kv.mod_revision))
+        if not moving:
+            return 0
+        live = {
+            BrokerRegistration.decode(kv.value).broker_id
+            for kv in await self.client.get_prefix(self.keys.brokers)
+        }
+        done = 0
+        for topic, topic_revision in moving:
+            # One transaction per partition: each compares the topic record's
+            # revision that the previous one wrote (so a change by anyone
+            # else in between stops the topic until the next pass).
+            for partition, reassignment in sorted(topic.reassignments.items()):
+                state_key = self.keys.partition_state(topic.name, partition)
+                got = await self.client.get(state_key)
+                if got is None:
+                    continue
+                state = PartitionState.decode(got.value)
+                if not rules.is_complete(reassignment, state):
+                    continue
+                new_state = rules.state_for_replicas(reassignment.target, state, live)
+                if new_state is None:
+                    continue  # no target replica alive in the ISR: wait
+                replicas = list(topic.replicas)
+                replicas[partition] = reassignment.target
+                reassignments = dict(topic.reassignments)
+                del reassignments[partition]
+                completed = dataclasses.replace(
+                    topic,
+                    replicas=tuple(replicas),
+                    reassignments=reassignments,
+                    version=topic.version + 1,
+                )
+                tx = self.client.transactions
+                topic_key = self.keys.topic(topic.name)
+                success = [tx.put(topic_key, completed.encode())]
+                if new_state is not state:
+                    success.append(tx.put(state_key, new_state.encode()))
+                ok, responses = await self.client.transaction(
+                    compare=[
+                        fence,
+                        tx.mod(topic_key) == topic_revision,
+                        tx.mod(state_key) == got.mod_revision,
+                    ],
+                    success=success,
+                    failure=[],
+                )
+                if not ok:
+                    break  # the topic or the state changed: read again next pass
+                topic = completed
+                topic_revision = responses[0].response_put.header.revision
+                done += 1
+                log.info(
+                    "%s-%d: reassignment complete: replicas %s -> %s, leader %d -> %d, isr %s",
+                    topic.name,
+                    partition,
+                    list(reassignment.original),
+                    list(reassignment.target),
+                    state.leader,
+                    new_state.leader,
+                    list(new_state.isr),
+                )
+        return done

@@ -1,0 +1,281 @@
+"""What the chart promises, read from the manifests it renders (default and
+production values, via the `rendered` fixture): stable broker ids and
+volumes, PodDisruptionBudgets, gRPC probes on each service's health port,
+anti-affinity, non-root read-only pods, and an upgrade order that keeps
+every partition writable with acks=all (docs/deploy.md explains it)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.deploy.chart import (
+    CHART,
+    NAMESPACE,
+    RELEASE,
+    Chart,
+    Rendered,
+    container,
+    env_value,
+    pod_spec,
+    selects,
+)
+from tests.deploy.conftest import HELM_BUILD_TIMEOUT_S
+
+# One worker runs every chart test: only it waits for a first build of helm.
+pytestmark = [pytest.mark.timeout(HELM_BUILD_TIMEOUT_S + 300), pytest.mark.xdist_group("helm")]
+
+TIDELOG = ["broker", "coordinator", "gateway"]
+#: Labels whose value changes with each chart or app version: never in an
+#: immutable field (selectors, volumeClaimTemplates), or upgrades fail.
+VERSIONED_LABELS = {"helm.sh/chart", "app.kubernetes.io/version"}
+
+
+def arg(ctr: dict, flag: str) -> str:
+    """The value of `--flag=value` in a container's args."""
+    values = [a.split("=", 1)[1] for a in ctr["args"] if a.startswith(flag + "=")]
+    assert len(values) == 1, f"{flag} given {len(values)} times in {ctr['args']}"
+    return values[0]
+
+
+def workload(rendered: Rendered, component: str) -> dict:
+    kind = "StatefulSet" if component in ("broker", "etcd") else "Deployment"
+    return rendered.one(kind, component)
+
+
+# ------------------------------------------------------------ brokers
+
+
+def test_brokers_are_a_statefulset_with_a_claim_each_and_ids_from_their_ordinal(
+    rendered: Rendered,
+) -> None:
+    brokers = rendered.one("StatefulSet", "broker")
+    ctr = container(brokers)
+    # The id is the pod ordinal: same pod name, same id, same claim.
+    assert "--broker-id-from-hostname" in ctr["args"]
+    assert not any(a.startswith("--broker-id=") for a in ctr["args"])
+    (claim,) = brokers["spec"]["volumeClaimTemplates"]
+    data_mount = next(m for m in ctr["volumeMounts"] if m["name"] == claim["metadata"]["name"])
+    assert arg(ctr, "--data-dir").startswith(data_mount["mountPath"] + "/")
+    assert claim["spec"]["resources"]["requests"]["storage"]
+    assert brokers["spec"]["persistentVolumeClaimRetentionPolicy"]["whenScaled"] == "Retain"
+
+
+def test_brokers_advertise_their_stable_name_in_a_headless_service(rendered: Rendered) -> None:
+    brokers = rendered.one("StatefulSet", "broker")
+    headless = rendered.named("Service", brokers["spec"]["serviceName"])
+    assert headless["spec"]["clusterIP"] == "None"
+    # A broker catching up (not Ready) must still be reachable by its peers.
+    assert headless["spec"]["publishNotReadyAddresses"] is True
+    # Followers fetch from leaders on the internal port, through these names.
+    assert {p["name"] for p in headless["spec"]["ports"]} == {"grpc", "internal"}
+    assert selects(
+        {"matchLabels": headless["spec"]["selector"]},
+        brokers["spec"]["template"]["metadata"]["labels"],
+    )
+    advertised = next(
+        a for a in container(brokers)["args"] if a.startswith("--set=advertised.host=")
+    )
+    assert advertised.endswith(
+        f"=$(POD_NAME).{headless['metadata']['name']}.$(POD_NAMESPACE).svc.cluster.local"
+    )
+    assert env_value(container(brokers), "POD_NAME") == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_broker_defaults_are_a_configmap_with_kafka_names_and_roll_the_brokers(
+    rendered: Rendered,
+) -> None:
+    brokers = rendered.one("StatefulSet", "broker")
+    ctr = container(brokers)
+    config_volume = next(v for v in pod_spec(brokers)["volumes"] if v["name"] == "config")
+    configmap = rendered.named("ConfigMap", config_volume["configMap"]["name"])
+    mount = next(m for m in ctr["volumeMounts"] if m["name"] == "config")
+    assert arg(ctr, "--config") == mount["mountPath"] + "/server.properties"
+    lines = configmap["data"]["server.properties"].split()
+    assert "min.insync.replicas=2" in lines
+    assert all(re.fullmatch(r"[a-z][a-z0-9.]*=\S*", line) for line in lines), lines
+    assert "checksum/config" in brokers["spec"]["template"]["metadata"]["annotations"]
+
+
+def test_rack_comes_from_the_pods_topology_label_when_enabled(
+    production_render: Rendered, default_render: Rendered
+) -> None:
+    ctr = container(production_render.one("StatefulSet", "broker"))
+    assert "--rack=$(TIDELOG_RACK)" in ctr["args"]
+    assert env_value(ctr, "TIDELOG_RACK") == {
+        "fieldRef": {"fieldPath": "metadata.labels['topology.kubernetes.io/zone']"}
+    }
+    assert not any(
+        a.startswith("--rack")
+        for a in container(default_render.one("StatefulSet", "broker"))["args"]
+    )
+
+
+# ------------------------------------------------------------ disruption budgets
+
+
+@pytest.mark.parametrize("component", [*TIDELOG, "etcd"])
+def test_every_workload_has_a_disruption_budget_of_one(rendered: Rendered, component: str) -> None:
+    pods = workload(rendered, component)["spec"]["template"]["metadata"]["labels"]
+    budgets = [
+        p for p in rendered.of_kind("PodDisruptionBudget") if selects(p["spec"]["selector"], pods)
+    ]
+    assert len(budgets) == 1, component
+    assert budgets[0]["spec"]["maxUnavailable"] == 1
+
+
+def test_coordinators_are_at_least_two(rendered: Rendered) -> None:
+    assert rendered.one("Deployment", "coordinator")["spec"]["replicas"] >= 2
+
+
+# ------------------------------------------------------------ probes
+
+
+@pytest.mark.parametrize("component", TIDELOG)
+def test_grpc_probes_ask_the_health_service_on_the_serving_port(
+    rendered: Rendered, component: str
+) -> None:
+    ctr = container(workload(rendered, component))
+    port = int(arg(ctr, "--listen").rpartition(":")[2])
+    ports = {p["name"]: p["containerPort"] for p in ctr["ports"]}
+    if component == "broker":
+        # Replication has a listener of its own; probes ask the client one.
+        assert ports.pop("internal") == int(arg(ctr, "--internal-port")) != port
+    assert ports == {"grpc": port}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert ctr[probe]["grpc"]["port"] == port, (component, probe)
+    assert ctr["livenessProbe"]["grpc"]["service"] == ""
+    # A broker is Ready once it is in the ISR of every partition it hosts.
+    ready = "tidelog.broker.InSync" if component == "broker" else ""
+    assert ctr["readinessProbe"]["grpc"]["service"] == ready
+
+
+def test_the_in_sync_health_name_is_the_brokers(rendered: Rendered) -> None:
+    from tidelog_broker.server import IN_SYNC_HEALTH
+
+    ctr = container(rendered.one("StatefulSet", "broker"))
+    assert ctr["readinessProbe"]["grpc"]["service"] == IN_SYNC_HEALTH
+
+
+# ------------------------------------------------------------ placement
+
+
+@pytest.mark.parametrize("component", [*TIDELOG, "etcd"])
+def test_pods_of_a_component_avoid_each_other(rendered: Rendered, component: str) -> None:
+    spec = workload(rendered, component)["spec"]
+    anti = pod_spec(workload(rendered, component))["affinity"]["podAntiAffinity"]
+    terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution") or [
+        t["podAffinityTerm"] for t in anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    ]
+    assert any(
+        t["topologyKey"] and selects(t["labelSelector"], spec["template"]["metadata"]["labels"])
+        for t in terms
+    )
+
+
+def test_production_requires_one_broker_per_node(production_render: Rendered) -> None:
+    anti = pod_spec(production_render.one("StatefulSet", "broker"))["affinity"]["podAntiAffinity"]
+    (term,) = anti["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+
+
+# ------------------------------------------------------------ security
+
+
+@pytest.mark.parametrize("component", [*TIDELOG, "etcd"])
+def test_pods_run_as_non_root_on_a_read_only_root_filesystem(
+    rendered: Rendered, component: str
+) -> None:
+    pod = pod_spec(workload(rendered, component))
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] != 0
+    assert pod["automountServiceAccountToken"] is False
+    ctr = container(workload(rendered, component))
+    security = ctr["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert ctr["resources"]["requests"]["cpu"] and ctr["resources"]["limits"]["memory"]
+
+
+def test_brokers_write_only_to_their_volume_and_tmp(rendered: Rendered) -> None:
+    ctr = container(rendered.one("StatefulSet", "broker"))
+    writable = {m["mountPath"] for m in ctr["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/var/lib/tidelog", "/tmp"}
+
+
+# ------------------------------------------------------------ upgrades
+
+
+def test_brokers_roll_one_at_a_time_waiting_until_each_is_back_in_sync(rendered: Rendered) -> None:
+    spec = rendered.one("StatefulSet", "broker")["spec"]
+    assert spec["updateStrategy"]["type"] == "RollingUpdate"
+    # No maxUnavailable: the StatefulSet controller replaces one pod, waits
+    # for it to be Ready (readiness = InSync) for minReadySeconds, then the next.
+    assert set(spec["updateStrategy"]["rollingUpdate"]) == {"partition"}
+    assert spec["minReadySeconds"] > 0
+    assert spec["template"]["spec"]["terminationGracePeriodSeconds"] >= 30
+
+
+@pytest.mark.parametrize("component", ["coordinator", "gateway"])
+def test_deployments_start_a_new_pod_before_stopping_an_old_one(
+    rendered: Rendered, component: str
+) -> None:
+    rolling = rendered.one("Deployment", component)["spec"]["strategy"]["rollingUpdate"]
+    assert rolling == {"maxUnavailable": 0, "maxSurge": 1}
+
+
+def test_immutable_fields_carry_no_version_so_upgrades_apply(rendered: Rendered) -> None:
+    for item in rendered.workloads():
+        assert not VERSIONED_LABELS & set(item["spec"]["selector"]["matchLabels"])
+        for claim in item["spec"].get("volumeClaimTemplates", []):
+            assert not VERSIONED_LABELS & set(claim["metadata"].get("labels", {}))
+    for service in rendered.of_kind("Service"):
+        assert not VERSIONED_LABELS & set(service["spec"]["selector"])
+
+
+# ------------------------------------------------------------ etcd and the gateway
+
+
+def test_services_are_given_every_bundled_etcd_member(rendered: Rendered) -> None:
+    etcd = rendered.one("StatefulSet", "etcd")
+    assert etcd["spec"]["replicas"] == 3
+    assert etcd["spec"]["podManagementPolicy"] == "Parallel"
+    name, service = etcd["metadata"]["name"], etcd["spec"]["serviceName"]
+    members = ",".join(f"{name}-{i}.{service}.{NAMESPACE}.svc.cluster.local:2379" for i in range(3))
+    for component in TIDELOG:
+        ctr = container(workload(rendered, component))
+        assert env_value(ctr, "TIDELOG_ETCD") == members
+        assert arg(ctr, "--etcd") == "$(TIDELOG_ETCD)"
+
+
+def test_external_etcd_replaces_the_bundled_one(chart: Chart) -> None:
+    rendered = chart.render(
+        "--set", "etcd.enabled=false", "--set", "etcd.externalEndpoints={e1:2379,e2:2379}"
+    )
+    assert not [m for m in rendered.manifests if m["metadata"]["name"].endswith("-etcd")]
+    for component in TIDELOG:
+        assert (
+            env_value(container(workload(rendered, component)), "TIDELOG_ETCD") == "e1:2379,e2:2379"
+        )
+
+
+def test_the_gateway_service_reaches_the_gateways(rendered: Rendered) -> None:
+    gateway = rendered.one("Deployment", "gateway")
+    service = rendered.named("Service", f"{RELEASE}-tidelog-gateway")
+    (port,) = service["spec"]["ports"]
+    assert port["targetPort"] == "grpc"
+    assert selects(
+        {"matchLabels": service["spec"]["selector"]},
+        gateway["spec"]["template"]["metadata"]["labels"],
+    )
+
+
+def test_the_gateway_autoscales_in_production(production_render: Rendered) -> None:
+    gateway = production_render.one("Deployment", "gateway")
+    hpa = production_render.one("HorizontalPodAutoscaler", "gateway")
+    assert hpa["spec"]["scaleTargetRef"]["name"] == gateway["metadata"]["name"]
+    # The HPA owns the replica count: the Deployment must not reset it.
+    assert "replicas" not in gateway["spec"]
+    assert (CHART / "values-production.yaml").exists()

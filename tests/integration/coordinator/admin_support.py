@@ -1,0 +1,80 @@
+"""Helpers of the partition-admin tests (issue 13): a cluster with a
+coordinator that never moves leaders back by itself (so that tests decide
+when elections happen), polling, and what one broker holds of a partition."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from tidelog import AdminClient, TopicPartition
+from tidelog.v1 import admin_pb2, admin_pb2_grpc
+from tidelog_server.forwarding import LOCAL_METADATA_KEY
+
+from tests.support.cluster import ClusterProcesses
+from tests.support.coordinator import start_coordinator
+from tests.support.etcd import EtcdProcess
+
+
+def start_admin_cluster(
+    etcd: EtcdProcess, root: Path, prefix: str, brokers: int = 3
+) -> ClusterProcesses:
+    """A coordinator (automatic preferred-leader election off) and brokers."""
+    cluster = ClusterProcesses(etcd, prefix)
+    try:
+        cluster.coordinators.append(
+            start_coordinator(
+                etcd.endpoint,
+                root / "logs",
+                prefix=prefix,
+                coordinator_id="c0",
+                session_ttl_s=3,
+                extra_args=("--leader-imbalance-check-interval-ms", "0"),
+            )
+        )
+        for _ in range(brokers):
+            cluster.add_broker(root)
+        cluster.wait_registered(brokers)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def wait_until(check: Callable[[], object], what: str, timeout_s: float = 40) -> object:
+    """Poll `check` until it returns something true; that value."""
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except Exception as exc:  # a broker restarting, a leader moving
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout_s} s: {what} (last: {last!r})")
+
+
+def local_partition(address: str, tp: TopicPartition) -> admin_pb2.PartitionDescription | None:
+    """What the broker at `address` holds of `tp` in its own log (None: no log)."""
+    with grpc.insecure_channel(address) as channel:
+        answer = admin_pb2_grpc.AdminStub(channel).DescribeTopics(
+            admin_pb2.DescribeTopicsRequest(names=[tp.topic]),
+            timeout=5,
+            metadata=((LOCAL_METADATA_KEY, "1"),),
+        )
+    for topic in answer.topics:
+        for p in topic.partitions:
+            if p.partition == tp.partition:
+                return p
+    return None
+
+
+def partition(admin: AdminClient, tp: TopicPartition):  # type: ignore[no-untyped-def]
+    """The partition as describe_topics shows it."""
+    (topic,) = admin.describe_topics([tp.topic])
+    return topic.partitions[tp.partition]
