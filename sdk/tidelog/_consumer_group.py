@@ -33,7 +33,12 @@ from tidelog._consumer_common import HandedOut
 from tidelog._group_client import ASSIGNED, LOST, REVOKED, GroupClient, GroupEvent
 from tidelog._subscription import SubscriptionState
 from tidelog.config import ConsumerConfig
-from tidelog.errors import IllegalStateError, TidelogError
+from tidelog.errors import (
+    AuthorizationFailedError,
+    IllegalStateError,
+    SaslAuthenticationError,
+    TidelogError,
+)
 from tidelog.group import OffsetAndMetadata, RebalanceListener
 from tidelog.types import TopicPartition
 
@@ -353,6 +358,12 @@ class GroupSide:
         the membership acknowledge."""
         group = self.group
         assert group is not None
+        membership = group.membership
+        if membership is not None and isinstance(
+            membership.error, AuthorizationFailedError | SaslAuthenticationError
+        ):
+            error, membership.error = membership.error, None
+            raise error
         while group.events:
             event = group.events.popleft()
             try:

@@ -49,9 +49,11 @@ from tidelog._client_metrics import ConsumerMetrics
 from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
+    AuthorizationFailedError,
     BrokerNotAvailableError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
+    SaslAuthenticationError,
     TidelogError,
     error_from_code,
     error_from_rpc,
@@ -488,6 +490,14 @@ class Fetcher:
         if self._sessions.get(session.address) is session:
             del self._sessions[session.address]
         if self._closed:
+            return
+        if isinstance(error, AuthorizationFailedError | SaslAuthenticationError):
+            # Reconnecting cannot help until an operator grants access: poll()
+            # raises it (for every partition of the stream, which it ended).
+            for part in self._partitions.values():
+                if part.session is session:
+                    part.session = None
+                    self._inbox.append((ERROR, part.tp, part.epoch, error))
             return
         # Warn once per outage; the retries that follow are expected.
         level = logging.WARNING if self._failures == 0 else logging.DEBUG

@@ -89,6 +89,9 @@ class ProduceStream:
         self._slots = asyncio.Semaphore(config.max_in_flight_requests)
         self._has_inflight = asyncio.Event()
         self._next_correlation_id = 1
+        #: monotonic time before which nothing is sent: the broker said the
+        #: producer is over its quota (throttle_time_ms, Kafka's behaviour).
+        self.throttled_until = 0.0
         self.broken = False
         self._closed = False
         self._reader = asyncio.ensure_future(self._read_loop())
@@ -96,6 +99,9 @@ class ProduceStream:
     async def send(self, request: log_pb2.ProduceRequest, entry: _InFlight) -> None:
         """Write one request (waits for a free in-flight slot first)."""
         await self._slots.acquire()
+        wait_s = self.throttled_until - time.monotonic()
+        if wait_s > 0:
+            await asyncio.sleep(wait_s)
         if self.broken:
             self._slots.release()
             self._sender.on_request_failed(
@@ -157,6 +163,8 @@ class ProduceStream:
                     )
                     self._inflight.appendleft(entry)
                     break
+                if response.throttle_time_ms > 0:
+                    self.throttled_until = time.monotonic() + response.throttle_time_ms / 1000
                 self._slots.release()
                 metrics = self._sender.metrics
                 metrics.requests.add(1)

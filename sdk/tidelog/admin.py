@@ -28,6 +28,13 @@ import grpc.aio
 
 from tidelog import _admin_partitions
 from tidelog._admin_groups import GroupAdmin, GroupDescription, GroupListing
+from tidelog._admin_security import (
+    AclBinding,
+    AclBindingFilter,
+    AsyncSecurityAdmin,
+    ClientQuota,
+    SecurityAdmin,
+)
 from tidelog._connection import Cluster
 from tidelog._loop_thread import LoopThread
 from tidelog.config import AdminConfig
@@ -61,7 +68,16 @@ from tidelog.types import (
 )
 from tidelog.v1 import admin_pb2, cluster_pb2
 
-__all__ = ["AdminClient", "AsyncAdminClient", "ConfigEntry", "GroupDescription", "GroupListing"]
+__all__ = [
+    "AclBinding",
+    "AclBindingFilter",
+    "AdminClient",
+    "AsyncAdminClient",
+    "ClientQuota",
+    "ConfigEntry",
+    "GroupDescription",
+    "GroupListing",
+]
 
 T = TypeVar("T")
 
@@ -162,7 +178,7 @@ _SOURCES = {
 }
 
 
-class AsyncAdminClient:
+class AsyncAdminClient(AsyncSecurityAdmin):
     """Topic administration on asyncio. Options: see `tidelog.config.AdminConfig`."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
@@ -540,7 +556,7 @@ class AsyncAdminClient:
         await self.close()
 
 
-class AdminClient:
+class AdminClient(SecurityAdmin):
     """Blocking topic administration. Options: see `tidelog.config.AdminConfig`."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):

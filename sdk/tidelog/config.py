@@ -28,6 +28,8 @@ SECURITY_ENV = {
     "ssl_cafile": "TIDELOG_SSL_CAFILE",
     "ssl_certfile": "TIDELOG_SSL_CERTFILE",
     "ssl_keyfile": "TIDELOG_SSL_KEYFILE",
+    "sasl_plain_username": "TIDELOG_SASL_USERNAME",
+    "sasl_plain_password": "TIDELOG_SASL_PASSWORD",
 }
 MIB = 1024 * 1024
 
@@ -106,6 +108,12 @@ class CommonConfig:
     #: ask for one (mTLS): both or neither.
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    #: With security_protocol "SASL_SSL": the user name and password checked
+    #: by the servers against `tidelog users` (sent over TLS only). None:
+    #: $TIDELOG_SASL_USERNAME and $TIDELOG_SASL_PASSWORD when set.
+    sasl_mechanism: str = "PLAIN"
+    sasl_plain_username: str | None = None
+    sasl_plain_password: str | None = None
     #: Extra gRPC channel arguments, (name, value) pairs added after the
     #: client's own. gRPC shares one TCP connection per address among all
     #: channels of a process whose arguments are equal, so a program that
@@ -126,7 +134,13 @@ class CommonConfig:
             self,
             "_security",
             ChannelSecurity.from_options(
-                self.security_protocol, self.ssl_cafile, self.ssl_certfile, self.ssl_keyfile
+                self.security_protocol,
+                self.ssl_cafile,
+                self.ssl_certfile,
+                self.ssl_keyfile,
+                self.sasl_plain_username,
+                self.sasl_plain_password,
+                self.sasl_mechanism,
             ),
         )
         _positive("request_timeout_ms", self.request_timeout_ms)

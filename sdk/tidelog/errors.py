@@ -299,6 +299,42 @@ class NoReassignmentInProgressError(TidelogError):
     grpc_status = grpc.StatusCode.FAILED_PRECONDITION
 
 
+class AuthorizationFailedError(TidelogError):
+    """The principal may not do this operation on this resource (ACLs). The
+    message names the principal, the operation and the resource. Not
+    retriable: an operator must grant it (`tidelog acls add`)."""
+
+    code_name = "AUTHORIZATION_FAILED"
+    grpc_status = grpc.StatusCode.PERMISSION_DENIED
+
+
+class TopicAuthorizationFailedError(AuthorizationFailedError):
+    """AuthorizationFailedError on a topic."""
+
+    code_name = "TOPIC_AUTHORIZATION_FAILED"
+
+
+class GroupAuthorizationFailedError(AuthorizationFailedError):
+    """AuthorizationFailedError on a consumer group."""
+
+    code_name = "GROUP_AUTHORIZATION_FAILED"
+
+
+class ClusterAuthorizationFailedError(AuthorizationFailedError):
+    """AuthorizationFailedError on the cluster."""
+
+    code_name = "CLUSTER_AUTHORIZATION_FAILED"
+
+
+class SaslAuthenticationError(TidelogError):
+    """The client could not be authenticated: unknown user or wrong password,
+    credentials over a connection without TLS, or no identity at all where
+    the cluster refuses anonymous clients. Not retriable."""
+
+    code_name = "SASL_AUTHENTICATION_FAILED"
+    grpc_status = grpc.StatusCode.UNAUTHENTICATED
+
+
 # Client-side errors: these never travel on the wire.
 
 
@@ -384,6 +420,11 @@ for _cls in (
     ElectionNotNeededError,
     PreferredLeaderNotAvailableError,
     NoReassignmentInProgressError,
+    AuthorizationFailedError,
+    TopicAuthorizationFailedError,
+    GroupAuthorizationFailedError,
+    ClusterAuthorizationFailedError,
+    SaslAuthenticationError,
 ):
     _BY_CODE.setdefault(_cls.code_name, _cls)
 
@@ -398,6 +439,8 @@ _BY_STATUS: dict[grpc.StatusCode, type[TidelogError]] = {
     grpc.StatusCode.DATA_LOSS: CorruptRecordError,
     grpc.StatusCode.ALREADY_EXISTS: TopicAlreadyExistsError,
     grpc.StatusCode.CANCELLED: ClosedError,
+    grpc.StatusCode.PERMISSION_DENIED: AuthorizationFailedError,
+    grpc.StatusCode.UNAUTHENTICATED: SaslAuthenticationError,
 }
 
 # Metadata key in which a service names the precise ErrorCode of a failed call.

@@ -63,6 +63,9 @@ def tls_args(certs: DevCertificates) -> list[str]:
         "--tls-certfile", str(certs.server_certfile),
         "--tls-keyfile", str(certs.server_keyfile),
         "--tls-cafile", str(certs.cafile),
+        # These clients present no identity (anonymity is refused by default
+        # with TLS: tests/integration/test_acls.py).
+        "--allow-anonymous", "true",
     ]  # fmt: skip
 
 
@@ -239,7 +242,10 @@ def _load_authority(certs: DevCertificates):  # type: ignore[no-untyped-def]
 
 
 def test_client_options_are_checked_when_the_client_is_made(tmp_path: Path) -> None:
+    # Passwords travel over TLS only: there is no SASL_PLAINTEXT.
     with pytest.raises(ValueError, match="security_protocol must be one of"):
+        Producer(bootstrap_servers="127.0.0.1:1", security_protocol="SASL_PLAINTEXT")
+    with pytest.raises(ValueError, match="SASL_SSL needs sasl_plain_username"):
         Producer(bootstrap_servers="127.0.0.1:1", security_protocol="SASL_SSL")
     with pytest.raises(ValueError, match=r"ssl_cafile=.*cannot be read"):
         Producer(

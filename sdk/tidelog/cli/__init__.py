@@ -32,6 +32,7 @@ from tidelog.cli import (
     leaders,
     produce,
     reassign,
+    security,
     topics,
 )
 from tidelog.cli._common import (
@@ -66,7 +67,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tidelog {version()}")
     add_bootstrap_argument(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in (dev_cluster, topics, produce, consume, groups):
+    for module in (dev_cluster, topics, produce, consume, groups, security):
         module.register(sub, add_bootstrap_argument)
     # Admin operations (issue 13): one module each.
     for module in (cluster, reassign, brokers, leaders, delete_records):

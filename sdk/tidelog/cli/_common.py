@@ -17,6 +17,7 @@ import grpc
 from tidelog._connection import Cluster
 from tidelog.config import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, CommonConfig, default_bootstrap
 from tidelog.errors import (
+    AuthorizationFailedError,
     BrokerNotAvailableError,
     CoordinatorNotAvailableError,
     GroupIdNotFoundError,
@@ -29,6 +30,7 @@ from tidelog.errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
+    SaslAuthenticationError,
     TidelogError,
     TidelogTimeoutError,
     UnknownTopicOrPartitionError,
@@ -90,6 +92,8 @@ def exit_code_for(error: BaseException) -> int:
         if error.code() in _AUTH_CODES:
             return EXIT_AUTH
         error = error_from_rpc(error)
+    if isinstance(error, AuthorizationFailedError | SaslAuthenticationError):
+        return EXIT_AUTH
     if isinstance(error, (*_USAGE_ERRORS, ValueError, TypeError)):
         return EXIT_USAGE
     if isinstance(error, _NOT_FOUND_ERRORS):

@@ -33,7 +33,14 @@ from typing import Any, Protocol
 
 import grpc
 
-from tidelog.errors import IllegalGenerationError, TidelogError, error_from_code
+from tidelog.errors import (
+    AuthorizationFailedError,
+    IllegalGenerationError,
+    SaslAuthenticationError,
+    TidelogError,
+    error_from_code,
+    error_from_rpc,
+)
 from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable
 from tidelog.group.offsets import OffsetAndMetadata, OffsetStoreClient
 from tidelog.security import PLAINTEXT, ChannelSecurity
@@ -273,6 +280,12 @@ class GroupMembership:
                     await self._channels.rotate()
                 else:
                     log.warning("group %r heartbeat stream failed: %s", self.group_id, exc)
+                    error = error_from_rpc(exc)
+                    if isinstance(error, AuthorizationFailedError | SaslAuthenticationError):
+                        # Still retried (an operator may grant access), but
+                        # the application's next poll raises it.
+                        self.error = error
+                        await self._notify()
             finally:
                 call.cancel()
                 outbox.put_nowait(None)

@@ -4,6 +4,7 @@ import grpc
 import warnings
 
 from tidelog.v1 import admin_pb2 as tidelog_dot_v1_dot_admin__pb2
+from tidelog.v1 import security_pb2 as tidelog_dot_v1_dot_security__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -83,6 +84,41 @@ class AdminStub:
                 '/tidelog.v1.Admin/ListPartitionReassignments',
                 request_serializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsRequest.SerializeToString,
                 response_deserializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/tidelog.v1.Admin/CreateAcls',
+                request_serializer=tidelog_dot_v1_dot_security__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_security__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/tidelog.v1.Admin/DescribeAcls',
+                request_serializer=tidelog_dot_v1_dot_security__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_security__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/tidelog.v1.Admin/DeleteAcls',
+                request_serializer=tidelog_dot_v1_dot_security__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_security__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
+        self.AlterUserCredentials = channel.unary_unary(
+                '/tidelog.v1.Admin/AlterUserCredentials',
+                request_serializer=tidelog_dot_v1_dot_security__pb2.AlterUserCredentialsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_security__pb2.AlterUserCredentialsResponse.FromString,
+                _registered_method=True)
+        self.DescribeUserCredentials = channel.unary_unary(
+                '/tidelog.v1.Admin/DescribeUserCredentials',
+                request_serializer=tidelog_dot_v1_dot_security__pb2.DescribeUserCredentialsRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_security__pb2.DescribeUserCredentialsResponse.FromString,
+                _registered_method=True)
+        self.AlterClientQuotas = channel.unary_unary(
+                '/tidelog.v1.Admin/AlterClientQuotas',
+                request_serializer=tidelog_dot_v1_dot_security__pb2.AlterClientQuotasRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_security__pb2.AlterClientQuotasResponse.FromString,
+                _registered_method=True)
+        self.DescribeClientQuotas = channel.unary_unary(
+                '/tidelog.v1.Admin/DescribeClientQuotas',
+                request_serializer=tidelog_dot_v1_dot_security__pb2.DescribeClientQuotasRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_security__pb2.DescribeClientQuotasResponse.FromString,
                 _registered_method=True)
 
 
@@ -171,6 +207,51 @@ class AdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """ACLs, user credentials and quotas (messages in security.proto; Kafka's
+        CreateAcls, DescribeAcls, DeleteAcls, AlterUserScramCredentials,
+        DescribeUserScramCredentials, AlterClientQuotas, DescribeClientQuotas).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterUserCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeUserCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterClientQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeClientQuotas(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -223,6 +304,41 @@ def add_AdminServicer_to_server(servicer, server):
                     servicer.ListPartitionReassignments,
                     request_deserializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsRequest.FromString,
                     response_serializer=tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=tidelog_dot_v1_dot_security__pb2.CreateAclsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_security__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=tidelog_dot_v1_dot_security__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_security__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=tidelog_dot_v1_dot_security__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_security__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'AlterUserCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserCredentials,
+                    request_deserializer=tidelog_dot_v1_dot_security__pb2.AlterUserCredentialsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_security__pb2.AlterUserCredentialsResponse.SerializeToString,
+            ),
+            'DescribeUserCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserCredentials,
+                    request_deserializer=tidelog_dot_v1_dot_security__pb2.DescribeUserCredentialsRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_security__pb2.DescribeUserCredentialsResponse.SerializeToString,
+            ),
+            'AlterClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterClientQuotas,
+                    request_deserializer=tidelog_dot_v1_dot_security__pb2.AlterClientQuotasRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_security__pb2.AlterClientQuotasResponse.SerializeToString,
+            ),
+            'DescribeClientQuotas': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeClientQuotas,
+                    request_deserializer=tidelog_dot_v1_dot_security__pb2.DescribeClientQuotasRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_security__pb2.DescribeClientQuotasResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -495,6 +611,195 @@ class Admin:
             '/tidelog.v1.Admin/ListPartitionReassignments',
             tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsRequest.SerializeToString,
             tidelog_dot_v1_dot_admin__pb2.ListPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/CreateAcls',
+            tidelog_dot_v1_dot_security__pb2.CreateAclsRequest.SerializeToString,
+            tidelog_dot_v1_dot_security__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/DescribeAcls',
+            tidelog_dot_v1_dot_security__pb2.DescribeAclsRequest.SerializeToString,
+            tidelog_dot_v1_dot_security__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/DeleteAcls',
+            tidelog_dot_v1_dot_security__pb2.DeleteAclsRequest.SerializeToString,
+            tidelog_dot_v1_dot_security__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/AlterUserCredentials',
+            tidelog_dot_v1_dot_security__pb2.AlterUserCredentialsRequest.SerializeToString,
+            tidelog_dot_v1_dot_security__pb2.AlterUserCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/DescribeUserCredentials',
+            tidelog_dot_v1_dot_security__pb2.DescribeUserCredentialsRequest.SerializeToString,
+            tidelog_dot_v1_dot_security__pb2.DescribeUserCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/AlterClientQuotas',
+            tidelog_dot_v1_dot_security__pb2.AlterClientQuotasRequest.SerializeToString,
+            tidelog_dot_v1_dot_security__pb2.AlterClientQuotasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeClientQuotas(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidelog.v1.Admin/DescribeClientQuotas',
+            tidelog_dot_v1_dot_security__pb2.DescribeClientQuotasRequest.SerializeToString,
+            tidelog_dot_v1_dot_security__pb2.DescribeClientQuotasResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -9,6 +9,7 @@ the same messages, so clients do not change.
 from collections import abc as _abc
 from grpc import aio as _aio
 from tidelog.v1 import admin_pb2 as _admin_pb2
+from tidelog.v1 import security_pb2 as _security_pb2
 import abc as _abc_1
 import grpc as _grpc
 import sys
@@ -72,6 +73,17 @@ class AdminStub:
     """
     ListPartitionReassignments: _grpc.UnaryUnaryMultiCallable[_admin_pb2.ListPartitionReassignmentsRequest, _admin_pb2.ListPartitionReassignmentsResponse]
     """Reassignments in progress, with each adding replica's progress."""
+    CreateAcls: _grpc.UnaryUnaryMultiCallable[_security_pb2.CreateAclsRequest, _security_pb2.CreateAclsResponse]
+    """ACLs, user credentials and quotas (messages in security.proto; Kafka's
+    CreateAcls, DescribeAcls, DeleteAcls, AlterUserScramCredentials,
+    DescribeUserScramCredentials, AlterClientQuotas, DescribeClientQuotas).
+    """
+    DescribeAcls: _grpc.UnaryUnaryMultiCallable[_security_pb2.DescribeAclsRequest, _security_pb2.DescribeAclsResponse]
+    DeleteAcls: _grpc.UnaryUnaryMultiCallable[_security_pb2.DeleteAclsRequest, _security_pb2.DeleteAclsResponse]
+    AlterUserCredentials: _grpc.UnaryUnaryMultiCallable[_security_pb2.AlterUserCredentialsRequest, _security_pb2.AlterUserCredentialsResponse]
+    DescribeUserCredentials: _grpc.UnaryUnaryMultiCallable[_security_pb2.DescribeUserCredentialsRequest, _security_pb2.DescribeUserCredentialsResponse]
+    AlterClientQuotas: _grpc.UnaryUnaryMultiCallable[_security_pb2.AlterClientQuotasRequest, _security_pb2.AlterClientQuotasResponse]
+    DescribeClientQuotas: _grpc.UnaryUnaryMultiCallable[_security_pb2.DescribeClientQuotasRequest, _security_pb2.DescribeClientQuotasResponse]
 
 @_typing.type_check_only
 class AdminAsyncStub(AdminStub):
@@ -114,6 +126,17 @@ class AdminAsyncStub(AdminStub):
     """
     ListPartitionReassignments: _aio.UnaryUnaryMultiCallable[_admin_pb2.ListPartitionReassignmentsRequest, _admin_pb2.ListPartitionReassignmentsResponse]  # type: ignore[assignment]
     """Reassignments in progress, with each adding replica's progress."""
+    CreateAcls: _aio.UnaryUnaryMultiCallable[_security_pb2.CreateAclsRequest, _security_pb2.CreateAclsResponse]  # type: ignore[assignment]
+    """ACLs, user credentials and quotas (messages in security.proto; Kafka's
+    CreateAcls, DescribeAcls, DeleteAcls, AlterUserScramCredentials,
+    DescribeUserScramCredentials, AlterClientQuotas, DescribeClientQuotas).
+    """
+    DescribeAcls: _aio.UnaryUnaryMultiCallable[_security_pb2.DescribeAclsRequest, _security_pb2.DescribeAclsResponse]  # type: ignore[assignment]
+    DeleteAcls: _aio.UnaryUnaryMultiCallable[_security_pb2.DeleteAclsRequest, _security_pb2.DeleteAclsResponse]  # type: ignore[assignment]
+    AlterUserCredentials: _aio.UnaryUnaryMultiCallable[_security_pb2.AlterUserCredentialsRequest, _security_pb2.AlterUserCredentialsResponse]  # type: ignore[assignment]
+    DescribeUserCredentials: _aio.UnaryUnaryMultiCallable[_security_pb2.DescribeUserCredentialsRequest, _security_pb2.DescribeUserCredentialsResponse]  # type: ignore[assignment]
+    AlterClientQuotas: _aio.UnaryUnaryMultiCallable[_security_pb2.AlterClientQuotasRequest, _security_pb2.AlterClientQuotasResponse]  # type: ignore[assignment]
+    DescribeClientQuotas: _aio.UnaryUnaryMultiCallable[_security_pb2.DescribeClientQuotasRequest, _security_pb2.DescribeClientQuotasResponse]  # type: ignore[assignment]
 
 class AdminServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -213,5 +236,58 @@ class AdminServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_admin_pb2.ListPartitionReassignmentsResponse, _abc.Awaitable[_admin_pb2.ListPartitionReassignmentsResponse]]:
         """Reassignments in progress, with each adding replica's progress."""
+
+    @_abc_1.abstractmethod
+    def CreateAcls(
+        self,
+        request: _security_pb2.CreateAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_security_pb2.CreateAclsResponse, _abc.Awaitable[_security_pb2.CreateAclsResponse]]:
+        """ACLs, user credentials and quotas (messages in security.proto; Kafka's
+        CreateAcls, DescribeAcls, DeleteAcls, AlterUserScramCredentials,
+        DescribeUserScramCredentials, AlterClientQuotas, DescribeClientQuotas).
+        """
+
+    @_abc_1.abstractmethod
+    def DescribeAcls(
+        self,
+        request: _security_pb2.DescribeAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_security_pb2.DescribeAclsResponse, _abc.Awaitable[_security_pb2.DescribeAclsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DeleteAcls(
+        self,
+        request: _security_pb2.DeleteAclsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_security_pb2.DeleteAclsResponse, _abc.Awaitable[_security_pb2.DeleteAclsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AlterUserCredentials(
+        self,
+        request: _security_pb2.AlterUserCredentialsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_security_pb2.AlterUserCredentialsResponse, _abc.Awaitable[_security_pb2.AlterUserCredentialsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeUserCredentials(
+        self,
+        request: _security_pb2.DescribeUserCredentialsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_security_pb2.DescribeUserCredentialsResponse, _abc.Awaitable[_security_pb2.DescribeUserCredentialsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def AlterClientQuotas(
+        self,
+        request: _security_pb2.AlterClientQuotasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_security_pb2.AlterClientQuotasResponse, _abc.Awaitable[_security_pb2.AlterClientQuotasResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def DescribeClientQuotas(
+        self,
+        request: _security_pb2.DescribeClientQuotasRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_security_pb2.DescribeClientQuotasResponse, _abc.Awaitable[_security_pb2.DescribeClientQuotasResponse]]: ...
 
 def add_AdminServicer_to_server(servicer: AdminServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -89,6 +89,21 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     """
     NO_REASSIGNMENT_IN_PROGRESS: _ErrorCode.ValueType  # 30
     """A reassignment was to be cancelled, but the partition has none."""
+    AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 31
+    """The principal may not do the operation on the resource (ACLs); the
+    message names both. Not retriable: an operator must grant it.
+    """
+    TOPIC_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 32
+    """AUTHORIZATION_FAILED on a topic."""
+    GROUP_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 33
+    """AUTHORIZATION_FAILED on a consumer group."""
+    CLUSTER_AUTHORIZATION_FAILED: _ErrorCode.ValueType  # 34
+    """AUTHORIZATION_FAILED on the cluster."""
+    SASL_AUTHENTICATION_FAILED: _ErrorCode.ValueType  # 35
+    """The client could not be authenticated: unknown user or wrong password,
+    credentials sent without TLS, or no identity where anonymous clients are
+    not allowed.
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Typed, per-partition outcome of a request. The names and meanings follow
@@ -163,6 +178,21 @@ catch up).
 """
 NO_REASSIGNMENT_IN_PROGRESS: ErrorCode.ValueType  # 30
 """A reassignment was to be cancelled, but the partition has none."""
+AUTHORIZATION_FAILED: ErrorCode.ValueType  # 31
+"""The principal may not do the operation on the resource (ACLs); the
+message names both. Not retriable: an operator must grant it.
+"""
+TOPIC_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 32
+"""AUTHORIZATION_FAILED on a topic."""
+GROUP_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 33
+"""AUTHORIZATION_FAILED on a consumer group."""
+CLUSTER_AUTHORIZATION_FAILED: ErrorCode.ValueType  # 34
+"""AUTHORIZATION_FAILED on the cluster."""
+SASL_AUTHENTICATION_FAILED: ErrorCode.ValueType  # 35
+"""The client could not be authenticated: unknown user or wrong password,
+credentials sent without TLS, or no identity where anonymous clients are
+not allowed.
+"""
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 
 @_typing.final

@@ -125,8 +125,14 @@ class ProduceResponse(_message.Message):
 
     CORRELATION_ID_FIELD_NUMBER: _builtins.int
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     """Copied from the request this answers."""
+    throttle_time_ms: _builtins.int
+    """How long the client is held back for going over its produce quota
+    (Kafka's throttle time): the broker reads the stream's next request only
+    after this delay, and the client waits as long before sending. 0: none.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionProduceResult]: ...
     def __init__(
@@ -134,10 +140,11 @@ class ProduceResponse(_message.Message):
         *,
         correlation_id: _builtins.int = ...,
         partitions: _abc.Iterable[Global___PartitionProduceResult] | None = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "partitions", b"partitions", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -284,16 +291,22 @@ class FetchResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTITIONS_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    throttle_time_ms: _builtins.int
+    """How long the broker holds back the stream's next answer because the
+    client went over its fetch quota (Kafka's throttle time). 0: none.
+    """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionData]: ...
     def __init__(
         self,
         *,
         partitions: _abc.Iterable[Global___PartitionData] | None = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["partitions", b"partitions", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

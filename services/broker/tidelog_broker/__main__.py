@@ -15,6 +15,7 @@ from pathlib import Path
 from tidelog.errors import TidelogError
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import add_metrics_arguments, metrics_options
+from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_broker.cluster_link import ClusterConfig
@@ -49,6 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--data-dir", type=Path, default=Path("./data"), help="log directory")
     add_tls_arguments(parser)
+    add_security_arguments(parser)
     parser.add_argument("--broker-id", type=int, default=None, help="this broker's id (default 0)")
     parser.add_argument(
         "--broker-id-from-hostname",
@@ -126,6 +128,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         raise TidelogError(f"--internal-port expects a port number, got {args.internal_port}")
     try:
         tls = tls_from_args(args)
+        security = SecurityOptions.from_args(args)
     except ValueError as exc:
         raise TidelogError(str(exc)) from exc
     config = BrokerConfig(
@@ -134,6 +137,7 @@ def config_from_args(args: argparse.Namespace) -> BrokerConfig:
         internal_port=args.internal_port,
         data_dir=args.data_dir,
         tls=tls,
+        security=security,
     )
     if args.config is not None:
         config = build_config(config, read_properties(args.config))

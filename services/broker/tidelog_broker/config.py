@@ -21,6 +21,7 @@ from tidelog_broker.fetch_limits import FetchLimits
 from tidelog_broker.storage.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
 
 if TYPE_CHECKING:  # the storage engine imports this module, and must not import grpc
+    from tidelog_server.security_options import SecurityOptions
     from tidelog_server.tls import ServerTls
 
 DEFAULT_PORT = 9392
@@ -43,6 +44,8 @@ class BrokerConfig:
     internal_port: int = 0
     #: TLS on both listeners and for the broker's own calls (None: plain text).
     tls: ServerTls | None = None
+    #: Authentication and authorization (None: the defaults of SecurityOptions).
+    security: SecurityOptions | None = None
     #: log.dirs: the data directory.
     data_dir: Path = Path("./data")
     #: auto.create.topics.enable: create a topic on first produce/metadata

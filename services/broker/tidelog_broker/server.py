@@ -37,10 +37,13 @@ from tidelog.v1 import (
     cluster_pb2_grpc,
     log_pb2,
 )
+from tidelog_server.authorizer import Interceptor
 from tidelog_server.forwarding import ChannelPool
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.internal import replica_pb2_grpc
 from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
+from tidelog_server.security import Security
+from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import add_port, channel_security_of
 
 from tidelog_broker.admin_servicer import AdminServicer
@@ -99,6 +102,10 @@ class BrokerServer:
         self._internal_server: grpc.aio.Server | None = None
         #: The internal listener's bound port (cluster mode), once started.
         self.internal_port: int | None = None
+        #: Principals, ACLs and quotas (from etcd in cluster mode).
+        self.security = Security(
+            config.security or SecurityOptions(), config.tls, quotas_enabled=True
+        )
         self._health = HealthServicer()
         self._background: list[asyncio.Task[None]] = []
         self.bound_port: int | None = None
@@ -114,7 +121,9 @@ class BrokerServer:
             *KEEPALIVE_OPTIONS,
         ]
         metrics = self.metrics
-        interceptors = [] if metrics is None else [metrics.rpc.interceptor()]
+        # Metrics first: they count the calls the security interceptor refuses.
+        interceptors: list[Any] = [] if metrics is None else [metrics.rpc.interceptor()]
+        interceptors.append(Interceptor(self.security))
         server = grpc.aio.server(options=options, interceptors=interceptors)
         services = [
             log_pb2.DESCRIPTOR.services_by_name["Log"].full_name,
@@ -127,8 +136,10 @@ class BrokerServer:
             self.manager.highest_producer_epoch = LocalEpochs(producer_ids).highest_epoch
             # No `confirm` needed: the allocator is in this process.
             add_log_servicer(LogServicer(self.manager, self.config, metrics=metrics), server)
+            # (ACL, user and quota RPCs stay UNIMPLEMENTED: they need etcd.)
             admin_pb2_grpc.add_AdminServicer_to_server(
-                AdminServicer(self.manager, self.config), server
+                AdminServicer(self.manager, self.config),  # type: ignore[abstract]
+                server,
             )
             # InitProducerId from a local counter (idempotent producers).
             cluster_pb2_grpc.add_ClusterServicer_to_server(
@@ -158,6 +169,9 @@ class BrokerServer:
             self._internal_server = self._internal_listener(options, interceptors)
             await self._internal_server.start()
             await self.link.start(self.bound_port, self.internal_port)
+            await self.security.start(self.link.client, self.link.keys)
+        else:
+            await self.security.start(None, None)
         await server.start()
         self._server = server
         if metrics is not None and self._metrics_options is not None:
@@ -228,6 +242,7 @@ class BrokerServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self.security.stop()
         self.manager.close()
         log.info("broker %d stopped", self.config.broker_id)
 

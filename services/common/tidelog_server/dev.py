@@ -257,6 +257,9 @@ def dev_tls(data_dir: Path) -> tuple[list[str], ChannelSecurity, DevCertificates
         "--tls-certfile", str(certs.server_certfile),
         "--tls-keyfile", str(certs.server_keyfile),
         "--tls-cafile", str(certs.cafile),
+        # A throwaway local cluster: encrypted, but clients need no identity
+        # (a real TLS cluster refuses anonymous clients by default).
+        "--allow-anonymous", "true",
     ]  # fmt: skip
     security = ChannelSecurity.from_options(
         "SSL", str(certs.cafile), str(certs.server_certfile), str(certs.server_keyfile)

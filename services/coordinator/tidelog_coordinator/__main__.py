@@ -9,6 +9,7 @@ import signal
 
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
+from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_coordinator.config import CoordinatorConfig
@@ -67,6 +68,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         default=5_000,
         help="how often the controller refreshes cluster gauges and consumer lag",
     )
+    add_security_arguments(parser)
     args = parser.parse_args(argv)
     try:
         parse_endpoints(args.etcd)
@@ -74,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
+        security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     if args.metrics_interval_ms < 100:
@@ -100,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         group_max_members=args.group_max_members,
         tls=tls,
         metrics_interval_ms=args.metrics_interval_ms,
+        security=security,
         **extra,
     )
     return config, metrics_options(args)

@@ -28,9 +28,10 @@ from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicRecord
 from tidelog_coordinator.partition_admin import PartitionAdmin
 from tidelog_coordinator.producer_ids import ProducerIdAllocator
+from tidelog_coordinator.security_admin import SecurityAdmin
 
 
-class AdminServicer(admin_pb2_grpc.AdminServicer):
+class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
     def __init__(self, metadata: MetadataManager, brokers: BrokerCalls | None = None) -> None:
         self.metadata = metadata
         self.partitions = PartitionAdmin(metadata)

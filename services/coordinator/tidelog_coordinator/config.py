@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import ServerTls
 
 
@@ -62,3 +63,5 @@ class CoordinatorConfig:
     #: gauges and the groups' lag (one etcd read and one ListOffsets per
     #: leader each time).
     metrics_interval_ms: int = 5_000
+    #: Authentication and authorization (--allow-anonymous, --super-users, ...).
+    security: SecurityOptions = field(default_factory=SecurityOptions)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -32,10 +33,12 @@ from tidelog.v1 import (
     group_pb2,
     group_pb2_grpc,
 )
+from tidelog_server.authorizer import Interceptor
 from tidelog_server.etcd import Election, PrefixWatcher, connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
+from tidelog_server.security import Security
 from tidelog_server.tls import add_port
 
 from tidelog_coordinator.admin_servicer import (
@@ -86,6 +89,7 @@ class CoordinatorServer:
         self._topics_watcher = PrefixWatcher(
             self.client, self.keys.topics, self.groups.cache.apply_topics, name="topics"
         )
+        self.security = Security(config.security, config.tls)
         self._server: grpc.aio.Server | None = None
         self._health = HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
@@ -96,9 +100,11 @@ class CoordinatorServer:
 
     async def start(self) -> None:
         metrics = self.metrics
+        # Metrics first: they count the calls the security interceptor refuses.
+        interceptors: list[Any] = [] if metrics is None else [metrics.rpc.interceptor()]
+        interceptors.append(Interceptor(self.security))
         server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS],
-            interceptors=[] if metrics is None else [metrics.rpc.interceptor()],
+            options=[("grpc.so_reuseport", 0), *KEEPALIVE_OPTIONS], interceptors=interceptors
         )
         admin_pb2_grpc.add_AdminServicer_to_server(
             AdminServicer(self.metadata, self.brokers), server
@@ -148,6 +154,7 @@ class CoordinatorServer:
             self.metrics_endpoint = MetricsEndpoint(
                 metrics.registry, self._metrics_options.host, self._metrics_options.port
             )
+        await self.security.start(self.client, self.keys)
         await server.start()
         self._server = server
         await self._health.set("", health_pb2.HealthCheckResponse.SERVING)
@@ -177,6 +184,7 @@ class CoordinatorServer:
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
         await self.offsets.close()
+        await self.security.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

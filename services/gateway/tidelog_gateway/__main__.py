@@ -8,6 +8,7 @@ import logging
 
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
+from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import add_tls_arguments, tls_from_args
 
 from tidelog_gateway.config import GatewayConfig
@@ -63,6 +64,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
     add_metrics_arguments(parser)
+    add_security_arguments(parser)
     args = parser.parse_args(argv)
     try:
         parse_endpoints(args.etcd)
@@ -70,6 +72,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
+        security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
     logging.basicConfig(
@@ -94,6 +97,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         upstream_connections=args.upstream_connections,
         drain_timeout_s=args.drain_timeout_s,
         tls=tls,
+        security=security,
     )
     return config, metrics_options(args)
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import ServerTls
 
 MIB = 1024 * 1024
@@ -55,6 +56,8 @@ class GatewayConfig:
     drain_timeout_s: float = 10.0
     #: TLS on the listener and to the brokers and coordinators (None: plain text).
     tls: ServerTls | None = None
+    #: Authentication and authorization (--allow-anonymous, --super-users, ...).
+    security: SecurityOptions = field(default_factory=SecurityOptions)
 
     @property
     def advertised(self) -> tuple[str, int]:

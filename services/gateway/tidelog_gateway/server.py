@@ -37,8 +37,10 @@ from tidelog.v1 import (
     records_pb2,
     records_pb2_grpc,
 )
+from tidelog_server.authorizer import Interceptor
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
+from tidelog_server.security import Security
 from tidelog_server.tls import add_port, channel_security_of
 
 from tidelog_gateway.channels import Channels
@@ -78,6 +80,9 @@ class GatewayServer:
         )
         self.streams = StreamCounter(config.max_streams, config.max_streams_per_connection)
         self.draining = asyncio.Event()
+        #: Principals, ACLs and quotas: the gateway decides for its clients
+        #: (upstream, its calls carry its own identity).
+        self.security = Security(config.security, config.tls, quotas_enabled=True)
         self._health = HealthServicer()
         self._server: grpc.aio.Server | None = None
         self._records: RecordsServicer | None = None
@@ -93,7 +98,11 @@ class GatewayServer:
                 ("grpc.so_reuseport", 0),
                 *KEEPALIVE_OPTIONS,
             ],
-            interceptors=[] if self.metrics is None else [self.metrics.rpc.interceptor()],
+            # Metrics first: they count the calls the security interceptor refuses.
+            interceptors=[
+                *([] if self.metrics is None else [self.metrics.rpc.interceptor()]),
+                Interceptor(self.security),
+            ],
         )
         forwarder = Forwarder(self.view, self.channels, config)
         log_pb2_grpc.add_LogServicer_to_server(
@@ -130,6 +139,7 @@ class GatewayServer:
             )
         await self.view.start()
         await self.view.wait_synced(SYNC_TIMEOUT_S)
+        await self.security.start(self.view.client, self.view.keys)
         for name in ("", *services[:5]):
             await self._health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info(
@@ -147,6 +157,7 @@ class GatewayServer:
             await self._server.stop(self.config.drain_timeout_s)
         if self._records is not None:
             await self._records.close()
+        await self.security.stop()
         await self.view.stop()
         await self.channels.close()
         if self.metrics_endpoint is not None:

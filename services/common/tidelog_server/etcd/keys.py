@@ -28,6 +28,11 @@ clusters (or tests) can share one etcd. Values are UTF-8 JSON.
                                                      (decimal), raised by transaction
     <prefix>/producer_ids/keys/<producer_key>        {producer_id, epoch} of the producer
                                                      that last initialised with that key
+    <prefix>/security/acls/<binding id>              one ACL binding (tidelog_server.acls);
+                                                     the id is a digest of its fields
+    <prefix>/security/users/<user>                   {mechanism, salt, hash, ...}: a salted
+                                                     scrypt hash, never the password
+    <prefix>/security/quotas/<principal>/<client id> {producer_byte_rate, ...}
 
 Two deliberate departures from the first sketch of this layout:
 - offsets live under `offsets/`, not `groups/<g>/offsets/`: every coordinator
@@ -138,6 +143,32 @@ class Keys:
 
     def producer_key(self, producer_key: str) -> bytes:
         return self._k("producer_ids", "keys", _q(producer_key))
+
+    # Security (ACLs, credentials, quotas)
+    @property
+    def security(self) -> bytes:
+        return self._k("security", "")
+
+    @property
+    def acls(self) -> bytes:
+        return self._k("security", "acls", "")
+
+    def acl(self, binding_id: str) -> bytes:
+        return self._k("security", "acls", binding_id)
+
+    @property
+    def users(self) -> bytes:
+        return self._k("security", "users", "")
+
+    def user(self, name: str) -> bytes:
+        return self._k("security", "users", _q(name))
+
+    @property
+    def quotas(self) -> bytes:
+        return self._k("security", "quotas", "")
+
+    def quota(self, principal: str, client_id: str) -> bytes:
+        return self._k("security", "quotas", _q(principal), _q(client_id))
 
     # Parsing (for watch events and listings)
     def parse_group_key(self, key: bytes) -> tuple[str, str, str] | None:

@@ -1,0 +1,91 @@
+"""Stored credentials (salted scrypt) and quota throttle times."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from tidelog_server.auth import peer_host
+from tidelog_server.credentials import StoredCredential, Verifier
+from tidelog_server.quotas import (
+    DEFAULT_PRINCIPAL,
+    MAX_THROTTLE_MS,
+    PRODUCER_BYTE_RATE,
+    Entity,
+    QuotaManager,
+    check_quota_values,
+)
+
+
+def test_a_stored_credential_holds_a_salted_hash_not_the_password() -> None:
+    first = StoredCredential.create("s3cret-password")
+    second = StoredCredential.create("s3cret-password")
+    encoded = first.encode()
+    assert b"s3cret" not in encoded
+    assert first.salt != second.salt and first.key != second.key
+    again = StoredCredential.decode(encoded)
+    assert again.verify(b"s3cret-password")
+    assert not again.verify(b"s3cret-passwore")
+    with pytest.raises(ValueError, match="1 to 1024 bytes"):
+        StoredCredential.create("")
+
+
+def test_the_verifier_forgets_a_password_when_the_record_changes() -> None:
+    async def run() -> None:
+        verifier = Verifier()
+        verifier.put("carol", StoredCredential.create("one"))
+        assert await verifier.verify("carol", b"one")
+        assert await verifier.verify("carol", b"one")  # remembered
+        assert not await verifier.verify("carol", b"two")
+        verifier.put("carol", StoredCredential.create("two"))
+        assert not await verifier.verify("carol", b"one")
+        assert await verifier.verify("carol", b"two")
+        verifier.put("carol", None)
+        assert not await verifier.verify("carol", b"two")
+        assert not await verifier.verify("nobody", b"two")
+
+    asyncio.run(run())
+
+
+def test_peer_hosts() -> None:
+    assert peer_host("ipv4:127.0.0.1:5000") == "127.0.0.1"
+    assert peer_host("ipv6:[::1]:5000") == "::1"
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_throttle_time_brings_the_rate_back_to_the_quota() -> None:
+    clock = _Clock()
+    quotas = QuotaManager(clock)
+    quotas.put(Entity("User:alice", ""), {PRODUCER_BYTE_RATE: 1000.0})
+    # Under the quota: no throttle.
+    assert quotas.record("User:alice", "", PRODUCER_BYTE_RATE, 500) == 0
+    # 5,500 bytes at once at 1,000 B/s: wait 5.5 s.
+    assert quotas.record("User:alice", "", PRODUCER_BYTE_RATE, 5000) == 5500
+    clock.now += 5.5
+    assert quotas.record("User:alice", "", PRODUCER_BYTE_RATE, 0) == 0
+    # Never more than the cap, however far over.
+    assert quotas.record("User:alice", "", PRODUCER_BYTE_RATE, 10**9) == MAX_THROTTLE_MS
+    # Principals without a quota (and no default) are not measured.
+    assert quotas.record("User:bob", "", PRODUCER_BYTE_RATE, 10**9) == 0
+
+
+def test_the_most_specific_quota_wins() -> None:
+    quotas = QuotaManager(_Clock())
+    quotas.put(Entity(DEFAULT_PRINCIPAL, ""), {PRODUCER_BYTE_RATE: 1.0})
+    quotas.put(Entity("User:alice", ""), {PRODUCER_BYTE_RATE: 2.0})
+    quotas.put(Entity("User:alice", "etl"), {PRODUCER_BYTE_RATE: 3.0})
+    assert quotas.quota_of("User:alice", "etl", PRODUCER_BYTE_RATE) == (
+        Entity("User:alice", "etl"),
+        3.0,
+    )
+    assert quotas.quota_of("User:alice", "web", PRODUCER_BYTE_RATE)[1] == 2.0  # type: ignore[index]
+    assert quotas.quota_of("User:bob", "", PRODUCER_BYTE_RATE)[1] == 1.0  # type: ignore[index]
+    with pytest.raises(ValueError, match="unknown quota"):
+        check_quota_values({"bytes": 1.0})
