@@ -36,16 +36,17 @@ func benchMain(args []string) {
 	inFlight := fs.Int("in-flight", 16, "most Produce requests awaiting their answer")
 	credit := fs.Int("credit", 50_000, "records of credit the consumer keeps granted")
 	timeout := fs.Duration("timeout", 5*time.Minute, "deadline for the whole run")
+	produceOnly := fs.Bool("produce-only", false, "produce only (consume_records_per_s is then 0)")
 	_ = fs.Parse(args)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := bench(ctx, *gateway, *topic, int32(*partitions), *n, *size, *perRequest, *inFlight, *credit); err != nil {
+	if err := bench(ctx, *gateway, *topic, int32(*partitions), *n, *size, *perRequest, *inFlight, *credit, *produceOnly); err != nil {
 		fmt.Fprintln(os.Stderr, "go example bench:", err)
 		os.Exit(1)
 	}
 }
 
-func bench(ctx context.Context, gateway, topic string, partitions int32, n, size, perRequest, inFlight, credit int) error {
+func bench(ctx context.Context, gateway, topic string, partitions int32, n, size, perRequest, inFlight, credit int, produceOnly bool) error {
 	conn, err := grpc.NewClient(gateway,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
@@ -63,16 +64,19 @@ func bench(ctx context.Context, gateway, topic string, partitions int32, n, size
 		return err
 	}
 	produceS := time.Since(began).Seconds()
-	began = time.Now()
-	if err := benchConsume(ctx, records, topic, start, n, credit); err != nil {
-		return err
+	consumeRate := 0.0
+	if !produceOnly {
+		began = time.Now()
+		if err := benchConsume(ctx, records, topic, start, n, credit); err != nil {
+			return err
+		}
+		consumeRate = float64(n) / time.Since(began).Seconds()
 	}
-	consumeS := time.Since(began).Seconds()
 	line, _ := json.Marshal(map[string]any{
 		"records":               n,
 		"record_bytes":          size,
 		"produce_records_per_s": float64(n) / produceS,
-		"consume_records_per_s": float64(n) / consumeS,
+		"consume_records_per_s": consumeRate,
 	})
 	fmt.Println(string(line))
 	return nil

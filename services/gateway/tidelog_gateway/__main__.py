@@ -55,6 +55,11 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         ),
         ("--produce-buffer-max-bytes", "produce_buffer_max_bytes", "produce bytes in transit"),
         ("--upstream-connections", "upstream_connections", "connections to each broker"),
+        (
+            "--producer-request-timeout-ms",
+            "producer_request_timeout_ms",
+            "Records.Produce: wait for a broker's answer before sending again",
+        ),
     ):
         parser.add_argument(
             flag, dest=field, type=_positive, default=getattr(defaults, field), help=doc
@@ -92,6 +97,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         fetch_buffer_max_bytes_per_connection=args.fetch_buffer_max_bytes_per_connection,
         produce_buffer_max_bytes=args.produce_buffer_max_bytes,
         upstream_connections=args.upstream_connections,
+        producer_request_timeout_ms=args.producer_request_timeout_ms,
         drain_timeout_s=args.drain_timeout_s,
         tls=tls,
     )

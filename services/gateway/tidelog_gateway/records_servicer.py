@@ -30,24 +30,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
+from itertools import islice, repeat
+from typing import Any, NamedTuple
 
 import grpc
 import grpc.aio
-from tidelog import (
-    AsyncConsumer,
-    AsyncProducer,
-    FutureRecordMetadata,
-    RecordMetadata,
-    TopicPartition,
-)
+from tidelog import AsyncConsumer, AsyncProducer, TopicPartition
 from tidelog.errors import (
     InvalidRequestError,
     OffsetOutOfRangeError,
     TidelogError,
     UnknownTopicOrPartitionError,
 )
+from tidelog.partitioner import partition_for_key
+from tidelog.producer import Placement
 from tidelog.v1 import log_pb2, records_pb2, records_pb2_grpc
 from tidelog_server.tls import client_options
 
@@ -116,6 +114,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                     acks=acks,
                     linger_ms=2,
                     max_block_ms=10_000,
+                    request_timeout_ms=self._config.producer_request_timeout_ms,
                     **client_options(self._config.tls),
                 )
                 await producer.start()
@@ -179,34 +178,84 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
     async def _send(
         self, producer: AsyncProducer, request: records_pb2.RecordsProduceRequest
     ) -> asyncio.Future[records_pb2.RecordsProduceResponse]:
-        """Queue the request's records; the future of its answer."""
-        results: list[Any] = []
-        # Partition counts of the request's topics, looked up once per topic.
-        counts: dict[str, int] = {}
-        for record in request.records:
+        """Queue the request's records; the future of its answer.
+
+        The records are read once into columns, one set per (topic,
+        partition) they go to (`_Group`; keyless records without a partition
+        form one group per topic, for the producer's sticky partition), and
+        each set is handed to the producer at once (`AsyncProducer.
+        send_batch`): no per-record call into the SDK, no per-record future.
+        A record refused here (unknown topic or partition, a malformed
+        field) is answered with its typed error; the others are unaffected.
+        """
+        records = request.records
+        groups: dict[tuple[str, int], _Group] = {}
+        refused: dict[int, BaseException] = {}
+        topics: dict[str, _Topic | TidelogError] = {}
+        now_ms = time.time_ns() // 1_000_000
+        for index, record in enumerate(records):
+            topic = record.topic
+            known = topics.get(topic)
+            if known is None:
+                known = topics[topic] = await self._topic(producer, topic)
+            if type(known) is not _Topic:
+                refused[index] = known
+                continue
+            # Each field read builds a wrapper or crosses into C: read each
+            # once, the common (unset) cases first.
+            key = None if record.WhichOneof("key_kind") is None else _key(record)
+            value = record.value or _value(record)
+            if record.HasField("partition"):
+                partition = record.partition
+                if not 0 <= partition < known.count:
+                    refused[index] = _no_partition(topic, partition, known.count)
+                    continue
+            elif key is not None:
+                partition = partition_for_key(key, known.producer_count)
+            else:
+                partition = -1
+            group = groups.get((topic, partition))
+            if group is None:
+                group = groups[(topic, partition)] = _Group(topic, partition)
+            group.indices.append(index)
+            group.values.append(value)
+            group.timestamps.append(
+                record.timestamp_ms if record.HasField("timestamp_ms") else now_ms
+            )
+            if key is not None or group.keys is not None:
+                if group.keys is None:
+                    group.keys = [None] * (len(group.values) - 1)
+                group.keys.append(key)
+            headers = record.headers  # each access builds a wrapper: once
+            if headers or group.headers is not None:
+                if group.headers is None:
+                    group.headers = [None] * (len(group.values) - 1)
+                group.headers.append([(h.key, h.value) for h in headers] if headers else None)
+        placed: list[tuple[_Group, list[Placement] | BaseException]] = []
+        for group in groups.values():
             try:
-                topic = record.topic
-                count = counts.get(topic)
-                if count is None:
-                    count = counts[topic] = len(self._view.topic(topic).replicas)
-                partition = None
-                if record.HasField("partition"):
-                    partition = record.partition
-                    _check_partition(topic, partition, count)
-                headers = record.headers  # each access builds a wrapper: once
-                future = await producer.send(
-                    topic,
-                    _value(record),
-                    key=_key(record),
-                    headers=[(h.key, h.value) for h in headers] if headers else None,
-                    partition=partition,
-                    timestamp_ms=record.timestamp_ms if record.HasField("timestamp_ms") else None,
+                placements: list[Placement] | BaseException = await producer.send_batch(
+                    group.topic,
+                    group.values,
+                    timestamps=group.timestamps,
+                    keys=group.keys,
+                    headers=group.headers,
+                    partition=None if group.partition < 0 else group.partition,
                 )
             except (TidelogError, ValueError, TypeError) as exc:
-                results.append((record, exc))
-                continue
-            results.append((record, future))
-        return asyncio.ensure_future(_answer(request.correlation_id, results))
+                placements = exc
+            placed.append((group, placements))
+        return asyncio.ensure_future(_answer(request.correlation_id, records, placed, refused))
+
+    async def _topic(self, producer: AsyncProducer, topic: str) -> _Topic | TidelogError:
+        """The partition counts of a topic (the etcd view's, which explicit
+        partitions are checked against, and the producer's, which keys are
+        hashed with), or why its records are refused."""
+        try:
+            count = len(self._view.topic(topic).replicas)
+            return _Topic(count, await producer.partition_count(topic))
+        except TidelogError as exc:
+            return exc
 
     # ------------------------------------------------------------ consume
 
@@ -260,48 +309,92 @@ async def _chain(
         yield request
 
 
-def _check_partition(topic: str, partition: int, count: int) -> None:
-    if not 0 <= partition < count:
-        raise UnknownTopicOrPartitionError(
-            f"partition {partition} of topic {topic!r} does not exist: "
-            f"the topic has partitions 0 to {count - 1}"
-        )
+def _no_partition(topic: str, partition: int, count: int) -> UnknownTopicOrPartitionError:
+    return UnknownTopicOrPartitionError(
+        f"partition {partition} of topic {topic!r} does not exist: "
+        f"the topic has partitions 0 to {count - 1}"
+    )
 
 
-async def _metadata(future: FutureRecordMetadata) -> RecordMetadata:
-    """Where the record went, or its error. Records of one batch complete
-    together: once the first is awaited the others are done, and are read
-    from their batch's result at once (the future is the 2-tuple (batch
-    result, index); its get() would take a lock per record)."""
-    if not future.done():
-        return await future
-    error = future.exception()
-    if error is not None:
-        raise error
-    batch, index = future
-    return batch.metadata(index)
+class _Topic(NamedTuple):
+    #: Partitions in the gateway's etcd view.
+    count: int
+    #: Partitions as the producer knows them (the murmur2 modulus).
+    producer_count: int
+
+
+class _Group:
+    """The records of one request bound for one (topic, partition), as
+    columns (partition -1: keyless, the producer's sticky partition)."""
+
+    __slots__ = ("headers", "indices", "keys", "partition", "timestamps", "topic", "values")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        #: Each record's position in the request.
+        self.indices: list[int] = []
+        self.values: list[bytes | None] = []
+        self.timestamps: list[int] = []
+        # None until the first keyed record / record with headers.
+        self.keys: list[bytes | None] | None = None
+        self.headers: list[Sequence[tuple[str, bytes | None]] | None] | None = None
 
 
 async def _answer(
-    correlation_id: int, results: list[tuple[records_pb2.ProduceRecord, Any]]
+    correlation_id: int,
+    records: Sequence[records_pb2.ProduceRecord],
+    placed: list[tuple[_Group, list[Placement] | BaseException]],
+    refused: dict[int, BaseException],
 ) -> records_pb2.RecordsProduceResponse:
+    """The request's answer, one result per record in request order, once
+    every batch its records went to is resolved."""
+    outcomes: list[tuple[int, int, int] | BaseException | None] = [None] * len(records)
+    for index, error in refused.items():
+        outcomes[index] = error
+    for group, placements in placed:
+        indices = iter(group.indices)
+        if isinstance(placements, BaseException):
+            for index in indices:
+                outcomes[index] = placements
+            continue
+        for result, first, count in placements:
+            error: BaseException | None
+            try:
+                await result.wait_async()
+            except asyncio.CancelledError as exc:
+                error = exc
+            else:
+                error = result.error
+            if error is not None:
+                for index in islice(indices, count):
+                    outcomes[index] = error
+                continue
+            partition = result.partition
+            if result.base_offset >= 0:
+                offsets: Iterable[int] = range(
+                    result.base_offset + first, result.base_offset + first + count
+                )
+            else:  # acks=0: no offset
+                offsets = repeat(-1, count)
+            if result.log_append_time_ms >= 0:
+                stamps: Iterable[int] = repeat(result.log_append_time_ms, count)
+            else:
+                stamps = result.timestamps[first : first + count]
+            for index, offset, stamp in zip(islice(indices, count), offsets, stamps, strict=True):
+                outcomes[index] = (partition, offset, stamp)
     response = records_pb2.RecordsProduceResponse(correlation_id=correlation_id)
     add = response.results.add
-    for record, outcome in results:
-        if not isinstance(outcome, BaseException):
-            try:
-                metadata = await _metadata(outcome)
-            except (TidelogError, asyncio.CancelledError) as exc:
-                outcome = exc
-            else:
-                # One call builds the result in place (the hot path).
-                add(
-                    topic=metadata.topic,
-                    partition=metadata.partition,
-                    offset=metadata.offset,
-                    timestamp_ms=metadata.timestamp,
-                )
-                continue
+    for record, outcome in zip(records, outcomes, strict=True):
+        if type(outcome) is tuple:
+            # One call builds the result in place (the hot path).
+            add(
+                topic=record.topic,
+                partition=outcome[0],
+                offset=outcome[1],
+                timestamp_ms=outcome[2],
+            )
+            continue
         result = add(topic=record.topic, offset=-1, timestamp_ms=-1)
         if record.HasField("partition"):
             result.partition = record.partition
