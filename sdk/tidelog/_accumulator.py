@@ -62,12 +62,12 @@ def record_size(key: bytes | None, value: bytes | None, headers: Sequence[Header
 
 class Placement(NamedTuple):
     """Where a run of appended records went: records `first` to
-    `first + count - 1` of the batch whose outcome is `result` (so record
+    `first + length - 1` of the batch whose outcome is `result` (so record
     `first + i`'s offset is result.base_offset + first + i)."""
 
     result: BatchResult
     first: int
-    count: int
+    length: int
 
 
 class BufferFullError(Exception):

@@ -83,8 +83,10 @@ def _column_sizes(
             raise ValueError(f"send_batch: {len(keys)} keys for {len(values)} values")
         if not set(map(type, keys)) <= _BYTES_OR_NONE:
             raise TypeError("send_batch: keys must be bytes or None")
-        lengths = [0 if k is None else len(k) for k in keys] if None in keys else map(len, keys)
-        sizes = list(map(operator.add, sizes, lengths))  # type: ignore[arg-type]
+        if None in keys:
+            sizes = [s if k is None else s + len(k) for s, k in zip(sizes, keys, strict=True)]
+        else:
+            sizes = list(map(operator.add, sizes, map(len, keys)))  # type: ignore[arg-type]
     if headers is not None:
         if len(headers) != len(values):
             raise ValueError(f"send_batch: {len(headers)} header lists for {len(values)} values")
@@ -464,7 +466,7 @@ class AsyncProducer:
         The records join the partition's open batches exactly as records
         queued by `send` do (same numbering, retries, order and lingering),
         without per-record Python work. Returns where they went, in order:
-        `Placement(result, first, count)` runs; the i-th record of a run has
+        `Placement(result, first, length)` runs; the i-th record of a run has
         offset ``result.base_offset + first + i`` once `result` is done (a
         record over max_request_size gets a run of its own whose result has
         already failed with MessageTooLargeError). Await a run's records

@@ -31,8 +31,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Sequence
-from itertools import islice, repeat
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any, NamedTuple
 
 import grpc
@@ -64,6 +63,7 @@ from tidelog_gateway.records_common import (
     consumer_options,
 )
 from tidelog_gateway.records_group import GroupConsumeSession
+from tidelog_gateway.records_results import ResponseBuilder
 
 log = logging.getLogger("tidelog.gateway.records")
 
@@ -198,7 +198,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
             known = topics.get(topic)
             if known is None:
                 known = topics[topic] = await self._topic(producer, topic)
-            if type(known) is not _Topic:
+            if not isinstance(known, _Topic):
                 refused[index] = known
                 continue
             # Each field read builds a wrapper or crosses into C: read each
@@ -207,8 +207,8 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
             value = record.value or _value(record)
             if record.HasField("partition"):
                 partition = record.partition
-                if not 0 <= partition < known.count:
-                    refused[index] = _no_partition(topic, partition, known.count)
+                if not 0 <= partition < known.view_count:
+                    refused[index] = _no_partition(topic, partition, known.view_count)
                     continue
             elif key is not None:
                 partition = partition_for_key(key, known.producer_count)
@@ -318,7 +318,7 @@ def _no_partition(topic: str, partition: int, count: int) -> UnknownTopicOrParti
 
 class _Topic(NamedTuple):
     #: Partitions in the gateway's etcd view.
-    count: int
+    view_count: int
     #: Partitions as the producer knows them (the murmur2 modulus).
     producer_count: int
 
@@ -348,17 +348,20 @@ async def _answer(
     refused: dict[int, BaseException],
 ) -> records_pb2.RecordsProduceResponse:
     """The request's answer, one result per record in request order, once
-    every batch its records went to is resolved."""
-    outcomes: list[tuple[int, int, int] | BaseException | None] = [None] * len(records)
-    for index, error in refused.items():
-        outcomes[index] = error
+    every batch its records went to is resolved (encoded a run of records
+    at a time: `records_results`)."""
+    response = ResponseBuilder(correlation_id, len(records))
+    for index, refusal in refused.items():
+        response.failed(index, _error_result(records[index], refusal))
     for group, placements in placed:
-        indices = iter(group.indices)
         if isinstance(placements, BaseException):
-            for index in indices:
-                outcomes[index] = placements
+            for index in group.indices:
+                response.failed(index, _error_result(records[index], placements))
             continue
-        for result, first, count in placements:
+        start = 0
+        for result, first, length in placements:
+            indices = group.indices[start : start + length]
+            start += length
             error: BaseException | None
             try:
                 await result.wait_async()
@@ -367,44 +370,34 @@ async def _answer(
             else:
                 error = result.error
             if error is not None:
-                for index in islice(indices, count):
-                    outcomes[index] = error
+                for index in indices:
+                    response.failed(index, _error_result(records[index], error))
                 continue
-            partition = result.partition
-            if result.base_offset >= 0:
-                offsets: Iterable[int] = range(
-                    result.base_offset + first, result.base_offset + first + count
-                )
-            else:  # acks=0: no offset
-                offsets = repeat(-1, count)
-            if result.log_append_time_ms >= 0:
-                stamps: Iterable[int] = repeat(result.log_append_time_ms, count)
-            else:
-                stamps = result.timestamps[first : first + count]
-            for index, offset, stamp in zip(islice(indices, count), offsets, stamps, strict=True):
-                outcomes[index] = (partition, offset, stamp)
-    response = records_pb2.RecordsProduceResponse(correlation_id=correlation_id)
-    add = response.results.add
-    for record, outcome in zip(records, outcomes, strict=True):
-        if type(outcome) is tuple:
-            # One call builds the result in place (the hot path).
-            add(
-                topic=record.topic,
-                partition=outcome[0],
-                offset=outcome[1],
-                timestamp_ms=outcome[2],
+            response.written(
+                indices,
+                group.topic,
+                result.partition,
+                result.base_offset + first if result.base_offset >= 0 else -1,
+                [result.log_append_time_ms] * length
+                if result.log_append_time_ms >= 0
+                else result.timestamps[first : first + length],
             )
-            continue
-        result = add(topic=record.topic, offset=-1, timestamp_ms=-1)
-        if record.HasField("partition"):
-            result.partition = record.partition
-        if isinstance(outcome, TidelogError):
-            result.error.CopyFrom(error_proto(outcome, "producing a record"))
-        else:
-            result.error.CopyFrom(
-                error_proto(InvalidRequestError(f"the record was refused: {outcome}"), "producing")
-            )
-    return response
+    return response.build()
+
+
+def _error_result(
+    record: records_pb2.ProduceRecord, error: BaseException
+) -> records_pb2.RecordResult:
+    result = records_pb2.RecordResult(topic=record.topic, offset=-1, timestamp_ms=-1)
+    if record.HasField("partition"):
+        result.partition = record.partition
+    if isinstance(error, TidelogError):
+        result.error.CopyFrom(error_proto(error, "producing a record"))
+    else:
+        result.error.CopyFrom(
+            error_proto(InvalidRequestError(f"the record was refused: {error}"), "producing")
+        )
+    return result
 
 
 def _key(record: records_pb2.ProduceRecord) -> bytes | None:

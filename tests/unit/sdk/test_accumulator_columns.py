@@ -75,7 +75,7 @@ def test_columns_fill_batches_in_order_and_round_trip() -> None:
     cols = columns(50, keyed=True, headers=True)
     placements = add(acc, cols)
     # Placements cover every record once, in order, and split where a batch fills.
-    assert sum(p.count for p in placements) == 50
+    assert sum(p.length for p in placements) == 50
     assert len(placements) > 1
     batches = drain_all(acc, clock)
     assert [b.result for b in batches] == [p.result for p in placements]
@@ -99,7 +99,7 @@ def test_columns_join_the_open_batch_after_single_records() -> None:
     single = acc.append("t", 0, 3, b"key", b"one", None, 5, record_size(b"key", b"one", None), 1.0)
     (placement,) = add(acc, columns(3))
     # Same batch, after the single record; keys of the keyless ones are null.
-    assert placement.result is single[0] and placement.first == 1 and placement.count == 3
+    assert placement.result is single[0] and placement.first == 1 and placement.length == 3
     (batch,) = drain_all(acc, clock)
     (decoded,) = decode_batches(batch.encode(NONE))
     assert decoded.values == [b"one", b"v00000", b"v00001", b"v00002"]
@@ -116,7 +116,7 @@ def test_a_record_larger_than_a_batch_goes_alone() -> None:
     before = columns(2)
     add(acc, before)
     (placement,) = add(acc, cols)
-    assert placement.count == 1
+    assert placement.length == 1
     batches = drain_all(acc, clock)
     assert [len(b) for b in batches] == [2, 1]
 
