@@ -32,6 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from operator import attrgetter, methodcaller
 from typing import Any, NamedTuple
 
 import grpc
@@ -63,7 +64,7 @@ from tidelog_gateway.records_common import (
     consumer_options,
 )
 from tidelog_gateway.records_group import GroupConsumeSession
-from tidelog_gateway.records_results import ResponseBuilder
+from tidelog_gateway.records_results import ResponseBuilder, varint
 
 log = logging.getLogger("tidelog.gateway.records")
 
@@ -189,10 +190,52 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
         field) is answered with its typed error; the others are unaffected.
         """
         records = request.records
+        now_ms = time.time_ns() // 1_000_000
+        plain = _plain_values(records)
+        if plain is not None:
+            groups, refused = await self._plain_group(producer, *plain, now_ms)
+        else:
+            groups, refused = await self._groups(producer, records, now_ms)
+        placed: list[tuple[_Group, list[Placement] | BaseException]] = []
+        for group in groups:
+            try:
+                placements: list[Placement] | BaseException = await producer.send_batch(
+                    group.topic,
+                    group.values,
+                    timestamps=group.timestamps,
+                    keys=group.keys,
+                    headers=group.headers,
+                    partition=None if group.partition < 0 else group.partition,
+                )
+            except (TidelogError, ValueError, TypeError) as exc:
+                placements = exc
+            placed.append((group, placements))
+        return asyncio.ensure_future(_answer(request.correlation_id, records, placed, refused))
+
+    async def _plain_group(
+        self, producer: AsyncProducer, topic: str, values: list[bytes], now_ms: int
+    ) -> tuple[list[_Group], dict[int, BaseException]]:
+        """The one group of a request of plain records (`_plain_values`)."""
+        known = await self._topic(producer, topic)
+        if not isinstance(known, _Topic):
+            return [], dict.fromkeys(range(len(values)), known)
+        group = _Group(topic, -1)
+        group.indices = list(range(len(values)))
+        group.values = values  # type: ignore[assignment]
+        group.timestamps = [now_ms] * len(values)
+        return [group], {}
+
+    async def _groups(
+        self,
+        producer: AsyncProducer,
+        records: Sequence[records_pb2.ProduceRecord],
+        now_ms: int,
+    ) -> tuple[list[_Group], dict[int, BaseException]]:
+        """The request's records as columns by (topic, partition), and the
+        records refused (by position)."""
         groups: dict[tuple[str, int], _Group] = {}
         refused: dict[int, BaseException] = {}
         topics: dict[str, _Topic | TidelogError] = {}
-        now_ms = time.time_ns() // 1_000_000
         for index, record in enumerate(records):
             topic = record.topic
             known = topics.get(topic)
@@ -231,21 +274,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                 if group.headers is None:
                     group.headers = [None] * (len(group.values) - 1)
                 group.headers.append([(h.key, h.value) for h in headers] if headers else None)
-        placed: list[tuple[_Group, list[Placement] | BaseException]] = []
-        for group in groups.values():
-            try:
-                placements: list[Placement] | BaseException = await producer.send_batch(
-                    group.topic,
-                    group.values,
-                    timestamps=group.timestamps,
-                    keys=group.keys,
-                    headers=group.headers,
-                    partition=None if group.partition < 0 else group.partition,
-                )
-            except (TidelogError, ValueError, TypeError) as exc:
-                placements = exc
-            placed.append((group, placements))
-        return asyncio.ensure_future(_answer(request.correlation_id, records, placed, refused))
+        return list(groups.values()), refused
 
     async def _topic(self, producer: AsyncProducer, topic: str) -> _Topic | TidelogError:
         """The partition counts of a topic (the etcd view's, which explicit
@@ -307,6 +336,39 @@ async def _chain(
     yield first
     async for request in rest:
         yield request
+
+
+_TOPIC = attrgetter("topic")
+_VALUE = attrgetter("value")
+_BYTE_SIZE = methodcaller("ByteSize")
+
+
+def _plain_values(records: Sequence[records_pb2.ProduceRecord]) -> tuple[str, list[bytes]] | None:
+    """(topic, values) when every record names one topic and sets nothing
+    but a non-empty bytes value (no key, partition, headers or timestamp):
+    the shape of most bulk producers, read here with C-speed passes over
+    the records instead of a Python loop reading each field. Else None.
+
+    The sizes prove it: a record whose `value` is non-empty has its bytes
+    value set, which with its topic takes exactly the bytes counted here;
+    any other field set would add at least two bytes to its ByteSize.
+    """
+    if not records:
+        return None
+    topic = records[0].topic
+    values: list[bytes] = list(map(_VALUE, records))
+    if not topic or not all(values) or list(map(_TOPIC, records)).count(topic) != len(records):
+        return None
+    lengths = list(map(len, values))
+    width = len(varint(max(lengths)))
+    if len(varint(min(lengths))) != width:
+        return None  # the values' length prefixes differ in size: not worth it
+    name = len(topic.encode())
+    # topic: tag, length, bytes; value: tag, length (width bytes), bytes.
+    fixed = 1 + len(varint(name)) + name + 1 + width
+    if list(map(_BYTE_SIZE, records)) != list(map(fixed.__add__, lengths)):
+        return None
+    return topic, values
 
 
 def _no_partition(topic: str, partition: int, count: int) -> UnknownTopicOrPartitionError:
