@@ -37,16 +37,17 @@ func benchMain(args []string) {
 	credit := fs.Int("credit", 50_000, "records of credit the consumer keeps granted")
 	timeout := fs.Duration("timeout", 5*time.Minute, "deadline for the whole run")
 	produceOnly := fs.Bool("produce-only", false, "produce only (consume_records_per_s is then 0)")
+	keyed := fs.Bool("keyed", false, "give each record a key (key-0 .. key-<records-per-request - 1>)")
 	_ = fs.Parse(args)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := bench(ctx, *gateway, *topic, int32(*partitions), *n, *size, *perRequest, *inFlight, *credit, *produceOnly); err != nil {
+	if err := bench(ctx, *gateway, *topic, int32(*partitions), *n, *size, *perRequest, *inFlight, *credit, *produceOnly, *keyed); err != nil {
 		fmt.Fprintln(os.Stderr, "go example bench:", err)
 		os.Exit(1)
 	}
 }
 
-func bench(ctx context.Context, gateway, topic string, partitions int32, n, size, perRequest, inFlight, credit int, produceOnly bool) error {
+func bench(ctx context.Context, gateway, topic string, partitions int32, n, size, perRequest, inFlight, credit int, produceOnly, keyed bool) error {
 	conn, err := grpc.NewClient(gateway,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
@@ -59,7 +60,7 @@ func bench(ctx context.Context, gateway, topic string, partitions int32, n, size
 	}
 	records := pb.NewRecordsClient(conn)
 	began := time.Now()
-	start, err := benchProduce(ctx, records, topic, n, size, perRequest, inFlight)
+	start, err := benchProduce(ctx, records, topic, n, size, perRequest, inFlight, keyed)
 	if err != nil {
 		return err
 	}
@@ -84,7 +85,7 @@ func bench(ctx context.Context, gateway, topic string, partitions int32, n, size
 
 // benchProduce writes n records and returns, per partition, the first offset
 // written.
-func benchProduce(ctx context.Context, client pb.RecordsClient, topic string, n, size, perRequest, inFlight int) (map[int32]int64, error) {
+func benchProduce(ctx context.Context, client pb.RecordsClient, topic string, n, size, perRequest, inFlight int, keyed bool) (map[int32]int64, error) {
 	stream, err := client.Produce(ctx)
 	if err != nil {
 		return nil, err
@@ -97,6 +98,9 @@ func benchProduce(ctx context.Context, client pb.RecordsClient, topic string, n,
 	template := make([]*pb.ProduceRecord, perRequest)
 	for i := range template {
 		template[i] = &pb.ProduceRecord{Topic: topic, ValueKind: &pb.ProduceRecord_Value{Value: payload}}
+		if keyed {
+			template[i].KeyKind = &pb.ProduceRecord_Key{Key: []byte(fmt.Sprintf("key-%d", i))}
+		}
 	}
 	slots := make(chan struct{}, inFlight)
 	sendErr := make(chan error, 1)
