@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from operator import attrgetter, methodcaller
@@ -191,9 +192,9 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
         """
         records = request.records
         now_ms = time.time_ns() // 1_000_000
-        plain = _plain_values(records)
+        plain = _plain_records(records)
         if plain is not None:
-            groups, refused = await self._plain_group(producer, *plain, now_ms)
+            groups, refused = await self._plain_groups(producer, plain, now_ms)
         else:
             groups, refused = await self._groups(producer, records, now_ms)
         placed: list[tuple[_Group, list[Placement] | BaseException]] = []
@@ -212,18 +213,36 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
             placed.append((group, placements))
         return asyncio.ensure_future(_answer(request.correlation_id, records, placed, refused))
 
-    async def _plain_group(
-        self, producer: AsyncProducer, topic: str, values: list[bytes], now_ms: int
+    async def _plain_groups(
+        self, producer: AsyncProducer, plain: _Plain, now_ms: int
     ) -> tuple[list[_Group], dict[int, BaseException]]:
-        """The one group of a request of plain records (`_plain_values`)."""
-        known = await self._topic(producer, topic)
+        """The groups of a request of plain records (`_plain_records`):
+        one (the sticky partition) without keys, else one per partition
+        the keys hash to."""
+        count = len(plain.values)
+        known = await self._topic(producer, plain.topic)
         if not isinstance(known, _Topic):
-            return [], dict.fromkeys(range(len(values)), known)
-        group = _Group(topic, -1)
-        group.indices = list(range(len(values)))
-        group.values = values  # type: ignore[assignment]
-        group.timestamps = [now_ms] * len(values)
-        return [group], {}
+            return [], dict.fromkeys(range(count), known)
+        if plain.keys is None:
+            group = _Group(plain.topic, -1)
+            group.indices = list(range(count))
+            group.values = plain.values  # type: ignore[assignment]
+            group.timestamps = [now_ms] * count
+            return [group], {}
+        partitions = known.producer_count
+        chosen = [partition_for_key(key, partitions) for key in plain.keys]
+        groups: dict[int, _Group] = {}
+        for index, partition in enumerate(chosen):
+            found = groups.get(partition)
+            if found is None:
+                found = groups[partition] = _Group(plain.topic, partition)
+            found.indices.append(index)
+        keys, values = plain.keys, plain.values
+        for found in groups.values():
+            found.values = [values[i] for i in found.indices]
+            found.keys = [keys[i] for i in found.indices]
+            found.timestamps = [now_ms] * len(found.indices)
+        return list(groups.values()), {}
 
     async def _groups(
         self,
@@ -340,18 +359,30 @@ async def _chain(
 
 _TOPIC = attrgetter("topic")
 _VALUE = attrgetter("value")
+_KEY = attrgetter("key")
 _BYTE_SIZE = methodcaller("ByteSize")
 
 
-def _plain_values(records: Sequence[records_pb2.ProduceRecord]) -> tuple[str, list[bytes]] | None:
-    """(topic, values) when every record names one topic and sets nothing
-    but a non-empty bytes value (no key, partition, headers or timestamp):
-    the shape of most bulk producers, read here with C-speed passes over
-    the records instead of a Python loop reading each field. Else None.
+class _Plain(NamedTuple):
+    """A request of plain records (`_plain_records`), as columns."""
 
-    The sizes prove it: a record whose `value` is non-empty has its bytes
-    value set, which with its topic takes exactly the bytes counted here;
-    any other field set would add at least two bytes to its ByteSize.
+    topic: str
+    #: None: no record has a key.
+    keys: list[bytes] | None
+    values: list[bytes]
+
+
+def _plain_records(records: Sequence[records_pb2.ProduceRecord]) -> _Plain | None:
+    """The request as columns when every record names one topic and sets
+    nothing but a non-empty bytes value and, on all records or none, a
+    non-empty bytes key (no partition, headers or timestamp): the shape of
+    most bulk producers, read here with C-speed passes over the records
+    instead of a Python loop reading each field. Else None.
+
+    The sizes prove it: a record whose `value` (`key`) is non-empty has its
+    bytes value (key) set, which with its topic takes exactly the bytes
+    counted here; any other field set would add at least two bytes to its
+    ByteSize.
     """
     if not records:
         return None
@@ -359,16 +390,37 @@ def _plain_values(records: Sequence[records_pb2.ProduceRecord]) -> tuple[str, li
     values: list[bytes] = list(map(_VALUE, records))
     if not topic or not all(values) or list(map(_TOPIC, records)).count(topic) != len(records):
         return None
-    lengths = list(map(len, values))
+    name = len(topic.encode())
+    value_field = _field_sizes(values)
+    if value_field is None:
+        return None
+    # topic: tag, length, bytes; value: tag, length, bytes.
+    sizes = list(map((1 + len(varint(name)) + name).__add__, value_field))
+    keys: list[bytes] | None = list(map(_KEY, records))
+    assert keys is not None
+    if all(keys):
+        key_field = _field_sizes(keys)
+        if key_field is None:
+            return None
+        sizes = list(map(operator.add, sizes, key_field))
+    elif any(keys):
+        return None
+    else:
+        keys = None
+    if list(map(_BYTE_SIZE, records)) != sizes:
+        return None
+    return _Plain(topic, keys, values)
+
+
+def _field_sizes(column: list[bytes]) -> list[int] | None:
+    """The bytes each item takes as a length-delimited field (tag, length,
+    bytes), when every length prefix has the same size; else None (mixed
+    sizes are not worth a per-item varint here)."""
+    lengths = list(map(len, column))
     width = len(varint(max(lengths)))
     if len(varint(min(lengths))) != width:
-        return None  # the values' length prefixes differ in size: not worth it
-    name = len(topic.encode())
-    # topic: tag, length, bytes; value: tag, length (width bytes), bytes.
-    fixed = 1 + len(varint(name)) + name + 1 + width
-    if list(map(_BYTE_SIZE, records)) != list(map(fixed.__add__, lengths)):
         return None
-    return topic, values
+    return list(map((1 + width).__add__, lengths))
 
 
 def _no_partition(topic: str, partition: int, count: int) -> UnknownTopicOrPartitionError:

@@ -118,6 +118,43 @@ def test_mixed_topics_keys_partitions_and_refusals_in_one_request(
     assert {t: len(s) for t, s in stored.items()} == dict(written)
 
 
+def test_plain_keyed_records_land_in_their_murmur2_partition_in_order(
+    gateway: GatewayProcess, names: tuple[str, str]
+) -> None:
+    """A request of plain keyed records (the fast path, `_plain_records`):
+    each record in its key's murmur2 partition, the records of a partition
+    in request order, all answered in request order."""
+    topic, _ = names
+    with AdminClient(gateway.address) as admin:
+        admin.create_topics([NewTopic(topic, 3)])
+    requests = [
+        records_pb2.RecordsProduceRequest(
+            correlation_id=r,
+            records=[
+                records_pb2.ProduceRecord(topic=topic, key=b"user-%d" % (i % 37), value=b"%d" % i)
+                for i in range(r * 400, (r + 1) * 400)
+            ],
+        )
+        for r in range(3)
+    ]
+    with grpc.insecure_channel(gateway.address) as channel:
+        stub = records_pb2_grpc.RecordsStub(channel)
+        answers = list(stub.Produce(iter(requests), timeout=60))
+    assert [a.correlation_id for a in answers] == [0, 1, 2]
+    results = [r for answer in answers for r in answer.results]
+    assert len(results) == 1200
+    stored = read_all(gateway.address, topic, 3)
+    assert len(stored) == 1200
+    last: dict[int, int] = {}
+    for i, result in enumerate(results):
+        key = b"user-%d" % (i % 37)
+        assert not result.HasField("error"), result
+        assert result.partition == partition_for_key(key, 3)
+        assert stored[(result.partition, result.offset)][:2] == (key, b"%d" % i)
+        assert result.offset > last.get(result.partition, -1)  # request order kept
+        last[result.partition] = result.offset
+
+
 # ---------------------------------------------------------------- retries
 
 

@@ -1,4 +1,4 @@
-"""Records.Produce's fast path (`_plain_values`) takes a request only when
+"""Records.Produce's fast path (`_plain_records`) takes a request only when
 every record is one topic's plain bytes value: any other field, on any
 record, sends the request through the field-by-field path."""
 
@@ -8,15 +8,21 @@ from typing import Any
 
 import pytest
 from tidelog.v1 import records_pb2
-from tidelog_gateway.records_servicer import _plain_values
+from tidelog_gateway.records_servicer import _plain_records
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def records(*extra: dict[str, Any], count: int = 5, size: int = 100) -> list[Any]:
+def records(
+    *extra: dict[str, Any], count: int = 5, size: int = 100, keyed: bool = False
+) -> list[Any]:
     request = records_pb2.RecordsProduceRequest(
         records=[
-            records_pb2.ProduceRecord(topic="orders", value=b"%03d" % i + b"v" * (size - 3))
+            records_pb2.ProduceRecord(
+                topic="orders",
+                value=b"%03d" % i + b"v" * (size - 3),
+                key=b"key-%d" % i if keyed else None,
+            )
             for i in range(count)
         ]
     )
@@ -27,11 +33,12 @@ def records(*extra: dict[str, Any], count: int = 5, size: int = 100) -> list[Any
 
 @pytest.mark.parametrize("size", [3, 100, 127, 128, 5000])
 def test_plain_records_are_taken_with_their_values(size: int) -> None:
-    plain = _plain_values(records(size=size))
-    assert plain is not None
-    topic, values = plain
-    assert topic == "orders"
-    assert values == [b"%03d" % i + b"v" * (size - 3) for i in range(5)]
+    for keyed in (False, True):
+        plain = _plain_records(records(size=size, keyed=keyed))
+        assert plain is not None
+        assert plain.topic == "orders"
+        assert plain.values == [b"%03d" % i + b"v" * (size - 3) for i in range(5)]
+        assert plain.keys == ([b"key-%d" % i for i in range(5)] if keyed else None)
 
 
 @pytest.mark.parametrize(
@@ -49,7 +56,25 @@ def test_plain_records_are_taken_with_their_values(size: int) -> None:
     ],
 )
 def test_any_other_field_on_any_record_is_not_plain(fields: dict[str, Any]) -> None:
-    assert _plain_values(records(fields)) is None
+    assert _plain_records(records(fields)) is None
+    if "key" not in fields and "key_text" not in fields:
+        assert _plain_records(records(fields, keyed=True)) is None
+
+
+def test_keys_on_some_records_only_or_not_plain_bytes_are_not_plain() -> None:
+    # One record without a key, among keyed ones; a text key; an empty key.
+    request = records_pb2.RecordsProduceRequest(
+        records=[records_pb2.ProduceRecord(topic="orders", key=b"k", value=b"v")] * 2
+    )
+    assert _plain_records(list(request.records)) is not None
+    for other in ({}, {"key_text": "k"}, {"key": b""}, {"key": b"k" * 200}):
+        mixed = records_pb2.RecordsProduceRequest(
+            records=[
+                records_pb2.ProduceRecord(topic="orders", key=b"k", value=b"v"),
+                records_pb2.ProduceRecord(topic="orders", value=b"v", **other),
+            ]
+        )
+        assert _plain_records(list(mixed.records)) is None, other
 
 
 def test_null_empty_and_text_values_are_not_plain() -> None:
@@ -60,7 +85,7 @@ def test_null_empty_and_text_values_are_not_plain() -> None:
             records_pb2.ProduceRecord(topic="orders", partition=3),
         ]
     )
-    assert _plain_values(list(request.records)) is None
+    assert _plain_records(list(request.records)) is None
     for other in ({"value": b""}, {"value_text": "v"}, {}):
         request = records_pb2.RecordsProduceRequest(
             records=[
@@ -68,7 +93,7 @@ def test_null_empty_and_text_values_are_not_plain() -> None:
                 records_pb2.ProduceRecord(topic="orders", **other),
             ]
         )
-        assert _plain_values(list(request.records)) is None
+        assert _plain_records(list(request.records)) is None
     # Value lengths whose prefixes differ in size: the slow path.
     mixed = records_pb2.RecordsProduceRequest(
         records=[
@@ -76,4 +101,4 @@ def test_null_empty_and_text_values_are_not_plain() -> None:
             records_pb2.ProduceRecord(topic="orders", value=b"v" * 200),
         ]
     )
-    assert _plain_values(list(mixed.records)) is None
+    assert _plain_records(list(mixed.records)) is None
