@@ -13,6 +13,10 @@ from tidelog_server.tls import add_tls_arguments, tls_from_args
 from tidelog_gateway.config import GatewayConfig
 from tidelog_gateway.server import serve
 
+#: The largest --producer-request-timeout-ms: the SDK producer's default
+#: delivery_timeout_ms (120 s) less its linger_ms in the gateway (2 ms).
+MAX_PRODUCER_REQUEST_TIMEOUT_MS = 119_998
+
 
 def _positive(text: str) -> int:
     value = int(text)
@@ -81,6 +85,12 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.producer_request_timeout_ms > MAX_PRODUCER_REQUEST_TIMEOUT_MS:
+        # The producer's delivery timeout (120 s) must cover linger + one request.
+        parser.error(
+            f"--producer-request-timeout-ms must be at most {MAX_PRODUCER_REQUEST_TIMEOUT_MS}, "
+            f"got {args.producer_request_timeout_ms}"
+        )
     if args.advertised_address and not args.advertised_address.rpartition(":")[2].isdigit():
         parser.error(f"--advertised-address must be host:port, got {args.advertised_address!r}")
     config = GatewayConfig(
