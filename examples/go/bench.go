@@ -36,16 +36,18 @@ func benchMain(args []string) {
 	inFlight := fs.Int("in-flight", 16, "most Produce requests awaiting their answer")
 	credit := fs.Int("credit", 50_000, "records of credit the consumer keeps granted")
 	timeout := fs.Duration("timeout", 5*time.Minute, "deadline for the whole run")
+	produceOnly := fs.Bool("produce-only", false, "produce only (consume_records_per_s is then 0)")
+	keyed := fs.Bool("keyed", false, "give each record a key (key-0 .. key-<records-per-request - 1>)")
 	_ = fs.Parse(args)
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	if err := bench(ctx, *gateway, *topic, int32(*partitions), *n, *size, *perRequest, *inFlight, *credit); err != nil {
+	if err := bench(ctx, *gateway, *topic, int32(*partitions), *n, *size, *perRequest, *inFlight, *credit, *produceOnly, *keyed); err != nil {
 		fmt.Fprintln(os.Stderr, "go example bench:", err)
 		os.Exit(1)
 	}
 }
 
-func bench(ctx context.Context, gateway, topic string, partitions int32, n, size, perRequest, inFlight, credit int) error {
+func bench(ctx context.Context, gateway, topic string, partitions int32, n, size, perRequest, inFlight, credit int, produceOnly, keyed bool) error {
 	conn, err := grpc.NewClient(gateway,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20), grpc.MaxCallSendMsgSize(64<<20)))
@@ -58,21 +60,24 @@ func bench(ctx context.Context, gateway, topic string, partitions int32, n, size
 	}
 	records := pb.NewRecordsClient(conn)
 	began := time.Now()
-	start, err := benchProduce(ctx, records, topic, n, size, perRequest, inFlight)
+	start, err := benchProduce(ctx, records, topic, n, size, perRequest, inFlight, keyed)
 	if err != nil {
 		return err
 	}
 	produceS := time.Since(began).Seconds()
-	began = time.Now()
-	if err := benchConsume(ctx, records, topic, start, n, credit); err != nil {
-		return err
+	consumeRate := 0.0
+	if !produceOnly {
+		began = time.Now()
+		if err := benchConsume(ctx, records, topic, start, n, credit); err != nil {
+			return err
+		}
+		consumeRate = float64(n) / time.Since(began).Seconds()
 	}
-	consumeS := time.Since(began).Seconds()
 	line, _ := json.Marshal(map[string]any{
 		"records":               n,
 		"record_bytes":          size,
 		"produce_records_per_s": float64(n) / produceS,
-		"consume_records_per_s": float64(n) / consumeS,
+		"consume_records_per_s": consumeRate,
 	})
 	fmt.Println(string(line))
 	return nil
@@ -80,7 +85,7 @@ func bench(ctx context.Context, gateway, topic string, partitions int32, n, size
 
 // benchProduce writes n records and returns, per partition, the first offset
 // written.
-func benchProduce(ctx context.Context, client pb.RecordsClient, topic string, n, size, perRequest, inFlight int) (map[int32]int64, error) {
+func benchProduce(ctx context.Context, client pb.RecordsClient, topic string, n, size, perRequest, inFlight int, keyed bool) (map[int32]int64, error) {
 	stream, err := client.Produce(ctx)
 	if err != nil {
 		return nil, err
@@ -93,6 +98,9 @@ func benchProduce(ctx context.Context, client pb.RecordsClient, topic string, n,
 	template := make([]*pb.ProduceRecord, perRequest)
 	for i := range template {
 		template[i] = &pb.ProduceRecord{Topic: topic, ValueKind: &pb.ProduceRecord_Value{Value: payload}}
+		if keyed {
+			template[i].KeyKind = &pb.ProduceRecord_Key{Key: []byte(fmt.Sprintf("key-%d", i))}
+		}
 	}
 	slots := make(chan struct{}, inFlight)
 	sendErr := make(chan error, 1)

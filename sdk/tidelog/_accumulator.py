@@ -16,7 +16,12 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   sender retries them after the earlier batch; see `has_earlier_unresolved`);
 - buffer memory accounting (`buffer_memory`): send() blocks while the bytes
   of unfinished batches exceed it;
-- the sticky partition of keyless records (KIP-480).
+- the sticky partition of keyless records (KIP-480);
+- `append_columns`: many records of one partition (or of the sticky one) at
+  once, as columns, for callers that already hold them (the gateway's
+  record-level API). They land in the same open batches as `append`'s, so
+  numbering, retries, lingering and order are exactly those of records sent
+  one by one; only the per-record Python work is gone.
 
 Thread-safe: every public method takes `_lock`. The sender is woken through
 the `wake` callable (a hop to the event loop) only when a batch is created or
@@ -27,8 +32,11 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from itertools import accumulate, repeat
+from typing import NamedTuple
 
 from tidelog._futures import BatchResult, FutureRecordMetadata
 from tidelog.compression import CompressionType
@@ -50,6 +58,16 @@ def record_size(key: bytes | None, value: bytes | None, headers: Sequence[Header
     if headers:
         size += 4 + sum(8 + len(k) + len(v or b"") for k, v in headers)
     return size
+
+
+class Placement(NamedTuple):
+    """Where a run of appended records went: records `first` to
+    `first + length - 1` of the batch whose outcome is `result` (so record
+    `first + i`'s offset is result.base_offset + first + i)."""
+
+    result: BatchResult
+    first: int
+    length: int
 
 
 class BufferFullError(Exception):
@@ -223,6 +241,92 @@ class RecordAccumulator:
         finally:
             self._release()
         return FutureRecordMetadata((batch.result, index))
+
+    def append_columns(
+        self,
+        topic: str,
+        partition: int,
+        partition_count: int,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[Sequence[Header] | None] | None,
+        timestamps: Sequence[int],
+        sizes: Sequence[int],
+        max_block_s: float | None,
+    ) -> list[Placement]:
+        """Add records given as columns, all for `partition` (< 0: the
+        sticky partition). `keys`/`headers` None: no record has any;
+        `sizes`: each record's `record_size`. Returns where the records
+        went, in order: runs of consecutive records sharing a batch (a
+        full batch is sealed and the rest go to the next one, on the next
+        sticky partition for keyless records, as `append` does).
+
+        Blocks for buffer space as `append` does, for all the records at
+        once.
+        """
+        total = sum(sizes)
+        # Record n's end, counted from the first record's start.
+        ends = list(accumulate(sizes))
+        placements: list[Placement] = []
+        self._acquire()
+        try:
+            if self._buffered + total > self._buffer_memory or self.closed:
+                self._wait_for_space(total, max_block_s)
+            count = len(values)
+            pos = 0
+            done = 0  # bytes of the records before `pos`
+            while pos < count:
+                by_partition = self._open.get(topic)
+                chosen = self._sticky_current.get(topic, -1) if partition < 0 else partition
+                batch = None if by_partition is None else by_partition.get(chosen)
+                if batch is None or batch.size + sizes[pos] > self._batch_size:
+                    batch = self._batch_for(topic, partition, partition_count, sizes[pos])
+                # As many records as fit the batch's room (at least one: a
+                # record larger than batch_size goes alone, as in append).
+                room = self._batch_size - batch.size
+                end = max(pos + 1, bisect_right(ends, done + room, pos))
+                self._extend(batch, values, keys, headers, timestamps, pos, end)
+                added = ends[end - 1] - done
+                batch.size += added
+                self._buffered += added
+                placements.append(
+                    Placement(batch.result, len(batch.values) - (end - pos), end - pos)
+                )
+                done = ends[end - 1]
+                pos = end
+                if batch.size >= self._batch_size:
+                    self._seal(batch)
+                    self._wake()
+        finally:
+            self._release()
+        return placements
+
+    @staticmethod
+    def _extend(
+        batch: ProducerBatch,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[Sequence[Header] | None] | None,
+        timestamps: Sequence[int],
+        start: int,
+        end: int,
+    ) -> None:
+        """Append records [start, end) of the columns to the batch's columns
+        (list slices and extends: C speed, no per-record Python)."""
+        index = len(batch.values)
+        whole = start == 0 and end == len(values)
+        batch.values.extend(values if whole else values[start:end])
+        batch.timestamps.extend(timestamps if whole else timestamps[start:end])
+        if keys is not None or batch.keys is not None:
+            if batch.keys is None:
+                batch.keys = [None] * index
+            batch.keys.extend(repeat(None, end - start) if keys is None else keys[start:end])
+        if headers is not None or batch.headers is not None:
+            if batch.headers is None:
+                batch.headers = [None] * index
+            batch.headers.extend(
+                repeat(None, end - start) if headers is None else headers[start:end]
+            )
 
     def _batch_for(
         self, topic: str, partition: int, partition_count: int, size: int

@@ -20,6 +20,7 @@ Usage, as with kafka-python and aiokafka::
 from __future__ import annotations
 
 import asyncio
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +29,7 @@ from tidelog._accumulator import (
     BATCH_OVERHEAD,
     RECORD_OVERHEAD,
     BufferFullError,
+    Placement,
     RecordAccumulator,
     record_size,
 )
@@ -47,7 +49,7 @@ from tidelog.partitioner import partition_for_key
 from tidelog.records import Header
 from tidelog.types import RecordMetadata, TopicPartition
 
-__all__ = ["AsyncProducer", "FutureRecordMetadata", "Producer"]
+__all__ = ["AsyncProducer", "FutureRecordMetadata", "Placement", "Producer"]
 
 _now_ns = time.time_ns
 
@@ -60,6 +62,42 @@ def _as_bytes(data: object, what: str) -> bytes:
         f"{what} must be bytes-like, not {type(data).__name__}; "
         f"pass {what}_serializer= to convert other types"
     )
+
+
+def _column_sizes(
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None,
+    headers: Sequence[Sequence[Header] | None] | None,
+) -> list[int]:
+    """Each record's `record_size`, from columns. Checks the types (bytes or
+    None; headers as in send) at C speed where it can: a wrong type would
+    otherwise surface only when the sender encodes the batch."""
+    if not set(map(type, values)) <= _BYTES_OR_NONE:
+        raise TypeError("send_batch: values must be bytes or None")
+    if None in values:
+        sizes = [RECORD_OVERHEAD if v is None else RECORD_OVERHEAD + len(v) for v in values]
+    else:
+        sizes = list(map(RECORD_OVERHEAD.__add__, map(len, values)))  # type: ignore[arg-type]
+    if keys is not None:
+        if len(keys) != len(values):
+            raise ValueError(f"send_batch: {len(keys)} keys for {len(values)} values")
+        if not set(map(type, keys)) <= _BYTES_OR_NONE:
+            raise TypeError("send_batch: keys must be bytes or None")
+        if None in keys:
+            sizes = [s if k is None else s + len(k) for s, k in zip(sizes, keys, strict=True)]
+        else:
+            sizes = list(map(operator.add, sizes, map(len, keys)))  # type: ignore[arg-type]
+    if headers is not None:
+        if len(headers) != len(values):
+            raise ValueError(f"send_batch: {len(headers)} header lists for {len(values)} values")
+        for i, record_headers in enumerate(headers):
+            if record_headers:
+                checked = _check_headers(record_headers)
+                sizes[i] += record_size(None, None, checked) - RECORD_OVERHEAD
+    return sizes
+
+
+_BYTES_OR_NONE = {bytes, type(None)}
 
 
 def _check_headers(headers: Sequence[Header]) -> list[Header]:
@@ -407,6 +445,129 @@ class AsyncProducer:
                 except TimeoutError:
                     continue
 
+    async def send_batch(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        *,
+        timestamps: Sequence[int],
+        keys: Sequence[bytes | None] | None = None,
+        headers: Sequence[Sequence[Header] | None] | None = None,
+        partition: int | None = None,
+    ) -> list[Placement]:
+        """Queue many records of one partition at once, given as columns
+        (one entry per record; `keys`/`headers` None: none has any;
+        `timestamps`: create times in ms). For callers that already hold
+        bytes (no serializers run) and have already partitioned: every
+        record goes to `partition`, or with None to the sticky partition
+        (keyless records; a keyed record's partition is the caller's to
+        choose, e.g. `partitioner.partition_for_key`).
+
+        The records join the partition's open batches exactly as records
+        queued by `send` do (same numbering, retries, order and lingering),
+        without per-record Python work. Returns where they went, in order:
+        `Placement(result, first, length)` runs; the i-th record of a run has
+        offset ``result.base_offset + first + i`` once `result` is done (a
+        record over max_request_size gets a run of its own whose result has
+        already failed with MessageTooLargeError). Await a run's records
+        with ``await result.wait_async()``.
+        """
+        if not self._started or self._closed:
+            raise ClosedError(
+                "call `await producer.start()` first"
+                if not self._closed
+                else "the producer is closed"
+            )
+        if len(timestamps) != len(values):
+            raise ValueError(f"send_batch: {len(timestamps)} timestamps for {len(values)} values")
+        if not values:
+            return []
+        sizes = _column_sizes(values, keys, headers)
+        core = self._core
+        count = core.cluster.snapshot.partition_counts.get(topic)
+        if count is None:
+            meta = await core.cluster.topic(topic, timeout_s=self._max_block_s)
+            count = meta.partition_count
+        if partition is not None and not 0 <= partition < count:
+            raise UnknownTopicOrPartitionError(
+                f"partition {partition} of {topic!r} does not exist "
+                f"(the topic has {count} partitions)"
+            )
+        chosen = -1 if partition is None else partition
+        if max(sizes) > core.max_record_size:
+            return await self._send_runs(topic, chosen, count, values, keys, headers,
+                                         timestamps, sizes)  # fmt: skip
+        return await self._append_columns(
+            topic, chosen, count, values, keys, headers, timestamps, sizes
+        )
+
+    async def _send_runs(
+        self,
+        topic: str,
+        partition: int,
+        count: int,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[Sequence[Header] | None] | None,
+        timestamps: Sequence[int],
+        sizes: list[int],
+    ) -> list[Placement]:
+        """send_batch with records over max_request_size among them: each
+        fails alone, the runs between them are queued."""
+        out: list[Placement] = []
+        start = 0
+        limit = self._core.max_record_size
+        for i, size in enumerate([*sizes, 0]):
+            if i < len(sizes) and size <= limit:
+                continue
+            if i > start:
+                out += await self._append_columns(
+                    topic,
+                    partition,
+                    count,
+                    values[start:i],
+                    None if keys is None else keys[start:i],
+                    None if headers is None else headers[start:i],
+                    timestamps[start:i],
+                    sizes[start:i],
+                )
+            if i < len(sizes):
+                failed = self._core.too_large(topic, None if partition < 0 else partition, size)
+                out.append(Placement(failed[0], 0, 1))
+            start = i + 1
+        return out
+
+    async def _append_columns(
+        self,
+        topic: str,
+        partition: int,
+        count: int,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None,
+        headers: Sequence[Sequence[Header] | None] | None,
+        timestamps: Sequence[int],
+        sizes: list[int],
+    ) -> list[Placement]:
+        deadline = time.monotonic() + self._max_block_s
+        sender = self._core.sender
+        assert sender is not None
+        while True:
+            try:
+                return self._acc.append_columns(
+                    topic, partition, count, values, keys, headers, timestamps, sizes, None
+                )
+            except BufferFullError:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TidelogTimeoutError(
+                        f"buffer_memory stayed full for max_block_ms ({self._config.max_block_ms})"
+                    ) from None
+                sender.space_freed.clear()
+                try:
+                    await asyncio.wait_for(sender.space_freed.wait(), remaining)
+                except TimeoutError:
+                    continue
+
     async def send_and_wait(
         self,
         topic: str,
@@ -426,6 +587,15 @@ class AsyncProducer:
         self._acc.seal_all()
         for result in self._acc.incomplete():
             await result.wait_async()
+
+    async def partition_count(self, topic: str) -> int:
+        """How many partitions `topic` has, as the producer partitions it
+        (its metadata; asked of the cluster only when not known yet)."""
+        count = self._core.cluster.snapshot.partition_counts.get(topic)
+        if count is None:
+            meta = await self._core.cluster.topic(topic, timeout_s=self._max_block_s)
+            count = meta.partition_count
+        return count
 
     async def partitions_for(self, topic: str) -> set[int]:
         meta = await self._core.cluster.topic(topic, timeout_s=self._max_block_s)

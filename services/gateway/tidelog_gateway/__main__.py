@@ -14,6 +14,10 @@ from tidelog_server.tls import add_tls_arguments, tls_from_args
 from tidelog_gateway.config import GatewayConfig
 from tidelog_gateway.server import serve
 
+#: The largest --producer-request-timeout-ms: the SDK producer's default
+#: delivery_timeout_ms (120 s) less its linger_ms in the gateway (2 ms).
+MAX_PRODUCER_REQUEST_TIMEOUT_MS = 119_998
+
 
 def _positive(text: str) -> int:
     value = int(text)
@@ -56,6 +60,11 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         ),
         ("--produce-buffer-max-bytes", "produce_buffer_max_bytes", "produce bytes in transit"),
         ("--upstream-connections", "upstream_connections", "connections to each broker"),
+        (
+            "--producer-request-timeout-ms",
+            "producer_request_timeout_ms",
+            "Records.Produce: wait for a broker's answer before sending again",
+        ),
     ):
         parser.add_argument(
             flag, dest=field, type=_positive, default=getattr(defaults, field), help=doc
@@ -79,6 +88,12 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if args.producer_request_timeout_ms > MAX_PRODUCER_REQUEST_TIMEOUT_MS:
+        # The producer's delivery timeout (120 s) must cover linger + one request.
+        parser.error(
+            f"--producer-request-timeout-ms must be at most {MAX_PRODUCER_REQUEST_TIMEOUT_MS}, "
+            f"got {args.producer_request_timeout_ms}"
+        )
     if args.advertised_address and not args.advertised_address.rpartition(":")[2].isdigit():
         parser.error(f"--advertised-address must be host:port, got {args.advertised_address!r}")
     config = GatewayConfig(
@@ -95,6 +110,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         fetch_buffer_max_bytes_per_connection=args.fetch_buffer_max_bytes_per_connection,
         produce_buffer_max_bytes=args.produce_buffer_max_bytes,
         upstream_connections=args.upstream_connections,
+        producer_request_timeout_ms=args.producer_request_timeout_ms,
         drain_timeout_s=args.drain_timeout_s,
         tls=tls,
         security=security,

@@ -49,6 +49,9 @@ class GatewayConfig:
     #: a broker limits the Fetch streams of one connection
     #: (fetch.max.streams.per.connection), and the gateway's carry many clients.
     upstream_connections: int = 4
+    #: How long the record-level API's producer waits for a broker's answer
+    #: before it sends the batch again (idempotently with ACKS_ALL).
+    producer_request_timeout_ms: int = 30_000
     #: Deadline of a forwarded unary call.
     forward_timeout_s: float = 30.0
     #: On SIGTERM: how long in-flight produce requests may take to be
