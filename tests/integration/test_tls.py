@@ -324,3 +324,71 @@ def test_the_record_api_through_the_gateway_reaches_tls_brokers(cluster: TlsClus
                 call.cancel()
                 break
     assert got == [b"r%d" % i for i in range(5)]
+
+
+def test_services_reach_an_etcd_that_requires_client_certificates(tmp_path: Path) -> None:
+    """etcd with TLS and --client-cert-auth: the services connect with
+    --etcd-cafile/--etcd-certfile/--etcd-keyfile, and a client without a
+    certificate from etcd's authority gets nothing."""
+    import asyncio
+
+    from tidelog_server.etcd.client import EtcdTls, connect
+
+    from tests.support.etcd import EtcdServerTls
+
+    certs = create_dev_certificates(tmp_path / "certs")
+    etcd = EtcdProcess.start(
+        tmp_path / "etcd",
+        tls=EtcdServerTls(certs.server_certfile, certs.server_keyfile, certs.cafile),
+    )
+    etcd_args = [
+        "--etcd-cafile", str(certs.cafile),
+        "--etcd-certfile", str(certs.client_certfile),
+        "--etcd-keyfile", str(certs.client_keyfile),
+    ]  # fmt: skip
+    started: list[CoordinatorProcess | BrokerProcess | GatewayProcess] = []
+    try:
+        started.append(
+            start_coordinator(
+                etcd.endpoint,
+                tmp_path / "logs",
+                prefix=PREFIX,
+                coordinator_id="c0",
+                session_ttl_s=3,
+                extra_args=tuple(etcd_args),
+            )
+        )
+        cluster_args = ["--etcd", etcd.endpoint, "--etcd-prefix", PREFIX, "--session-ttl-s", "3"]
+        broker = start_broker(tmp_path / "broker", extra_args=[*cluster_args, *etcd_args])
+        started.append(broker)
+        with AdminClient(bootstrap_servers=broker.address) as admin:
+            admin.create_topics([NewTopic("etcd-tls", 1, 1)])
+        gateway = start_gateway(etcd.endpoint, tmp_path / "gw", prefix=PREFIX, extra_args=etcd_args)
+        started.append(gateway)
+        for offset, bootstrap in enumerate((broker.address, gateway.address)):
+            with Producer(bootstrap_servers=bootstrap, acks="all") as producer:
+                assert producer.send("etcd-tls", b"stored").get(timeout=60).offset == offset
+
+        async def read(tls: EtcdTls | None) -> object:
+            client = connect(etcd.endpoint, tls)
+            try:
+                return await asyncio.wait_for(client.get(b"/anything"), 10)
+            finally:
+                await client.close()
+
+        assert (
+            asyncio.run(read(EtcdTls(certs.cafile, certs.client_certfile, certs.client_keyfile)))
+            is None
+        )
+        stranger = create_dev_certificates(tmp_path / "stranger")
+        for refused in (
+            None,  # plain text
+            EtcdTls(certs.cafile),  # no client certificate
+            EtcdTls(certs.cafile, stranger.client_certfile, stranger.client_keyfile),
+        ):
+            with pytest.raises(Exception):  # noqa: B017 - aetcd's or asyncio's, both refusals
+                asyncio.run(read(refused))
+    finally:
+        for process in reversed(started):
+            process.stop()
+        etcd.stop()

@@ -27,6 +27,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,15 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class EtcdServerTls:
+    """etcd's own certificate and the authority its clients must be signed by."""
+
+    certfile: Path
+    keyfile: Path
+    cafile: Path
+
+
 class EtcdProcess:
     """One etcd member on loopback. Not thread-safe; one owner (a test)."""
 
@@ -54,8 +64,13 @@ class EtcdProcess:
         name: str = "test",
         initial_cluster: str = "",
         cluster_token: str = "",
+        tls: EtcdServerTls | None = None,
     ) -> None:
         self.data_dir = data_dir
+        #: TLS on the client port, with client certificates required.
+        self.tls = tls
+        #: Plain-HTTP /health when the client port is TLS.
+        self.metrics_port = free_port() if tls is not None else None
         self.client_port = client_port
         self.peer_port = peer_port
         self.name = name
@@ -75,14 +90,15 @@ class EtcdProcess:
         return f"127.0.0.1:{self.client_port}"
 
     @classmethod
-    def start(cls, data_dir: Path) -> EtcdProcess:
+    def start(cls, data_dir: Path, tls: EtcdServerTls | None = None) -> EtcdProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
-        etcd = cls(data_dir / "etcd", free_port(), free_port())
+        etcd = cls(data_dir / "etcd", free_port(), free_port(), tls=tls)
         etcd._spawn()
         return etcd
 
     def _spawn(self, wait: bool = True) -> None:
-        client = f"http://127.0.0.1:{self.client_port}"
+        scheme = "http" if self.tls is None else "https"
+        client = f"{scheme}://127.0.0.1:{self.client_port}"
         peer = self.peer_url
         args = [
             etcd_binary(),
@@ -98,6 +114,14 @@ class EtcdProcess:
             "--unsafe-no-fsync",
             "--log-level=warn",
         ]
+        if self.tls is not None:
+            args += [
+                f"--cert-file={self.tls.certfile}",
+                f"--key-file={self.tls.keyfile}",
+                f"--trusted-ca-file={self.tls.cafile}",
+                "--client-cert-auth",
+                f"--listen-metrics-urls=http://127.0.0.1:{self.metrics_port}",
+            ]
         with open(self._log, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         if wait:
@@ -110,7 +134,8 @@ class EtcdProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self._log}")
             try:
-                with socket.create_connection(("127.0.0.1", self.client_port), timeout=0.2) as s:
+                port = self.metrics_port or self.client_port
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
                     # /health answers once the member has a leader and can serve.
                     s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
                     if b'"health":"true"' in s.recv(4096):

@@ -16,7 +16,12 @@ from tidelog.errors import TidelogError
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
-from tidelog_server.tls import add_tls_arguments, tls_from_args
+from tidelog_server.tls import (
+    add_etcd_tls_arguments,
+    add_tls_arguments,
+    etcd_tls_from_args,
+    tls_from_args,
+)
 
 from tidelog_broker.cluster_link import ClusterConfig
 from tidelog_broker.config import (
@@ -50,6 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--data-dir", type=Path, default=Path("./data"), help="log directory")
     add_tls_arguments(parser)
+    add_etcd_tls_arguments(parser)
     add_security_arguments(parser)
     parser.add_argument("--broker-id", type=int, default=None, help="this broker's id (default 0)")
     parser.add_argument(
@@ -104,7 +110,13 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterConfig | None:
         parse_endpoints(args.etcd)
     except EtcdEndpointError as exc:
         raise TidelogError(f"--etcd: {exc}") from None
-    return ClusterConfig(args.etcd, args.etcd_prefix, args.rack, max(2, args.session_ttl_s))
+    try:
+        etcd_tls = etcd_tls_from_args(args)
+    except ValueError as exc:
+        raise TidelogError(str(exc)) from None
+    return ClusterConfig(
+        args.etcd, args.etcd_prefix, args.rack, max(2, args.session_ttl_s), etcd_tls
+    )
 
 
 def broker_id_from_hostname(hostname: str) -> int:

@@ -64,6 +64,7 @@ from tidelog_server.etcd import (
     connect,
     is_unavailable,
 )
+from tidelog_server.etcd.client import EtcdTls
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.cluster_view import ClusterView
 from tidelog_server.etcd.keys import Keys
@@ -99,6 +100,8 @@ class ClusterConfig:
     #: The registration lease: a broker that dies disappears this long after
     #: (and the partitions it led get new leaders then: the fail-over time).
     session_ttl_s: int = 2
+    #: TLS to etcd (None: plain text).
+    etcd_tls: EtcdTls | None = None
 
 
 class ClusterLink:
@@ -115,7 +118,7 @@ class ClusterLink:
         self.broker = broker
         self.manager = manager
         self.keys = Keys(cluster.etcd_prefix)
-        self.client: aetcd.Client = connect(cluster.etcd_endpoint)
+        self.client: aetcd.Client = connect(cluster.etcd_endpoint, cluster.etcd_tls)
         self.host = broker.advertised_host or broker.host
         self.port = broker.port
         self.internal_port: int | None = None

@@ -375,7 +375,26 @@ def _dev(args: argparse.Namespace) -> int:
         etcd_port = args.etcd_port or _free_port()
         etcd_dir = data_dir / "etcd"
         etcd_log = data_dir / "etcd.log"
-        client_url, peer_url = f"http://127.0.0.1:{etcd_port}", f"http://127.0.0.1:{_free_port()}"
+        scheme = "https" if args.tls else "http"
+        client_url = f"{scheme}://127.0.0.1:{etcd_port}"
+        peer_url = f"http://127.0.0.1:{_free_port()}"
+        # With --tls, etcd's client port too: TLS, client certificates from
+        # the same authority; /health in plain HTTP on a port of its own.
+        health_port = _free_port() if args.tls else etcd_port
+        etcd_tls_args = []
+        if args.tls:
+            etcd_tls_args = [
+                f"--cert-file={certs.server_certfile}",
+                f"--key-file={certs.server_keyfile}",
+                f"--trusted-ca-file={certs.cafile}",
+                "--client-cert-auth",
+                f"--listen-metrics-urls=http://127.0.0.1:{health_port}",
+            ]
+            tls_args += [
+                "--etcd-cafile", str(certs.cafile),
+                "--etcd-certfile", str(certs.server_certfile),
+                "--etcd-keyfile", str(certs.server_keyfile),
+            ]  # fmt: skip
         etcd = start(
             "etcd",
             [
@@ -388,10 +407,11 @@ def _dev(args: argparse.Namespace) -> int:
                 f"--initial-advertise-peer-urls={peer_url}",
                 f"--initial-cluster=tidelog-dev={peer_url}",
                 "--log-level=warn",
+                *etcd_tls_args,
             ],
             etcd_log,
         )
-        wait_until_etcd_healthy(etcd_port, READY_TIMEOUT_S, etcd)
+        wait_until_etcd_healthy(health_port, READY_TIMEOUT_S, etcd)
         etcd_endpoint = f"127.0.0.1:{etcd_port}"
         endpoints.append(("etcd", etcd_endpoint, etcd_dir, etcd_log))
 

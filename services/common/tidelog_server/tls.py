@@ -32,6 +32,8 @@ from pathlib import Path
 import grpc
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
+from tidelog_server.etcd.client import EtcdTls
+
 log = logging.getLogger("tidelog.tls")
 
 CLIENT_AUTH_MODES = ("none", "require")
@@ -182,3 +184,25 @@ def add_port(server: grpc.aio.Server, address: str, tls: ServerTls | None, **kwa
     if tls is None:
         return server.add_insecure_port(address)
     return server.add_secure_port(address, tls.server_credentials(**kwargs))
+
+
+def add_etcd_tls_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("TLS to etcd (off unless --etcd-cafile is given)")
+    group.add_argument("--etcd-cafile", type=Path, help="PEM authority of etcd's certificate")
+    group.add_argument(
+        "--etcd-certfile",
+        type=Path,
+        help="PEM client certificate for an etcd started with --client-cert-auth (its CN is "
+        "the etcd user)",
+    )
+    group.add_argument("--etcd-keyfile", type=Path, help="PEM key of --etcd-certfile")
+
+
+def etcd_tls_from_args(args: argparse.Namespace) -> EtcdTls | None:
+    if (args.etcd_certfile is None) != (args.etcd_keyfile is None):
+        raise ValueError("--etcd-certfile and --etcd-keyfile go together")
+    if args.etcd_cafile is None:
+        if args.etcd_certfile is not None:
+            raise ValueError("--etcd-certfile needs --etcd-cafile (TLS to etcd)")
+        return None
+    return EtcdTls(args.etcd_cafile, args.etcd_certfile, args.etcd_keyfile)

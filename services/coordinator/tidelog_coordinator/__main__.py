@@ -10,7 +10,12 @@ import signal
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
-from tidelog_server.tls import add_tls_arguments, tls_from_args
+from tidelog_server.tls import (
+    add_etcd_tls_arguments,
+    add_tls_arguments,
+    etcd_tls_from_args,
+    tls_from_args,
+)
 
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.server import CoordinatorServer
@@ -61,6 +66,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
     )
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
+    add_etcd_tls_arguments(parser)
     add_metrics_arguments(parser)
     parser.add_argument(
         "--metrics-interval-ms",
@@ -76,6 +82,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
+        etcd_tls = etcd_tls_from_args(args)
         security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -102,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         offset_commit_queue_max=args.offset_commit_queue_max,
         group_max_members=args.group_max_members,
         tls=tls,
+        etcd_tls=etcd_tls,
         metrics_interval_ms=args.metrics_interval_ms,
         security=security,
         **extra,

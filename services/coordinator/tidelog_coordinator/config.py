@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from tidelog_server.etcd.client import EtcdTls
 from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import ServerTls
 
@@ -59,6 +60,8 @@ class CoordinatorConfig:
     group_max_members: int = 1_000
     #: TLS on the listener (None: plain text).
     tls: ServerTls | None = None
+    #: TLS to etcd (None: plain text).
+    etcd_tls: EtcdTls | None = None
     #: With --metrics-port: how often the controller refreshes the cluster
     #: gauges and the groups' lag (one etcd read and one ListOffsets per
     #: leader each time).

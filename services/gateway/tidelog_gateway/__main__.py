@@ -9,7 +9,12 @@ import logging
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
-from tidelog_server.tls import add_tls_arguments, tls_from_args
+from tidelog_server.tls import (
+    add_etcd_tls_arguments,
+    add_tls_arguments,
+    etcd_tls_from_args,
+    tls_from_args,
+)
 
 from tidelog_gateway.config import GatewayConfig
 from tidelog_gateway.server import serve
@@ -72,6 +77,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
     parser.add_argument("--drain-timeout-s", type=float, default=defaults.drain_timeout_s)
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
+    add_etcd_tls_arguments(parser)
     add_metrics_arguments(parser)
     add_security_arguments(parser)
     args = parser.parse_args(argv)
@@ -81,6 +87,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         parser.error(f"--etcd: {exc}")
     try:
         tls = tls_from_args(args)
+        etcd_tls = etcd_tls_from_args(args)
         security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -113,6 +120,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         producer_request_timeout_ms=args.producer_request_timeout_ms,
         drain_timeout_s=args.drain_timeout_s,
         tls=tls,
+        etcd_tls=etcd_tls,
         security=security,
     )
     return config, metrics_options(args)

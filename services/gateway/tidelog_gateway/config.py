@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tidelog_server.etcd.client import EtcdTls
 from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import ServerTls
 
@@ -59,6 +60,8 @@ class GatewayConfig:
     drain_timeout_s: float = 10.0
     #: TLS on the listener and to the brokers and coordinators (None: plain text).
     tls: ServerTls | None = None
+    #: TLS to etcd (None: plain text).
+    etcd_tls: EtcdTls | None = None
     #: Authentication and authorization (--allow-anonymous, --super-users, ...).
     security: SecurityOptions = field(default_factory=SecurityOptions)
 

@@ -72,7 +72,7 @@ class GatewayServer:
         self.metrics = None if metrics is None else GatewayMetrics()
         self._metrics_options = metrics
         self.metrics_endpoint: MetricsEndpoint | None = None
-        self.view = ClusterView(config.etcd_endpoint, config.etcd_prefix)
+        self.view = ClusterView(config.etcd_endpoint, config.etcd_prefix, config.etcd_tls)
         self.channels = Channels(
             config.max_message_bytes,
             config.upstream_connections,

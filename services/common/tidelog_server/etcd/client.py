@@ -19,6 +19,12 @@ client *fails over*: it opens a channel to the next member and
 Several failing calls of one channel fail over once (a generation counter).
 With a single endpoint nothing fails over and the client behaves as aetcd's.
 Members are not discovered: the list given is the list used.
+
+TLS (`EtcdTls`): etcd's client port with `--cert-file/--key-file` and, with
+`--client-cert-auth`, a client certificate signed by `--trusted-ca-file`;
+etcd then takes the certificate's CN as the etcd user (its RBAC applies), so
+client certificates are also how the services authenticate to etcd. aetcd
+opens only insecure channels: `connect` opens the channel itself then.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aetcd
@@ -58,6 +66,33 @@ _NOT_SENT_MARKERS = ("failed to connect to all addresses", "connection refused")
 
 _REQUIRE_LEADER = (("hasleader", "true"),)
 
+
+@dataclass(frozen=True)
+class EtcdTls:
+    """PEM files for TLS to etcd: the authority that signed etcd's
+    certificate, and this service's certificate and key (both or neither)
+    for a cluster started with --client-cert-auth."""
+
+    cafile: Path
+    certfile: Path | None = None
+    keyfile: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        def read(path: Path | None, option: str) -> bytes | None:
+            if path is None:
+                return None
+            try:
+                return path.read_bytes()
+            except OSError as exc:
+                raise EtcdEndpointError(f"{option} {path} cannot be read: {exc.strerror}") from exc
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.cafile, "--etcd-cafile"),
+            private_key=read(self.keyfile, "--etcd-keyfile"),
+            certificate_chain=read(self.certfile, "--etcd-certfile"),
+        )
+
+
 #: How long the old channel stays open after a fail-over, so that calls
 #: already in flight on it finish (or time out) instead of being cancelled.
 _OLD_CHANNEL_GRACE_S = ETCD_CALL_TIMEOUT_S + 1
@@ -88,9 +123,9 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
     return endpoints
 
 
-def connect(endpoints: str) -> EtcdClient:
+def connect(endpoints: str, tls: EtcdTls | None = None) -> EtcdClient:
     """A client for `host:port[,host:port...]` (lazy: connects on first use)."""
-    return EtcdClient(parse_endpoints(endpoints))
+    return EtcdClient(parse_endpoints(endpoints), tls)
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -129,9 +164,11 @@ class EtcdClient(aetcd.Client):
     """An aetcd client over a list of members, failing over between them
     (see the module doc). Not thread-safe: use from one event loop."""
 
-    def __init__(self, endpoints: Sequence[tuple[str, int]]) -> None:
+    def __init__(self, endpoints: Sequence[tuple[str, int]], tls: EtcdTls | None = None) -> None:
         if not endpoints:
             raise EtcdEndpointError("at least one etcd endpoint is needed")
+        # Read once, here: a missing file fails at start, naming the option.
+        self._credentials = None if tls is None else tls.credentials()
         host, port = endpoints[0]
         super().__init__(
             host=host,
@@ -163,13 +200,33 @@ class EtcdClient(aetcd.Client):
         """Open the channel to the member in use (no-op when open)."""
         # aetcd's connect() reads _host/_port: point it at the current member.
         self._host, self._port = self.endpoints[self.current]
-        await super().connect()
+        if self._credentials is None:
+            await super().connect()
+        elif not self._connected.is_set():
+            self._open_tls_channel()
         # etcd's "require leader" (clientv3.WithRequireLeader): a member cut
         # off from the quorum answers UNAVAILABLE and ends its watches,
         # instead of serving stale reads and silent watches; we then fail over.
         self.metadata = _REQUIRE_LEADER
         if self._watcher is not None:
             self._watcher._metadata = _REQUIRE_LEADER
+
+    def _open_tls_channel(self) -> None:
+        """What aetcd's connect() does, over a TLS channel (no await inside:
+        two tasks cannot both open one)."""
+        assert self._credentials is not None
+        target = f"{self._host}:{self._port}"
+        self.channel = grpc.aio.secure_channel(
+            target, self._credentials, options=list(self._options.items())
+        )
+        self.kvstub = aetcd.rpc.KVStub(self.channel)
+        self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
+        self.leasestub = aetcd.rpc.LeaseStub(self.channel)
+        self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
+        self._watcher = aetcd.watcher.Watcher(
+            aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+        )
+        self._connected.set()
 
     def fail_over(self, generation: int, reason: BaseException | str) -> None:
         """Move to the next member, unless a fail-over already happened since
