@@ -272,12 +272,18 @@ def test_tidelog_dev_tls_runs_the_whole_cluster_encrypted(
             r"export (TIDELOG_SECURITY_PROTOCOL=SSL TIDELOG_SSL_CAFILE=\S+)", banner
         )
         assert exported, banner
+        bootstrap = f"127.0.0.1:{port}"
+        cafile = exported.group(1).split("TIDELOG_SSL_CAFILE=")[1]
+        # The CLI with Kafka's option names...
+        tidelog(
+            "topics", "create", "tls-dev", "--replication-factor", "2",
+            "--security-protocol", "SSL", "--ssl-cafile", cafile,
+            bootstrap=bootstrap,
+        )  # fmt: skip
+        # ...and, as the banner says, with nothing but the exports.
         for assignment in exported.group(1).split():
             name, _, value = assignment.partition("=")
             monkeypatch.setenv(name, value)
-        bootstrap = f"127.0.0.1:{port}"
-        # The CLI, as the banner says, with nothing but the exports.
-        tidelog("topics", "create", "tls-dev", "--replication-factor", "2", bootstrap=bootstrap)
         tidelog("produce", "tls-dev", bootstrap=bootstrap, stdin=b"one\ntwo\n")
         consumed = tidelog(
             "consume", "tls-dev", "--from-beginning", "--timeout-ms", "3000", bootstrap=bootstrap

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import sys
 
 import grpc
@@ -41,11 +42,12 @@ from tidelog.cli._common import (
     EXIT_USAGE,
     ArgumentParser,
     add_bootstrap_argument,
+    add_security_arguments,
     exit_code_for,
     fail,
     split_global_options,
 )
-from tidelog.config import default_bootstrap
+from tidelog.config import SECURITY_ENV, default_bootstrap
 from tidelog.errors import TidelogError, error_from_rpc
 
 
@@ -66,6 +68,7 @@ def build_parser() -> ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tidelog {version()}")
     add_bootstrap_argument(parser)
+    add_security_arguments(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in (dev_cluster, topics, produce, consume, groups, security):
         module.register(sub, add_bootstrap_argument)
@@ -87,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         return dev_cluster.run(rest[1:])  # the local cluster takes no bootstrap server
     args = build_parser().parse_args(rest)
     args.bootstrap_server = found.get("bootstrap_server") or default_bootstrap()
+    for name, variable in SECURITY_ENV.items():
+        if name in found:
+            os.environ[variable] = found[name]
     try:
         return int(args.handler(args) or 0)
     except TidelogError as exc:

@@ -104,7 +104,20 @@ def exit_code_for(error: BaseException) -> int:
 
 
 #: Options every command takes, before or after the subcommand.
-GLOBAL_VALUE_OPTIONS = {"--bootstrap-server": "bootstrap_server", "-b": "bootstrap_server"}
+GLOBAL_VALUE_OPTIONS = {
+    "--bootstrap-server": "bootstrap_server",
+    "-b": "bootstrap_server",
+    # The clients' security settings, under Kafka's names (tidelog.security).
+    # main() hands them to every client the command makes through the same
+    # environment variables a script would set (config.SECURITY_ENV); the
+    # password only from $TIDELOG_SASL_PASSWORD: a command line is visible
+    # to every user of the machine (ps).
+    "--security-protocol": "security_protocol",
+    "--ssl-cafile": "ssl_cafile",
+    "--ssl-certfile": "ssl_certfile",
+    "--ssl-keyfile": "ssl_keyfile",
+    "--sasl-username": "sasl_plain_username",
+}
 
 
 def split_global_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -133,9 +146,27 @@ def split_global_options(argv: list[str]) -> tuple[dict[str, str], list[str]]:
             value = argv[i + 1]
             i += 2
         else:
-            raise argparse.ArgumentTypeError(f"{token} expects a value (HOST:PORT)")
-        found[dest] = _bootstrap(value)
+            metavar = "HOST:PORT" if dest == "bootstrap_server" else "a value"
+            raise argparse.ArgumentTypeError(f"{token} expects {metavar}")
+        found[dest] = _bootstrap(value) if dest == "bootstrap_server" else value
     return found, rest
+
+
+def add_security_arguments(parser: argparse.ArgumentParser) -> None:
+    """For `--help`: main() takes these out of the command line first, as
+    --bootstrap-server, and passes them to every client of the command."""
+    group = parser.add_argument_group(
+        "security (Kafka's names; default: $TIDELOG_SECURITY_PROTOCOL, $TIDELOG_SSL_CAFILE, ...)"
+    )
+    group.add_argument("--security-protocol", choices=["PLAINTEXT", "SSL", "SASL_SSL"])
+    group.add_argument("--ssl-cafile", metavar="PEM", help="authorities to trust")
+    group.add_argument("--ssl-certfile", metavar="PEM", help="client certificate (mTLS)")
+    group.add_argument("--ssl-keyfile", metavar="PEM", help="key of --ssl-certfile")
+    group.add_argument(
+        "--sasl-username",
+        metavar="NAME",
+        help="with SASL_SSL; the password from $TIDELOG_SASL_PASSWORD",
+    )
 
 
 class ArgumentParser(argparse.ArgumentParser):

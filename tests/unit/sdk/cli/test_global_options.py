@@ -141,3 +141,11 @@ def test_client_properties_take_kafka_names_and_types() -> None:
 def test_bad_client_properties_name_the_problem(pair: str, message: str) -> None:
     with pytest.raises(InvalidConfigError, match=message):
         client_properties([pair], ProducerConfig, "--producer-property")
+
+
+def test_security_options_are_global_too() -> None:
+    found, rest = split_global_options(
+        ["--security-protocol", "SSL", "topics", "list", "--ssl-cafile=/ca.pem", "-b", "h:1"]
+    )
+    assert found == {"security_protocol": "SSL", "ssl_cafile": "/ca.pem", "bootstrap_server": "h:1"}
+    assert rest == ["topics", "list"]
