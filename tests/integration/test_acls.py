@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
@@ -543,3 +544,58 @@ def test_a_request_rate_quota_answers_late_not_never(cluster: SecureCluster) -> 
     finally:
         with cluster.admin() as admin:
             admin.alter_client_quotas("User:alice", {"request_rate": 0})
+
+
+def test_streams_per_principal_are_bounded_and_the_limit_named(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """--max-streams-per-principal: one identity (here User:ANONYMOUS, on a
+    plain-text coordinator) cannot hold more streams open, however many
+    connections it opens; a closed stream frees its place."""
+    import queue
+
+    from tidelog.v1 import group_pb2, group_pb2_grpc
+
+    coordinator = start_coordinator(
+        etcd.endpoint, tmp_path / "logs", prefix="/streams", coordinator_id="s0",
+        session_ttl_s=3, extra_args=("--max-streams-per-principal", "3"),
+    )  # fmt: skip
+    channels: list[grpc.Channel] = []
+    ends: list[queue.Queue[None]] = []
+
+    def open_stream(n: int) -> Any:
+        """A heartbeat stream on a connection of its own, after its first answer."""
+        channel = grpc.insecure_channel(
+            coordinator.address, options=[("tidelog.test.connection", n)]
+        )
+        channels.append(channel)
+        end: queue.Queue[None] = queue.Queue()
+        ends.append(end)
+
+        def requests() -> Iterator[group_pb2.GroupHeartbeatRequest]:
+            yield group_pb2.GroupHeartbeatRequest(
+                group_id=f"streams-{n}", subscribed_topics=["t"], session_timeout_ms=30_000
+            )
+            end.get()  # hold the stream open until the test ends it
+
+        call = group_pb2_grpc.GroupStub(channel).Heartbeat(requests(), timeout=60)
+        next(call)  # answered: the stream is open and counted
+        return call
+
+    try:
+        calls = [open_stream(n) for n in range(3)]
+        with pytest.raises(grpc.RpcError) as refused:
+            open_stream(3)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert "--max-streams-per-principal=3" in refused.value.details()  # type: ignore[attr-defined]
+        assert "User:ANONYMOUS" in refused.value.details()  # type: ignore[attr-defined]
+        calls[0].cancel()
+        ends[0].put(None)
+        # Its place is freed once the service has seen the cancel.
+        _eventually(lambda: open_stream(4))
+    finally:
+        for end in ends:
+            end.put(None)
+        for channel in channels:
+            channel.close()
+        coordinator.stop()

@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from tidelog.errors import (
     ClusterAuthorizationFailedError,
     CoordinatorNotAvailableError,
     GroupAuthorizationFailedError,
+    InvalidRequestError,
     SaslAuthenticationError,
     TidelogError,
     TopicAuthorizationFailedError,
@@ -187,6 +189,8 @@ class Interceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, security: Security) -> None:
         self.security = security
+        #: Streams open per principal (super users not counted).
+        self._streams: Counter[str] = Counter()
 
     async def intercept_service(
         self,
@@ -292,6 +296,30 @@ class Interceptor(grpc.aio.ServerInterceptor):
     def _throttle_ms(self, caller: Caller, key: str, amount: float) -> int:
         return self.security.quotas.record(caller.principal, caller.client_id, key, amount)
 
+    async def _open_stream(self, caller: Caller, context: grpc.aio.ServicerContext) -> bool:
+        """Count one more stream of `caller`; abort naming the limit when it
+        already has --max-streams-per-principal open. True when counted."""
+        if caller.principal in self.security.super_users:
+            return False
+        limit = self.security.options.max_streams_per_principal
+        open_now = self._streams[caller.principal]
+        if open_now >= limit:
+            await _abort(
+                context,
+                InvalidRequestError(
+                    f"{caller.principal} already has {open_now} streams open on this service, "
+                    f"its limit (--max-streams-per-principal={limit}): one stream carries "
+                    "every partition"
+                ),
+            )
+        self._streams[caller.principal] += 1
+        return True
+
+    def _close_stream(self, caller: Caller) -> None:
+        self._streams[caller.principal] -= 1
+        if self._streams[caller.principal] <= 0:
+            del self._streams[caller.principal]
+
     # Wrappers
 
     def _unary(self, behavior: Callable[..., Awaitable[Any]], rule: Rule) -> Callable[..., Any]:
@@ -327,70 +355,78 @@ class Interceptor(grpc.aio.ServerInterceptor):
             request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
             caller = await self._admit(context)
-            state: dict[str, str] = {}
-            denied: list[TidelogError] = []
-            #: monotonic time before which the stream is held back (quotas).
-            hold_until = [0.0]
-
-            async def checked() -> AsyncIterator[Any]:
-                async for request in request_iterator:
-                    error = self._denied(caller, rule.checks(request, state))
-                    if error is not None:
-                        log.info("denied: %s", error.message)
-                        denied.append(error)
-                        # Ends the servicer's input; the stream is aborted below.
-                        raise error
-                    wait_s = hold_until[0] - time.monotonic()
-                    if wait_s > 0:
-                        await asyncio.sleep(wait_s)
-                    if self._metered(caller):
-                        throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
-                        if rule.quota == "produce":
-                            # ByteSize: no copy of the records (a field read would).
-                            size = request.ByteSize()
-                            throttle_ms = max(
-                                throttle_ms, self._throttle_ms(caller, PRODUCER_BYTE_RATE, size)
-                            )
-                        if throttle_ms:
-                            hold_until[0] = time.monotonic() + throttle_ms / 1000
-                    yield request
-
+            counted = await self._open_stream(caller, context)
             try:
-                inner: Any = behavior(checked(), context)
-                async with contextlib.aclosing(inner) as responses:
-                    async for response in responses:
-                        if denied:
-                            break
-                        if not rule.quota:
-                            yield response
-                            continue
+                state: dict[str, str] = {}
+                denied: list[TidelogError] = []
+                #: monotonic time before which the stream is held back (quotas).
+                hold_until = [0.0]
+
+                async def checked() -> AsyncIterator[Any]:
+                    async for request in request_iterator:
+                        error = self._denied(caller, rule.checks(request, state))
+                        if error is not None:
+                            log.info("denied: %s", error.message)
+                            denied.append(error)
+                            # Ends the servicer's input; the stream is aborted below.
+                            raise error
                         wait_s = hold_until[0] - time.monotonic()
-                        if rule.quota == "fetch":
-                            # The answer before went over: hold this one back.
-                            if wait_s > 0:
-                                await asyncio.sleep(wait_s)
-                            throttle_ms = 0
-                            if self._metered(caller):
-                                # The broker sends its Fetch answers already
-                                # serialized (fetch_wire); the gateway as messages.
-                                size = (
-                                    len(response)
-                                    if isinstance(response, bytes)
-                                    else response.ByteSize()
+                        if wait_s > 0:
+                            await asyncio.sleep(wait_s)
+                        if self._metered(caller):
+                            throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
+                            if rule.quota == "produce":
+                                # ByteSize: no copy of the records (a field read would).
+                                size = request.ByteSize()
+                                throttle_ms = max(
+                                    throttle_ms, self._throttle_ms(caller, PRODUCER_BYTE_RATE, size)
                                 )
-                                throttle_ms = self._throttle_ms(caller, CONSUMER_BYTE_RATE, size)
-                                if throttle_ms:
-                                    hold_until[0] = time.monotonic() + throttle_ms / 1000
-                        else:
-                            # Produce: how long the next request will be held.
-                            throttle_ms = int(max(0.0, wait_s) * 1000)
-                        if throttle_ms:
-                            response = _with_throttle_time(response, throttle_ms)
-                        yield response
-            except AuthorizationFailedError as exc:
-                denied.append(exc)
-            if denied:
-                await _abort(context, denied[0])
+                            if throttle_ms:
+                                hold_until[0] = time.monotonic() + throttle_ms / 1000
+                        yield request
+
+                try:
+                    inner: Any = behavior(checked(), context)
+                    async with contextlib.aclosing(inner) as responses:
+                        async for response in responses:
+                            if denied:
+                                break
+                            if not rule.quota:
+                                yield response
+                                continue
+                            wait_s = hold_until[0] - time.monotonic()
+                            if rule.quota == "fetch":
+                                # The answer before went over: hold this one back.
+                                if wait_s > 0:
+                                    await asyncio.sleep(wait_s)
+                                throttle_ms = 0
+                                if self._metered(caller):
+                                    # The broker sends its Fetch answers already
+                                    # serialized (fetch_wire); the gateway as messages.
+                                    size = (
+                                        len(response)
+                                        if isinstance(response, bytes)
+                                        else response.ByteSize()
+                                    )
+                                    throttle_ms = self._throttle_ms(
+                                        caller, CONSUMER_BYTE_RATE, size
+                                    )
+                                    if throttle_ms:
+                                        hold_until[0] = time.monotonic() + throttle_ms / 1000
+                            else:
+                                # Produce: how long the next request will be held.
+                                throttle_ms = int(max(0.0, wait_s) * 1000)
+                            if throttle_ms:
+                                response = _with_throttle_time(response, throttle_ms)
+                            yield response
+                except AuthorizationFailedError as exc:
+                    denied.append(exc)
+                if denied:
+                    await _abort(context, denied[0])
+
+            finally:
+                if counted:
+                    self._close_stream(caller)
 
         return stream
 

@@ -47,6 +47,20 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         "allow.everyone.if.no.acl.found; default %(default)s, so clusters without ACLs "
         "keep working: set false in production)",
     )
+    group.add_argument(
+        "--max-streams-per-principal",
+        type=int,
+        default=DEFAULT_MAX_STREAMS_PER_PRINCIPAL,
+        metavar="N",
+        help="streaming calls (Produce, Fetch, Consume, Heartbeat) one principal may have open "
+        "on this service; super users are not counted (default %(default)s)",
+    )
+
+
+#: Streams one principal may hold open on one service. Per-connection limits
+#: alone let one identity open many connections; this bounds what one
+#: (non-super) identity costs a service whatever it does.
+DEFAULT_MAX_STREAMS_PER_PRINCIPAL = 4096
 
 
 @dataclass(frozen=True)
@@ -54,9 +68,18 @@ class SecurityOptions:
     allow_anonymous: bool | None = None
     super_users: tuple[str, ...] = ()
     allow_everyone_if_no_acl_found: bool = True
+    max_streams_per_principal: int = DEFAULT_MAX_STREAMS_PER_PRINCIPAL
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SecurityOptions:
         """ValueError naming the bad principal."""
         users = tuple(check_principal(p.strip()) for p in args.super_users.split(";") if p.strip())
-        return cls(args.allow_anonymous, users, args.allow_everyone_if_no_acl_found)
+        limit = args.max_streams_per_principal
+        if limit < 1:
+            raise ValueError(f"--max-streams-per-principal must be at least 1, got {limit}")
+        return cls(
+            args.allow_anonymous,
+            users,
+            args.allow_everyone_if_no_acl_found,
+            limit,
+        )
