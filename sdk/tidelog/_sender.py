@@ -77,6 +77,11 @@ class _InFlight:
     batches: dict[tuple[str, int], list[ProducerBatch]] = field(default_factory=dict)
 
 
+#: How long closing a produce stream waits for the broker to end it after
+#: the half-close (what was written reaches the broker).
+CLOSE_DRAIN_S = 5.0
+
+
 class ProduceStream:
     """One bidi Produce call to one broker, with pipelined requests."""
 
@@ -189,6 +194,11 @@ class ProduceStream:
                 self._slots.release()
                 self._sender.on_request_failed(entry, error or ClosedError("stream closed"))
 
+    async def _finish(self) -> None:
+        await self._call.done_writing()
+        while await self._call.read() is not _EOF:
+            pass
+
     def _mark_broken(self) -> None:
         if not self.broken:
             self.broken = True
@@ -197,6 +207,12 @@ class ProduceStream:
 
     async def close(self) -> None:
         self._closed = True
+        if not self.broken and not self._inflight:
+            # Requests written without an answer to wait for (acks=0) may
+            # still sit in gRPC's buffers: cancelling the call now would drop
+            # them. Half-close and let the broker end the stream first.
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._finish(), CLOSE_DRAIN_S)
         self._mark_broken()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -392,3 +392,23 @@ def test_a_stored_batch_larger_than_fetch_max_bytes_is_still_read(
         c.seek_to_beginning(tp)
         got = consume(c, 2_000)
     assert [int(r.value[:6]) for r in got] == list(range(2_000))
+
+
+def test_acks_0_records_written_before_close_all_reach_the_broker(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """close() right after fire-and-forget sends: what was written to the
+    stream reaches the broker (close used to cancel the call, which can drop
+    requests still in gRPC's buffers)."""
+    with AdminClient(broker.address) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    rounds, per_round = 5, 3000
+    for _ in range(rounds):
+        producer = Producer(bootstrap_servers=broker.address, acks=0, batch_size=4096)
+        for i in range(per_round):
+            producer.send(topic_name, b"v%06d" % i)
+        producer.close()
+    with Consumer(bootstrap_servers=broker.address, consumer_timeout_ms=3000) as consumer:
+        consumer.assign([TopicPartition(topic_name, 0)])
+        consumer.seek_to_beginning()
+        assert sum(1 for _ in consumer) == rounds * per_round
