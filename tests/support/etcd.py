@@ -34,6 +34,13 @@ from typing import Any
 from tidelog_server.dev import etcd_binary
 
 START_TIMEOUT_S = 15.0
+#: free_port() closes the port it found: another test's process can bind it
+#: before etcd does. Starting again on new ports is the remedy.
+PORT_RACE_ATTEMPTS = 3
+
+
+class PortTakenError(RuntimeError):
+    """etcd could not bind a port picked for it (taken in the meantime)."""
 
 
 def free_port() -> int:
@@ -92,9 +99,15 @@ class EtcdProcess:
     @classmethod
     def start(cls, data_dir: Path, tls: EtcdServerTls | None = None) -> EtcdProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
-        etcd = cls(data_dir / "etcd", free_port(), free_port(), tls=tls)
-        etcd._spawn()
-        return etcd
+        for attempt in range(PORT_RACE_ATTEMPTS):
+            etcd = cls(data_dir / f"etcd-{attempt}", free_port(), free_port(), tls=tls)
+            try:
+                etcd._spawn()
+                return etcd
+            except PortTakenError:
+                if attempt == PORT_RACE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _spawn(self, wait: bool = True) -> None:
         scheme = "http" if self.tls is None else "https"
@@ -132,7 +145,10 @@ class EtcdProcess:
         while time.monotonic() < deadline:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode}; see {self._log}")
+                message = f"etcd exited with {self.proc.returncode}; see {self._log}"
+                if "address already in use" in self._log.read_text(errors="replace"):
+                    raise PortTakenError(message)
+                raise RuntimeError(message)
             try:
                 port = self.metrics_port or self.client_port
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
@@ -179,6 +195,18 @@ class EtcdCluster:
 
     @classmethod
     def start(cls, root: Path, members: int = 3) -> EtcdCluster:
+        """Start `members` members; again on new ports when one of the free
+        ports picked was taken by another process before etcd bound it."""
+        for attempt in range(PORT_RACE_ATTEMPTS):
+            try:
+                return cls._start_once(root / f"attempt-{attempt}", members)
+            except PortTakenError:
+                if attempt == PORT_RACE_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _start_once(cls, root: Path, members: int) -> EtcdCluster:
         root.mkdir(parents=True, exist_ok=True)
         ports = [(free_port(), free_port()) for _ in range(members)]
         initial = ",".join(f"m{i}=http://127.0.0.1:{peer}" for i, (_, peer) in enumerate(ports))

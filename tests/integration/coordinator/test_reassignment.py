@@ -187,7 +187,7 @@ def test_a_move_past_a_brokers_partition_limit_is_refused(
         # which the coordinator takes the partitions of one request (seen
         # under load: 41 refused instead of 44), not only the last 3.
         assert len(refused) == 3, refused
-        assert all(isinstance(e, InvalidPartitionsError) for e in refused.values())
+        assert all(isinstance(e, InvalidPartitionsError) for e in refused.values()), refused
         assert "over its limit of 43" in str(next(iter(refused.values())))
     finally:
         small.stop()
