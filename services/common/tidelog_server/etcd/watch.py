@@ -89,6 +89,13 @@ class PrefixWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
+                task = asyncio.current_task()
+                if task is not None and task.cancelling():
+                    # A cancel that reached a call in flight can come back
+                    # wrapped (aetcd's error translation): it is still a
+                    # cancel. Resuming here kept a stopping controller's
+                    # watch alive forever (test_controller's phantom test).
+                    raise asyncio.CancelledError from exc
                 if not is_unavailable(exc):
                     log.exception("watch %s failed; resuming", self.name)
                 else:
