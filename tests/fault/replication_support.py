@@ -13,7 +13,8 @@ import random
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +118,19 @@ class ReplicatedCluster:
         with AdminClient(bootstrap_servers=self.bootstrap) as admin:
             admin.create_topics([NewTopic(name, partitions, replicas, topic_configs=configs)])
         assert self.wait_full_isr(name, replicas, 20), self.isr(name)
+
+
+@contextmanager
+def running_replicated_cluster(
+    etcd: EtcdProcess, root: Path, prefix: str, count: int = 3
+) -> Iterator[ReplicatedCluster]:
+    """A started ReplicatedCluster for the duration of the block."""
+    cluster = ReplicatedCluster(etcd, root, prefix)
+    try:
+        cluster.start(count)
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 class AckedProducer:

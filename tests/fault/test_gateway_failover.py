@@ -5,9 +5,6 @@ clients given only the gateway's address (issue 10)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.fault.replication_support import (
@@ -17,39 +14,10 @@ from tests.fault.replication_support import (
     compare,
     read_back,
 )
-from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.gateway import GatewayProcess
 
 TOPIC = "payments"
 PARTITIONS = 3
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path / "etcd")
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture
-def cluster(etcd: EtcdProcess, tmp_path: Path) -> Iterator[ReplicatedCluster]:
-    processes = ReplicatedCluster(etcd, tmp_path, "/gateway-failover")
-    try:
-        processes.start()
-        yield processes
-    finally:
-        processes.stop()
-
-
-@pytest.fixture
-def gateway(cluster: ReplicatedCluster, tmp_path: Path) -> Iterator[GatewayProcess]:
-    process = start_gateway(cluster.etcd.endpoint, tmp_path / "logs", prefix=cluster.prefix)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.mark.timeout(150)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,7 @@ from tidelog import Consumer, TopicPartition
 
 from tests.fault.replication_support import LeaderKiller, ReplicatedCluster
 from tests.integration.clients.conftest import build
-from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.gateway import GatewayProcess
 
 TOPIC = "go-payments"
 PARTITIONS = 3
@@ -32,34 +30,6 @@ PRODUCE_S = 15
 @pytest.fixture
 def go_example() -> Path:
     return build("examples/go/build.sh")
-
-
-@pytest.fixture
-def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path / "etcd")
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture
-def cluster(etcd: EtcdProcess, tmp_path: Path) -> Iterator[ReplicatedCluster]:
-    processes = ReplicatedCluster(etcd, tmp_path, "/gateway-go-failover")
-    try:
-        processes.start()
-        yield processes
-    finally:
-        processes.stop()
-
-
-@pytest.fixture
-def gateway(cluster: ReplicatedCluster, tmp_path: Path) -> Iterator[GatewayProcess]:
-    process = start_gateway(cluster.etcd.endpoint, tmp_path / "logs", prefix=cluster.prefix)
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def _read_all(address: str, timeout_s: float) -> dict[tuple[int, int], tuple[bytes, bytes]]:

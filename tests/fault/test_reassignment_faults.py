@@ -23,7 +23,13 @@ from pathlib import Path
 import pytest
 from tidelog import AdminClient, NewTopic, TopicPartition
 
-from tests.fault.replication_support import AckedProducer, ReplicatedCluster, compare, read_back
+from tests.fault.replication_support import (
+    AckedProducer,
+    ReplicatedCluster,
+    compare,
+    read_back,
+    running_replicated_cluster,
+)
 from tests.support.coordinator import start_coordinator
 from tests.support.etcd import EtcdProcess
 
@@ -34,25 +40,15 @@ PARTITIONS = 2
 DEADLINE_S = 90.0
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
 @pytest.fixture
 def cluster(
     etcd: EtcdProcess, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[ReplicatedCluster]:
-    processes = ReplicatedCluster(etcd, tmp_path, f"/{request.node.name[:40]}")
-    try:
-        processes.start(count=4)
+    """Four brokers: a move needs somewhere to go."""
+    with running_replicated_cluster(
+        etcd, tmp_path, f"/{request.node.name[:40]}", count=4
+    ) as processes:
         yield processes
-    finally:
-        processes.stop()
 
 
 def wait_for(check, what: str, timeout_s: float = DEADLINE_S):  # type: ignore[no-untyped-def]

@@ -9,8 +9,6 @@ workloads longer (`pytest -m soak`, durations from TIDELOG_SOAK_S).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from tidelog.config import ProducerConfig
@@ -22,32 +20,10 @@ from tests.fault.replication_support import (
     compare,
     read_back,
 )
-from tests.support.etcd import EtcdProcess
 
 TOPIC = "orders"
 PARTITIONS = 3
 SOAK_S = float(os.environ.get("TIDELOG_SOAK_S", "300"))
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture
-def cluster(
-    etcd: EtcdProcess, tmp_path: Path, request: pytest.FixtureRequest
-) -> Iterator[ReplicatedCluster]:
-    processes = ReplicatedCluster(etcd, tmp_path, f"/{request.node.name[:40]}")
-    try:
-        processes.start()
-        yield processes
-    finally:
-        processes.stop()
 
 
 def run_with_kills(

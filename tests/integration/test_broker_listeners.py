@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 from tidelog import AdminClient, NewTopic, Producer
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 
-from tests.support.cluster import ClusterProcesses, start_cluster
+from tests.support.cluster import ClusterProcesses, running_cluster
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,23 +24,11 @@ REPLICA_SERVICE = "tidelog.internal.Replica"
 
 
 @pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture(scope="module")
 def cluster(
     etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterProcesses]:
-    processes = start_cluster(tmp_path_factory.mktemp("listeners"), etcd=etcd, brokers=2)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("listeners"), etcd=etcd, brokers=2) as processes:
         yield processes
-    finally:
-        processes.stop()
 
 
 def _fetch_as_stranger(address: str) -> replica_pb2.ReplicaFetchResponse:

@@ -10,7 +10,8 @@ PID. Brokers use a short session TTL so that tests of failures stay fast.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,3 +111,22 @@ def start_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+@contextmanager
+def running_cluster(
+    root: Path,
+    *,
+    etcd: EtcdProcess | EtcdCluster,
+    prefix: str = "/tidelog",
+    brokers: int = 3,
+    broker_args: Sequence[str] = (),
+) -> Iterator[ClusterProcesses]:
+    """`start_cluster` for the duration of the block; every process stopped after it."""
+    processes = start_cluster(
+        root, etcd=etcd, prefix=prefix, brokers=brokers, broker_args=broker_args
+    )
+    try:
+        yield processes
+    finally:
+        processes.stop()

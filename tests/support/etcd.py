@@ -27,6 +27,8 @@ import subprocess
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -276,3 +278,13 @@ def _post(member: EtcdProcess, path: str, body: dict[str, object]) -> dict[str, 
 
 def _status(member: EtcdProcess) -> dict[str, Any]:
     return _post(member, "/v3/maintenance/status", {})
+
+
+@contextmanager
+def running_etcd(data_dir: Path, tls: EtcdServerTls | None = None) -> Iterator[EtcdProcess]:
+    """One etcd member for the duration of the block, stopped by PID after it."""
+    process = EtcdProcess.start(data_dir, tls=tls)
+    try:
+        yield process
+    finally:
+        process.stop()

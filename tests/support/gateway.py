@@ -9,7 +9,8 @@ a `GatewayProcess`. Output goes to `<log_dir>/gateway-<port>.log`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from tests.support.processes import ServiceProcess, free_port, spawn_service
@@ -39,3 +40,15 @@ def start_gateway(
     ]  # fmt: skip
     proc = spawn_service("gateway", args, address, log_path, START_TIMEOUT_S)
     return GatewayProcess(proc, address, log_path)
+
+
+@contextmanager
+def running_gateway(
+    etcd_endpoint: str, log_dir: Path, *, prefix: str, extra_args: Sequence[str] = ()
+) -> Iterator[GatewayProcess]:
+    """`start_gateway` for the duration of the block; stopped (drained) after it."""
+    process = start_gateway(etcd_endpoint, log_dir, prefix=prefix, extra_args=extra_args)
+    try:
+        yield process
+    finally:
+        process.stop()

@@ -6,22 +6,10 @@ prefix); tests that restart etcd start their own."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 
-from tests.support.etcd import EtcdProcess
-
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import ClusterProcesses, start_cluster
-from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.cluster import ClusterProcesses, running_cluster
+from tests.support.etcd import EtcdProcess, running_etcd
+from tests.support.gateway import GatewayProcess, running_gateway
 
 REPO = Path(__file__).resolve().parents[3]
 # The first build of grpcurl takes minutes on a shared 2-core machine.
@@ -82,34 +82,27 @@ def grpcurl(go_bin: Path) -> Path:
     return go_bin / "grpcurl"
 
 
+# tests/conftest.py's fixtures, once for the whole directory rather than per
+# module: every example shares one cluster (and one xdist worker).
 @pytest.fixture(scope="package")
 def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
-    try:
+    with running_etcd(tmp_path_factory.mktemp("etcd")) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="package")
 def cluster(
     etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterProcesses]:
-    processes = start_cluster(tmp_path_factory.mktemp("cluster"), etcd=etcd, brokers=3)
-    try:
+    with running_cluster(tmp_path_factory.mktemp("cluster"), etcd=etcd) as processes:
         yield processes
-    finally:
-        processes.stop()
 
 
 @pytest.fixture(scope="package")
 def gateway(
     cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    process = start_gateway(
+    with running_gateway(
         cluster.etcd.endpoint, tmp_path_factory.mktemp("gateway"), prefix=cluster.prefix
-    )
-    try:
+    ) as process:
         yield process
-    finally:
-        process.stop()

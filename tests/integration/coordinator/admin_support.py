@@ -5,7 +5,8 @@ when elections happen), polling, and what one broker holds of a partition."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import grpc
@@ -41,6 +42,29 @@ def start_admin_cluster(
         cluster.stop()
         raise
     return cluster
+
+
+@contextmanager
+def running_admin_cluster(
+    etcd: EtcdProcess, root: Path, prefix: str, brokers: int = 3
+) -> Iterator[ClusterProcesses]:
+    """`start_admin_cluster` for the duration of the block."""
+    cluster = start_admin_cluster(etcd, root, prefix, brokers)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@contextmanager
+def admin_client(cluster: ClusterProcesses) -> Iterator[AdminClient]:
+    """An AdminClient once every broker of `cluster` is registered: the tests
+    of a module share its cluster, and one that stopped a broker leaves it
+    restarting (its old session must expire first); a test that then names
+    that broker in an assignment was refused ("not a live broker")."""
+    cluster.wait_registered(len(cluster.brokers))
+    with AdminClient(bootstrap_servers=cluster.bootstrap) as client:
+        yield client
 
 
 def wait_until(check: Callable[[], object], what: str, timeout_s: float = 40) -> object:

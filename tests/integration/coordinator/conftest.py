@@ -20,15 +20,6 @@ from tests.support.etcd import EtcdProcess
 _prefixes = itertools.count()
 
 
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
 @pytest.fixture
 def prefix(request: pytest.FixtureRequest) -> str:
     return f"/t{next(_prefixes)}-{request.node.name[:40]}".replace("[", "-").replace("]", "")

@@ -16,8 +16,9 @@ import pytest
 from tidelog import AdminClient, NewTopic, Producer, TopicPartition
 
 from tests.integration.coordinator.admin_support import (
+    admin_client,
     partition,
-    start_admin_cluster,
+    running_admin_cluster,
     wait_until,
 )
 from tests.support.cluster import ClusterProcesses
@@ -31,17 +32,15 @@ pytestmark = pytest.mark.timeout(300)
 def cluster(
     etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterProcesses]:
-    root: Path = tmp_path_factory.mktemp("cli-admin")
-    processes = start_admin_cluster(etcd, root, "/cli-admin", brokers=4)
-    try:
+    with running_admin_cluster(
+        etcd, tmp_path_factory.mktemp("cli-admin"), "/cli-admin", brokers=4
+    ) as processes:
         yield processes
-    finally:
-        processes.stop()
 
 
 @pytest.fixture
 def admin(cluster: ClusterProcesses) -> Iterator[AdminClient]:
-    with AdminClient(bootstrap_servers=cluster.bootstrap) as client:
+    with admin_client(cluster) as client:
         yield client
 
 

@@ -6,7 +6,6 @@ processes, driven through the SDK's AdminClient as a user would.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from tidelog import AdminClient, Consumer, NewPartitions, NewTopic, Producer, TopicPartition
@@ -19,9 +18,10 @@ from tidelog.errors import (
 )
 
 from tests.integration.coordinator.admin_support import (
+    admin_client,
     local_partition,
     partition,
-    start_admin_cluster,
+    running_admin_cluster,
     wait_until,
 )
 from tests.support.cluster import ClusterProcesses
@@ -34,17 +34,15 @@ pytestmark = pytest.mark.timeout(240)
 def cluster(
     etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterProcesses]:
-    root: Path = tmp_path_factory.mktemp("partition-admin")
-    processes = start_admin_cluster(etcd, root, "/partition-admin")
-    try:
+    with running_admin_cluster(
+        etcd, tmp_path_factory.mktemp("partition-admin"), "/partition-admin"
+    ) as processes:
         yield processes
-    finally:
-        processes.stop()
 
 
 @pytest.fixture
 def admin(cluster: ClusterProcesses) -> Iterator[AdminClient]:
-    with AdminClient(bootstrap_servers=cluster.bootstrap) as client:
+    with admin_client(cluster) as client:
         yield client
 
 

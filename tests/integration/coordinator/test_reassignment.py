@@ -20,9 +20,10 @@ from tidelog.errors import (
 )
 
 from tests.integration.coordinator.admin_support import (
+    admin_client,
     local_partition,
     partition,
-    start_admin_cluster,
+    running_admin_cluster,
     wait_until,
 )
 from tests.support.cluster import ClusterProcesses
@@ -44,17 +45,15 @@ BATCH_BYTES = 16 * 1024
 def cluster(
     etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[ClusterProcesses]:
-    root: Path = tmp_path_factory.mktemp("reassignment")
-    processes = start_admin_cluster(etcd, root, "/reassignment", brokers=4)
-    try:
+    with running_admin_cluster(
+        etcd, tmp_path_factory.mktemp("reassignment"), "/reassignment", brokers=4
+    ) as processes:
         yield processes
-    finally:
-        processes.stop()
 
 
 @pytest.fixture
 def admin(cluster: ClusterProcesses) -> Iterator[AdminClient]:
-    with AdminClient(bootstrap_servers=cluster.bootstrap) as client:
+    with admin_client(cluster) as client:
         yield client
 
 

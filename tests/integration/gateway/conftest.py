@@ -1,55 +1,15 @@
-"""Fixtures for gateway tests: one real cluster per module (etcd, a
-coordinator, three brokers in cluster mode) and a gateway in front of it.
-
-Clients are given only the gateway's address. Tests isolate themselves by
-topic and group names; every process is stopped by PID at the end.
+"""Fixtures for gateway tests. The cluster and the gateway in front of it
+are tests/conftest.py's (one per module); clients are given only the
+gateway's address, and tests isolate themselves by topic and group names.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 
-from tests.support.cluster import ClusterProcesses, start_cluster
-from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
-
 _names = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path_factory.mktemp("etcd"))
-    try:
-        yield process
-    finally:
-        process.stop()
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ClusterProcesses]:
-    processes = start_cluster(tmp_path_factory.mktemp("cluster"), etcd=etcd, brokers=3)
-    try:
-        yield processes
-    finally:
-        processes.stop()
-
-
-@pytest.fixture(scope="module")
-def gateway(
-    cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    process = start_gateway(
-        cluster.etcd.endpoint, tmp_path_factory.mktemp("gateway"), prefix=cluster.prefix
-    )
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture

@@ -8,17 +8,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import grpc
 import grpc.aio
 import psutil
 import pytest
-from tidelog import AdminClient, Consumer, NewTopic, TopicPartition, records
+from tidelog import Consumer, TopicPartition
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
+from tests.integration.gateway.backlog import write_backlog
 from tests.support.cluster import ClusterProcesses
-from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.gateway import GatewayProcess, running_gateway
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,46 +39,24 @@ def gateway(
 ) -> Iterator[GatewayProcess]:
     # Budgets far above what 200 streams could hold, so that only the
     # credit bounds the gateway (1 GiB: a broken gateway cannot take more).
-    process = start_gateway(
+    with running_gateway(
         cluster.etcd.endpoint,
-        Path(tmp_path_factory.mktemp("gateway-memory")),
+        tmp_path_factory.mktemp("gateway-memory"),
         prefix=cluster.prefix,
         extra_args=(
             "--fetch-buffer-max-bytes", str(1024 * MIB),
             "--fetch-buffer-max-bytes-per-connection", str(1024 * MIB),
         ),
-    )  # fmt: skip
-    try:
-        _write_backlog(process.address)
+    ) as process:  # fmt: skip
+        write_backlog(
+            process.address,
+            TOPIC,
+            PARTITIONS,
+            BATCHES_PER_PARTITION,
+            RECORDS_PER_BATCH,
+            b"v" * (BATCH_BYTES // RECORDS_PER_BATCH),
+        )
         yield process
-    finally:
-        process.stop()
-
-
-def _write_backlog(address: str) -> None:
-    with AdminClient(address) as admin:
-        admin.create_topics([NewTopic(TOPIC, PARTITIONS)])
-    value = b"v" * (BATCH_BYTES // RECORDS_PER_BATCH)
-
-    def requests() -> Iterator[log_pb2.ProduceRequest]:
-        for n in range(BATCHES_PER_PARTITION):
-            yield log_pb2.ProduceRequest(
-                correlation_id=n,
-                acks=1,
-                partitions=[
-                    log_pb2.PartitionRecords(
-                        topic=TOPIC,
-                        partition=p,
-                        records=records.encode_batch([value] * RECORDS_PER_BATCH),
-                    )
-                    for p in range(PARTITIONS)
-                ],
-            )
-
-    with grpc.insecure_channel(address) as channel:
-        for response in log_pb2_grpc.LogStub(channel).Produce(requests(), timeout=120):
-            for result in response.partitions:
-                assert not result.HasField("error"), result
 
 
 def _read_backlog(address: str) -> int:

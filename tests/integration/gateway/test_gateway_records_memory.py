@@ -24,12 +24,12 @@ import grpc
 import grpc.aio
 import psutil
 import pytest
-from tidelog import AdminClient, NewTopic, records
-from tidelog.v1 import log_pb2, log_pb2_grpc, records_pb2, records_pb2_grpc
+from tidelog.v1 import log_pb2, records_pb2, records_pb2_grpc
 
-from tests.support.cluster import ClusterProcesses, start_cluster
+from tests.integration.gateway.backlog import write_backlog
+from tests.support.cluster import ClusterProcesses, running_cluster
 from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.gateway import GatewayProcess, running_gateway
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,28 +53,22 @@ def cluster(
     root = Path(tmp_path_factory.mktemp("cluster-records-memory"))
     config = root / "broker.properties"
     config.write_text(f"fetch.max.streams.per.connection={STREAMS_PER_BROKER_CONNECTION}\n")
-    processes = start_cluster(
-        root, etcd=etcd, brokers=3, broker_args=("--config", str(config)), prefix="/records-memory"
-    )
-    try:
+    with running_cluster(
+        root, etcd=etcd, broker_args=("--config", str(config)), prefix="/records-memory"
+    ) as processes:
         yield processes
-    finally:
-        processes.stop()
 
 
 @pytest.fixture(scope="module")
 def gateway(
     cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    process = start_gateway(
+    with running_gateway(
         cluster.etcd.endpoint,
-        Path(tmp_path_factory.mktemp("gateway-records-memory")),
+        tmp_path_factory.mktemp("gateway-records-memory"),
         prefix=cluster.prefix,
-    )
-    try:
+    ) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
@@ -82,38 +76,20 @@ def fresh_gateway(
     backlog: GatewayProcess, cluster: ClusterProcesses, tmp_path: Path
 ) -> Iterator[GatewayProcess]:
     """A gateway that has served nothing yet (its RSS is its own)."""
-    process = start_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix)
-    try:
+    with running_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture(scope="module")
 def backlog(gateway: GatewayProcess) -> GatewayProcess:
-    with AdminClient(gateway.address) as admin:
-        admin.create_topics([NewTopic(TOPIC, PARTITIONS)])
-    value = b"v" * RECORD_BYTES
-
-    def requests() -> Iterator[log_pb2.ProduceRequest]:
-        for n in range(BATCHES_PER_PARTITION):
-            yield log_pb2.ProduceRequest(
-                correlation_id=n,
-                acks=1,
-                partitions=[
-                    log_pb2.PartitionRecords(
-                        topic=TOPIC,
-                        partition=p,
-                        records=records.encode_batch([value] * RECORDS_PER_BATCH),
-                    )
-                    for p in range(PARTITIONS)
-                ],
-            )
-
-    with grpc.insecure_channel(gateway.address) as channel:
-        for response in log_pb2_grpc.LogStub(channel).Produce(requests(), timeout=120):
-            for result in response.partitions:
-                assert not result.HasField("error"), result
+    write_backlog(
+        gateway.address,
+        TOPIC,
+        PARTITIONS,
+        BATCHES_PER_PARTITION,
+        RECORDS_PER_BATCH,
+        b"v" * RECORD_BYTES,
+    )
     return gateway
 
 
