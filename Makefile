@@ -109,6 +109,7 @@ bench: install
 	$(BIN)/python -m bench.gateway_bench
 	$(BIN)/python -m bench.spark_bench
 	$(BIN)/python -m bench.spark_pipeline_bench
+	$(BIN)/python -m bench.quota_bench
 	$(BIN)/python -m bench.baseline compare
 
 # This run's figures (bench/results/) become the committed baseline.

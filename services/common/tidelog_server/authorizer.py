@@ -48,7 +48,12 @@ from tidelog.errors import (
 
 from tidelog_server.acls import CLUSTER_NAME
 from tidelog_server.auth import Caller
-from tidelog_server.quotas import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_RATE
+from tidelog_server.quotas import (
+    CONSUMER_BYTE_RATE,
+    PRODUCER_BYTE_RATE,
+    REQUEST_RATE,
+    THROTTLE_TIME_METADATA_KEY,
+)
 from tidelog_server.security import Security
 
 log = logging.getLogger("tidelog.authorizer")
@@ -329,7 +334,9 @@ class Interceptor(grpc.aio.ServerInterceptor):
             if self._metered(caller):
                 throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
                 if throttle_ms:
-                    # Request quota: the answer is held back, never refused.
+                    # Request quota: the answer is held back, never refused,
+                    # and says by how much (Kafka's throttle time).
+                    context.set_trailing_metadata(((THROTTLE_TIME_METADATA_KEY, str(throttle_ms)),))
                     await asyncio.sleep(throttle_ms / 1000)
             response = await behavior(request, context)
             listing = rule.listing

@@ -34,6 +34,9 @@ WINDOW_S = 10.0
 MAX_THROTTLE_MS = 10_000
 #: The entities a broker keeps rates for; the oldest idle ones are forgotten.
 MAX_TRACKED = 10_000
+#: Trailing metadata of a unary call held back by the request-rate quota:
+#: how long, in ms (streams carry `throttle_time_ms` in their answers).
+THROTTLE_TIME_METADATA_KEY = "tidelog-throttle-time-ms"
 
 
 def check_quota_values(values: dict[str, float]) -> dict[str, float]:
