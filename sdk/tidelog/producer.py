@@ -20,10 +20,11 @@ Usage, as with kafka-python and aiokafka::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import operator
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from tidelog._accumulator import (
     BATCH_OVERHEAD,
@@ -48,6 +49,8 @@ from tidelog.errors import (
 from tidelog.partitioner import partition_for_key
 from tidelog.records import Header
 from tidelog.types import RecordMetadata, TopicPartition
+
+_T = TypeVar("_T")
 
 __all__ = ["AsyncProducer", "FutureRecordMetadata", "Placement", "Producer"]
 
@@ -425,25 +428,16 @@ class AsyncProducer:
             chosen = -1
         else:
             chosen = self._core.choose_partition(topic, key, partition, count)
-        deadline = time.monotonic() + self._max_block_s
-        sender = self._core.sender
-        assert sender is not None
-        while True:
-            try:
-                return self._acc.append(
+        try:
+            return self._acc.append(
+                topic, chosen, count, key, value, headers, timestamp_ms, size, None
+            )
+        except BufferFullError:
+            return await self._append_when_space(
+                lambda: self._acc.append(
                     topic, chosen, count, key, value, headers, timestamp_ms, size, None
                 )
-            except BufferFullError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TidelogTimeoutError(
-                        f"buffer_memory stayed full for max_block_ms ({self._config.max_block_ms})"
-                    ) from None
-                sender.space_freed.clear()
-                try:
-                    await asyncio.wait_for(sender.space_freed.wait(), remaining)
-                except TimeoutError:
-                    continue
+            )
 
     async def send_batch(
         self,
@@ -548,25 +542,37 @@ class AsyncProducer:
         timestamps: Sequence[int],
         sizes: list[int],
     ) -> list[Placement]:
+        def append() -> list[Placement]:
+            return self._acc.append_columns(
+                topic, partition, count, values, keys, headers, timestamps, sizes, None
+            )
+
+        try:
+            return append()
+        except BufferFullError:
+            return await self._append_when_space(append)
+
+    async def _append_when_space(self, append: Callable[[], _T]) -> _T:
+        """`append` again each time the sender frees buffer memory, until it
+        fits; TidelogTimeoutError once max_block_ms has passed (the first
+        attempt, already refused, is the caller's: the common path takes
+        no closure)."""
         deadline = time.monotonic() + self._max_block_s
         sender = self._core.sender
         assert sender is not None
         while True:
-            try:
-                return self._acc.append_columns(
-                    topic, partition, count, values, keys, headers, timestamps, sizes, None
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TidelogTimeoutError(
+                    f"buffer_memory stayed full for max_block_ms ({self._config.max_block_ms})"
                 )
+            sender.space_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(sender.space_freed.wait(), remaining)
+            try:
+                return append()
             except BufferFullError:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TidelogTimeoutError(
-                        f"buffer_memory stayed full for max_block_ms ({self._config.max_block_ms})"
-                    ) from None
-                sender.space_freed.clear()
-                try:
-                    await asyncio.wait_for(sender.space_freed.wait(), remaining)
-                except TimeoutError:
-                    continue
+                continue
 
     async def send_and_wait(
         self,
