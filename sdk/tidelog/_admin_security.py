@@ -9,6 +9,7 @@ errors; an unauthorized caller gets ClusterAuthorizationFailedError.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -33,28 +34,13 @@ class AclBinding:
     permission: str = "allow"
     host: str = "*"
 
+    # The fields are named as the proto's: one copy each way.
     def _proto(self) -> security_pb2.AclBinding:
-        return security_pb2.AclBinding(
-            resource_type=self.resource_type,
-            resource_name=self.resource_name,
-            pattern_type=self.pattern_type,
-            principal=self.principal,
-            host=self.host,
-            operation=self.operation,
-            permission=self.permission,
-        )
+        return security_pb2.AclBinding(**dataclasses.asdict(self))
 
     @classmethod
     def _of(cls, proto: security_pb2.AclBinding) -> AclBinding:
-        return cls(
-            principal=proto.principal,
-            operation=proto.operation,
-            resource_type=proto.resource_type,
-            resource_name=proto.resource_name,
-            pattern_type=proto.pattern_type,
-            permission=proto.permission,
-            host=proto.host,
-        )
+        return cls(**{f.name: getattr(proto, f.name) for f in dataclasses.fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -71,15 +57,7 @@ class AclBindingFilter:
     host: str = ""
 
     def _proto(self) -> security_pb2.AclBindingFilter:
-        return security_pb2.AclBindingFilter(
-            resource_type=self.resource_type,
-            resource_name=self.resource_name,
-            pattern_type=self.pattern_type,
-            principal=self.principal,
-            host=self.host,
-            operation=self.operation,
-            permission=self.permission,
-        )
+        return security_pb2.AclBindingFilter(**dataclasses.asdict(self))
 
 
 @dataclass(frozen=True)
