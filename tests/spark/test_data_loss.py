@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 from tidelog import Consumer, NewTopic, TopicPartition
 
+from tests.spark.queries import wait_for
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -129,7 +131,7 @@ def test_a_topic_deleted_under_a_running_query(
         .start()
     )
     try:
-        wait(lambda: len(seen) == 5, query)
+        wait_for(lambda: len(seen) == 5, query)
         admin.delete_topics([topic])
         if fail == "true":
             with contextlib.suppress(Exception):
@@ -142,17 +144,7 @@ def test_a_topic_deleted_under_a_running_query(
         admin.create_topics([NewTopic(topic, num_partitions=2, replication_factor=1)])
         produce(topic, [b"after-0"], partition=0)
         produce(topic, [b"after-1"], partition=1)
-        wait(lambda: {(0, 0, b"after-0"), (1, 0, b"after-1")} <= set(seen), query)
+        wait_for(lambda: {(0, 0, b"after-0"), (1, 0, b"after-1")} <= set(seen), query)
         assert query.isActive
     finally:
         query.stop()
-
-
-def wait(condition: Callable[[], bool], query: Any, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if query.exception() is not None:
-            raise AssertionError(query.exception())
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {timeout_s} s; progress: {query.lastProgress}")
-        time.sleep(0.1)

@@ -5,13 +5,14 @@ partitions and topics picked up, headers."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from tidelog import NewTopic
+
+from tests.spark.queries import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -189,13 +190,3 @@ def test_new_partitions_and_pattern_topics_are_picked_up(
     assert sorted(seen) == sorted(
         [(first, 0, b"one"), (second, 0, b"two-0"), (second, 1, b"two-1")]
     )
-
-
-def wait_for(condition: Callable[[], bool], query: Any, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if query.exception() is not None:
-            raise AssertionError(query.exception())
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not seen within {timeout_s} s; progress: {query.lastProgress}")
-        time.sleep(0.1)
