@@ -211,8 +211,12 @@ class ProduceStream:
             # Requests written without an answer to wait for (acks=0) may
             # still sit in gRPC's buffers: cancelling the call now would drop
             # them. Half-close and let the broker end the stream first.
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(self._finish(), CLOSE_DRAIN_S)
+            except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                # The broker did not end the stream (gone, or slower than
+                # CLOSE_DRAIN_S): cancelled below, as before the half-close.
+                log.debug("produce stream to %s not ended cleanly: %r", self.address, exc)
         self._mark_broken()
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -38,6 +38,7 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import (
 )
 from tidelog import Consumer, Producer, TopicPartition
 from tidelog.admin import AdminClient, NewTopic
+from tidelog.config import ProducerConfig
 from tidelog.errors import ERROR_CODE_METADATA_KEY
 from tidelog.v1 import admin_pb2, cluster_pb2, common_pb2, group_pb2, log_pb2, records_pb2
 from tidelog_server.internal import replica_pb2
@@ -57,7 +58,11 @@ GROUP = "fuzz-group"
 # ends once every request is answered, which retries (a leader moving, a
 # topic the fuzzer deleted) may take up to the gateway's delivery timeout.
 UNARY_DEADLINE_S = 30.0
-PRODUCE_STREAM_DEADLINE_S = 60.0
+# The gateway's producers keep the SDK's delivery timeout (a record waiting
+# for a leader the fuzzer's reassignments or deletions took away is retried
+# that long, then answered with an error); one failed CI run judged such an
+# answer hung at 60 s. Beyond it, plus the wait for metadata, it is a hang.
+PRODUCE_STREAM_DEADLINE_S = ProducerConfig().delivery_timeout_ms / 1000 + 20.0
 LONG_LIVED_DEADLINE_S = 2.0
 SENDERS = 16
 LONG_LIVED = {
