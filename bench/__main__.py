@@ -7,6 +7,9 @@ latency at 10,000 records/s; the record codec micro-benchmark. Next to produce a
 the gRPC ceiling (bench/grpc_ceiling.py): the bare transport moving the same bytes in messages
 of the same size.
 
+Each consume workload also runs through the columnar API (``<name>_arrow``: ``poll_arrow``,
+Arrow record batches; ``--no-arrow`` skips it), compared with the same Kafka consumer run.
+
 ``--with-kafka`` (``make bench-kafka``, issue 6) adds Apache Kafka on the same machine in the
 same invocation (bench/kafka_baseline.py), the paper's producer (batches of 1 and 50) and
 consumer (10 million 200 B records, 200 KB fetches) tests, replication (``--replication``: a
@@ -69,6 +72,10 @@ DESCRIPTIONS = {
     "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
     "paper_consume_10M": "the paper's consumer test: one consumer reading 10 million 200-byte "
     "messages with 200 KB per fetch (max_partition_fetch_bytes = fetch_max_bytes = 204800).",
+    "*_arrow": "the consume workload above it through the columnar API (Consumer.poll_arrow: "
+    "one Arrow RecordBatch per fetch answer), same log, same fetch sizes; rows are counted "
+    "from the batches, and the offsets (dense from 0) and a CRC32C over every value byte are "
+    "checked, so that nothing is skipped. Ratios are against the same Kafka consumer run.",
     "replication_1KB_acks_all": "1 KiB records, acks=all, replication factor 3 and "
     "min.insync.replicas=2 on three local brokers of each system (opt-in: --replication).",
     "fetch_latency_*": "one fetch of one stored batch (raw Fetch: Tidelog's gRPC stream with one "
@@ -254,17 +261,23 @@ def run_consume(
             topic, available = ctx.logs[(system, source)]
             n = min(count, available)
             if system == "tidelog":
-                ctx.add(
-                    workloads.consume(
-                        ctx.broker.address,
-                        ctx.broker.pid,
-                        topic,
-                        n,
-                        record_bytes,
-                        workload=name,
-                        fetch_bytes=fetch_bytes,
+                # The per-record API, then the columnar one (poll_arrow) on the same log
+                # with the same fetch sizes; which goes first alternates too.
+                apis = [(workloads.consume, name), (workloads.consume_arrow, f"{name}_arrow")]
+                if ctx.args.no_arrow:
+                    apis = apis[:1]
+                for consume, workload in apis if r % 2 == 0 else apis[::-1]:
+                    ctx.add(
+                        consume(
+                            ctx.broker.address,
+                            ctx.broker.pid,
+                            topic,
+                            n,
+                            record_bytes,
+                            workload=workload,
+                            fetch_bytes=fetch_bytes,
+                        )
                     )
-                )
                 if ctx.ceiling is not None:
                     total = n * (record_bytes + workloads.RECORD_OVERHEAD)
                     message = fetch_bytes or CONSUME_MESSAGE_BYTES
@@ -534,6 +547,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--replication", action="store_true", help="Kafka with 3 brokers, acks=all")
     ap.add_argument("--no-ceiling", action="store_true", help="skip the gRPC ceiling baseline")
     ap.add_argument("--no-codec", action="store_true", help="skip the codec micro-benchmark")
+    ap.add_argument(
+        "--no-arrow",
+        action="store_true",
+        help="consume workloads: skip the columnar (poll_arrow) variant",
+    )
     ap.add_argument(
         "--output",
         type=Path,
