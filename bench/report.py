@@ -135,8 +135,10 @@ def ratios(results: Sequence[Result], other: str) -> list[dict[str, Any]]:
     for r in results:
         if r["system"] != "tidelog":
             continue
-        # The two-process latency run is compared with the system's one run.
-        o = by.get((r["workload"], other)) or by.get((r["workload"].removesuffix("_2proc"), other))
+        # The two-process latency run is compared with the system's one run, and the
+        # columnar consume (`_arrow`) with the same consume workload's run.
+        base = r["workload"].removesuffix("_2proc").removesuffix("_arrow")
+        o = by.get((r["workload"], other)) or by.get((base, other))
         if o is None:
             continue
         entry: dict[str, Any] = {"workload": r["workload"], "vs": other}

@@ -57,7 +57,7 @@ import operator
 import struct
 import sys
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice, pairwise, repeat
 from typing import NamedTuple
@@ -532,6 +532,14 @@ class _Columns(NamedTuple):
     #: _NO_NULLS, _SOME_NULLS or _ALL_NULLS, for keys and for values.
     key_nulls: int = _SOME_NULLS
     value_nulls: int = _SOME_NULLS
+    #: The bytes of all keys, of all values (nulls hold none).
+    key_bytes: int = 0
+    value_bytes: int = 0
+
+
+#: How `_read_columns` totals a length column: (bytes, _NO_NULLS/...),
+#: InvalidRecordError for a length below -1.
+PayloadBytes = Callable[[array, str], tuple[int, int]]
 
 
 def _payload_bytes(lengths: array, column: str) -> tuple[int, int]:
@@ -553,11 +561,15 @@ def _payload_bytes(lengths: array, column: str) -> tuple[int, int]:
     return sum(lengths), _NO_NULLS
 
 
-def _read_columns(header: BatchHeader, body: bytes | memoryview) -> _Columns:
+def _read_columns(
+    header: BatchHeader, body: bytes | memoryview, payload_bytes: PayloadBytes = _payload_bytes
+) -> _Columns:
     """Read and check the columns of an (uncompressed) body before anything
     is allocated per record: the claimed record count must fit in the body,
     the offset deltas must increase strictly and end at last_offset_delta,
     and the length columns must add up to exactly the payload bytes.
+    `payload_bytes` totals a length column (the columnar reader passes one
+    that does it with numpy, with the same results and errors).
 
     Raises InvalidRecordError naming the field that does not agree.
     """
@@ -604,12 +616,12 @@ def _read_columns(header: BatchHeader, body: bytes | memoryview) -> _Columns:
     key_lengths, pos = _read_array("i", body, pos, count)
     value_lengths, pos = _read_array("i", body, pos, count)
     header_lengths = None
-    key_bytes, key_nulls = _payload_bytes(key_lengths, "key")
-    value_bytes, value_nulls = _payload_bytes(value_lengths, "value")
+    key_bytes, key_nulls = payload_bytes(key_lengths, "key")
+    value_bytes, value_nulls = payload_bytes(value_lengths, "value")
     payload = key_bytes + value_bytes
     if flags & _FLAG_HEADERS:
         header_lengths, pos = _read_array("i", body, pos, count)
-        payload += _payload_bytes(header_lengths, "header block")[0]
+        payload += payload_bytes(header_lengths, "header block")[0]
     if payload != size - pos:
         raise InvalidRecordError(
             f"malformed batch body: the length columns of {count} records add up to "
@@ -625,6 +637,8 @@ def _read_columns(header: BatchHeader, body: bytes | memoryview) -> _Columns:
         pos,
         key_nulls,
         value_nulls,
+        key_bytes,
+        value_bytes,
     )
 
 

@@ -41,6 +41,12 @@ def test_quick_bench_writes_valid_latest_json(tmp_path: Path) -> None:
         assert tidelog[workload]["records_per_s"] > 0, workload
         assert tidelog[workload]["rss_mb"] > 0, workload
         assert "short_by" not in tidelog[workload]["detail"], workload
+    # The columnar consume (poll_arrow) read every record of the same logs, checked.
+    for workload in ("consume_100B_5M", "consume_1KB_2GB"):
+        arrow = tidelog[f"{workload}_arrow"]
+        assert arrow["records_per_s"] > 0, workload
+        assert arrow["detail"]["checked"]["rows"] == tidelog[workload]["records"], workload
+    assert {r["workload"] for r in doc["ratios"]} >= {"consume_100B_5M_arrow"}
     e2e = tidelog["e2e_latency_10k"]
     assert 0 < e2e["p50_ms"] <= e2e["p99_ms"]
     assert any(r["system"] == "grpc-ceiling" for r in results)

@@ -6,14 +6,17 @@ both give the same records; ranges and damaged batches behave as poll()."""
 from __future__ import annotations
 
 import datetime
+from array import array
+from collections.abc import Callable
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tidelog import columnar, records
 from tidelog.compression import CompressionType
-from tidelog.errors import UndecodableBatchError
+from tidelog.errors import InvalidRecordError, UndecodableBatchError
 from tidelog.types import ConsumerRecord
 
 payloads = st.one_of(st.none(), st.binary(max_size=200))
@@ -189,3 +192,37 @@ def test_schema_is_spark_kafka_sources(include_headers: bool) -> None:
     schema = columnar.arrow_schema(include_headers)
     assert schema.names == names + (["headers"] if include_headers else [])
     assert schema.field("timestamp").type == pa.timestamp("us", tz="UTC")
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    lengths=st.lists(
+        st.one_of(st.just(-1), st.integers(-3, 1000), st.integers(0, 2**31 - 1)), max_size=50
+    )
+)
+def test_numpy_length_totals_are_the_per_record_decoders(lengths: list[int]) -> None:
+    """The columnar reader totals length columns with numpy: the same bytes,
+    the same null kind, the same error as records._payload_bytes."""
+    column = array("i", lengths)
+
+    def outcome(total: Callable[[array, str], tuple[int, int]]) -> object:
+        try:
+            return total(column, "value")
+        except InvalidRecordError as exc:
+            return exc.message
+
+    assert outcome(columnar._numpy_payload_bytes) == outcome(records._payload_bytes)
+
+
+def test_one_stored_batch_is_read_in_place_and_several_are_joined() -> None:
+    one = records.encode_batch([b"a" * 50, b"b" * 70])
+    batch, _ = columnar.decode_fetch(one, "t", 0)
+    data = batch.column("value").buffers()[2]
+    start = np.frombuffer(one, dtype=np.uint8).ctypes.data
+    assert start <= data.address and data.address + data.size <= start + len(one)
+    second = bytearray(records.encode_batch([b"c" * 30], keys=[b"k"]))
+    records.set_base_offset(second, 0, 2)
+    batch, _ = columnar.decode_fetch(one + bytes(second), "t", 0)
+    assert batch.column("value").to_pylist() == [b"a" * 50, b"b" * 70, b"c" * 30]
+    assert batch.column("key").to_pylist() == [None, None, b"k"]
+    assert batch.column("value").buffers()[2].size == 150
