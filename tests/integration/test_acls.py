@@ -548,6 +548,49 @@ def test_a_request_rate_quota_answers_late_not_never(cluster: SecureCluster) -> 
             admin.alter_client_quotas("User:alice", {"request_rate": 0})
 
 
+def test_a_quota_of_one_client_id_throttles_that_client_and_not_another_of_the_principal(
+    cluster: SecureCluster,
+) -> None:
+    """The SDK sends its client_id with every call (over the channels every
+    client opens), so a (principal, client id) quota holds back that client
+    only."""
+    _create(cluster, "per-client")
+    _grant(cluster, AclBinding("User:alice", "Describe", "topic", "per-client"))
+    with cluster.admin() as admin:
+        admin.alter_client_quotas("User:alice", {"request_rate": 5}, client_id="slow-app")
+    try:
+
+        async def throttles(client_id: str) -> list[int]:
+            security = ChannelSecurity.from_options(
+                **_channel_options(cluster, "alice"), client_id=client_id
+            )
+            channel = security.aio_channel(cluster.broker.address)
+            try:
+                stub: Any = admin_pb2_grpc.AdminStub(channel)
+                held = []
+                for _ in range(30):
+                    call = stub.DescribeTopics(
+                        admin_pb2.DescribeTopicsRequest(names=["per-client"]), timeout=60
+                    )
+                    assert [t.name for t in (await call).topics] == ["per-client"]
+                    trailers = dict(await call.trailing_metadata() or ())
+                    held.append(int(trailers.get(THROTTLE_TIME_METADATA_KEY, 0)))
+                return held
+            finally:
+                await channel.close()
+
+        def slow_app_is_held_back() -> None:
+            # 30 calls in a burst are 6 s of a 5-a-second quota.
+            assert any(t > 0 for t in asyncio.run(throttles("slow-app")))
+
+        _eventually(slow_app_is_held_back)  # once the quota has reached the broker
+        assert asyncio.run(throttles("fast-app")) == [0] * 30
+        assert asyncio.run(throttles("tidelog-python")) == [0] * 30
+    finally:
+        with cluster.admin() as admin:
+            admin.alter_client_quotas("User:alice", {"request_rate": 0}, client_id="slow-app")
+
+
 def test_streams_per_principal_are_bounded_and_the_limit_named(
     etcd: EtcdProcess, tmp_path: Path
 ) -> None:
