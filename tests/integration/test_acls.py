@@ -35,7 +35,14 @@ from tidelog.errors import (
 )
 from tidelog.records import encode_batch
 from tidelog.security import ChannelSecurity
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
+from tidelog.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    log_pb2,
+    log_pb2_grpc,
+    records_pb2,
+    records_pb2_grpc,
+)
 from tidelog_server.dev_certs import DevCertificates, create_authority, issue
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
@@ -515,6 +522,72 @@ def test_a_fetch_quota_holds_the_answers_back(cluster: SecureCluster) -> None:
     assert fetched < 2 * rate * elapsed + 10 * rate, (fetched, elapsed)
     with cluster.admin() as admin:
         admin.alter_client_quotas("User:bob", {"consumer_byte_rate": 0})
+
+
+def test_the_gateways_records_answers_say_how_long_a_quota_holds_them_back(
+    cluster: SecureCluster,
+) -> None:
+    """Records Produce and Consume count against the produce and fetch byte
+    quotas, and their answers carry throttle_time_ms, as Log's do."""
+    rate = 50_000  # bytes per second, both ways
+    _create(cluster, "rquota")
+    _grant(
+        cluster,
+        AclBinding("User:alice", "Write", "topic", "rquota"),
+        AclBinding("User:bob", "Read", "topic", "rquota"),
+    )
+    with cluster.admin() as admin:
+        admin.alter_client_quotas("User:alice", {"producer_byte_rate": rate})
+        admin.alter_client_quotas("User:bob", {"consumer_byte_rate": rate})
+    try:
+        value = "v" * 1000
+        produced: list[int] = []
+        security = ChannelSecurity.from_options(**_channel_options(cluster, "alice"))
+        with security.channel(cluster.gateway.address) as channel:
+            stub = records_pb2_grpc.RecordsStub(channel)
+
+            def produce_requests() -> Iterator[records_pb2.RecordsProduceRequest]:
+                for i in range(25):  # ~500 KB: ten seconds of the quota
+                    yield records_pb2.RecordsProduceRequest(
+                        correlation_id=i,
+                        records=[
+                            records_pb2.ProduceRecord(topic="rquota", value_text=value)
+                            for _ in range(20)
+                        ],
+                    )
+
+            for response in stub.Produce(produce_requests(), timeout=120):
+                assert all(not r.HasField("error") for r in response.results), response
+                produced.append(response.throttle_time_ms)
+        assert max(produced) > 0, f"no Records produce answer said it was held: {produced}"
+
+        consumed: list[int] = []
+        records = 0
+        stop = threading.Event()
+        security = ChannelSecurity.from_options(**_channel_options(cluster, "bob"))
+
+        def consume_requests() -> Iterator[records_pb2.ConsumeRequest]:
+            yield records_pb2.ConsumeRequest(
+                positions=[records_pb2.ConsumePosition(topic="rquota", partition=0, offset=0)],
+                credit_records=100_000,
+                max_records=20,
+            )
+            stop.wait(120)
+
+        with security.channel(cluster.gateway.address) as channel:
+            call = records_pb2_grpc.RecordsStub(channel).Consume(consume_requests(), timeout=120)
+            for response in call:
+                records += len(response.records)
+                consumed.append(response.throttle_time_ms)
+                if max(consumed) > 0 or records >= 500:
+                    break
+            stop.set()
+            call.cancel()
+        assert max(consumed) > 0, f"no Records consume answer said it was held: {consumed}"
+    finally:
+        with cluster.admin() as admin:
+            admin.alter_client_quotas("User:alice", {"producer_byte_rate": 0})
+            admin.alter_client_quotas("User:bob", {"consumer_byte_rate": 0})
 
 
 def test_a_request_rate_quota_answers_late_not_never(cluster: SecureCluster) -> None:

@@ -16,8 +16,9 @@ SASL_AUTHENTICATION_FAILED. Health checks and reflection need no identity
 (probes and tools).
 
 Quotas (tidelog_server.quotas) are applied here too, on the services that
-enable them: the bytes of Produce requests and of Fetch answers, and every
-request, are counted per (principal, client id); over a quota, answers carry
+enable them: the bytes of Produce requests and of Fetch answers (and of
+their Records counterparts on the gateway), and every request, are counted
+per (principal, client id); over a quota, answers carry
 `throttle_time_ms` and the stream's next read (or next answer) waits that
 long. Super users (the cluster's own identities) are not throttled.
 """
@@ -121,13 +122,12 @@ RULES: dict[str, Rule] = {
     "/tidelog.v1.Log/Metadata": Rule(
         lambda r, s: _topics(r.topics, "Describe"), listing=("topics", "topic", "name")
     ),
-    # Records (gateway)
-    # (No throttle_time_ms in the Records answers: the gateway's own Log
-    # streams and the brokers apply the byte quotas.)
+    # Records (gateway): quotas as on Log, answers with throttle_time_ms (the
+    # gateway calls the brokers as itself, a super user, so only it can).
     "/tidelog.v1.Records/Produce": Rule(
-        lambda r, s: _topics((x.topic for x in r.records), "Write")
+        lambda r, s: _topics((x.topic for x in r.records), "Write"), quota="produce"
     ),
-    "/tidelog.v1.Records/Consume": Rule(_consume),
+    "/tidelog.v1.Records/Consume": Rule(_consume, quota="fetch"),
     # Admin (coordinator; forwarded by brokers and the gateway)
     "/tidelog.v1.Admin/CreateTopics": Rule(_create_topics),
     "/tidelog.v1.Admin/DeleteTopics": Rule(lambda r, s: _topics(r.names, "Delete")),
