@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.admin import AclBinding, AclBindingFilter
 from tidelog.errors import (
+    ERROR_CODE_METADATA_KEY,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     SaslAuthenticationError,
@@ -38,6 +39,7 @@ from tidelog.security import ChannelSecurity
 from tidelog.v1 import (
     admin_pb2,
     admin_pb2_grpc,
+    common_pb2,
     log_pb2,
     log_pb2_grpc,
     records_pb2,
@@ -249,6 +251,68 @@ def test_super_users_and_cluster_operations(cluster: SecureCluster) -> None:
     with cluster.admin() as admin:
         assert admin.describe_acls(AclBindingFilter(principal="User:bob", resource_type="cluster"))
         admin.delete_topics(["bobs"])
+
+
+def test_metadata_auto_creates_only_what_the_caller_may_create(
+    cluster: SecureCluster, tmp_path: Path
+) -> None:
+    """Kafka's rule: Metadata with auto-creation on creates a topic only for
+    a caller with Create on it (or on the cluster). Allowed Describe but not
+    Create, the caller gets UNKNOWN_TOPIC_OR_PARTITION and nothing is
+    created; without Describe, TOPIC_AUTHORIZATION_FAILED."""
+    _grant(
+        cluster,
+        AclBinding("User:alice", "Describe", "topic", "auto-", pattern_type="prefixed"),
+        AclBinding("User:alice", "Create", "topic", "auto-mine"),
+    )
+    # A broker that auto-creates topics (the module's does not).
+    args = _tls_args(
+        cluster.certs,
+        "--tls-client-auth", "require",
+        "--allow-everyone-if-no-acl-found", "false",
+        "--super-users", "User:admin",
+    )  # fmt: skip
+    creator = start_broker(
+        tmp_path / "broker-1",
+        extra_args=[
+            "--etcd", cluster.etcd.endpoint, "--etcd-prefix", PREFIX, "--auto-create-topics", *args
+        ],
+        broker_id=1,
+    )  # fmt: skip
+    try:
+        security = ChannelSecurity.from_options(**_channel_options(cluster, "alice"))
+
+        def metadata(address: str, topic: str) -> log_pb2.TopicMetadata:
+            with security.channel(address) as channel:
+                reply = log_pb2_grpc.LogStub(channel).Metadata(
+                    log_pb2.MetadataRequest(topics=[topic], allow_auto_topic_creation=True),
+                    timeout=60,
+                )
+            return reply.topics[0]
+
+        def created(topic: str) -> None:
+            assert metadata(creator.address, topic).partitions
+
+        _eventually(lambda: created("auto-mine"))  # once the ACLs reached the broker
+        for address, topic in (
+            (creator.address, "auto-theirs"),
+            (cluster.gateway.address, "auto-gw"),
+        ):
+            answer = metadata(address, topic)
+            assert answer.error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION, (address, answer)
+        with pytest.raises(grpc.RpcError) as refused:
+            metadata(creator.address, "secret")
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert dict(refused.value.trailing_metadata())[ERROR_CODE_METADATA_KEY] == (
+            "TOPIC_AUTHORIZATION_FAILED"
+        )
+        with cluster.admin() as admin:
+            topics = admin.list_topics()
+            assert "auto-mine" in topics
+            assert {"auto-theirs", "auto-gw", "secret"}.isdisjoint(topics), topics
+            admin.delete_topics(["auto-mine"])
+    finally:
+        creator.stop()
 
 
 def test_acls_cli_adds_lists_and_removes(
