@@ -575,7 +575,10 @@ async def check_access(client: EtcdClient, prefix: str) -> None:
             ) from exc
         except Exception as exc:
             if not is_unavailable(exc):
-                raise
+                # Something else (a full etcd refuses every write): not a
+                # verdict on this service's access; its own calls will say.
+                log.warning("etcd access check inconclusive: %s", exc)
+                return
             log.debug("etcd access check waits for etcd: %s", exc)
         await asyncio.sleep(_ACCESS_RETRY_S)
 
@@ -645,5 +648,12 @@ async def serve_until_signal(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    if starting.cancelled() or starting.exception() is not None:
+        # Stopped (a signal, a refusal) before it had started: stop what is up.
+        try:
+            await stop()
+        except Exception:
+            log.debug("stopping a service that had not finished starting", exc_info=True)
+        return status
     await stop()
     return status
