@@ -64,7 +64,7 @@ from tidelog_server.etcd import (
     connect,
     is_unavailable,
 )
-from tidelog_server.etcd.client import EtcdAuth, EtcdTls
+from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, EtcdTls
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.cluster_view import ClusterView
 from tidelog_server.etcd.keys import Keys
@@ -247,7 +247,10 @@ class ClusterLink:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_unavailable(exc):
+                if isinstance(exc, EtcdAccessError):
+                    # etcd's RBAC: its words say it; no traceback.
+                    flood.error("registering broker %d: %s", self.broker.broker_id, exc)
+                elif not is_unavailable(exc):
                     flood.exception("registering broker %d failed", self.broker.broker_id)
                 else:
                     log.info("etcd unreachable (%s); retrying registration", exc)
