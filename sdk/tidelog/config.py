@@ -76,7 +76,9 @@ class CommonConfig:
     #: comma-separated string. Only used to discover the cluster. None:
     #: $TIDELOG_BOOTSTRAP when set, else 127.0.0.1:9392.
     bootstrap_servers: str | Sequence[str] | None = None
-    #: Sent as the gRPC user agent, so broker logs can say who called.
+    #: Kafka's client.id: sent with every call (metadata `tidelog-client-id`),
+    #: so that quotas per client id apply, and as the gRPC user agent.
+    #: Printable ASCII, at most 255 characters.
     client_id: str = "tidelog-python"
     #: How long one request (a unary call, or a produce answer) may take.
     request_timeout_ms: int = 30_000
@@ -141,6 +143,7 @@ class CommonConfig:
                 self.sasl_plain_username,
                 self.sasl_plain_password,
                 self.sasl_mechanism,
+                self.client_id,
             ),
         )
         _positive("request_timeout_ms", self.request_timeout_ms)

@@ -15,6 +15,10 @@ the salted hashes stored in etcd (`tidelog users add`). gRPC sends call
 credentials only over TLS, so a password never travels in plain text; there
 is no SASL_PLAINTEXT.
 
+Every call also carries the client id (`client_id`, Kafka's name) as the
+`tidelog-client-id` metadata, over TLS or not (tidelog._call_metadata), so
+that quotas per client id apply.
+
 `ChannelSecurity` reads the files once, when a client is created, so a
 missing or unreadable file fails there, naming the option, rather than at
 the first connection.
@@ -28,6 +32,8 @@ from pathlib import Path
 
 import grpc
 import grpc.aio
+
+from tidelog._call_metadata import CLIENT_ID_METADATA_KEY, MetadataChannel, check_client_id
 
 SECURITY_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN",)
@@ -50,6 +56,8 @@ class ChannelSecurity:
     """How to open a channel: in plain text, or with TLS credentials."""
 
     credentials: grpc.ChannelCredentials | None = None
+    #: Metadata every call carries (the client id), TLS or not.
+    call_metadata: tuple[tuple[str, str], ...] = ()
 
     @property
     def tls(self) -> bool:
@@ -65,8 +73,12 @@ class ChannelSecurity:
         sasl_plain_username: str | None = None,
         sasl_plain_password: str | None = None,
         sasl_mechanism: str = "PLAIN",
+        client_id: str | None = None,
     ) -> ChannelSecurity:
         """Checks the options and reads the files (ValueError naming the option)."""
+        call_metadata = (
+            () if client_id is None else ((CLIENT_ID_METADATA_KEY, check_client_id(client_id)),)
+        )
         protocol = security_protocol.upper()
         if protocol not in SECURITY_PROTOCOLS:
             raise ValueError(
@@ -98,7 +110,7 @@ class ChannelSecurity:
                         f"{name} is set but security_protocol is PLAINTEXT: "
                         "set security_protocol='SSL' to use it"
                     )
-            return cls()
+            return cls(call_metadata=call_metadata)
         credentials = grpc.ssl_channel_credentials(
             root_certificates=_read("ssl_cafile", ssl_cafile),
             private_key=_read("ssl_keyfile", ssl_keyfile),
@@ -113,14 +125,16 @@ class ChannelSecurity:
             credentials = grpc.composite_channel_credentials(
                 credentials, grpc.metadata_call_credentials(_StaticMetadata(metadata))
             )
-        return cls(credentials)
+        return cls(credentials, call_metadata)
 
     def aio_channel(
         self, address: str, options: Sequence[tuple[str, int | str]] = ()
     ) -> grpc.aio.Channel:
         if self.credentials is None:
-            return grpc.aio.insecure_channel(address, options=options)
-        return grpc.aio.secure_channel(address, self.credentials, options=options)
+            channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            channel = grpc.aio.secure_channel(address, self.credentials, options=options)
+        return MetadataChannel(channel, self.call_metadata) if self.call_metadata else channel
 
     def channel(self, address: str, options: Sequence[tuple[str, int | str]] = ()) -> grpc.Channel:
         """A synchronous channel (tools and tests)."""

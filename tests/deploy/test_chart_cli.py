@@ -160,3 +160,48 @@ def test_with_tls_the_coordinator_advertises_a_dns_name_its_certificate_can_carr
     # Cluster DNS answers that name only for pods behind the headless Service.
     assert headless["spec"]["clusterIP"] == "None"
     assert headless["spec"]["publishNotReadyAddresses"] is True
+
+
+# ------------------------------------------------------------ etcd authentication
+
+ETCD_AUTH_DIR = "/etc/tidelog-etcd-auth"
+
+
+def test_every_service_logs_in_to_etcd_with_the_password_file_of_a_mounted_secret(
+    chart: Chart, tmp_path: Path
+) -> None:
+    rendered = chart.render(
+        "--set", "etcd.enabled=false", "--set", "etcd.externalEndpoints={etcd-0.example:2379}",
+        "--set", "etcd.auth.user=tidelog", "--set", "etcd.auth.existingSecret=etcd-password",
+    )  # fmt: skip
+    password_file = tmp_path / "password"
+    password_file.write_text("from-the-secret\n")
+    workloads = {
+        "broker": rendered.one("StatefulSet", "broker"),
+        "coordinator": rendered.one("Deployment", "coordinator"),
+        "gateway": rendered.one("Deployment", "gateway"),
+    }
+    for name, workload in workloads.items():
+        pod = workload["spec"]["template"]["spec"]
+        volume = next(v for v in pod["volumes"] if v["name"] == "etcd-auth")
+        assert volume["secret"]["secretName"] == "etcd-password"
+        ctr = container(workload)
+        assert {"name": "etcd-auth", "mountPath": ETCD_AUTH_DIR, "readOnly": True} in ctr[
+            "volumeMounts"
+        ]
+        assert not any("password" in str(e).lower() for e in ctr.get("env", [])), name
+        argv = [
+            a.replace(f"{ETCD_AUTH_DIR}/password", str(password_file))
+            for a in expand(ctr, f"rel-tidelog-{name}-0")
+            if not a.startswith("--config=")
+        ]
+        if name == "broker":
+            cluster = cluster_from_args(broker_args(argv))
+            assert cluster is not None
+            auth = cluster.etcd_auth
+        elif name == "coordinator":
+            auth = coordinator_args(argv)[0].etcd_auth
+        else:
+            auth = gateway_args(argv).etcd_auth
+        assert auth is not None and auth.user == "tidelog", name
+        assert auth.password() == "from-the-secret", name

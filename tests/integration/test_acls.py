@@ -28,6 +28,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.admin import AclBinding, AclBindingFilter
 from tidelog.errors import (
+    ERROR_CODE_METADATA_KEY,
     ClusterAuthorizationFailedError,
     GroupAuthorizationFailedError,
     SaslAuthenticationError,
@@ -35,7 +36,15 @@ from tidelog.errors import (
 )
 from tidelog.records import encode_batch
 from tidelog.security import ChannelSecurity
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
+from tidelog.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    log_pb2,
+    log_pb2_grpc,
+    records_pb2,
+    records_pb2_grpc,
+)
 from tidelog_server.dev_certs import DevCertificates, create_authority, issue
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
@@ -242,6 +251,68 @@ def test_super_users_and_cluster_operations(cluster: SecureCluster) -> None:
     with cluster.admin() as admin:
         assert admin.describe_acls(AclBindingFilter(principal="User:bob", resource_type="cluster"))
         admin.delete_topics(["bobs"])
+
+
+def test_metadata_auto_creates_only_what_the_caller_may_create(
+    cluster: SecureCluster, tmp_path: Path
+) -> None:
+    """Kafka's rule: Metadata with auto-creation on creates a topic only for
+    a caller with Create on it (or on the cluster). Allowed Describe but not
+    Create, the caller gets UNKNOWN_TOPIC_OR_PARTITION and nothing is
+    created; without Describe, TOPIC_AUTHORIZATION_FAILED."""
+    _grant(
+        cluster,
+        AclBinding("User:alice", "Describe", "topic", "auto-", pattern_type="prefixed"),
+        AclBinding("User:alice", "Create", "topic", "auto-mine"),
+    )
+    # A broker that auto-creates topics (the module's does not).
+    args = _tls_args(
+        cluster.certs,
+        "--tls-client-auth", "require",
+        "--allow-everyone-if-no-acl-found", "false",
+        "--super-users", "User:admin",
+    )  # fmt: skip
+    creator = start_broker(
+        tmp_path / "broker-1",
+        extra_args=[
+            "--etcd", cluster.etcd.endpoint, "--etcd-prefix", PREFIX, "--auto-create-topics", *args
+        ],
+        broker_id=1,
+    )  # fmt: skip
+    try:
+        security = ChannelSecurity.from_options(**_channel_options(cluster, "alice"))
+
+        def metadata(address: str, topic: str) -> log_pb2.TopicMetadata:
+            with security.channel(address) as channel:
+                reply = log_pb2_grpc.LogStub(channel).Metadata(
+                    log_pb2.MetadataRequest(topics=[topic], allow_auto_topic_creation=True),
+                    timeout=60,
+                )
+            return reply.topics[0]
+
+        def created(topic: str) -> None:
+            assert metadata(creator.address, topic).partitions
+
+        _eventually(lambda: created("auto-mine"))  # once the ACLs reached the broker
+        for address, topic in (
+            (creator.address, "auto-theirs"),
+            (cluster.gateway.address, "auto-gw"),
+        ):
+            answer = metadata(address, topic)
+            assert answer.error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION, (address, answer)
+        with pytest.raises(grpc.RpcError) as refused:
+            metadata(creator.address, "secret")
+        assert refused.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert dict(refused.value.trailing_metadata())[ERROR_CODE_METADATA_KEY] == (
+            "TOPIC_AUTHORIZATION_FAILED"
+        )
+        with cluster.admin() as admin:
+            topics = admin.list_topics()
+            assert "auto-mine" in topics
+            assert {"auto-theirs", "auto-gw", "secret"}.isdisjoint(topics), topics
+            admin.delete_topics(["auto-mine"])
+    finally:
+        creator.stop()
 
 
 def test_acls_cli_adds_lists_and_removes(
@@ -517,6 +588,72 @@ def test_a_fetch_quota_holds_the_answers_back(cluster: SecureCluster) -> None:
         admin.alter_client_quotas("User:bob", {"consumer_byte_rate": 0})
 
 
+def test_the_gateways_records_answers_say_how_long_a_quota_holds_them_back(
+    cluster: SecureCluster,
+) -> None:
+    """Records Produce and Consume count against the produce and fetch byte
+    quotas, and their answers carry throttle_time_ms, as Log's do."""
+    rate = 50_000  # bytes per second, both ways
+    _create(cluster, "rquota")
+    _grant(
+        cluster,
+        AclBinding("User:alice", "Write", "topic", "rquota"),
+        AclBinding("User:bob", "Read", "topic", "rquota"),
+    )
+    with cluster.admin() as admin:
+        admin.alter_client_quotas("User:alice", {"producer_byte_rate": rate})
+        admin.alter_client_quotas("User:bob", {"consumer_byte_rate": rate})
+    try:
+        value = "v" * 1000
+        produced: list[int] = []
+        security = ChannelSecurity.from_options(**_channel_options(cluster, "alice"))
+        with security.channel(cluster.gateway.address) as channel:
+            stub = records_pb2_grpc.RecordsStub(channel)
+
+            def produce_requests() -> Iterator[records_pb2.RecordsProduceRequest]:
+                for i in range(25):  # ~500 KB: ten seconds of the quota
+                    yield records_pb2.RecordsProduceRequest(
+                        correlation_id=i,
+                        records=[
+                            records_pb2.ProduceRecord(topic="rquota", value_text=value)
+                            for _ in range(20)
+                        ],
+                    )
+
+            for response in stub.Produce(produce_requests(), timeout=120):
+                assert all(not r.HasField("error") for r in response.results), response
+                produced.append(response.throttle_time_ms)
+        assert max(produced) > 0, f"no Records produce answer said it was held: {produced}"
+
+        consumed: list[int] = []
+        records = 0
+        stop = threading.Event()
+        security = ChannelSecurity.from_options(**_channel_options(cluster, "bob"))
+
+        def consume_requests() -> Iterator[records_pb2.ConsumeRequest]:
+            yield records_pb2.ConsumeRequest(
+                positions=[records_pb2.ConsumePosition(topic="rquota", partition=0, offset=0)],
+                credit_records=100_000,
+                max_records=20,
+            )
+            stop.wait(120)
+
+        with security.channel(cluster.gateway.address) as channel:
+            call = records_pb2_grpc.RecordsStub(channel).Consume(consume_requests(), timeout=120)
+            for response in call:
+                records += len(response.records)
+                consumed.append(response.throttle_time_ms)
+                if max(consumed) > 0 or records >= 500:
+                    break
+            stop.set()
+            call.cancel()
+        assert max(consumed) > 0, f"no Records consume answer said it was held: {consumed}"
+    finally:
+        with cluster.admin() as admin:
+            admin.alter_client_quotas("User:alice", {"producer_byte_rate": 0})
+            admin.alter_client_quotas("User:bob", {"consumer_byte_rate": 0})
+
+
 def test_a_request_rate_quota_answers_late_not_never(cluster: SecureCluster) -> None:
     _create(cluster, "rated")
     _grant(cluster, AclBinding("User:alice", "Describe", "topic", "rated"))
@@ -546,6 +683,49 @@ def test_a_request_rate_quota_answers_late_not_never(cluster: SecureCluster) -> 
     finally:
         with cluster.admin() as admin:
             admin.alter_client_quotas("User:alice", {"request_rate": 0})
+
+
+def test_a_quota_of_one_client_id_throttles_that_client_and_not_another_of_the_principal(
+    cluster: SecureCluster,
+) -> None:
+    """The SDK sends its client_id with every call (over the channels every
+    client opens), so a (principal, client id) quota holds back that client
+    only."""
+    _create(cluster, "per-client")
+    _grant(cluster, AclBinding("User:alice", "Describe", "topic", "per-client"))
+    with cluster.admin() as admin:
+        admin.alter_client_quotas("User:alice", {"request_rate": 5}, client_id="slow-app")
+    try:
+
+        async def throttles(client_id: str) -> list[int]:
+            security = ChannelSecurity.from_options(
+                **_channel_options(cluster, "alice"), client_id=client_id
+            )
+            channel = security.aio_channel(cluster.broker.address)
+            try:
+                stub: Any = admin_pb2_grpc.AdminStub(channel)
+                held = []
+                for _ in range(30):
+                    call = stub.DescribeTopics(
+                        admin_pb2.DescribeTopicsRequest(names=["per-client"]), timeout=60
+                    )
+                    assert [t.name for t in (await call).topics] == ["per-client"]
+                    trailers = dict(await call.trailing_metadata() or ())
+                    held.append(int(trailers.get(THROTTLE_TIME_METADATA_KEY, 0)))
+                return held
+            finally:
+                await channel.close()
+
+        def slow_app_is_held_back() -> None:
+            # 30 calls in a burst are 6 s of a 5-a-second quota.
+            assert any(t > 0 for t in asyncio.run(throttles("slow-app")))
+
+        _eventually(slow_app_is_held_back)  # once the quota has reached the broker
+        assert asyncio.run(throttles("fast-app")) == [0] * 30
+        assert asyncio.run(throttles("tidelog-python")) == [0] * 30
+    finally:
+        with cluster.admin() as admin:
+            admin.alter_client_quotas("User:alice", {"request_rate": 0}, client_id="slow-app")
 
 
 def test_streams_per_principal_are_bounded_and_the_limit_named(

@@ -74,8 +74,11 @@ class EtcdProcess:
         initial_cluster: str = "",
         cluster_token: str = "",
         tls: EtcdServerTls | None = None,
+        extra_args: tuple[str, ...] = (),
     ) -> None:
         self.data_dir = data_dir
+        #: More etcd flags (e.g. --auth-token-ttl).
+        self.extra_args = extra_args
         #: TLS on the client port, with client certificates required.
         self.tls = tls
         #: Plain-HTTP /health when the client port is TLS.
@@ -99,10 +102,21 @@ class EtcdProcess:
         return f"127.0.0.1:{self.client_port}"
 
     @classmethod
-    def start(cls, data_dir: Path, tls: EtcdServerTls | None = None) -> EtcdProcess:
+    def start(
+        cls,
+        data_dir: Path,
+        tls: EtcdServerTls | None = None,
+        extra_args: tuple[str, ...] = (),
+    ) -> EtcdProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(PORT_RACE_ATTEMPTS):
-            etcd = cls(data_dir / f"etcd-{attempt}", free_port(), free_port(), tls=tls)
+            etcd = cls(
+                data_dir / f"etcd-{attempt}",
+                free_port(),
+                free_port(),
+                tls=tls,
+                extra_args=extra_args,
+            )
             try:
                 etcd._spawn()
                 return etcd
@@ -128,6 +142,7 @@ class EtcdProcess:
             # Tests care about latency, not durability of the test data dir.
             "--unsafe-no-fsync",
             "--log-level=warn",
+            *self.extra_args,
         ]
         if self.tls is not None:
             args += [

@@ -27,15 +27,15 @@ from tidelog.v1 import group_pb2 as tidelog_dot_v1_dot_group__pb2
 from tidelog.v1 import log_pb2 as tidelog_dot_v1_dot_log__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tidelog/v1/records.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\x1a\x16tidelog/v1/group.proto\x1a\x14tidelog/v1/log.proto\"*\n\x0cRecordHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xff\x01\n\rProduceRecord\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\tpartition\x18\x02 \x01(\x05H\x02\x88\x01\x01\x12\r\n\x03key\x18\x03 \x01(\x0cH\x00\x12\x12\n\x08key_text\x18\x04 \x01(\tH\x00\x12\x0f\n\x05value\x18\x05 \x01(\x0cH\x01\x12\x14\n\nvalue_text\x18\x06 \x01(\tH\x01\x12)\n\x07headers\x18\x07 \x03(\x0b\x32\x18.tidelog.v1.RecordHeader\x12\x19\n\x0ctimestamp_ms\x18\x08 \x01(\x03H\x03\x88\x01\x01\x42\n\n\x08key_kindB\x0c\n\nvalue_kindB\x0c\n\n_partitionB\x0f\n\r_timestamp_ms\"{\n\x15RecordsProduceRequest\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12*\n\x07records\x18\x02 \x03(\x0b\x32\x19.tidelog.v1.ProduceRecord\x12\x1e\n\x04\x61\x63ks\x18\x03 \x01(\x0e\x32\x10.tidelog.v1.Acks\"[\n\x16RecordsProduceResponse\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12)\n\x07results\x18\x02 \x03(\x0b\x32\x18.tidelog.v1.RecordResult\"x\n\x0cRecordResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x12 \n\x05\x65rror\x18\x05 \x01(\x0b\x32\x11.tidelog.v1.Error\"\xfb\x01\n\x0e\x43onsumeRequest\x12.\n\tpositions\x18\x01 \x03(\x0b\x32\x1b.tidelog.v1.ConsumePosition\x12*\n\x06remove\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12\x16\n\x0e\x63redit_records\x18\x03 \x01(\x03\x12\x0c\n\x04text\x18\x04 \x01(\x08\x12\x13\n\x0bmax_records\x18\x05 \x01(\x05\x12\'\n\x05group\x18\x06 \x01(\x0b\x32\x18.tidelog.v1.ConsumeGroup\x12)\n\x06\x63ommit\x18\x07 \x01(\x0b\x32\x19.tidelog.v1.ConsumeCommit\"s\n\x0c\x43onsumeGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12%\n\x05reset\x18\x03 \x01(\x0e\x32\x16.tidelog.v1.OffsetSpec\x12\x1a\n\x12session_timeout_ms\x18\x04 \x01(\x05\"R\n\rConsumeCommit\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12)\n\x07offsets\x18\x02 \x03(\x0b\x32\x18.tidelog.v1.OffsetCommit\"v\n\x0f\x43onsumePosition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x06offset\x18\x03 \x01(\x03H\x00\x12&\n\x04spec\x18\x04 \x01(\x0e\x32\x16.tidelog.v1.OffsetSpecH\x00\x42\x07\n\x05start\"\xd3\x01\n\x0f\x43onsumeResponse\x12+\n\x07records\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.ConsumedRecord\x12*\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.PartitionError\x12\x32\n\nassignment\x18\x03 \x01(\x0b\x32\x1c.tidelog.v1.AssignmentChangeH\x00\x12*\n\x06\x63ommit\x18\x04 \x01(\x0b\x32\x18.tidelog.v1.CommitResultH\x00\x42\x07\n\x05\x65vent\"\xc2\x01\n\x10\x41ssignmentChange\x12,\n\x08\x61ssigned\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12+\n\x07revoked\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12(\n\x04lost\x18\x03 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12)\n\x05owned\x18\x04 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"H\n\x0c\x43ommitResult\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"T\n\x0ePartitionError\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\"\xe7\x01\n\x0e\x43onsumedRecord\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x12\r\n\x03key\x18\x05 \x01(\x0cH\x00\x12\x12\n\x08key_text\x18\x06 \x01(\tH\x00\x12\x0f\n\x05value\x18\x07 \x01(\x0cH\x01\x12\x14\n\nvalue_text\x18\x08 \x01(\tH\x01\x12)\n\x07headers\x18\t \x03(\x0b\x32\x18.tidelog.v1.RecordHeaderB\n\n\x08key_kindB\x0c\n\nvalue_kind*J\n\x04\x41\x63ks\x12\x14\n\x10\x41\x43KS_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x41\x43KS_LEADER\x10\x01\x12\x0c\n\x08\x41\x43KS_ALL\x10\x02\x12\r\n\tACKS_NONE\x10\x03\x32\xa7\x01\n\x07Records\x12T\n\x07Produce\x12!.tidelog.v1.RecordsProduceRequest\x1a\".tidelog.v1.RecordsProduceResponse(\x01\x30\x01\x12\x46\n\x07\x43onsume\x12\x1a.tidelog.v1.ConsumeRequest\x1a\x1b.tidelog.v1.ConsumeResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18tidelog/v1/records.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\x1a\x16tidelog/v1/group.proto\x1a\x14tidelog/v1/log.proto\"*\n\x0cRecordHeader\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x0c\"\xff\x01\n\rProduceRecord\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x16\n\tpartition\x18\x02 \x01(\x05H\x02\x88\x01\x01\x12\r\n\x03key\x18\x03 \x01(\x0cH\x00\x12\x12\n\x08key_text\x18\x04 \x01(\tH\x00\x12\x0f\n\x05value\x18\x05 \x01(\x0cH\x01\x12\x14\n\nvalue_text\x18\x06 \x01(\tH\x01\x12)\n\x07headers\x18\x07 \x03(\x0b\x32\x18.tidelog.v1.RecordHeader\x12\x19\n\x0ctimestamp_ms\x18\x08 \x01(\x03H\x03\x88\x01\x01\x42\n\n\x08key_kindB\x0c\n\nvalue_kindB\x0c\n\n_partitionB\x0f\n\r_timestamp_ms\"{\n\x15RecordsProduceRequest\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12*\n\x07records\x18\x02 \x03(\x0b\x32\x19.tidelog.v1.ProduceRecord\x12\x1e\n\x04\x61\x63ks\x18\x03 \x01(\x0e\x32\x10.tidelog.v1.Acks\"u\n\x16RecordsProduceResponse\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12)\n\x07results\x18\x02 \x03(\x0b\x32\x18.tidelog.v1.RecordResult\x12\x18\n\x10throttle_time_ms\x18\x03 \x01(\x05\"x\n\x0cRecordResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x12 \n\x05\x65rror\x18\x05 \x01(\x0b\x32\x11.tidelog.v1.Error\"\xfb\x01\n\x0e\x43onsumeRequest\x12.\n\tpositions\x18\x01 \x03(\x0b\x32\x1b.tidelog.v1.ConsumePosition\x12*\n\x06remove\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12\x16\n\x0e\x63redit_records\x18\x03 \x01(\x03\x12\x0c\n\x04text\x18\x04 \x01(\x08\x12\x13\n\x0bmax_records\x18\x05 \x01(\x05\x12\'\n\x05group\x18\x06 \x01(\x0b\x32\x18.tidelog.v1.ConsumeGroup\x12)\n\x06\x63ommit\x18\x07 \x01(\x0b\x32\x19.tidelog.v1.ConsumeCommit\"s\n\x0c\x43onsumeGroup\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12%\n\x05reset\x18\x03 \x01(\x0e\x32\x16.tidelog.v1.OffsetSpec\x12\x1a\n\x12session_timeout_ms\x18\x04 \x01(\x05\"R\n\rConsumeCommit\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12)\n\x07offsets\x18\x02 \x03(\x0b\x32\x18.tidelog.v1.OffsetCommit\"v\n\x0f\x43onsumePosition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x10\n\x06offset\x18\x03 \x01(\x03H\x00\x12&\n\x04spec\x18\x04 \x01(\x0e\x32\x16.tidelog.v1.OffsetSpecH\x00\x42\x07\n\x05start\"\xed\x01\n\x0f\x43onsumeResponse\x12+\n\x07records\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.ConsumedRecord\x12*\n\x06\x65rrors\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.PartitionError\x12\x32\n\nassignment\x18\x03 \x01(\x0b\x32\x1c.tidelog.v1.AssignmentChangeH\x00\x12*\n\x06\x63ommit\x18\x04 \x01(\x0b\x32\x18.tidelog.v1.CommitResultH\x00\x12\x18\n\x10throttle_time_ms\x18\x05 \x01(\x05\x42\x07\n\x05\x65vent\"\xc2\x01\n\x10\x41ssignmentChange\x12,\n\x08\x61ssigned\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12+\n\x07revoked\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12(\n\x04lost\x18\x03 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12)\n\x05owned\x18\x04 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"H\n\x0c\x43ommitResult\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"T\n\x0ePartitionError\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\"\xe7\x01\n\x0e\x43onsumedRecord\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x04 \x01(\x03\x12\r\n\x03key\x18\x05 \x01(\x0cH\x00\x12\x12\n\x08key_text\x18\x06 \x01(\tH\x00\x12\x0f\n\x05value\x18\x07 \x01(\x0cH\x01\x12\x14\n\nvalue_text\x18\x08 \x01(\tH\x01\x12)\n\x07headers\x18\t \x03(\x0b\x32\x18.tidelog.v1.RecordHeaderB\n\n\x08key_kindB\x0c\n\nvalue_kind*J\n\x04\x41\x63ks\x12\x14\n\x10\x41\x43KS_UNSPECIFIED\x10\x00\x12\x0f\n\x0b\x41\x43KS_LEADER\x10\x01\x12\x0c\n\x08\x41\x43KS_ALL\x10\x02\x12\r\n\tACKS_NONE\x10\x03\x32\xa7\x01\n\x07Records\x12T\n\x07Produce\x12!.tidelog.v1.RecordsProduceRequest\x1a\".tidelog.v1.RecordsProduceResponse(\x01\x30\x01\x12\x46\n\x07\x43onsume\x12\x1a.tidelog.v1.ConsumeRequest\x1a\x1b.tidelog.v1.ConsumeResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tidelog.v1.records_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ACKS']._serialized_start=2133
-  _globals['_ACKS']._serialized_end=2207
+  _globals['_ACKS']._serialized_start=2185
+  _globals['_ACKS']._serialized_end=2259
   _globals['_RECORDHEADER']._serialized_start=111
   _globals['_RECORDHEADER']._serialized_end=153
   _globals['_PRODUCERECORD']._serialized_start=156
@@ -43,27 +43,27 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_RECORDSPRODUCEREQUEST']._serialized_start=413
   _globals['_RECORDSPRODUCEREQUEST']._serialized_end=536
   _globals['_RECORDSPRODUCERESPONSE']._serialized_start=538
-  _globals['_RECORDSPRODUCERESPONSE']._serialized_end=629
-  _globals['_RECORDRESULT']._serialized_start=631
-  _globals['_RECORDRESULT']._serialized_end=751
-  _globals['_CONSUMEREQUEST']._serialized_start=754
-  _globals['_CONSUMEREQUEST']._serialized_end=1005
-  _globals['_CONSUMEGROUP']._serialized_start=1007
-  _globals['_CONSUMEGROUP']._serialized_end=1122
-  _globals['_CONSUMECOMMIT']._serialized_start=1124
-  _globals['_CONSUMECOMMIT']._serialized_end=1206
-  _globals['_CONSUMEPOSITION']._serialized_start=1208
-  _globals['_CONSUMEPOSITION']._serialized_end=1326
-  _globals['_CONSUMERESPONSE']._serialized_start=1329
-  _globals['_CONSUMERESPONSE']._serialized_end=1540
-  _globals['_ASSIGNMENTCHANGE']._serialized_start=1543
-  _globals['_ASSIGNMENTCHANGE']._serialized_end=1737
-  _globals['_COMMITRESULT']._serialized_start=1739
-  _globals['_COMMITRESULT']._serialized_end=1811
-  _globals['_PARTITIONERROR']._serialized_start=1813
-  _globals['_PARTITIONERROR']._serialized_end=1897
-  _globals['_CONSUMEDRECORD']._serialized_start=1900
-  _globals['_CONSUMEDRECORD']._serialized_end=2131
-  _globals['_RECORDS']._serialized_start=2210
-  _globals['_RECORDS']._serialized_end=2377
+  _globals['_RECORDSPRODUCERESPONSE']._serialized_end=655
+  _globals['_RECORDRESULT']._serialized_start=657
+  _globals['_RECORDRESULT']._serialized_end=777
+  _globals['_CONSUMEREQUEST']._serialized_start=780
+  _globals['_CONSUMEREQUEST']._serialized_end=1031
+  _globals['_CONSUMEGROUP']._serialized_start=1033
+  _globals['_CONSUMEGROUP']._serialized_end=1148
+  _globals['_CONSUMECOMMIT']._serialized_start=1150
+  _globals['_CONSUMECOMMIT']._serialized_end=1232
+  _globals['_CONSUMEPOSITION']._serialized_start=1234
+  _globals['_CONSUMEPOSITION']._serialized_end=1352
+  _globals['_CONSUMERESPONSE']._serialized_start=1355
+  _globals['_CONSUMERESPONSE']._serialized_end=1592
+  _globals['_ASSIGNMENTCHANGE']._serialized_start=1595
+  _globals['_ASSIGNMENTCHANGE']._serialized_end=1789
+  _globals['_COMMITRESULT']._serialized_start=1791
+  _globals['_COMMITRESULT']._serialized_end=1863
+  _globals['_PARTITIONERROR']._serialized_start=1865
+  _globals['_PARTITIONERROR']._serialized_end=1949
+  _globals['_CONSUMEDRECORD']._serialized_start=1952
+  _globals['_CONSUMEDRECORD']._serialized_end=2183
+  _globals['_RECORDS']._serialized_start=2262
+  _globals['_RECORDS']._serialized_end=2429
 # @@protoc_insertion_point(module_scope)

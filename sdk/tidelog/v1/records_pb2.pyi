@@ -187,7 +187,13 @@ class RecordsProduceResponse(_message.Message):
 
     CORRELATION_ID_FIELD_NUMBER: _builtins.int
     RESULTS_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
+    throttle_time_ms: _builtins.int
+    """How long the client is held back for going over its produce or request
+    quota (Kafka's throttle time): the gateway reads the stream's next
+    request only after this delay. 0: none.
+    """
     @_builtins.property
     def results(self) -> _containers.RepeatedCompositeFieldContainer[Global___RecordResult]:
         """One per record of the request, in the same order."""
@@ -197,10 +203,11 @@ class RecordsProduceResponse(_message.Message):
         *,
         correlation_id: _builtins.int = ...,
         results: _abc.Iterable[Global___RecordResult] | None = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "results", b"results"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "results", b"results", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -410,6 +417,11 @@ class ConsumeResponse(_message.Message):
     ERRORS_FIELD_NUMBER: _builtins.int
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
+    THROTTLE_TIME_MS_FIELD_NUMBER: _builtins.int
+    throttle_time_ms: _builtins.int
+    """How long the gateway holds back the stream's next answer because the
+    client went over its fetch quota (Kafka's throttle time). 0: none.
+    """
     @_builtins.property
     def records(self) -> _containers.RepeatedCompositeFieldContainer[Global___ConsumedRecord]: ...
     @_builtins.property
@@ -433,10 +445,11 @@ class ConsumeResponse(_message.Message):
         errors: _abc.Iterable[Global___PartitionError] | None = ...,
         assignment: Global___AssignmentChange | None = ...,
         commit: Global___CommitResult | None = ...,
+        throttle_time_ms: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "event", b"event"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "errors", b"errors", "event", b"event", "records", b"records"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "commit", b"commit", "errors", b"errors", "event", b"event", "records", b"records", "throttle_time_ms", b"throttle_time_ms"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType_event: _TypeAlias = _typing.Literal["assignment", "commit"]  # noqa: Y015
     _WhichOneofArgType_event: _TypeAlias = _typing.Literal["event", b"event"]  # noqa: Y015

@@ -19,6 +19,7 @@ from tidelog_server.security_options import SecurityOptions, add_security_argume
 from tidelog_server.tls import (
     add_etcd_tls_arguments,
     add_tls_arguments,
+    etcd_auth_from_args,
     etcd_tls_from_args,
     tls_from_args,
 )
@@ -112,10 +113,11 @@ def cluster_from_args(args: argparse.Namespace) -> ClusterConfig | None:
         raise TidelogError(f"--etcd: {exc}") from None
     try:
         etcd_tls = etcd_tls_from_args(args)
+        etcd_auth = etcd_auth_from_args(args)
     except ValueError as exc:
         raise TidelogError(str(exc)) from None
     return ClusterConfig(
-        args.etcd, args.etcd_prefix, args.rack, max(2, args.session_ttl_s), etcd_tls
+        args.etcd, args.etcd_prefix, args.rack, max(2, args.session_ttl_s), etcd_tls, etcd_auth
     )
 
 
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()
     # SIGINT is handled inside serve(); this covers one before the loop is up.
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve(config, cluster, metrics_options(args)))
+        return asyncio.run(serve(config, cluster, metrics_options(args)))
     return 0
 
 

@@ -64,7 +64,7 @@ from tidelog_server.etcd import (
     connect,
     is_unavailable,
 )
-from tidelog_server.etcd.client import EtcdTls
+from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, EtcdTls
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.cluster_view import ClusterView
 from tidelog_server.etcd.keys import Keys
@@ -102,6 +102,8 @@ class ClusterConfig:
     session_ttl_s: int = 2
     #: TLS to etcd (None: plain text).
     etcd_tls: EtcdTls | None = None
+    #: etcd user and password (None: none, or the CN of the TLS certificate).
+    etcd_auth: EtcdAuth | None = None
 
 
 class ClusterLink:
@@ -118,7 +120,9 @@ class ClusterLink:
         self.broker = broker
         self.manager = manager
         self.keys = Keys(cluster.etcd_prefix)
-        self.client: aetcd.Client = connect(cluster.etcd_endpoint, cluster.etcd_tls)
+        self.client: aetcd.Client = connect(
+            cluster.etcd_endpoint, cluster.etcd_tls, cluster.etcd_auth
+        )
         self.host = broker.advertised_host or broker.host
         self.port = broker.port
         self.internal_port: int | None = None
@@ -243,7 +247,10 @@ class ClusterLink:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                if not is_unavailable(exc):
+                if isinstance(exc, EtcdAccessError):
+                    # etcd's RBAC: its words say it; no traceback.
+                    flood.error("registering broker %d: %s", self.broker.broker_id, exc)
+                elif not is_unavailable(exc):
                     flood.exception("registering broker %d failed", self.broker.broker_id)
                 else:
                     log.info("etcd unreachable (%s); retrying registration", exc)

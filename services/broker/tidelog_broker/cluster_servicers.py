@@ -35,6 +35,7 @@ import grpc.aio
 from tidelog.errors import CoordinatorNotAvailableError, InvalidTopicError
 from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2
+from tidelog_server.authorizer import may_auto_create
 from tidelog_server.etcd import Election
 from tidelog_server.etcd.records import BrokerRegistration, CoordinatorRegistration
 from tidelog_server.forwarding import LOCAL_METADATA_KEY, CoordinatorForwarding
@@ -247,7 +248,11 @@ class ClusterMetadata:
         view = self._link.view
         invalid = _invalid_names(request.topics)
         if request.allow_auto_topic_creation and self._link.broker.auto_create_topics:
-            missing = [n for n in request.topics if n not in view.topics and n not in invalid]
+            missing = [
+                n
+                for n in request.topics
+                if n not in view.topics and n not in invalid and may_auto_create(n)
+            ]
             if missing:
                 await self._auto_create(missing)
         response = log_pb2.MetadataResponse(responder_id=self._link.broker.broker_id)

@@ -19,6 +19,7 @@ from typing import Any, cast
 import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import log_pb2, log_pb2_grpc
+from tidelog_server.authorizer import may_auto_create
 
 from tidelog_broker import fetch_wire
 from tidelog_broker.config import BrokerConfig
@@ -296,7 +297,9 @@ class LogServicer(log_pb2_grpc.LogServicer):
         for name in names:
             topic_md = response.topics.add(name=name)
             try:
-                topic = self._manager.ensure_topic(name, request.allow_auto_topic_creation)
+                topic = self._manager.ensure_topic(
+                    name, request.allow_auto_topic_creation and may_auto_create(name)
+                )
             except Exception as exc:
                 topic_md.error.CopyFrom(error_proto(exc, f"describing topic {name}"))
                 continue

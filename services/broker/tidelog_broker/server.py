@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,6 +37,7 @@ from tidelog.v1 import (
     log_pb2,
 )
 from tidelog_server.authorizer import Interceptor
+from tidelog_server.etcd.client import serve_until_signal
 from tidelog_server.forwarding import ChannelPool
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.internal import replica_pb2_grpc
@@ -251,13 +251,13 @@ async def serve(
     config: BrokerConfig,
     cluster: ClusterConfig | None = None,
     metrics: MetricsOptions | None = None,
-) -> None:
-    """Run a broker until SIGTERM or SIGINT."""
+) -> int:
+    """Run a broker until SIGTERM or SIGINT (or etcd refuses it): the exit status."""
     broker = BrokerServer(config, cluster, metrics)
-    await broker.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await broker.stop()
+    link = broker.link
+    return await serve_until_signal(
+        broker.start,
+        broker.stop,
+        None if link is None else link.client,
+        "" if cluster is None else cluster.etcd_prefix,
+    )

@@ -9,6 +9,12 @@ message (a produce stream may name a new topic at any time). Listings that
 name nothing (DescribeTopics, Metadata, ListGroups with no names) are
 filtered to what the principal may Describe, as Kafka's metadata is.
 
+Metadata with allow_auto_topic_creation creates only the topics the caller
+may Create (on the topic, or on the cluster), as Kafka's does: the
+interceptor hands the servicer `may_auto_create` for the call (a context
+variable, set in the task that runs the servicer), and a topic the caller may
+Describe but not Create stays unknown (UNKNOWN_TOPIC_OR_PARTITION).
+
 A denied call ends with PERMISSION_DENIED and TOPIC_/GROUP_/
 CLUSTER_AUTHORIZATION_FAILED naming the principal, the operation and the
 resource; an unauthenticated one with UNAUTHENTICATED and
@@ -16,8 +22,9 @@ SASL_AUTHENTICATION_FAILED. Health checks and reflection need no identity
 (probes and tools).
 
 Quotas (tidelog_server.quotas) are applied here too, on the services that
-enable them: the bytes of Produce requests and of Fetch answers, and every
-request, are counted per (principal, client id); over a quota, answers carry
+enable them: the bytes of Produce requests and of Fetch answers (and of
+their Records counterparts on the gateway), and every request, are counted
+per (principal, client id); over a quota, answers carry
 `throttle_time_ms` and the stream's next read (or next answer) waits that
 long. Super users (the cluster's own identities) are not throttled.
 """
@@ -30,6 +37,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,13 +129,12 @@ RULES: dict[str, Rule] = {
     "/tidelog.v1.Log/Metadata": Rule(
         lambda r, s: _topics(r.topics, "Describe"), listing=("topics", "topic", "name")
     ),
-    # Records (gateway)
-    # (No throttle_time_ms in the Records answers: the gateway's own Log
-    # streams and the brokers apply the byte quotas.)
+    # Records (gateway): quotas as on Log, answers with throttle_time_ms (the
+    # gateway calls the brokers as itself, a super user, so only it can).
     "/tidelog.v1.Records/Produce": Rule(
-        lambda r, s: _topics((x.topic for x in r.records), "Write")
+        lambda r, s: _topics((x.topic for x in r.records), "Write"), quota="produce"
     ),
-    "/tidelog.v1.Records/Consume": Rule(_consume),
+    "/tidelog.v1.Records/Consume": Rule(_consume, quota="fetch"),
     # Admin (coordinator; forwarded by brokers and the gateway)
     "/tidelog.v1.Admin/CreateTopics": Rule(_create_topics),
     "/tidelog.v1.Admin/DeleteTopics": Rule(lambda r, s: _topics(r.names, "Delete")),
@@ -181,6 +188,21 @@ RULES: dict[str, Rule] = {
 #: An RPC missing from RULES (added later, and forgotten here) needs Alter on
 #: the cluster: closed by default, open to administrators.
 DEFAULT_RULE = Rule(lambda r, s: _cluster("Alter"))
+
+#: Which topics the caller of the call being served may create (set by the
+#: interceptor around a unary call; unset: no interceptor, no ACLs).
+_MAY_CREATE: ContextVar[Callable[[str], bool] | None] = ContextVar(
+    "tidelog_may_create", default=None
+)
+
+
+def may_auto_create(topic: str) -> bool:
+    """Whether the caller of the call being served may create `topic` (what
+    Metadata's auto-creation asks before creating it). True outside an
+    authorized call (a service without the interceptor has no ACLs)."""
+    check = _MAY_CREATE.get()
+    return check is None or check(topic)
+
 
 _ERRORS: dict[str, type[AuthorizationFailedError]] = {
     "topic": TopicAuthorizationFailedError,
@@ -274,6 +296,10 @@ class Interceptor(grpc.aio.ServerInterceptor):
             )
         return None
 
+    def _may_create(self, caller: Caller, topic: str) -> bool:
+        """Create on the topic, or on the cluster (which covers every topic)."""
+        return self._denied(caller, [("Create", "topic", topic)]) is None
+
     async def _check(
         self, caller: Caller, checks: list[Check], context: grpc.aio.ServicerContext
     ) -> None:
@@ -338,6 +364,10 @@ class Interceptor(grpc.aio.ServerInterceptor):
                     # and says by how much (Kafka's throttle time).
                     context.set_trailing_metadata(((THROTTLE_TIME_METADATA_KEY, str(throttle_ms)),))
                     await asyncio.sleep(throttle_ms / 1000)
+            # Same task as the servicer: it sees this (Metadata's auto-creation).
+            _MAY_CREATE.set(
+                lambda topic: self._denied(caller, [("Create", "topic", topic)]) is None
+            )
             response = await behavior(request, context)
             listing = rule.listing
             if listing is not None and response is not None and not _named(request, rule):

@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
-from tidelog_server.etcd.client import EtcdTls
+from tidelog_server.etcd.client import ETCD_PASSWORD_ENV, EtcdAuth, EtcdTls
 
 log = logging.getLogger("tidelog.tls")
 
@@ -187,7 +187,9 @@ def add_port(server: grpc.aio.Server, address: str, tls: ServerTls | None, **kwa
 
 
 def add_etcd_tls_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("TLS to etcd (off unless --etcd-cafile is given)")
+    group = parser.add_argument_group(
+        "TLS and authentication to etcd (TLS off unless --etcd-cafile is given)"
+    )
     group.add_argument("--etcd-cafile", type=Path, help="PEM authority of etcd's certificate")
     group.add_argument(
         "--etcd-certfile",
@@ -196,6 +198,18 @@ def add_etcd_tls_arguments(parser: argparse.ArgumentParser) -> None:
         "the etcd user)",
     )
     group.add_argument("--etcd-keyfile", type=Path, help="PEM key of --etcd-certfile")
+    group.add_argument(
+        "--etcd-user",
+        help="etcd user to log in as, for an etcd with `auth enable` (else the CN of "
+        "--etcd-certfile is the etcd user); its password from --etcd-password-file or "
+        f"${ETCD_PASSWORD_ENV}",
+    )
+    group.add_argument(
+        "--etcd-password-file",
+        type=Path,
+        help="file holding the password of --etcd-user (a mounted Secret; read again at "
+        "each login, so a rotated password is picked up)",
+    )
 
 
 def etcd_tls_from_args(args: argparse.Namespace) -> EtcdTls | None:
@@ -206,3 +220,19 @@ def etcd_tls_from_args(args: argparse.Namespace) -> EtcdTls | None:
             raise ValueError("--etcd-certfile needs --etcd-cafile (TLS to etcd)")
         return None
     return EtcdTls(args.etcd_cafile, args.etcd_certfile, args.etcd_keyfile)
+
+
+def etcd_auth_from_args(args: argparse.Namespace) -> EtcdAuth | None:
+    """--etcd-user and its password (ValueError naming what is missing)."""
+    if args.etcd_user is None:
+        if args.etcd_password_file is not None:
+            raise ValueError("--etcd-password-file needs --etcd-user")
+        return None
+    if not args.etcd_user:
+        raise ValueError("--etcd-user must not be empty")
+    auth = EtcdAuth(args.etcd_user, args.etcd_password_file)
+    try:
+        auth.password()
+    except Exception as exc:
+        raise ValueError(str(exc)) from None
+    return auth

@@ -5,14 +5,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import signal
+import sys
 
-from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
+from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints, serve_until_signal
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import (
     add_etcd_tls_arguments,
     add_tls_arguments,
+    etcd_auth_from_args,
     etcd_tls_from_args,
     tls_from_args,
 )
@@ -83,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
     try:
         tls = tls_from_args(args)
         etcd_tls = etcd_tls_from_args(args)
+        etcd_auth = etcd_auth_from_args(args)
         security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -110,6 +112,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         group_max_members=args.group_max_members,
         tls=tls,
         etcd_tls=etcd_tls,
+        etcd_auth=etcd_auth,
         metrics_interval_ms=args.metrics_interval_ms,
         security=security,
         **extra,
@@ -117,20 +120,15 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
     return config, metrics_options(args)
 
 
-async def serve(config: CoordinatorConfig, metrics: MetricsOptions | None = None) -> None:
+async def serve(config: CoordinatorConfig, metrics: MetricsOptions | None = None) -> int:
+    """Run a coordinator until SIGTERM or SIGINT (or etcd refuses it): the exit status."""
     server = CoordinatorServer(config, metrics)
-    await server.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+    return await serve_until_signal(server.start, server.stop, server.client, config.etcd_prefix)
 
 
-def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(*parse_args(argv)))
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(serve(*parse_args(argv)))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -6,7 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
-from tidelog_server.etcd.client import EtcdTls
+from tidelog_server.etcd.client import EtcdAuth, EtcdTls
 from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import ServerTls
 
@@ -62,6 +62,8 @@ class CoordinatorConfig:
     tls: ServerTls | None = None
     #: TLS to etcd (None: plain text).
     etcd_tls: EtcdTls | None = None
+    #: etcd user and password (None: none, or the CN of the TLS certificate).
+    etcd_auth: EtcdAuth | None = None
     #: With --metrics-port: how often the controller refreshes the cluster
     #: gauges and the groups' lag (one etcd read and one ListOffsets per
     #: leader each time).

@@ -31,6 +31,7 @@ import logging
 
 import aetcd
 from tidelog_server.etcd import Election, ElectionKeyLostError, Session, is_unavailable
+from tidelog_server.etcd.client import EtcdAccessError
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.log_flood import RateLimitedLog
 
@@ -97,7 +98,11 @@ class ReplicaLifecycle:
             except Exception as exc:
                 level = logging.INFO if is_unavailable(exc) else logging.ERROR
                 flood.log(
-                    level, "controller loop: %s; retrying", exc, exc_info=level > logging.INFO
+                    level,
+                    "controller loop: %s; retrying",
+                    exc,
+                    # etcd's RBAC refusal says it in words: no traceback.
+                    exc_info=level > logging.INFO and not isinstance(exc, EtcdAccessError),
                 )
                 await asyncio.sleep(RETRY_DELAY_S)
             finally:

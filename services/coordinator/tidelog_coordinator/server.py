@@ -70,7 +70,7 @@ class CoordinatorServer:
         self._metrics_options = metrics
         self.metrics_endpoint: MetricsEndpoint | None = None
         self.keys = Keys(config.etcd_prefix)
-        self.client = connect(config.etcd_endpoint, config.etcd_tls)
+        self.client = connect(config.etcd_endpoint, config.etcd_tls, config.etcd_auth)
         self.metadata = MetadataManager(self.client, self.keys, config)
         #: Channels to brokers (DeleteRecords, reassignment progress).
         self.brokers = BrokerCalls(self.client, self.keys)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
@@ -12,6 +13,7 @@ from tidelog_server.security_options import SecurityOptions, add_security_argume
 from tidelog_server.tls import (
     add_etcd_tls_arguments,
     add_tls_arguments,
+    etcd_auth_from_args,
     etcd_tls_from_args,
     tls_from_args,
 )
@@ -88,6 +90,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
     try:
         tls = tls_from_args(args)
         etcd_tls = etcd_tls_from_args(args)
+        etcd_auth = etcd_auth_from_args(args)
         security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
@@ -121,14 +124,15 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         drain_timeout_s=args.drain_timeout_s,
         tls=tls,
         etcd_tls=etcd_tls,
+        etcd_auth=etcd_auth,
         security=security,
     )
     return config, metrics_options(args)
 
 
-def main(argv: list[str] | None = None) -> None:
-    asyncio.run(serve(*parse_all(argv)))
+def main(argv: list[str] | None = None) -> int:
+    return asyncio.run(serve(*parse_all(argv)))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

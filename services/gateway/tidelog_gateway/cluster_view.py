@@ -37,7 +37,7 @@ from tidelog.errors import (
 from tidelog.names import validate_topic_name
 from tidelog_server.etcd import Election, PrefixWatcher, WatchBatch, connect
 from tidelog_server.etcd import cluster_view as etcd_view
-from tidelog_server.etcd.client import EtcdTls
+from tidelog_server.etcd.client import EtcdAuth, EtcdTls
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
 from tidelog_server.etcd.cluster_view import KnownState, KnownTopic
 from tidelog_server.etcd.keys import Keys
@@ -49,9 +49,15 @@ log = logging.getLogger("tidelog.gateway.cluster")
 class ClusterView:
     """The cluster as etcd describes it (see module doc)."""
 
-    def __init__(self, etcd_endpoint: str, prefix: str, etcd_tls: EtcdTls | None = None) -> None:
+    def __init__(
+        self,
+        etcd_endpoint: str,
+        prefix: str,
+        etcd_tls: EtcdTls | None = None,
+        etcd_auth: EtcdAuth | None = None,
+    ) -> None:
         self.keys = Keys(prefix)
-        self.client: aetcd.Client = connect(etcd_endpoint, etcd_tls)
+        self.client: aetcd.Client = connect(etcd_endpoint, etcd_tls, etcd_auth)
         #: The cluster's keys, parsed (brokers, coordinators, topics, states).
         self.known = etcd_view.ClusterView(self.keys)
         self.cluster_id = ""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tidelog_server.etcd.client import EtcdTls
+from tidelog_server.etcd.client import EtcdAuth, EtcdTls
 from tidelog_server.security_options import SecurityOptions
 from tidelog_server.tls import ServerTls
 
@@ -62,6 +62,8 @@ class GatewayConfig:
     tls: ServerTls | None = None
     #: TLS to etcd (None: plain text).
     etcd_tls: EtcdTls | None = None
+    #: etcd user and password (None: none, or the CN of the TLS certificate).
+    etcd_auth: EtcdAuth | None = None
     #: Authentication and authorization (--allow-anonymous, --super-users, ...).
     security: SecurityOptions = field(default_factory=SecurityOptions)
 

@@ -24,6 +24,7 @@ import grpc
 import grpc.aio
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
+from tidelog_server.authorizer import may_auto_create
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView, invalid_topic_error
@@ -169,7 +170,12 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
             )
         if request.allow_auto_topic_creation:
             missing = [
-                n for n in request.topics if n not in view.topics and invalid_topic_error(n) is None
+                n
+                for n in request.topics
+                if n not in view.topics
+                and invalid_topic_error(n) is None
+                # Created as the gateway: only what the caller may Create.
+                and may_auto_create(n)
             ]
             if missing:
                 await self._auto_create(missing)

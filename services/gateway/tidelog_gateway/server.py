@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 
 import grpc
 import grpc.aio
@@ -38,6 +37,7 @@ from tidelog.v1 import (
     records_pb2_grpc,
 )
 from tidelog_server.authorizer import Interceptor
+from tidelog_server.etcd.client import serve_until_signal
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
 from tidelog_server.security import Security
@@ -72,7 +72,9 @@ class GatewayServer:
         self.metrics = None if metrics is None else GatewayMetrics()
         self._metrics_options = metrics
         self.metrics_endpoint: MetricsEndpoint | None = None
-        self.view = ClusterView(config.etcd_endpoint, config.etcd_prefix, config.etcd_tls)
+        self.view = ClusterView(
+            config.etcd_endpoint, config.etcd_prefix, config.etcd_tls, config.etcd_auth
+        )
         self.channels = Channels(
             config.max_message_bytes,
             config.upstream_connections,
@@ -165,13 +167,9 @@ class GatewayServer:
         log.info("gateway stopped")
 
 
-async def serve(config: GatewayConfig, metrics: MetricsOptions | None = None) -> None:
-    """Run a gateway until SIGTERM or SIGINT."""
+async def serve(config: GatewayConfig, metrics: MetricsOptions | None = None) -> int:
+    """Run a gateway until SIGTERM or SIGINT (or etcd refuses it): the exit status."""
     gateway = GatewayServer(config, metrics)
-    await gateway.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await gateway.stop()
+    return await serve_until_signal(
+        gateway.start, gateway.stop, gateway.view.client, config.etcd_prefix
+    )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from tidelog import ConsumerConfig, ProducerConfig
 from tidelog.compression import CompressionType
@@ -57,3 +59,21 @@ def test_consumer_window_default_and_reset_policy() -> None:
 def test_unknown_option_is_a_type_error() -> None:
     with pytest.raises(TypeError):
         ProducerConfig(lingerms=5)  # type: ignore[call-arg]
+
+
+def test_client_id_is_checked_and_sent_with_every_call() -> None:
+    from tidelog._call_metadata import CLIENT_ID_METADATA_KEY, MetadataChannel
+
+    config = ProducerConfig(client_id="billing-7")
+    assert config.security.call_metadata == ((CLIENT_ID_METADATA_KEY, "billing-7"),)
+    with pytest.raises(ValueError, match="at most 255"):
+        ProducerConfig(client_id="x" * 256)
+    with pytest.raises(ValueError, match="printable ASCII"):
+        ProducerConfig(client_id="caf\u00e9")
+
+    async def open_one() -> None:
+        channel = config.security.aio_channel("127.0.0.1:1")
+        assert isinstance(channel, MetadataChannel)
+        await channel.close()
+
+    asyncio.run(open_one())

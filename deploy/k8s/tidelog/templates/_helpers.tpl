@@ -175,6 +175,35 @@ subPath mount is not updated when the Secret is rotated). */}}
 - --tls-cafile={{ $dir }}/ca.crt
 - --tls-client-auth={{ $v.tls.clientAuth }}
 {{- end }}
+{{- if $v.etcd.auth.user }}
+- --etcd-user={{ $v.etcd.auth.user }}
+- --etcd-password-file={{ include "tidelog.etcdAuthDir" .ctx }}/{{ $v.etcd.auth.passwordKey }}
+{{- end }}
+{{- end }}
+
+{{- define "tidelog.etcdAuthDir" -}}
+/etc/tidelog-etcd-auth
+{{- end }}
+
+{{/* The etcd password Secret as files (mode 0440, as the certificates). */}}
+{{- define "tidelog.etcdAuthVolumeMount" -}}
+{{- if .Values.etcd.auth.user }}
+- name: etcd-auth
+  mountPath: {{ include "tidelog.etcdAuthDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{- define "tidelog.etcdAuthVolume" -}}
+{{- if .Values.etcd.auth.user }}
+{{- if not .Values.etcd.auth.existingSecret }}
+{{- fail "etcd.auth.user is set: give etcd.auth.existingSecret (a Secret holding its password)" }}
+{{- end }}
+- name: etcd-auth
+  secret:
+    secretName: {{ .Values.etcd.auth.existingSecret }}
+    defaultMode: 288
+{{- end }}
 {{- end }}
 
 {{/* The metrics container port (nothing when metrics are off). */}}

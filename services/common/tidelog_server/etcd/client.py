@@ -25,6 +25,19 @@ TLS (`EtcdTls`): etcd's client port with `--cert-file/--key-file` and, with
 etcd then takes the certificate's CN as the etcd user (its RBAC applies), so
 client certificates are also how the services authenticate to etcd. aetcd
 opens only insecure channels: `connect` opens the channel itself then.
+
+User and password (`EtcdAuth`, with etcd's `auth enable`): the client asks
+etcd's Authenticate for a token and sends it as the `token` metadata of every
+call, beside the require-leader metadata (aetcd's own login would replace
+one with the other). etcd's tokens expire (simple tokens after
+--auth-token-ttl without use, and all of them when a member restarts): a call
+refused for an invalid or outdated token re-authenticates (reading the
+password again, so a rotated secret is picked up) and runs once more, which
+is safe for writes too, since etcd refused it before applying anything.
+
+Refusals by etcd's RBAC (a user without a role on the cluster's prefix, a
+wrong password, no user at all) raise `EtcdAccessError`, whose message names
+the etcd user and what it lacks; `check_access` asks for both at start.
 """
 
 from __future__ import annotations
@@ -32,7 +45,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+import os
+import signal
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,6 +80,76 @@ _UNREACHABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEA
 _NOT_SENT_MARKERS = ("failed to connect to all addresses", "connection refused")
 
 _REQUIRE_LEADER = (("hasleader", "true"),)
+
+#: Where a service reads its etcd password when no --etcd-password-file is
+#: given (never from argv, which `ps` shows).
+ETCD_PASSWORD_ENV = "TIDELOG_ETCD_PASSWORD"
+
+#: What etcd answers when a token is no longer valid (expired, issued before
+#: a restart, or older than the latest change of users and roles): log in
+#: again and retry.
+_STALE_TOKEN_MARKERS = ("invalid auth token", "revision of auth store is old")
+
+#: What etcd answers when RBAC refuses the caller.
+_REFUSED_MARKERS = (
+    "permission denied",
+    "user name is empty",
+    "authentication failed",
+    "user name not found",
+)
+
+
+class EtcdAccessError(Exception):
+    """etcd refused this service: its user lacks a permission, or it could
+    not log in. Retrying unchanged fails again: an operator must act."""
+
+
+@dataclass(frozen=True)
+class EtcdAuth:
+    """An etcd user and where its password is read from: a file (a mounted
+    Secret), else the TIDELOG_ETCD_PASSWORD environment variable. Read again
+    at each login, so a rotated password file is used without a restart."""
+
+    user: str
+    password_file: Path | None = None
+
+    def password(self) -> str:
+        if self.password_file is not None:
+            try:
+                return self.password_file.read_text().rstrip("\r\n")
+            except OSError as exc:
+                raise EtcdAccessError(
+                    f"--etcd-password-file {self.password_file} cannot be read: {exc.strerror}"
+                ) from exc
+        password = os.environ.get(ETCD_PASSWORD_ENV)
+        if password is None:
+            raise EtcdAccessError(
+                f"--etcd-user {self.user!r} needs a password: give --etcd-password-file "
+                f"or set {ETCD_PASSWORD_ENV}"
+            )
+        return password
+
+
+def _details(exc: BaseException) -> str:
+    """The text etcd answered, through aetcd's wrapping."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return (exc.details() or "").lower()
+    text = str(exc)
+    cause = exc.__cause__
+    if isinstance(cause, grpc.aio.AioRpcError) and (cause.details() or "") not in text:
+        text += " " + (cause.details() or "")
+    return text.lower()
+
+
+def is_stale_token(exc: BaseException) -> bool:
+    return any(marker in _details(exc) for marker in _STALE_TOKEN_MARKERS)
+
+
+def is_refused(exc: BaseException) -> bool:
+    """True when etcd's authentication or RBAC refused the call."""
+    return isinstance(exc, EtcdAccessError) or any(
+        marker in _details(exc) for marker in _REFUSED_MARKERS
+    )
 
 
 @dataclass(frozen=True)
@@ -123,9 +208,9 @@ def parse_endpoints(text: str) -> list[tuple[str, int]]:
     return endpoints
 
 
-def connect(endpoints: str, tls: EtcdTls | None = None) -> EtcdClient:
+def connect(endpoints: str, tls: EtcdTls | None = None, auth: EtcdAuth | None = None) -> EtcdClient:
     """A client for `host:port[,host:port...]` (lazy: connects on first use)."""
-    return EtcdClient(parse_endpoints(endpoints), tls)
+    return EtcdClient(parse_endpoints(endpoints), tls, auth)
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -160,15 +245,52 @@ def _never_sent(exc: BaseException) -> bool:
     return any(marker in text for marker in _NOT_SENT_MARKERS)
 
 
+class _Watcher(aetcd.watcher.Watcher):
+    """aetcd's Watcher, except for a watch that etcd refuses.
+
+    etcd answers a watch it will not serve (no permission, or a token it no
+    longer knows: etcd 3.5 says "permission denied" for both) with one
+    response both created and canceled, with a reason. aetcd took that for
+    a watch created and waited forever for its events; here the creation
+    fails with the reason, and a watch canceled later gets it as an error."""
+
+    async def _handle_response(self, response: Any) -> None:
+        if not (response.canceled and response.cancel_reason):
+            await super()._handle_response(response)
+            return
+        error = aetcd.exceptions.ClientError(response.cancel_reason)
+        async with self._lock:
+            pending = self._new_callback
+            if response.created and pending is not None:
+                pending.error = error
+                self._new_callback_ready.notify_all()
+                return
+            callback = self._callbacks.pop(response.watch_id, None)
+        if callback is not None:
+            await self._process_callback(callback, error)
+
+
 class EtcdClient(aetcd.Client):
     """An aetcd client over a list of members, failing over between them
     (see the module doc). Not thread-safe: use from one event loop."""
 
-    def __init__(self, endpoints: Sequence[tuple[str, int]], tls: EtcdTls | None = None) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        tls: EtcdTls | None = None,
+        auth: EtcdAuth | None = None,
+    ) -> None:
         if not endpoints:
             raise EtcdEndpointError("at least one etcd endpoint is needed")
         # Read once, here: a missing file fails at start, naming the option.
         self._credentials = None if tls is None else tls.credentials()
+        self.tls = tls
+        self.auth = auth
+        if auth is not None:
+            auth.password()  # fails now, naming the option, when there is none
+        #: etcd's token for `auth` (None: log in at the next call).
+        self._token: str | None = None
+        self._login = asyncio.Lock()
         host, port = endpoints[0]
         super().__init__(
             host=host,
@@ -202,14 +324,73 @@ class EtcdClient(aetcd.Client):
         self._host, self._port = self.endpoints[self.current]
         if self._credentials is None:
             await super().connect()
+            if type(getattr(self, "_watcher", None)) is aetcd.watcher.Watcher:
+                # aetcd's own, not started yet (its stream opens with the
+                # first watch): ours instead (see _Watcher).
+                self._watcher = _Watcher(
+                    aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=None
+                )
         elif not self._connected.is_set():
             self._open_tls_channel()
+        if self.auth is not None and self._token is None:
+            await self._log_in()
         # etcd's "require leader" (clientv3.WithRequireLeader): a member cut
         # off from the quorum answers UNAVAILABLE and ends its watches,
         # instead of serving stale reads and silent watches; we then fail over.
-        self.metadata = _REQUIRE_LEADER
-        if self._watcher is not None:
-            self._watcher._metadata = _REQUIRE_LEADER
+        metadata: tuple[tuple[str, str], ...] = _REQUIRE_LEADER
+        if self._token:
+            metadata += (("token", self._token),)
+        self.metadata = metadata
+        watcher: aetcd.watcher.Watcher | None = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher._metadata = metadata
+
+    async def _log_in(self) -> None:
+        """Get a token for `auth` (one login at a time; others wait for it)."""
+        assert self.auth is not None
+        async with self._login:
+            if self._token is not None or self.channel is None:
+                return
+            request = aetcd.rpc.AuthenticateRequest(
+                name=self.auth.user, password=self.auth.password()
+            )
+            try:
+                reply = await aetcd.rpc.AuthStub(self.channel).Authenticate(
+                    request, timeout=self._timeout
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.FAILED_PRECONDITION:
+                    # "authentication is not enabled": etcd accepts every
+                    # call without a token; nothing to send.
+                    log.warning(
+                        "etcd at %s has authentication off; --etcd-user unused", self.endpoint
+                    )
+                    self._token = ""
+                    return
+                if exc.code() in _UNREACHABLE_CODES:
+                    aetcd.exceptions._handle_exception(exc)
+                raise EtcdAccessError(
+                    f"etcd at {self.endpoint} refused the login of etcd user "
+                    f"{self.auth.user!r}: {exc.details()}"
+                ) from exc
+            self._token = reply.token
+            log.info("logged in to etcd at %s as %r", self.endpoint, self.auth.user)
+
+    def _token_expired(self, stale: str | None) -> None:
+        """Forget the token `stale` (unless a newer one replaced it already)
+        and the watch stream that carried it: the next call logs in again and
+        the watches' owners re-create them with the new token."""
+        if self._token != stale:
+            return
+        self._token = None
+        watcher: aetcd.watcher.Watcher | None = getattr(self, "_watcher", None)
+        if watcher is not None:
+            self._watcher = _Watcher(
+                aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            task = asyncio.create_task(watcher.shutdown(), name="etcd-watcher-retire")
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
 
     def _open_tls_channel(self) -> None:
         """What aetcd's connect() does, over a TLS channel (no await inside:
@@ -223,7 +404,7 @@ class EtcdClient(aetcd.Client):
         self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
         self.leasestub = aetcd.rpc.LeaseStub(self.channel)
         self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
-        self._watcher = aetcd.watcher.Watcher(
+        self._watcher = _Watcher(
             aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
         )
         self._connected.set()
@@ -268,19 +449,55 @@ class EtcdClient(aetcd.Client):
     async def call(self, operation: Callable[[], Awaitable[T]], *, repeatable: bool) -> T:
         """Run `operation` on the member in use; on an unavailable member fail
         over, and retry on the next one when `repeatable` or never sent. At
-        most one attempt per member, then the last error is raised."""
-        for attempt in range(len(self.endpoints)):
+        most one attempt per member, then the last error is raised. A call
+        refused for a stale token logs in again and runs once more."""
+        relogged = False
+        attempt = 0
+        while attempt < len(self.endpoints):
             generation = self.generation
+            token = self._token
             try:
                 return await operation()
             except Exception as exc:
+                if self.auth is not None and not relogged and self._maybe_stale_token(exc):
+                    log.info(
+                        "etcd token of %r no longer valid (%s); logging in again",
+                        self.auth.user,
+                        _details(exc),
+                    )
+                    relogged = True
+                    self._token_expired(token)
+                    continue
+                if is_refused(exc) and not isinstance(exc, EtcdAccessError):
+                    raise EtcdAccessError(self.refusal(exc)) from exc
                 if not is_unavailable(exc):
                     raise
                 self.fail_over(generation, exc)
                 last_attempt = attempt == len(self.endpoints) - 1
                 if last_attempt or not (repeatable or _never_sent(exc)):
                     raise
+                attempt += 1
         raise AssertionError("unreachable")  # the loop returns or raises
+
+    def _maybe_stale_token(self, exc: BaseException) -> bool:
+        """True when logging in again may cure `exc`: etcd said the token is
+        invalid or outdated, or refused a watch with "permission denied",
+        which etcd 3.5 also answers for a token it no longer knows."""
+        return is_stale_token(exc) or "permission denied" in _details(exc)
+
+    def etcd_user(self) -> str:
+        """Who etcd takes this client for, as an operator would look it up."""
+        if self.auth is not None:
+            return f"etcd user {self.auth.user!r} (--etcd-user)"
+        if self.tls is not None and self.tls.certfile is not None:
+            common_name = _common_name(self.tls.certfile)
+            return f"etcd user {common_name!r} (the CN of --etcd-certfile {self.tls.certfile})"
+        return "no etcd user (give --etcd-user, or a client certificate with --etcd-certfile)"
+
+    def refusal(self, exc: BaseException) -> str:
+        """The message of an EtcdAccessError for etcd's refusal `exc`."""
+        text = _details(exc).strip()
+        return f"etcd at {self.endpoint} refused {self.etcd_user()}: {text}"
 
     async def raw_kv(self, method: str, request: Any, timeout: float = ETCD_CALL_TIMEOUT_S) -> Any:
         """A read-only call on the raw KV stub (for requests aetcd cannot
@@ -314,6 +531,58 @@ class EtcdClient(aetcd.Client):
         return await self.call(once, repeatable=True)
 
 
+def _common_name(certfile: Path) -> str:
+    from cryptography import x509
+    from cryptography.x509.oid import NameOID
+
+    try:
+        certificate = x509.load_pem_x509_certificate(certfile.read_bytes())
+        names = certificate.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        return str(names[0].value) if names else ""
+    except (OSError, ValueError):
+        return "?"
+
+
+#: How often `check_access` asks again while etcd cannot be reached.
+_ACCESS_RETRY_S = 1.0
+
+
+async def check_access(client: EtcdClient, prefix: str) -> None:
+    """Return once etcd has allowed this client to read and write under
+    `prefix`; raise EtcdAccessError (naming the etcd user and the prefix)
+    when it refuses; ask again while etcd cannot be reached.
+
+    The write is a transaction whose put is never applied (its comparison,
+    version < 0, is never true): etcd checks the permission of every
+    operation of both branches before it evaluates the comparison."""
+    probe = f"{prefix.rstrip('/')}/access-check".encode()
+    while True:
+        try:
+            await client.get(probe)
+            await client.transaction(
+                compare=[client.transactions.version(probe) < 0],
+                success=[client.transactions.put(probe, b"")],
+                failure=[],
+            )
+            return
+        except EtcdAccessError as exc:
+            if "permission denied" not in str(exc):
+                raise
+            raise EtcdAccessError(
+                f"{exc}: it needs a role granting readwrite on the keys under "
+                f"'{prefix.rstrip('/')}/' (etcdctl role grant-permission ROLE readwrite "
+                f"{prefix.rstrip('/')}/ --prefix; etcdctl user grant-role USER ROLE)"
+            ) from exc
+        except Exception as exc:
+            if not is_unavailable(exc):
+                # Something else (a full etcd refuses every write): not a
+                # verdict on this service's access; its own calls will say.
+                log.warning("etcd access check inconclusive: %s", exc)
+                return
+            log.debug("etcd access check waits for etcd: %s", exc)
+        await asyncio.sleep(_ACCESS_RETRY_S)
+
+
 async def raw_kv(client: aetcd.Client, method: str, request: Any) -> Any:
     """A read-only raw KV call: with fail-over on an `EtcdClient`."""
     if isinstance(client, EtcdClient):
@@ -340,3 +609,51 @@ for _name in ("get", "get_prefix", "get_range", "get_all", "watch", "lease", "ge
     setattr(EtcdClient, _name, _wrap(_name, repeatable=True))
 for _name in ("put", "delete", "delete_prefix", "delete_range", "transaction", "revoke_lease"):
     setattr(EtcdClient, _name, _wrap(_name, repeatable=False))
+
+
+async def serve_until_signal(
+    start: Callable[[], Coroutine[Any, Any, None]],
+    stop: Callable[[], Awaitable[None]],
+    client: aetcd.Client | None,
+    prefix: str,
+) -> int:
+    """Start a service, run it until SIGTERM or SIGINT, stop it: the exit
+    status (0). Meanwhile `check_access` asks etcd whether `client` may read
+    and write under `prefix`: when etcd refuses, the refusal is logged as one
+    error naming the etcd user and the permission, and the service stops
+    with status 1 (it cannot work without etcd, and retrying unchanged fails
+    again), instead of retrying in silence or dying with a bare traceback."""
+    signalled = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, signalled.set)
+    tasks: set[asyncio.Task[Any]] = {asyncio.create_task(signalled.wait(), name="signal")}
+    starting = asyncio.create_task(start(), name="start")
+    tasks.add(starting)
+    if isinstance(client, EtcdClient):
+        tasks.add(asyncio.create_task(check_access(client, prefix), name="etcd-access-check"))
+    status = 0
+    try:
+        while not signalled.is_set():
+            done, tasks = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            failed = [t for t in done if not t.cancelled() and t.exception() is not None]
+            refusals = [t.exception() for t in failed if isinstance(t.exception(), EtcdAccessError)]
+            if refusals:
+                log.error("stopping: %s", refusals[0])
+                status = 1
+                break
+            for task in failed:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if starting.cancelled() or starting.exception() is not None:
+        # Stopped (a signal, a refusal) before it had started: stop what is up.
+        try:
+            await stop()
+        except Exception:
+            log.debug("stopping a service that had not finished starting", exc_info=True)
+        return status
+    await stop()
+    return status

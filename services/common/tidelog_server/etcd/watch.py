@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import aetcd
 import aetcd.exceptions
 
-from tidelog_server.etcd.client import is_unavailable
+from tidelog_server.etcd.client import EtcdAccessError, is_unavailable
 from tidelog_server.etcd.keys import prefix_end
 
 log = logging.getLogger("tidelog.etcd.watch")
@@ -96,7 +96,10 @@ class PrefixWatcher:
                     # cancel. Resuming here kept a stopping controller's
                     # watch alive forever (test_controller's phantom test).
                     raise asyncio.CancelledError from exc
-                if not is_unavailable(exc):
+                if isinstance(exc, EtcdAccessError):
+                    # etcd's RBAC: the message says it all; no traceback.
+                    log.error("watch %s: %s; resuming", self.name, exc)
+                elif not is_unavailable(exc):
                     log.exception("watch %s failed; resuming", self.name)
                 else:
                     log.info("watch %s: etcd unreachable (%s); resuming", self.name, exc)
