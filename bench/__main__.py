@@ -62,8 +62,10 @@ DESCRIPTIONS = {
     "(linger 0, acks=1) while a consumer reads the tail; latency = consumer receive time - "
     "send time, both in one process (Kafka: FixedRateLatency, one JVM). First 2 s not counted.",
     "e2e_latency_10k_2proc": "as e2e_latency_10k with the consumer in a process of its own "
-    "(bench/e2e_consumer.py): producer and consumer no longer share one GIL. Kafka's figure "
-    "stays the one-JVM one.",
+    "(bench/e2e_consumer.py): producer and consumer no longer share one GIL (Kafka: "
+    "FixedRateLatency's consumer and producer in two JVMs).",
+    "e2e_latency_10k_async": "as e2e_latency_10k with the asyncio API: AsyncProducer and "
+    "AsyncConsumer on one event loop, no thread hand-off (Kafka: the one-JVM run, repeated).",
     "paper_produce_batch1": "the Kafka paper's producer test: 200-byte messages, one "
     "producer, acks=1, batch.size holding one message, linger 0.",
     "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
@@ -289,52 +291,55 @@ def run_consume(
 
 
 def run_e2e(ctx: Ctx, name: str) -> None:
+    """Three Tidelog variants (one process, two processes, the asyncio API) and Kafka in one
+    JVM and in two, alternating which system goes first."""
     s = ctx.sizes
     for r in range(ctx.args.repeat):
         for system in ctx.systems(r):
             topic = f"{name}-{r}"
             if system == "tidelog":
+                common: dict[str, Any] = dict(
+                    rate=s.e2e_rate, seconds=s.e2e_seconds, record_bytes=100,
+                    warmup_s=s.e2e_warmup_s,
+                )  # fmt: skip
+                address, pid = ctx.broker.address, ctx.broker.pid
                 # One process, then the consumer in its own (GIL per process).
                 ctx.add(
                     workloads.end_to_end_latency(
-                        ctx.broker.address,
-                        ctx.broker.pid,
+                        address,
+                        pid,
                         f"{topic}-2proc",
-                        rate=s.e2e_rate,
-                        seconds=s.e2e_seconds,
-                        record_bytes=100,
                         workload=f"{name}_2proc",
-                        warmup_s=s.e2e_warmup_s,
                         processes=2,
+                        **common,
                     )
                 )
+                ctx.add(workloads.end_to_end_latency(address, pid, topic, workload=name, **common))
                 ctx.add(
-                    workloads.end_to_end_latency(
-                        ctx.broker.address,
-                        ctx.broker.pid,
-                        topic,
-                        rate=s.e2e_rate,
-                        seconds=s.e2e_seconds,
-                        record_bytes=100,
-                        workload=name,
-                        warmup_s=s.e2e_warmup_s,
+                    workloads.end_to_end_latency_async(
+                        address, pid, f"{topic}-async", workload=f"{name}_async", **common
                     )
                 )
             else:
                 assert ctx.kafka is not None
-                ctx.kafka_topic(topic)
-                ctx.add(
-                    kb.end_to_end_latency(
+                for processes, workload in ((1, name), (2, f"{name}_2proc")):
+                    kafka_topic = ctx.kafka_topic(f"{topic}-{processes}jvm")
+                    result = kb.end_to_end_latency(
                         ctx.kafka.bootstrap,
-                        topic,
+                        kafka_topic,
                         int(s.e2e_rate * s.e2e_seconds),
                         100,
                         rate_per_s=s.e2e_rate,
                         warmup_records=int(s.e2e_rate * s.e2e_warmup_s),
                         install=ctx.install,
-                        workload=name,
+                        workload=workload,
+                        processes=processes,
                     )
-                )
+                    ctx.add(result)
+                    if processes == 1:
+                        # Kafka's Java client has no asyncio API: the asyncio variant is
+                        # compared with the same one-JVM run.
+                        ctx.add({**result, "workload": f"{name}_async"})
 
 
 def run_paper_produce(ctx: Ctx, batch: int) -> None:
