@@ -317,26 +317,27 @@ def _resolve_with_maven(cache: Path, lib: Path, version: str, timeout_s: float) 
 
 
 def _compile_latency_tool(cache: Path, lib: Path, version: str) -> Path | None:
+    """FixedRateLatency compiled into a directory named after its source's digest: checkouts
+    with different sources (worktrees of several branches) share the cache without one
+    deleting the classes another's JVM is loading. Compiled aside, then renamed into place."""
     javac = shutil.which("javac")
     if not javac or not LATENCY_SRC.is_file():
         return None
-    classes = cache / "classes"
-    stamp = classes / ".built"
     digest = _sha256(LATENCY_SRC)
-    if (
-        stamp.is_file()
-        and stamp.read_text().strip() == digest
-        and (classes / f"{LATENCY_MAIN}.class").is_file()
-    ):
+    classes = cache / f"classes-{digest[:16]}"
+    if (classes / f"{LATENCY_MAIN}.class").is_file():
         return classes
-    shutil.rmtree(classes, ignore_errors=True)
-    classes.mkdir(parents=True)
+    staging = Path(tempfile.mkdtemp(prefix="classes-", dir=cache))
     clients = lib / f"kafka-clients-{version}.jar"
-    cmd = [javac, "-nowarn", "-d", str(classes), "-cp", str(clients), str(LATENCY_SRC)]
+    cmd = [javac, "-nowarn", "-d", str(staging), "-cp", str(clients), str(LATENCY_SRC)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
         raise KafkaUnavailable(f"javac failed on {LATENCY_SRC.name}:\n{_tail(proc.stderr)}")
-    stamp.write_text(digest + "\n")
+    try:
+        staging.rename(classes)
+    except OSError:  # another process put the same classes there first
+        shutil.rmtree(staging, ignore_errors=True)
     return classes
 
 

@@ -41,8 +41,10 @@ def test_quick_bench_writes_valid_latest_json(tmp_path: Path) -> None:
         assert tidelog[workload]["records_per_s"] > 0, workload
         assert tidelog[workload]["rss_mb"] > 0, workload
         assert "short_by" not in tidelog[workload]["detail"], workload
-    e2e = tidelog["e2e_latency_10k"]
-    assert 0 < e2e["p50_ms"] <= e2e["p99_ms"]
+    for variant in ("e2e_latency_10k", "e2e_latency_10k_2proc", "e2e_latency_10k_async"):
+        e2e = tidelog[variant]
+        assert 0 < e2e["p50_ms"] <= e2e["p99_ms"], variant
+        assert e2e["records"] == e2e["detail"]["measured"] > 0, variant
     assert any(r["system"] == "grpc-ceiling" for r in results)
     assert {c["status"] for c in doc["checks"]} <= {"PASS", "BELOW"}
     assert len(doc["micro"]) == 2
