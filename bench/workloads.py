@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -213,6 +213,28 @@ def consume(
 
 STAMP = struct.Struct(">QQ")  # send time (perf_counter_ns), sequence number
 _STAMP = STAMP
+
+
+#: The interpreter switch interval the e2e consumer process (bench/e2e_consumer.py) sets.
+SWITCH_INTERVAL_ENV = "TIDELOG_BENCH_SWITCH_INTERVAL_S"
+
+
+@contextlib.contextmanager
+def switch_interval(seconds: float | None) -> Iterator[None]:
+    """Run with `sys.setswitchinterval(seconds)` in this process and in the e2e consumer
+    processes started meanwhile; restored after. The SDK never changes it: this is what an
+    application that wants it does (the e2e_latency_10k*_si05 variants)."""
+    if seconds is None:
+        yield
+        return
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    os.environ[SWITCH_INTERVAL_ENV] = repr(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+        os.environ.pop(SWITCH_INTERVAL_ENV, None)
 
 
 class _TailReader:
