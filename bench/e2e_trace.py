@@ -39,6 +39,7 @@ import gc
 import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -111,6 +112,7 @@ class _Broker:
         self.proc.wait(30)
         self.log.close()
         data: dict[str, list[list[int]]] = json.loads(self.trace.read_text())
+        shutil.rmtree(self.dir, ignore_errors=True)
         return data
 
 
