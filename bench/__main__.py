@@ -51,6 +51,8 @@ CONSUME_MESSAGE_BYTES = 1 * MIB  # the Consumer's default max_partition_fetch_by
 PAPER_FETCH_BYTES = 204_800  # "about 200 KB per fetch"
 # The same batching as Tidelog's default.
 KAFKA_BATCH: dict[str, Any] = {"batch_size": 262_144, "linger_ms": 5}
+#: The e2e *_si05 variants' sys.setswitchinterval (the interpreter's default is 5 ms).
+SWITCH_INTERVAL_S = 0.0005
 
 DESCRIPTIONS = {
     "produce_100B": "one producer, acks=1, 100-byte values, no key, batches of 256 KiB, "
@@ -65,8 +67,15 @@ DESCRIPTIONS = {
     "(linger 0, acks=1) while a consumer reads the tail; latency = consumer receive time - "
     "send time, both in one process (Kafka: FixedRateLatency, one JVM). First 2 s not counted.",
     "e2e_latency_10k_2proc": "as e2e_latency_10k with the consumer in a process of its own "
-    "(bench/e2e_consumer.py): producer and consumer no longer share one GIL. Kafka's figure "
-    "stays the one-JVM one.",
+    "(bench/e2e_consumer.py): producer and consumer no longer share one GIL (Kafka: "
+    "FixedRateLatency's consumer and producer in two JVMs).",
+    "e2e_latency_10k_async": "as e2e_latency_10k with the asyncio API: AsyncProducer and "
+    "AsyncConsumer on one event loop, no thread hand-off (Kafka: the one-JVM run, repeated).",
+    "e2e_latency_10k_si05": "as e2e_latency_10k with sys.setswitchinterval(0.0005) in the "
+    "benchmark's process (the interpreter's default is 5 ms; the SDK never changes it): a thread "
+    "woken by I/O waits at most 0.5 ms for the GIL (Kafka: the one-JVM run, repeated).",
+    "e2e_latency_10k_2proc_si05": "as e2e_latency_10k_2proc with the 0.5 ms switch interval in "
+    "both processes (Kafka: the two-JVM run, repeated).",
     "paper_produce_batch1": "the Kafka paper's producer test: 200-byte messages, one "
     "producer, acks=1, batch.size holding one message, linger 0.",
     "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
@@ -115,9 +124,19 @@ the client's (see the CPU columns), and the gRPC ceiling moves the same bytes 3-
   to the OS by glibc each time; with `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` raised its
   CPU per million falls from ~0.85 to ~0.4 s), and twice Kafka's 1 KiB figure is above what
   the bare gRPC transport (grpc-ceiling) moves on this machine.
-- **End-to-end latency**: the fixed-rate producer and the consumer share one Python process;
-  GIL hand-offs (5 ms switch interval) between the pacing thread, the two SDK event-loop
-  threads and the consumer thread show up in p99.
+- **End-to-end latency** (per hop: `python -m bench.e2e_trace`, each record timed at send,
+  the sender's drain, the gRPC write, the broker's append, its fetch answer, the consumer
+  loop's arrival and poll()). The broker adds no wait: an append resolves the long-poll in
+  the same call and the answer leaves within the next loop turns (append->respond p50
+  ~0.2 ms, p99 ~1-2 ms). With the blocking clients in one process four Python threads
+  pass each record along; a thread woken by the network waits for the GIL, forced free only
+  every switch interval (5 ms): in the slowest 1% the client hops (send->drain,
+  drain->write, respond->arrive) grow to tens of ms. With sys.setswitchinterval(0.0005) set by
+  the application (the *_si05 variants; the SDK never sets it) the one-process p99 fell from
+  ~106 to ~9 ms in alternating runs; the asyncio clients on one loop (no hand-off) have the
+  lowest p50. Two processes: two threads per GIL instead of four, so the client hops are
+  shorter, but a record now waits for three processes to be scheduled; on this shared
+  machine the p99 of either layout is set by CPU starvation more than by Tidelog.
 """
 
 
@@ -311,52 +330,70 @@ def run_consume(
 
 
 def run_e2e(ctx: Ctx, name: str) -> None:
+    """Three Tidelog variants (one process, two processes, the asyncio API) and Kafka in one
+    JVM and in two, alternating which system goes first."""
     s = ctx.sizes
     for r in range(ctx.args.repeat):
         for system in ctx.systems(r):
             topic = f"{name}-{r}"
             if system == "tidelog":
+                common: dict[str, Any] = dict(
+                    rate=s.e2e_rate, seconds=s.e2e_seconds, record_bytes=100,
+                    warmup_s=s.e2e_warmup_s,
+                )  # fmt: skip
+                address, pid = ctx.broker.address, ctx.broker.pid
                 # One process, then the consumer in its own (GIL per process).
                 ctx.add(
                     workloads.end_to_end_latency(
-                        ctx.broker.address,
-                        ctx.broker.pid,
+                        address,
+                        pid,
                         f"{topic}-2proc",
-                        rate=s.e2e_rate,
-                        seconds=s.e2e_seconds,
-                        record_bytes=100,
                         workload=f"{name}_2proc",
-                        warmup_s=s.e2e_warmup_s,
                         processes=2,
+                        **common,
                     )
                 )
+                ctx.add(workloads.end_to_end_latency(address, pid, topic, workload=name, **common))
+                # The same two with the interpreter's switch interval at 0.5 ms (set by this
+                # program, as an application would; the SDK never changes it).
+                with workloads.switch_interval(SWITCH_INTERVAL_S):
+                    for processes, suffix in ((2, "_2proc"), (1, "")):
+                        result = workloads.end_to_end_latency(
+                            address,
+                            pid,
+                            f"{topic}{suffix}-si05",
+                            workload=f"{name}{suffix}_si05",
+                            processes=processes,
+                            **common,
+                        )
+                        result["detail"]["switch_interval_s"] = SWITCH_INTERVAL_S
+                        ctx.add(result)
                 ctx.add(
-                    workloads.end_to_end_latency(
-                        ctx.broker.address,
-                        ctx.broker.pid,
-                        topic,
-                        rate=s.e2e_rate,
-                        seconds=s.e2e_seconds,
-                        record_bytes=100,
-                        workload=name,
-                        warmup_s=s.e2e_warmup_s,
+                    workloads.end_to_end_latency_async(
+                        address, pid, f"{topic}-async", workload=f"{name}_async", **common
                     )
                 )
             else:
                 assert ctx.kafka is not None
-                ctx.kafka_topic(topic)
-                ctx.add(
-                    kb.end_to_end_latency(
+                for processes, workload in ((1, name), (2, f"{name}_2proc")):
+                    kafka_topic = ctx.kafka_topic(f"{topic}-{processes}jvm")
+                    result = kb.end_to_end_latency(
                         ctx.kafka.bootstrap,
-                        topic,
+                        kafka_topic,
                         int(s.e2e_rate * s.e2e_seconds),
                         100,
                         rate_per_s=s.e2e_rate,
                         warmup_records=int(s.e2e_rate * s.e2e_warmup_s),
                         install=ctx.install,
-                        workload=name,
+                        workload=workload,
+                        processes=processes,
                     )
-                )
+                    ctx.add(result)
+                    # Kafka's Java client has no asyncio API and the JVM no GIL: those
+                    # variants are compared with the same run.
+                    for variant in ("_async", "_si05") if processes == 1 else ("_si05",):
+                        workload_name = f"{workload}{variant}"
+                        ctx.add({**result, "workload": workload_name})
 
 
 def run_paper_produce(ctx: Ctx, batch: int) -> None:

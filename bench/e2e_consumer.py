@@ -7,10 +7,13 @@ stamped by the producer (send time from ``time.perf_counter_ns``: on Linux
 CLOCK_MONOTONIC, one clock for every process of the machine) until it has
 every sequence number below TOTAL, and writes the latencies (ms, as doubles)
 of those at or above WARMUP to OUTPUT. It stops early when its stdin closes.
+With TIDELOG_BENCH_SWITCH_INTERVAL_S set (workloads.switch_interval), it runs with that
+interpreter switch interval.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -19,11 +22,13 @@ from pathlib import Path
 
 from tidelog import Consumer, TopicPartition
 
-from bench.workloads import STAMP
+from bench.workloads import STAMP, SWITCH_INTERVAL_ENV
 
 
 def main(argv: list[str]) -> int:
     address, topic, total_s, warmup_s, output = argv
+    if SWITCH_INTERVAL_ENV in os.environ:
+        sys.setswitchinterval(float(os.environ[SWITCH_INTERVAL_ENV]))
     total, warmup = int(total_s), int(warmup_s)
     stop = threading.Event()
 

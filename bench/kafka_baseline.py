@@ -317,26 +317,27 @@ def _resolve_with_maven(cache: Path, lib: Path, version: str, timeout_s: float) 
 
 
 def _compile_latency_tool(cache: Path, lib: Path, version: str) -> Path | None:
+    """FixedRateLatency compiled into a directory named after its source's digest: checkouts
+    with different sources (worktrees of several branches) share the cache without one
+    deleting the classes another's JVM is loading. Compiled aside, then renamed into place."""
     javac = shutil.which("javac")
     if not javac or not LATENCY_SRC.is_file():
         return None
-    classes = cache / "classes"
-    stamp = classes / ".built"
     digest = _sha256(LATENCY_SRC)
-    if (
-        stamp.is_file()
-        and stamp.read_text().strip() == digest
-        and (classes / f"{LATENCY_MAIN}.class").is_file()
-    ):
+    classes = cache / f"classes-{digest[:16]}"
+    if (classes / f"{LATENCY_MAIN}.class").is_file():
         return classes
-    shutil.rmtree(classes, ignore_errors=True)
-    classes.mkdir(parents=True)
+    staging = Path(tempfile.mkdtemp(prefix="classes-", dir=cache))
     clients = lib / f"kafka-clients-{version}.jar"
-    cmd = [javac, "-nowarn", "-d", str(classes), "-cp", str(clients), str(LATENCY_SRC)]
+    cmd = [javac, "-nowarn", "-d", str(staging), "-cp", str(clients), str(LATENCY_SRC)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)
         raise KafkaUnavailable(f"javac failed on {LATENCY_SRC.name}:\n{_tail(proc.stderr)}")
-    stamp.write_text(digest + "\n")
+    try:
+        staging.rename(classes)
+    except OSError:  # another process put the same classes there first
+        shutil.rmtree(staging, ignore_errors=True)
     return classes
 
 
@@ -997,8 +998,11 @@ def end_to_end_latency(
     broker_pids: Sequence[int] | None = None,
     install: KafkaInstall | None = None,
     workload: str = "e2e_latency",
+    processes: int = 1,
 ) -> dict[str, object]:
-    """Fixed-rate produce + consume in one JVM (FixedRateLatency); latency percentiles in ms.
+    """Fixed-rate produce + consume (FixedRateLatency); latency percentiles in ms. In one
+    JVM (`processes=1`), or the consumer in a JVM of its own (`processes=2`): started
+    first, and the producer's JVM once it is at the end of the topic.
 
     ``extra_props`` keys need a ``producer.`` or ``consumer.`` prefix.
     """
@@ -1022,10 +1026,15 @@ def end_to_end_latency(
     classpath = f"{install.classes_dir}{os.pathsep}{install.classpath}"
     meter = _BrokerMeter(_broker_pids(bootstrap, broker_pids))
     timeout = (num_records + warmup) / rate_per_s + 180
-    run = _run_tool(
-        install, LATENCY_MAIN, args, timeout_s=timeout, classpath=classpath, jvm=LATENCY_JVM
-    )
-    line = next((ln for ln in reversed(run.stdout.splitlines()) if ln.startswith("{")), None)
+    line: str | None
+    if processes == 2:
+        two, run = _latency_two_jvms(install, args, classpath, timeout)
+        line = json.dumps(two)
+    else:
+        run = _run_tool(
+            install, LATENCY_MAIN, args, timeout_s=timeout, classpath=classpath, jvm=LATENCY_JVM
+        )
+        line = next((ln for ln in reversed(run.stdout.splitlines()) if ln.startswith("{")), None)
     if line is None:
         _check(run, "FixedRateLatency")
         raise ToolError(
@@ -1039,6 +1048,7 @@ def end_to_end_latency(
         "props": props,
         **{k: data[k] for k in data if not k.startswith(("p50", "p99", "p999"))},
         "client_wall_s": round(run.wall_s, 2),
+        "processes": processes,
     }
     measured = int(data["measured"])
     # CPU is spread over warm-up + measured records: all were sent and consumed.
@@ -1058,6 +1068,72 @@ def end_to_end_latency(
     )
     res["records"] = measured
     return res
+
+
+def _latency_two_jvms(
+    install: KafkaInstall, args: list[str], classpath: str, timeout_s: float
+) -> tuple[dict[str, object], _ToolRun]:
+    """FixedRateLatency's consumer (role=consumer) in one JVM, then its producer
+    (role=producer) in another; the consumer's latency JSON with the producer's send rate,
+    and a _ToolRun whose CPU is both JVMs'."""
+    cmd = [
+        install.java,
+        *LATENCY_JVM,
+        f"-Dlog4j2.configurationFile={install.tools_log4j2}",
+        "-cp",
+        classpath,
+        LATENCY_MAIN,
+        *args,
+        "role=consumer",
+    ]
+    with tempfile.TemporaryFile() as err:
+        t0 = time.monotonic()
+        consumer = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, text=True
+        )
+        try:
+            assert consumer.stdout is not None
+            if consumer.stdout.readline().strip() != "ready":
+                raise ToolError("FixedRateLatency role=consumer did not get ready")
+            producer = _run_tool(
+                install,
+                LATENCY_MAIN,
+                [*args, "role=producer"],
+                timeout_s=timeout_s,
+                classpath=classpath,
+                jvm=LATENCY_JVM,
+            )
+            _check(producer, "FixedRateLatency role=producer")
+            out = consumer.stdout.read()
+            status, rusage = _wait4(consumer.pid, time.monotonic() + 120)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                consumer.kill()
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(consumer.pid, 0)
+            raise
+        consumer.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read().decode(errors="replace")
+    run = _ToolRun(
+        rc=consumer.returncode,
+        stdout=out,
+        stderr=stderr,
+        cpu_s=rusage.ru_utime + rusage.ru_stime + producer.cpu_s,
+        wall_s=time.monotonic() - t0,
+    )
+    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
+    sent = next((ln for ln in reversed(producer.stdout.splitlines()) if ln.startswith("{")), None)
+    if line is None or sent is None:
+        raise ToolError(f"FixedRateLatency printed no result:\n{_tail(out)}\n{_tail(stderr)}")
+    data: dict[str, object] = json.loads(line)
+    sender = json.loads(sent)
+    data.update(
+        achieved_rate=sender["achieved_rate"],
+        max_behind_ms=sender["max_behind_ms"],
+        send_errors=sender["send_errors"],
+    )
+    return data, run
 
 
 # ---------------------------------------------------------------------------- smoke run

@@ -9,6 +9,7 @@ included), so its CPU is this process's CPU over the workload; the broker's is i
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -20,13 +21,21 @@ import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import crc32c
 import grpc
-from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog import (
+    AdminClient,
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    NewTopic,
+    Producer,
+    TopicPartition,
+)
 from tidelog._accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
@@ -310,6 +319,28 @@ STAMP = struct.Struct(">QQ")  # send time (perf_counter_ns), sequence number
 _STAMP = STAMP
 
 
+#: The interpreter switch interval the e2e consumer process (bench/e2e_consumer.py) sets.
+SWITCH_INTERVAL_ENV = "TIDELOG_BENCH_SWITCH_INTERVAL_S"
+
+
+@contextlib.contextmanager
+def switch_interval(seconds: float | None) -> Iterator[None]:
+    """Run with `sys.setswitchinterval(seconds)` in this process and in the e2e consumer
+    processes started meanwhile; restored after. The SDK never changes it: this is what an
+    application that wants it does (the e2e_latency_10k*_si05 variants)."""
+    if seconds is None:
+        yield
+        return
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    os.environ[SWITCH_INTERVAL_ENV] = repr(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(previous)
+        os.environ.pop(SWITCH_INTERVAL_ENV, None)
+
+
 class _TailReader:
     """The latency workload's consumer: a thread running `consume_tail`, or
     bench/e2e_consumer.py in a process of its own."""
@@ -478,6 +509,31 @@ def end_to_end_latency(
         stop.set()
     lat = reader.stop(latencies)
     m = meter.done()
+    detail = {
+        "received": len(lat) + warmup if processes > 1 else received[0],
+        "trailer_records": trailers,
+        "processes": processes,
+        "api": "Producer + Consumer (sync)",
+    }
+    if processes > 1:
+        detail["client_cpu_note"] = "the producer process only; the consumer's is not counted"
+    return _latency_result(
+        workload, rate, total, warmup, record_bytes, sent_s, m, lat, schedule_lag, detail
+    )
+
+
+def _latency_result(
+    workload: str,
+    rate: int,
+    total: int,
+    warmup: int,
+    record_bytes: int,
+    sent_s: float,
+    meter: dict[str, float | None],
+    lat: list[float],
+    schedule_lag: list[float],
+    extra: dict[str, Any],
+) -> Result:
     lag = sorted(schedule_lag)
     # Coordinated-omission corrected: a record sent late by the pacer waited that long too.
     corrected = sorted(a + b for a, b in zip(sorted(lat), lag, strict=False)) if lag else []
@@ -485,9 +541,7 @@ def end_to_end_latency(
         "rate_target": rate,
         "achieved_send_rate": round(total / sent_s, 1),
         "warmup_records": warmup,
-        "received": len(lat) + warmup if processes > 1 else received[0],
-        "trailer_records": trailers,
-        "processes": processes,
+        **extra,
         "measured": len(lat),
         "mean_ms": round(statistics.fmean(lat), 3) if lat else None,
         "max_ms": round(max(lat), 3) if lat else None,
@@ -495,15 +549,107 @@ def end_to_end_latency(
         "p99_ms_upper_bound_with_lag": _ms(percentile(corrected, 99)),
         "producer": {"acks": 1, "linger_ms": 0},
     }
-    if processes > 1:
-        detail["client_cpu_note"] = "the producer process only; the consumer's is not counted"
     # CPU per million over every record sent and consumed (warm-up included), as Kafka's.
-    result = make_result(workload, "tidelog", total, record_bytes, sent_s, m, lat, detail)
+    result = make_result(workload, "tidelog", total, record_bytes, sent_s, meter, lat, detail)
     result["records"] = len(lat)
     achieved = round(total / sent_s, 1)
     result["records_per_s"] = achieved
     result["mb_per_s"] = round(achieved * record_bytes / 1e6, 3)
     return result
+
+
+def end_to_end_latency_async(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    *,
+    rate: int,
+    seconds: float,
+    record_bytes: int,
+    workload: str,
+    warmup_s: float = 2.0,
+) -> Result:
+    """`end_to_end_latency` with the asyncio API: an AsyncProducer and an AsyncConsumer on
+    one event loop, the pacer a coroutine of the same loop, so no record crosses a thread."""
+    return asyncio.run(
+        _end_to_end_latency_async(
+            address, broker_pid, topic, rate, seconds, record_bytes, workload, warmup_s
+        )
+    )
+
+
+async def _end_to_end_latency_async(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    rate: int,
+    seconds: float,
+    record_bytes: int,
+    workload: str,
+    warmup_s: float,
+) -> Result:
+    warmup = int(rate * warmup_s)
+    total = warmup + int(rate * seconds)
+    pad = b"\x00" * max(0, record_bytes - _STAMP.size)
+    create_topic(address, topic)
+    tp = TopicPartition(topic, 0)
+    latencies: list[float] = []
+    schedule_lag: list[float] = []
+    received = 0
+    ns = time.perf_counter_ns
+    async with (
+        AsyncConsumer(bootstrap_servers=address, fetch_max_wait_ms=100) as consumer,
+        AsyncProducer(bootstrap_servers=address, acks=1, linger_ms=0) as producer,
+    ):
+        consumer.assign([tp])
+        await consumer.seek_to_end(tp)
+        await consumer.position(tp)
+
+        async def consume_tail() -> None:
+            nonlocal received
+            unpack = _STAMP.unpack_from
+            while received < total:
+                polled = await consumer.getmany(timeout_ms=100)
+                now = ns()
+                for records in polled.values():
+                    for record in records:
+                        sent, seq = unpack(record.value or b"")
+                        if seq >= total:
+                            continue  # the warm-up record
+                        if seq >= warmup:
+                            latencies.append((now - sent) / 1e6)
+                        received += 1
+
+        reader = asyncio.ensure_future(consume_tail())
+        await (await producer.send(topic, _STAMP.pack(ns(), 1 << 62) + pad))
+        send = producer.send
+        meter = Meter(broker_pid)
+        t0 = ns()
+        interval = 1e9 / rate
+        i = 0
+        while i < total:
+            due = min(total, int((ns() - t0) / interval) + 1)
+            while i < due:
+                now = ns()
+                await send(topic, _STAMP.pack(now, i) + pad)
+                if i >= warmup:
+                    schedule_lag.append((now - (t0 + i * interval)) / 1e6)
+                i += 1
+            await asyncio.sleep(0.0002)
+        await producer.flush()
+        sent_s = (ns() - t0) / 1e9
+        # No trailers needed: the long-poll answers every append.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(reader, 20)
+        m = meter.done()
+    detail = {
+        "received": received,
+        "processes": 1,
+        "api": "AsyncProducer + AsyncConsumer on one event loop",
+    }
+    return _latency_result(
+        workload, rate, total, warmup, record_bytes, sent_s, m, latencies, schedule_lag, detail
+    )
 
 
 # ---------------------------------------------------------------------------- fetch latency

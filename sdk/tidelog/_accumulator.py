@@ -25,7 +25,13 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
 
 Thread-safe: every public method takes `_lock`. The sender is woken through
 the `wake` callable (a hop to the event loop) only when a batch is created or
-sealed, never per record.
+sealed, never per record, and only when the sender is asleep: between a
+`drain` and the sender's `sender_waits` it is about to look again anyway, so
+the appends of that time only mark the accumulator changed and `sender_waits`
+tells it to look again instead of sleeping (no lost wake-up). With linger 0
+every record opens a batch; records that arrive while the sender is busy
+writing cost no hop to its loop (a hop per record otherwise: each one wakes the
+loop's thread, which must take the GIL from the threads doing the work).
 """
 
 from __future__ import annotations
@@ -189,6 +195,10 @@ class RecordAccumulator:
         self._sticky_current: dict[str, int] = {}
         self._buffered = 0
         self.closed = False
+        # The sender sleeps until woken (True until it first drains: wake it).
+        self._sender_asleep = True
+        # Something the sender must see was added since its last drain.
+        self._changed = False
 
     # ------------------------------------------------------------ caller side
 
@@ -237,7 +247,7 @@ class RecordAccumulator:
             self._buffered += size
             if batch.size >= self._batch_size:
                 self._seal(batch)
-                self._wake()
+                self._wake_sender()
         finally:
             self._release()
         return FutureRecordMetadata((batch.result, index))
@@ -296,7 +306,7 @@ class RecordAccumulator:
                 pos = end
                 if batch.size >= self._batch_size:
                     self._seal(batch)
-                    self._wake()
+                    self._wake_sender()
         finally:
             self._release()
         return placements
@@ -356,8 +366,17 @@ class RecordAccumulator:
         by_partition[partition] = batch
         self._incomplete[id(batch)] = batch
         # The sender must learn of the new batch to time its linger.
-        self._wake()
+        self._wake_sender()
         return batch
+
+    def _wake_sender(self) -> None:
+        """A batch was created or sealed (under the lock): wake the sender if
+        it sleeps, else let it know when it asks `sender_waits`."""
+        if self._sender_asleep:
+            self._sender_asleep = False
+            self._wake()
+        else:
+            self._changed = True
 
     def _wait_for_space(self, size: int, max_block_s: float | None) -> None:
         if self.closed:
@@ -412,6 +431,9 @@ class RecordAccumulator:
         expired: list[ProducerBatch] = []
         next_deadline: float | None = None
         with self._lock:
+            # The sender is awake and sees everything added so far.
+            self._sender_asleep = False
+            self._changed = False
             for tp, batches in list(self._retries.items()):
                 if batches[0].retry_at <= now:
                     ready.extend(batches)
@@ -447,6 +469,16 @@ class RecordAccumulator:
                             deadline if next_deadline is None else min(next_deadline, deadline)
                         )
         return ready, expired, next_deadline
+
+    def sender_waits(self) -> bool:
+        """The sender is about to sleep until woken (or its deadline): True
+        if it may, False if batches were created or sealed since its last
+        `drain` (it must drain again: nobody woke it for them)."""
+        with self._lock:
+            if self._changed:
+                return False
+            self._sender_asleep = True
+            return True
 
     def has_earlier_unresolved(self, batch: ProducerBatch) -> bool:
         """Whether an earlier batch of the same partition, numbered by the

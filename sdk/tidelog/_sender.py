@@ -300,6 +300,8 @@ class Sender:
             if self._closing and self._acc.is_empty():
                 return
             timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not self._acc.sender_waits():
+                continue  # batches came since the drain, without waking us
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), timeout)
 

@@ -47,8 +47,10 @@ def test_quick_bench_writes_valid_latest_json(tmp_path: Path) -> None:
         assert arrow["records_per_s"] > 0, workload
         assert arrow["detail"]["checked"]["rows"] == tidelog[workload]["records"], workload
     assert {r["workload"] for r in doc["ratios"]} >= {"consume_100B_5M_arrow"}
-    e2e = tidelog["e2e_latency_10k"]
-    assert 0 < e2e["p50_ms"] <= e2e["p99_ms"]
+    for variant in ("e2e_latency_10k", "e2e_latency_10k_2proc", "e2e_latency_10k_async"):
+        e2e = tidelog[variant]
+        assert 0 < e2e["p50_ms"] <= e2e["p99_ms"], variant
+        assert e2e["records"] == e2e["detail"]["measured"] > 0, variant
     assert any(r["system"] == "grpc-ceiling" for r in results)
     assert {c["status"] for c in doc["checks"]} <= {"PASS", "BELOW"}
     assert len(doc["micro"]) == 2

@@ -16,8 +16,15 @@
  * The first `warmup` records (JIT, connection setup, metadata) are sent and consumed but not
  * counted. Output: one JSON object on stdout.
  *
+ * With role=consumer or role=producer the program plays one side only, so that producer and
+ * consumer can run in two JVMs (System.nanoTime() is CLOCK_MONOTONIC on Linux: one clock for
+ * every process of the machine). The consumer prints "ready" once it is at the end of the
+ * topic, then the latency JSON when it has every record; the producer prints the send-side
+ * JSON (sent, achieved_rate, send_errors, max_behind_ms).
+ *
  * Usage: FixedRateLatency BOOTSTRAP TOPIC NUM_RECORDS RECORD_SIZE RATE_PER_S ACKS WARMUP
- *        [key=value producer/consumer properties ...]  (prefix "producer." or "consumer.")
+ *        [role=both|producer|consumer] [key=value producer/consumer properties ...]
+ *        (properties prefixed "producer." or "consumer.")
  */
 
 import java.nio.ByteBuffer;
@@ -72,12 +79,18 @@ public final class FixedRateLatency {
         cp.put("fetch.min.bytes", "1");
         cp.put("key.deserializer", ByteArrayDeserializer.class.getName());
         cp.put("value.deserializer", ByteArrayDeserializer.class.getName());
+        String role = "both";
         for (int i = 7; i < args.length; i++) {
             String a = args[i];
             int eq = a.indexOf('=');
             if (eq < 0) throw new IllegalArgumentException("bad property: " + a);
             String k = a.substring(0, eq), v = a.substring(eq + 1);
-            if (k.startsWith("producer.")) pp.put(k.substring(9), v);
+            if (k.equals("role")) {
+                if (!v.equals("both") && !v.equals("producer") && !v.equals("consumer")) {
+                    throw new IllegalArgumentException("role must be both, producer or consumer: " + v);
+                }
+                role = v;
+            } else if (k.startsWith("producer.")) pp.put(k.substring(9), v);
             else if (k.startsWith("consumer.")) cp.put(k.substring(9), v);
             else throw new IllegalArgumentException("property needs producer./consumer. prefix: " + a);
         }
@@ -91,8 +104,11 @@ public final class FixedRateLatency {
         final CountDownLatch done = new CountDownLatch(1);
         final Throwable[] consumerError = new Throwable[1];
         final double nsPerRecord = 1e9 / rate;
+        // A consumer of its own JVM also waits for the producer's JVM to start.
         final long deadlineNs = System.nanoTime()
-                + (long) (total * nsPerRecord) + TimeUnit.SECONDS.toNanos(60);
+                + (long) (total * nsPerRecord) + TimeUnit.SECONDS.toNanos(role.equals("consumer") ? 120 : 60);
+        final boolean produce = !role.equals("consumer");
+        final boolean consume = !role.equals("producer");
 
         Thread consumerThread = new Thread(() -> {
             try (KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(cp)) {
@@ -132,15 +148,21 @@ public final class FixedRateLatency {
             }
         }, "latency-consumer");
         consumerThread.setDaemon(true);
-        consumerThread.start();
-        if (!ready.await(60, TimeUnit.SECONDS)) throw new IllegalStateException("consumer not ready");
-        if (consumerError[0] != null) throw new RuntimeException(consumerError[0]);
+        if (consume) {
+            consumerThread.start();
+            if (!ready.await(60, TimeUnit.SECONDS)) throw new IllegalStateException("consumer not ready");
+            if (consumerError[0] != null) throw new RuntimeException(consumerError[0]);
+        }
+        if (!produce) {
+            System.out.println("ready");
+            System.out.flush();
+        }
 
         final AtomicLong sendErrors = new AtomicLong();
         long behindMax = 0;
-        long startNs;
-        long endSendNs;
-        try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
+        long startNs = 0;
+        long endSendNs = 0;
+        if (produce) try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pp)) {
             producer.partitionsFor(topic); // metadata before the clock starts
             startNs = System.nanoTime();
             for (int i = 0; i < total; i++) {
@@ -166,6 +188,15 @@ public final class FixedRateLatency {
             endSendNs = System.nanoTime();
             producer.flush();
         }
+        double sendSeconds = (endSendNs - startNs) / 1e9;
+        if (!consume) {
+            System.out.println("{\"sent\":" + total + ",\"warmup\":" + warmup
+                    + ",\"send_errors\":" + sendErrors.get() + ",\"target_rate\":" + rate
+                    + ",\"achieved_rate\":" + (sendSeconds > 0 ? (total - 1) / sendSeconds : 0)
+                    + ",\"max_behind_ms\":" + behindMax / 1e6 + "}");
+            System.out.flush();
+            System.exit(sendErrors.get() == 0 ? 0 : 3);
+        }
         done.await(Math.max(1, deadlineNs - System.nanoTime()), TimeUnit.NANOSECONDS);
         if (consumerError[0] != null) throw new RuntimeException(consumerError[0]);
 
@@ -184,7 +215,6 @@ public final class FixedRateLatency {
         co = Arrays.copyOf(co, n);
         Arrays.sort(lat);
         Arrays.sort(co);
-        double sendSeconds = (endSendNs - startNs) / 1e9;
         StringBuilder sb = new StringBuilder("{");
         sb.append("\"sent\":").append(total);
         sb.append(",\"warmup\":").append(warmup);

@@ -50,7 +50,38 @@ def test_records_of_a_partition_share_one_batch_until_full() -> None:
     assert len(wakes) == 1  # the new batch, not every record
     more = [append(acc) for _ in range(4)]
     assert more[-1][0] is not futures[0][0]
-    assert len(wakes) >= 2  # sealed (full) and the next batch created
+    # Sealed (full) and the next batch created, but the sender, woken for the
+    # first batch, has not drained yet: it will see them without another wake.
+    assert len(wakes) == 1
+
+
+def test_sender_is_woken_only_when_it_sleeps() -> None:
+    acc, wakes, clock = make(batch_size=200, linger_ms=0)
+    append(acc, partition=0)
+    assert len(wakes) == 1  # asleep until its first drain: woken
+    ready, _, _ = acc.drain(clock(), 120.0)
+    assert len(ready) == 1
+    # Busy (between its drain and sender_waits): new batches wake nobody...
+    append(acc, partition=0)
+    append(acc, partition=1)
+    assert len(wakes) == 1
+    # ...and it may not sleep: it drains again and finds them.
+    assert acc.sender_waits() is False
+    ready, _, _ = acc.drain(clock(), 120.0)
+    assert [b.tp.partition for b in ready] == [0, 1]
+    assert acc.sender_waits() is True
+    # Asleep: the next batch wakes it, once.
+    append(acc, partition=0)
+    append(acc, partition=1)
+    assert len(wakes) == 2
+
+
+def test_seal_all_always_wakes_the_sender() -> None:
+    acc, wakes, clock = make(linger_ms=1000)
+    acc.drain(clock(), 120.0)  # awake: appends alone would not wake it
+    append(acc)
+    acc.seal_all()  # flush and close must not depend on the sender's state
+    assert len(wakes) == 1
 
 
 def test_drain_returns_full_batches_at_once_and_open_ones_after_linger() -> None:
