@@ -30,6 +30,7 @@ import json
 import logging
 
 import aetcd
+from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd import Election, ElectionKeyLostError, Session, is_unavailable
 from tidelog_server.etcd.client import EtcdAccessError
 from tidelog_server.etcd.keys import Keys
@@ -174,6 +175,7 @@ class ReplicaLifecycle:
             try:
                 await self.offsets.expire_offsets(election.leader_compare())
             except Exception as exc:
+                raise_if_cancelling(exc)
                 if not is_unavailable(exc):
                     flood.exception("expiring offsets failed")
             await asyncio.sleep(interval_s)

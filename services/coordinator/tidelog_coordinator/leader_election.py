@@ -35,6 +35,7 @@ from typing import Any
 
 import aetcd
 from tidelog.errors import InvalidConfigError
+from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
@@ -122,6 +123,7 @@ class LeaderElector:
                     if preferred:
                         last_preferred = time.monotonic()
                 except Exception as exc:
+                    raise_if_cancelling(exc)
                     if not is_unavailable(exc):
                         flood.exception("leader election pass failed")
                     await asyncio.sleep(0.2)

@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from tidelog.types import TopicPartition
 from tidelog.v1 import log_pb2, log_pb2_grpc
+from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd import is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.forwarding import ChannelPool
@@ -197,9 +198,8 @@ class ClusterProbe:
                 if self._is_controller():
                     try:
                         self._metrics.snapshot = await self.refresh()
-                    except asyncio.CancelledError:
-                        raise
                     except Exception as exc:
+                        raise_if_cancelling(exc)
                         level = logging.INFO if is_unavailable(exc) else logging.WARNING
                         flood.log(level, "metrics: refreshing the cluster view failed: %s", exc)
                 else:

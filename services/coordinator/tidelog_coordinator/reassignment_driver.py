@@ -24,6 +24,7 @@ import logging
 from typing import Any
 
 import aetcd
+from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd import is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
@@ -52,6 +53,7 @@ class ReassignmentDriver:
             try:
                 await self.complete_once(fence)
             except Exception as exc:
+                raise_if_cancelling(exc)
                 if not is_unavailable(exc):
                     flood.exception("reassignment pass failed")
             await asyncio.sleep(PASS_INTERVAL_S)

@@ -25,6 +25,7 @@ from typing import Any
 import aetcd
 import aetcd.rpc
 
+from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd.client import raw_kv
 from tidelog_server.etcd.keys import prefix_end
 from tidelog_server.etcd.session import Session
@@ -119,6 +120,7 @@ class Election:
         """Until `key` (present at `revision`) is deleted."""
         watch = await self.client.watch(key, start_revision=revision + 1)
         try:
+            raise_if_cancelling()  # aetcd's watch creation can swallow a cancel
             async for event in watch:
                 if event.kind == "DELETE":
                     return

@@ -22,6 +22,7 @@ from typing import Any
 
 import aetcd
 
+from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd.client import ETCD_CALL_TIMEOUT_S, EtcdClient, is_unavailable
 
 log = logging.getLogger("tidelog.etcd.session")
@@ -68,6 +69,7 @@ class Session:
             try:
                 reply = await self._refresh()
             except Exception as exc:
+                raise_if_cancelling(exc)
                 if not is_unavailable(exc):
                     log.exception("refreshing lease %x failed", self.lease_id)
                 # Retry sooner than the period: one missed refresh must not

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import aetcd
 import aetcd.exceptions
 
+from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd.client import EtcdAccessError, is_unavailable
 from tidelog_server.etcd.keys import prefix_end
 
@@ -89,13 +90,7 @@ class PrefixWatcher:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                task = asyncio.current_task()
-                if task is not None and task.cancelling():
-                    # A cancel that reached a call in flight can come back
-                    # wrapped (aetcd's error translation): it is still a
-                    # cancel. Resuming here kept a stopping controller's
-                    # watch alive forever (test_controller's phantom test).
-                    raise asyncio.CancelledError from exc
+                raise_if_cancelling(exc)
                 if isinstance(exc, EtcdAccessError):
                     # etcd's RBAC: the message says it all; no traceback.
                     log.error("watch %s: %s; resuming", self.name, exc)
@@ -123,6 +118,7 @@ class PrefixWatcher:
             self.prefix, range_end=prefix_end(self.prefix), start_revision=self.revision + 1
         )
         try:
+            raise_if_cancelling()  # aetcd's watch creation can swallow a cancel
             async for event in watch:
                 kv = event.kv
                 deleted = event.kind == "DELETE"
