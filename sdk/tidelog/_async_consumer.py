@@ -41,6 +41,7 @@ from tidelog._consumer_group import (
 from tidelog._fetcher import EARLIEST, LATEST, Fetcher
 from tidelog._group_client import GroupClient
 from tidelog._subscription import SubscriptionState
+from tidelog._timeouts import within
 from tidelog.errors import ClosedError, IllegalStateError, TidelogTimeoutError
 from tidelog.group import RebalanceListener
 from tidelog.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
@@ -60,7 +61,7 @@ class _AsyncIo:
         if timeout_s is None:
             return await coro
         try:
-            return await asyncio.wait_for(coro, timeout_s)
+            return await within(coro, timeout_s)
         except TimeoutError:
             raise TidelogTimeoutError(
                 f"the operation did not finish in {timeout_s:.3f} s"
@@ -84,7 +85,7 @@ class _AsyncIo:
 
     async def wait(self, timeout_s: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._data.wait(), timeout_s)
+            await within(self._data.wait(), timeout_s)
 
 
 class AsyncConsumer:
@@ -255,7 +256,7 @@ class AsyncConsumer:
             if remaining <= 0:
                 raise TidelogTimeoutError(f"position of {tp.topic}-{tp.partition} not known")
             try:
-                await asyncio.wait_for(self._data.wait(), remaining)
+                await within(self._data.wait(), remaining)
             except TimeoutError:
                 continue
 
@@ -314,7 +315,7 @@ class AsyncConsumer:
             if remaining <= 0:
                 return records
             try:
-                await asyncio.wait_for(self._data.wait(), remaining)
+                await within(self._data.wait(), remaining)
             except TimeoutError:
                 continue
 
@@ -353,7 +354,7 @@ class AsyncConsumer:
         self, query: dict[TopicPartition, int]
     ) -> dict[TopicPartition, tuple[int, int]]:
         self._check_open()
-        return await asyncio.wait_for(self._fetcher.list_offsets(query), self._timeout_s)
+        return await within(self._fetcher.list_offsets(query), self._timeout_s)
 
     async def beginning_offsets(
         self, partitions: Iterable[TopicPartition]
@@ -374,13 +375,13 @@ class AsyncConsumer:
     async def topics(self) -> set[str]:
         """Every topic in the cluster."""
         self._check_open()
-        found = await asyncio.wait_for(self._cluster.all_topics(), self._timeout_s)
+        found = await within(self._cluster.all_topics(), self._timeout_s)
         return {name for name, meta in found.items() if meta.error is None}
 
     async def partitions_for_topic(self, topic: str) -> set[int] | None:
         """Partition numbers of `topic`, None when it does not exist."""
         self._check_open()
-        snapshot = await asyncio.wait_for(self._cluster.refresh([topic]), self._timeout_s)
+        snapshot = await within(self._cluster.refresh([topic]), self._timeout_s)
         meta = snapshot.topics.get(topic)
         if meta is None or meta.error is not None:
             return None

@@ -45,6 +45,7 @@ from tidelog._client_metrics import ProducerMetrics
 from tidelog._connection import Cluster, call_error
 from tidelog._futures import BatchResult
 from tidelog._idempotence import ProducerIdentity
+from tidelog._timeouts import within
 from tidelog.config import ProducerConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
@@ -151,7 +152,8 @@ class ProduceStream:
                 oldest = self._inflight[0]
                 remaining = oldest.sent_at + timeout_s - time.monotonic()
                 try:
-                    response = await asyncio.wait_for(self._call.read(), max(remaining, 0.001))
+                    async with asyncio.timeout(max(remaining, 0.001)):
+                        response = await self._call.read()
                 except TimeoutError:
                     error = RequestTimedOutError(
                         f"no produce answer from {self.address} in {timeout_s:.1f} s"
@@ -212,7 +214,7 @@ class ProduceStream:
             # still sit in gRPC's buffers: cancelling the call now would drop
             # them. Half-close and let the broker end the stream first.
             try:
-                await asyncio.wait_for(self._finish(), CLOSE_DRAIN_S)
+                await within(self._finish(), CLOSE_DRAIN_S)
             except (TimeoutError, grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 # The broker did not end the stream (gone, or slower than
                 # CLOSE_DRAIN_S): cancelled below, as before the half-close.
@@ -303,7 +305,7 @@ class Sender:
             if not self._acc.sender_waits():
                 continue  # batches came since the drain, without waking us
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wakeup.wait(), timeout)
+                await within(self._wakeup.wait(), timeout)
 
     async def _refresh_metadata(self) -> None:
         self._metadata_wanted = False
@@ -529,7 +531,7 @@ class Sender:
         self.wake()
         if self._task is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._task), timeout_s)
+                await within(asyncio.shield(self._task), timeout_s)
             except TimeoutError:
                 log.warning("producer close timed out; failing unsent batches")
             self._task.cancel()

@@ -19,7 +19,6 @@ Usage, as with kafka-python and aiokafka::
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import operator
 import time
@@ -39,6 +38,7 @@ from tidelog._connection import Cluster
 from tidelog._futures import FutureRecordMetadata, failed_future
 from tidelog._loop_thread import LoopThread
 from tidelog._sender import Sender
+from tidelog._timeouts import within
 from tidelog.config import ProducerConfig
 from tidelog.errors import (
     ClosedError,
@@ -568,7 +568,7 @@ class AsyncProducer:
                 )
             sender.space_freed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(sender.space_freed.wait(), remaining)
+                await within(sender.space_freed.wait(), remaining)
             try:
                 return append()
             except BufferFullError:

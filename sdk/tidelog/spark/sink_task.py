@@ -74,6 +74,7 @@ import pyarrow.compute as pc
 
 from tidelog._connection import Cluster, call_error
 from tidelog._loop_thread import LoopThread
+from tidelog._timeouts import within
 from tidelog.config import ProducerConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
@@ -280,7 +281,7 @@ class _ProduceStreams:
                 await call.write(request)
             except Exception as exc:  # a stream that ended: every waiting request fails
                 self._broken(address, exc)
-        return await asyncio.wait_for(future, self._config.request_timeout_ms / 1000 + 5)
+        return await within(future, self._config.request_timeout_ms / 1000 + 5)
 
     async def _read(
         self,

@@ -203,7 +203,8 @@ class ClusterLink:
         await self.fetchers.close()
         if self._session is not None:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._session.close(), 2)
+                async with asyncio.timeout(2):
+                    await self._session.close()
         with contextlib.suppress(Exception):
             await self.client.close()
 

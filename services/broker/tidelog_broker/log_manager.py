@@ -369,7 +369,8 @@ class LogManager:
         keys = list(partitions)
         waiter = self.register_append_waiter(keys)
         try:
-            await asyncio.wait_for(waiter, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await waiter
         except TimeoutError:
             pass
         finally:

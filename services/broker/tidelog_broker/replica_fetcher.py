@@ -109,7 +109,8 @@ class ReplicaFetcher:
             if address is None or not self.partitions:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), 0.5)
+                    async with asyncio.timeout(0.5):
+                        await self._changed.wait()
                 continue
             try:
                 # With TLS, the leader's internal listener asks for this
@@ -141,9 +142,8 @@ class ReplicaFetcher:
                 wake = min((self._retry_at.get(k, now) for k in self.partitions), default=now)
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._changed.wait(), max(0.01, wake - now) if self.partitions else 0.5
-                    )
+                    async with asyncio.timeout(max(0.01, wake - now) if self.partitions else 0.5):
+                        await self._changed.wait()
                 if not self.partitions:
                     call.cancel()
                     return

@@ -96,7 +96,8 @@ class Security:
         self._watcher = PrefixWatcher(client, keys.security, self._apply, name="security")
         self._task = asyncio.create_task(self._watcher.run(), name="watch-security")
         try:
-            await asyncio.wait_for(self.synced.wait(), SYNC_TIMEOUT_S)
+            async with asyncio.timeout(SYNC_TIMEOUT_S):
+                await self.synced.wait()
         except TimeoutError:
             log.warning("security state not listed from etcd yet: calls wait for it")
 

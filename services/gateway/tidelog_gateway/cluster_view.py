@@ -100,7 +100,8 @@ class ClusterView:
     async def wait_changed(self, timeout_s: float) -> None:
         """Until the next change applied from etcd, or the timeout."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self._changed.wait()
 
     def _notify(self) -> None:
         self._changed.set()

@@ -179,7 +179,8 @@ class GroupConsumeSession:
                         return
                     self._changed.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), POLL_MS / 1000)
+                        async with asyncio.timeout(POLL_MS / 1000):
+                            await self._changed.wait()
                     # No records wanted: only the group's events are applied.
                     await self._consumer.getmany(timeout_ms=0, max_records=0)
                     continue
@@ -288,7 +289,8 @@ class GroupConsumeSession:
             return
         # Commits the client sent before it could see the revocation.
         try:
-            await asyncio.wait_for(self._commits.join(), COMMIT_DRAIN_S)
+            async with asyncio.timeout(COMMIT_DRAIN_S):
+                await self._commits.join()
         except TimeoutError:
             log.warning("revoking %d partitions before the stream's commits finished", len(revoked))
         self._owned -= revoked

@@ -573,7 +573,8 @@ class _ConsumeSession:
                         return
                     self._changed.clear()
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._changed.wait(), POLL_MS / 1000)
+                        async with asyncio.timeout(POLL_MS / 1000):
+                            await self._changed.wait()
                     continue
                 try:
                     batch = await self._consumer.getmany(
