@@ -15,8 +15,10 @@ Safe for concurrent use on one event loop.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from collections.abc import Sequence
+import random
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,8 +47,26 @@ from tidelog_coordinator.metadata import MAX_PARTITIONS, MetadataManager
 from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
 
 #: Attempts of one read-compare-write before the call gives up (each failed
-#: attempt means a key changed meanwhile).
-WRITE_ATTEMPTS = 5
+#: attempt means a key changed meanwhile). The topic record is written by
+#: others too (the controller completing a move, a broker's ISR change), so
+#: losing several races in a row is normal while a topic is busy.
+WRITE_ATTEMPTS = 12
+#: The pause before the second attempt; it doubles each time up to the max,
+#: jittered, so that a busy writer does not win every race (at most ~1.5 s
+#: in all).
+RETRY_PAUSE_MIN_S = 0.005
+RETRY_PAUSE_MAX_S = 0.25
+
+
+async def write_attempts() -> AsyncIterator[int]:
+    """The attempts of one optimistic read-compare-write, with a growing,
+    jittered pause between them."""
+    pause_s = RETRY_PAUSE_MIN_S
+    for attempt in range(WRITE_ATTEMPTS):
+        if attempt:
+            await asyncio.sleep(random.uniform(0, pause_s))
+            pause_s = min(pause_s * 2, RETRY_PAUSE_MAX_S)
+        yield attempt
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +131,7 @@ class PartitionAdmin:
         are); returns the count it had. The new partitions' states are
         written with the topic record, their first replica leading."""
         tx = self.client.transactions
-        for _ in range(WRITE_ATTEMPTS):
+        async for _ in write_attempts():
             topic, got = await self._topic(name)
             current = len(topic.replicas)
             if total <= current:
@@ -212,7 +232,7 @@ class PartitionAdmin:
         preferred = replicas[0]
         tx = self.client.transactions
         state = PartitionState()
-        for _ in range(WRITE_ATTEMPTS):
+        async for _ in write_attempts():
             try:
                 state, got = await self._state(tp)
             except UnknownTopicOrPartitionError as exc:
@@ -264,7 +284,7 @@ class PartitionAdmin:
                 f"throttle {throttle_bytes_per_s} bytes/s is negative: use 0 (no limit) or more"
             )
         tx = self.client.transactions
-        for _ in range(WRITE_ATTEMPTS):
+        async for _ in write_attempts():
             topic, topic_kv = await self._topic(tp.topic)
             if not 0 <= tp.partition < len(topic.replicas):
                 raise UnknownTopicOrPartitionError(
