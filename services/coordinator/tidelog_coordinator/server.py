@@ -112,7 +112,14 @@ class CoordinatorServer:
         cluster_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(self.metadata, self._controller_id), server
         )
-        group_pb2_grpc.add_GroupServicer_to_server(GroupServicer(self.groups, self.offsets), server)
+        group_pb2_grpc.add_GroupServicer_to_server(
+            GroupServicer(
+                self.groups,
+                self.offsets,
+                commit_stream_in_flight_max=self.config.commit_stream_in_flight_max,
+            ),
+            server,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (

@@ -37,6 +37,12 @@ def test_the_main_mappings_are_kafkas() -> None:
         ("Read", "group", "g"),
         ("Read", "topic", "t"),
     ]
+    # Each request of a commit stream is checked as one CommitOffsets.
+    streamed = group_pb2.CommitOffsetsStreamRequest(correlation_id=7, commit=commit)
+    assert RULES["/tidelog.v1.Group/CommitOffsetsStream"].checks(streamed, {}) == [
+        ("Read", "group", "g"),
+        ("Read", "topic", "t"),
+    ]
 
 
 def test_a_serialized_fetch_answer_carries_the_throttle_time() -> None:

@@ -1,0 +1,112 @@
+"""One CommitOffsetsStream: a client's offset commits over one stream, each
+answered under its correlation id once its etcd transaction returned.
+
+Owns the stream's bookkeeping, not the commits (those go through the same
+function as the unary CommitOffsets, so they are checked, fenced, coalesced
+and made durable exactly alike):
+- at most `in_flight_max` requests of the stream are in flight, counting
+  from when a request is read until its answer was handed to gRPC. At the
+  bound no further request is read, so a client that never reads its answers
+  holds at most that many commits and answers in the coordinator (gRPC's
+  flow control then stops the client's writes);
+- correlation ids in flight are unique: a request reusing one is answered
+  INVALID_REQUEST (naming it) and not committed, since its answer could not
+  be told apart;
+- answers go out in the order the commits finish, not the order they came.
+
+The stream ends once the client closed its side and every answer was sent.
+One event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+
+from tidelog.errors import InvalidRequestError
+from tidelog.v1 import common_pb2, group_pb2
+
+from tidelog_coordinator.errors import error_proto
+
+log = logging.getLogger("tidelog.coordinator.offsets")
+
+#: Commits one request; None when committed, else the error to answer.
+CommitOne = Callable[[group_pb2.CommitOffsetsRequest], Awaitable[common_pb2.Error | None]]
+
+
+class CommitStream:
+    """Serves one stream: `answers(requests)` is the handler's output."""
+
+    def __init__(self, commit: CommitOne, in_flight_max: int) -> None:
+        if in_flight_max < 1:
+            raise ValueError(f"in_flight_max must be at least 1, not {in_flight_max}")
+        self._commit = commit
+        self.in_flight_max = in_flight_max
+        self._slots = asyncio.Semaphore(in_flight_max)
+        #: Answers ready to send; None once the last one is in.
+        self._answers: asyncio.Queue[group_pb2.CommitOffsetsStreamResponse | None] = asyncio.Queue()
+        self._ids: set[int] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def answers(
+        self, requests: AsyncIterator[group_pb2.CommitOffsetsStreamRequest]
+    ) -> AsyncGenerator[group_pb2.CommitOffsetsStreamResponse, None]:
+        reader = asyncio.create_task(self._read(requests), name="commit-stream-reader")
+        try:
+            while True:
+                answer = await self._answers.get()
+                if answer is None:
+                    return
+                yield answer
+                # Sent (handed to gRPC): one more request may be read.
+                self._slots.release()
+        finally:
+            reader.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            if self._tasks:
+                await asyncio.wait(self._tasks)
+
+    async def _read(self, requests: AsyncIterator[group_pb2.CommitOffsetsStreamRequest]) -> None:
+        try:
+            async for request in requests:
+                await self._slots.acquire()
+                correlation_id = request.correlation_id
+                if correlation_id in self._ids:
+                    error = InvalidRequestError(
+                        f"correlation_id {correlation_id} is already in flight on this stream: "
+                        "each request in flight needs its own"
+                    )
+                    self._answers.put_nowait(
+                        group_pb2.CommitOffsetsStreamResponse(
+                            correlation_id=correlation_id,
+                            error=error_proto(error, "committing offsets"),
+                        )
+                    )
+                    continue
+                self._ids.add(correlation_id)
+                task = asyncio.create_task(self._one(correlation_id, request.commit))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # The client went away, or the interceptor refused a request
+            # (it ends the stream with that error itself).
+            log.debug("commit stream input ended: %s", exc)
+        if self._tasks:
+            await asyncio.wait(set(self._tasks))
+        self._answers.put_nowait(None)
+
+    async def _one(self, correlation_id: int, request: group_pb2.CommitOffsetsRequest) -> None:
+        try:
+            error = await self._commit(request)
+        finally:
+            self._ids.discard(correlation_id)
+        self._answers.put_nowait(
+            group_pb2.CommitOffsetsStreamResponse(correlation_id=correlation_id, error=error)
+        )
