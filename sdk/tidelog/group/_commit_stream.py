@@ -3,10 +3,11 @@
 One stream per coordinator channel (`OffsetStoreClient` opens it on first
 use). Commits are written under fresh correlation ids and each waits for the
 answer carrying its id; answers may come in any order. A stream that ends
-(the coordinator went away, was shut down, or the client closed it to fail
-over) fails every commit waiting on it with `StreamEnded`, or with the gRPC
-error it ended with; the caller retries those on a new stream, as it retries
-a unary call. Not thread-safe: one event loop.
+(the coordinator went away, was shut down or refused the stream, or the
+client closed it to fail over) fails every commit waiting on it with
+`StreamEnded`, which carries the gRPC error the server ended the stream with,
+if it did; the caller retries the others on a new stream, as it retries a
+unary call. Not thread-safe: one event loop.
 """
 
 from __future__ import annotations
@@ -25,7 +26,21 @@ log = logging.getLogger(__name__)
 
 
 class StreamEnded(Exception):
-    """The stream ended without answering (not an answer of the server)."""
+    """The stream ended before the commit was answered."""
+
+    def __init__(self, message: str, rpc_error: grpc.aio.AioRpcError | None = None) -> None:
+        super().__init__(message)
+        #: The status the server ended the stream with; None when it said
+        #: nothing (the connection broke, or the client closed the stream).
+        self.rpc_error = rpc_error
+
+
+def _failed_to_send(exc: grpc.aio.AioRpcError) -> bool:
+    """grpc's own failure to send a message (the connection went away under
+    a write): the call ends INTERNAL without the server having said so."""
+    return exc.code() == grpc.StatusCode.INTERNAL and "execute_batch" in (
+        exc.debug_error_string() or ""
+    )
 
 
 class CommitStream:
@@ -40,21 +55,26 @@ class CommitStream:
         self._write_lock = asyncio.Lock()
         self._closing = False
         #: Why the stream ended (None while it is open).
-        self.error: BaseException | None = None
+        self._ended: StreamEnded | None = None
         self._reader = asyncio.create_task(self._read(), name="commit-stream")
 
     @property
     def open(self) -> bool:
-        return self.error is None and not self._closing
+        return self._ended is None and not self._closing
+
+    def _failure(self) -> StreamEnded:
+        """A fresh exception per failed commit (one instance raised in many
+        places would pile up their tracebacks)."""
+        ended = self._ended or StreamEnded("the commit stream ended")
+        return StreamEnded(str(ended), ended.rpc_error)
 
     async def commit(
         self, request: group_pb2.CommitOffsetsRequest, timeout_s: float
     ) -> group_pb2.CommitOffsetsStreamResponse:
         """Send one commit and wait (at most `timeout_s`, raising TimeoutError)
-        for its answer. Raises the gRPC error the stream ended with, or
-        StreamEnded."""
-        if self.error is not None:
-            raise self.error
+        for its answer; raises StreamEnded when the stream ends first."""
+        if self._ended is not None:
+            raise self._failure()
         correlation_id = next(self._ids)
         answer = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = answer
@@ -67,32 +87,37 @@ class CommitStream:
                                 correlation_id=correlation_id, commit=request
                             )
                         )
-                    except asyncio.InvalidStateError:
+                    except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
                         # The call is over: the reader says why.
                         await asyncio.wait({self._reader})
-                        raise self.error or StreamEnded("the commit stream ended") from None
+                        raise self._failure() from None
                 return await answer
         finally:
-            self._pending.pop(correlation_id, None)
+            del self._pending[correlation_id]
+            if not answer.done():
+                answer.cancel()
+            elif not answer.cancelled():
+                answer.exception()  # retrieved (raised above, or moot)
 
     async def _read(self) -> None:
-        error: BaseException
         try:
             async for answer in self._call:
                 waiting = self._pending.get(answer.correlation_id)
                 if waiting is not None and not waiting.done():
                     waiting.set_result(answer)
-            error = StreamEnded("the coordinator ended the commit stream")
+            self._ended = StreamEnded("the coordinator ended the commit stream")
         except grpc.aio.AioRpcError as exc:
-            # Cancelled by close(): a fail-over (or the client closing), not
-            # the server's answer.
-            error = StreamEnded("the commit stream was closed") if self._closing else exc
+            if self._closing:  # close(): a fail-over, or the client closing
+                self._ended = StreamEnded("the commit stream was closed")
+            elif _failed_to_send(exc):
+                self._ended = StreamEnded(f"the connection broke under a commit: {exc.details()}")
+            else:
+                self._ended = StreamEnded(f"the commit stream ended: {exc.details()}", exc)
         except asyncio.CancelledError:
-            error = StreamEnded("the commit stream was closed")
-        self.error = error
+            self._ended = StreamEnded("the commit stream was closed")
         for waiting in self._pending.values():
             if not waiting.done():
-                waiting.set_exception(error)
+                waiting.set_exception(self._failure())
 
     async def close(self) -> None:
         """End the stream; commits still waiting fail with StreamEnded."""

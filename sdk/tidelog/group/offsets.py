@@ -48,7 +48,8 @@ def _offset_commits(
 
 
 class OffsetStoreClient:
-    """Unary offset calls with failover across coordinator replicas. One event loop."""
+    """Offset calls with failover across coordinator replicas (a member's
+    commits over the commit stream, see the module doc). One event loop."""
 
     def __init__(
         self,
@@ -57,8 +58,12 @@ class OffsetStoreClient:
         request_timeout_ms: int = 10_000,
         rediscover: Rediscover | None = None,
         security: ChannelSecurity = PLAINTEXT,
+        commit_stream: bool = True,
     ) -> None:
+        """`commit_stream` False: commits over the unary CommitOffsets only
+        (benchmarks compare the two)."""
         self._channels = CoordinatorChannels(bootstrap, rediscover, security)
+        self._commit_stream = commit_stream
         self.request_timeout_ms = request_timeout_ms
         self._stream: CommitStream | None = None
         #: Addresses that answered UNIMPLEMENTED to the commit stream.
@@ -122,7 +127,7 @@ class OffsetStoreClient:
         attempts = max(2, len(self._channels.addresses) * 2)
         last: BaseException | None = None
         for attempt in range(attempts):
-            if self._channels.address in self._unary_only:
+            if not self._commit_stream or self._channels.address in self._unary_only:
                 response = await self._call("CommitOffsets", request)
                 assert isinstance(response, group_pb2.CommitOffsetsResponse)
                 return response.error if response.HasField("error") else None
@@ -132,18 +137,19 @@ class OffsetStoreClient:
             try:
                 answer = await stream.commit(request, self.request_timeout_ms / 1000)
                 return answer.error if answer.HasField("error") else None
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+            except StreamEnded as exc:
+                refused = exc.rpc_error
+                if refused is not None and refused.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self._unary_only.add(self._channels.address)
                     continue
-                if not is_unavailable(exc):
-                    raise error_from_rpc(exc) from exc
-                last = exc
-            except StreamEnded as exc:
-                # Closed under us (another commit's fail-over, or the
-                # coordinator shutting down): retry on a new stream.
+                if refused is not None and not is_unavailable(refused):
+                    # The server's answer (refused by the authorizer, or
+                    # a limit): typed, as from the unary call.
+                    raise error_from_rpc(refused) from None
                 last = exc
                 if stream is not self._stream:
+                    # Closed under us by another commit's fail-over: retry
+                    # on the stream that replaced it.
                     continue
             except TimeoutError:
                 last = TimeoutError(

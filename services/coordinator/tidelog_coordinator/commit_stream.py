@@ -73,8 +73,14 @@ class CommitStream:
 
     async def _read(self, requests: AsyncIterator[group_pb2.CommitOffsetsStreamRequest]) -> None:
         try:
-            async for request in requests:
+            iterator = aiter(requests)
+            while True:
+                # A slot first: at the bound, the next request stays unread.
                 await self._slots.acquire()
+                try:
+                    request = await anext(iterator)
+                except StopAsyncIteration:
+                    break
                 correlation_id = request.correlation_id
                 if correlation_id in self._ids:
                     error = InvalidRequestError(

@@ -1,0 +1,282 @@
+"""CommitOffsetsStream through real coordinator processes on a real etcd:
+answers matched by correlation id (in the order commits finish), typed
+errors per request, the SDK committing over the stream, failing over to
+another replica mid-stream, and falling back to the unary CommitOffsets
+where the stream is not served (the gateway).
+
+The stream's durability under SIGKILL is in test_offset_commit_durability.py;
+the in-flight bound (a client that never reads) in
+tests/unit/coordinator/test_commit_stream.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tidelog.errors import IllegalGenerationError, InvalidRequestError, UnknownMemberIdError
+from tidelog.group import GroupMembership, OffsetStoreClient
+from tidelog.types import TopicPartition
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
+
+from tests.integration.coordinator.conftest import StartCoordinator
+from tests.integration.coordinator.helpers import etcd_client, register_broker
+from tests.support.etcd import EtcdProcess
+from tests.support.gateway import start_gateway
+
+pytestmark = pytest.mark.timeout(120)
+
+PARTITIONS = 4
+
+
+async def _setup(etcd_endpoint: str, prefix: str, address: str) -> None:
+    async with etcd_client(etcd_endpoint) as client:
+        await register_broker(client, prefix, 1, ttl_s=120)
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await admin_pb2_grpc.AdminStub(channel).CreateTopics(
+            admin_pb2.CreateTopicsRequest(
+                topics=[admin_pb2.NewTopic(name="t", partitions=PARTITIONS)]
+            )
+        )
+        assert reply.topics[0].error.code == common_pb2.NONE
+
+
+async def _member(bootstrap: str | list[str], group: str = "g") -> GroupMembership:
+    member = GroupMembership(bootstrap, group, topics=["t"], session_timeout_ms=30_000)
+    await member.start()
+    await member.wait_for(lambda m: len(m.assignment) == PARTITIONS, timeout_s=30)
+    return member
+
+
+def _commit(
+    member: GroupMembership, offset: int, **changes: object
+) -> group_pb2.CommitOffsetsRequest:
+    request = group_pb2.CommitOffsetsRequest(
+        group_id=member.group_id,
+        member_id=member.member_id,
+        member_epoch=member.member_epoch,
+        member_token=member.member_token,
+        offsets=[group_pb2.OffsetCommit(topic="t", partition=0, offset=offset)],
+    )
+    for name, value in changes.items():
+        if isinstance(value, list):
+            del getattr(request, name)[:]
+            getattr(request, name).extend(value)
+        else:
+            setattr(request, name, value)
+    return request
+
+
+class RawStream:
+    """A CommitOffsetsStream written and read by the test."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.requests: asyncio.Queue[group_pb2.CommitOffsetsStreamRequest | None] = asyncio.Queue()
+        self.call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream(self._requests())
+
+    async def _requests(self) -> AsyncIterator[group_pb2.CommitOffsetsStreamRequest]:
+        while (request := await self.requests.get()) is not None:
+            yield request
+
+    def send(self, correlation_id: int, commit: group_pb2.CommitOffsetsRequest) -> None:
+        self.requests.put_nowait(
+            group_pb2.CommitOffsetsStreamRequest(correlation_id=correlation_id, commit=commit)
+        )
+
+    async def answer(self) -> group_pb2.CommitOffsetsStreamResponse:
+        answer = await asyncio.wait_for(self.call.read(), 30)
+        assert answer is not grpc.aio.EOF
+        assert isinstance(answer, group_pb2.CommitOffsetsStreamResponse)
+        return answer
+
+
+def test_answers_come_out_of_order_matched_by_correlation_id(
+    tmp_path: Path, prefix: str, coordinators: StartCoordinator
+) -> None:
+    """A commit waiting for etcd (paused with SIGSTOP) is answered after a
+    later request that needs no etcd; each answer names its request."""
+    own = EtcdProcess.start(tmp_path / "etcd")  # paused below: not the module's etcd
+    try:
+        coordinator = coordinators(etcd_endpoint=own.endpoint)
+
+        async def run() -> None:
+            await _setup(own.endpoint, prefix, coordinator.address)
+            member = await _member(coordinator.address)
+            try:
+                async with grpc.aio.insecure_channel(coordinator.address) as channel:
+                    stream = RawStream(channel)
+                    stream.send(1, _commit(member, 11))
+                    first = await stream.answer()  # the stream works: committed
+                    assert (first.correlation_id, first.HasField("error")) == (1, False)
+                    assert own.proc is not None
+                    os.kill(own.proc.pid, signal.SIGSTOP)
+                    try:
+                        stream.send(7, _commit(member, 12))
+                        # Refused before etcd is asked: no partitions named twice.
+                        twice = [group_pb2.OffsetCommit(topic="t", partition=1, offset=1)] * 2
+                        stream.send(3, _commit(member, 0, offsets=twice))
+                        early = await stream.answer()
+                        assert early.correlation_id == 3, early
+                        assert early.error.code == common_pb2.INVALID_REQUEST
+                        assert "appears twice" in early.error.message
+                    finally:
+                        os.kill(own.proc.pid, signal.SIGCONT)
+                    late = await stream.answer()
+                    assert (late.correlation_id, late.HasField("error")) == (7, False)
+                    stream.requests.put_nowait(None)
+                    assert await stream.call.read() is grpc.aio.EOF  # ends once all answered
+                    assert await stream.call.code() == grpc.StatusCode.OK
+                fetched = await member._offsets.fetch("g", [TopicPartition("t", 0)])
+                assert fetched[TopicPartition("t", 0)].offset == 12
+            finally:
+                await member.close()
+
+        asyncio.run(run())
+    finally:
+        own.stop()
+
+
+def test_each_request_of_the_stream_gets_its_own_typed_error(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    coordinator = coordinators()
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, coordinator.address)
+        member = await _member(coordinator.address)
+        try:
+            async with grpc.aio.insecure_channel(coordinator.address) as channel:
+                stream = RawStream(channel)
+                too_many = [
+                    group_pb2.OffsetCommit(topic="t", partition=p, offset=1) for p in range(10_001)
+                ]
+                missing = [group_pb2.OffsetCommit(topic="t", partition=99)]
+                cases = {
+                    1: (_commit(member, 5, member_epoch=member.member_epoch + 7),
+                        common_pb2.ILLEGAL_GENERATION),
+                    2: (_commit(member, 5, member_token="not-the-token"),
+                        common_pb2.UNKNOWN_MEMBER_ID),
+                    3: (_commit(member, 5, member_id="nobody"), common_pb2.UNKNOWN_MEMBER_ID),
+                    4: (_commit(member, 5, offsets=missing), common_pb2.UNKNOWN_TOPIC_OR_PARTITION),
+                    5: (_commit(member, 5, offsets=too_many), common_pb2.INVALID_REQUEST),
+                    6: (_commit(member, 5), common_pb2.NONE),
+                }  # fmt: skip
+                for correlation_id, (request, _) in cases.items():
+                    stream.send(correlation_id, request)
+                answers = {a.correlation_id: a for a in [await stream.answer() for _ in cases]}
+                assert {c: a.error.code for c, a in answers.items()} == {
+                    c: code for c, (_, code) in cases.items()
+                }
+                # The partitions limit is named, as for the unary call.
+                assert "10000" in answers[5].error.message
+                stream.requests.put_nowait(None)
+                assert await stream.call.code() == grpc.StatusCode.OK
+            # The same through the SDK, which commits over the stream.
+            client = OffsetStoreClient(coordinator.address)
+            offsets = {TopicPartition("t", 0): 9}
+            try:
+                with pytest.raises(IllegalGenerationError):
+                    await client.commit("g", offsets, member_id=member.member_id,
+                                        member_epoch=member.member_epoch - 1,
+                                        member_token=member.member_token)  # fmt: skip
+                with pytest.raises(UnknownMemberIdError):
+                    await client.commit("g", offsets, member_id=member.member_id,
+                                        member_epoch=member.member_epoch,
+                                        member_token="wrong")  # fmt: skip
+                with pytest.raises(InvalidRequestError, match="10000"):
+                    await client.commit(
+                        "g", {TopicPartition("t", p): 1 for p in range(10_001)},
+                        member_id=member.member_id, member_epoch=member.member_epoch,
+                        member_token=member.member_token,
+                    )  # fmt: skip
+                await client.commit("g", offsets, member_id=member.member_id,
+                                    member_epoch=member.member_epoch,
+                                    member_token=member.member_token)  # fmt: skip
+                assert (await client.fetch("g", [TopicPartition("t", 0)]))[
+                    TopicPartition("t", 0)
+                ].offset == 9
+            finally:
+                await client.close()
+        finally:
+            await member.close()
+
+    asyncio.run(run())
+
+
+def test_the_sdk_commit_fails_over_to_another_replica_mid_stream(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    first = coordinators()
+    second = coordinators()
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, first.address)
+        member = await _member(second.address)
+        client = OffsetStoreClient([first.address, second.address], request_timeout_ms=5_000)
+        try:
+
+            async def commit(offset: int) -> None:
+                await client.commit("g", {TopicPartition("t", p): offset for p in range(4)},
+                                    member_id=member.member_id,
+                                    member_epoch=member.member_epoch,
+                                    member_token=member.member_token)  # fmt: skip
+
+            await commit(1)  # the stream to `first` is open now
+            # Commits in flight on the stream while its coordinator dies.
+            in_flight = [asyncio.ensure_future(commit(2)) for _ in range(8)]
+            first.kill()
+            await asyncio.wait_for(asyncio.gather(*in_flight), 60)
+            await commit(3)
+            fetched = await client.fetch("g")
+            assert {tp: om.offset for tp, om in fetched.items()} == {
+                TopicPartition("t", p): 3 for p in range(4)
+            }
+        finally:
+            await client.close()
+            await member.close()
+
+    asyncio.run(run())
+
+
+def test_the_sdk_falls_back_to_unary_commits_where_the_stream_is_unimplemented(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator, tmp_path: Path
+) -> None:
+    """The gateway does not relay the commit stream (UNIMPLEMENTED): the SDK
+    commits through it with CommitOffsets, errors typed as ever."""
+    coordinator = coordinators()
+    gateway = start_gateway(etcd.endpoint, tmp_path / "logs", prefix=prefix)
+    try:
+
+        async def run() -> None:
+            await _setup(etcd.endpoint, prefix, coordinator.address)
+            member = await _member(gateway.address)
+            client = OffsetStoreClient(gateway.address)
+            try:
+                async with grpc.aio.insecure_channel(gateway.address) as channel:
+                    call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream(iter(()))
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await call.read()
+                    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                await client.commit("g", {TopicPartition("t", 0): 42},
+                                    member_id=member.member_id,
+                                    member_epoch=member.member_epoch,
+                                    member_token=member.member_token)  # fmt: skip
+                with pytest.raises(IllegalGenerationError):
+                    await client.commit("g", {TopicPartition("t", 0): 43},
+                                        member_id=member.member_id,
+                                        member_epoch=member.member_epoch + 3,
+                                        member_token=member.member_token)  # fmt: skip
+                assert (await client.fetch("g", [TopicPartition("t", 0)]))[
+                    TopicPartition("t", 0)
+                ].offset == 42
+            finally:
+                await client.close()
+                await member.close()
+
+        asyncio.run(run())
+    finally:
+        gateway.stop()
