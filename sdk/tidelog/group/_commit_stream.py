@@ -49,7 +49,7 @@ class CommitStream:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         # No request iterator: written to with write() (the stubs' types want one).
         self._call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream()  # type: ignore[call-arg]
-        self._pending: dict[int, asyncio.Future[group_pb2.CommitOffsetsStreamResponse]] = {}
+        self._pending: dict[int, asyncio.Future[group_pb2.CommitOffsetsStreamAnswer]] = {}
         self._ids = itertools.count(1)
         # gRPC takes one write at a time per call.
         self._write_lock = asyncio.Lock()
@@ -70,7 +70,7 @@ class CommitStream:
 
     async def commit(
         self, request: group_pb2.CommitOffsetsRequest, timeout_s: float
-    ) -> group_pb2.CommitOffsetsStreamResponse:
+    ) -> group_pb2.CommitOffsetsStreamAnswer:
         """Send one commit and wait (at most `timeout_s`, raising TimeoutError)
         for its answer; raises StreamEnded when the stream ends first."""
         if self._ended is not None:
@@ -101,10 +101,11 @@ class CommitStream:
 
     async def _read(self) -> None:
         try:
-            async for answer in self._call:
-                waiting = self._pending.get(answer.correlation_id)
-                if waiting is not None and not waiting.done():
-                    waiting.set_result(answer)
+            async for message in self._call:
+                for answer in message.answers:
+                    waiting = self._pending.get(answer.correlation_id)
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(answer)
             self._ended = StreamEnded("the coordinator ended the commit stream")
         except grpc.aio.AioRpcError as exc:
             if self._closing:  # close(): a fail-over, or the client closing

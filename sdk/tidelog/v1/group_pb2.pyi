@@ -392,6 +392,32 @@ Global___CommitOffsetsStreamRequest: _TypeAlias = CommitOffsetsStreamRequest  # 
 class CommitOffsetsStreamResponse(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommitOffsetsStreamAnswer]:
+        """Requests answered, each once its commit's etcd transaction returned:
+        one message answers every request answered since the last message (the
+        commits of one coalesced transaction return together), in no
+        particular order.
+        """
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___CommitOffsetsStreamAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetsStreamResponse: _TypeAlias = CommitOffsetsStreamResponse  # noqa: Y015
+
+@_typing.final
+class CommitOffsetsStreamAnswer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
     CORRELATION_ID_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
@@ -411,7 +437,7 @@ class CommitOffsetsStreamResponse(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___CommitOffsetsStreamResponse: _TypeAlias = CommitOffsetsStreamResponse  # noqa: Y015
+Global___CommitOffsetsStreamAnswer: _TypeAlias = CommitOffsetsStreamAnswer  # noqa: Y015
 
 @_typing.final
 class AlterOffsetsRequest(_message.Message):

@@ -120,7 +120,8 @@ class GroupServicer:
         is one CommitOffsets request under a correlation id the client chose;
         each answer carries that id and comes once that commit's etcd
         transaction returned (so an answer without error means the offsets are
-        in etcd), in whatever order the commits finish. A stream's commits are
+        in etcd), in whatever order the commits finish; one response message
+        carries every answer ready when it is sent. A stream's commits are
         concurrent: two in flight at once are not ordered. Authorized per
         request as CommitOffsets; a denied request ends the stream with its
         error. At most 1024 requests of one stream are in flight (the

@@ -12,7 +12,10 @@ and made durable exactly alike):
 - correlation ids in flight are unique: a request reusing one is answered
   INVALID_REQUEST (naming it) and not committed, since its answer could not
   be told apart;
-- answers go out in the order the commits finish, not the order they came.
+- answers go out in the order the commits finish, not the order they came,
+  and one response message carries every answer ready when it is sent (the
+  commits of one coalesced etcd transaction return together): a message
+  costs the coordinator about as much CPU as a commit's own work.
 
 The stream ends once the client closed its side and every answer was sent.
 One event loop.
@@ -32,6 +35,9 @@ from tidelog_coordinator.errors import error_proto
 
 log = logging.getLogger("tidelog.coordinator.offsets")
 
+#: An answer ready to send: (correlation id, error or None).
+_Answer = tuple[int, common_pb2.Error | None]
+
 #: Commits one request; None when committed, else the error to answer.
 CommitOne = Callable[[group_pb2.CommitOffsetsRequest], Awaitable[common_pb2.Error | None]]
 
@@ -46,7 +52,8 @@ class CommitStream:
         self.in_flight_max = in_flight_max
         self._slots = asyncio.Semaphore(in_flight_max)
         #: Answers ready to send; None once the last one is in.
-        self._answers: asyncio.Queue[group_pb2.CommitOffsetsStreamResponse | None] = asyncio.Queue()
+        #: Answers ready to send, (correlation id, error); None after the last.
+        self._answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
         self._ids: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -54,14 +61,29 @@ class CommitStream:
         self, requests: AsyncIterator[group_pb2.CommitOffsetsStreamRequest]
     ) -> AsyncGenerator[group_pb2.CommitOffsetsStreamResponse, None]:
         reader = asyncio.create_task(self._read(requests), name="commit-stream-reader")
+        answers = self._answers
         try:
-            while True:
-                answer = await self._answers.get()
-                if answer is None:
-                    return
-                yield answer
-                # Sent (handed to gRPC): one more request may be read.
-                self._slots.release()
+            ended = False
+            while not ended:
+                ready: list[_Answer | None] = [await answers.get()]
+                while not answers.empty():
+                    ready.append(answers.get_nowait())
+                if ready[-1] is None:
+                    ended = True
+                    ready.pop()
+                if not ready:
+                    break
+                message = group_pb2.CommitOffsetsStreamResponse()
+                add = message.answers.add
+                for correlation_id, error in ready:  # type: ignore[misc]
+                    if error is None:
+                        add(correlation_id=correlation_id)
+                    else:
+                        add(correlation_id=correlation_id, error=error)
+                yield message
+                # Sent (handed to gRPC): as many more requests may be read.
+                for _ in ready:
+                    self._slots.release()
         finally:
             reader.cancel()
             for task in list(self._tasks):
@@ -88,10 +110,7 @@ class CommitStream:
                         "each request in flight needs its own"
                     )
                     self._answers.put_nowait(
-                        group_pb2.CommitOffsetsStreamResponse(
-                            correlation_id=correlation_id,
-                            error=error_proto(error, "committing offsets"),
-                        )
+                        (correlation_id, error_proto(error, "committing offsets"))
                     )
                     continue
                 self._ids.add(correlation_id)
@@ -113,6 +132,4 @@ class CommitStream:
             error = await self._commit(request)
         finally:
             self._ids.discard(correlation_id)
-        self._answers.put_nowait(
-            group_pb2.CommitOffsetsStreamResponse(correlation_id=correlation_id, error=error)
-        )
+        self._answers.put_nowait((correlation_id, error))

@@ -181,17 +181,21 @@ def test_an_answer_on_the_commit_stream_survives_a_coordinator_sigkill_right_aft
         for m in members:  # one commit in flight per group, every group at once
             send(m, 1)
         try:
-            async for answer in call:
-                group, offset = waiting.pop(answer.correlation_id)
-                assert not answer.HasField("error"), answer.error
-                acked[group] = offset
-                acks += 1
+            async for message in call:
+                answered = []
+                for answer in message.answers:
+                    group, offset = waiting.pop(answer.correlation_id)
+                    assert not answer.HasField("error"), answer.error
+                    acked[group] = offset
+                    answered.append(group)
+                    acks += 1
                 if acks >= ACKS_BEFORE_KILL:
-                    # Right after an answer, with the other groups' commits in flight.
+                    # Right after answers, with the other groups' commits in flight.
                     coordinator.kill()
                     killed = True
                     break
-                send(by_group[group], offset + 1)
+                for group in answered:
+                    send(by_group[group], acked[group] + 1)
         except grpc.aio.AioRpcError:
             assert killed, "the stream broke before the coordinator was killed"
         finally:

@@ -77,6 +77,7 @@ class RawStream:
     def __init__(self, channel: grpc.aio.Channel) -> None:
         self.requests: asyncio.Queue[group_pb2.CommitOffsetsStreamRequest | None] = asyncio.Queue()
         self.call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream(self._requests())
+        self.ready: list[group_pb2.CommitOffsetsStreamAnswer] = []
 
     async def _requests(self) -> AsyncIterator[group_pb2.CommitOffsetsStreamRequest]:
         while (request := await self.requests.get()) is not None:
@@ -87,11 +88,13 @@ class RawStream:
             group_pb2.CommitOffsetsStreamRequest(correlation_id=correlation_id, commit=commit)
         )
 
-    async def answer(self) -> group_pb2.CommitOffsetsStreamResponse:
-        answer = await asyncio.wait_for(self.call.read(), 30)
-        assert answer is not grpc.aio.EOF
-        assert isinstance(answer, group_pb2.CommitOffsetsStreamResponse)
-        return answer
+    async def answer(self) -> group_pb2.CommitOffsetsStreamAnswer:
+        """The next answer (a message may carry several)."""
+        if not self.ready:
+            message = await asyncio.wait_for(self.call.read(), 30)
+            assert isinstance(message, group_pb2.CommitOffsetsStreamResponse), message
+            self.ready.extend(message.answers)
+        return self.ready.pop(0)
 
 
 def test_answers_come_out_of_order_matched_by_correlation_id(
