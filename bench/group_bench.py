@@ -48,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -73,6 +74,18 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
 PREFIX = "/bench"
+
+
+def etcd_transactions(etcd: EtcdProcess) -> int:
+    """Transactions etcd has answered so far (its /metrics): commits per
+    transaction is what coalescing achieved, whatever the machine's load."""
+    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("grpc_server_handled_total{") and 'grpc_method="Txn"' in line
+    )
 
 
 async def setup(
@@ -399,6 +412,7 @@ asyncio.run(member_commit_throughput(
 
 
 async def member_commit_throughput_processes(
+    etcd: EtcdProcess,
     coordinator: CoordinatorProcess,
     topic: str,
     partitions: int,
@@ -407,10 +421,10 @@ async def member_commit_throughput_processes(
     concurrency: int,
     streaming: bool,
     tag: str,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """As commit_throughput_processes, for members' commits: the coordinator's
-    CPU is measured from when every member has joined until the last
-    client finished."""
+    CPU and etcd's transactions are counted from when every member has joined
+    until the last client finished."""
     server = psutil.Process(coordinator.pid)
     procs = [
         await asyncio.create_subprocess_exec(
@@ -435,6 +449,7 @@ async def member_commit_throughput_processes(
         line = await asyncio.wait_for(p.stdout.readline(), 120)
         assert line.strip() == b"ready", line
     cpu = server.cpu_times()
+    transactions = etcd_transactions(etcd)
     for p in procs:
         assert p.stdin is not None
         p.stdin.write(b"go\n")
@@ -444,28 +459,37 @@ async def member_commit_throughput_processes(
         assert p.stdout is not None
         outputs.append(json.loads(await p.stdout.readline()))
     after = server.cpu_times()  # before the members leave
+    transactions = etcd_transactions(etcd) - transactions
     for p in procs:
         await p.communicate()
     cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
     elapsed = max(o[2] for o in outputs)
     done = sum(o[0] for o in outputs)
     requests = sum(o[1] for o in outputs)
-    return done / elapsed, requests / elapsed, cpu_s / max(1, requests) * 1e6
+    return (
+        done / elapsed,
+        requests / elapsed,
+        cpu_s / max(1, requests) * 1e6,
+        requests / max(1, transactions),
+    )
 
 
 async def commit_throughput_processes(
+    etcd: EtcdProcess,
     coordinator: CoordinatorProcess,
     topic: str,
     partitions: int,
     seconds: float,
     processes: int,
     concurrency: int,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Client processes (a Python client process is itself a bottleneck),
     each with `concurrency` requests in flight: (partition-offsets/s,
-    requests/s, coordinator CPU microseconds per request)."""
+    requests/s, coordinator CPU microseconds per request, requests per etcd
+    transaction)."""
     server = psutil.Process(coordinator.pid)
     cpu = server.cpu_times()
+    transactions = etcd_transactions(etcd)
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -484,11 +508,17 @@ async def commit_throughput_processes(
     ]
     outputs = [json.loads((await p.communicate())[0]) for p in procs]
     after = server.cpu_times()
+    transactions = etcd_transactions(etcd) - transactions
     cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
     elapsed = max(o[2] for o in outputs)
     done = sum(o[0] for o in outputs)
     requests = sum(o[1] for o in outputs)
-    return done / elapsed, requests / elapsed, cpu_s / max(1, requests) * 1e6
+    return (
+        done / elapsed,
+        requests / elapsed,
+        cpu_s / max(1, requests) * 1e6,
+        requests / max(1, transactions),
+    )
 
 
 async def commit_rows(
@@ -535,7 +565,7 @@ async def commit_rows(
         for i, coordinator in enumerate(coordinators.values()):
             await setup(etcd, coordinator.address, "commits", 100, prefix=f"{PREFIX}-commits{i}")
         for batch in batches:
-            results: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+            results: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in modes}
             for r in range(rounds):
                 order = list(modes) if r % 2 == 0 else list(modes)[::-1]
                 for mode in order:
@@ -543,10 +573,17 @@ async def commit_rows(
                     runs += 1
                     if streaming is None:
                         measured = await commit_throughput_processes(
-                            coordinators[server], "commits", batch, seconds, processes, concurrency
+                            etcd,
+                            coordinators[server],
+                            "commits",
+                            batch,
+                            seconds,
+                            processes,
+                            concurrency,
                         )
                     else:
                         measured = await member_commit_throughput_processes(
+                            etcd,
                             coordinators[server],
                             "commits",
                             batch,
@@ -557,17 +594,21 @@ async def commit_rows(
                             f"r{runs}",
                         )
                     results[mode].append(measured)
-            for mode, (key, _, _) in modes.items():
+            for mode, (key, _, streaming) in modes.items():
                 per_s = statistics.median(x[0] for x in results[mode])
                 req_s = statistics.median(x[1] for x in results[mode])
                 cpu_us = statistics.median(x[2] for x in results[mode])
+                per_txn = statistics.median(x[3] for x in results[mode])
                 figures[f"commits_{batch}p/{key}/requests_per_s"] = round(req_s, 1)
                 figures[f"commits_{batch}p/{key}/coordinator_cpu_us"] = round(cpu_us, 1)
+                if streaming is not None:  # (new keys only: the others have baselines)
+                    figures[f"commits_{batch}p/{key}/commits_per_txn"] = round(per_txn, 1)
                 rows.append(
                     (
                         f"offset commits, {batch} partitions/request, {mode} (median of {rounds})",
                         f"{req_s:,.0f} requests/s ({per_s:,.0f} partition-offsets/s), "
-                        f"coordinator CPU {cpu_us:,.0f} us/request",
+                        f"coordinator CPU {cpu_us:,.0f} us/request, "
+                        f"{per_txn:.1f} commits/etcd transaction",
                     )
                 )
     finally:
