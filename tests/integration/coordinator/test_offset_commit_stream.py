@@ -2,7 +2,8 @@
 answers matched by correlation id (in the order commits finish), typed
 errors per request, the SDK committing over the stream, failing over to
 another replica mid-stream, and falling back to the unary CommitOffsets
-where the stream is not served (the gateway).
+where the stream is not served (the gateway); each request authorized as
+a CommitOffsets, and the stream counted against --max-streams-per-principal.
 
 The stream's durability under SIGKILL is in test_offset_commit_durability.py;
 the in-flight bound (a client that never reads) in
@@ -18,10 +19,17 @@ from pathlib import Path
 
 import grpc
 import pytest
-from tidelog.errors import IllegalGenerationError, InvalidRequestError, UnknownMemberIdError
+from tidelog.errors import (
+    GroupAuthorizationFailedError,
+    IllegalGenerationError,
+    InvalidRequestError,
+    UnknownMemberIdError,
+)
 from tidelog.group import GroupMembership, OffsetStoreClient
 from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
+from tidelog_server.acls import AclBinding
+from tidelog_server.etcd.keys import Keys
 
 from tests.integration.coordinator.conftest import StartCoordinator
 from tests.integration.coordinator.helpers import etcd_client, register_broker
@@ -283,3 +291,91 @@ def test_the_sdk_falls_back_to_unary_commits_where_the_stream_is_unimplemented(
         asyncio.run(run())
     finally:
         gateway.stop()
+
+
+def test_each_request_is_authorized_as_a_commit_and_a_denied_one_ends_the_stream_typed(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    """ACLs enforced (--allow-everyone-if-no-acl-found false): User:ANONYMOUS
+    may Read group "allowed" and topic "t", nothing else. On one stream, a
+    commit to "allowed" goes through; one to "denied" ends the stream with
+    GROUP_AUTHORIZATION_FAILED; the SDK raises that, typed, and commits to
+    "allowed" again on a new stream."""
+    grants = [
+        AclBinding.checked("cluster", "", "literal", "User:ANONYMOUS", "*", "Create", "allow"),
+        AclBinding.checked("topic", "t", "literal", "User:ANONYMOUS", "*", "Read", "allow"),
+        AclBinding.checked("group", "allowed", "literal", "User:ANONYMOUS", "*", "Read", "allow"),
+    ]
+
+    async def grant() -> None:
+        async with etcd_client(etcd.endpoint) as client:
+            for binding in grants:
+                await client.put(Keys(prefix).acl(binding.binding_id), binding.encode())
+
+    asyncio.run(grant())
+    coordinator = coordinators(extra_args=("--allow-everyone-if-no-acl-found", "false"))
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, coordinator.address)
+        member = await _member(coordinator.address, "allowed")
+        client = OffsetStoreClient(coordinator.address)
+        credentials = {
+            "member_id": member.member_id,
+            "member_epoch": member.member_epoch,
+            "member_token": member.member_token,
+        }
+        try:
+            async with grpc.aio.insecure_channel(coordinator.address) as channel:
+                stream = RawStream(channel)
+                stream.send(1, _commit(member, 3))
+                assert (await stream.answer()).HasField("error") is False
+                stream.send(2, _commit(member, 4, group_id="denied"))
+                with pytest.raises(grpc.aio.AioRpcError) as denied:
+                    await stream.answer()
+                assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "Read group 'denied'" in (denied.value.details() or "")
+            await client.commit("allowed", {TopicPartition("t", 0): 5}, **credentials)
+            with pytest.raises(GroupAuthorizationFailedError, match="Read group 'denied'"):
+                await client.commit("denied", {TopicPartition("t", 0): 6}, **credentials)
+            await client.commit("allowed", {TopicPartition("t", 0): 7}, **credentials)
+            assert (await client.fetch("allowed", [TopicPartition("t", 0)]))[
+                TopicPartition("t", 0)
+            ].offset == 7
+        finally:
+            await client.close()
+            await member.close()
+
+    asyncio.run(run())
+
+
+def test_commit_streams_count_against_the_streams_per_principal_limit(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    coordinator = coordinators(extra_args=("--max-streams-per-principal", "2"))
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, coordinator.address)
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            streams = [RawStream(channel) for _ in range(2)]
+            for i, stream in enumerate(streams):  # open and counted once answered
+                stream.send(i, group_pb2.CommitOffsetsRequest())
+                assert (await stream.answer()).error.code == common_pb2.INVALID_REQUEST
+            third = RawStream(channel)
+            third.send(9, group_pb2.CommitOffsetsRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await third.answer()
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "--max-streams-per-principal=2" in (refused.value.details() or "")
+            # Through the SDK: the same limit, typed, not retried as an outage.
+            client = OffsetStoreClient(coordinator.address)
+            try:
+                with pytest.raises(InvalidRequestError, match="max-streams-per-principal=2"):
+                    await client.commit("g", {TopicPartition("t", 0): 1}, member_id="m",
+                                        member_epoch=1, member_token="x")  # fmt: skip
+            finally:
+                await client.close()
+            for stream in streams:
+                stream.requests.put_nowait(None)
+                assert await stream.call.code() == grpc.StatusCode.OK
+
+    asyncio.run(run())
