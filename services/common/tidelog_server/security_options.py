@@ -52,7 +52,8 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_STREAMS_PER_PRINCIPAL,
         metavar="N",
-        help="streaming calls (Produce, Fetch, Consume, Heartbeat) one principal may have open "
+        help="streaming calls (Produce, Fetch, Consume, Heartbeat, CommitOffsetsStream) one principal "
+        "may have open "
         "on this service; super users are not counted (default %(default)s)",
     )
 
