@@ -17,7 +17,9 @@ and made durable exactly alike):
   commits of one coalesced etcd transaction return together): a message
   costs the coordinator about as much CPU as a commit's own work.
 
-The stream ends once the client closed its side and every answer was sent.
+The stream ends once the client closed its side and every answer was sent,
+or, when the coordinator shuts down (`drain()`), once the commits already
+read were answered: the client sends the rest to another replica.
 One event loop.
 """
 
@@ -56,11 +58,16 @@ class CommitStream:
         self._answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
         self._ids: set[int] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._reader: asyncio.Task[None] | None = None
+        self._draining = False
+        self._reading = True
 
     async def answers(
         self, requests: AsyncIterator[group_pb2.CommitOffsetsStreamRequest]
     ) -> AsyncGenerator[group_pb2.CommitOffsetsStreamResponse, None]:
-        reader = asyncio.create_task(self._read(requests), name="commit-stream-reader")
+        reader = self._reader = asyncio.create_task(
+            self._read(requests), name="commit-stream-reader"
+        )
         answers = self._answers
         try:
             ended = False
@@ -118,14 +125,23 @@ class CommitStream:
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
         except asyncio.CancelledError:
-            raise
+            if not self._draining:
+                raise
         except Exception as exc:
             # The client went away, or the interceptor refused a request
             # (it ends the stream with that error itself).
             log.debug("commit stream input ended: %s", exc)
+        self._reading = False
         if self._tasks:
             await asyncio.wait(set(self._tasks))
         self._answers.put_nowait(None)
+
+    def drain(self) -> None:
+        """Read no more requests; end the stream once the commits already
+        read are answered (shutdown)."""
+        self._draining = True
+        if self._reader is not None and self._reading:
+            self._reader.cancel()
 
     async def _one(self, correlation_id: int, request: group_pb2.CommitOffsetsRequest) -> None:
         try:

@@ -53,6 +53,7 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
         self.groups = groups
         self.offsets = offsets
         self.commit_stream_in_flight_max = commit_stream_in_flight_max
+        self._commit_streams: set[CommitStream] = set()
 
     async def Heartbeat(
         self,
@@ -138,9 +139,19 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[group_pb2.CommitOffsetsStreamResponse]:
         stream = CommitStream(self._commit, self.commit_stream_in_flight_max)
-        async with contextlib.aclosing(stream.answers(request_iterator)) as answers:
-            async for answer in answers:
-                yield answer
+        self._commit_streams.add(stream)
+        try:
+            async with contextlib.aclosing(stream.answers(request_iterator)) as answers:
+                async for answer in answers:
+                    yield answer
+        finally:
+            self._commit_streams.discard(stream)
+
+    def drain_commit_streams(self) -> None:
+        """Shutdown: every commit stream answers what it has read, then ends
+        (its client retries the rest on another replica)."""
+        for stream in self._commit_streams:
+            stream.drain()
 
     async def AlterOffsets(
         self, request: group_pb2.AlterOffsetsRequest, context: grpc.aio.ServicerContext

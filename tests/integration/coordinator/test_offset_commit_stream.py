@@ -218,9 +218,13 @@ def test_each_request_of_the_stream_gets_its_own_typed_error(
     asyncio.run(run())
 
 
+@pytest.mark.parametrize("end", ["SIGKILL", "SIGTERM"])
 def test_the_sdk_commit_fails_over_to_another_replica_mid_stream(
-    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator, end: str
 ) -> None:
+    """The coordinator holding the stream dies (SIGKILL) or shuts down
+    (SIGTERM: it answers what it has read and ends the stream) with commits
+    in flight: each is retried on the other replica and succeeds."""
     first = coordinators()
     second = coordinators()
 
@@ -239,7 +243,11 @@ def test_the_sdk_commit_fails_over_to_another_replica_mid_stream(
             await commit(1)  # the stream to `first` is open now
             # Commits in flight on the stream while its coordinator dies.
             in_flight = [asyncio.ensure_future(commit(2)) for _ in range(8)]
-            first.kill()
+            await asyncio.sleep(0)  # written
+            if end == "SIGKILL":
+                first.kill()
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, first.stop)
             await asyncio.wait_for(asyncio.gather(*in_flight), 60)
             await commit(3)
             fetched = await client.fetch("g")

@@ -149,3 +149,37 @@ def test_a_correlation_id_in_flight_twice_is_refused_naming_it() -> None:
         assert [(a.correlation_id, a.HasField("error")) for a in again] == [(5, False)]
 
     asyncio.run(run())
+
+
+def test_draining_answers_what_was_read_then_ends_without_reading_more() -> None:
+    """The coordinator shutting down: the commits in flight are answered, no
+    further request is read, and the stream ends (the client sends the rest
+    elsewhere)."""
+
+    async def run() -> None:
+        release = asyncio.Event()
+
+        async def commit(request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
+            await release.wait()
+            return None
+
+        client = Client()
+        client.queue.put_nowait(_request(1))
+        client.queue.put_nowait(_request(2))
+        stream = CommitStream(commit, in_flight_max=2)
+        answers = stream.answers(client.requests())
+
+        async def collect() -> list[group_pb2.CommitOffsetsStreamAnswer]:
+            return [a async for message in answers for a in message.answers]
+
+        got = asyncio.ensure_future(asyncio.wait_for(collect(), 10))
+        await _settle()
+        assert client.read == 2
+        stream.drain()
+        client.queue.put_nowait(_request(3))  # never read
+        await _settle()
+        release.set()
+        assert sorted(a.correlation_id for a in await got) == [1, 2]
+        assert client.read == 2
+
+    asyncio.run(run())
