@@ -307,10 +307,29 @@ import asyncio, grpc, sys
 async def echo(request, context):
     return b""
 
+async def echo_stream(requests, context):
+    # As the commit stream: requests read by a task, every answer ready sent
+    # in one message (here: one byte per answer).
+    ready = asyncio.Queue()
+
+    async def read():
+        async for request in requests:
+            ready.put_nowait(1)
+        ready.put_nowait(None)
+
+    reader = asyncio.create_task(read())
+    while (first := await ready.get()) is not None:
+        count = first
+        while not ready.empty() and ready._queue[0] is not None:
+            count += ready.get_nowait()
+        yield b"x" * count
+    await reader
+
 async def main():
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo),
+                       "EchoStream": grpc.stream_stream_rpc_method_handler(echo_stream)}),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(port, flush=True)
@@ -343,10 +362,43 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
 """
 
 
-async def grpc_floor(seconds: float, processes: int, concurrency: int) -> tuple[float, float]:
-    """The same client load against a bare grpc.aio unary server that does
-    nothing: what one Python gRPC process serves here at best (requests/s,
-    server CPU microseconds per request)."""
+_ECHO_STREAM_CLIENT = """
+import asyncio, json, sys, time, grpc
+
+async def main(address, concurrency, seconds):
+    channel = grpc.aio.insecure_channel(address)
+    call = channel.stream_stream("/bench.Echo/EchoStream")()
+    slots = asyncio.Semaphore(concurrency)
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def read():
+        nonlocal done
+        async for answer in call:
+            done += len(answer)
+            for _ in range(len(answer)):
+                slots.release()
+
+    start = time.perf_counter()
+    reader = asyncio.create_task(read())
+    while time.perf_counter() < deadline:
+        await slots.acquire()
+        await call.write(b"x" * 60)
+    await call.done_writing()
+    await reader
+    print(json.dumps([done, done, time.perf_counter() - start]))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+"""
+
+
+async def grpc_floor(
+    seconds: float, processes: int, concurrency: int, client: str = _ECHO_CLIENT
+) -> tuple[float, float]:
+    """The same client load against a bare grpc.aio server that does nothing:
+    what one Python gRPC process serves here at best (requests/s, server CPU
+    microseconds per request); unary calls, or (`_ECHO_STREAM_CLIENT`) one
+    stream per client process answered as the commit stream is."""
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -363,7 +415,7 @@ async def grpc_floor(seconds: float, processes: int, concurrency: int) -> tuple[
             await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",
-                _ECHO_CLIENT,
+                client,
                 f"127.0.0.1:{port}",
                 str(concurrency),
                 str(seconds),
@@ -619,6 +671,24 @@ async def commit_rows(
     rows.append(
         (
             f"bare grpc.aio unary echo server, same clients (median of {rounds})",
+            f"{statistics.median(f[0] for f in floor):,.0f} requests/s, server CPU "
+            f"{statistics.median(f[1] for f in floor):,.0f} us/request",
+        )
+    )
+    floor = [
+        await grpc_floor(seconds, processes, concurrency, _ECHO_STREAM_CLIENT)
+        for _ in range(rounds)
+    ]
+    figures["grpc_echo_stream_floor/requests_per_s"] = round(
+        statistics.median(f[0] for f in floor), 1
+    )
+    figures["grpc_echo_stream_floor/server_cpu_us"] = round(
+        statistics.median(f[1] for f in floor), 1
+    )
+    rows.append(
+        (
+            f"bare grpc.aio streaming echo server, one stream per client process "
+            f"(median of {rounds})",
             f"{statistics.median(f[0] for f in floor):,.0f} requests/s, server CPU "
             f"{statistics.median(f[1] for f in floor):,.0f} us/request",
         )
