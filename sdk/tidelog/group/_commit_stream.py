@@ -2,7 +2,10 @@
 
 One stream per coordinator channel (`OffsetStoreClient` opens it on first
 use). Commits are written under fresh correlation ids and each waits for the
-answer carrying its id; answers may come in any order. A stream that ends
+answer carrying its id; answers may come in any order. Commits that arrive
+while a message is being written go together in the next message (no
+waiting added: a write starts at once when none is under way), so many
+concurrent commits cost few messages. A stream that ends
 (the coordinator went away, was shut down or refused the stream, or the
 client closed it to fail over) fails every commit waiting on it with
 `StreamEnded`, which carries the gRPC error the server ended the stream with,
@@ -23,6 +26,9 @@ import grpc.aio
 from tidelog.v1 import group_pb2, group_pb2_grpc
 
 log = logging.getLogger(__name__)
+
+#: The coordinator's limit of commits in one request message.
+COMMITS_PER_MESSAGE_MAX = 1024
 
 
 class StreamEnded(Exception):
@@ -51,8 +57,10 @@ class CommitStream:
         self._call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream()  # type: ignore[call-arg]
         self._pending: dict[int, asyncio.Future[group_pb2.CommitOffsetsStreamAnswer]] = {}
         self._ids = itertools.count(1)
-        # gRPC takes one write at a time per call.
-        self._write_lock = asyncio.Lock()
+        #: Commits waiting to be written, and the task writing them (one
+        #: write at a time; started by a commit that finds it not running).
+        self._unsent: list[group_pb2.StreamedCommit] = []
+        self._writer: asyncio.Task[None] | None = None
         self._closing = False
         #: Why the stream ended (None while it is open).
         self._ended: StreamEnded | None = None
@@ -78,19 +86,11 @@ class CommitStream:
         correlation_id = next(self._ids)
         answer = asyncio.get_running_loop().create_future()
         self._pending[correlation_id] = answer
+        self._unsent.append(group_pb2.StreamedCommit(correlation_id=correlation_id, commit=request))
         try:
+            if self._writer is None or self._writer.done():
+                self._writer = asyncio.create_task(self._write_unsent(), name="commit-writer")
             async with asyncio.timeout(timeout_s):
-                async with self._write_lock:
-                    try:
-                        await self._call.write(
-                            group_pb2.CommitOffsetsStreamRequest(
-                                correlation_id=correlation_id, commit=request
-                            )
-                        )
-                    except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
-                        # The call is over: the reader says why.
-                        await asyncio.wait({self._reader})
-                        raise self._failure() from None
                 return await answer
         finally:
             del self._pending[correlation_id]
@@ -98,6 +98,21 @@ class CommitStream:
                 answer.cancel()
             elif not answer.cancelled():
                 answer.exception()  # retrieved (raised above, or moot)
+
+    async def _write_unsent(self) -> None:
+        """Write the commits not sent yet; those that came while a message
+        was being written go in the next one (gRPC takes one write at a
+        time). Ends when none is left (the next commit starts it again)."""
+        while self._unsent:
+            commits = self._unsent[:COMMITS_PER_MESSAGE_MAX]
+            del self._unsent[:COMMITS_PER_MESSAGE_MAX]
+            try:
+                await self._call.write(group_pb2.CommitOffsetsStreamRequest(commits=commits))
+            except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+                # The call is over: the reader says why and fails every
+                # commit waiting, those not written too.
+                self._unsent.clear()
+                return
 
     async def _read(self) -> None:
         try:
@@ -124,5 +139,9 @@ class CommitStream:
         """End the stream; commits still waiting fail with StreamEnded."""
         self._closing = True
         self._call.cancel()
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader

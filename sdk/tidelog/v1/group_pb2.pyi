@@ -363,11 +363,37 @@ Global___CommitOffsetsResponse: _TypeAlias = CommitOffsetsResponse  # noqa: Y015
 class CommitOffsetsStreamRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    COMMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedCommit]:
+        """One or more commits (at most 1024 in one message: past it the stream
+        ends with INVALID_REQUEST naming the limit). A client sends every commit
+        that became ready while it was writing the message before in the next
+        one: a message costs both sides about as much CPU as a commit's work.
+        """
+
+    def __init__(
+        self,
+        *,
+        commits: _abc.Iterable[Global___StreamedCommit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commits", b"commits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetsStreamRequest: _TypeAlias = CommitOffsetsStreamRequest  # noqa: Y015
+
+@_typing.final
+class StreamedCommit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
     CORRELATION_ID_FIELD_NUMBER: _builtins.int
     COMMIT_FIELD_NUMBER: _builtins.int
     correlation_id: _builtins.int
     """Chosen by the client, echoed in the answer; unique among the stream's
-    requests in flight (a request reusing one still in flight is answered
+    commits in flight (a commit reusing one still in flight is answered
     INVALID_REQUEST, and not committed).
     """
     @_builtins.property
@@ -386,7 +412,7 @@ class CommitOffsetsStreamRequest(_message.Message):
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
-Global___CommitOffsetsStreamRequest: _TypeAlias = CommitOffsetsStreamRequest  # noqa: Y015
+Global___StreamedCommit: _TypeAlias = StreamedCommit  # noqa: Y015
 
 @_typing.final
 class CommitOffsetsStreamResponse(_message.Message):

@@ -167,7 +167,9 @@ RULES: dict[str, Rule] = {
     "/tidelog.v1.Group/Heartbeat": Rule(lambda r, s: _group(r.group_id, "Read")),
     "/tidelog.v1.Group/LeaveGroup": Rule(lambda r, s: _group(r.group_id, "Read")),
     "/tidelog.v1.Group/CommitOffsets": Rule(lambda r, s: _commit(r)),
-    "/tidelog.v1.Group/CommitOffsetsStream": Rule(lambda r, s: _commit(r.commit)),
+    "/tidelog.v1.Group/CommitOffsetsStream": Rule(
+        lambda r, s: [check for c in r.commits for check in _commit(c.commit)]
+    ),
     "/tidelog.v1.Group/AlterOffsets": Rule(
         lambda r, s: _group(r.group_id, "Read") + _topics((o.topic for o in r.offsets), "Read")
     ),

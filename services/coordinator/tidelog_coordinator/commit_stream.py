@@ -4,12 +4,14 @@ answered under its correlation id once its etcd transaction returned.
 Owns the stream's bookkeeping, not the commits (those go through the same
 function as the unary CommitOffsets, so they are checked, fenced, coalesced
 and made durable exactly alike):
-- at most `in_flight_max` requests of the stream are in flight, counting
-  from when a request is read until its answer was handed to gRPC. At the
-  bound no further request is read, so a client that never reads its answers
-  holds at most that many commits and answers in the coordinator (gRPC's
-  flow control then stops the client's writes);
-- correlation ids in flight are unique: a request reusing one is answered
+- at most `in_flight_max` commits of the stream are in flight, counting
+  from when a commit is read until its answer was handed to gRPC. At the
+  bound no further request message is read (a message carries up to
+  COMMITS_PER_MESSAGE_MAX commits: what the client sent while writing the
+  one before), so a client that never reads its answers holds at most that
+  many commits (plus the rest of the message being started) and their
+  answers in the coordinator (gRPC's flow control then stops its writes);
+- correlation ids in flight are unique: a commit reusing one is answered
   INVALID_REQUEST (naming it) and not committed, since its answer could not
   be told apart;
 - answers go out in the order the commits finish, not the order they came,
@@ -37,6 +39,9 @@ from tidelog_coordinator.errors import error_proto
 
 log = logging.getLogger("tidelog.coordinator.offsets")
 
+#: Commits one request message may carry.
+COMMITS_PER_MESSAGE_MAX = 1024
+
 #: An answer ready to send: (correlation id, error or None).
 _Answer = tuple[int, common_pb2.Error | None]
 
@@ -61,6 +66,9 @@ class CommitStream:
         self._reader: asyncio.Task[None] | None = None
         self._draining = False
         self._reading = True
+        #: Set when the client broke a limit of the stream itself: the
+        #: handler ends the stream with it once the answers are sent.
+        self.refused: InvalidRequestError | None = None
 
     async def answers(
         self, requests: AsyncIterator[group_pb2.CommitOffsetsStreamRequest]
@@ -104,26 +112,25 @@ class CommitStream:
         try:
             iterator = aiter(requests)
             while True:
-                # A slot first: at the bound, the next request stays unread.
+                # A slot first: at the bound, the next message stays unread.
                 await self._slots.acquire()
                 try:
-                    request = await anext(iterator)
+                    message = await anext(iterator)
                 except StopAsyncIteration:
                     break
-                correlation_id = request.correlation_id
-                if correlation_id in self._ids:
-                    error = InvalidRequestError(
-                        f"correlation_id {correlation_id} is already in flight on this stream: "
-                        "each request in flight needs its own"
+                commits = message.commits
+                if len(commits) > COMMITS_PER_MESSAGE_MAX:
+                    self.refused = InvalidRequestError(
+                        f"a CommitOffsetsStream message carries {len(commits)} commits: at "
+                        f"most {COMMITS_PER_MESSAGE_MAX}"
                     )
-                    self._answers.put_nowait(
-                        (correlation_id, error_proto(error, "committing offsets"))
-                    )
-                    continue
-                self._ids.add(correlation_id)
-                task = asyncio.create_task(self._one(correlation_id, request.commit))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                    break
+                if not commits:
+                    self._slots.release()
+                for i, streamed in enumerate(commits):
+                    if i:  # (the first has the slot taken before the read)
+                        await self._slots.acquire()
+                    self._start(streamed)
         except asyncio.CancelledError:
             if not self._draining:
                 raise
@@ -135,6 +142,20 @@ class CommitStream:
         if self._tasks:
             await asyncio.wait(set(self._tasks))
         self._answers.put_nowait(None)
+
+    def _start(self, streamed: group_pb2.StreamedCommit) -> None:
+        correlation_id = streamed.correlation_id
+        if correlation_id in self._ids:
+            error = InvalidRequestError(
+                f"correlation_id {correlation_id} is already in flight on this stream: "
+                "each commit in flight needs its own"
+            )
+            self._answers.put_nowait((correlation_id, error_proto(error, "committing offsets")))
+            return
+        self._ids.add(correlation_id)
+        task = asyncio.create_task(self._one(correlation_id, streamed.commit))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def drain(self) -> None:
         """Read no more requests; end the stream once the commits already

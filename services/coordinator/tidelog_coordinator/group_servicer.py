@@ -24,7 +24,7 @@ from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
 from tidelog_coordinator import group_limits
 from tidelog_coordinator.commit_stream import CommitStream
-from tidelog_coordinator.errors import error_proto
+from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.group_coordinator import GroupCoordinator, MemberStream, tp_protos
 from tidelog_coordinator.offset_store import OffsetEntry, OffsetStore
 
@@ -146,6 +146,8 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
                     yield answer
         finally:
             self._commit_streams.discard(stream)
+        if stream.refused is not None:
+            await abort(context, stream.refused, "committing offsets")
 
     def drain_commit_streams(self) -> None:
         """Shutdown: every commit stream answers what it has read, then ends

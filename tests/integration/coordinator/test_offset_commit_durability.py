@@ -160,19 +160,19 @@ def test_an_answer_on_the_commit_stream_survives_a_coordinator_sigkill_right_aft
             correlation_id = next(ids)
             waiting[correlation_id] = (member.group_id, offset)
             sent[member.group_id] = offset
+            commit = group_pb2.CommitOffsetsRequest(
+                group_id=member.group_id,
+                member_id=member.member_id,
+                member_epoch=member.member_epoch,
+                member_token=member.member_token,
+                offsets=[
+                    group_pb2.OffsetCommit(topic="t", partition=p, offset=offset)
+                    for p in range(PARTITIONS)
+                ],
+            )
             requests.put_nowait(
                 group_pb2.CommitOffsetsStreamRequest(
-                    correlation_id=correlation_id,
-                    commit=group_pb2.CommitOffsetsRequest(
-                        group_id=member.group_id,
-                        member_id=member.member_id,
-                        member_epoch=member.member_epoch,
-                        member_token=member.member_token,
-                        offsets=[
-                            group_pb2.OffsetCommit(topic="t", partition=p, offset=offset)
-                            for p in range(PARTITIONS)
-                        ],
-                    ),
+                    commits=[group_pb2.StreamedCommit(correlation_id=correlation_id, commit=commit)]
                 )
             )
 

@@ -92,8 +92,11 @@ class RawStream:
             yield request
 
     def send(self, correlation_id: int, commit: group_pb2.CommitOffsetsRequest) -> None:
+        """One message with one commit."""
         self.requests.put_nowait(
-            group_pb2.CommitOffsetsStreamRequest(correlation_id=correlation_id, commit=commit)
+            group_pb2.CommitOffsetsStreamRequest(
+                commits=[group_pb2.StreamedCommit(correlation_id=correlation_id, commit=commit)]
+            )
         )
 
     async def answer(self) -> group_pb2.CommitOffsetsStreamAnswer:

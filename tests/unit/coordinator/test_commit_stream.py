@@ -10,14 +10,20 @@ from collections.abc import AsyncIterator
 
 import pytest
 from tidelog.v1 import common_pb2, group_pb2
-from tidelog_coordinator.commit_stream import CommitStream
+from tidelog_coordinator.commit_stream import COMMITS_PER_MESSAGE_MAX, CommitStream
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def _request(correlation_id: int, group: str = "g") -> group_pb2.CommitOffsetsStreamRequest:
+def _request(*correlation_ids: int, group: str = "g") -> group_pb2.CommitOffsetsStreamRequest:
+    """One message carrying a commit per correlation id."""
     return group_pb2.CommitOffsetsStreamRequest(
-        correlation_id=correlation_id, commit=group_pb2.CommitOffsetsRequest(group_id=group)
+        commits=[
+            group_pb2.StreamedCommit(
+                correlation_id=c, commit=group_pb2.CommitOffsetsRequest(group_id=group)
+            )
+            for c in correlation_ids
+        ]
     )
 
 
@@ -96,7 +102,7 @@ def test_answers_come_as_commits_finish_under_their_correlation_ids() -> None:
 
         client = Client()
         for i in (10, 20, 30):
-            client.queue.put_nowait(_request(i, group=str(i)))
+            client.queue.put_nowait(_request(i, group=str(i)))  # (the group says which gate)
         client.queue.put_nowait(None)
         answers = CommitStream(commit, in_flight_max=16).answers(client.requests())
         got: list[group_pb2.CommitOffsetsStreamAnswer] = []
@@ -181,5 +187,51 @@ def test_draining_answers_what_was_read_then_ends_without_reading_more() -> None
         release.set()
         assert sorted(a.correlation_id for a in await got) == [1, 2]
         assert client.read == 2
+
+    asyncio.run(run())
+
+
+def test_one_message_carries_many_commits_counted_one_by_one_against_the_bound() -> None:
+    async def run() -> None:
+        release = asyncio.Event()
+        started = 0
+
+        async def commit(request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
+            nonlocal started
+            started += 1
+            await release.wait()
+            return None
+
+        client = Client()
+        client.queue.put_nowait(_request(*range(1, 11)))  # 10 commits, bound 4
+        client.queue.put_nowait(_request(11))
+        client.queue.put_nowait(None)
+        answers = CommitStream(commit, in_flight_max=4).answers(client.requests())
+        first = asyncio.ensure_future(anext(answers))
+        await _settle()
+        assert (client.read, started) == (1, 4)  # the rest of the message waits
+        release.set()
+        got = [a.correlation_id for a in (await first).answers]
+        async for message in answers:
+            got += [a.correlation_id for a in message.answers]
+        assert sorted(got) == list(range(1, 12))
+        assert client.read == 2
+
+    asyncio.run(run())
+
+
+def test_a_message_with_too_many_commits_ends_the_stream_naming_the_limit() -> None:
+    async def run() -> None:
+        async def commit(request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
+            return None
+
+        client = Client()
+        client.queue.put_nowait(_request(1))
+        client.queue.put_nowait(_request(*range(2, COMMITS_PER_MESSAGE_MAX + 3)))
+        stream = CommitStream(commit, in_flight_max=4096)
+        got = [a.correlation_id async for m in stream.answers(client.requests()) for a in m.answers]
+        assert got == [1]  # answered; nothing of the oversized message committed
+        assert stream.refused is not None
+        assert f"at most {COMMITS_PER_MESSAGE_MAX}" in stream.refused.message
 
     asyncio.run(run())
