@@ -19,7 +19,12 @@ real coordinator processes on free loopback ports, then measures:
    same etcd, measured alternately in one run: one writing one etcd
    transaction per commit (--offset-commit-coalesce-max 1, the path before
    issue 15) and one coalescing concurrent commits (group commit, the
-   default).
+   default); those commit as an administrator (AlterOffsets, groups without
+   members). Then members' commits on the coalescing one (one member per
+   group, each committer one member, all joined before the clock starts):
+   unary CommitOffsets calls against the CommitOffsetsStream (one stream per
+   client process, every commit of the process on it), which the SDK's
+   consumers use.
 4. controller fail-over: two coordinator replicas (session TTL 2 s); the
    controller is SIGKILLed (no resignation: its etcd lease must expire); time
    until the other answers DescribeCluster as controller. Repeated; median
@@ -30,7 +35,8 @@ measured here (tests/integration/coordinator/test_groups.py,
 test_cluster.py and tests/integration/groups/test_consumer_groups.py point here).
 
 Usage: python -m bench.group_bench [--rounds N] [--seconds S] [--commit-processes P]
-       [--commit-concurrency C] [--only-commits]
+       [--commit-concurrency C] [--only-commits] [--commit-batches B ...]
+       [--commit-modes M ...]
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aetcd
@@ -66,6 +74,18 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
 PREFIX = "/bench"
+
+
+def etcd_transactions(etcd: EtcdProcess) -> int:
+    """Transactions etcd has answered so far (its /metrics): commits per
+    transaction is what coalescing achieved, whatever the machine's load."""
+    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("grpc_server_handled_total{") and 'grpc_method="Txn"' in line
+    )
 
 
 async def setup(
@@ -225,16 +245,91 @@ async def commit_throughput(
     return done, requests, elapsed
 
 
+async def member_commit_throughput(
+    address: str,
+    topic: str,
+    partitions: int,
+    seconds: float,
+    committers: int,
+    tag: str,
+    streaming: bool,
+    ready: Callable[[], Awaitable[None]],
+    report: Callable[[int, int, float], Awaitable[None]],
+) -> None:
+    """Members' commits (CommitOffsets, fenced by each member's epoch and
+    token): `committers` members, one group each, joined first; then each
+    commits in a loop for `seconds`, all through one OffsetStoreClient, over
+    the commit stream (`streaming`) or unary calls. `ready` is awaited between
+    the joins and the measured loop, `report(partition-offsets, requests,
+    elapsed)` before the members leave."""
+    members = [
+        GroupMembership(address, f"member-{tag}{i}", topics=[topic], session_timeout_ms=60_000)
+        for i in range(committers)
+    ]
+    client = OffsetStoreClient(address, commit_stream=streaming)
+    try:
+        for m in members:
+            await m.start()
+        for m in members:
+            await m.wait_for(lambda m: len(m.assignment) >= partitions, timeout_s=60)
+        await ready()
+        done = 0
+        requests = 0
+        deadline = time.perf_counter() + seconds
+
+        async def run(member: GroupMembership) -> None:
+            nonlocal done, requests
+            offset = 0
+            while time.perf_counter() < deadline:
+                offset += 1
+                await client.commit(
+                    member.group_id,
+                    {TopicPartition(topic, p): offset for p in range(partitions)},
+                    member_id=member.member_id,
+                    member_epoch=member.member_epoch,
+                    member_token=member.member_token,
+                )
+                done += partitions
+                requests += 1
+
+        start = time.perf_counter()
+        await asyncio.gather(*(run(m) for m in members))
+        await report(done, requests, time.perf_counter() - start)
+    finally:
+        await client.close()
+        for m in members:
+            await m.close()
+
+
 _ECHO_SERVER = """
 import asyncio, grpc, sys
 
 async def echo(request, context):
     return b""
 
+async def echo_stream(requests, context):
+    # As the commit stream: requests read by a task, every answer ready sent
+    # in one message (here: one byte per answer).
+    ready = asyncio.Queue()
+
+    async def read():
+        async for request in requests:
+            ready.put_nowait(1)
+        ready.put_nowait(None)
+
+    reader = asyncio.create_task(read())
+    while (first := await ready.get()) is not None:
+        count = first
+        while not ready.empty() and ready._queue[0] is not None:
+            count += ready.get_nowait()
+        yield b"x" * count
+    await reader
+
 async def main():
     server = grpc.aio.server()
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
-        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}),))
+        "bench.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo),
+                       "EchoStream": grpc.stream_stream_rpc_method_handler(echo_stream)}),))
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     print(port, flush=True)
@@ -267,10 +362,43 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
 """
 
 
-async def grpc_floor(seconds: float, processes: int, concurrency: int) -> tuple[float, float]:
-    """The same client load against a bare grpc.aio unary server that does
-    nothing: what one Python gRPC process serves here at best (requests/s,
-    server CPU microseconds per request)."""
+_ECHO_STREAM_CLIENT = """
+import asyncio, json, sys, time, grpc
+
+async def main(address, concurrency, seconds):
+    channel = grpc.aio.insecure_channel(address)
+    call = channel.stream_stream("/bench.Echo/EchoStream")()
+    slots = asyncio.Semaphore(concurrency)
+    done = 0
+    deadline = time.perf_counter() + seconds
+
+    async def read():
+        nonlocal done
+        async for answer in call:
+            done += len(answer)
+            for _ in range(len(answer)):
+                slots.release()
+
+    start = time.perf_counter()
+    reader = asyncio.create_task(read())
+    while time.perf_counter() < deadline:
+        await slots.acquire()
+        await call.write(b"x" * 60)
+    await call.done_writing()
+    await reader
+    print(json.dumps([done, done, time.perf_counter() - start]))
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
+"""
+
+
+async def grpc_floor(
+    seconds: float, processes: int, concurrency: int, client: str = _ECHO_CLIENT
+) -> tuple[float, float]:
+    """The same client load against a bare grpc.aio server that does nothing:
+    what one Python gRPC process serves here at best (requests/s, server CPU
+    microseconds per request); unary calls, or (`_ECHO_STREAM_CLIENT`) one
+    stream per client process answered as the commit stream is."""
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -287,7 +415,7 @@ async def grpc_floor(seconds: float, processes: int, concurrency: int) -> tuple[
             await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-c",
-                _ECHO_CLIENT,
+                client,
                 f"127.0.0.1:{port}",
                 str(concurrency),
                 str(seconds),
@@ -316,19 +444,104 @@ print(json.dumps([done, requests, elapsed]))
 """
 
 
-async def commit_throughput_processes(
+_MEMBER_COMMIT_CLIENT = """
+import asyncio, json, sys
+from bench.group_bench import member_commit_throughput
+address, topic, partitions, seconds, committers, tag, streaming = sys.argv[1:]
+
+async def ready():
+    print("ready", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+
+async def report(done, requests, elapsed):
+    print(json.dumps([done, requests, elapsed]), flush=True)
+
+asyncio.run(member_commit_throughput(
+    address, topic, int(partitions), float(seconds), int(committers), tag, streaming == "1",
+    ready, report,
+))
+"""
+
+
+async def member_commit_throughput_processes(
+    etcd: EtcdProcess,
     coordinator: CoordinatorProcess,
     topic: str,
     partitions: int,
     seconds: float,
     processes: int,
     concurrency: int,
-) -> tuple[float, float, float]:
+    streaming: bool,
+    tag: str,
+) -> tuple[float, float, float, float]:
+    """As commit_throughput_processes, for members' commits: the coordinator's
+    CPU and etcd's transactions are counted from when every member has joined
+    until the last client finished."""
+    server = psutil.Process(coordinator.pid)
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-c",
+            _MEMBER_COMMIT_CLIENT,
+            coordinator.address,
+            topic,
+            str(partitions),
+            str(seconds),
+            str(concurrency),
+            f"{tag}p{i}-",
+            "1" if streaming else "0",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
+        for i in range(processes)
+    ]
+    for p in procs:
+        assert p.stdout is not None
+        line = await asyncio.wait_for(p.stdout.readline(), 120)
+        assert line.strip() == b"ready", line
+    cpu = server.cpu_times()
+    transactions = etcd_transactions(etcd)
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(b"go\n")
+        await p.stdin.drain()
+    outputs = []
+    for p in procs:
+        assert p.stdout is not None
+        outputs.append(json.loads(await p.stdout.readline()))
+    after = server.cpu_times()  # before the members leave
+    transactions = etcd_transactions(etcd) - transactions
+    for p in procs:
+        await p.communicate()
+    cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
+    elapsed = max(o[2] for o in outputs)
+    done = sum(o[0] for o in outputs)
+    requests = sum(o[1] for o in outputs)
+    return (
+        done / elapsed,
+        requests / elapsed,
+        cpu_s / max(1, requests) * 1e6,
+        requests / max(1, transactions),
+    )
+
+
+async def commit_throughput_processes(
+    etcd: EtcdProcess,
+    coordinator: CoordinatorProcess,
+    topic: str,
+    partitions: int,
+    seconds: float,
+    processes: int,
+    concurrency: int,
+) -> tuple[float, float, float, float]:
     """Client processes (a Python client process is itself a bottleneck),
     each with `concurrency` requests in flight: (partition-offsets/s,
-    requests/s, coordinator CPU microseconds per request)."""
+    requests/s, coordinator CPU microseconds per request, requests per etcd
+    transaction)."""
     server = psutil.Process(coordinator.pid)
     cpu = server.cpu_times()
+    transactions = etcd_transactions(etcd)
     procs = [
         await asyncio.create_subprocess_exec(
             sys.executable,
@@ -347,11 +560,17 @@ async def commit_throughput_processes(
     ]
     outputs = [json.loads((await p.communicate())[0]) for p in procs]
     after = server.cpu_times()
+    transactions = etcd_transactions(etcd) - transactions
     cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
     elapsed = max(o[2] for o in outputs)
     done = sum(o[0] for o in outputs)
     requests = sum(o[1] for o in outputs)
-    return done / elapsed, requests / elapsed, cpu_s / max(1, requests) * 1e6
+    return (
+        done / elapsed,
+        requests / elapsed,
+        cpu_s / max(1, requests) * 1e6,
+        requests / max(1, transactions),
+    )
 
 
 async def commit_rows(
@@ -362,48 +581,86 @@ async def commit_rows(
     processes: int,
     concurrency: int,
     figures: dict[str, float],
+    batches: tuple[int, ...] = (1, 10, 100),
+    only_modes: frozenset[str] = frozenset(),
 ) -> list[tuple[str, str]]:
-    """Offset commits, one transaction per commit against coalesced, in one run."""
-    modes = {
-        "one etcd transaction per commit": ("--offset-commit-coalesce-max", "1"),
-        "coalesced (group commit)": (),
+    """Offset commits in one run, each mode measured alternately: admin
+    commits (AlterOffsets) one transaction per commit against coalesced, and
+    members' commits (CommitOffsets, on the coalescing coordinator) as unary
+    calls against one CommitOffsetsStream per client process."""
+    servers = {
+        "one_txn_per_commit": ("--offset-commit-coalesce-max", "1"),
+        "coalesced": (),
     }
-    keys = dict(zip(modes, ("one_txn_per_commit", "coalesced"), strict=True))
+    #: mode -> (figure key, coordinator, members' commits over: None (admin), unary, stream)
+    modes: dict[str, tuple[str, str, bool | None]] = {
+        "one etcd transaction per commit": ("one_txn_per_commit", "one_txn_per_commit", None),
+        "coalesced (group commit)": ("coalesced", "coalesced", None),
+        "members, unary CommitOffsets, coalesced": ("member_unary", "coalesced", False),
+        "members, CommitOffsetsStream, coalesced": ("member_stream", "coalesced", True),
+    }
+    if only_modes:
+        modes = {m: v for m, v in modes.items() if v[0] in only_modes}
     coordinators = {
-        mode: start_coordinator(
+        name: start_coordinator(
             etcd.endpoint,
             logs,
             prefix=f"{PREFIX}-commits{i}",
             coordinator_id=f"commits{i}",
             extra_args=extra,
         )
-        for i, (mode, extra) in enumerate(modes.items())
+        for i, (name, extra) in enumerate(servers.items())
     }
     rows = []
+    runs = 0
     try:
         for i, coordinator in enumerate(coordinators.values()):
             await setup(etcd, coordinator.address, "commits", 100, prefix=f"{PREFIX}-commits{i}")
-        for batch in (1, 10, 100):
-            results: dict[str, list[tuple[float, float, float]]] = {m: [] for m in modes}
+        for batch in batches:
+            results: dict[str, list[tuple[float, float, float, float]]] = {m: [] for m in modes}
             for r in range(rounds):
                 order = list(modes) if r % 2 == 0 else list(modes)[::-1]
                 for mode in order:
-                    results[mode].append(
-                        await commit_throughput_processes(
-                            coordinators[mode], "commits", batch, seconds, processes, concurrency
+                    key, server, streaming = modes[mode]
+                    runs += 1
+                    if streaming is None:
+                        measured = await commit_throughput_processes(
+                            etcd,
+                            coordinators[server],
+                            "commits",
+                            batch,
+                            seconds,
+                            processes,
+                            concurrency,
                         )
-                    )
-            for mode in modes:
+                    else:
+                        measured = await member_commit_throughput_processes(
+                            etcd,
+                            coordinators[server],
+                            "commits",
+                            batch,
+                            seconds,
+                            processes,
+                            concurrency,
+                            streaming,
+                            f"r{runs}",
+                        )
+                    results[mode].append(measured)
+            for mode, (key, _, streaming) in modes.items():
                 per_s = statistics.median(x[0] for x in results[mode])
                 req_s = statistics.median(x[1] for x in results[mode])
                 cpu_us = statistics.median(x[2] for x in results[mode])
-                figures[f"commits_{batch}p/{keys[mode]}/requests_per_s"] = round(req_s, 1)
-                figures[f"commits_{batch}p/{keys[mode]}/coordinator_cpu_us"] = round(cpu_us, 1)
+                per_txn = statistics.median(x[3] for x in results[mode])
+                figures[f"commits_{batch}p/{key}/requests_per_s"] = round(req_s, 1)
+                figures[f"commits_{batch}p/{key}/coordinator_cpu_us"] = round(cpu_us, 1)
+                if streaming is not None:  # (new keys only: the others have baselines)
+                    figures[f"commits_{batch}p/{key}/commits_per_txn"] = round(per_txn, 1)
                 rows.append(
                     (
                         f"offset commits, {batch} partitions/request, {mode} (median of {rounds})",
                         f"{req_s:,.0f} requests/s ({per_s:,.0f} partition-offsets/s), "
-                        f"coordinator CPU {cpu_us:,.0f} us/request",
+                        f"coordinator CPU {cpu_us:,.0f} us/request, "
+                        f"{per_txn:.1f} commits/etcd transaction",
                     )
                 )
     finally:
@@ -414,6 +671,24 @@ async def commit_rows(
     rows.append(
         (
             f"bare grpc.aio unary echo server, same clients (median of {rounds})",
+            f"{statistics.median(f[0] for f in floor):,.0f} requests/s, server CPU "
+            f"{statistics.median(f[1] for f in floor):,.0f} us/request",
+        )
+    )
+    floor = [
+        await grpc_floor(seconds, processes, concurrency, _ECHO_STREAM_CLIENT)
+        for _ in range(rounds)
+    ]
+    figures["grpc_echo_stream_floor/requests_per_s"] = round(
+        statistics.median(f[0] for f in floor), 1
+    )
+    figures["grpc_echo_stream_floor/server_cpu_us"] = round(
+        statistics.median(f[1] for f in floor), 1
+    )
+    rows.append(
+        (
+            f"bare grpc.aio streaming echo server, one stream per client process "
+            f"(median of {rounds})",
             f"{statistics.median(f[0] for f in floor):,.0f} requests/s, server CPU "
             f"{statistics.median(f[1] for f in floor):,.0f} us/request",
         )
@@ -446,6 +721,8 @@ async def main_async(args: argparse.Namespace) -> None:
                 args.commit_processes,
                 args.commit_concurrency,
                 figures,
+                tuple(args.commit_batches),
+                frozenset(args.commit_modes),
             )
             if not args.only_commits:
                 failovers = await controller_failover(etcd, logs, rounds)
@@ -509,6 +786,15 @@ def main() -> None:
         "--commit-concurrency", type=int, default=64, help="requests in flight per client process"
     )
     parser.add_argument("--only-commits", action="store_true")
+    parser.add_argument(
+        "--commit-batches", type=int, nargs="+", default=[1, 10, 100], help="partitions/request"
+    )
+    parser.add_argument(
+        "--commit-modes",
+        nargs="*",
+        default=[],
+        help="only these modes (one_txn_per_commit coalesced member_unary member_stream)",
+    )
     parser.add_argument(
         "--output",
         type=Path,

@@ -1,4 +1,14 @@
-"""`OffsetStoreClient`: commit and fetch a group's offsets on the coordinator."""
+"""`OffsetStoreClient`: commit and fetch a group's offsets on the coordinator.
+
+A member's commits go over one CommitOffsetsStream per coordinator channel
+(`_commit_stream.CommitStream`: many commits in flight on one stream cost
+the coordinator far less than as many unary calls); where a server answers
+UNIMPLEMENTED (an older coordinator, the gateway), over the unary
+CommitOffsets instead, for as long as the client talks to that address.
+Either way a commit is answered once it is in etcd, with the same typed
+errors, and retried on the next coordinator replica when the one it was
+sent to stops answering.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ import grpc
 
 from tidelog.errors import CoordinatorNotAvailableError, error_from_code, error_from_rpc
 from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable
+from tidelog.group._commit_stream import CommitStream, StreamEnded
 from tidelog.security import PLAINTEXT, ChannelSecurity
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
@@ -36,8 +47,16 @@ def _offset_commits(
     return items
 
 
+def _moves_on(exc: grpc.aio.AioRpcError) -> bool:
+    """A commit stream that ended so is retried on another replica: the
+    coordinator is unreachable, too slow, or cancelled the stream (it never
+    answers a commit that way)."""
+    return is_unavailable(exc) or exc.code() == grpc.StatusCode.CANCELLED
+
+
 class OffsetStoreClient:
-    """Unary offset calls with failover across coordinator replicas. One event loop."""
+    """Offset calls with failover across coordinator replicas (a member's
+    commits over the commit stream, see the module doc). One event loop."""
 
     def __init__(
         self,
@@ -46,9 +65,26 @@ class OffsetStoreClient:
         request_timeout_ms: int = 10_000,
         rediscover: Rediscover | None = None,
         security: ChannelSecurity = PLAINTEXT,
+        commit_stream: bool = True,
     ) -> None:
+        """`commit_stream` False: commits over the unary CommitOffsets only
+        (benchmarks compare the two)."""
         self._channels = CoordinatorChannels(bootstrap, rediscover, security)
+        self._commit_stream = commit_stream
         self.request_timeout_ms = request_timeout_ms
+        self._stream: CommitStream | None = None
+        #: Addresses that answered UNIMPLEMENTED to the commit stream.
+        self._unary_only: set[str] = set()
+
+    async def _rotate(self) -> None:
+        """Fail over to the next coordinator (the stream goes with the channel)."""
+        await self._close_stream()
+        await self._channels.rotate()
+
+    async def _close_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.close()
 
     async def _call(self, method: str, request: object) -> object:
         attempts = max(2, len(self._channels.addresses) * 2)
@@ -61,7 +97,7 @@ class OffsetStoreClient:
                 if not is_unavailable(exc):
                     raise error_from_rpc(exc) from exc
                 last = exc
-                await self._channels.rotate()
+                await self._rotate()
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
         raise CoordinatorNotAvailableError(
             f"no coordinator answered ({', '.join(self._channels.addresses)}): {last}"
@@ -79,19 +115,59 @@ class OffsetStoreClient:
         """Commit atomically as a member (its id, the epoch it acknowledged and
         the token its join answered); raises the typed error
         (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID, ...)."""
-        response = await self._call(
-            "CommitOffsets",
-            group_pb2.CommitOffsetsRequest(
-                group_id=group_id,
-                member_id=member_id,
-                member_epoch=member_epoch,
-                member_token=member_token,
-                offsets=_offset_commits(offsets),
-            ),
+        request = group_pb2.CommitOffsetsRequest(
+            group_id=group_id,
+            member_id=member_id,
+            member_epoch=member_epoch,
+            member_token=member_token,
+            offsets=_offset_commits(offsets),
         )
-        assert isinstance(response, group_pb2.CommitOffsetsResponse)
-        if response.HasField("error") and response.error.code != common_pb2.NONE:
-            raise error_from_code(response.error.code, response.error.message)
+        error = await self._commit_streamed(request)
+        if error is not None and error.code != common_pb2.NONE:
+            raise error_from_code(error.code, error.message)
+
+    async def _commit_streamed(
+        self, request: group_pb2.CommitOffsetsRequest
+    ) -> common_pb2.Error | None:
+        """The commit's answer (its error, if any): over the stream, or over
+        the unary call where the stream is not served; failing over as _call."""
+        attempts = max(2, len(self._channels.addresses) * 2)
+        last: BaseException | None = None
+        for attempt in range(attempts):
+            if not self._commit_stream or self._channels.address in self._unary_only:
+                response = await self._call("CommitOffsets", request)
+                assert isinstance(response, group_pb2.CommitOffsetsResponse)
+                return response.error if response.HasField("error") else None
+            stream = self._stream
+            if stream is None or not stream.open:
+                stream = self._stream = CommitStream(self._channels.channel())
+            try:
+                answer = await stream.commit(request, self.request_timeout_ms / 1000)
+                return answer.error if answer.HasField("error") else None
+            except StreamEnded as exc:
+                refused = exc.rpc_error
+                if refused is not None and refused.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    self._unary_only.add(self._channels.address)
+                    continue
+                if refused is not None and not _moves_on(refused):
+                    # The server's answer (refused by the authorizer, or
+                    # a limit): typed, as from the unary call.
+                    raise error_from_rpc(refused) from None
+                last = exc
+                if stream is not self._stream:
+                    # Closed under us by another commit's fail-over: retry
+                    # on the stream that replaced it.
+                    continue
+            except TimeoutError:
+                last = TimeoutError(
+                    f"no answer within request_timeout_ms={self.request_timeout_ms}"
+                )
+            if stream is self._stream:  # the first of its commits to fail moves on
+                await self._rotate()
+            await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+        raise CoordinatorNotAvailableError(
+            f"no coordinator answered ({', '.join(self._channels.addresses)}): {last}"
+        )
 
     async def alter(
         self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
@@ -130,4 +206,5 @@ class OffsetStoreClient:
         }
 
     async def close(self) -> None:
+        await self._close_stream()
         await self._channels.close()

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidelog.v1 import common_pb2 as tidelog_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/group.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"\xc5\x02\n\x15GroupHeartbeatRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cmember_token\x18\x0c \x01(\t\x12\x19\n\x11group_instance_id\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x19\n\x11subscribed_topics\x18\x06 \x03(\t\x12\x1e\n\x16subscribed_topic_regex\x18\x07 \x01(\t\x12\x10\n\x08\x61ssignor\x18\x08 \x01(\t\x12\x1a\n\x12session_timeout_ms\x18\t \x01(\x05\x12\x1c\n\x14rebalance_timeout_ms\x18\n \x01(\x05\x12&\n\x03\x61\x63k\x18\x0b \x01(\x0b\x32\x19.tidelog.v1.AssignmentAck\"P\n\rAssignmentAck\x12\x14\n\x0cmember_epoch\x18\x01 \x01(\x05\x12)\n\x05owned\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"\xd9\x01\n\x16GroupHeartbeatResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x05\x12*\n\nassignment\x18\x05 \x01(\x0b\x32\x16.tidelog.v1.Assignment\x12\x13\n\x0bgroup_epoch\x18\x06 \x01(\x05\x12\x14\n\x0cmember_token\x18\x07 \x01(\t\"<\n\nAssignment\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"N\n\x11LeaveGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_token\x18\x03 \x01(\t\"6\n\x12LeaveGroupResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\"\x92\x01\n\x14\x43ommitOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12)\n\x07offsets\x18\x04 \x03(\x0b\x32\x18.tidelog.v1.OffsetCommit\x12\x14\n\x0cmember_token\x18\x05 \x01(\t\"R\n\x0cOffsetCommit\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\"9\n\x15\x43ommitOffsetsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\"R\n\x13\x41lterOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12)\n\x07offsets\x18\x02 \x03(\x0b\x32\x18.tidelog.v1.OffsetCommit\"8\n\x14\x41lterOffsetsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\"W\n\x13\x46\x65tchOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12.\n\npartitions\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"f\n\x14\x46\x65tchOffsetsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\x12,\n\x07offsets\x18\x02 \x03(\x0b\x32\x1b.tidelog.v1.CommittedOffset\"m\n\x0f\x43ommittedOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\x12\x16\n\x0e\x63ommit_time_ms\x18\x05 \x01(\x03\"\x13\n\x11ListGroupsRequest\">\n\x12ListGroupsResponse\x12(\n\x06groups\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.GroupListing\"E\n\x0cGroupListing\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x14\n\x0cmember_count\x18\x03 \x01(\x05\"(\n\x14\x44\x65scribeGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\"\xb6\x01\n\x15\x44\x65scribeGroupResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bgroup_epoch\x18\x04 \x01(\x05\x12\x10\n\x08\x61ssignor\x18\x05 \x01(\t\x12\x33\n\x07members\x18\x06 \x03(\x0b\x32\".tidelog.v1.GroupMemberDescription\"\x81\x02\n\x16GroupMemberDescription\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x19\n\x11group_instance_id\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x04 \x01(\x05\x12\x19\n\x11subscribed_topics\x18\x05 \x03(\t\x12\x1e\n\x16subscribed_topic_regex\x18\x06 \x01(\t\x12)\n\x05owned\x18\x07 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12*\n\x06target\x18\x08 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"&\n\x12\x44\x65leteGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\"7\n\x13\x44\x65leteGroupResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error2\x9b\x05\n\x05Group\x12V\n\tHeartbeat\x12!.tidelog.v1.GroupHeartbeatRequest\x1a\".tidelog.v1.GroupHeartbeatResponse(\x01\x30\x01\x12K\n\nLeaveGroup\x12\x1d.tidelog.v1.LeaveGroupRequest\x1a\x1e.tidelog.v1.LeaveGroupResponse\x12T\n\rCommitOffsets\x12 .tidelog.v1.CommitOffsetsRequest\x1a!.tidelog.v1.CommitOffsetsResponse\x12Q\n\x0c\x41lterOffsets\x12\x1f.tidelog.v1.AlterOffsetsRequest\x1a .tidelog.v1.AlterOffsetsResponse\x12Q\n\x0c\x46\x65tchOffsets\x12\x1f.tidelog.v1.FetchOffsetsRequest\x1a .tidelog.v1.FetchOffsetsResponse\x12K\n\nListGroups\x12\x1d.tidelog.v1.ListGroupsRequest\x1a\x1e.tidelog.v1.ListGroupsResponse\x12T\n\rDescribeGroup\x12 .tidelog.v1.DescribeGroupRequest\x1a!.tidelog.v1.DescribeGroupResponse\x12N\n\x0b\x44\x65leteGroup\x12\x1e.tidelog.v1.DeleteGroupRequest\x1a\x1f.tidelog.v1.DeleteGroupResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tidelog/v1/group.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"\xc5\x02\n\x15GroupHeartbeatRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12\x14\n\x0cmember_token\x18\x0c \x01(\t\x12\x19\n\x11group_instance_id\x18\x04 \x01(\t\x12\x11\n\tclient_id\x18\x05 \x01(\t\x12\x19\n\x11subscribed_topics\x18\x06 \x03(\t\x12\x1e\n\x16subscribed_topic_regex\x18\x07 \x01(\t\x12\x10\n\x08\x61ssignor\x18\x08 \x01(\t\x12\x1a\n\x12session_timeout_ms\x18\t \x01(\x05\x12\x1c\n\x14rebalance_timeout_ms\x18\n \x01(\x05\x12&\n\x03\x61\x63k\x18\x0b \x01(\x0b\x32\x19.tidelog.v1.AssignmentAck\"P\n\rAssignmentAck\x12\x14\n\x0cmember_epoch\x18\x01 \x01(\x05\x12)\n\x05owned\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"\xd9\x01\n\x16GroupHeartbeatResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12\x1d\n\x15heartbeat_interval_ms\x18\x04 \x01(\x05\x12*\n\nassignment\x18\x05 \x01(\x0b\x32\x16.tidelog.v1.Assignment\x12\x13\n\x0bgroup_epoch\x18\x06 \x01(\x05\x12\x14\n\x0cmember_token\x18\x07 \x01(\t\"<\n\nAssignment\x12.\n\npartitions\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"N\n\x11LeaveGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_token\x18\x03 \x01(\t\"6\n\x12LeaveGroupResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\"\x92\x01\n\x14\x43ommitOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x11\n\tmember_id\x18\x02 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x03 \x01(\x05\x12)\n\x07offsets\x18\x04 \x03(\x0b\x32\x18.tidelog.v1.OffsetCommit\x12\x14\n\x0cmember_token\x18\x05 \x01(\t\"R\n\x0cOffsetCommit\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\"9\n\x15\x43ommitOffsetsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\"I\n\x1a\x43ommitOffsetsStreamRequest\x12+\n\x07\x63ommits\x18\x01 \x03(\x0b\x32\x1a.tidelog.v1.StreamedCommit\"Z\n\x0eStreamedCommit\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x04\x12\x30\n\x06\x63ommit\x18\x02 \x01(\x0b\x32 .tidelog.v1.CommitOffsetsRequest\"U\n\x1b\x43ommitOffsetsStreamResponse\x12\x36\n\x07\x61nswers\x18\x01 \x03(\x0b\x32%.tidelog.v1.CommitOffsetsStreamAnswer\"U\n\x19\x43ommitOffsetsStreamAnswer\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x04\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\"R\n\x13\x41lterOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12)\n\x07offsets\x18\x02 \x03(\x0b\x32\x18.tidelog.v1.OffsetCommit\"8\n\x14\x41lterOffsetsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\"W\n\x13\x46\x65tchOffsetsRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12.\n\npartitions\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"f\n\x14\x46\x65tchOffsetsResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\x12,\n\x07offsets\x18\x02 \x03(\x0b\x32\x1b.tidelog.v1.CommittedOffset\"m\n\x0f\x43ommittedOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x10\n\x08metadata\x18\x04 \x01(\t\x12\x16\n\x0e\x63ommit_time_ms\x18\x05 \x01(\x03\"\x13\n\x11ListGroupsRequest\">\n\x12ListGroupsResponse\x12(\n\x06groups\x18\x01 \x03(\x0b\x32\x18.tidelog.v1.GroupListing\"E\n\x0cGroupListing\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\x14\n\x0cmember_count\x18\x03 \x01(\x05\"(\n\x14\x44\x65scribeGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\"\xb6\x01\n\x15\x44\x65scribeGroupResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x10\n\x08group_id\x18\x02 \x01(\t\x12\r\n\x05state\x18\x03 \x01(\t\x12\x13\n\x0bgroup_epoch\x18\x04 \x01(\x05\x12\x10\n\x08\x61ssignor\x18\x05 \x01(\t\x12\x33\n\x07members\x18\x06 \x03(\x0b\x32\".tidelog.v1.GroupMemberDescription\"\x81\x02\n\x16GroupMemberDescription\x12\x11\n\tmember_id\x18\x01 \x01(\t\x12\x19\n\x11group_instance_id\x18\x02 \x01(\t\x12\x11\n\tclient_id\x18\x03 \x01(\t\x12\x14\n\x0cmember_epoch\x18\x04 \x01(\x05\x12\x19\n\x11subscribed_topics\x18\x05 \x03(\t\x12\x1e\n\x16subscribed_topic_regex\x18\x06 \x01(\t\x12)\n\x05owned\x18\x07 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12*\n\x06target\x18\x08 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\"&\n\x12\x44\x65leteGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\"7\n\x13\x44\x65leteGroupResponse\x12 \n\x05\x65rror\x18\x01 \x01(\x0b\x32\x11.tidelog.v1.Error2\x87\x06\n\x05Group\x12V\n\tHeartbeat\x12!.tidelog.v1.GroupHeartbeatRequest\x1a\".tidelog.v1.GroupHeartbeatResponse(\x01\x30\x01\x12K\n\nLeaveGroup\x12\x1d.tidelog.v1.LeaveGroupRequest\x1a\x1e.tidelog.v1.LeaveGroupResponse\x12T\n\rCommitOffsets\x12 .tidelog.v1.CommitOffsetsRequest\x1a!.tidelog.v1.CommitOffsetsResponse\x12j\n\x13\x43ommitOffsetsStream\x12&.tidelog.v1.CommitOffsetsStreamRequest\x1a\'.tidelog.v1.CommitOffsetsStreamResponse(\x01\x30\x01\x12Q\n\x0c\x41lterOffsets\x12\x1f.tidelog.v1.AlterOffsetsRequest\x1a .tidelog.v1.AlterOffsetsResponse\x12Q\n\x0c\x46\x65tchOffsets\x12\x1f.tidelog.v1.FetchOffsetsRequest\x1a .tidelog.v1.FetchOffsetsResponse\x12K\n\nListGroups\x12\x1d.tidelog.v1.ListGroupsRequest\x1a\x1e.tidelog.v1.ListGroupsResponse\x12T\n\rDescribeGroup\x12 .tidelog.v1.DescribeGroupRequest\x1a!.tidelog.v1.DescribeGroupResponse\x12N\n\x0b\x44\x65leteGroup\x12\x1e.tidelog.v1.DeleteGroupRequest\x1a\x1f.tidelog.v1.DeleteGroupResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -50,32 +50,40 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OFFSETCOMMIT']._serialized_end=1122
   _globals['_COMMITOFFSETSRESPONSE']._serialized_start=1124
   _globals['_COMMITOFFSETSRESPONSE']._serialized_end=1181
-  _globals['_ALTEROFFSETSREQUEST']._serialized_start=1183
-  _globals['_ALTEROFFSETSREQUEST']._serialized_end=1265
-  _globals['_ALTEROFFSETSRESPONSE']._serialized_start=1267
-  _globals['_ALTEROFFSETSRESPONSE']._serialized_end=1323
-  _globals['_FETCHOFFSETSREQUEST']._serialized_start=1325
-  _globals['_FETCHOFFSETSREQUEST']._serialized_end=1412
-  _globals['_FETCHOFFSETSRESPONSE']._serialized_start=1414
-  _globals['_FETCHOFFSETSRESPONSE']._serialized_end=1516
-  _globals['_COMMITTEDOFFSET']._serialized_start=1518
-  _globals['_COMMITTEDOFFSET']._serialized_end=1627
-  _globals['_LISTGROUPSREQUEST']._serialized_start=1629
-  _globals['_LISTGROUPSREQUEST']._serialized_end=1648
-  _globals['_LISTGROUPSRESPONSE']._serialized_start=1650
-  _globals['_LISTGROUPSRESPONSE']._serialized_end=1712
-  _globals['_GROUPLISTING']._serialized_start=1714
-  _globals['_GROUPLISTING']._serialized_end=1783
-  _globals['_DESCRIBEGROUPREQUEST']._serialized_start=1785
-  _globals['_DESCRIBEGROUPREQUEST']._serialized_end=1825
-  _globals['_DESCRIBEGROUPRESPONSE']._serialized_start=1828
-  _globals['_DESCRIBEGROUPRESPONSE']._serialized_end=2010
-  _globals['_GROUPMEMBERDESCRIPTION']._serialized_start=2013
-  _globals['_GROUPMEMBERDESCRIPTION']._serialized_end=2270
-  _globals['_DELETEGROUPREQUEST']._serialized_start=2272
-  _globals['_DELETEGROUPREQUEST']._serialized_end=2310
-  _globals['_DELETEGROUPRESPONSE']._serialized_start=2312
-  _globals['_DELETEGROUPRESPONSE']._serialized_end=2367
-  _globals['_GROUP']._serialized_start=2370
-  _globals['_GROUP']._serialized_end=3037
+  _globals['_COMMITOFFSETSSTREAMREQUEST']._serialized_start=1183
+  _globals['_COMMITOFFSETSSTREAMREQUEST']._serialized_end=1256
+  _globals['_STREAMEDCOMMIT']._serialized_start=1258
+  _globals['_STREAMEDCOMMIT']._serialized_end=1348
+  _globals['_COMMITOFFSETSSTREAMRESPONSE']._serialized_start=1350
+  _globals['_COMMITOFFSETSSTREAMRESPONSE']._serialized_end=1435
+  _globals['_COMMITOFFSETSSTREAMANSWER']._serialized_start=1437
+  _globals['_COMMITOFFSETSSTREAMANSWER']._serialized_end=1522
+  _globals['_ALTEROFFSETSREQUEST']._serialized_start=1524
+  _globals['_ALTEROFFSETSREQUEST']._serialized_end=1606
+  _globals['_ALTEROFFSETSRESPONSE']._serialized_start=1608
+  _globals['_ALTEROFFSETSRESPONSE']._serialized_end=1664
+  _globals['_FETCHOFFSETSREQUEST']._serialized_start=1666
+  _globals['_FETCHOFFSETSREQUEST']._serialized_end=1753
+  _globals['_FETCHOFFSETSRESPONSE']._serialized_start=1755
+  _globals['_FETCHOFFSETSRESPONSE']._serialized_end=1857
+  _globals['_COMMITTEDOFFSET']._serialized_start=1859
+  _globals['_COMMITTEDOFFSET']._serialized_end=1968
+  _globals['_LISTGROUPSREQUEST']._serialized_start=1970
+  _globals['_LISTGROUPSREQUEST']._serialized_end=1989
+  _globals['_LISTGROUPSRESPONSE']._serialized_start=1991
+  _globals['_LISTGROUPSRESPONSE']._serialized_end=2053
+  _globals['_GROUPLISTING']._serialized_start=2055
+  _globals['_GROUPLISTING']._serialized_end=2124
+  _globals['_DESCRIBEGROUPREQUEST']._serialized_start=2126
+  _globals['_DESCRIBEGROUPREQUEST']._serialized_end=2166
+  _globals['_DESCRIBEGROUPRESPONSE']._serialized_start=2169
+  _globals['_DESCRIBEGROUPRESPONSE']._serialized_end=2351
+  _globals['_GROUPMEMBERDESCRIPTION']._serialized_start=2354
+  _globals['_GROUPMEMBERDESCRIPTION']._serialized_end=2611
+  _globals['_DELETEGROUPREQUEST']._serialized_start=2613
+  _globals['_DELETEGROUPREQUEST']._serialized_end=2651
+  _globals['_DELETEGROUPRESPONSE']._serialized_start=2653
+  _globals['_DELETEGROUPRESPONSE']._serialized_end=2708
+  _globals['_GROUP']._serialized_start=2711
+  _globals['_GROUP']._serialized_end=3486
 # @@protoc_insertion_point(module_scope)

@@ -360,6 +360,112 @@ class CommitOffsetsResponse(_message.Message):
 Global___CommitOffsetsResponse: _TypeAlias = CommitOffsetsResponse  # noqa: Y015
 
 @_typing.final
+class CommitOffsetsStreamRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COMMITS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def commits(self) -> _containers.RepeatedCompositeFieldContainer[Global___StreamedCommit]:
+        """One or more commits (at most 1024 in one message: past it the stream
+        ends with INVALID_REQUEST naming the limit). A client sends every commit
+        that became ready while it was writing the message before in the next
+        one: a message costs both sides about as much CPU as a commit's work.
+        """
+
+    def __init__(
+        self,
+        *,
+        commits: _abc.Iterable[Global___StreamedCommit] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commits", b"commits"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetsStreamRequest: _TypeAlias = CommitOffsetsStreamRequest  # noqa: Y015
+
+@_typing.final
+class StreamedCommit(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    COMMIT_FIELD_NUMBER: _builtins.int
+    correlation_id: _builtins.int
+    """Chosen by the client, echoed in the answer; unique among the stream's
+    commits in flight (a commit reusing one still in flight is answered
+    INVALID_REQUEST, and not committed).
+    """
+    @_builtins.property
+    def commit(self) -> Global___CommitOffsetsRequest:
+        """Checked and committed exactly as a CommitOffsets request (same limits)."""
+
+    def __init__(
+        self,
+        *,
+        correlation_id: _builtins.int = ...,
+        commit: Global___CommitOffsetsRequest | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["commit", b"commit", "correlation_id", b"correlation_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___StreamedCommit: _TypeAlias = StreamedCommit  # noqa: Y015
+
+@_typing.final
+class CommitOffsetsStreamResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    ANSWERS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def answers(self) -> _containers.RepeatedCompositeFieldContainer[Global___CommitOffsetsStreamAnswer]:
+        """Requests answered, each once its commit's etcd transaction returned:
+        one message answers every request answered since the last message (the
+        commits of one coalesced transaction return together), in no
+        particular order.
+        """
+
+    def __init__(
+        self,
+        *,
+        answers: _abc.Iterable[Global___CommitOffsetsStreamAnswer] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["answers", b"answers"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetsStreamResponse: _TypeAlias = CommitOffsetsStreamResponse  # noqa: Y015
+
+@_typing.final
+class CommitOffsetsStreamAnswer(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    CORRELATION_ID_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    correlation_id: _builtins.int
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """As CommitOffsetsResponse.error: set when nothing was committed."""
+
+    def __init__(
+        self,
+        *,
+        correlation_id: _builtins.int = ...,
+        error: _common_pb2.Error | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["correlation_id", b"correlation_id", "error", b"error"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___CommitOffsetsStreamAnswer: _TypeAlias = CommitOffsetsStreamAnswer  # noqa: Y015
+
+@_typing.final
 class AlterOffsetsRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

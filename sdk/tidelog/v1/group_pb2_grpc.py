@@ -49,6 +49,11 @@ class GroupStub:
                 request_serializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsRequest.SerializeToString,
                 response_deserializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsResponse.FromString,
                 _registered_method=True)
+        self.CommitOffsetsStream = channel.stream_stream(
+                '/tidelog.v1.Group/CommitOffsetsStream',
+                request_serializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsStreamRequest.SerializeToString,
+                response_deserializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsStreamResponse.FromString,
+                _registered_method=True)
         self.AlterOffsets = channel.unary_unary(
                 '/tidelog.v1.Group/AlterOffsets',
                 request_serializer=tidelog_dot_v1_dot_group__pb2.AlterOffsetsRequest.SerializeToString,
@@ -109,6 +114,27 @@ class GroupServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CommitOffsetsStream(self, request_iterator, context):
+        """The same commits over one long-lived stream (the SDK's consumers use it,
+        and CommitOffsets where a server answers UNIMPLEMENTED): each commit is
+        one CommitOffsets request under a correlation id the client chose; each
+        answer carries that id and comes once that commit's etcd transaction
+        returned (so an answer without error means the offsets are in etcd), in
+        whatever order the commits finish; one response message carries every
+        answer ready when it is sent. A stream's commits are concurrent: two in
+        flight at once are not ordered. Each commit is authorized as a
+        CommitOffsets; a denied one ends the stream with its error. At most 1024
+        commits of one stream are in flight (the coordinator's
+        --commit-stream-in-flight-max): past it the coordinator reads no more
+        of that stream until an answer was sent, so a client that stops reading
+        answers stops being read (HTTP/2 flow control then blocks its writes).
+        The stream ends once the client has closed its side and every answer
+        was sent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def AlterOffsets(self, request, context):
         """Set offsets as an administrator (offset reset): accepted only while the
         group has no live members.
@@ -163,6 +189,11 @@ def add_GroupServicer_to_server(servicer, server):
                     servicer.CommitOffsets,
                     request_deserializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsRequest.FromString,
                     response_serializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsResponse.SerializeToString,
+            ),
+            'CommitOffsetsStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.CommitOffsetsStream,
+                    request_deserializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsStreamRequest.FromString,
+                    response_serializer=tidelog_dot_v1_dot_group__pb2.CommitOffsetsStreamResponse.SerializeToString,
             ),
             'AlterOffsets': grpc.unary_unary_rpc_method_handler(
                     servicer.AlterOffsets,
@@ -271,6 +302,33 @@ class Group:
             '/tidelog.v1.Group/CommitOffsets',
             tidelog_dot_v1_dot_group__pb2.CommitOffsetsRequest.SerializeToString,
             tidelog_dot_v1_dot_group__pb2.CommitOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CommitOffsetsStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tidelog.v1.Group/CommitOffsetsStream',
+            tidelog_dot_v1_dot_group__pb2.CommitOffsetsStreamRequest.SerializeToString,
+            tidelog_dot_v1_dot_group__pb2.CommitOffsetsStreamResponse.FromString,
             options,
             channel_credentials,
             insecure,

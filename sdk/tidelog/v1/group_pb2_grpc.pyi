@@ -57,6 +57,23 @@ class GroupStub:
     """Commit offsets as a member: one atomic etcd transaction per request,
     fenced by the member's epoch and token.
     """
+    CommitOffsetsStream: _grpc.StreamStreamMultiCallable[_group_pb2.CommitOffsetsStreamRequest, _group_pb2.CommitOffsetsStreamResponse]
+    """The same commits over one long-lived stream (the SDK's consumers use it,
+    and CommitOffsets where a server answers UNIMPLEMENTED): each commit is
+    one CommitOffsets request under a correlation id the client chose; each
+    answer carries that id and comes once that commit's etcd transaction
+    returned (so an answer without error means the offsets are in etcd), in
+    whatever order the commits finish; one response message carries every
+    answer ready when it is sent. A stream's commits are concurrent: two in
+    flight at once are not ordered. Each commit is authorized as a
+    CommitOffsets; a denied one ends the stream with its error. At most 1024
+    commits of one stream are in flight (the coordinator's
+    --commit-stream-in-flight-max): past it the coordinator reads no more
+    of that stream until an answer was sent, so a client that stops reading
+    answers stops being read (HTTP/2 flow control then blocks its writes).
+    The stream ends once the client has closed its side and every answer
+    was sent.
+    """
     AlterOffsets: _grpc.UnaryUnaryMultiCallable[_group_pb2.AlterOffsetsRequest, _group_pb2.AlterOffsetsResponse]
     """Set offsets as an administrator (offset reset): accepted only while the
     group has no live members.
@@ -91,6 +108,23 @@ class GroupAsyncStub(GroupStub):
     CommitOffsets: _aio.UnaryUnaryMultiCallable[_group_pb2.CommitOffsetsRequest, _group_pb2.CommitOffsetsResponse]  # type: ignore[assignment]
     """Commit offsets as a member: one atomic etcd transaction per request,
     fenced by the member's epoch and token.
+    """
+    CommitOffsetsStream: _aio.StreamStreamMultiCallable[_group_pb2.CommitOffsetsStreamRequest, _group_pb2.CommitOffsetsStreamResponse]  # type: ignore[assignment]
+    """The same commits over one long-lived stream (the SDK's consumers use it,
+    and CommitOffsets where a server answers UNIMPLEMENTED): each commit is
+    one CommitOffsets request under a correlation id the client chose; each
+    answer carries that id and comes once that commit's etcd transaction
+    returned (so an answer without error means the offsets are in etcd), in
+    whatever order the commits finish; one response message carries every
+    answer ready when it is sent. A stream's commits are concurrent: two in
+    flight at once are not ordered. Each commit is authorized as a
+    CommitOffsets; a denied one ends the stream with its error. At most 1024
+    commits of one stream are in flight (the coordinator's
+    --commit-stream-in-flight-max): past it the coordinator reads no more
+    of that stream until an answer was sent, so a client that stops reading
+    answers stops being read (HTTP/2 flow control then blocks its writes).
+    The stream ends once the client has closed its side and every answer
+    was sent.
     """
     AlterOffsets: _aio.UnaryUnaryMultiCallable[_group_pb2.AlterOffsetsRequest, _group_pb2.AlterOffsetsResponse]  # type: ignore[assignment]
     """Set offsets as an administrator (offset reset): accepted only while the
@@ -141,6 +175,29 @@ class GroupServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_group_pb2.CommitOffsetsResponse, _abc.Awaitable[_group_pb2.CommitOffsetsResponse]]:
         """Commit offsets as a member: one atomic etcd transaction per request,
         fenced by the member's epoch and token.
+        """
+
+    @_abc_1.abstractmethod
+    def CommitOffsetsStream(
+        self,
+        request_iterator: _MaybeAsyncIterator[_group_pb2.CommitOffsetsStreamRequest],
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_group_pb2.CommitOffsetsStreamResponse], _abc.AsyncIterator[_group_pb2.CommitOffsetsStreamResponse]]:
+        """The same commits over one long-lived stream (the SDK's consumers use it,
+        and CommitOffsets where a server answers UNIMPLEMENTED): each commit is
+        one CommitOffsets request under a correlation id the client chose; each
+        answer carries that id and comes once that commit's etcd transaction
+        returned (so an answer without error means the offsets are in etcd), in
+        whatever order the commits finish; one response message carries every
+        answer ready when it is sent. A stream's commits are concurrent: two in
+        flight at once are not ordered. Each commit is authorized as a
+        CommitOffsets; a denied one ends the stream with its error. At most 1024
+        commits of one stream are in flight (the coordinator's
+        --commit-stream-in-flight-max): past it the coordinator reads no more
+        of that stream until an answer was sent, so a client that stops reading
+        answers stops being read (HTTP/2 flow control then blocks its writes).
+        The stream ends once the client has closed its side and every answer
+        was sent.
         """
 
     @_abc_1.abstractmethod

@@ -108,6 +108,11 @@ def _consume(request: Any, state: dict[str, str]) -> list[Check]:
     return checks
 
 
+def _commit(request: Any) -> list[Check]:
+    """A member's commit (CommitOffsets, and each request of a commit stream)."""
+    return _group(request.group_id, "Read") + _topics((o.topic for o in request.offsets), "Read")
+
+
 def _create_topics(request: Any, state: dict[str, str]) -> list[Check]:
     # Create on the cluster covers every topic; see Interceptor._denied.
     return _topics((t.name for t in request.topics), "Create")
@@ -168,8 +173,9 @@ RULES: dict[str, Rule] = {
     # Group (coordinator, gateway)
     "/tidelog.v1.Group/Heartbeat": Rule(lambda r, s: _group(r.group_id, "Read")),
     "/tidelog.v1.Group/LeaveGroup": Rule(lambda r, s: _group(r.group_id, "Read")),
-    "/tidelog.v1.Group/CommitOffsets": Rule(
-        lambda r, s: _group(r.group_id, "Read") + _topics((o.topic for o in r.offsets), "Read")
+    "/tidelog.v1.Group/CommitOffsets": Rule(lambda r, s: _commit(r)),
+    "/tidelog.v1.Group/CommitOffsetsStream": Rule(
+        lambda r, s: [check for c in r.commits for check in _commit(c.commit)]
     ),
     "/tidelog.v1.Group/AlterOffsets": Rule(
         lambda r, s: _group(r.group_id, "Read") + _topics((o.topic for o in r.offsets), "Read")

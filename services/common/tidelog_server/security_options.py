@@ -52,8 +52,9 @@ def add_security_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_STREAMS_PER_PRINCIPAL,
         metavar="N",
-        help="streaming calls (Produce, Fetch, Consume, Heartbeat) one principal may have open "
-        "on this service; super users are not counted (default %(default)s)",
+        help="streaming calls (Produce, Fetch, Consume, Heartbeat, CommitOffsetsStream) one "
+        "principal may have open on this service; super users are not counted "
+        "(default %(default)s)",
     )
 
 

@@ -57,6 +57,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         help="offset commits waiting for etcd at most; more are refused (retriable)",
     )
     parser.add_argument(
+        "--commit-stream-in-flight-max",
+        type=int,
+        default=1024,
+        help="requests of one CommitOffsetsStream in flight at most; past it that "
+        "stream's requests are not read until an answer was sent",
+    )
+    parser.add_argument(
         "--leader-imbalance-check-interval-ms",
         type=int,
         default=5_000,
@@ -88,6 +95,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         security = SecurityOptions.from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.commit_stream_in_flight_max < 1:
+        parser.error(
+            "--commit-stream-in-flight-max must be at least 1, "
+            f"got {args.commit_stream_in_flight_max}"
+        )
     if args.metrics_interval_ms < 100:
         parser.error(f"--metrics-interval-ms must be at least 100, got {args.metrics_interval_ms}")
     logging.basicConfig(
@@ -109,6 +121,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         etcd_max_txn_ops=args.etcd_max_txn_ops,
         offset_commit_coalesce_max=args.offset_commit_coalesce_max,
         offset_commit_queue_max=args.offset_commit_queue_max,
+        commit_stream_in_flight_max=args.commit_stream_in_flight_max,
         group_max_members=args.group_max_members,
         tls=tls,
         etcd_tls=etcd_tls,

@@ -51,6 +51,10 @@ class CoordinatorConfig:
     #: Offset commits waiting for etcd at most; past it a commit is refused
     #: with COORDINATOR_NOT_AVAILABLE (retriable) naming this limit.
     offset_commit_queue_max: int = 10_000
+    #: Requests of one CommitOffsetsStream in flight at most: past it the
+    #: coordinator reads no more of that stream's requests until it has sent
+    #: an answer (bounds what a client that never reads answers holds here).
+    commit_stream_in_flight_max: int = 1024
     #: leader.imbalance.check.interval.ms: how often the controller moves
     #: leadership back to each partition's preferred (first) replica when it
     #: is in the ISR (0: never).

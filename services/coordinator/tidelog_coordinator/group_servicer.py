@@ -1,5 +1,8 @@
 """`tidelog.v1.Group`: heartbeat streams, leave, offsets and group admin.
 
+Commit streams (CommitOffsetsStream) are served by commit_stream.CommitStream
+with the same commit function as the unary CommitOffsets.
+
 Validates (every size against group_limits) and maps errors;
 GroupCoordinator and OffsetStore do the work.
 Errors of the heartbeat stream travel in-band (the response's `error`) and
@@ -17,10 +20,11 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 from tidelog.errors import InvalidRequestError
 from tidelog.types import TopicPartition
-from tidelog.v1 import group_pb2, group_pb2_grpc
+from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
 from tidelog_coordinator import group_limits
-from tidelog_coordinator.errors import error_proto
+from tidelog_coordinator.commit_stream import CommitStream
+from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.group_coordinator import GroupCoordinator, MemberStream, tp_protos
 from tidelog_coordinator.offset_store import OffsetEntry, OffsetStore
 
@@ -34,10 +38,22 @@ def _entries(offsets: Sequence[group_pb2.OffsetCommit]) -> list[OffsetEntry]:
     ]
 
 
+#: Requests of one commit stream in flight at most (see commit_stream.py).
+COMMIT_STREAM_IN_FLIGHT_MAX = 1024
+
+
 class GroupServicer(group_pb2_grpc.GroupServicer):
-    def __init__(self, groups: GroupCoordinator, offsets: OffsetStore) -> None:
+    def __init__(
+        self,
+        groups: GroupCoordinator,
+        offsets: OffsetStore,
+        *,
+        commit_stream_in_flight_max: int = COMMIT_STREAM_IN_FLIGHT_MAX,
+    ) -> None:
         self.groups = groups
         self.offsets = offsets
+        self.commit_stream_in_flight_max = commit_stream_in_flight_max
+        self._commit_streams: set[CommitStream] = set()
 
     async def Heartbeat(
         self,
@@ -95,9 +111,9 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
             return group_pb2.LeaveGroupResponse(error=error_proto(exc, "leaving the group"))
         return group_pb2.LeaveGroupResponse()
 
-    async def CommitOffsets(
-        self, request: group_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
-    ) -> group_pb2.CommitOffsetsResponse:
+    async def _commit(self, request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
+        """One member's commit (unary or on a stream): None once it is in
+        etcd, else the error to answer (nothing was committed)."""
         try:
             group_limits.check_member(request.group_id, request.member_id, request.member_token)
             entries = _entries(request.offsets)
@@ -109,8 +125,35 @@ class GroupServicer(group_pb2_grpc.GroupServicer):
                 entries,
             )
         except Exception as exc:
-            return group_pb2.CommitOffsetsResponse(error=error_proto(exc, "committing offsets"))
-        return group_pb2.CommitOffsetsResponse()
+            return error_proto(exc, "committing offsets")
+        return None
+
+    async def CommitOffsets(
+        self, request: group_pb2.CommitOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.CommitOffsetsResponse:
+        return group_pb2.CommitOffsetsResponse(error=await self._commit(request))
+
+    async def CommitOffsetsStream(
+        self,
+        request_iterator: AsyncIterator[group_pb2.CommitOffsetsStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.CommitOffsetsStreamResponse]:
+        stream = CommitStream(self._commit, self.commit_stream_in_flight_max)
+        self._commit_streams.add(stream)
+        try:
+            async with contextlib.aclosing(stream.answers(request_iterator)) as answers:
+                async for answer in answers:
+                    yield answer
+        finally:
+            self._commit_streams.discard(stream)
+        if stream.refused is not None:
+            await abort(context, stream.refused, "committing offsets")
+
+    def drain_commit_streams(self) -> None:
+        """Shutdown: every commit stream answers what it has read, then ends
+        (its client retries the rest on another replica)."""
+        for stream in self._commit_streams:
+            stream.drain()
 
     async def AlterOffsets(
         self, request: group_pb2.AlterOffsetsRequest, context: grpc.aio.ServicerContext

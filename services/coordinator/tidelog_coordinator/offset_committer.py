@@ -191,6 +191,12 @@ class OffsetCommitter:
                 self._wakeup.clear()
                 await self._wakeup.wait()
                 continue
+            if len(self._queue) < self.coalesce_max:
+                # One pass of the event loop (no timer, no added wait when
+                # idle): commits already runnable, such as the other requests
+                # of a commit stream read in the same pass, join this
+                # transaction instead of each paying for one of their own.
+                await asyncio.sleep(0)
             batch = self._take()
             batch = [c for c in batch if not c.future.done()]
             if not batch:

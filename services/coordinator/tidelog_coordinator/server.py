@@ -91,6 +91,7 @@ class CoordinatorServer:
         )
         self.security = Security(config.security, config.tls)
         self._server: grpc.aio.Server | None = None
+        self._group_servicer: GroupServicer | None = None
         self._health = HealthServicer()
         self._tasks: list[asyncio.Task[None]] = []
         self.bound_port = 0
@@ -112,7 +113,12 @@ class CoordinatorServer:
         cluster_pb2_grpc.add_ClusterServicer_to_server(
             ClusterServicer(self.metadata, self._controller_id), server
         )
-        group_pb2_grpc.add_GroupServicer_to_server(GroupServicer(self.groups, self.offsets), server)
+        self._group_servicer = GroupServicer(
+            self.groups,
+            self.offsets,
+            commit_stream_in_flight_max=self.config.commit_stream_in_flight_max,
+        )
+        group_pb2_grpc.add_GroupServicer_to_server(self._group_servicer, server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         reflection.enable_server_reflection(
             (
@@ -177,6 +183,8 @@ class CoordinatorServer:
         await self.groups.close_all(
             CoordinatorNotAvailableError("the coordinator is shutting down: reconnect")
         )
+        if self._group_servicer is not None:
+            self._group_servicer.drain_commit_streams()
         if self.lifecycle is not None:
             await self.lifecycle.close()
         if self._server is not None:

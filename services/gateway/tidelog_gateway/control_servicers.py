@@ -187,6 +187,19 @@ class GatewayGroupServicer:
         finally:
             self._streams.release(peer)
 
+    async def CommitOffsetsStream(
+        self,
+        request_iterator: AsyncIterator[group_pb2.CommitOffsetsStreamRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.CommitOffsetsStreamResponse]:
+        # Not relayed: the SDK falls back to CommitOffsets (forwarded below)
+        # on UNIMPLEMENTED.
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "the gateway does not relay CommitOffsetsStream: use CommitOffsets",
+        )
+        yield group_pb2.CommitOffsetsStreamResponse()  # pragma: no cover (a generator)
+
     async def _relay(
         self,
         request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],

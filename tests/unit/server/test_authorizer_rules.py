@@ -37,6 +37,22 @@ def test_the_main_mappings_are_kafkas() -> None:
         ("Read", "group", "g"),
         ("Read", "topic", "t"),
     ]
+    # Each commit of a commit stream's message is checked as one CommitOffsets.
+    other = group_pb2.CommitOffsetsRequest(
+        group_id="h", offsets=[group_pb2.OffsetCommit(topic="u")]
+    )
+    streamed = group_pb2.CommitOffsetsStreamRequest(
+        commits=[
+            group_pb2.StreamedCommit(correlation_id=7, commit=commit),
+            group_pb2.StreamedCommit(correlation_id=8, commit=other),
+        ]
+    )
+    assert RULES["/tidelog.v1.Group/CommitOffsetsStream"].checks(streamed, {}) == [
+        ("Read", "group", "g"),
+        ("Read", "topic", "t"),
+        ("Read", "group", "h"),
+        ("Read", "topic", "u"),
+    ]
 
 
 def test_a_serialized_fetch_answer_carries_the_throttle_time() -> None:

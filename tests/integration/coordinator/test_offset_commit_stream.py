@@ -1,0 +1,392 @@
+"""CommitOffsetsStream through real coordinator processes on a real etcd:
+answers matched by correlation id (in the order commits finish), typed
+errors per request, the SDK committing over the stream, failing over to
+another replica mid-stream, and falling back to the unary CommitOffsets
+where the stream is not served (the gateway); each request authorized as
+a CommitOffsets, and the stream counted against --max-streams-per-principal.
+
+The stream's durability under SIGKILL is in test_offset_commit_durability.py;
+the in-flight bound (a client that never reads) in
+tests/unit/coordinator/test_commit_stream.py."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import pytest
+from tidelog.errors import (
+    GroupAuthorizationFailedError,
+    IllegalGenerationError,
+    InvalidRequestError,
+    UnknownMemberIdError,
+)
+from tidelog.group import GroupMembership, OffsetStoreClient
+from tidelog.types import TopicPartition
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
+from tidelog_server.acls import AclBinding
+from tidelog_server.etcd.keys import Keys
+
+from tests.integration.coordinator.conftest import StartCoordinator
+from tests.integration.coordinator.helpers import etcd_client, register_broker
+from tests.support.etcd import EtcdProcess
+from tests.support.gateway import start_gateway
+
+pytestmark = pytest.mark.timeout(120)
+
+PARTITIONS = 4
+
+
+async def _setup(etcd_endpoint: str, prefix: str, address: str) -> None:
+    async with etcd_client(etcd_endpoint) as client:
+        await register_broker(client, prefix, 1, ttl_s=120)
+    async with grpc.aio.insecure_channel(address) as channel:
+        reply = await admin_pb2_grpc.AdminStub(channel).CreateTopics(
+            admin_pb2.CreateTopicsRequest(
+                topics=[admin_pb2.NewTopic(name="t", partitions=PARTITIONS)]
+            )
+        )
+        assert reply.topics[0].error.code == common_pb2.NONE
+
+
+async def _member(bootstrap: str | list[str], group: str = "g") -> GroupMembership:
+    member = GroupMembership(bootstrap, group, topics=["t"], session_timeout_ms=30_000)
+    await member.start()
+    await member.wait_for(lambda m: len(m.assignment) == PARTITIONS, timeout_s=30)
+    return member
+
+
+def _commit(
+    member: GroupMembership, offset: int, **changes: object
+) -> group_pb2.CommitOffsetsRequest:
+    request = group_pb2.CommitOffsetsRequest(
+        group_id=member.group_id,
+        member_id=member.member_id,
+        member_epoch=member.member_epoch,
+        member_token=member.member_token,
+        offsets=[group_pb2.OffsetCommit(topic="t", partition=0, offset=offset)],
+    )
+    for name, value in changes.items():
+        if isinstance(value, list):
+            del getattr(request, name)[:]
+            getattr(request, name).extend(value)
+        else:
+            setattr(request, name, value)
+    return request
+
+
+class RawStream:
+    """A CommitOffsetsStream written and read by the test."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.requests: asyncio.Queue[group_pb2.CommitOffsetsStreamRequest | None] = asyncio.Queue()
+        self.call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream(self._requests())
+        self.ready: list[group_pb2.CommitOffsetsStreamAnswer] = []
+
+    async def _requests(self) -> AsyncIterator[group_pb2.CommitOffsetsStreamRequest]:
+        while (request := await self.requests.get()) is not None:
+            yield request
+
+    def send(self, correlation_id: int, commit: group_pb2.CommitOffsetsRequest) -> None:
+        """One message with one commit."""
+        self.requests.put_nowait(
+            group_pb2.CommitOffsetsStreamRequest(
+                commits=[group_pb2.StreamedCommit(correlation_id=correlation_id, commit=commit)]
+            )
+        )
+
+    async def answer(self) -> group_pb2.CommitOffsetsStreamAnswer:
+        """The next answer (a message may carry several)."""
+        if not self.ready:
+            message = await asyncio.wait_for(self.call.read(), 30)
+            assert isinstance(message, group_pb2.CommitOffsetsStreamResponse), message
+            self.ready.extend(message.answers)
+        return self.ready.pop(0)
+
+
+def test_answers_come_out_of_order_matched_by_correlation_id(
+    tmp_path: Path, prefix: str, coordinators: StartCoordinator
+) -> None:
+    """A commit waiting for etcd (paused with SIGSTOP) is answered after a
+    later request that needs no etcd; each answer names its request."""
+    own = EtcdProcess.start(tmp_path / "etcd")  # paused below: not the module's etcd
+    try:
+        coordinator = coordinators(etcd_endpoint=own.endpoint)
+
+        async def run() -> None:
+            await _setup(own.endpoint, prefix, coordinator.address)
+            member = await _member(coordinator.address)
+            try:
+                async with grpc.aio.insecure_channel(coordinator.address) as channel:
+                    stream = RawStream(channel)
+                    stream.send(1, _commit(member, 11))
+                    first = await stream.answer()  # the stream works: committed
+                    assert (first.correlation_id, first.HasField("error")) == (1, False)
+                    assert own.proc is not None
+                    os.kill(own.proc.pid, signal.SIGSTOP)
+                    try:
+                        stream.send(7, _commit(member, 12))
+                        # Refused before etcd is asked: no partitions named twice.
+                        twice = [group_pb2.OffsetCommit(topic="t", partition=1, offset=1)] * 2
+                        stream.send(3, _commit(member, 0, offsets=twice))
+                        early = await stream.answer()
+                        assert early.correlation_id == 3, early
+                        assert early.error.code == common_pb2.INVALID_REQUEST
+                        assert "appears twice" in early.error.message
+                    finally:
+                        os.kill(own.proc.pid, signal.SIGCONT)
+                    late = await stream.answer()
+                    assert (late.correlation_id, late.HasField("error")) == (7, False)
+                    stream.requests.put_nowait(None)
+                    assert await stream.call.read() is grpc.aio.EOF  # ends once all answered
+                    assert await stream.call.code() == grpc.StatusCode.OK
+                fetched = await member._offsets.fetch("g", [TopicPartition("t", 0)])
+                assert fetched[TopicPartition("t", 0)].offset == 12
+            finally:
+                await member.close()
+
+        asyncio.run(run())
+    finally:
+        own.stop()
+
+
+def test_each_request_of_the_stream_gets_its_own_typed_error(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    coordinator = coordinators()
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, coordinator.address)
+        member = await _member(coordinator.address)
+        try:
+            async with grpc.aio.insecure_channel(coordinator.address) as channel:
+                stream = RawStream(channel)
+                too_many = [
+                    group_pb2.OffsetCommit(topic="t", partition=p, offset=1) for p in range(10_001)
+                ]
+                missing = [group_pb2.OffsetCommit(topic="t", partition=99)]
+                cases = {
+                    1: (_commit(member, 5, member_epoch=member.member_epoch + 7),
+                        common_pb2.ILLEGAL_GENERATION),
+                    2: (_commit(member, 5, member_token="not-the-token"),
+                        common_pb2.UNKNOWN_MEMBER_ID),
+                    3: (_commit(member, 5, member_id="nobody"), common_pb2.UNKNOWN_MEMBER_ID),
+                    4: (_commit(member, 5, offsets=missing), common_pb2.UNKNOWN_TOPIC_OR_PARTITION),
+                    5: (_commit(member, 5, offsets=too_many), common_pb2.INVALID_REQUEST),
+                    6: (_commit(member, 5), common_pb2.NONE),
+                }  # fmt: skip
+                for correlation_id, (request, _) in cases.items():
+                    stream.send(correlation_id, request)
+                answers = {a.correlation_id: a for a in [await stream.answer() for _ in cases]}
+                assert {c: a.error.code for c, a in answers.items()} == {
+                    c: code for c, (_, code) in cases.items()
+                }
+                # The partitions limit is named, as for the unary call.
+                assert "10000" in answers[5].error.message
+                stream.requests.put_nowait(None)
+                assert await stream.call.code() == grpc.StatusCode.OK
+            # The same through the SDK, which commits over the stream.
+            client = OffsetStoreClient(coordinator.address)
+            offsets = {TopicPartition("t", 0): 9}
+            try:
+                with pytest.raises(IllegalGenerationError):
+                    await client.commit("g", offsets, member_id=member.member_id,
+                                        member_epoch=member.member_epoch - 1,
+                                        member_token=member.member_token)  # fmt: skip
+                with pytest.raises(UnknownMemberIdError):
+                    await client.commit("g", offsets, member_id=member.member_id,
+                                        member_epoch=member.member_epoch,
+                                        member_token="wrong")  # fmt: skip
+                with pytest.raises(InvalidRequestError, match="10000"):
+                    await client.commit(
+                        "g", {TopicPartition("t", p): 1 for p in range(10_001)},
+                        member_id=member.member_id, member_epoch=member.member_epoch,
+                        member_token=member.member_token,
+                    )  # fmt: skip
+                await client.commit("g", offsets, member_id=member.member_id,
+                                    member_epoch=member.member_epoch,
+                                    member_token=member.member_token)  # fmt: skip
+                assert (await client.fetch("g", [TopicPartition("t", 0)]))[
+                    TopicPartition("t", 0)
+                ].offset == 9
+            finally:
+                await client.close()
+        finally:
+            await member.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("end", ["SIGKILL", "SIGTERM"])
+def test_the_sdk_commit_fails_over_to_another_replica_mid_stream(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator, end: str
+) -> None:
+    """The coordinator holding the stream dies (SIGKILL) or shuts down
+    (SIGTERM: it answers what it has read and ends the stream) with commits
+    in flight: each is retried on the other replica and succeeds."""
+    first = coordinators()
+    second = coordinators()
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, first.address)
+        member = await _member(second.address)
+        client = OffsetStoreClient([first.address, second.address], request_timeout_ms=5_000)
+        try:
+
+            async def commit(offset: int) -> None:
+                await client.commit("g", {TopicPartition("t", p): offset for p in range(4)},
+                                    member_id=member.member_id,
+                                    member_epoch=member.member_epoch,
+                                    member_token=member.member_token)  # fmt: skip
+
+            await commit(1)  # the stream to `first` is open now
+            # Commits in flight on the stream while its coordinator dies.
+            in_flight = [asyncio.ensure_future(commit(2)) for _ in range(8)]
+            await asyncio.sleep(0)  # written
+            if end == "SIGKILL":
+                first.kill()
+            else:
+                await asyncio.get_running_loop().run_in_executor(None, first.stop)
+            await asyncio.wait_for(asyncio.gather(*in_flight), 60)
+            await commit(3)
+            fetched = await client.fetch("g")
+            assert {tp: om.offset for tp, om in fetched.items()} == {
+                TopicPartition("t", p): 3 for p in range(4)
+            }
+        finally:
+            await client.close()
+            await member.close()
+
+    asyncio.run(run())
+
+
+def test_the_sdk_falls_back_to_unary_commits_where_the_stream_is_unimplemented(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator, tmp_path: Path
+) -> None:
+    """The gateway does not relay the commit stream (UNIMPLEMENTED): the SDK
+    commits through it with CommitOffsets, errors typed as ever."""
+    coordinator = coordinators()
+    gateway = start_gateway(etcd.endpoint, tmp_path / "logs", prefix=prefix)
+    try:
+
+        async def run() -> None:
+            await _setup(etcd.endpoint, prefix, coordinator.address)
+            member = await _member(gateway.address)
+            client = OffsetStoreClient(gateway.address)
+            try:
+                async with grpc.aio.insecure_channel(gateway.address) as channel:
+                    call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream(iter(()))
+                    with pytest.raises(grpc.aio.AioRpcError) as refused:
+                        await call.read()
+                    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+                await client.commit("g", {TopicPartition("t", 0): 42},
+                                    member_id=member.member_id,
+                                    member_epoch=member.member_epoch,
+                                    member_token=member.member_token)  # fmt: skip
+                with pytest.raises(IllegalGenerationError):
+                    await client.commit("g", {TopicPartition("t", 0): 43},
+                                        member_id=member.member_id,
+                                        member_epoch=member.member_epoch + 3,
+                                        member_token=member.member_token)  # fmt: skip
+                assert (await client.fetch("g", [TopicPartition("t", 0)]))[
+                    TopicPartition("t", 0)
+                ].offset == 42
+            finally:
+                await client.close()
+                await member.close()
+
+        asyncio.run(run())
+    finally:
+        gateway.stop()
+
+
+def test_each_request_is_authorized_as_a_commit_and_a_denied_one_ends_the_stream_typed(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    """ACLs enforced (--allow-everyone-if-no-acl-found false): User:ANONYMOUS
+    may Read group "allowed" and topic "t", nothing else. On one stream, a
+    commit to "allowed" goes through; one to "denied" ends the stream with
+    GROUP_AUTHORIZATION_FAILED; the SDK raises that, typed, and commits to
+    "allowed" again on a new stream."""
+    grants = [
+        AclBinding.checked("cluster", "", "literal", "User:ANONYMOUS", "*", "Create", "allow"),
+        AclBinding.checked("topic", "t", "literal", "User:ANONYMOUS", "*", "Read", "allow"),
+        AclBinding.checked("group", "allowed", "literal", "User:ANONYMOUS", "*", "Read", "allow"),
+    ]
+
+    async def grant() -> None:
+        async with etcd_client(etcd.endpoint) as client:
+            for binding in grants:
+                await client.put(Keys(prefix).acl(binding.binding_id), binding.encode())
+
+    asyncio.run(grant())
+    coordinator = coordinators(extra_args=("--allow-everyone-if-no-acl-found", "false"))
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, coordinator.address)
+        member = await _member(coordinator.address, "allowed")
+        client = OffsetStoreClient(coordinator.address)
+        credentials = {
+            "member_id": member.member_id,
+            "member_epoch": member.member_epoch,
+            "member_token": member.member_token,
+        }
+        try:
+            async with grpc.aio.insecure_channel(coordinator.address) as channel:
+                stream = RawStream(channel)
+                stream.send(1, _commit(member, 3))
+                assert (await stream.answer()).HasField("error") is False
+                stream.send(2, _commit(member, 4, group_id="denied"))
+                with pytest.raises(grpc.aio.AioRpcError) as denied:
+                    await stream.answer()
+                assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert "Read group 'denied'" in (denied.value.details() or "")
+            await client.commit("allowed", {TopicPartition("t", 0): 5}, **credentials)
+            with pytest.raises(GroupAuthorizationFailedError, match="Read group 'denied'"):
+                await client.commit("denied", {TopicPartition("t", 0): 6}, **credentials)
+            await client.commit("allowed", {TopicPartition("t", 0): 7}, **credentials)
+            assert (await client.fetch("allowed", [TopicPartition("t", 0)]))[
+                TopicPartition("t", 0)
+            ].offset == 7
+        finally:
+            await client.close()
+            await member.close()
+
+    asyncio.run(run())
+
+
+def test_commit_streams_count_against_the_streams_per_principal_limit(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    coordinator = coordinators(extra_args=("--max-streams-per-principal", "2"))
+
+    async def run() -> None:
+        await _setup(etcd.endpoint, prefix, coordinator.address)
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            streams = [RawStream(channel) for _ in range(2)]
+            for i, stream in enumerate(streams):  # open and counted once answered
+                stream.send(i, group_pb2.CommitOffsetsRequest())
+                assert (await stream.answer()).error.code == common_pb2.INVALID_REQUEST
+            third = RawStream(channel)
+            third.send(9, group_pb2.CommitOffsetsRequest())
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await third.answer()
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "--max-streams-per-principal=2" in (refused.value.details() or "")
+            # Through the SDK: the same limit, typed, not retried as an outage.
+            client = OffsetStoreClient(coordinator.address)
+            try:
+                with pytest.raises(InvalidRequestError, match="max-streams-per-principal=2"):
+                    await client.commit("g", {TopicPartition("t", 0): 1}, member_id="m",
+                                        member_epoch=1, member_token="x")  # fmt: skip
+            finally:
+                await client.close()
+            for stream in streams:
+                stream.requests.put_nowait(None)
+                assert await stream.call.code() == grpc.StatusCode.OK
+
+    asyncio.run(run())
