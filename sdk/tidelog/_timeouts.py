@@ -20,6 +20,18 @@ T = TypeVar("T")
 
 async def within(awaitable: Awaitable[T], timeout_s: float | None) -> T:
     """Await `awaitable`; TimeoutError after `timeout_s` seconds (None: no
-    limit), having cancelled it, as asyncio.wait_for does."""
+    limit), having cancelled it, as asyncio.wait_for does. As wait_for, no
+    time at all (<= 0) does not start a coroutine (a close with no time
+    left sends no final commit), unless the result is already there."""
+    if timeout_s is not None and timeout_s <= 0:
+        future = asyncio.ensure_future(awaitable)
+        if not future.done():
+            future.cancel()
+            # asyncio.wait, not `await future`: a cancel of our own task
+            # must still propagate.
+            await asyncio.wait([future])
+        if future.cancelled():
+            raise TimeoutError
+        return future.result()
     async with asyncio.timeout(timeout_s):
         return await awaitable

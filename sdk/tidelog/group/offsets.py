@@ -75,11 +75,31 @@ class OffsetStoreClient:
         self._stream: CommitStream | None = None
         #: Addresses that answered UNIMPLEMENTED to the commit stream.
         self._unary_only: set[str] = set()
+        #: Counts fail-overs. Calls in flight on one coordinator all fail
+        #: together when it dies: only the first of them (the one that saw
+        #: the current generation) moves on, the others retry where it went.
+        #: Without this they moved on one after another, back to the dead
+        #: replica too, and ran out of attempts.
+        self._generation = 0
+        #: Held while failing over: no stream or call starts on a channel
+        #: that is being replaced.
+        self._failing_over = asyncio.Lock()
 
-    async def _rotate(self) -> None:
-        """Fail over to the next coordinator (the stream goes with the channel)."""
-        await self._close_stream()
-        await self._channels.rotate()
+    async def _fail_over(self, seen_generation: int) -> None:
+        """Move to the next coordinator (the stream goes with the channel),
+        unless another call already did since `seen_generation`."""
+        async with self._failing_over:
+            if self._generation != seen_generation:
+                return
+            await self._close_stream()
+            await self._channels.rotate()
+            self._generation += 1
+
+    async def _current(self) -> tuple[int, grpc.aio.Channel]:
+        """The generation and channel to use now (after any fail-over in
+        progress)."""
+        async with self._failing_over:
+            return self._generation, self._channels.channel()
 
     async def _close_stream(self) -> None:
         stream, self._stream = self._stream, None
@@ -90,14 +110,15 @@ class OffsetStoreClient:
         attempts = max(2, len(self._channels.addresses) * 2)
         last: BaseException | None = None
         for attempt in range(attempts):
-            stub = group_pb2_grpc.GroupStub(self._channels.channel())
+            generation, channel = await self._current()
+            stub = group_pb2_grpc.GroupStub(channel)
             try:
                 return await getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)
             except grpc.aio.AioRpcError as exc:
                 if not is_unavailable(exc):
                     raise error_from_rpc(exc) from exc
                 last = exc
-                await self._rotate()
+                await self._fail_over(generation)
                 await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
         raise CoordinatorNotAvailableError(
             f"no coordinator answered ({', '.join(self._channels.addresses)}): {last}"
@@ -138,9 +159,10 @@ class OffsetStoreClient:
                 response = await self._call("CommitOffsets", request)
                 assert isinstance(response, group_pb2.CommitOffsetsResponse)
                 return response.error if response.HasField("error") else None
+            generation, channel = await self._current()
             stream = self._stream
             if stream is None or not stream.open:
-                stream = self._stream = CommitStream(self._channels.channel())
+                stream = self._stream = CommitStream(channel)
             try:
                 answer = await stream.commit(request, self.request_timeout_ms / 1000)
                 return answer.error if answer.HasField("error") else None
@@ -154,7 +176,7 @@ class OffsetStoreClient:
                     # a limit): typed, as from the unary call.
                     raise error_from_rpc(refused) from None
                 last = exc
-                if stream is not self._stream:
+                if generation != self._generation:
                     # Closed under us by another commit's fail-over: retry
                     # on the stream that replaced it.
                     continue
@@ -162,8 +184,7 @@ class OffsetStoreClient:
                 last = TimeoutError(
                     f"no answer within request_timeout_ms={self.request_timeout_ms}"
                 )
-            if stream is self._stream:  # the first of its commits to fail moves on
-                await self._rotate()
+            await self._fail_over(generation)
             await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
         raise CoordinatorNotAvailableError(
             f"no coordinator answered ({', '.join(self._channels.addresses)}): {last}"

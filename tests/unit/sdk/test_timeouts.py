@@ -34,3 +34,21 @@ def test_within_times_out_and_cancels_what_it_waited_for() -> None:
         assert await within(asyncio.sleep(0, "done"), None) == "done"
 
     asyncio.run(run())
+
+
+def test_no_time_at_all_does_not_start_a_coroutine() -> None:
+    # As asyncio.wait_for: Consumer.close(timeout=0) drops the final commit.
+    started = []
+
+    async def commit() -> None:
+        started.append(True)
+
+    async def run() -> None:
+        with pytest.raises(TimeoutError):
+            await within(commit(), 0)
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        done.set_result("already")
+        assert await within(done, 0) == "already"
+
+    asyncio.run(run())
+    assert started == []
