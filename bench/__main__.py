@@ -110,11 +110,12 @@ the client's (see the CPU columns), and the gRPC ceiling moves the same bytes 3-
   longer the limit (~20 ns per 100 B record, ~50 us per 200 KB fetch, thread CPU time). What
   remains per fetch is the machinery it shares with poll() (gRPC's receive threads, the event
   loop, credit grants, the hand-off to the polling thread: ~0.2 ms), most of the paper test's
-  client CPU (~1,000 records a fetch). With 1 KiB records bytes bound both sides: the broker
-  takes ~250 page faults per thousand records (a fresh 1 MiB buffer per response, given back
-  to the OS by glibc each time; with `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` raised its
-  CPU per million falls from ~0.85 to ~0.4 s), and twice Kafka's 1 KiB figure is above what
-  the bare gRPC transport (grpc-ceiling) moves on this machine.
+  client CPU (~1,000 records a fetch). With 1 KiB records bytes bound both sides: with glibc's
+  default allocator settings the broker took ~250 page faults per thousand records (a fresh
+  1 MiB buffer per response, given back to the OS each time); it now sets them at start
+  (`--malloc-tuning`, docs/operations.md; A/B: bench/malloc_ab.py): ~0 faults, CPU per million
+  ~0.9 -> ~0.5 s. Twice Kafka's 1 KiB figure is above what the bare gRPC transport
+  (grpc-ceiling) moves on this machine.
 - **End-to-end latency**: the fixed-rate producer and the consumer share one Python process;
   GIL hand-offs (5 ms switch interval) between the pacing thread, the two SDK event-loop
   threads and the consumer thread show up in p99.
