@@ -565,6 +565,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="consume workloads: skip the columnar (poll_arrow) variant",
     )
     ap.add_argument(
+        "--broker-malloc-tuning",
+        default="default",
+        metavar="SPEC",
+        help="the broker's --malloc-tuning ('off' for glibc's own settings; default %(default)s)",
+    )
+    ap.add_argument(
         "--output",
         type=Path,
         default=ROOT / "bench" / "results",
@@ -643,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
     micro = None
     memory: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        broker = stack.enter_context(tidelog_broker())
+        broker = stack.enter_context(tidelog_broker("--malloc-tuning", args.broker_malloc_tuning))
         memory["rss_start_mb"] = rss_mb(broker.pid)
         print(f"tidelog broker pid {broker.pid} at {broker.address}", flush=True)
         ceiling = None if args.no_ceiling else stack.enter_context(ceiling_server())
