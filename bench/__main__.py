@@ -119,11 +119,12 @@ the client's (see the CPU columns), and the gRPC ceiling moves the same bytes 3-
   longer the limit (~20 ns per 100 B record, ~50 us per 200 KB fetch, thread CPU time). What
   remains per fetch is the machinery it shares with poll() (gRPC's receive threads, the event
   loop, credit grants, the hand-off to the polling thread: ~0.2 ms), most of the paper test's
-  client CPU (~1,000 records a fetch). With 1 KiB records bytes bound both sides: the broker
-  takes ~250 page faults per thousand records (a fresh 1 MiB buffer per response, given back
-  to the OS by glibc each time; with `MALLOC_MMAP_THRESHOLD_`/`MALLOC_TRIM_THRESHOLD_` raised its
-  CPU per million falls from ~0.85 to ~0.4 s), and twice Kafka's 1 KiB figure is above what
-  the bare gRPC transport (grpc-ceiling) moves on this machine.
+  client CPU (~1,000 records a fetch). With 1 KiB records bytes bound both sides: with glibc's
+  default allocator settings the broker took ~250 page faults per thousand records (a fresh
+  1 MiB buffer per response, given back to the OS each time); it now sets them at start
+  (`--malloc-tuning`, docs/operations.md; A/B: bench/malloc_ab.py): ~0 faults, CPU per million
+  ~0.9 -> ~0.5 s. Twice Kafka's 1 KiB figure is above what the bare gRPC transport
+  (grpc-ceiling) moves on this machine.
 - **End-to-end latency** (per hop: `python -m bench.e2e_trace`, each record timed at send,
   the sender's drain, the gRPC write, the broker's append, its fetch answer, the consumer
   loop's arrival and poll()). The broker adds no wait: an append resolves the long-poll in
@@ -601,6 +602,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="consume workloads: skip the columnar (poll_arrow) variant",
     )
     ap.add_argument(
+        "--broker-malloc-tuning",
+        default="default",
+        metavar="SPEC",
+        help="the broker's --malloc-tuning ('off' for glibc's own settings; default %(default)s)",
+    )
+    ap.add_argument(
         "--output",
         type=Path,
         default=ROOT / "bench" / "results",
@@ -679,7 +686,7 @@ def main(argv: list[str] | None = None) -> int:
     micro = None
     memory: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
-        broker = stack.enter_context(tidelog_broker())
+        broker = stack.enter_context(tidelog_broker("--malloc-tuning", args.broker_malloc_tuning))
         memory["rss_start_mb"] = rss_mb(broker.pid)
         print(f"tidelog broker pid {broker.pid} at {broker.address}", flush=True)
         ceiling = None if args.no_ceiling else stack.enter_context(ceiling_server())

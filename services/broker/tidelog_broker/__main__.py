@@ -32,6 +32,11 @@ from tidelog_broker.config import (
     parse_settings,
     read_properties,
 )
+from tidelog_broker.malloc_tuning import (
+    MallocTuningError,
+    apply_malloc_tuning,
+    parse_malloc_tuning,
+)
 from tidelog_broker.resources import raise_open_file_limit
 from tidelog_broker.server import serve
 
@@ -100,6 +105,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(and its partitions get new leaders; default %(default)s, the least etcd allows)",
     )
     parser.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING, ERROR")
+    parser.add_argument(
+        "--malloc-tuning",
+        default="default",
+        metavar="default|off|KEY=VALUE,...",
+        help="glibc allocator settings applied at start (malloc_tuning.py), so that fetch "
+        "answers reuse heap memory instead of fresh mmapped pages: 'default' "
+        "(mmap_threshold=16MiB,trim_threshold=32MiB,arena_max=4), 'off', or your own "
+        "values of those keys; skipped on other C libraries and for settings given by "
+        "MALLOC_* environment variables (default %(default)s)",
+    )
     add_metrics_arguments(parser)
     return parser.parse_args(argv)
 
@@ -177,9 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         cluster = cluster_from_args(args)
-    except TidelogError as exc:
+        malloc_tuning = parse_malloc_tuning(args.malloc_tuning)
+    except (TidelogError, MallocTuningError) as exc:
         print(f"tidelog-broker: {exc}", file=sys.stderr)
         return 2
+    # Before the event loop and gRPC's threads allocate (and create arenas).
+    apply_malloc_tuning(malloc_tuning)
     # Descriptors bound the partitions a broker can host (resources.py).
     raise_open_file_limit()
     # SIGINT is handled inside serve(); this covers one before the loop is up.
