@@ -58,7 +58,6 @@ class CommitStream:
         self._commit = commit
         self.in_flight_max = in_flight_max
         self._slots = asyncio.Semaphore(in_flight_max)
-        #: Answers ready to send; None once the last one is in.
         #: Answers ready to send, (correlation id, error); None after the last.
         self._answers: asyncio.Queue[_Answer | None] = asyncio.Queue()
         self._ids: set[int] = set()
