@@ -21,7 +21,7 @@ from tidelog import AdminClient, AsyncConsumer, Consumer, NewTopic, TopicPartiti
 from tidelog.errors import UnknownTopicOrPartitionError
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
-from tests.support.processes import BrokerProcess, free_port, start_broker
+from tests.support.processes import BrokerProcess, free_port, free_ports_in_a_row, start_broker
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -278,7 +278,7 @@ def kill_dev(dev: subprocess.Popen[bytes], children: list[psutil.Process]) -> No
 
 
 def test_dev_children_end_when_dev_is_killed(tmp_path: Path) -> None:
-    dev = start_dev(tmp_path / "dev", free_port(), "--brokers", "1")
+    dev = start_dev(tmp_path / "dev", free_ports_in_a_row(2), "--brokers", "1")
     children: list[psutil.Process] = []
     try:
         wait_banner(dev)
@@ -293,7 +293,7 @@ def test_dev_children_end_when_dev_is_killed(tmp_path: Path) -> None:
 
 
 def test_dev_starts_a_cluster_and_stops_it_on_ctrl_c(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_ports_in_a_row(4)  # three brokers (the default) and the gateway
     data_dir = tmp_path / "dev"
     # Started as `make test &` starts it: SIGINT ignored from the shell.
     dev = start_dev(data_dir, port, ignore_sigint=True)

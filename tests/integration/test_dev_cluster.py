@@ -18,7 +18,7 @@ from tidelog import AdminClient, Consumer, Producer, TopicPartition
 from tidelog.errors import TidelogError
 
 from tests.integration.test_cli import kill_dev, start_dev, tidelog, wait_banner
-from tests.support.processes import free_port
+from tests.support.processes import free_ports_in_a_row
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -102,7 +102,7 @@ def broker_process(dev_pid: int, broker_id: int) -> psutil.Process:
 def test_a_killed_broker_is_restarted_and_rejoins_without_losing_acknowledged_records(
     tmp_path: Path,
 ) -> None:
-    port = free_port()
+    port = free_ports_in_a_row(4)
     bootstrap = f"127.0.0.1:{port}"
     dev = start_dev(tmp_path / "dev", port, "--brokers", "3")
     children: list[psutil.Process] = []
@@ -213,7 +213,7 @@ def test_a_broker_that_crashes_at_start_is_left_down_after_a_few_restarts(
 ) -> None:
     """No hot loop: the delay doubles and the restarts per minute are capped;
     then the broker stays down, said so, and the rest keeps serving."""
-    port = free_port()
+    port = free_ports_in_a_row(3)
     data_dir = tmp_path / "dev"
     dev = start_dev(data_dir, port, "--brokers", "2")
     children: list[psutil.Process] = []
@@ -250,7 +250,7 @@ def test_a_broker_that_crashes_at_start_is_left_down_after_a_few_restarts(
 
 
 def test_no_restart_leaves_a_dead_broker_down_and_the_rest_serving(tmp_path: Path) -> None:
-    port = free_port()
+    port = free_ports_in_a_row(3)
     dev = start_dev(tmp_path / "dev", port, "--brokers", "2", "--no-restart")
     children: list[psutil.Process] = []
     try:

@@ -36,7 +36,12 @@ from tests.integration.test_cli import kill_dev, start_dev, tidelog, wait_banner
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 from tests.support.gateway import GatewayProcess, start_gateway
-from tests.support.processes import BrokerProcess, free_port, start_broker, wait_serving
+from tests.support.processes import (
+    BrokerProcess,
+    free_ports_in_a_row,
+    start_broker,
+    wait_serving,
+)
 
 pytestmark = pytest.mark.timeout(180)
 PREFIX = "/tls"
@@ -253,7 +258,7 @@ def test_client_options_are_checked_when_the_client_is_made(tmp_path: Path) -> N
 def test_tidelog_dev_tls_runs_the_whole_cluster_encrypted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    port = free_port()
+    port = free_ports_in_a_row(3)
     dev = start_dev(tmp_path / "dev", port, "--brokers", "2", "--tls")
     children: list[psutil.Process] = []
     try:

@@ -35,6 +35,28 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def free_ports_in_a_row(count: int) -> int:
+    """The first of `count` consecutive loopback ports that are all free
+    right now (`tidelog dev --port P` serves brokers and the gateway on
+    P, P+1, ...: a port taken by another test made one of them exit)."""
+    while True:
+        base = free_port()
+        if base + count > 65536:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+
+
 def security_of(args: Sequence[str]) -> ChannelSecurity:
     """How to reach a service started with `args`: over TLS when they give
     it a certificate (presented back as the client certificate, which a

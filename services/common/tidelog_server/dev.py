@@ -196,13 +196,26 @@ def wait_until_etcd_healthy(port: int, timeout_s: float, process: subprocess.Pop
     raise RuntimeError(f"etcd did not become healthy within {timeout_s:.0f} s")
 
 
+def _log_tail(log_path: Path | None, lines: int = 5) -> str:
+    """The last lines of a child's log, to say why it exited."""
+    if log_path is None:
+        return ""
+    try:
+        tail = log_path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f" (see {log_path})"
+    return f"; {log_path} ends:\n  " + "\n  ".join(tail)
+
+
 def wait_until_serving(
     address: str,
     timeout_s: float,
     process: subprocess.Popen[bytes],
     security: ChannelSecurity = PLAINTEXT,
+    log_path: Path | None = None,
 ) -> None:
-    """Poll the gRPC health check of `address` until SERVING."""
+    """Poll the gRPC health check of `address` until SERVING; a process that
+    exits first is reported with the end of its log."""
     deadline = time.monotonic() + timeout_s
     with security.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
@@ -210,6 +223,7 @@ def wait_until_serving(
             if process.poll() is not None:
                 raise RuntimeError(
                     f"the process for {address} exited with code {process.returncode}"
+                    + _log_tail(log_path)
                 )
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
@@ -429,7 +443,9 @@ def _dev(args: argparse.Namespace) -> int:
             ],
             coordinator_log,
         )  # fmt: skip
-        wait_until_serving(coordinator_address, READY_TIMEOUT_S, coordinator, security)
+        wait_until_serving(
+            coordinator_address, READY_TIMEOUT_S, coordinator, security, coordinator_log
+        )
         # The coordinator keeps no data of its own: its state lives in etcd.
         endpoints.append(("coordinator", coordinator_address, None, coordinator_log))
 
@@ -451,8 +467,8 @@ def _dev(args: argparse.Namespace) -> int:
                 broker_args.append("--auto-create-topics")
             brokers.append(start(f"broker {broker_id}", broker_args, log_path))
             endpoints.append((f"broker {broker_id}", address, broker_dir, log_path))
-        for (_, address, _, _), process in zip(endpoints[2:], brokers, strict=True):
-            wait_until_serving(address, READY_TIMEOUT_S, process, security)
+        for (_, address, _, log_path), process in zip(endpoints[2:], brokers, strict=True):
+            wait_until_serving(address, READY_TIMEOUT_S, process, security, log_path)
         bootstrap = endpoints[2][1]
 
         # The gateway: one address for every partition, for clients in any
@@ -471,7 +487,7 @@ def _dev(args: argparse.Namespace) -> int:
             gateway_log,
         )  # fmt: skip
         endpoints.append(("gateway", gateway_address, None, gateway_log))
-        wait_until_serving(gateway_address, READY_TIMEOUT_S, gateway, security)
+        wait_until_serving(gateway_address, READY_TIMEOUT_S, gateway, security, gateway_log)
 
         print("Tidelog is running.")
         for (name, address, directory, log_path), child in zip(endpoints, children, strict=True):
