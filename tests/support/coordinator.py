@@ -11,7 +11,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.support.processes import ServiceProcess, free_port, spawn_service
+from tests.support.processes import (
+    ServiceProcess,
+    free_port,
+    spawn_service,
+    start_on_free_ports,
+)
 
 START_TIMEOUT_S = 20.0
 
@@ -29,18 +34,21 @@ def start_coordinator(
     session_ttl_s: int = 2,
     extra_args: tuple[str, ...] = (),
 ) -> CoordinatorProcess:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"coordinator-{coordinator_id}.log"
-    args = [
-        sys.executable, "-m", "tidelog_coordinator",
-        "--listen", address,
-        "--etcd", etcd_endpoint,
-        "--prefix", prefix,
-        "--id", coordinator_id,
-        "--session-ttl-s", str(session_ttl_s),
-        *extra_args,
-    ]  # fmt: skip
-    proc = spawn_service("coordinator", args, address, log_path, START_TIMEOUT_S)
-    return CoordinatorProcess(proc, address, log_path)
+
+    def start() -> CoordinatorProcess:
+        address = f"127.0.0.1:{free_port()}"
+        args = [
+            sys.executable, "-m", "tidelog_coordinator",
+            "--listen", address,
+            "--etcd", etcd_endpoint,
+            "--prefix", prefix,
+            "--id", coordinator_id,
+            "--session-ttl-s", str(session_ttl_s),
+            *extra_args,
+        ]  # fmt: skip
+        proc = spawn_service("coordinator", args, address, log_path, START_TIMEOUT_S)
+        return CoordinatorProcess(proc, address, log_path)
+
+    return start_on_free_ports(start)

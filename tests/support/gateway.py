@@ -13,7 +13,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.processes import ServiceProcess, free_port, spawn_service
+from tests.support.processes import (
+    ServiceProcess,
+    free_port,
+    spawn_service,
+    start_on_free_ports,
+)
 
 START_TIMEOUT_S = 30.0
 
@@ -27,19 +32,23 @@ class GatewayProcess(ServiceProcess):
 def start_gateway(
     etcd_endpoint: str, log_dir: Path, *, prefix: str, extra_args: Sequence[str] = ()
 ) -> GatewayProcess:
-    port = free_port()
-    address = f"127.0.0.1:{port}"
     log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"gateway-{port}.log"
-    args = [
-        sys.executable, "-m", "tidelog_gateway",
-        "--listen", address,
-        "--etcd", etcd_endpoint,
-        "--prefix", prefix,
-        *extra_args,
-    ]  # fmt: skip
-    proc = spawn_service("gateway", args, address, log_path, START_TIMEOUT_S)
-    return GatewayProcess(proc, address, log_path)
+
+    def start() -> GatewayProcess:
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        log_path = log_dir / f"gateway-{port}.log"
+        args = [
+            sys.executable, "-m", "tidelog_gateway",
+            "--listen", address,
+            "--etcd", etcd_endpoint,
+            "--prefix", prefix,
+            *extra_args,
+        ]  # fmt: skip
+        proc = spawn_service("gateway", args, address, log_path, START_TIMEOUT_S)
+        return GatewayProcess(proc, address, log_path)
+
+    return start_on_free_ports(start)
 
 
 @contextmanager

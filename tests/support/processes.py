@@ -17,12 +17,17 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog.security import PLAINTEXT, ChannelSecurity
+
+from tests.support.etcd import PORT_RACE_ATTEMPTS, PortTakenError
+
+T = TypeVar("T")
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
@@ -138,11 +143,32 @@ class ServiceProcess:
             return ""
 
 
+def _log_size(log_path: Path) -> int:
+    try:
+        return log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+def port_taken(log_path: Path, since: int) -> bool:
+    """Whether what a process logged after byte `since` says its address was
+    taken: free_port() closes the port it found, and another test's process
+    can bind it first. Starting again on new ports is the remedy."""
+    try:
+        with open(log_path, "rb") as log:
+            log.seek(since)
+            return b"address already in use" in log.read().lower()
+    except OSError:
+        return False
+
+
 def spawn_service(
     what: str, args: Sequence[str], address: str, log_path: Path, timeout_s: float
 ) -> subprocess.Popen[bytes]:
     """Run `args` with output to `log_path` and wait until `address` answers
-    SERVING; a process that does not is killed and named in the error."""
+    SERVING; a process that does not is killed and named in the error
+    (PortTakenError when its address was taken meanwhile)."""
+    since = _log_size(log_path)
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -151,8 +177,21 @@ def spawn_service(
         if proc.poll() is None:
             proc.kill()
         proc.wait()
-        raise RuntimeError(f"{what} did not start: {exc}; see {log_path}") from exc
+        error = PortTakenError if port_taken(log_path, since) else RuntimeError
+        raise error(f"{what} did not start: {exc}; see {log_path}") from exc
     return proc
+
+
+def start_on_free_ports(start: Callable[[], T]) -> T:
+    """`start()`, which picks its ports with free_port(), again on new ports
+    when one was taken before the process bound it."""
+    for attempt in range(PORT_RACE_ATTEMPTS):
+        try:
+            return start()
+        except PortTakenError:
+            if attempt == PORT_RACE_ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 class BrokerProcess:
@@ -214,13 +253,15 @@ class BrokerProcess:
                 "os.execv(sys.argv[1], sys.argv[1:])",
                 *args,
             ]
+        since = _log_size(self.log_path)
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
         try:
             wait_serving(self.address, timeout_s, self.proc, security_of(self.extra_args))
         except (RuntimeError, TimeoutError) as exc:
             self.kill()
-            raise RuntimeError(
+            error = PortTakenError if port_taken(self.log_path, since) else RuntimeError
+            raise error(
                 f"broker did not start: {exc}; the end of {self.log_path}:\n{self.log_tail()}"
             ) from exc
 
@@ -268,9 +309,17 @@ def start_broker(
     timeout_s: float = START_TIMEOUT_S,
     open_file_limit: int | None = None,
 ) -> BrokerProcess:
-    """Start a broker and wait until it serves. Port None: a free one."""
+    """Start a broker and wait until it serves. Port None: a free one (and
+    new ones if it was taken meanwhile)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    broker = BrokerProcess(data_dir, free_port() if port is None else port, extra_args, broker_id)
-    broker.open_file_limit = open_file_limit
-    broker.spawn(timeout_s)
-    return broker
+
+    def start() -> BrokerProcess:
+        chosen = free_port() if port is None else port
+        broker = BrokerProcess(data_dir, chosen, extra_args, broker_id)
+        broker.open_file_limit = open_file_limit
+        broker.spawn(timeout_s)
+        return broker
+
+    if port is not None:
+        return start()
+    return start_on_free_ports(start)
