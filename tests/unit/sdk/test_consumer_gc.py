@@ -95,8 +95,11 @@ def test_an_application_that_froze_objects_keeps_them_frozen() -> None:
     gc.freeze()
     try:
         frozen = gc.get_freeze_count()
-        records = _decode()
-        assert gc.get_freeze_count() == frozen
+        records = _decode(count=1_000)
+        # Neither frozen by the SDK (+1,000 and more) nor unfrozen (0). Not
+        # exactly equal: in a process with other threads (a test worker),
+        # a frozen object they free meanwhile leaves the count (seen: -1).
+        assert frozen - 500 < gc.get_freeze_count() <= frozen
         assert gc.isenabled()
         assert records[0].value == b"v0"
     finally:
