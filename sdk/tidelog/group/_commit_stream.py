@@ -34,11 +34,20 @@ COMMITS_PER_MESSAGE_MAX = 1024
 class StreamEnded(Exception):
     """The stream ended before the commit was answered."""
 
-    def __init__(self, message: str, rpc_error: grpc.aio.AioRpcError | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        rpc_error: grpc.aio.AioRpcError | None = None,
+        write_failed: bool = False,
+    ) -> None:
         super().__init__(message)
         #: The status the server ended the stream with; None when it said
         #: nothing (the connection broke, or the client closed the stream).
         self.rpc_error = rpc_error
+        #: gRPC could not send on the stream: the connection broke, or the
+        #: server ended the call before reading (its status, UNIMPLEMENTED
+        #: for one, is then lost: seen through the gateway).
+        self.write_failed = write_failed
 
 
 def _failed_to_send(exc: grpc.aio.AioRpcError) -> bool:
@@ -74,7 +83,7 @@ class CommitStream:
         """A fresh exception per failed commit (one instance raised in many
         places would pile up their tracebacks)."""
         ended = self._ended or StreamEnded("the commit stream ended")
-        return StreamEnded(str(ended), ended.rpc_error)
+        return StreamEnded(str(ended), ended.rpc_error, ended.write_failed)
 
     async def commit(
         self, request: group_pb2.CommitOffsetsRequest, timeout_s: float
@@ -126,7 +135,9 @@ class CommitStream:
             if self._closing:  # close(): a fail-over, or the client closing
                 self._ended = StreamEnded("the commit stream was closed")
             elif _failed_to_send(exc):
-                self._ended = StreamEnded(f"the connection broke under a commit: {exc.details()}")
+                self._ended = StreamEnded(
+                    f"the connection broke under a commit: {exc.details()}", write_failed=True
+                )
             else:
                 self._ended = StreamEnded(f"the commit stream ended: {exc.details()}", exc)
         except asyncio.CancelledError:

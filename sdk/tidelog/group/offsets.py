@@ -175,6 +175,13 @@ class OffsetStoreClient:
                     # The server's answer (refused by the authorizer, or
                     # a limit): typed, as from the unary call.
                     raise error_from_rpc(refused) from None
+                if exc.write_failed:
+                    # Whether the connection broke or the server refused
+                    # the stream before reading (a lost UNIMPLEMENTED), the
+                    # unary call commits all the same, failing over itself.
+                    response = await self._call("CommitOffsets", request)
+                    assert isinstance(response, group_pb2.CommitOffsetsResponse)
+                    return response.error if response.HasField("error") else None
                 last = exc
                 if generation != self._generation:
                     # Closed under us by another commit's fail-over: retry
