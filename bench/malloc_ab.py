@@ -32,6 +32,10 @@ from tests.support.processes import start_broker
 ROOT = Path(__file__).resolve().parents[1]
 
 MODES = ("off", "default")
+#: The logs of one run at scale 1.0: the bench's own consume workloads' sizes
+#: (consume_100B_5M, consume_1KB_2GB's 2M records).
+SMALL_RECORDS_AT_FULL_SCALE = 5_000_000
+KIB_RECORDS_AT_FULL_SCALE = 2_000_000
 
 
 def broker_minflt(pid: int) -> int:
@@ -49,7 +53,10 @@ def one_run(root: Path, mode: str, run: int, scale: float) -> list[dict[str, Any
     broker = start_broker(data, extra_args=("--auto-create-topics", "--malloc-tuning", mode))
     rows: list[dict[str, Any]] = []
     try:
-        for record_bytes, count in ((100, int(5_000_000 * scale)), (1024, int(2_000_000 * scale))):
+        for record_bytes, count in (
+            (100, int(SMALL_RECORDS_AT_FULL_SCALE * scale)),
+            (1024, int(KIB_RECORDS_AT_FULL_SCALE * scale)),
+        ):
             topic = f"ab-{record_bytes}-{mode}-{run}"
             label = "100B" if record_bytes == 100 else "1KB"
             for kind in ("produce", "consume"):
@@ -69,6 +76,7 @@ def one_run(root: Path, mode: str, run: int, scale: float) -> list[dict[str, Any
                         "mode": mode,
                         "run": run,
                         "workload": f"{kind}_{label}",
+                        "records": result["records"],
                         "records_per_s": result["records_per_s"],
                         "broker_cpu_s_per_m": result["cpu_s_per_million"]["broker"],
                         "client_cpu_s_per_m": result["cpu_s_per_million"]["client"],
