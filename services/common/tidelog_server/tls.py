@@ -32,7 +32,7 @@ from pathlib import Path
 import grpc
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
-from tidelog_server.etcd.client import ETCD_PASSWORD_ENV, EtcdAuth, EtcdTls
+from tidelog_server.etcd.client import ETCD_PASSWORD_ENV, EtcdAccessError, EtcdAuth, EtcdTls
 
 log = logging.getLogger("tidelog.tls")
 
@@ -233,6 +233,6 @@ def etcd_auth_from_args(args: argparse.Namespace) -> EtcdAuth | None:
     auth = EtcdAuth(args.etcd_user, args.etcd_password_file)
     try:
         auth.password()
-    except Exception as exc:
+    except EtcdAccessError as exc:
         raise ValueError(str(exc)) from None
     return auth

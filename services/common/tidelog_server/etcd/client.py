@@ -327,9 +327,7 @@ class EtcdClient(aetcd.Client):
             if type(getattr(self, "_watcher", None)) is aetcd.watcher.Watcher:
                 # aetcd's own, not started yet (its stream opens with the
                 # first watch): ours instead (see _Watcher).
-                self._watcher = _Watcher(
-                    aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=None
-                )
+                self._watcher = self._new_watcher()
         elif not self._connected.is_set():
             self._open_tls_channel()
         if self.auth is not None and self._token is None:
@@ -385,9 +383,7 @@ class EtcdClient(aetcd.Client):
         self._token = None
         watcher: aetcd.watcher.Watcher | None = getattr(self, "_watcher", None)
         if watcher is not None:
-            self._watcher = _Watcher(
-                aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
-            )
+            self._watcher = self._new_watcher()
             task = asyncio.create_task(watcher.shutdown(), name="etcd-watcher-retire")
             self._retired.add(task)
             task.add_done_callback(self._retired.discard)
@@ -404,10 +400,15 @@ class EtcdClient(aetcd.Client):
         self.clusterstub = aetcd.rpc.ClusterStub(self.channel)
         self.leasestub = aetcd.rpc.LeaseStub(self.channel)
         self.maintenancestub = aetcd.rpc.MaintenanceStub(self.channel)
-        self._watcher = _Watcher(
+        self._watcher = self._new_watcher()
+        self._connected.set()
+
+    def _new_watcher(self) -> _Watcher:
+        """A watch stream on the channel in use, carrying this client's
+        metadata (connect() updates it after a login)."""
+        return _Watcher(
             aetcd.rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
         )
-        self._connected.set()
 
     def fail_over(self, generation: int, reason: BaseException | str) -> None:
         """Move to the next member, unless a fail-over already happened since
