@@ -54,6 +54,13 @@ def _moves_on(exc: grpc.aio.AioRpcError) -> bool:
     return is_unavailable(exc) or exc.code() == grpc.StatusCode.CANCELLED
 
 
+#: Each coordinator address is tried this many times before a call gives up.
+ATTEMPTS_PER_ADDRESS = 2
+#: The pause after a failed attempt: doubling from the first, capped.
+RETRY_PAUSE_FIRST_S = 0.05
+RETRY_PAUSE_MAX_S = 1.0
+
+
 class OffsetStoreClient:
     """Offset calls with failover across coordinator replicas (a member's
     commits over the commit stream, see the module doc). One event loop."""
@@ -106,10 +113,18 @@ class OffsetStoreClient:
         if stream is not None:
             await stream.close()
 
+    def _attempts(self) -> range:
+        """The attempts of one call: ATTEMPTS_PER_ADDRESS per coordinator."""
+        return range(len(self._channels.addresses) * ATTEMPTS_PER_ADDRESS)
+
+    @staticmethod
+    async def _pause(attempt: int) -> None:
+        """The pause after failed attempt number `attempt` (doubling, capped)."""
+        await asyncio.sleep(min(RETRY_PAUSE_MAX_S, RETRY_PAUSE_FIRST_S * 2**attempt))
+
     async def _call(self, method: str, request: object) -> object:
-        attempts = max(2, len(self._channels.addresses) * 2)
         last: BaseException | None = None
-        for attempt in range(attempts):
+        for attempt in self._attempts():
             generation, channel = await self._current()
             stub = group_pb2_grpc.GroupStub(channel)
             try:
@@ -119,7 +134,7 @@ class OffsetStoreClient:
                     raise error_from_rpc(exc) from exc
                 last = exc
                 await self._fail_over(generation)
-                await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+                await self._pause(attempt)
         raise CoordinatorNotAvailableError(
             f"no coordinator answered ({', '.join(self._channels.addresses)}): {last}"
         )
@@ -152,13 +167,10 @@ class OffsetStoreClient:
     ) -> common_pb2.Error | None:
         """The commit's answer (its error, if any): over the stream, or over
         the unary call where the stream is not served; failing over as _call."""
-        attempts = max(2, len(self._channels.addresses) * 2)
         last: BaseException | None = None
-        for attempt in range(attempts):
+        for attempt in self._attempts():
             if not self._commit_stream or self._channels.address in self._unary_only:
-                response = await self._call("CommitOffsets", request)
-                assert isinstance(response, group_pb2.CommitOffsetsResponse)
-                return response.error if response.HasField("error") else None
+                return await self._commit_unary(request)
             generation, channel = await self._current()
             stream = self._stream
             if stream is None or not stream.open:
@@ -179,9 +191,7 @@ class OffsetStoreClient:
                     # Whether the connection broke or the server refused
                     # the stream before reading (a lost UNIMPLEMENTED), the
                     # unary call commits all the same, failing over itself.
-                    response = await self._call("CommitOffsets", request)
-                    assert isinstance(response, group_pb2.CommitOffsetsResponse)
-                    return response.error if response.HasField("error") else None
+                    return await self._commit_unary(request)
                 last = exc
                 if generation != self._generation:
                     # Closed under us by another commit's fail-over: retry
@@ -192,10 +202,17 @@ class OffsetStoreClient:
                     f"no answer within request_timeout_ms={self.request_timeout_ms}"
                 )
             await self._fail_over(generation)
-            await asyncio.sleep(min(1.0, 0.05 * 2**attempt))
+            await self._pause(attempt)
         raise CoordinatorNotAvailableError(
             f"no coordinator answered ({', '.join(self._channels.addresses)}): {last}"
         )
+
+    async def _commit_unary(
+        self, request: group_pb2.CommitOffsetsRequest
+    ) -> common_pb2.Error | None:
+        response = await self._call("CommitOffsets", request)
+        assert isinstance(response, group_pb2.CommitOffsetsResponse)
+        return response.error if response.HasField("error") else None
 
     async def alter(
         self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
