@@ -14,7 +14,6 @@ import contextlib
 import os
 import random
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,14 @@ from tidelog._accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from bench import grpc_ceiling
+from bench._fixed_rate import (
+    PACER_SLEEP_S,
+    STAMP,
+    WARMUP_SEQUENCE,
+    FixedRatePacer,
+    padding,
+    stamped,
+)
 from bench._processes import Meter
 
 Result = dict[str, Any]
@@ -374,10 +381,6 @@ def consume_arrow(
 
 # ---------------------------------------------------------------------------- latency
 
-STAMP = struct.Struct(">QQ")  # send time (perf_counter_ns), sequence number
-_STAMP = STAMP
-
-
 #: The interpreter switch interval the e2e consumer process (bench/e2e_consumer.py) sets.
 SWITCH_INTERVAL_ENV = "TIDELOG_BENCH_SWITCH_INTERVAL_S"
 
@@ -504,7 +507,7 @@ def end_to_end_latency(
     warmup = int(rate * warmup_s)
     total = warmup + int(rate * seconds)
     trailers = 0
-    pad = b"\x00" * max(0, record_bytes - _STAMP.size)
+    pad = padding(record_bytes)
     create_topic(address, topic)
     tp = TopicPartition(topic, 0)
     latencies: list[float] = []
@@ -519,7 +522,7 @@ def end_to_end_latency(
             consumer.seek_to_end(tp)
             consumer.position(tp)
             ready.set()
-            unpack = _STAMP.unpack_from
+            unpack = STAMP.unpack_from
             while received[0] < total and not stop.is_set():
                 polled = consumer.poll(timeout_ms=100)
                 now = ns()
@@ -539,23 +542,19 @@ def end_to_end_latency(
         raise RuntimeError("the latency consumer did not start within 30 s")
     schedule_lag: list[float] = []
     with Producer(bootstrap_servers=address, acks=1, linger_ms=0) as producer:
-        producer.send(topic, _STAMP.pack(ns(), 1 << 62) + pad).get(30)  # warm; seq ignored
+        producer.send(topic, stamped(WARMUP_SEQUENCE, pad)).get(30)
         send = producer.send
         meter = Meter(broker_pid)
-        t0 = ns()
-        interval = 1e9 / rate
-        i = 0
-        while i < total:
-            due = min(total, int((ns() - t0) / interval) + 1)
-            while i < due:
+        pacer = FixedRatePacer(rate, total)
+        while not pacer.finished:
+            for i in pacer.due():
                 now = ns()
-                send(topic, _STAMP.pack(now, i) + pad)
+                send(topic, STAMP.pack(now, i) + pad)
                 if i >= warmup:
-                    schedule_lag.append((now - (t0 + i * interval)) / 1e6)
-                i += 1
-            time.sleep(0.0002)
+                    schedule_lag.append(pacer.lag_ms(i, now))
+            time.sleep(PACER_SLEEP_S)
         producer.flush(timeout=60)
-        sent_s = (ns() - t0) / 1e9
+        sent_s = pacer.elapsed_s()
         # Trailers (not measured) until the reader has every measured record: a fetch that
         # missed the wake-up of the last append would otherwise hold it until the next one.
         trailers = 0
@@ -563,7 +562,7 @@ def end_to_end_latency(
         while not reader.finished(received[0]) and time.monotonic() < deadline:
             reader.join(timeout=0.05)
             if not reader.finished(received[0]):
-                send(topic, _STAMP.pack(ns(), total + trailers) + pad)
+                send(topic, stamped(total + trailers, pad))
                 trailers += 1
         stop.set()
     lat = reader.stop(latencies)
@@ -649,7 +648,7 @@ async def _end_to_end_latency_async(
 ) -> Result:
     warmup = int(rate * warmup_s)
     total = warmup + int(rate * seconds)
-    pad = b"\x00" * max(0, record_bytes - _STAMP.size)
+    pad = padding(record_bytes)
     create_topic(address, topic)
     tp = TopicPartition(topic, 0)
     latencies: list[float] = []
@@ -666,7 +665,7 @@ async def _end_to_end_latency_async(
 
         async def consume_tail() -> None:
             nonlocal received
-            unpack = _STAMP.unpack_from
+            unpack = STAMP.unpack_from
             while received < total:
                 polled = await consumer.getmany(timeout_ms=100)
                 now = ns()
@@ -680,23 +679,19 @@ async def _end_to_end_latency_async(
                         received += 1
 
         reader = asyncio.ensure_future(consume_tail())
-        await (await producer.send(topic, _STAMP.pack(ns(), 1 << 62) + pad))
+        await (await producer.send(topic, stamped(WARMUP_SEQUENCE, pad)))
         send = producer.send
         meter = Meter(broker_pid)
-        t0 = ns()
-        interval = 1e9 / rate
-        i = 0
-        while i < total:
-            due = min(total, int((ns() - t0) / interval) + 1)
-            while i < due:
+        pacer = FixedRatePacer(rate, total)
+        while not pacer.finished:
+            for i in pacer.due():
                 now = ns()
-                await send(topic, _STAMP.pack(now, i) + pad)
+                await send(topic, STAMP.pack(now, i) + pad)
                 if i >= warmup:
-                    schedule_lag.append((now - (t0 + i * interval)) / 1e6)
-                i += 1
-            await asyncio.sleep(0.0002)
+                    schedule_lag.append(pacer.lag_ms(i, now))
+            await asyncio.sleep(PACER_SLEEP_S)
         await producer.flush()
-        sent_s = (ns() - t0) / 1e9
+        sent_s = pacer.elapsed_s()
         # No trailers needed: the long-poll answers every append.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(reader, 20)
