@@ -267,7 +267,9 @@ def _sync_run(
         if not ready.wait(30):
             raise RuntimeError("the consumer thread did not start within 30 s")
     else:
-        out = Path(tempfile.mkstemp(prefix="tidelog-trace-", suffix=".json")[1])
+        fd, name = tempfile.mkstemp(prefix="tidelog-trace-", suffix=".json")
+        os.close(fd)  # the consumer process writes it by name
+        out = Path(name)
         args = [sys.executable, "-m", "bench.e2e_trace", "--consumer-child", address, topic,
                 str(rate), str(total), str(out)]  # fmt: skip
         child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT)
@@ -288,7 +290,13 @@ def _sync_run(
     if child is None:
         thread.join(60)
         return polled
-    child.wait(total / rate + 60)
+    try:
+        child.wait(total / rate + 60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        out.unlink()
+        raise
     data = json.loads(out.read_text())
     out.unlink()
     client.arrived[:] = [tuple(a) for a in data["arrived"]]

@@ -337,8 +337,11 @@ def _compile_latency_tool(cache: Path, lib: Path, version: str) -> Path | None:
         raise KafkaUnavailable(f"javac failed on {LATENCY_SRC.name}:\n{_tail(proc.stderr)}")
     try:
         staging.rename(classes)
-    except OSError:  # another process put the same classes there first
+    except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+        if not (classes / f"{LATENCY_MAIN}.class").is_file():
+            raise
+        # Another process put the same classes there first.
     return classes
 
 

@@ -54,6 +54,13 @@ Result = dict[str, Any]
 #: One produce in this many carries an acknowledgement-latency probe (a callback).
 _PROBE_EVERY = 1000
 
+#: How long one poll of the catch-up reads waits for records (the log is already written).
+_POLL_TIMEOUT_MS = 1000
+
+#: How long the latency workloads wait, after the last send, for the reader to have every
+#: record; one that has not is reported in detail (received below the records sent).
+_TAIL_WAIT_S = 20.0
+
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     """Nearest-rank percentile (q in 0..100) of an already sorted list."""
@@ -232,7 +239,7 @@ def _consume_result(
 
 
 def _count_polled(consumer: Consumer, wanted: int) -> int:
-    return sum(map(len, consumer.poll(timeout_ms=1000, max_records=wanted).values()))
+    return sum(map(len, consumer.poll(timeout_ms=_POLL_TIMEOUT_MS, max_records=wanted).values()))
 
 
 def consume(
@@ -296,7 +303,7 @@ class _ArrowReadCheck:
 
     def read(self, consumer: Consumer, wanted: int) -> int:
         before = self.rows
-        for batches in consumer.poll_arrow(timeout_ms=1000).values():
+        for batches in consumer.poll_arrow(timeout_ms=_POLL_TIMEOUT_MS).values():
             for batch in batches:
                 rows = min(batch.num_rows, before + wanted - self.rows)
                 if rows <= 0:
@@ -419,7 +426,9 @@ class _TailReader:
         self.total = total
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[str] | None = None
-        self._output = Path(tempfile.mkstemp(prefix="tidelog-e2e-", suffix=".bin")[1])
+        fd, output = tempfile.mkstemp(prefix="tidelog-e2e-", suffix=".bin")
+        os.close(fd)  # the consumer process writes it by name
+        self._output = Path(output)
         if processes == 1:
             self._thread = threading.Thread(
                 target=consume_tail, name="bench-e2e-consumer", daemon=True
@@ -558,7 +567,7 @@ def end_to_end_latency(
         # Trailers (not measured) until the reader has every measured record: a fetch that
         # missed the wake-up of the last append would otherwise hold it until the next one.
         trailers = 0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + _TAIL_WAIT_S
         while not reader.finished(received[0]) and time.monotonic() < deadline:
             reader.join(timeout=0.05)
             if not reader.finished(received[0]):
@@ -692,9 +701,10 @@ async def _end_to_end_latency_async(
             await asyncio.sleep(PACER_SLEEP_S)
         await producer.flush()
         sent_s = pacer.elapsed_s()
-        # No trailers needed: the long-poll answers every append.
+        # No trailers needed: the long-poll answers every append. A reader still short after
+        # the wait is cancelled; what it missed shows in detail["received"].
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reader, 20)
+            await asyncio.wait_for(reader, _TAIL_WAIT_S)
         m = meter.done()
     detail = {
         "received": received,
