@@ -40,6 +40,7 @@ from tidelog import AdminClient, NewTopic
 
 from bench import kafka_baseline as kb
 from bench import kafka_fetch, report, workloads
+from bench._fixed_rate import E2E_RECORD_BYTES
 from bench._processes import BrokerProcess, hwm_mb, rss_mb, tidelog_broker, tidelog_cluster
 from bench.grpc_ceiling import ceiling_server
 
@@ -338,12 +339,14 @@ def run_e2e(ctx: Ctx, name: str) -> None:
         for system in ctx.systems(r):
             topic = f"{name}-{r}"
             if system == "tidelog":
-                common: dict[str, Any] = dict(
-                    rate=s.e2e_rate, seconds=s.e2e_seconds, record_bytes=100,
-                    warmup_s=s.e2e_warmup_s,
-                )  # fmt: skip
+                common: dict[str, Any] = {
+                    "rate": s.e2e_rate,
+                    "seconds": s.e2e_seconds,
+                    "record_bytes": E2E_RECORD_BYTES,
+                    "warmup_s": s.e2e_warmup_s,
+                }
                 address, pid = ctx.broker.address, ctx.broker.pid
-                # One process, then the consumer in its own (GIL per process).
+                # The consumer in a process of its own (a GIL per process), then in this one.
                 ctx.add(
                     workloads.end_to_end_latency(
                         address,
@@ -382,7 +385,7 @@ def run_e2e(ctx: Ctx, name: str) -> None:
                         ctx.kafka.bootstrap,
                         kafka_topic,
                         int(s.e2e_rate * s.e2e_seconds),
-                        100,
+                        E2E_RECORD_BYTES,
                         rate_per_s=s.e2e_rate,
                         warmup_records=int(s.e2e_rate * s.e2e_warmup_s),
                         install=ctx.install,

@@ -30,8 +30,10 @@ sys.path.insert(0, str(ROOT))
 from bench import workloads  # noqa: E402
 from bench._processes import tidelog_broker, tmpdir  # noqa: E402
 
-#: name: (record bytes, records, fetch bytes or None for the consumer's default 1 MiB)
-WORKLOADS: dict[str, tuple[int, int, int | None]] = {
+#: (record bytes, records, fetch bytes or None for the consumer's default 1 MiB)
+Spec = tuple[int, int, int | None]
+
+WORKLOADS: dict[str, Spec] = {
     "consume_100B_5M_arrow": (100, 5_000_000, None),
     "consume_1KB_2GB_arrow": (1024, 2_000_000, None),
     "paper_consume_10M_arrow": (200, 10_000_000, 204_800),
@@ -64,7 +66,7 @@ def _child(args: list[str]) -> None:
     print(json.dumps(result))
 
 
-def _run(side: Path | None, address: str, pid: int, topic: str, spec: tuple, name: str) -> Any:
+def _run(side: Path | None, address: str, pid: int, topic: str, spec: Spec, name: str) -> Any:
     size, count, fetch = spec
     env = dict(os.environ)
     env["PYTHONPATH"] = "" if side is None else str(side)

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from tidelog import Consumer, TopicPartition
 
-from bench.workloads import STAMP, SWITCH_INTERVAL_ENV
+from bench._fixed_rate import STAMP
+from bench.workloads import SWITCH_INTERVAL_ENV
 
 
 def main(argv: list[str]) -> int:

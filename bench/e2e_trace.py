@@ -1,8 +1,8 @@
 """Where an end-to-end record's time goes: per-hop latencies at 10,000 records/s.
 
-``python -m bench.e2e_trace [--mode sync|async|both] [--seconds S] [--rate R]`` starts one
+``python -m bench.e2e_trace [--mode sync|sync2|async|all] [--seconds S] [--rate R]`` starts one
 broker (with trace hooks, in a process of its own), produces at a fixed rate with linger 0
-and acks=1 while a consumer reads the tail in the same process, and timestamps every record
+and acks=1 while a consumer reads the tail, and timestamps every record
 at each hand-off, all from CLOCK_MONOTONIC (``time.perf_counter_ns``, one clock for every
 process of the machine):
 
@@ -26,7 +26,9 @@ tuples) would otherwise set off full collections of tens of milliseconds that th
 workload does not have (measured there: two collections in 10 s, under 2 ms together).
 
 ``--mode sync``: Producer + Consumer (a thread), each with its background loop, as
-``e2e_latency_10k``. ``--mode async``: AsyncProducer + AsyncConsumer on one event loop.
+``e2e_latency_10k``; ``sync2``: the Consumer in a process of its own, as
+``e2e_latency_10k_2proc``. ``--mode async``: AsyncProducer + AsyncConsumer on one event loop.
+``all`` (the default) runs the three, each against a fresh broker.
 """
 
 from __future__ import annotations
@@ -48,6 +50,16 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from bench._fixed_rate import (
+    E2E_RECORD_BYTES,
+    PACER_SLEEP_S,
+    STAMP,
+    WARMUP_SEQUENCE,
+    FixedRatePacer,
+    padding,
+    stamped,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 HOPS = ("send", "drain", "write", "append", "respond", "arrive", "poll")
@@ -105,7 +117,13 @@ class _Broker:
         ]  # fmt: skip
         self.log = open(Path(self.dir) / "broker.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
-        wait_serving(self.address, 60, self.proc)
+        try:
+            wait_serving(self.address, 60, self.proc)
+        except BaseException:
+            self.proc.kill()
+            self.proc.wait()
+            self.log.close()
+            raise
 
     def stop(self) -> dict[str, list[list[int]]]:
         self.proc.terminate()
@@ -129,8 +147,8 @@ class _ClientTrace:
         self.drained: list[tuple[int, int, int]] = []  # (first offset, last offset, t)
         self.written: list[tuple[int, int, int]] = []
         self.arrived: list[tuple[int, int, int]] = []  # (fetch offset, next offset, t)
-        self._next = 0
-        self._first: dict[int, tuple[int, int]] = {}
+        self._next = 0  # the offset of the next record drained (the topic is new)
+        self._first: dict[int, tuple[int, int]] = {}  # id(batch) -> its offsets
         drain = RecordAccumulator.drain
         send = _sender.ProduceStream.send
         on_response = _fetcher.Fetcher.on_response
@@ -165,6 +183,14 @@ class _ClientTrace:
         _sender.ProduceStream.send = traced_send  # type: ignore[method-assign]
         _fetcher.Fetcher.on_response = traced_on_response  # type: ignore[method-assign]
 
+    def reset(self) -> None:
+        """Forget every event: the next run's topic starts at offset 0 again."""
+        self.drained.clear()
+        self.written.clear()
+        self.arrived.clear()
+        self._first.clear()
+        self._next = 0
+
 
 def _lookup(events: Sequence[Sequence[int]]) -> Callable[[int], int | None]:
     """offset -> the time of the earliest event whose [first, last] range holds it."""
@@ -193,8 +219,6 @@ def _consume(
     """A Consumer at the tail of partition 0 until it has the `total` + 1 records:
     (offset, send t, poll t) of each."""
     from tidelog import Consumer, TopicPartition
-
-    from bench.workloads import STAMP
 
     tp = TopicPartition(topic, 0)
     polled: list[tuple[int, int, int]] = []
@@ -231,8 +255,6 @@ def _sync_run(
     thread (`processes=1`) or in a process of its own (2)."""
     from tidelog import Producer
 
-    from bench.workloads import STAMP
-
     polled: list[tuple[int, int, int]] = []
     ready = threading.Event()
     child = None
@@ -242,33 +264,39 @@ def _sync_run(
             daemon=True,
         )
         thread.start()
-        ready.wait(30)
+        if not ready.wait(30):
+            raise RuntimeError("the consumer thread did not start within 30 s")
     else:
-        out = Path(tempfile.mkstemp(prefix="tidelog-trace-", suffix=".json")[1])
+        fd, name = tempfile.mkstemp(prefix="tidelog-trace-", suffix=".json")
+        os.close(fd)  # the consumer process writes it by name
+        out = Path(name)
         args = [sys.executable, "-m", "bench.e2e_trace", "--consumer-child", address, topic,
                 str(rate), str(total), str(out)]  # fmt: skip
         child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert child.stdout is not None
         if child.stdout.readline().strip() != "ready":
             child.kill()
+            child.wait()
             raise RuntimeError("the consumer process did not start")
-    pad = b"\x00" * (100 - STAMP.size)
+    pad = padding(E2E_RECORD_BYTES)
     with Producer(bootstrap_servers=address, acks=1, linger_ms=0) as producer:
-        producer.send(topic, STAMP.pack(_ns(), 1 << 62) + pad).get(30)
-        t0 = _ns()
-        interval = 1e9 / rate
-        i = 0
-        while i < total:
-            due = min(total, int((_ns() - t0) / interval) + 1)
-            while i < due:
-                producer.send(topic, STAMP.pack(_ns(), i) + pad)
-                i += 1
-            time.sleep(0.0002)
+        producer.send(topic, stamped(WARMUP_SEQUENCE, pad)).get(30)
+        pacer = FixedRatePacer(rate, total)
+        while not pacer.finished:
+            for i in pacer.due():
+                producer.send(topic, stamped(i, pad))
+            time.sleep(PACER_SLEEP_S)
         producer.flush(60)
     if child is None:
         thread.join(60)
         return polled
-    child.wait(total / rate + 60)
+    try:
+        child.wait(total / rate + 60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+        out.unlink()
+        raise
     data = json.loads(out.read_text())
     out.unlink()
     client.arrived[:] = [tuple(a) for a in data["arrived"]]
@@ -279,11 +307,9 @@ async def _async_run(address: str, topic: str, rate: int, total: int) -> list[tu
     """AsyncProducer + AsyncConsumer on one event loop: no thread hand-off at all."""
     from tidelog import AsyncConsumer, AsyncProducer, TopicPartition
 
-    from bench.workloads import STAMP
-
     tp = TopicPartition(topic, 0)
     polled: list[tuple[int, int, int]] = []
-    pad = b"\x00" * (100 - STAMP.size)
+    pad = padding(E2E_RECORD_BYTES)
     async with (
         AsyncConsumer(bootstrap_servers=address, fetch_max_wait_ms=100) as consumer,
         AsyncProducer(bootstrap_servers=address, acks=1, linger_ms=0) as producer,
@@ -302,16 +328,12 @@ async def _async_run(address: str, topic: str, rate: int, total: int) -> list[tu
                         polled.append((r.offset, STAMP.unpack_from(r.value or b"")[0], now))
 
         reader = asyncio.ensure_future(consume())
-        await (await producer.send(topic, STAMP.pack(_ns(), 1 << 62) + pad))
-        t0 = _ns()
-        interval = 1e9 / rate
-        i = 0
-        while i < total:
-            due = min(total, int((_ns() - t0) / interval) + 1)
-            while i < due:
-                await producer.send(topic, STAMP.pack(_ns(), i) + pad)
-                i += 1
-            await asyncio.sleep(0.0002)
+        await (await producer.send(topic, stamped(WARMUP_SEQUENCE, pad)))
+        pacer = FixedRatePacer(rate, total)
+        while not pacer.finished:
+            for i in pacer.due():
+                await producer.send(topic, stamped(i, pad))
+            await asyncio.sleep(PACER_SLEEP_S)
         await producer.flush()
         await asyncio.wait_for(reader, total / rate + 60)
     return polled
@@ -370,9 +392,8 @@ def analyse(
         "p50": _pct(totals, 50),
         "p99": cut,
         "p999": _pct(totals, 99.9),
-        "mean_in_tail": round(sum(totals[i] for i in range(len(totals)) if totals[i] >= cut)
-                              / max(1, len(tail)), 3),
-    }  # fmt: skip
+        "mean_in_tail": round(sum(t for t in totals if t >= cut) / max(1, len(tail)), 3),
+    }
     return out
 
 
@@ -434,10 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {}
     client = _ClientTrace()
     for mode in modes:
-        client.drained.clear()
-        client.written.clear()
-        client.arrived.clear()
-        client._next = 0
+        client.reset()
         broker = _Broker()
         try:
             topic = f"trace-{mode}-{os.getpid()}"

@@ -51,6 +51,7 @@ import time
 import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aetcd
 import grpc
@@ -310,19 +311,25 @@ async def echo(request, context):
 async def echo_stream(requests, context):
     # As the commit stream: requests read by a task, every answer ready sent
     # in one message (here: one byte per answer).
-    ready = asyncio.Queue()
+    pending = 0
+    ended = False
+    more = asyncio.Event()
 
     async def read():
+        nonlocal pending, ended
         async for request in requests:
-            ready.put_nowait(1)
-        ready.put_nowait(None)
+            pending += 1
+            more.set()
+        ended = True
+        more.set()
 
     reader = asyncio.create_task(read())
-    while (first := await ready.get()) is not None:
-        count = first
-        while not ready.empty() and ready._queue[0] is not None:
-            count += ready.get_nowait()
-        yield b"x" * count
+    while not (ended and not pending):
+        await more.wait()
+        more.clear()
+        if pending:
+            count, pending = pending, 0
+            yield b"x" * count
     await reader
 
 async def main():
@@ -429,8 +436,7 @@ async def grpc_floor(
         server.stdin.close()
         await server.wait()
     requests = sum(o[1] for o in outputs)
-    cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
-    return requests / max(o[2] for o in outputs), cpu_s / max(1, requests) * 1e6
+    return requests / max(o[2] for o in outputs), _cpu_s(cpu, after) / max(1, requests) * 1e6
 
 
 _COMMIT_CLIENT = """
@@ -514,16 +520,7 @@ async def member_commit_throughput_processes(
     transactions = etcd_transactions(etcd) - transactions
     for p in procs:
         await p.communicate()
-    cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
-    elapsed = max(o[2] for o in outputs)
-    done = sum(o[0] for o in outputs)
-    requests = sum(o[1] for o in outputs)
-    return (
-        done / elapsed,
-        requests / elapsed,
-        cpu_s / max(1, requests) * 1e6,
-        requests / max(1, transactions),
-    )
+    return _commit_figures(outputs, _cpu_s(cpu, after), transactions)
 
 
 async def commit_throughput_processes(
@@ -561,7 +558,21 @@ async def commit_throughput_processes(
     outputs = [json.loads((await p.communicate())[0]) for p in procs]
     after = server.cpu_times()
     transactions = etcd_transactions(etcd) - transactions
-    cpu_s = (after.user + after.system) - (cpu.user + cpu.system)
+    return _commit_figures(outputs, _cpu_s(cpu, after), transactions)
+
+
+def _cpu_s(before: Any, after: Any) -> float:
+    """User + system CPU seconds between two psutil cpu_times()."""
+    return (after.user + after.system) - (before.user + before.system)
+
+
+def _commit_figures(
+    outputs: list[list[float]], cpu_s: float, transactions: int
+) -> tuple[float, float, float, float]:
+    """What the commit client processes reported ([partition-offsets, requests, elapsed]
+    each), the coordinator's CPU seconds and etcd's transactions meanwhile, as
+    (partition-offsets/s, requests/s, coordinator CPU microseconds per request, requests per
+    etcd transaction); the rates over the slowest client's time."""
     elapsed = max(o[2] for o in outputs)
     done = sum(o[0] for o in outputs)
     requests = sum(o[1] for o in outputs)
@@ -666,33 +677,25 @@ async def commit_rows(
     finally:
         for coordinator in coordinators.values():
             coordinator.stop()
-    floor = [await grpc_floor(seconds, processes, concurrency) for _ in range(rounds)]
-    figures["grpc_echo_floor/requests_per_s"] = round(statistics.median(f[0] for f in floor), 1)
-    rows.append(
+    for name, client, label in (
+        ("grpc_echo_floor", _ECHO_CLIENT, "bare grpc.aio unary echo server, same clients"),
         (
-            f"bare grpc.aio unary echo server, same clients (median of {rounds})",
-            f"{statistics.median(f[0] for f in floor):,.0f} requests/s, server CPU "
-            f"{statistics.median(f[1] for f in floor):,.0f} us/request",
+            "grpc_echo_stream_floor",
+            _ECHO_STREAM_CLIENT,
+            "bare grpc.aio streaming echo server, one stream per client process",
+        ),
+    ):
+        floor = [await grpc_floor(seconds, processes, concurrency, client) for _ in range(rounds)]
+        req_s = statistics.median(f[0] for f in floor)
+        cpu_us = statistics.median(f[1] for f in floor)
+        figures[f"{name}/requests_per_s"] = round(req_s, 1)
+        figures[f"{name}/server_cpu_us"] = round(cpu_us, 1)
+        rows.append(
+            (
+                f"{label} (median of {rounds})",
+                f"{req_s:,.0f} requests/s, server CPU {cpu_us:,.0f} us/request",
+            )
         )
-    )
-    floor = [
-        await grpc_floor(seconds, processes, concurrency, _ECHO_STREAM_CLIENT)
-        for _ in range(rounds)
-    ]
-    figures["grpc_echo_stream_floor/requests_per_s"] = round(
-        statistics.median(f[0] for f in floor), 1
-    )
-    figures["grpc_echo_stream_floor/server_cpu_us"] = round(
-        statistics.median(f[1] for f in floor), 1
-    )
-    rows.append(
-        (
-            f"bare grpc.aio streaming echo server, one stream per client process "
-            f"(median of {rounds})",
-            f"{statistics.median(f[0] for f in floor):,.0f} requests/s, server CPU "
-            f"{statistics.median(f[1] for f in floor):,.0f} us/request",
-        )
-    )
     rows.insert(
         0,
         (

@@ -110,6 +110,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 DEFAULT_VERSION = os.environ.get("TIDELOG_KAFKA_VERSION", "4.4.0")
 HERE = Path(__file__).resolve().parent
@@ -336,8 +337,11 @@ def _compile_latency_tool(cache: Path, lib: Path, version: str) -> Path | None:
         raise KafkaUnavailable(f"javac failed on {LATENCY_SRC.name}:\n{_tail(proc.stderr)}")
     try:
         staging.rename(classes)
-    except OSError:  # another process put the same classes there first
+    except OSError:
         shutil.rmtree(staging, ignore_errors=True)
+        if not (classes / f"{LATENCY_MAIN}.class").is_file():
+            raise
+        # Another process put the same classes there first.
     return classes
 
 
@@ -1026,21 +1030,20 @@ def end_to_end_latency(
     classpath = f"{install.classes_dir}{os.pathsep}{install.classpath}"
     meter = _BrokerMeter(_broker_pids(bootstrap, broker_pids))
     timeout = (num_records + warmup) / rate_per_s + 180
-    line: str | None
+    data: dict[str, Any]
     if processes == 2:
-        two, run = _latency_two_jvms(install, args, classpath, timeout)
-        line = json.dumps(two)
+        data, run = _latency_two_jvms(install, args, classpath, timeout)
     else:
         run = _run_tool(
             install, LATENCY_MAIN, args, timeout_s=timeout, classpath=classpath, jvm=LATENCY_JVM
         )
-        line = next((ln for ln in reversed(run.stdout.splitlines()) if ln.startswith("{")), None)
-    if line is None:
-        _check(run, "FixedRateLatency")
-        raise ToolError(
-            f"FixedRateLatency printed no result:\n{_tail(run.stdout)}\n{_tail(run.stderr)}"
-        )
-    data = json.loads(line)
+        line = _last_json_line(run.stdout)
+        if line is None:
+            _check(run, "FixedRateLatency")
+            raise ToolError(
+                f"FixedRateLatency printed no result:\n{_tail(run.stdout)}\n{_tail(run.stderr)}"
+            )
+        data = json.loads(line)
     if run.rc not in (0, 3):
         _check(run, "FixedRateLatency")
     detail = {
@@ -1070,9 +1073,14 @@ def end_to_end_latency(
     return res
 
 
+def _last_json_line(stdout: str) -> str | None:
+    """The last line of FixedRateLatency's output that holds its JSON result."""
+    return next((ln for ln in reversed(stdout.splitlines()) if ln.startswith("{")), None)
+
+
 def _latency_two_jvms(
     install: KafkaInstall, args: list[str], classpath: str, timeout_s: float
-) -> tuple[dict[str, object], _ToolRun]:
+) -> tuple[dict[str, Any], _ToolRun]:
     """FixedRateLatency's consumer (role=consumer) in one JVM, then its producer
     (role=producer) in another; the consumer's latency JSON with the producer's send rate,
     and a _ToolRun whose CPU is both JVMs'."""
@@ -1122,11 +1130,11 @@ def _latency_two_jvms(
         cpu_s=rusage.ru_utime + rusage.ru_stime + producer.cpu_s,
         wall_s=time.monotonic() - t0,
     )
-    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
-    sent = next((ln for ln in reversed(producer.stdout.splitlines()) if ln.startswith("{")), None)
+    line = _last_json_line(out)
+    sent = _last_json_line(producer.stdout)
     if line is None or sent is None:
         raise ToolError(f"FixedRateLatency printed no result:\n{_tail(out)}\n{_tail(stderr)}")
-    data: dict[str, object] = json.loads(line)
+    data: dict[str, Any] = json.loads(line)
     sender = json.loads(sent)
     data.update(
         achieved_rate=sender["achieved_rate"],

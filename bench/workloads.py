@@ -14,14 +14,13 @@ import contextlib
 import os
 import random
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from array import array
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,27 @@ from tidelog._accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from bench import grpc_ceiling
+from bench._fixed_rate import (
+    PACER_SLEEP_S,
+    STAMP,
+    WARMUP_SEQUENCE,
+    FixedRatePacer,
+    padding,
+    stamped,
+)
 from bench._processes import Meter
 
 Result = dict[str, Any]
 
 #: One produce in this many carries an acknowledgement-latency probe (a callback).
 _PROBE_EVERY = 1000
+
+#: How long one poll of the catch-up reads waits for records (the log is already written).
+_POLL_TIMEOUT_MS = 1000
+
+#: How long the latency workloads wait, after the last send, for the reader to have every
+#: record; one that has not is reported in detail (received below the records sent).
+_TAIL_WAIT_S = 20.0
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
@@ -169,6 +183,65 @@ def produce(
 # ---------------------------------------------------------------------------- consume
 
 
+def _fetch_options(fetch_bytes: int | None) -> dict[str, Any]:
+    """The Consumer options that set both fetch sizes to `fetch_bytes` (None: the defaults)."""
+    if fetch_bytes is None:
+        return {}
+    return {"max_partition_fetch_bytes": fetch_bytes, "fetch_max_bytes": fetch_bytes}
+
+
+#: One poll's worth of reading: (consumer, records still wanted) -> records counted.
+ReadPoll = Callable[[Consumer, int], int]
+
+
+def _timed_read_from_start(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    count: int,
+    options: dict[str, Any],
+    read: ReadPoll,
+    timeout_s: float,
+) -> tuple[int, float, dict[str, float | None]]:
+    """A Consumer with `options` reads partition 0 from offset 0, one `read` per poll, until
+    `count` records or `timeout_s`: (records, seconds, the Meter's figures). Only the loop is
+    timed and metered: connecting and positioning come before."""
+    tp = TopicPartition(topic, 0)
+    consumer = Consumer(bootstrap_servers=address, **options)
+    try:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        meter = Meter(broker_pid)
+        t0 = time.perf_counter()
+        deadline = t0 + timeout_s
+        got = 0
+        while got < count and time.perf_counter() < deadline:
+            got += read(consumer, count - got)
+        seconds = time.perf_counter() - t0
+        figures = meter.done()
+    finally:
+        consumer.close()
+    return got, seconds, figures
+
+
+def _consume_result(
+    workload: str,
+    count: int,
+    got: int,
+    record_bytes: int,
+    seconds: float,
+    figures: dict[str, float | None],
+    detail: dict[str, Any],
+) -> Result:
+    if got < count:
+        detail["short_by"] = count - got
+    return make_result(workload, "tidelog", got, record_bytes, seconds, figures, None, detail)
+
+
+def _count_polled(consumer: Consumer, wanted: int) -> int:
+    return sum(map(len, consumer.poll(timeout_ms=_POLL_TIMEOUT_MS, max_records=wanted).values()))
+
+
 def consume(
     address: str,
     broker_pid: int,
@@ -184,30 +257,12 @@ def consume(
 
     The loop only counts the records poll() returns (decoded into ConsumerRecords by the SDK).
     """
-    options: dict[str, Any] = {"max_poll_records": 1_000_000}
-    if fetch_bytes is not None:
-        options.update(max_partition_fetch_bytes=fetch_bytes, fetch_max_bytes=fetch_bytes)
-    tp = TopicPartition(topic, 0)
-    consumer = Consumer(bootstrap_servers=address, **options)
-    try:
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        meter = Meter(broker_pid)
-        t0 = time.perf_counter()
-        deadline = t0 + timeout_s
-        got = 0
-        poll = consumer.poll
-        while got < count and time.perf_counter() < deadline:
-            for records in poll(timeout_ms=1000, max_records=count - got).values():
-                got += len(records)
-        seconds = time.perf_counter() - t0
-        m = meter.done()
-    finally:
-        consumer.close()
+    options: dict[str, Any] = {"max_poll_records": 1_000_000, **_fetch_options(fetch_bytes)}
+    got, seconds, figures = _timed_read_from_start(
+        address, broker_pid, topic, count, options, _count_polled, timeout_s
+    )
     detail: dict[str, Any] = {"consumer": options, "topic": topic}
-    if got < count:
-        detail["short_by"] = count - got
-    return make_result(workload, "tidelog", got, record_bytes, seconds, m, None, detail)
+    return _consume_result(workload, count, got, record_bytes, seconds, figures, detail)
 
 
 def _value_span(batch: Any) -> memoryview:
@@ -219,14 +274,75 @@ def _value_span(batch: Any) -> memoryview:
     return memoryview(data)[ends[first] : ends[last]]
 
 
+#: How many value bytes `_repeated_crc32c` hands to crc32c at a time.
+_CRC_BLOCK_BYTES = 1 << 20
+
+
 def _repeated_crc32c(value: bytes, times: int) -> int:
     """crc32c of `value` repeated `times` times, without building it whole."""
-    block = value * max(1, (1 << 20) // max(1, len(value)))
+    block = value * max(1, _CRC_BLOCK_BYTES // max(1, len(value)))
     per_block = max(1, len(block) // max(1, len(value)))
     crc = 0
     for _ in range(times // per_block):
         crc = crc32c.crc32c(block, crc)
     return crc32c.crc32c(value * (times % per_block), crc)
+
+
+class _ArrowReadCheck:
+    """consume_arrow's reader and the check of what it read: `read` (a ReadPoll) counts the
+    rows of one poll_arrow, cuts the last batch at what is wanted and checks that offsets
+    continue densely from 0 while chaining a CRC32C over the value bytes; `verify` compares
+    that CRC, after the clock, with the one the log must give."""
+
+    def __init__(self, workload: str) -> None:
+        self.workload = workload
+        self.rows = 0
+        self.crc = 0
+        self.value_bytes = 0
+        self.first_value: bytes | None = None
+
+    def read(self, consumer: Consumer, wanted: int) -> int:
+        before = self.rows
+        for batches in consumer.poll_arrow(timeout_ms=_POLL_TIMEOUT_MS).values():
+            for batch in batches:
+                rows = min(batch.num_rows, before + wanted - self.rows)
+                if rows <= 0:
+                    continue
+                if rows < batch.num_rows:
+                    batch = batch.slice(0, rows)
+                self._check_offsets(batch.column(4).to_numpy())
+                span = _value_span(batch)
+                self.crc = crc32c.crc32c(span, self.crc)
+                self.value_bytes += len(span)
+                if self.first_value is None:
+                    self.first_value = batch.column(1)[0].as_py()
+                self.rows += rows
+        return self.rows - before
+
+    def _check_offsets(self, offsets: Any) -> None:
+        if int(offsets[0]) != self.rows or not (offsets[1:] - offsets[:-1] == 1).all():
+            raise RuntimeError(
+                f"{self.workload}: offsets {int(offsets[0])}..{int(offsets[-1])} "
+                f"after {self.rows} records: not dense from 0"
+            )
+
+    def verify(self) -> None:
+        """Raises RuntimeError unless the rows read hold the first value, `rows` times."""
+        if self.rows and (
+            self.first_value is None
+            or self.value_bytes != self.rows * len(self.first_value)
+            or self.crc != _repeated_crc32c(self.first_value, self.rows)
+        ):
+            raise RuntimeError(
+                f"{self.workload}: the values read do not match the log's ({self.rows} rows)"
+            )
+
+    def detail(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "value_bytes": self.value_bytes,
+            "value_crc32c": f"{self.crc:08x}",
+        }
 
 
 def consume_arrow(
@@ -251,73 +367,26 @@ def consume_arrow(
     that of the first value repeated `count` times; a missing, cut or altered value changes
     it. Raises RuntimeError when a check fails.
     """
-    # The columnar API's own dependencies (the `arrow` extra), imported before the clock
-    # starts as the per-record path's modules are.
-    import numpy as np
+    # The columnar API's own dependencies (the `arrow` extra; numpy for the offsets check),
+    # imported before the clock starts as the per-record path's modules are.
+    import numpy  # noqa: F401
     import tidelog._arrow_poll  # noqa: F401
 
-    options: dict[str, Any] = {}
-    if fetch_bytes is not None:
-        options.update(max_partition_fetch_bytes=fetch_bytes, fetch_max_bytes=fetch_bytes)
-    tp = TopicPartition(topic, 0)
-    consumer = Consumer(bootstrap_servers=address, **options)
-    first_value: bytes | None = None
-    crc = 0
-    value_bytes = 0
-    try:
-        consumer.assign([tp])
-        consumer.seek_to_beginning(tp)
-        meter = Meter(broker_pid)
-        t0 = time.perf_counter()
-        deadline = t0 + timeout_s
-        got = 0
-        poll = consumer.poll_arrow
-        while got < count and time.perf_counter() < deadline:
-            for batches in poll(timeout_ms=1000).values():
-                for batch in batches:
-                    rows = batch.num_rows
-                    if rows > count - got:
-                        batch = batch.slice(0, count - got)
-                        rows = count - got
-                    if not rows:
-                        continue
-                    offsets = batch.column(4).to_numpy()
-                    if int(offsets[0]) != got or not (np.diff(offsets) == 1).all():
-                        raise RuntimeError(
-                            f"{workload}: offsets {int(offsets[0])}..{int(offsets[-1])} "
-                            f"after {got} records: not dense from 0"
-                        )
-                    span = _value_span(batch)
-                    crc = crc32c.crc32c(span, crc)
-                    value_bytes += len(span)
-                    if first_value is None:
-                        first_value = batch.column(1)[0].as_py()
-                    got += rows
-        seconds = time.perf_counter() - t0
-        m = meter.done()
-    finally:
-        consumer.close()
-    if got and (
-        first_value is None
-        or value_bytes != got * len(first_value)
-        or crc != _repeated_crc32c(first_value, got)
-    ):
-        raise RuntimeError(f"{workload}: the values read do not match the log's ({got} rows)")
+    options = _fetch_options(fetch_bytes)
+    check = _ArrowReadCheck(workload)
+    got, seconds, figures = _timed_read_from_start(
+        address, broker_pid, topic, count, options, check.read, timeout_s
+    )
+    check.verify()
     detail: dict[str, Any] = {
         "consumer": {**options, "api": "poll_arrow"},
         "topic": topic,
-        "checked": {"rows": got, "value_bytes": value_bytes, "value_crc32c": f"{crc:08x}"},
+        "checked": check.detail(),
     }
-    if got < count:
-        detail["short_by"] = count - got
-    return make_result(workload, "tidelog", got, record_bytes, seconds, m, None, detail)
+    return _consume_result(workload, count, got, record_bytes, seconds, figures, detail)
 
 
 # ---------------------------------------------------------------------------- latency
-
-STAMP = struct.Struct(">QQ")  # send time (perf_counter_ns), sequence number
-_STAMP = STAMP
-
 
 #: The interpreter switch interval the e2e consumer process (bench/e2e_consumer.py) sets.
 SWITCH_INTERVAL_ENV = "TIDELOG_BENCH_SWITCH_INTERVAL_S"
@@ -357,7 +426,9 @@ class _TailReader:
         self.total = total
         self._thread: threading.Thread | None = None
         self._proc: subprocess.Popen[str] | None = None
-        self._output = Path(tempfile.mkstemp(prefix="tidelog-e2e-", suffix=".bin")[1])
+        fd, output = tempfile.mkstemp(prefix="tidelog-e2e-", suffix=".bin")
+        os.close(fd)  # the consumer process writes it by name
+        self._output = Path(output)
         if processes == 1:
             self._thread = threading.Thread(
                 target=consume_tail, name="bench-e2e-consumer", daemon=True
@@ -445,7 +516,7 @@ def end_to_end_latency(
     warmup = int(rate * warmup_s)
     total = warmup + int(rate * seconds)
     trailers = 0
-    pad = b"\x00" * max(0, record_bytes - _STAMP.size)
+    pad = padding(record_bytes)
     create_topic(address, topic)
     tp = TopicPartition(topic, 0)
     latencies: list[float] = []
@@ -460,7 +531,7 @@ def end_to_end_latency(
             consumer.seek_to_end(tp)
             consumer.position(tp)
             ready.set()
-            unpack = _STAMP.unpack_from
+            unpack = STAMP.unpack_from
             while received[0] < total and not stop.is_set():
                 polled = consumer.poll(timeout_ms=100)
                 now = ns()
@@ -480,31 +551,27 @@ def end_to_end_latency(
         raise RuntimeError("the latency consumer did not start within 30 s")
     schedule_lag: list[float] = []
     with Producer(bootstrap_servers=address, acks=1, linger_ms=0) as producer:
-        producer.send(topic, _STAMP.pack(ns(), 1 << 62) + pad).get(30)  # warm; seq ignored
+        producer.send(topic, stamped(WARMUP_SEQUENCE, pad)).get(30)
         send = producer.send
         meter = Meter(broker_pid)
-        t0 = ns()
-        interval = 1e9 / rate
-        i = 0
-        while i < total:
-            due = min(total, int((ns() - t0) / interval) + 1)
-            while i < due:
+        pacer = FixedRatePacer(rate, total)
+        while not pacer.finished:
+            for i in pacer.due():
                 now = ns()
-                send(topic, _STAMP.pack(now, i) + pad)
+                send(topic, STAMP.pack(now, i) + pad)
                 if i >= warmup:
-                    schedule_lag.append((now - (t0 + i * interval)) / 1e6)
-                i += 1
-            time.sleep(0.0002)
+                    schedule_lag.append(pacer.lag_ms(i, now))
+            time.sleep(PACER_SLEEP_S)
         producer.flush(timeout=60)
-        sent_s = (ns() - t0) / 1e9
+        sent_s = pacer.elapsed_s()
         # Trailers (not measured) until the reader has every measured record: a fetch that
         # missed the wake-up of the last append would otherwise hold it until the next one.
         trailers = 0
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + _TAIL_WAIT_S
         while not reader.finished(received[0]) and time.monotonic() < deadline:
             reader.join(timeout=0.05)
             if not reader.finished(received[0]):
-                send(topic, _STAMP.pack(ns(), total + trailers) + pad)
+                send(topic, stamped(total + trailers, pad))
                 trailers += 1
         stop.set()
     lat = reader.stop(latencies)
@@ -590,7 +657,7 @@ async def _end_to_end_latency_async(
 ) -> Result:
     warmup = int(rate * warmup_s)
     total = warmup + int(rate * seconds)
-    pad = b"\x00" * max(0, record_bytes - _STAMP.size)
+    pad = padding(record_bytes)
     create_topic(address, topic)
     tp = TopicPartition(topic, 0)
     latencies: list[float] = []
@@ -607,7 +674,7 @@ async def _end_to_end_latency_async(
 
         async def consume_tail() -> None:
             nonlocal received
-            unpack = _STAMP.unpack_from
+            unpack = STAMP.unpack_from
             while received < total:
                 polled = await consumer.getmany(timeout_ms=100)
                 now = ns()
@@ -621,26 +688,23 @@ async def _end_to_end_latency_async(
                         received += 1
 
         reader = asyncio.ensure_future(consume_tail())
-        await (await producer.send(topic, _STAMP.pack(ns(), 1 << 62) + pad))
+        await (await producer.send(topic, stamped(WARMUP_SEQUENCE, pad)))
         send = producer.send
         meter = Meter(broker_pid)
-        t0 = ns()
-        interval = 1e9 / rate
-        i = 0
-        while i < total:
-            due = min(total, int((ns() - t0) / interval) + 1)
-            while i < due:
+        pacer = FixedRatePacer(rate, total)
+        while not pacer.finished:
+            for i in pacer.due():
                 now = ns()
-                await send(topic, _STAMP.pack(now, i) + pad)
+                await send(topic, STAMP.pack(now, i) + pad)
                 if i >= warmup:
-                    schedule_lag.append((now - (t0 + i * interval)) / 1e6)
-                i += 1
-            await asyncio.sleep(0.0002)
+                    schedule_lag.append(pacer.lag_ms(i, now))
+            await asyncio.sleep(PACER_SLEEP_S)
         await producer.flush()
-        sent_s = (ns() - t0) / 1e9
-        # No trailers needed: the long-poll answers every append.
+        sent_s = pacer.elapsed_s()
+        # No trailers needed: the long-poll answers every append. A reader still short after
+        # the wait is cancelled; what it missed shows in detail["received"].
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(reader, 20)
+            await asyncio.wait_for(reader, _TAIL_WAIT_S)
         m = meter.done()
     detail = {
         "received": received,
