@@ -21,6 +21,9 @@ from tidelog_server.tls import (
 from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.server import CoordinatorServer
 
+#: The flags' defaults are the config's own (one place to change them).
+DEFAULTS = CoordinatorConfig()
+
 
 def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, MetricsOptions | None]:
     parser = argparse.ArgumentParser(prog="tidelog-coordinator", description=__doc__)
@@ -36,41 +39,54 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
     parser.add_argument(
         "--session-ttl-s",
         type=int,
-        default=10,
+        default=DEFAULTS.session_ttl_s,
         help="TTL of this replica's etcd session: bounds the controller fail-over time",
     )
-    parser.add_argument("--default-partitions", type=int, default=1)
-    parser.add_argument("--default-replication-factor", type=int, default=1)
-    parser.add_argument("--offsets-retention-minutes", type=int, default=7 * 24 * 60)
-    parser.add_argument("--offsets-retention-check-interval-ms", type=int, default=60_000)
-    parser.add_argument("--etcd-max-txn-ops", type=int, default=128)
+    parser.add_argument("--default-partitions", type=int, default=DEFAULTS.default_partitions)
+    parser.add_argument(
+        "--default-replication-factor",
+        type=int,
+        default=DEFAULTS.default_replication_factor,
+    )
+    parser.add_argument(
+        "--offsets-retention-minutes", type=int, default=DEFAULTS.offsets_retention_minutes
+    )
+    parser.add_argument(
+        "--offsets-retention-check-interval-ms",
+        type=int,
+        default=DEFAULTS.offsets_retention_check_interval_ms,
+    )
+    parser.add_argument("--etcd-max-txn-ops", type=int, default=DEFAULTS.etcd_max_txn_ops)
     parser.add_argument(
         "--offset-commit-coalesce-max",
         type=int,
-        default=127,
+        default=DEFAULTS.offset_commit_coalesce_max,
         help="offset commits written in one etcd transaction at most (1: one each)",
     )
     parser.add_argument(
         "--offset-commit-queue-max",
         type=int,
-        default=10_000,
+        default=DEFAULTS.offset_commit_queue_max,
         help="offset commits waiting for etcd at most; more are refused (retriable)",
     )
     parser.add_argument(
         "--commit-stream-in-flight-max",
         type=int,
-        default=1024,
+        default=DEFAULTS.commit_stream_in_flight_max,
         help="requests of one CommitOffsetsStream in flight at most; past it that "
         "stream's requests are not read until an answer was sent",
     )
     parser.add_argument(
         "--leader-imbalance-check-interval-ms",
         type=int,
-        default=5_000,
+        default=DEFAULTS.leader_imbalance_check_interval_ms,
         help="how often leadership returns to preferred replicas (0: never)",
     )
     parser.add_argument(
-        "--group-max-members", type=int, default=1_000, help="members of one consumer group"
+        "--group-max-members",
+        type=int,
+        default=DEFAULTS.group_max_members,
+        help="members of one consumer group",
     )
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
@@ -79,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
     parser.add_argument(
         "--metrics-interval-ms",
         type=int,
-        default=5_000,
+        default=DEFAULTS.metrics_interval_ms,
         help="how often the controller refreshes cluster gauges and consumer lag",
     )
     add_security_arguments(parser)
