@@ -84,16 +84,32 @@ DEFAULT_TUNING = MallocTuning(
 )
 OFF = MallocTuning()
 
-_FIELDS = {
-    "mmap_threshold": ("mmap_threshold_bytes", MAX_MMAP_THRESHOLD_BYTES, "MALLOC_MMAP_THRESHOLD_"),
-    "trim_threshold": ("trim_threshold_bytes", MAX_TRIM_THRESHOLD_BYTES, "MALLOC_TRIM_THRESHOLD_"),
-    "arena_max": ("arena_max", MAX_ARENAS, "MALLOC_ARENA_MAX"),
-}
-_PARAMETERS = {
-    "mmap_threshold_bytes": M_MMAP_THRESHOLD,
-    "trim_threshold_bytes": M_TRIM_THRESHOLD,
-    "arena_max": M_ARENA_MAX,
-}
+
+@dataclass(frozen=True)
+class _Setting:
+    """One --malloc-tuning key: its MallocTuning field, its bounds, whether
+    it is a size (a KiB/MiB suffix allowed) or a count, glibc's environment
+    variable for it and its mallopt parameter."""
+
+    field_name: str
+    minimum: int
+    maximum: int
+    is_size: bool
+    environment_variable: str
+    parameter: int
+
+
+_SETTINGS = {
+    "mmap_threshold": _Setting(
+        "mmap_threshold_bytes", 0, MAX_MMAP_THRESHOLD_BYTES, True,
+        "MALLOC_MMAP_THRESHOLD_", M_MMAP_THRESHOLD,
+    ),
+    "trim_threshold": _Setting(
+        "trim_threshold_bytes", 0, MAX_TRIM_THRESHOLD_BYTES, True,
+        "MALLOC_TRIM_THRESHOLD_", M_TRIM_THRESHOLD,
+    ),
+    "arena_max": _Setting("arena_max", 1, MAX_ARENAS, False, "MALLOC_ARENA_MAX", M_ARENA_MAX),
+}  # fmt: skip
 _SIZE = re.compile(r"(\d{1,10})\s*(|b|k|kib|m|mib)", re.IGNORECASE)
 _UNITS = {"": 1, "b": 1, "k": KIB, "kib": KIB, "m": MIB, "mib": MIB}
 
@@ -114,25 +130,25 @@ def parse_malloc_tuning(spec: str) -> MallocTuning:
     values: dict[str, int] = {}
     for item in text.split(","):
         key, sep, raw = (part.strip() for part in item.partition("="))
-        if not sep or key not in _FIELDS:
+        if not sep or key not in _SETTINGS:
             raise MallocTuningError(
                 f"--malloc-tuning: expected 'default', 'off' or key=value pairs with keys "
-                f"{', '.join(_FIELDS)}; got {item.strip()!r}"
+                f"{', '.join(_SETTINGS)}; got {item.strip()!r}"
             )
-        field_name, maximum, _ = _FIELDS[key]
-        if field_name in values:
+        setting = _SETTINGS[key]
+        if setting.field_name in values:
             raise MallocTuningError(f"--malloc-tuning: {key} given twice")
         match = _SIZE.fullmatch(raw)
-        if match is None or (key == "arena_max" and match.group(2)):
-            unit = "a count" if key == "arena_max" else "bytes, or a number with KiB or MiB"
+        if match is None or (not setting.is_size and match.group(2)):
+            unit = "bytes, or a number with KiB or MiB" if setting.is_size else "a count"
             raise MallocTuningError(f"--malloc-tuning: {key} must be {unit}, got {raw!r}")
         value = int(match.group(1)) * _UNITS[match.group(2).lower()]
-        minimum = 1 if key == "arena_max" else 0
-        if not minimum <= value <= maximum:
+        if not setting.minimum <= value <= setting.maximum:
             raise MallocTuningError(
-                f"--malloc-tuning: {key} must be between {minimum} and {maximum}, got {value}"
+                f"--malloc-tuning: {key} must be between {setting.minimum} and "
+                f"{setting.maximum}, got {value}"
             )
-        values[field_name] = value
+        values[setting.field_name] = value
     return MallocTuning(**values)
 
 
@@ -167,14 +183,15 @@ def apply_malloc_tuning(
         log.info("malloc tuning skipped: the C library is not glibc")
         return {}
     applied: dict[str, int] = {}
-    for field_name, _, variable in _FIELDS.values():
+    for setting in _SETTINGS.values():
+        field_name, variable = setting.field_name, setting.environment_variable
         value = getattr(tuning, field_name)
         if value is None:
             continue
         if variable in environ:
             log.info("malloc tuning: %s left to %s=%s", field_name, variable, environ[variable])
             continue
-        if libc.mallopt(ctypes.c_int(_PARAMETERS[field_name]), ctypes.c_int(value)) != 1:
+        if libc.mallopt(ctypes.c_int(setting.parameter), ctypes.c_int(value)) != 1:
             log.warning("malloc tuning: glibc refused %s=%d", field_name, value)
             continue
         applied[field_name] = value
