@@ -46,6 +46,9 @@ pytestmark = [
 PREFIX = "/etcdauth"
 #: Generous: a service's first etcd calls on a loaded machine.
 REFUSAL_DEADLINE_S = 60.0
+#: etcd's --auth-token-ttl in the password tests: short, so that a test can
+#: wait for a token to expire.
+TOKEN_TTL_S = 1
 
 
 def start_checked_cluster(
@@ -158,7 +161,7 @@ def test_services_use_their_certificates_etcd_user_and_one_without_permission_st
 def password_etcd(tmp_path: Path) -> Iterator[tuple[EtcdProcess, Path]]:
     """etcd with users and passwords, tokens expiring after 1 s unused; a
     user `tidelog` with readwrite on PREFIX, its password in a file."""
-    etcd = EtcdProcess.start(tmp_path / "etcd", extra_args=("--auth-token-ttl=1",))
+    etcd = EtcdProcess.start(tmp_path / "etcd", extra_args=(f"--auth-token-ttl={TOKEN_TTL_S}",))
     ctl = EtcdCtl(etcd)
     ctl.add_user("root", "root-secret")
     ctl("role", "add", "root")
@@ -207,7 +210,7 @@ def test_the_client_sends_its_token_beside_require_leader_and_renews_it(
             await client.put(f"{PREFIX}/k".encode(), b"v")
             first = dict(client.metadata)
             assert first["hasleader"] == "true" and first["token"]
-            await asyncio.sleep(2.5)  # the 1 s token expires unused
+            await asyncio.sleep(TOKEN_TTL_S * 2.5)  # the token expires unused
             assert (await client.get(f"{PREFIX}/k".encode())).value == b"v"
             second = dict(client.metadata)
             assert second["hasleader"] == "true"
