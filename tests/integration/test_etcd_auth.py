@@ -26,12 +26,7 @@ from tidelog import AdminClient, NewTopic, Producer
 from tidelog_server.dev_certs import DevCertificates, create_authority, issue
 from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, check_access, connect
 
-from tests.support.cluster import (
-    PRODUCE_TIMEOUT_S,
-    ClusterProcesses,
-    produce_through_each,
-    start_cluster,
-)
+from tests.support.cluster import PRODUCE_TIMEOUT_S, ClusterProcesses, start_checked_cluster
 from tests.support.etcd import EtcdProcess, EtcdServerTls
 from tests.support.etcd_auth import EtcdCtl, etcdctl_binary
 from tests.support.processes import free_port
@@ -51,26 +46,14 @@ REFUSAL_DEADLINE_S = 60.0
 TOKEN_TTL_S = 1
 
 
-def start_checked_cluster(
+def start_authorized_cluster(
     etcd: EtcdProcess, root: Path, etcd_args: Sequence[str]
 ) -> ClusterProcesses:
     """A coordinator, a broker and a gateway, each with `etcd_args`; each
     answers produce (so each reached etcd)."""
-    cluster = start_cluster(
-        root,
-        etcd=etcd,
-        prefix=PREFIX,
-        brokers=1,
-        coordinator_args=etcd_args,
-        broker_args=etcd_args,
-        gateway_args=etcd_args,
+    return start_checked_cluster(
+        root, etcd=etcd, prefix=PREFIX, service_args=etcd_args, topic="authorized"
     )
-    try:
-        produce_through_each(cluster, "authorized")
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
 
 
 def run_refused(service: str, etcd: EtcdProcess, etcd_args: Sequence[str], log: Path) -> str:
@@ -138,7 +121,7 @@ def test_services_use_their_certificates_etcd_user_and_one_without_permission_st
                 "--etcd-keyfile", str(tmp_path / "certs" / f"{stem}-key.pem"),
             ]  # fmt: skip
 
-        cluster = start_checked_cluster(etcd, tmp_path / "allowed", etcd_args("client"))
+        cluster = start_authorized_cluster(etcd, tmp_path / "allowed", etcd_args("client"))
         for service in ("coordinator", "broker", "gateway"):
             text = run_refused(
                 service, etcd, etcd_args("outsider"), tmp_path / f"refused-{service}.log"
@@ -181,7 +164,7 @@ def test_services_log_in_with_a_user_and_password_and_again_when_the_token_expir
     # The broker reads $TIDELOG_ETCD_PASSWORD (children inherit it); the
     # others the file. Neither is on a command line.
     monkeypatch.setenv("TIDELOG_ETCD_PASSWORD", "tidelog-secret")
-    with start_checked_cluster(
+    with start_authorized_cluster(
         etcd, tmp_path, ["--etcd-user", "tidelog", "--etcd-password-file", str(password_file)]
     ) as cluster:
         # etcd forgets its simple tokens when it restarts (as when they

@@ -33,7 +33,7 @@ from tidelog_server.dev_certs import DevCertificates, create_dev_certificates, i
 from tidelog_server.tls import ServerTls
 
 from tests.integration.test_cli import kill_dev, start_dev, tidelog, wait_banner
-from tests.support.cluster import ClusterProcesses, produce_through_each, start_cluster
+from tests.support.cluster import ClusterProcesses, start_checked_cluster
 from tests.support.coordinator import CoordinatorProcess
 from tests.support.etcd import EtcdProcess
 from tests.support.gateway import GatewayProcess
@@ -326,16 +326,9 @@ def test_services_reach_an_etcd_that_requires_client_certificates(tmp_path: Path
     ]  # fmt: skip
     cluster: ClusterProcesses | None = None
     try:
-        cluster = start_cluster(
-            tmp_path,
-            etcd=etcd,
-            prefix=PREFIX,
-            brokers=1,
-            coordinator_args=etcd_args,
-            broker_args=etcd_args,
-            gateway_args=etcd_args,
+        cluster = start_checked_cluster(
+            tmp_path, etcd=etcd, prefix=PREFIX, service_args=etcd_args, topic="etcd-tls"
         )
-        produce_through_each(cluster, "etcd-tls")
 
         async def read(tls: EtcdTls | None) -> object:
             client = connect(etcd.endpoint, tls)

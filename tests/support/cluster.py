@@ -181,3 +181,25 @@ def produce_through_each(cluster: ClusterProcesses, topic: str) -> None:
         with Producer(bootstrap_servers=bootstrap, acks="all") as producer:
             record = producer.send(topic, b"stored").get(timeout=PRODUCE_TIMEOUT_S)
             assert record.offset == offset, (bootstrap, record.offset)
+
+
+def start_checked_cluster(
+    root: Path, *, etcd: EtcdProcess, prefix: str, service_args: Sequence[str], topic: str
+) -> ClusterProcesses:
+    """A coordinator, a broker and a gateway, each with `service_args` (how
+    to reach a secured etcd), checked by `produce_through_each` on `topic`."""
+    cluster = start_cluster(
+        root,
+        etcd=etcd,
+        prefix=prefix,
+        brokers=1,
+        coordinator_args=service_args,
+        broker_args=service_args,
+        gateway_args=service_args,
+    )
+    try:
+        produce_through_each(cluster, topic)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
