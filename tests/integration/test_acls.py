@@ -594,6 +594,9 @@ def test_the_gateways_records_answers_say_how_long_a_quota_holds_them_back(
     """Records Produce and Consume count against the produce and fetch byte
     quotas, and their answers carry throttle_time_ms, as Log's do."""
     rate = 50_000  # bytes per second, both ways
+    value = "v" * 1000
+    messages, records_per_message = 25, 20  # ~500 KB: ten seconds of the quota
+    total = messages * records_per_message
     _create(cluster, "rquota")
     _grant(
         cluster,
@@ -604,19 +607,18 @@ def test_the_gateways_records_answers_say_how_long_a_quota_holds_them_back(
         admin.alter_client_quotas("User:alice", {"producer_byte_rate": rate})
         admin.alter_client_quotas("User:bob", {"consumer_byte_rate": rate})
     try:
-        value = "v" * 1000
         produced: list[int] = []
         security = ChannelSecurity.from_options(**_channel_options(cluster, "alice"))
         with security.channel(cluster.gateway.address) as channel:
             stub = records_pb2_grpc.RecordsStub(channel)
 
             def produce_requests() -> Iterator[records_pb2.RecordsProduceRequest]:
-                for i in range(25):  # ~500 KB: ten seconds of the quota
+                for i in range(messages):
                     yield records_pb2.RecordsProduceRequest(
                         correlation_id=i,
                         records=[
                             records_pb2.ProduceRecord(topic="rquota", value_text=value)
-                            for _ in range(20)
+                            for _ in range(records_per_message)
                         ],
                     )
 
@@ -633,8 +635,8 @@ def test_the_gateways_records_answers_say_how_long_a_quota_holds_them_back(
         def consume_requests() -> Iterator[records_pb2.ConsumeRequest]:
             yield records_pb2.ConsumeRequest(
                 positions=[records_pb2.ConsumePosition(topic="rquota", partition=0, offset=0)],
-                credit_records=100_000,
-                max_records=20,
+                credit_records=100_000,  # never the bound here
+                max_records=records_per_message,
             )
             stop.wait(120)
 
@@ -643,7 +645,7 @@ def test_the_gateways_records_answers_say_how_long_a_quota_holds_them_back(
             for response in call:
                 records += len(response.records)
                 consumed.append(response.throttle_time_ms)
-                if max(consumed) > 0 or records >= 500:
+                if max(consumed) > 0 or records >= total:
                     break
             stop.set()
             call.cancel()

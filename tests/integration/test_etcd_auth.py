@@ -18,7 +18,7 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -26,11 +26,10 @@ from tidelog import AdminClient, NewTopic, Producer
 from tidelog_server.dev_certs import DevCertificates, create_authority, issue
 from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, check_access, connect
 
-from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.cluster import PRODUCE_TIMEOUT_S, ClusterProcesses, start_checked_cluster
 from tests.support.etcd import EtcdProcess, EtcdServerTls
 from tests.support.etcd_auth import EtcdCtl, etcdctl_binary
-from tests.support.gateway import GatewayProcess, start_gateway
-from tests.support.processes import BrokerProcess, free_port, start_broker
+from tests.support.processes import free_port
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -42,41 +41,19 @@ pytestmark = [
 PREFIX = "/etcdauth"
 #: Generous: a service's first etcd calls on a loaded machine.
 REFUSAL_DEADLINE_S = 60.0
+#: etcd's --auth-token-ttl in the password tests: short, so that a test can
+#: wait for a token to expire.
+TOKEN_TTL_S = 1
 
-Service = CoordinatorProcess | BrokerProcess | GatewayProcess
 
-
-def start_cluster(etcd: EtcdProcess, root: Path, etcd_args: Sequence[str]) -> list[Service]:
-    """A coordinator, a broker and a gateway with `etcd_args`; each answers
-    produce (so each reached etcd: the broker registered, the gateway
-    learned the topic, the coordinator created it)."""
-    started: list[Service] = []
-    try:
-        started.append(
-            start_coordinator(
-                etcd.endpoint,
-                root / "logs",
-                prefix=PREFIX,
-                coordinator_id="c0",
-                session_ttl_s=3,
-                extra_args=tuple(etcd_args),
-            )
-        )
-        cluster_args = ["--etcd", etcd.endpoint, "--etcd-prefix", PREFIX, "--session-ttl-s", "3"]
-        broker = start_broker(root / "broker", extra_args=[*cluster_args, *etcd_args])
-        started.append(broker)
-        with AdminClient(bootstrap_servers=broker.address) as admin:
-            admin.create_topics([NewTopic("authorized", 1, 1)])
-        gateway = start_gateway(etcd.endpoint, root / "gw", prefix=PREFIX, extra_args=etcd_args)
-        started.append(gateway)
-        for offset, bootstrap in enumerate((broker.address, gateway.address)):
-            with Producer(bootstrap_servers=bootstrap, acks="all") as producer:
-                assert producer.send("authorized", b"stored").get(timeout=60).offset == offset
-    except BaseException:
-        for process in reversed(started):
-            process.stop()
-        raise
-    return started
+def start_authorized_cluster(
+    etcd: EtcdProcess, root: Path, etcd_args: Sequence[str]
+) -> ClusterProcesses:
+    """A coordinator, a broker and a gateway, each with `etcd_args`; each
+    answers produce (so each reached etcd)."""
+    return start_checked_cluster(
+        root, etcd=etcd, prefix=PREFIX, service_args=etcd_args, topic="authorized"
+    )
 
 
 def run_refused(service: str, etcd: EtcdProcess, etcd_args: Sequence[str], log: Path) -> str:
@@ -125,7 +102,7 @@ def test_services_use_their_certificates_etcd_user_and_one_without_permission_st
         tmp_path / "etcd",
         tls=EtcdServerTls(certs.server_certfile, certs.server_keyfile, certs.cafile),
     )
-    started: list[Service] = []
+    cluster: ClusterProcesses | None = None
     try:
         ctl = EtcdCtl(etcd, cafile=certs.cafile, certfile=root_cert[0], keyfile=root_cert[1])
         ctl.add_user("root")
@@ -144,7 +121,7 @@ def test_services_use_their_certificates_etcd_user_and_one_without_permission_st
                 "--etcd-keyfile", str(tmp_path / "certs" / f"{stem}-key.pem"),
             ]  # fmt: skip
 
-        started = start_cluster(etcd, tmp_path / "allowed", etcd_args("client"))
+        cluster = start_authorized_cluster(etcd, tmp_path / "allowed", etcd_args("client"))
         for service in ("coordinator", "broker", "gateway"):
             text = run_refused(
                 service, etcd, etcd_args("outsider"), tmp_path / f"refused-{service}.log"
@@ -158,16 +135,16 @@ def test_services_use_their_certificates_etcd_user_and_one_without_permission_st
             # the controller) logged etcd's refusal, not a traceback.
             assert "Traceback" not in text, text[-3000:]
     finally:
-        for process in reversed(started):
-            process.stop()
+        if cluster is not None:
+            cluster.stop()
         etcd.stop()
 
 
 @pytest.fixture
-def password_etcd(tmp_path: Path) -> tuple[EtcdProcess, Path]:
+def password_etcd(tmp_path: Path) -> Iterator[tuple[EtcdProcess, Path]]:
     """etcd with users and passwords, tokens expiring after 1 s unused; a
     user `tidelog` with readwrite on PREFIX, its password in a file."""
-    etcd = EtcdProcess.start(tmp_path / "etcd", extra_args=("--auth-token-ttl=1",))
+    etcd = EtcdProcess.start(tmp_path / "etcd", extra_args=(f"--auth-token-ttl={TOKEN_TTL_S}",))
     ctl = EtcdCtl(etcd)
     ctl.add_user("root", "root-secret")
     ctl("role", "add", "root")
@@ -187,28 +164,22 @@ def test_services_log_in_with_a_user_and_password_and_again_when_the_token_expir
     # The broker reads $TIDELOG_ETCD_PASSWORD (children inherit it); the
     # others the file. Neither is on a command line.
     monkeypatch.setenv("TIDELOG_ETCD_PASSWORD", "tidelog-secret")
-    started = start_cluster(
-        etcd,
-        tmp_path,
-        ["--etcd-user", "tidelog", "--etcd-password-file", str(password_file)],
-    )
-    try:
+    with start_authorized_cluster(
+        etcd, tmp_path, ["--etcd-user", "tidelog", "--etcd-password-file", str(password_file)]
+    ) as cluster:
         # etcd forgets its simple tokens when it restarts (as when they
         # expire): the next etcd calls of each service are refused for an
         # invalid token, log in again and succeed (a new topic is written by
         # the coordinator, learned by the broker and the gateway).
         etcd.restart()
-        broker, gateway = started[1], started[2]
+        (broker,), (gateway,) = cluster.brokers, cluster.gateways
         with AdminClient(bootstrap_servers=broker.address) as admin:
             admin.create_topics([NewTopic("after-expiry", 1, 1)])
         for bootstrap in (broker.address, gateway.address):
             with Producer(bootstrap_servers=bootstrap, acks="all") as producer:
-                producer.send("after-expiry", b"x").get(timeout=60)
-        for process in started:
+                producer.send("after-expiry", b"x").get(timeout=PRODUCE_TIMEOUT_S)
+        for process in cluster.services:
             assert "no longer valid" in process.log_path.read_text(), process.log_path
-    finally:
-        for process in reversed(started):
-            process.stop()
 
 
 def test_the_client_sends_its_token_beside_require_leader_and_renews_it(
@@ -222,7 +193,7 @@ def test_the_client_sends_its_token_beside_require_leader_and_renews_it(
             await client.put(f"{PREFIX}/k".encode(), b"v")
             first = dict(client.metadata)
             assert first["hasleader"] == "true" and first["token"]
-            await asyncio.sleep(2.5)  # the 1 s token expires unused
+            await asyncio.sleep(TOKEN_TTL_S * 2.5)  # the token expires unused
             assert (await client.get(f"{PREFIX}/k".encode())).value == b"v"
             second = dict(client.metadata)
             assert second["hasleader"] == "true"

@@ -18,9 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from tidelog import AdminClient, Consumer, NewTopic, Producer
 
 from tests.support.cluster import BROKER_SESSION_TTL_S, ClusterProcesses
-from tests.support.coordinator import start_coordinator
 from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.gateway import GatewayProcess
 from tests.support.processes import free_port, start_broker
 
 PREFIX = "/metrics"
@@ -73,8 +72,6 @@ class MeteredCluster:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeteredCluster]:
     root: Path = tmp_path_factory.mktemp("metrics")
     etcd = EtcdProcess.start(root / "etcd")
-    processes = ClusterProcesses(etcd, PREFIX)
-    gateway = None
     urls: dict[str, str] = {}
 
     def metrics_args(name: str) -> list[str]:
@@ -83,36 +80,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MeteredCluster
         return ["--metrics-port", str(port)]
 
     try:
-        processes.coordinators.append(
-            start_coordinator(
-                etcd.endpoint,
-                root / "logs",
-                prefix=PREFIX,
-                coordinator_id="c0",
-                session_ttl_s=3,
-                extra_args=(*metrics_args("coordinator"), "--metrics-interval-ms", "200"),
+        with ClusterProcesses(etcd, PREFIX) as processes:
+            processes.add_coordinator(
+                root, [*metrics_args("coordinator"), "--metrics-interval-ms", "200"]
             )
-        )
-        for broker_id in range(2):
-            processes.brokers.append(
-                start_broker(
-                    root / f"broker-{broker_id}",
-                    extra_args=[
-                        *processes.broker_args(broker_id),
-                        *metrics_args(f"broker-{broker_id}"),
-                    ],
-                    broker_id=broker_id,
-                )
-            )
-        processes.wait_registered(2)
-        gateway = start_gateway(
-            etcd.endpoint, root / "logs", prefix=PREFIX, extra_args=metrics_args("gateway")
-        )
-        yield MeteredCluster(processes, gateway, urls)
+            for broker_id in range(2):
+                processes.add_broker(root, metrics_args(f"broker-{broker_id}"))
+            processes.wait_registered(2)
+            gateway = processes.add_gateway(root, metrics_args("gateway"))
+            yield MeteredCluster(processes, gateway, urls)
     finally:
-        if gateway is not None:
-            gateway.stop()
-        processes.stop()
         etcd.stop()
 
 

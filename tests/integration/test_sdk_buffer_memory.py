@@ -22,6 +22,16 @@ TOPIC = "buffer-full"
 VALUE = b"v" * 1000
 #: Small enough that a few records fill it; larger than one record.
 BUFFER_BYTES = 32 * 1024
+#: Batches of a few records, so that the buffer holds several.
+BATCH_BYTES = 4096
+#: How long a send waits for room before it fails (short: the test waits it out).
+MAX_BLOCK_MS = 1500
+#: Records of one send_batch call.
+RECORDS_PER_CALL = 4
+#: Sends that would fill the buffer ten times over: it must refuse before.
+SENDS_MAX = 10 * BUFFER_BYTES // len(VALUE)
+#: Generous: the acknowledgement of a record once the broker runs again.
+ACK_DEADLINE_S = 60
 NOW_MS = int(time.time() * 1000)
 
 
@@ -33,8 +43,8 @@ def test_a_full_buffer_blocks_for_max_block_ms_then_sends_resume(tmp_path: Path,
         producer = AsyncProducer(
             broker.address,
             buffer_memory=BUFFER_BYTES,
-            batch_size=4096,
-            max_block_ms=1500,
+            batch_size=BATCH_BYTES,
+            max_block_ms=MAX_BLOCK_MS,
             linger_ms=0,
         )
         await producer.start()
@@ -43,17 +53,21 @@ def test_a_full_buffer_blocks_for_max_block_ms_then_sends_resume(tmp_path: Path,
             os.kill(broker.pid, signal.SIGSTOP)
             try:
                 with pytest.raises(TidelogTimeoutError, match="buffer_memory"):
-                    for _ in range(10 * BUFFER_BYTES // len(VALUE)):
+                    for _ in range(SENDS_MAX):
                         if way == "send":
                             await producer.send(TOPIC, VALUE)
                         else:
-                            await producer.send_batch(TOPIC, [VALUE] * 4, timestamps=[NOW_MS] * 4)
+                            await producer.send_batch(
+                                TOPIC,
+                                [VALUE] * RECORDS_PER_CALL,
+                                timestamps=[NOW_MS] * RECORDS_PER_CALL,
+                            )
             finally:
                 os.kill(broker.pid, signal.SIGCONT)
             # Drained: the next send fits and is acknowledged.
             if way == "send":
                 future = await producer.send(TOPIC, VALUE)
-                await asyncio.wait_for(future, 60)
+                await asyncio.wait_for(future, ACK_DEADLINE_S)
             else:
                 await producer.send_batch(TOPIC, [VALUE], timestamps=[NOW_MS])
             await producer.flush()

@@ -33,9 +33,10 @@ from tidelog_server.dev_certs import DevCertificates, create_dev_certificates, i
 from tidelog_server.tls import ServerTls
 
 from tests.integration.test_cli import kill_dev, start_dev, tidelog, wait_banner
-from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.cluster import ClusterProcesses, start_checked_cluster
+from tests.support.coordinator import CoordinatorProcess
 from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.gateway import GatewayProcess
 from tests.support.processes import (
     BrokerProcess,
     free_ports_in_a_row,
@@ -79,38 +80,13 @@ def cluster(etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iter
     root = tmp_path_factory.mktemp("tls")
     certs = create_dev_certificates(root / "certs")
     args = tls_args(certs)
-    started: list[CoordinatorProcess | BrokerProcess | GatewayProcess] = []
-    try:
-        coordinator = start_coordinator(
-            etcd.endpoint,
-            root / "logs",
-            prefix=PREFIX,
-            coordinator_id="c0",
-            session_ttl_s=3,
-            extra_args=tuple(args),
-        )
-        started.append(coordinator)
-        brokers = []
-        for broker_id in range(2):
-            cluster_args = [
-                "--etcd",
-                etcd.endpoint,
-                "--etcd-prefix",
-                PREFIX,
-                "--session-ttl-s",
-                "3",
-            ]
-            broker = start_broker(
-                root / f"broker-{broker_id}", extra_args=[*cluster_args, *args], broker_id=broker_id
-            )
-            started.append(broker)
-            brokers.append(broker)
-        gateway = start_gateway(etcd.endpoint, root / "gateway", prefix=PREFIX, extra_args=args)
-        started.append(gateway)
-        yield TlsCluster(certs, coordinator, brokers, gateway)
-    finally:
-        for process in reversed(started):
-            process.stop()
+    # Not start_cluster: it waits for registration over plain text.
+    with ClusterProcesses(etcd, PREFIX) as processes:
+        coordinator = processes.add_coordinator(root, args)
+        for _ in range(2):
+            processes.add_broker(root, args)
+        gateway = processes.add_gateway(root, args)
+        yield TlsCluster(certs, coordinator, processes.brokers, gateway)
 
 
 def test_ssl_clients_produce_and_consume_with_replication_over_tls(cluster: TlsCluster) -> None:
@@ -348,28 +324,11 @@ def test_services_reach_an_etcd_that_requires_client_certificates(tmp_path: Path
         "--etcd-certfile", str(certs.client_certfile),
         "--etcd-keyfile", str(certs.client_keyfile),
     ]  # fmt: skip
-    started: list[CoordinatorProcess | BrokerProcess | GatewayProcess] = []
+    cluster: ClusterProcesses | None = None
     try:
-        started.append(
-            start_coordinator(
-                etcd.endpoint,
-                tmp_path / "logs",
-                prefix=PREFIX,
-                coordinator_id="c0",
-                session_ttl_s=3,
-                extra_args=tuple(etcd_args),
-            )
+        cluster = start_checked_cluster(
+            tmp_path, etcd=etcd, prefix=PREFIX, service_args=etcd_args, topic="etcd-tls"
         )
-        cluster_args = ["--etcd", etcd.endpoint, "--etcd-prefix", PREFIX, "--session-ttl-s", "3"]
-        broker = start_broker(tmp_path / "broker", extra_args=[*cluster_args, *etcd_args])
-        started.append(broker)
-        with AdminClient(bootstrap_servers=broker.address) as admin:
-            admin.create_topics([NewTopic("etcd-tls", 1, 1)])
-        gateway = start_gateway(etcd.endpoint, tmp_path / "gw", prefix=PREFIX, extra_args=etcd_args)
-        started.append(gateway)
-        for offset, bootstrap in enumerate((broker.address, gateway.address)):
-            with Producer(bootstrap_servers=bootstrap, acks="all") as producer:
-                assert producer.send("etcd-tls", b"stored").get(timeout=60).offset == offset
 
         async def read(tls: EtcdTls | None) -> object:
             client = connect(etcd.endpoint, tls)
@@ -396,6 +355,6 @@ def test_services_reach_an_etcd_that_requires_client_certificates(tmp_path: Path
                 refusal.value
             )
     finally:
-        for process in reversed(started):
-            process.stop()
+        if cluster is not None:
+            cluster.stop()
         etcd.stop()

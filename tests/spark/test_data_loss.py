@@ -134,6 +134,8 @@ def test_a_topic_deleted_under_a_running_query(
         wait_for(lambda: len(seen) == 5, query)
         admin.delete_topics([topic])
         if fail == "true":
+            # The query fails: awaitTermination raises its error, checked
+            # below through query.exception().
             with contextlib.suppress(Exception):
                 query.awaitTermination(90)
             error = str(query.exception())

@@ -19,6 +19,7 @@ run beside other etcd servers on the machine.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -35,21 +36,9 @@ from typing import Any
 
 from tidelog_server.dev import etcd_binary
 
+from tests.support.ports import PortTakenError, free_port, start_on_free_ports
+
 START_TIMEOUT_S = 15.0
-#: free_port() closes the port it found: another test's process can bind it
-#: before etcd does. Starting again on new ports is the remedy.
-PORT_RACE_ATTEMPTS = 3
-
-
-class PortTakenError(RuntimeError):
-    """etcd could not bind a port picked for it (taken in the meantime)."""
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass(frozen=True)
@@ -109,21 +98,20 @@ class EtcdProcess:
         extra_args: tuple[str, ...] = (),
     ) -> EtcdProcess:
         data_dir.mkdir(parents=True, exist_ok=True)
-        for attempt in range(PORT_RACE_ATTEMPTS):
+        attempts = itertools.count()
+
+        def start() -> EtcdProcess:
             etcd = cls(
-                data_dir / f"etcd-{attempt}",
+                data_dir / f"etcd-{next(attempts)}",
                 free_port(),
                 free_port(),
                 tls=tls,
                 extra_args=extra_args,
             )
-            try:
-                etcd._spawn()
-                return etcd
-            except PortTakenError:
-                if attempt == PORT_RACE_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+            etcd._spawn()
+            return etcd
+
+        return start_on_free_ports(start)
 
     def _spawn(self, wait: bool = True) -> None:
         scheme = "http" if self.tls is None else "https"
@@ -214,13 +202,10 @@ class EtcdCluster:
     def start(cls, root: Path, members: int = 3) -> EtcdCluster:
         """Start `members` members; again on new ports when one of the free
         ports picked was taken by another process before etcd bound it."""
-        for attempt in range(PORT_RACE_ATTEMPTS):
-            try:
-                return cls._start_once(root / f"attempt-{attempt}", members)
-            except PortTakenError:
-                if attempt == PORT_RACE_ATTEMPTS - 1:
-                    raise
-        raise AssertionError("unreachable")
+        attempts = itertools.count()
+        return start_on_free_ports(
+            lambda: cls._start_once(root / f"attempt-{next(attempts)}", members)
+        )
 
     @classmethod
     def _start_once(cls, root: Path, members: int) -> EtcdCluster:

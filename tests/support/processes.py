@@ -17,27 +17,21 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
-from tests.support.etcd import PORT_RACE_ATTEMPTS, PortTakenError
-
-T = TypeVar("T")
+# free_port and start_on_free_ports re-exported: the tests and the other
+# support modules import them from here.
+from tests.support.ports import PortTakenError
+from tests.support.ports import free_port as free_port
+from tests.support.ports import start_on_free_ports as start_on_free_ports
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
-
-
-def free_port() -> int:
-    """A loopback TCP port that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def free_ports_in_a_row(count: int) -> int:
@@ -180,18 +174,6 @@ def spawn_service(
         error = PortTakenError if port_taken(log_path, since) else RuntimeError
         raise error(f"{what} did not start: {exc}; see {log_path}") from exc
     return proc
-
-
-def start_on_free_ports(start: Callable[[], T]) -> T:
-    """`start()`, which picks its ports with free_port(), again on new ports
-    when one was taken before the process bound it."""
-    for attempt in range(PORT_RACE_ATTEMPTS):
-        try:
-            return start()
-        except PortTakenError:
-            if attempt == PORT_RACE_ATTEMPTS - 1:
-                raise
-    raise AssertionError("unreachable")
 
 
 class BrokerProcess:

@@ -16,14 +16,11 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.cluster import ClusterProcesses, running_cluster
-from tests.support.etcd import EtcdProcess, running_etcd
-from tests.support.gateway import GatewayProcess, running_gateway
+from tests.support.fixtures import service_fixtures
 
 REPO = Path(__file__).resolve().parents[3]
 # The first build of grpcurl takes minutes on a shared 2-core machine.
@@ -84,25 +81,4 @@ def grpcurl(go_bin: Path) -> Path:
 
 # tests/conftest.py's fixtures, once for the whole directory rather than per
 # module: every example shares one cluster (and one xdist worker).
-@pytest.fixture(scope="package")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
-    with running_etcd(tmp_path_factory.mktemp("etcd")) as process:
-        yield process
-
-
-@pytest.fixture(scope="package")
-def cluster(
-    etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ClusterProcesses]:
-    with running_cluster(tmp_path_factory.mktemp("cluster"), etcd=etcd) as processes:
-        yield processes
-
-
-@pytest.fixture(scope="package")
-def gateway(
-    cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    with running_gateway(
-        cluster.etcd.endpoint, tmp_path_factory.mktemp("gateway"), prefix=cluster.prefix
-    ) as process:
-        yield process
+etcd, cluster, gateway = service_fixtures("package")

@@ -14,46 +14,26 @@ from tidelog import AdminClient, TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc
 from tidelog_server.forwarding import LOCAL_METADATA_KEY
 
-from tests.support.cluster import ClusterProcesses
-from tests.support.coordinator import start_coordinator
+from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
 
 
 def start_admin_cluster(
     etcd: EtcdProcess, root: Path, prefix: str, brokers: int = 3
 ) -> ClusterProcesses:
-    """A coordinator (automatic preferred-leader election off) and brokers."""
-    cluster = ClusterProcesses(etcd, prefix)
-    try:
-        cluster.coordinators.append(
-            start_coordinator(
-                etcd.endpoint,
-                root / "logs",
-                prefix=prefix,
-                coordinator_id="c0",
-                session_ttl_s=3,
-                extra_args=("--leader-imbalance-check-interval-ms", "0"),
-            )
-        )
-        for _ in range(brokers):
-            cluster.add_broker(root)
-        cluster.wait_registered(brokers)
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
+    """A coordinator (automatic preferred-leader election off) and brokers;
+    as a context manager, stopped after the block."""
+    return start_cluster(
+        root,
+        etcd=etcd,
+        prefix=prefix,
+        brokers=brokers,
+        coordinator_args=("--leader-imbalance-check-interval-ms", "0"),
+    )
 
 
-@contextmanager
-def running_admin_cluster(
-    etcd: EtcdProcess, root: Path, prefix: str, brokers: int = 3
-) -> Iterator[ClusterProcesses]:
-    """`start_admin_cluster` for the duration of the block."""
-    cluster = start_admin_cluster(etcd, root, prefix, brokers)
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+#: `with running_admin_cluster(...) as cluster:` (see running_cluster).
+running_admin_cluster = start_admin_cluster
 
 
 @contextmanager

@@ -19,8 +19,9 @@ from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, common_pb2, group_pb2, gro
 from tidelog_server.etcd.keys import Keys
 
 from tests.integration.coordinator.conftest import StartCoordinator
+from tests.integration.coordinator.group_support import setup_topic
 from tests.integration.coordinator.helpers import etcd_client, eventually
-from tests.integration.coordinator.test_groups import describe, setup_topic
+from tests.integration.coordinator.test_groups import describe
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.timeout(90)

@@ -15,30 +15,17 @@ import pytest
 from tidelog.errors import IllegalGenerationError, NonEmptyGroupError, UnknownMemberIdError
 from tidelog.group import GroupMembership, OffsetAndMetadata, OffsetStoreClient
 from tidelog.types import TopicPartition
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
+from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
 from tests.integration.coordinator.conftest import StartCoordinator
-from tests.integration.coordinator.helpers import etcd_client, eventually, register_broker
+from tests.integration.coordinator.group_support import setup_topic
+from tests.integration.coordinator.helpers import etcd_client, eventually
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.timeout(60)
 
 SESSION_MS = 2_000
 REPO = Path(__file__).resolve().parents[3]
-
-
-async def setup_topic(
-    etcd: EtcdProcess, prefix: str, address: str, topic: str, partitions: int
-) -> None:
-    async with etcd_client(etcd.endpoint) as client:
-        await register_broker(client, prefix, 1)
-    async with grpc.aio.insecure_channel(address) as channel:
-        reply = await admin_pb2_grpc.AdminStub(channel).CreateTopics(
-            admin_pb2.CreateTopicsRequest(
-                topics=[admin_pb2.NewTopic(name=topic, partitions=partitions)]
-            )
-        )
-        assert reply.topics[0].error.code == common_pb2.NONE
 
 
 class Recorder:

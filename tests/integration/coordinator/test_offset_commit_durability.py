@@ -15,11 +15,12 @@ import pytest
 from tidelog.errors import TidelogError
 from tidelog.group import GroupMembership, OffsetStoreClient
 from tidelog.types import TopicPartition
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
+from tidelog.v1 import group_pb2, group_pb2_grpc
 from tidelog_server.etcd.keys import Keys
 
 from tests.integration.coordinator.conftest import StartCoordinator
-from tests.integration.coordinator.helpers import etcd_client, register_broker
+from tests.integration.coordinator.group_support import joined_members, setup_topic
+from tests.integration.coordinator.helpers import etcd_client
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,6 +29,10 @@ COMMITTERS = 32
 PARTITIONS = 3
 #: Acknowledgements before the kill: enough that commits share transactions.
 ACKS_BEFORE_KILL = 400
+#: The stand-in broker's registration outlives every test of the module.
+BROKER_TTL_S = 120
+#: A commit's deadline: one in flight at the kill fails within it.
+REQUEST_TIMEOUT_MS = 5_000
 
 
 async def stored(etcd: EtcdProcess, prefix: str) -> dict[tuple[str, int], int]:
@@ -45,15 +50,20 @@ async def stored(etcd: EtcdProcess, prefix: str) -> dict[tuple[str, int], int]:
 
 
 async def create_topic(etcd: EtcdProcess, prefix: str, address: str) -> None:
-    async with etcd_client(etcd.endpoint) as client:
-        await register_broker(client, prefix, 1, ttl_s=120)
-    async with grpc.aio.insecure_channel(address) as channel:
-        reply = await admin_pb2_grpc.AdminStub(channel).CreateTopics(
-            admin_pb2.CreateTopicsRequest(
-                topics=[admin_pb2.NewTopic(name="t", partitions=PARTITIONS)]
-            )
-        )
-        assert reply.topics[0].error.code == common_pb2.NONE
+    """Topic "t" with PARTITIONS partitions."""
+    await setup_topic(etcd, prefix, address, "t", PARTITIONS, broker_ttl_s=BROKER_TTL_S)
+
+
+def check_stored(
+    etcd: EtcdProcess, prefix: str, acked: dict[str, int], sent: dict[str, int]
+) -> None:
+    """Every partition of each group holds at least what was acknowledged and
+    at most what was sent (a commit in flight at the kill may or may not have
+    landed)."""
+    in_etcd = asyncio.run(stored(etcd, prefix))
+    for group, offset in acked.items():
+        for p in range(PARTITIONS):
+            assert offset <= in_etcd[(group, p)] <= sent[group], (group, p)
 
 
 def test_an_acknowledged_commit_survives_a_coordinator_sigkill_right_after_the_ack(
@@ -68,7 +78,7 @@ def test_an_acknowledged_commit_survives_a_coordinator_sigkill_right_after_the_a
         # One client each: a client that fails over closes its channel, which
         # would cancel the other committers' calls on it.
         clients = [
-            OffsetStoreClient(coordinator.address, request_timeout_ms=5_000)
+            OffsetStoreClient(coordinator.address, request_timeout_ms=REQUEST_TIMEOUT_MS)
             for _ in range(COMMITTERS)
         ]
         acks = 0
@@ -103,13 +113,7 @@ def test_an_acknowledged_commit_survives_a_coordinator_sigkill_right_after_the_a
 
     asyncio.run(run())
     assert len(acked) == COMMITTERS
-
-    in_etcd = asyncio.run(stored(etcd, prefix))
-    for group, offset in acked.items():
-        for p in range(PARTITIONS):
-            # At least what was acknowledged; at most what was sent (a commit
-            # in flight at the kill may or may not have landed).
-            assert offset <= in_etcd[(group, p)] <= sent[group], (group, p)
+    check_stored(etcd, prefix, acked, sent)
 
 
 #: Members committing over the stream (one group each).
@@ -128,20 +132,13 @@ def test_an_answer_on_the_commit_stream_survives_a_coordinator_sigkill_right_aft
 
     async def run() -> None:
         await create_topic(etcd, prefix, coordinator.address)
-        members = [
-            GroupMembership(coordinator.address, f"s{i}", topics=["t"], session_timeout_ms=30_000)
-            for i in range(STREAM_MEMBERS)
-        ]
-        try:
-            for m in members:
-                await m.start()
-            for m in members:
-                await m.wait_for(lambda m: len(m.assignment) == PARTITIONS, timeout_s=30)
-            async with grpc.aio.insecure_channel(coordinator.address) as channel:
-                await stream_until_killed(channel, members)
-        finally:
-            for m in members:
-                await m.close(leave=False)
+        groups = [f"s{i}" for i in range(STREAM_MEMBERS)]
+        # leave=False: the coordinator is dead by the end.
+        async with (
+            joined_members(coordinator.address, groups, PARTITIONS, leave=False) as members,
+            grpc.aio.insecure_channel(coordinator.address) as channel,
+        ):
+            await stream_until_killed(channel, members)
 
     async def stream_until_killed(
         channel: grpc.aio.Channel, members: list[GroupMembership]
@@ -204,7 +201,4 @@ def test_an_answer_on_the_commit_stream_survives_a_coordinator_sigkill_right_aft
 
     asyncio.run(run())
     assert len(acked) == STREAM_MEMBERS
-    in_etcd = asyncio.run(stored(etcd, prefix))
-    for group, offset in acked.items():
-        for p in range(PARTITIONS):
-            assert offset <= in_etcd[(group, p)] <= sent[group], (group, p)
+    check_stored(etcd, prefix, acked, sent)

@@ -25,39 +25,35 @@ from tidelog.errors import (
     InvalidRequestError,
     UnknownMemberIdError,
 )
-from tidelog.group import GroupMembership, OffsetStoreClient
+from tidelog.group import GroupMembership
 from tidelog.types import TopicPartition
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, group_pb2, group_pb2_grpc
+from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
+from tidelog_coordinator.group_limits import PARTITIONS_MAX
 from tidelog_server.acls import AclBinding
 from tidelog_server.etcd.keys import Keys
 
 from tests.integration.coordinator.conftest import StartCoordinator
-from tests.integration.coordinator.helpers import etcd_client, register_broker
+from tests.integration.coordinator.group_support import (
+    credentials,
+    joined_member,
+    offset_client,
+    setup_topic,
+)
+from tests.integration.coordinator.helpers import etcd_client
 from tests.support.etcd import EtcdProcess
 from tests.support.gateway import start_gateway
 
 pytestmark = pytest.mark.timeout(120)
 
 PARTITIONS = 4
+#: The stand-in broker's registration outlives every test of the module.
+BROKER_TTL_S = 120
+T0 = TopicPartition("t", 0)
 
 
-async def _setup(etcd_endpoint: str, prefix: str, address: str) -> None:
-    async with etcd_client(etcd_endpoint) as client:
-        await register_broker(client, prefix, 1, ttl_s=120)
-    async with grpc.aio.insecure_channel(address) as channel:
-        reply = await admin_pb2_grpc.AdminStub(channel).CreateTopics(
-            admin_pb2.CreateTopicsRequest(
-                topics=[admin_pb2.NewTopic(name="t", partitions=PARTITIONS)]
-            )
-        )
-        assert reply.topics[0].error.code == common_pb2.NONE
-
-
-async def _member(bootstrap: str | list[str], group: str = "g") -> GroupMembership:
-    member = GroupMembership(bootstrap, group, topics=["t"], session_timeout_ms=30_000)
-    await member.start()
-    await member.wait_for(lambda m: len(m.assignment) == PARTITIONS, timeout_s=30)
-    return member
+async def _setup(etcd: EtcdProcess, prefix: str, address: str) -> None:
+    """Topic "t" with PARTITIONS partitions."""
+    await setup_topic(etcd, prefix, address, "t", PARTITIONS, broker_ttl_s=BROKER_TTL_S)
 
 
 def _commit(
@@ -118,9 +114,8 @@ def test_answers_come_out_of_order_matched_by_correlation_id(
         coordinator = coordinators(etcd_endpoint=own.endpoint)
 
         async def run() -> None:
-            await _setup(own.endpoint, prefix, coordinator.address)
-            member = await _member(coordinator.address)
-            try:
+            await _setup(own, prefix, coordinator.address)
+            async with joined_member(coordinator.address, PARTITIONS) as member:
                 async with grpc.aio.insecure_channel(coordinator.address) as channel:
                     stream = RawStream(channel)
                     stream.send(1, _commit(member, 11))
@@ -144,10 +139,7 @@ def test_answers_come_out_of_order_matched_by_correlation_id(
                     stream.requests.put_nowait(None)
                     assert await stream.call.read() is grpc.aio.EOF  # ends once all answered
                     assert await stream.call.code() == grpc.StatusCode.OK
-                fetched = await member._offsets.fetch("g", [TopicPartition("t", 0)])
-                assert fetched[TopicPartition("t", 0)].offset == 12
-            finally:
-                await member.close()
+                assert (await member.committed([T0]))[T0].offset == 12
 
         asyncio.run(run())
     finally:
@@ -160,13 +152,13 @@ def test_each_request_of_the_stream_gets_its_own_typed_error(
     coordinator = coordinators()
 
     async def run() -> None:
-        await _setup(etcd.endpoint, prefix, coordinator.address)
-        member = await _member(coordinator.address)
-        try:
+        await _setup(etcd, prefix, coordinator.address)
+        async with joined_member(coordinator.address, PARTITIONS) as member:
             async with grpc.aio.insecure_channel(coordinator.address) as channel:
                 stream = RawStream(channel)
                 too_many = [
-                    group_pb2.OffsetCommit(topic="t", partition=p, offset=1) for p in range(10_001)
+                    group_pb2.OffsetCommit(topic="t", partition=p, offset=1)
+                    for p in range(PARTITIONS_MAX + 1)
                 ]
                 missing = [group_pb2.OffsetCommit(topic="t", partition=99)]
                 cases = {
@@ -186,39 +178,32 @@ def test_each_request_of_the_stream_gets_its_own_typed_error(
                     c: code for c, (_, code) in cases.items()
                 }
                 # The partitions limit is named, as for the unary call.
-                assert "10000" in answers[5].error.message
+                assert str(PARTITIONS_MAX) in answers[5].error.message
                 stream.requests.put_nowait(None)
                 assert await stream.call.code() == grpc.StatusCode.OK
             # The same through the SDK, which commits over the stream.
-            client = OffsetStoreClient(coordinator.address)
-            offsets = {TopicPartition("t", 0): 9}
-            try:
+            async with offset_client(coordinator.address) as client:
+                offsets = {T0: 9}
                 with pytest.raises(IllegalGenerationError):
-                    await client.commit("g", offsets, member_id=member.member_id,
-                                        member_epoch=member.member_epoch - 1,
-                                        member_token=member.member_token)  # fmt: skip
+                    await client.commit("g", offsets, **credentials(member, epoch_delta=-1))
                 with pytest.raises(UnknownMemberIdError):
-                    await client.commit("g", offsets, member_id=member.member_id,
-                                        member_epoch=member.member_epoch,
-                                        member_token="wrong")  # fmt: skip
-                with pytest.raises(InvalidRequestError, match="10000"):
+                    await client.commit("g", offsets, **credentials(member, token="wrong"))
+                with pytest.raises(InvalidRequestError, match=str(PARTITIONS_MAX)):
                     await client.commit(
-                        "g", {TopicPartition("t", p): 1 for p in range(10_001)},
-                        member_id=member.member_id, member_epoch=member.member_epoch,
-                        member_token=member.member_token,
-                    )  # fmt: skip
-                await client.commit("g", offsets, member_id=member.member_id,
-                                    member_epoch=member.member_epoch,
-                                    member_token=member.member_token)  # fmt: skip
-                assert (await client.fetch("g", [TopicPartition("t", 0)]))[
-                    TopicPartition("t", 0)
-                ].offset == 9
-            finally:
-                await client.close()
-        finally:
-            await member.close()
+                        "g",
+                        {TopicPartition("t", p): 1 for p in range(PARTITIONS_MAX + 1)},
+                        **credentials(member),
+                    )
+                await client.commit("g", offsets, **credentials(member))
+                assert (await client.fetch("g", [T0]))[T0].offset == 9
 
     asyncio.run(run())
+
+
+#: Commits on the stream when its coordinator ends.
+COMMITS_IN_FLIGHT = 8
+#: Generous: the client notices the end, picks the other replica, retries each.
+FAILOVER_DEADLINE_S = 60
 
 
 @pytest.mark.parametrize("end", ["SIGKILL", "SIGTERM"])
@@ -232,34 +217,33 @@ def test_the_sdk_commit_fails_over_to_another_replica_mid_stream(
     second = coordinators()
 
     async def run() -> None:
-        await _setup(etcd.endpoint, prefix, first.address)
-        member = await _member(second.address)
-        client = OffsetStoreClient([first.address, second.address], request_timeout_ms=5_000)
-        try:
+        await _setup(etcd, prefix, first.address)
+        async with (
+            joined_member(second.address, PARTITIONS) as member,
+            offset_client([first.address, second.address], request_timeout_ms=5_000) as client,
+        ):
 
             async def commit(offset: int) -> None:
-                await client.commit("g", {TopicPartition("t", p): offset for p in range(4)},
-                                    member_id=member.member_id,
-                                    member_epoch=member.member_epoch,
-                                    member_token=member.member_token)  # fmt: skip
+                await client.commit(
+                    "g",
+                    {TopicPartition("t", p): offset for p in range(PARTITIONS)},
+                    **credentials(member),
+                )
 
             await commit(1)  # the stream to `first` is open now
             # Commits in flight on the stream while its coordinator dies.
-            in_flight = [asyncio.ensure_future(commit(2)) for _ in range(8)]
+            in_flight = [asyncio.ensure_future(commit(2)) for _ in range(COMMITS_IN_FLIGHT)]
             await asyncio.sleep(0)  # written
             if end == "SIGKILL":
                 first.kill()
             else:
                 await asyncio.get_running_loop().run_in_executor(None, first.stop)
-            await asyncio.wait_for(asyncio.gather(*in_flight), 60)
+            await asyncio.wait_for(asyncio.gather(*in_flight), FAILOVER_DEADLINE_S)
             await commit(3)
             fetched = await client.fetch("g")
             assert {tp: om.offset for tp, om in fetched.items()} == {
-                TopicPartition("t", p): 3 for p in range(4)
+                TopicPartition("t", p): 3 for p in range(PARTITIONS)
             }
-        finally:
-            await client.close()
-            await member.close()
 
     asyncio.run(run())
 
@@ -274,30 +258,20 @@ def test_the_sdk_falls_back_to_unary_commits_where_the_stream_is_unimplemented(
     try:
 
         async def run() -> None:
-            await _setup(etcd.endpoint, prefix, coordinator.address)
-            member = await _member(gateway.address)
-            client = OffsetStoreClient(gateway.address)
-            try:
+            await _setup(etcd, prefix, coordinator.address)
+            async with (
+                joined_member(gateway.address, PARTITIONS) as member,
+                offset_client(gateway.address) as client,
+            ):
                 async with grpc.aio.insecure_channel(gateway.address) as channel:
                     call = group_pb2_grpc.GroupStub(channel).CommitOffsetsStream(iter(()))
                     with pytest.raises(grpc.aio.AioRpcError) as refused:
                         await call.read()
                     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
-                await client.commit("g", {TopicPartition("t", 0): 42},
-                                    member_id=member.member_id,
-                                    member_epoch=member.member_epoch,
-                                    member_token=member.member_token)  # fmt: skip
+                await client.commit("g", {T0: 42}, **credentials(member))
                 with pytest.raises(IllegalGenerationError):
-                    await client.commit("g", {TopicPartition("t", 0): 43},
-                                        member_id=member.member_id,
-                                        member_epoch=member.member_epoch + 3,
-                                        member_token=member.member_token)  # fmt: skip
-                assert (await client.fetch("g", [TopicPartition("t", 0)]))[
-                    TopicPartition("t", 0)
-                ].offset == 42
-            finally:
-                await client.close()
-                await member.close()
+                    await client.commit("g", {T0: 43}, **credentials(member, epoch_delta=3))
+                assert (await client.fetch("g", [T0]))[T0].offset == 42
 
         asyncio.run(run())
     finally:
@@ -327,15 +301,11 @@ def test_each_request_is_authorized_as_a_commit_and_a_denied_one_ends_the_stream
     coordinator = coordinators(extra_args=("--allow-everyone-if-no-acl-found", "false"))
 
     async def run() -> None:
-        await _setup(etcd.endpoint, prefix, coordinator.address)
-        member = await _member(coordinator.address, "allowed")
-        client = OffsetStoreClient(coordinator.address)
-        credentials = {
-            "member_id": member.member_id,
-            "member_epoch": member.member_epoch,
-            "member_token": member.member_token,
-        }
-        try:
+        await _setup(etcd, prefix, coordinator.address)
+        async with (
+            joined_member(coordinator.address, PARTITIONS, "allowed") as member,
+            offset_client(coordinator.address) as client,
+        ):
             async with grpc.aio.insecure_channel(coordinator.address) as channel:
                 stream = RawStream(channel)
                 stream.send(1, _commit(member, 3))
@@ -345,29 +315,30 @@ def test_each_request_is_authorized_as_a_commit_and_a_denied_one_ends_the_stream
                     await stream.answer()
                 assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert "Read group 'denied'" in (denied.value.details() or "")
-            await client.commit("allowed", {TopicPartition("t", 0): 5}, **credentials)
+            await client.commit("allowed", {T0: 5}, **credentials(member))
             with pytest.raises(GroupAuthorizationFailedError, match="Read group 'denied'"):
-                await client.commit("denied", {TopicPartition("t", 0): 6}, **credentials)
-            await client.commit("allowed", {TopicPartition("t", 0): 7}, **credentials)
-            assert (await client.fetch("allowed", [TopicPartition("t", 0)]))[
-                TopicPartition("t", 0)
-            ].offset == 7
-        finally:
-            await client.close()
-            await member.close()
+                await client.commit("denied", {T0: 6}, **credentials(member))
+            await client.commit("allowed", {T0: 7}, **credentials(member))
+            assert (await client.fetch("allowed", [T0]))[T0].offset == 7
 
     asyncio.run(run())
+
+
+STREAMS_PER_PRINCIPAL_MAX = 2
 
 
 def test_commit_streams_count_against_the_streams_per_principal_limit(
     etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
 ) -> None:
-    coordinator = coordinators(extra_args=("--max-streams-per-principal", "2"))
+    coordinator = coordinators(
+        extra_args=("--max-streams-per-principal", str(STREAMS_PER_PRINCIPAL_MAX))
+    )
+    limit = f"max-streams-per-principal={STREAMS_PER_PRINCIPAL_MAX}"
 
     async def run() -> None:
-        await _setup(etcd.endpoint, prefix, coordinator.address)
+        await _setup(etcd, prefix, coordinator.address)
         async with grpc.aio.insecure_channel(coordinator.address) as channel:
-            streams = [RawStream(channel) for _ in range(2)]
+            streams = [RawStream(channel) for _ in range(STREAMS_PER_PRINCIPAL_MAX)]
             for i, stream in enumerate(streams):  # open and counted once answered
                 stream.send(i, group_pb2.CommitOffsetsRequest())
                 assert (await stream.answer()).error.code == common_pb2.INVALID_REQUEST
@@ -376,15 +347,13 @@ def test_commit_streams_count_against_the_streams_per_principal_limit(
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await third.answer()
             assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert "--max-streams-per-principal=2" in (refused.value.details() or "")
+            assert f"--{limit}" in (refused.value.details() or "")
             # Through the SDK: the same limit, typed, not retried as an outage.
-            client = OffsetStoreClient(coordinator.address)
-            try:
-                with pytest.raises(InvalidRequestError, match="max-streams-per-principal=2"):
-                    await client.commit("g", {TopicPartition("t", 0): 1}, member_id="m",
-                                        member_epoch=1, member_token="x")  # fmt: skip
-            finally:
-                await client.close()
+            async with offset_client(coordinator.address) as client:
+                with pytest.raises(InvalidRequestError, match=limit):
+                    await client.commit(
+                        "g", {T0: 1}, member_id="m", member_epoch=1, member_token="x"
+                    )
             for stream in streams:
                 stream.requests.put_nowait(None)
                 assert await stream.call.code() == grpc.StatusCode.OK

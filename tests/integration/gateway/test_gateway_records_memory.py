@@ -59,16 +59,7 @@ def cluster(
         yield processes
 
 
-@pytest.fixture(scope="module")
-def gateway(
-    cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[GatewayProcess]:
-    with running_gateway(
-        cluster.etcd.endpoint,
-        tmp_path_factory.mktemp("gateway-records-memory"),
-        prefix=cluster.prefix,
-    ) as process:
-        yield process
+# `gateway` is tests/conftest.py's, in front of this module's `cluster`.
 
 
 @pytest.fixture

@@ -43,43 +43,57 @@ class Client:
             yield request
 
 
+class HeldCommits:
+    """The commit function of a stream: each commit starts (counted) and then
+    waits until `release` is set, like an etcd transaction that has not
+    returned yet."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.started = 0
+
+    async def __call__(self, request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
+        self.started += 1
+        await self.release.wait()
+        return None
+
+
+#: Generous: an answer the stream owes comes within it.
+ANSWER_DEADLINE_S = 10
+#: Event-loop turns that let every ready task run until it waits again.
+SETTLE_TURNS = 50
+
+
 async def _settle() -> None:
-    for _ in range(50):
+    for _ in range(SETTLE_TURNS):
         await asyncio.sleep(0)
 
 
 def test_a_client_that_never_reads_answers_is_read_only_up_to_the_bound() -> None:
     async def run() -> None:
-        release = asyncio.Event()
-        started = 0
-
-        async def commit(request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
-            nonlocal started
-            started += 1
-            await release.wait()
-            return None
-
+        commit = HeldCommits()
         client = Client()
-        for i in range(100):
+        bound = 8
+        for i in range(100):  # many more than the bound
             client.queue.put_nowait(_request(i))
-        answers = CommitStream(commit, in_flight_max=8).answers(client.requests())
+        answers = CommitStream(commit, in_flight_max=bound).answers(client.requests())
         # The handler starts; the commits cannot finish: 8 read, 8 started.
         first = asyncio.ensure_future(anext(answers))
         await _settle()
-        assert (client.read, started) == (8, 8)
+        assert (client.read, commit.started) == (bound, bound)
         # Committed, but the answers are not taken (the client does not read;
         # gRPC asks for the next message only once it has written the one
         # before): still no more requests read.
-        release.set()
+        commit.release.set()
         await _settle()
         carried = len(first.result().answers)
-        assert 1 <= carried <= 8
-        assert client.read == 8
+        assert 1 <= carried <= bound
+        assert client.read == bound
         # Asking for the next message means the one before was sent: as many
         # more requests are read as it carried answers, and no more.
         second = await anext(answers)
         await _settle()
-        assert client.read == 8 + carried
+        assert client.read == bound + carried
         assert len(second.answers) >= 1
         await answers.aclose()
 
@@ -115,7 +129,8 @@ def test_answers_come_as_commits_finish_under_their_correlation_ids() -> None:
         for i in (30, 10, 20):
             gates[i].set()
             await _settle()
-        await asyncio.wait_for(collector, 10)  # ends: input closed, every answer sent
+        # Ends: input closed, every answer sent.
+        await asyncio.wait_for(collector, ANSWER_DEADLINE_S)
         assert [(a.correlation_id, a.error.code) for a in got] == [
             (30, common_pb2.NONE),
             (10, common_pb2.NONE),
@@ -127,26 +142,18 @@ def test_answers_come_as_commits_finish_under_their_correlation_ids() -> None:
 
 def test_a_correlation_id_in_flight_twice_is_refused_naming_it() -> None:
     async def run() -> None:
-        release = asyncio.Event()
-        commits = 0
-
-        async def commit(request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
-            nonlocal commits
-            commits += 1
-            await release.wait()
-            return None
-
+        commit = HeldCommits()
         client = Client()
         client.queue.put_nowait(_request(5))
         client.queue.put_nowait(_request(5))
         answers = CommitStream(commit, in_flight_max=16).answers(client.requests())
-        (refused,) = (await asyncio.wait_for(anext(answers), 10)).answers
+        (refused,) = (await asyncio.wait_for(anext(answers), ANSWER_DEADLINE_S)).answers
         assert refused.correlation_id == 5
         assert refused.error.code == common_pb2.INVALID_REQUEST
         assert "correlation_id 5 is already in flight" in refused.error.message
-        assert commits == 1
-        release.set()
-        (done,) = (await asyncio.wait_for(anext(answers), 10)).answers
+        assert commit.started == 1
+        commit.release.set()
+        (done,) = (await asyncio.wait_for(anext(answers), ANSWER_DEADLINE_S)).answers
         assert (done.correlation_id, done.HasField("error")) == (5, False)
         # Once answered, the id may be used again.
         client.queue.put_nowait(_request(5))
@@ -163,12 +170,7 @@ def test_draining_answers_what_was_read_then_ends_without_reading_more() -> None
     elsewhere)."""
 
     async def run() -> None:
-        release = asyncio.Event()
-
-        async def commit(request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
-            await release.wait()
-            return None
-
+        commit = HeldCommits()
         client = Client()
         client.queue.put_nowait(_request(1))
         client.queue.put_nowait(_request(2))
@@ -178,13 +180,13 @@ def test_draining_answers_what_was_read_then_ends_without_reading_more() -> None
         async def collect() -> list[group_pb2.CommitOffsetsStreamAnswer]:
             return [a async for message in answers for a in message.answers]
 
-        got = asyncio.ensure_future(asyncio.wait_for(collect(), 10))
+        got = asyncio.ensure_future(asyncio.wait_for(collect(), ANSWER_DEADLINE_S))
         await _settle()
         assert client.read == 2
         stream.drain()
         client.queue.put_nowait(_request(3))  # never read
         await _settle()
-        release.set()
+        commit.release.set()
         assert sorted(a.correlation_id for a in await got) == [1, 2]
         assert client.read == 2
 
@@ -193,15 +195,7 @@ def test_draining_answers_what_was_read_then_ends_without_reading_more() -> None
 
 def test_one_message_carries_many_commits_counted_one_by_one_against_the_bound() -> None:
     async def run() -> None:
-        release = asyncio.Event()
-        started = 0
-
-        async def commit(request: group_pb2.CommitOffsetsRequest) -> common_pb2.Error | None:
-            nonlocal started
-            started += 1
-            await release.wait()
-            return None
-
+        commit = HeldCommits()
         client = Client()
         client.queue.put_nowait(_request(*range(1, 11)))  # 10 commits, bound 4
         client.queue.put_nowait(_request(11))
@@ -209,8 +203,8 @@ def test_one_message_carries_many_commits_counted_one_by_one_against_the_bound()
         answers = CommitStream(commit, in_flight_max=4).answers(client.requests())
         first = asyncio.ensure_future(anext(answers))
         await _settle()
-        assert (client.read, started) == (1, 4)  # the rest of the message waits
-        release.set()
+        assert (client.read, commit.started) == (1, 4)  # the rest of the message waits
+        commit.release.set()
         got = [a.correlation_id for a in (await first).answers]
         async for message in answers:
             got += [a.correlation_id for a in message.answers]

@@ -13,7 +13,8 @@ from tidelog.v1 import common_pb2
 from tidelog_coordinator.errors import error_proto
 from tidelog_server.etcd import connect
 
-from tests.support.etcd import EtcdProcess, free_port
+from tests.support.etcd import EtcdProcess
+from tests.support.ports import free_port
 
 
 async def raised(call: Awaitable[object]) -> BaseException:

@@ -24,7 +24,8 @@ import pytest
 from tidelog_server.dev import etcd_binary
 from tidelog_server.etcd import connect, is_unavailable
 
-from tests.support.etcd import EtcdProcess, free_port
+from tests.support.etcd import EtcdProcess
+from tests.support.ports import free_port
 
 
 async def raised(call: Awaitable[object]) -> BaseException:

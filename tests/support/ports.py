@@ -1,0 +1,42 @@
+"""Free loopback ports for the processes tests start, and starting again on
+new ones when a port was taken meanwhile.
+
+free_port() closes the port it found, so another test's process (under
+pytest-xdist, several run at once) can bind it before ours does; the process
+then fails with "address already in use". `start_on_free_ports` runs a
+start function again, which picks new ports, when it raised PortTakenError.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: Starts on new ports before giving up (a race lost twice in a row is rare).
+PORT_RACE_ATTEMPTS = 3
+
+
+class PortTakenError(RuntimeError):
+    """A process could not bind a port picked for it (taken in the meantime)."""
+
+
+def free_port() -> int:
+    """A loopback TCP port that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_on_free_ports(start: Callable[[], T]) -> T:
+    """`start()`, which picks its ports with free_port(), again on new ports
+    when one was taken before the process bound it."""
+    for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+        try:
+            return start()
+        except PortTakenError:
+            if attempt == PORT_RACE_ATTEMPTS:
+                raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
