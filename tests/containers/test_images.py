@@ -12,8 +12,10 @@ from tidelog import AdminClient, Consumer, NewTopic, Producer
 
 from tests.containers.cluster import ContainerCluster
 
-#: How long a service's health probe may keep failing (the kubelet's retries).
+#: How long a service's health probe may keep failing (the kubelet's retries),
+#: and the pause between two probes (the chart's periodSeconds is longer).
 PROBE_DEADLINE_S = 60
+PROBE_RETRY_S = 1
 
 #: The first test builds the images when they are missing: ~5 min on a fresh machine, ~8 min
 #: on a loaded one (debootstrap, wheelhouse, three images).
@@ -113,7 +115,7 @@ def test_produce_and_consume_through_the_gateway_then_sigterm_stops_each_cleanly
             )
             if probe.exit_code == 0 or time.monotonic() > deadline:
                 break
-            time.sleep(1)
+            time.sleep(PROBE_RETRY_S)
         assert probe.exit_code == 0, (service.role, probe.output.decode(errors="replace"))
 
     # SIGTERM (`docker stop`) while the consumer is still a member with a stream open to the
