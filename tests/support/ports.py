@@ -17,6 +17,7 @@ T = TypeVar("T")
 
 #: Starts on new ports before giving up (a race lost twice in a row is rare).
 PORT_RACE_ATTEMPTS = 3
+MAX_PORT = 65535
 
 
 class PortTakenError(RuntimeError):
@@ -28,6 +29,28 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def free_ports_in_a_row(count: int) -> int:
+    """The first of `count` consecutive loopback ports that are all free
+    right now (`tidelog dev --port P` serves brokers and the gateway on
+    P, P+1, ...: a port taken by another test made one of them exit)."""
+    while True:
+        base = free_port()
+        if base + count > MAX_PORT + 1:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                held.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
 
 
 def start_on_free_ports(start: Callable[[], T]) -> T:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,36 +23,15 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
-# free_port and start_on_free_ports re-exported: the tests and the other
+# free_port, free_ports_in_a_row and start_on_free_ports re-exported: the tests and the other
 # support modules import them from here.
 from tests.support.ports import PortTakenError
 from tests.support.ports import free_port as free_port
+from tests.support.ports import free_ports_in_a_row as free_ports_in_a_row
 from tests.support.ports import start_on_free_ports as start_on_free_ports
 
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 10.0
-
-
-def free_ports_in_a_row(count: int) -> int:
-    """The first of `count` consecutive loopback ports that are all free
-    right now (`tidelog dev --port P` serves brokers and the gateway on
-    P, P+1, ...: a port taken by another test made one of them exit)."""
-    while True:
-        base = free_port()
-        if base + count > 65536:
-            continue
-        held: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                held.append(sock)
-                sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
 
 
 def security_of(args: Sequence[str]) -> ChannelSecurity:
