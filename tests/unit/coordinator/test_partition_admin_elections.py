@@ -1,0 +1,87 @@
+"""Preferred-leader elections (tidelog_coordinator.partition_admin) against a
+real etcd, counting the calls they make.
+
+ElectLeaders with no partitions named elects every partition of the
+cluster. It used to read each partition's state with its own etcd call, one
+after another: 10,000 round trips for one topic at the partition limit,
+longer than a client's deadline on a loaded machine (the fuzzer's
+ElectLeaders calls hung in CI). The states are now read with one range read
+per topic, and only the partitions whose leader changes are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+from tidelog.errors import ElectionNotNeededError
+from tidelog.types import TopicPartition
+from tidelog_coordinator.partition_admin import PartitionAdmin
+from tidelog_server.etcd import connect
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import PartitionState
+
+from tests.support.etcd import EtcdProcess
+from tests.unit.coordinator.partition_states import (
+    BROKERS,
+    CountingClient,
+    preferred_leaders,
+    read_states,
+    write_cluster,
+)
+
+PARTITIONS = 400
+
+
+def elect(
+    etcd: EtcdProcess, prefix: bytes, leaders: list[int], wanted: list[TopicPartition] | None
+) -> tuple[dict[TopicPartition, Any], Counter[str], list[PartitionState]]:
+    """Results, etcd calls made by the election, and the states after it."""
+
+    async def run() -> tuple[dict[TopicPartition, Any], Counter[str], list[PartitionState]]:
+        raw = connect(etcd.endpoint)
+        keys = Keys(prefix.decode().rstrip("/"))
+        try:
+            await write_cluster(raw, keys, "big", leaders)
+            counting = CountingClient(raw)
+            admin = PartitionAdmin(SimpleNamespace(client=counting, keys=keys))  # type: ignore[arg-type]
+            results = await admin.elect_preferred(wanted or [])
+            states = await read_states(raw, keys, "big", len(leaders))
+            return {r.tp: r for r in results}, counting.calls, states
+        finally:
+            await raw.close()
+
+    return asyncio.run(run())
+
+
+def test_electing_every_partition_reads_their_states_in_one_range_read(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    results, calls, _ = elect(etcd, prefix, preferred_leaders(PARTITIONS), None)
+
+    assert len(results) == PARTITIONS
+    assert all(isinstance(r.error, ElectionNotNeededError) for r in results.values())
+    # Live brokers, topics, every partition state: nothing per partition.
+    assert calls == {"get_prefix": 3}, calls
+
+
+def test_only_the_partitions_whose_leader_changes_are_written(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    preferred = preferred_leaders(PARTITIONS)
+    # Every tenth partition is led by another replica than its preferred one.
+    leaders = [
+        BROKERS[(p + 1) % len(BROKERS)] if p % 10 == 0 else preferred[p] for p in range(PARTITIONS)
+    ]
+    wanted = [TopicPartition("big", p) for p in range(PARTITIONS)]
+    results, calls, states = elect(etcd, prefix, leaders, wanted)
+
+    moved = [p for p in range(PARTITIONS) if p % 10 == 0]
+    assert [p for p in range(PARTITIONS) if results[wanted[p]].error is None] == moved
+    assert all(results[wanted[p]].leader == preferred[p] for p in moved)
+    assert [s.leader for s in states] == preferred
+    assert all(states[p].leader_epoch == 2 for p in moved)
+    # Brokers, topics, the one topic's states; one transaction per change.
+    assert calls == {"get_prefix": 3, "transaction": len(moved)}, calls
