@@ -156,7 +156,10 @@ class ReplicaLifecycle:
 
     async def _duties(self, election: Election) -> None:
         elector = LeaderElector(
-            self.client, self.keys, self.config.leader_imbalance_check_interval_ms
+            self.client,
+            self.keys,
+            self.config.leader_imbalance_check_interval_ms,
+            self.config.etcd_max_txn_ops,
         )
         elections = asyncio.create_task(elector.run(election.leader_compare()))
         driver = ReassignmentDriver(self.client, self.keys)
