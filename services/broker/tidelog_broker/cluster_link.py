@@ -17,7 +17,9 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   partitions opened or created, roles, epochs and ISR applied (`set_role`),
   configs applied (`PartitionLog.update_config`), data deleted when the
   topic is deleted or a reassignment moved the replica away; the
-  replication throttle of reassignments configured;
+  replication throttle of reassignments configured. A new leader, epoch or
+  ISR is applied to its partition alone; a topic change, or a state that
+  appears or goes, reconciles that topic; a fresh listing, every topic;
 - as leader, ISR changes the PartitionManager proposes: written to the state
   key in a transaction that compares its mod revision and its value (so its
   leader and leader epoch): a deposed leader's write fails, and the watch
@@ -66,9 +68,9 @@ from tidelog_server.etcd import (
 )
 from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, EtcdTls
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
-from tidelog_server.etcd.cluster_view import ClusterView
+from tidelog_server.etcd.cluster_view import ClusterView, KnownTopic
 from tidelog_server.etcd.keys import Keys
-from tidelog_server.etcd.records import BrokerRegistration, PartitionState
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState, Reassignment
 from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
 from tidelog_server.log_flood import RateLimitedLog
 
@@ -144,6 +146,10 @@ class ClusterLink:
         # Topics whose hosting failed or was refused: they may have left
         # directories the manager does not know of (see _reconcile).
         self._hosting_failed: set[str] = set()
+        #: Of each hosted topic, the partitions followed here: partition ->
+        #: (leader, leader epoch); and the reassignments throttled here.
+        self._followed: dict[str, dict[int, tuple[int, int]]] = {}
+        self._throttled: dict[str, dict[int, Reassignment]] = {}
         self._watchers = [
             PrefixWatcher(self.client, self.keys.brokers, self._on_brokers, name="brokers"),
             PrefixWatcher(
@@ -334,98 +340,62 @@ class ClusterLink:
 
     async def _on_topics(self, batch: WatchBatch) -> None:
         self.view.apply_topics(batch)
-        self._reconcile(full_listing=batch.reset)
+        if batch.reset:
+            self._reconcile(full_listing=True)
+            return
+        self._reconcile(
+            full_listing=False,
+            topics={self.keys.tail(c.key, self.keys.topics) for c in batch.changes},
+        )
 
     async def _on_states(self, batch: WatchBatch) -> None:
+        if batch.reset:
+            self.view.apply_states(batch)
+            self._reconcile(full_listing=False)
+            return
+        changed: dict[str, set[int]] = {}
+        for change in batch.changes:
+            tp = self.keys.parse_partition_state_key(change.key)
+            if tp is not None:
+                changed.setdefault(tp.topic, set()).add(tp.partition)
+        existed = self._states_present(changed)
         self.view.apply_states(batch)
-        self._reconcile(full_listing=False)
+        # A state that appeared or went changes what is hosted: the whole
+        # topic is reconciled. A new leader, epoch or ISR of an existing
+        # state (nearly every change) touches only its partition: a broker
+        # hosting thousands of partitions must not walk all of them for each
+        # one (it did, and under a burst of elections its event loop then
+        # starved its lease refreshes).
+        hosting = {
+            name
+            for name, present in self._states_present(changed).items()
+            if present != existed[name]
+        }
+        if hosting:
+            self._reconcile(full_listing=False, topics=hosting)
+        self._reconcile_roles({n: ps for n, ps in changed.items() if n not in hosting})
+
+    def _states_present(self, changed: dict[str, set[int]]) -> dict[str, frozenset[int]]:
+        """Of each topic's `changed` partitions, those with a state (of this
+        incarnation of the topic) in the view."""
+        present: dict[str, frozenset[int]] = {}
+        for name, partitions in changed.items():
+            topic = self.view.topics.get(name)
+            present[name] = frozenset(
+                p for p in partitions if topic is not None and self.view.state(topic, p) is not None
+            )
+        return present
 
     # ------------------------------------------------------------ reconcile
 
-    def _reconcile(self, full_listing: bool) -> None:
+    def _reconcile(self, full_listing: bool, topics: set[str] | None = None) -> None:
         """Make the PartitionManager host the partitions this broker is a
-        replica of, each in the role etcd gives it; follow the leaders."""
-        me = self.broker.broker_id
+        replica of, each in the role etcd gives it; follow the leaders.
+        `topics`: only these changed (None: any may have)."""
         ids_changed = False
-        followed: dict[int, dict[tuple[str, int], int]] = {}
-        throttled: dict[tuple[str, int], frozenset[int]] = {}
-        rates: list[int] = []
-        for name, topic in self.view.topics.items():
-            led = [
-                p
-                for p in range(len(topic.replicas))
-                if self.view.state(topic, p) is not None and me in topic.replicas[p]
-            ]
-            known = self._local_ids.get(name)
-            if known is not None and known != topic.topic_id:
-                # Re-created under the same name: the old records must go.
-                log.info("topic %s was re-created (id %s, was %s)", name, topic.topic_id, known)
-                self.manager.logs.drop_topic(name, delete_data=True)
-                self.manager.logs.delete_local_logs(
-                    name, self.manager.logs.local_topics().get(name, [])
-                )
-                del self._local_ids[name]
-                ids_changed = True
-            hosted = self.manager.logs.hosted_partitions(name)
-            try:
-                self.manager.logs.host_partitions(
-                    TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
-                )
-            except TidelogError as exc:
-                # Refused (past max.partitions) or failed (out of descriptors):
-                # it may have left directories, removed if the topic is deleted.
-                self._hosting_failed.add(name)
-                flood.warning("hosting partitions %s of %s failed: %s", led, name, exc)
-                continue
-            except Exception:
-                self._hosting_failed.add(name)
-                flood.exception("hosting partitions %s of %s failed", led, name)
-                continue
-            for p in led:
-                state = self.view.state(topic, p)
-                assert state is not None
-                if state.leader == me and state.mod_revision > self.registration_revision > 0:
-                    role = Role.LEADER
-                elif state.leader == me:
-                    role = Role.NONE  # see registration_revision
-                elif state.leader >= 0:
-                    role = Role.FOLLOWER
-                    followed.setdefault(state.leader, {})[(name, p)] = state.leader_epoch
-                else:
-                    role = Role.NONE
-                try:
-                    self.manager.replicas.set_role(
-                        name,
-                        p,
-                        role=role,
-                        leader_id=state.leader,
-                        leader_epoch=state.leader_epoch,
-                        replicas=topic.replicas[p],
-                        isr=state.isr,
-                    )
-                except Exception:
-                    flood.exception("applying the state of %s-%d failed", name, p)
-            # Replicas moved away by a reassignment (the partition lives on,
-            # without this broker): their logs go, as Kafka deletes them.
-            moved = [
-                p
-                for p in hosted
-                if p < len(topic.replicas)
-                and me not in topic.replicas[p]
-                and self.view.state(topic, p) is not None
-            ]
-            if moved:
-                log.info(
-                    "%s partitions %s moved to other brokers: deleting their logs", name, moved
-                )
-                self.manager.logs.delete_local_logs(name, moved)
-            for p, reassignment in topic.reassignments.items():
-                if reassignment.throttle_bytes_per_s > 0 and reassignment.adding:
-                    throttled[(name, p)] = frozenset(reassignment.adding)
-                    rates.append(reassignment.throttle_bytes_per_s)
-            if led and self._local_ids.get(name) != topic.topic_id:
-                self._local_ids[name] = topic.topic_id
-                ids_changed = True
+        names = self.view.topics if topics is None else topics & self.view.topics.keys()
+        for name in list(names):
+            ids_changed |= self._reconcile_topic(name, self.view.topics[name])
         for name in self.manager.logs.topic_names():
             if name not in self.view.topics:
                 self.manager.logs.drop_topic(name, delete_data=True)
@@ -441,8 +411,11 @@ class ClusterLink:
             self.manager.logs.delete_local_logs(
                 name, self.manager.logs.local_topics().get(name, [])
             )
-        self.fetchers.assign(followed)
-        self.manager.replicas.throttle.configure(throttled, min(rates, default=0))
+        for name in [n for n in self._followed if n not in self.view.topics]:
+            del self._followed[name]
+        for name in [n for n in self._throttled if n not in self.view.topics]:
+            del self._throttled[name]
+        self._apply_replication()
         # Once the topics are listed; the cluster id may come later (the
         # registration loop fetches it), so retried on every reconcile until
         # it is known: a check skipped at the first listing never came back.
@@ -451,6 +424,135 @@ class ClusterLink:
             ids_changed |= self._delete_strays()
         if ids_changed:
             self._save_meta()
+
+    def _reconcile_topic(self, name: str, topic: KnownTopic) -> bool:
+        """Host, in their roles, the partitions of one topic this broker is a
+        replica of; returns whether the topic ids kept in cluster.json changed."""
+        me = self.broker.broker_id
+        ids_changed = False
+        led = [
+            p
+            for p in range(len(topic.replicas))
+            if self.view.state(topic, p) is not None and me in topic.replicas[p]
+        ]
+        known = self._local_ids.get(name)
+        if known is not None and known != topic.topic_id:
+            # Re-created under the same name: the old records must go.
+            log.info("topic %s was re-created (id %s, was %s)", name, topic.topic_id, known)
+            self.manager.logs.drop_topic(name, delete_data=True)
+            self.manager.logs.delete_local_logs(
+                name, self.manager.logs.local_topics().get(name, [])
+            )
+            del self._local_ids[name]
+            ids_changed = True
+        hosted = self.manager.logs.hosted_partitions(name)
+        self._followed.pop(name, None)
+        self._throttled.pop(name, None)
+        try:
+            self.manager.logs.host_partitions(
+                TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
+            )
+        except TidelogError as exc:
+            # Refused (past max.partitions) or failed (out of descriptors):
+            # it may have left directories, removed if the topic is deleted.
+            self._hosting_failed.add(name)
+            flood.warning("hosting partitions %s of %s failed: %s", led, name, exc)
+            return ids_changed
+        except Exception:
+            self._hosting_failed.add(name)
+            flood.exception("hosting partitions %s of %s failed", led, name)
+            return ids_changed
+        followed = self._followed[name] = {}
+        for p in led:
+            self._apply_role(topic, p, followed)
+        # Replicas moved away by a reassignment (the partition lives on,
+        # without this broker): their logs go, as Kafka deletes them.
+        moved = [
+            p
+            for p in hosted
+            if p < len(topic.replicas)
+            and me not in topic.replicas[p]
+            and self.view.state(topic, p) is not None
+        ]
+        if moved:
+            log.info("%s partitions %s moved to other brokers: deleting their logs", name, moved)
+            self.manager.logs.delete_local_logs(name, moved)
+        throttled = {
+            p: reassignment
+            for p, reassignment in topic.reassignments.items()
+            if reassignment.throttle_bytes_per_s > 0 and reassignment.adding
+        }
+        if throttled:
+            self._throttled[name] = throttled
+        if led and self._local_ids.get(name) != topic.topic_id:
+            self._local_ids[name] = topic.topic_id
+            ids_changed = True
+        return ids_changed
+
+    def _reconcile_roles(self, changed: dict[str, set[int]]) -> None:
+        """New leaders, epochs or ISRs of partitions whose hosting is as it
+        was: applied to those partitions alone."""
+        applied = False
+        for name, partitions in changed.items():
+            topic = self.view.topics.get(name)
+            followed = self._followed.get(name)
+            if topic is None or followed is None:
+                continue  # not hosted here (or its hosting failed)
+            me = self.broker.broker_id
+            for p in partitions:
+                if p < len(topic.replicas) and me in topic.replicas[p]:
+                    followed.pop(p, None)
+                    self._apply_role(topic, p, followed)
+                    applied = True
+        if applied:
+            self._apply_replication()
+
+    def _apply_role(
+        self, topic: KnownTopic, partition: int, followed: dict[int, tuple[int, int]]
+    ) -> None:
+        """Apply one hosted partition's state; a followed partition goes into
+        `followed` (partition -> (leader, leader epoch))."""
+        me = self.broker.broker_id
+        state = self.view.state(topic, partition)
+        if state is None:
+            return
+        if state.leader == me and state.mod_revision > self.registration_revision > 0:
+            role = Role.LEADER
+        elif state.leader == me:
+            role = Role.NONE  # see registration_revision
+        elif state.leader >= 0:
+            role = Role.FOLLOWER
+            followed[partition] = (state.leader, state.leader_epoch)
+        else:
+            role = Role.NONE
+        try:
+            self.manager.replicas.set_role(
+                topic.name,
+                partition,
+                role=role,
+                leader_id=state.leader,
+                leader_epoch=state.leader_epoch,
+                replicas=topic.replicas[partition],
+                isr=state.isr,
+            )
+        except Exception:
+            flood.exception("applying the state of %s-%d failed", topic.name, partition)
+
+    def _apply_replication(self) -> None:
+        """Point the replica fetchers at the leaders of every followed
+        partition, and configure the reassignments' replication throttle."""
+        followed: dict[int, dict[tuple[str, int], int]] = {}
+        for name, partitions in self._followed.items():
+            for p, (leader, epoch) in partitions.items():
+                followed.setdefault(leader, {})[(name, p)] = epoch
+        throttled: dict[tuple[str, int], frozenset[int]] = {}
+        rates: list[int] = []
+        for name, reassignments in self._throttled.items():
+            for p, reassignment in reassignments.items():
+                throttled[(name, p)] = frozenset(reassignment.adding)
+                rates.append(reassignment.throttle_bytes_per_s)
+        self.fetchers.assign(followed)
+        self.manager.replicas.throttle.configure(throttled, min(rates, default=0))
 
     def _delete_strays(self) -> bool:
         """At the first listing: delete logs of topics deleted while we were

@@ -1,0 +1,124 @@
+"""How the broker applies what its etcd watches bring (ClusterLink): a new
+leader, epoch or ISR of one partition is applied to that partition alone;
+a state that appears (a new topic, added partitions) reconciles its topic.
+
+The broker used to walk every partition it hosts for each change: with a
+topic of thousands of partitions, a burst of elections kept its event loop
+busy for minutes, its session lease expired, the controller moved its
+partitions again, and so on (seen in the fuzzer's cluster).
+
+The link is driven with watch batches directly (it is never started); the
+etcd endpoint is real but nothing is read from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.replica_state import Role
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import PartitionState, TopicAssignment
+from tidelog_server.etcd.watch import Change, WatchBatch
+from tidelog_server.forwarding import ChannelPool
+
+from tests.support.etcd import EtcdProcess
+
+ME = 0
+OTHER = 1
+PARTITIONS = 300
+TOPIC = "wide"
+
+
+def topic_change(keys: Keys, partitions: int, revision: int) -> Change:
+    """TOPIC with `partitions`, on both brokers, ME preferred in even ones."""
+    replicas = tuple((ME, OTHER) if p % 2 == 0 else (OTHER, ME) for p in range(partitions))
+    record = TopicAssignment(TOPIC, uuid.UUID(int=7).hex, replicas, {})
+    return Change(keys.topic(TOPIC), record.encode(), revision, create_revision=2)
+
+
+def state_change(keys: Keys, p: int, leader: int, epoch: int, revision: int) -> Change:
+    state = PartitionState(leader=leader, leader_epoch=epoch, isr=(ME, OTHER))
+    return Change(keys.partition_state(TOPIC, p), state.encode(), revision, create_revision=3)
+
+
+def test_a_state_change_is_applied_to_its_partition_alone(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    async def run() -> None:
+        manager = PartitionManager(BrokerConfig(data_dir=tmp_path, broker_id=ME), cluster_mode=True)
+        manager.open()
+        link = ClusterLink(
+            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix="/reconcile"),
+            BrokerConfig(data_dir=tmp_path, broker_id=ME),
+            manager,
+            ChannelPool(),
+        )
+        keys = link.keys
+        link.registration_revision = 1  # registered before every state below
+        calls: Counter[tuple[str, int]] = Counter()
+        set_role = manager.replicas.set_role
+
+        def counting_set_role(topic: str, partition: int, **kwargs: Any) -> Any:
+            calls[(topic, partition)] += 1
+            return set_role(topic, partition, **kwargs)
+
+        manager.replicas.set_role = counting_set_role  # type: ignore[method-assign]
+        try:
+            await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
+            # The preferred replica leads each partition.
+            states = [
+                state_change(keys, p, ME if p % 2 == 0 else OTHER, 0, 3) for p in range(PARTITIONS)
+            ]
+            await link._on_states(WatchBatch(True, states))
+            assert manager.logs.hosted_partitions(TOPIC) == list(range(PARTITIONS))
+            assert len(calls) == PARTITIONS
+            calls.clear()
+
+            # Partition 4 fails over to OTHER; partition 5 to ME.
+            await link._on_states(
+                WatchBatch(
+                    False, [state_change(keys, 4, OTHER, 1, 10), state_change(keys, 5, ME, 1, 10)]
+                )
+            )
+            assert calls == {(TOPIC, 4): 1, (TOPIC, 5): 1}
+            four, five = (
+                manager.replicas.replication(TOPIC, 4),
+                manager.replicas.replication(TOPIC, 5),
+            )
+            assert four is not None and four.role is Role.FOLLOWER and four.leader_epoch == 1
+            assert five is not None and five.role is Role.LEADER and five.leader_epoch == 1
+            followed = {
+                tp for fetcher in link.fetchers._fetchers.values() for tp in fetcher.partitions
+            }
+            assert (TOPIC, 4) in followed and (TOPIC, 5) not in followed
+            assert len(followed) == PARTITIONS // 2
+            calls.clear()
+
+            # Partitions added: their states appear, and the topic is reconciled.
+            grown = PARTITIONS + 2
+            await link._on_topics(WatchBatch(False, [topic_change(keys, grown, 11)]))
+            await link._on_states(
+                WatchBatch(
+                    False,
+                    [
+                        Change(c.key, c.value, 12, create_revision=12)
+                        for c in (
+                            state_change(keys, p, ME, 0, 12) for p in range(PARTITIONS, grown)
+                        )
+                    ],
+                )
+            )
+            assert manager.logs.hosted_partitions(TOPIC) == list(range(grown))
+            assert calls[(TOPIC, PARTITIONS + 1)] >= 1
+        finally:
+            await link.fetchers.close()
+            manager.close()
+
+    asyncio.run(run())
