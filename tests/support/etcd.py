@@ -36,7 +36,7 @@ from typing import Any
 
 from tidelog_server.dev import etcd_binary
 
-from tests.support.ports import PortTakenError, free_port, start_on_free_ports
+from tests.support.ports import PortTakenError, free_port, listens_on, start_on_free_ports
 
 START_TIMEOUT_S = 15.0
 
@@ -159,8 +159,10 @@ class EtcdProcess:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2) as s:
                     # /health answers once the member has a leader and can serve.
                     s.sendall(b"GET /health HTTP/1.0\r\n\r\n")
-                    if b'"health":"true"' in s.recv(4096):
-                        return
+                    healthy = b'"health":"true"' in s.recv(4096)
+                # Answered by our etcd, not another on a port ours lost.
+                if healthy and listens_on(self.proc.pid, self.client_port):
+                    return
             except OSError:
                 pass
             time.sleep(0.05)

@@ -5,6 +5,8 @@ free_port() closes the port it found, so another test's process (under
 pytest-xdist, several run at once) can bind it before ours does; the process
 then fails with "address already in use". `start_on_free_ports` runs a
 start function again, which picks new ports, when it raised PortTakenError.
+Until ours exits, the other process answers on that port, so "it answers"
+is not "it is ours": `listens_on` says whether it is.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from typing import TypeVar
+
+import psutil
 
 T = TypeVar("T")
 
@@ -29,6 +33,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def listens_on(pid: int, port: int) -> bool:
+    """Whether process `pid` has a listening TCP socket on `port`. A readiness
+    probe that got its answer from another test's process on a port ours
+    failed to bind would otherwise take that process for ours (a test then
+    SIGSTOPped its own, dead, etcd while its coordinator used another's)."""
+    try:
+        connections = psutil.Process(pid).net_connections(kind="tcp")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in connections)
 
 
 def free_ports_in_a_row(count: int) -> int:

@@ -25,7 +25,7 @@ from tidelog.security import PLAINTEXT, ChannelSecurity
 
 # free_port, free_ports_in_a_row and start_on_free_ports re-exported: the tests and the other
 # support modules import them from here.
-from tests.support.ports import PortTakenError
+from tests.support.ports import PortTakenError, listens_on
 from tests.support.ports import free_port as free_port
 from tests.support.ports import free_ports_in_a_row as free_ports_in_a_row
 from tests.support.ports import start_on_free_ports as start_on_free_ports
@@ -50,6 +50,10 @@ def security_of(args: Sequence[str]) -> ChannelSecurity:
     )
 
 
+def _port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
 def wait_serving(
     address: str,
     timeout_s: float,
@@ -66,7 +70,9 @@ def wait_serving(
                 raise RuntimeError(f"the process exited with {proc.returncode} before serving")
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                serving = reply.status == health_pb2.HealthCheckResponse.SERVING
+                # Answered by our process, not another on a port ours lost.
+                if serving and (proc is None or listens_on(proc.pid, _port_of(address))):
                     return
                 last = reply.status
             except grpc.RpcError as exc:
