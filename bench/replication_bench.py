@@ -1,9 +1,14 @@
 """Replication numbers (issue 5): produce throughput with acks=all and
 replication factor 3 on three local brokers against acks=1 with one replica,
-and fail-over time from a leader's SIGKILL to the producer's next
-acknowledged write (p50 and worst over 10 kills), with default settings.
+fail-over time from a leader's SIGKILL to the producer's next
+acknowledged write (p50 and worst over 10 kills), with default settings, and
+the fail-over of a broker among thousands of partitions: from its SIGKILL
+until none of them is led by it or leaderless (the controller's election
+pass and every broker taking up its new roles; the one-partition fail-over
+of the same run is the baseline).
 
     .venv/bin/python -m bench.replication_bench [--records 200000] [--kills 10]
+        [--wide-partitions 3000]
 
 Starts its own etcd, coordinator and brokers (tests/support), stops them by PID.
 """
@@ -104,10 +109,41 @@ def failover(bootstrap: str, brokers: list[BrokerProcess], kills: int) -> list[f
     return times
 
 
+def wide_failover(bootstrap: str, brokers: list[BrokerProcess], partitions: int) -> float:
+    """Seconds from a broker's SIGKILL until every partition of a topic of
+    `partitions` (replication factor 2) is led by a live broker."""
+    topic = "wide"
+    with AdminClient(bootstrap_servers=bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, partitions, 2)])
+
+        def leaders() -> list[int]:
+            return [p.leader for p in admin.describe_topics([topic])[0].partitions]
+
+        deadline = time.monotonic() + 120
+        while len(found := leaders()) < partitions or min(found) < 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{topic}: not every partition has a leader after 120 s")
+            time.sleep(0.5)
+        victim = brokers[0]
+        killed = time.monotonic()
+        victim.kill()
+        try:
+            while True:
+                found = leaders()
+                if all(leader >= 0 and leader != victim.broker_id for leader in found):
+                    return time.monotonic() - killed
+                if time.monotonic() - killed > 120:
+                    return float("inf")
+                time.sleep(0.1)
+        finally:
+            victim.spawn()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--kills", type=int, default=10)
+    parser.add_argument("--wide-partitions", type=int, default=3000)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="tidelog-replication-bench-"))
     etcd = EtcdProcess.start(root)
@@ -134,6 +170,13 @@ def main() -> int:
             f"p50 {statistics.median(times):.2f} s, worst {max(times):.2f} s over {len(times)} "
             f"kills: {[round(t, 2) for t in times]}"
         )
+        if args.wide_partitions:
+            wide = wide_failover(bootstrap, brokers, args.wide_partitions)
+            print(
+                f"fail-over of a broker among {args.wide_partitions:,} partitions (RF 2), "
+                f"SIGKILL -> every partition led by a live broker: {wide:.2f} s "
+                f"= {wide / statistics.median(times):.1f}x the one-partition p50"
+            )
     finally:
         for broker in brokers:
             broker.stop()
