@@ -183,9 +183,12 @@ class LeaderElector:
             new = decide(replicas, state, live, unclean_of[tp.topic], preferred, restarted)
             if new is not None:
                 changes.append(_Change(f"{tp.topic}-{partition}", kv, state, new))
-        written = []
+        written: list[_Change] = []
         for start in range(0, len(changes), self.partitions_per_txn):
-            written += await self._write(fence, changes[start : start + self.partitions_per_txn])
+            batch = await self._write(fence, changes[start : start + self.partitions_per_txn])
+            if batch is None:
+                break  # no longer the controller
+            written += batch
         for change in written:
             old, new = change.old, change.new
             log.info(
@@ -201,10 +204,11 @@ class LeaderElector:
             )
         return len(written)
 
-    async def _write(self, fence: Any, changes: list[_Change]) -> list[_Change]:
+    async def _write(self, fence: Any, changes: list[_Change]) -> list[_Change] | None:
         """Write `changes` in one transaction; when a state changed meanwhile
         (the transaction fails), each on its own, so that the others still
-        land. Returns those written."""
+        land. Returns those written; None when this replica is no longer the
+        controller (the fence failed: nothing more to try)."""
         tx = self.client.transactions
         fences = [] if fence is None else [fence]
 
@@ -218,6 +222,11 @@ class LeaderElector:
 
         if await write(changes):
             return changes
+        if (
+            fences
+            and not (await self.client.transaction(compare=fences, success=[], failure=[]))[0]
+        ):
+            return None
         if len(changes) == 1:
             return []
         return [change for change in changes if await write([change])]

@@ -32,10 +32,11 @@ ALIVE = (1, 2)
 
 
 def run_pass(
-    etcd: EtcdProcess, prefix: bytes, before: Any = None
+    etcd: EtcdProcess, prefix: bytes, before: Any = None, deposed: bool = False
 ) -> tuple[int, Counter[str], list[PartitionState]]:
     """Broker DEAD led a third of PARTITIONS and is gone; one pass. `before`
-    (client, keys) runs after the pass read the states and before it writes."""
+    (client, keys) runs after the pass read the states and before it writes;
+    `deposed`: the pass's controller fence fails."""
 
     async def run() -> tuple[int, Counter[str], list[PartitionState]]:
         raw = connect(etcd.endpoint)
@@ -54,7 +55,10 @@ def run_pass(
                     return found
 
                 raw.get_prefix = get_prefix_then_interfere
-            written = await elector.elect_once(None, preferred=False)
+            fence = None
+            if deposed:
+                fence = raw.transactions.value(keys.election + b"gone") == b"me"
+            written = await elector.elect_once(fence, preferred=False)
             return written, counting.calls, await read_states(raw, keys, "big", PARTITIONS)
         finally:
             await raw.close()
@@ -94,3 +98,14 @@ def test_a_state_changed_meanwhile_is_skipped_and_the_rest_written(
     batch = DEFAULT_MAX_TXN_OPS - 1
     transactions = math.ceil(PARTITIONS / batch) + batch
     assert calls == {"get_prefix": 3, "transaction": transactions}, calls
+
+
+def test_a_deposed_controller_stops_at_its_first_failed_batch(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    written, calls, states = run_pass(etcd, prefix, deposed=True)
+
+    assert written == 0
+    assert all(DEAD in s.isr for s in states)
+    # The first batch, then the fence alone: not one transaction per partition.
+    assert calls == {"get_prefix": 3, "transaction": 2}, calls
