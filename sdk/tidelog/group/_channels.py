@@ -89,7 +89,14 @@ class CoordinatorChannels:
 
 
 def is_unavailable(exc: BaseException) -> bool:
+    """Whether a call failed because its coordinator did not answer (try
+    another). CANCELLED counts: grpc.aio raises asyncio.CancelledError for a
+    call this process cancelled, so an AioRpcError CANCELLED comes from the
+    other side, a coordinator shutting down (SIGTERM) and cancelling the
+    calls still running after its grace period (seen in CI: a commit sent
+    over the unary call to a draining replica failed instead of moving on)."""
     return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
         grpc.StatusCode.UNAVAILABLE,
         grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.CANCELLED,
     )

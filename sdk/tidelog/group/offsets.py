@@ -47,13 +47,6 @@ def _offset_commits(
     return items
 
 
-def _moves_on(exc: grpc.aio.AioRpcError) -> bool:
-    """A commit stream that ended so is retried on another replica: the
-    coordinator is unreachable, too slow, or cancelled the stream (it never
-    answers a commit that way)."""
-    return is_unavailable(exc) or exc.code() == grpc.StatusCode.CANCELLED
-
-
 #: Each coordinator address is tried this many times before a call gives up.
 ATTEMPTS_PER_ADDRESS = 2
 #: The pause after a failed attempt: doubling from the first, capped.
@@ -183,7 +176,7 @@ class OffsetStoreClient:
                 if refused is not None and refused.code() == grpc.StatusCode.UNIMPLEMENTED:
                     self._unary_only.add(self._channels.address)
                     continue
-                if refused is not None and not _moves_on(refused):
+                if refused is not None and not is_unavailable(refused):
                     # The server's answer (refused by the authorizer, or
                     # a limit): typed, as from the unary call.
                     raise error_from_rpc(refused) from None
