@@ -151,6 +151,15 @@ def build(context: Path, dockerfile: Path, tag: str, env: dict[str, str], *args:
     # --network none: everything the build needs is in the context.
     cmd = ["build", "--network", "none", "--quiet", "-f", str(dockerfile), "-t", tag, *args]
     done = subprocess.run(["docker", *cmd, str(context)], env=env, capture_output=True, text=True)
+    if done.returncode != 0 and "unable to find image" in done.stderr:
+        # The legacy builder's cache named a layer image the engine no longer
+        # has (seen in CI after earlier runs' prunes on the same data root):
+        # build once more without the cache, which writes the layers afresh.
+        log(f"building {tag} again without the build cache: {done.stderr.strip()}")
+        cmd.insert(1, "--no-cache")
+        done = subprocess.run(
+            ["docker", *cmd, str(context)], env=env, capture_output=True, text=True
+        )
     if done.returncode != 0:
         raise RuntimeError(f"docker build of {tag} failed:\n{done.stdout}{done.stderr}")
 
