@@ -122,6 +122,17 @@ class OffsetStoreClient:
             stub = group_pb2_grpc.GroupStub(channel)
             try:
                 return await getattr(stub, method)(request, timeout=self.request_timeout_ms / 1000)
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # this call's task is being cancelled
+                # The call went with its channel, closed by another call's
+                # fail-over (grpc.aio raises CancelledError for a call its
+                # channel cancelled): retry where that fail-over goes. Seen in
+                # CI: commits in flight when a coordinator died raised
+                # CancelledError to the application.
+                last = ConnectionError(f"{method} was cut off by a fail-over")
+                continue
             except grpc.aio.AioRpcError as exc:
                 if not is_unavailable(exc):
                     raise error_from_rpc(exc) from exc
