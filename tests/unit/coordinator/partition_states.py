@@ -4,10 +4,13 @@ states) and an etcd client that counts the calls made through it."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Any
 
+from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
 
@@ -56,6 +59,21 @@ async def write_cluster(
     for p, leader in enumerate(leaders):
         state = PartitionState(leader=leader, leader_epoch=1, isr=BROKERS)
         await client.put(keys.partition_state(topic, p), state.encode())
+
+
+@contextlib.asynccontextmanager
+async def cluster_in_etcd(
+    endpoint: str, prefix: bytes, topic: str, leaders: list[int], live: tuple[int, ...] = BROKERS
+) -> AsyncIterator[tuple[Any, Keys]]:
+    """An etcd client and the keys under `prefix`, with write_cluster's
+    records written; the client is closed after."""
+    client = connect(endpoint)
+    keys = Keys(prefix.decode().rstrip("/"))
+    try:
+        await write_cluster(client, keys, topic, leaders, live)
+        yield client, keys
+    finally:
+        await client.close()
 
 
 async def read_states(client: Any, keys: Keys, topic: str, partitions: int) -> list[PartitionState]:

@@ -14,16 +14,15 @@ from collections import Counter
 from typing import Any
 
 from tidelog_coordinator.leader_election import DEFAULT_MAX_TXN_OPS, LeaderElector
-from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import PartitionState
 
 from tests.support.etcd import EtcdProcess
 from tests.unit.coordinator.partition_states import (
     CountingClient,
+    cluster_in_etcd,
     preferred_leaders,
     read_states,
-    write_cluster,
 )
 
 PARTITIONS = 600
@@ -39,10 +38,8 @@ def run_pass(
     `deposed`: the pass's controller fence fails."""
 
     async def run() -> tuple[int, Counter[str], list[PartitionState]]:
-        raw = connect(etcd.endpoint)
-        keys = Keys(prefix.decode().rstrip("/"))
-        try:
-            await write_cluster(raw, keys, "big", preferred_leaders(PARTITIONS), live=ALIVE)
+        leaders = preferred_leaders(PARTITIONS)
+        async with cluster_in_etcd(etcd.endpoint, prefix, "big", leaders, ALIVE) as (raw, keys):
             counting = CountingClient(raw)
             elector = LeaderElector(counting, keys, preferred_interval_ms=0)  # type: ignore[arg-type]
             if before is not None:
@@ -60,8 +57,6 @@ def run_pass(
                 fence = raw.transactions.value(keys.election + b"gone") == b"me"
             written = await elector.elect_once(fence, preferred=False)
             return written, counting.calls, await read_states(raw, keys, "big", PARTITIONS)
-        finally:
-            await raw.close()
 
     return asyncio.run(run())
 

@@ -19,17 +19,15 @@ from typing import Any
 from tidelog.errors import ElectionNotNeededError
 from tidelog.types import TopicPartition
 from tidelog_coordinator.partition_admin import PartitionAdmin
-from tidelog_server.etcd import connect
-from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import PartitionState
 
 from tests.support.etcd import EtcdProcess
 from tests.unit.coordinator.partition_states import (
     BROKERS,
     CountingClient,
+    cluster_in_etcd,
     preferred_leaders,
     read_states,
-    write_cluster,
 )
 
 PARTITIONS = 400
@@ -41,17 +39,12 @@ def elect(
     """Results, etcd calls made by the election, and the states after it."""
 
     async def run() -> tuple[dict[TopicPartition, Any], Counter[str], list[PartitionState]]:
-        raw = connect(etcd.endpoint)
-        keys = Keys(prefix.decode().rstrip("/"))
-        try:
-            await write_cluster(raw, keys, "big", leaders)
+        async with cluster_in_etcd(etcd.endpoint, prefix, "big", leaders) as (raw, keys):
             counting = CountingClient(raw)
             admin = PartitionAdmin(SimpleNamespace(client=counting, keys=keys))  # type: ignore[arg-type]
             results = await admin.elect_preferred(wanted or [])
             states = await read_states(raw, keys, "big", len(leaders))
             return {r.tp: r for r in results}, counting.calls, states
-        finally:
-            await raw.close()
 
     return asyncio.run(run())
 
