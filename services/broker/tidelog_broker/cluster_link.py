@@ -493,12 +493,12 @@ class ClusterLink:
         """New leaders, epochs or ISRs of partitions whose hosting is as it
         was: applied to those partitions alone."""
         applied = False
+        me = self.broker.broker_id
         for name, partitions in changed.items():
             topic = self.view.topics.get(name)
             followed = self._followed.get(name)
             if topic is None or followed is None:
                 continue  # not hosted here (or its hosting failed)
-            me = self.broker.broker_id
             for p in partitions:
                 if p < len(topic.replicas) and me in topic.replicas[p]:
                     followed.pop(p, None)
