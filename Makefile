@@ -19,9 +19,10 @@ PARTS := sdk services/common services/broker services/coordinator services/gatew
 # package, ~40 s cold, seconds from pip's cache).
 INSTALL_PARTS := $(patsubst sdk,sdk[spark],$(PARTS))
 
-# Reinstall only when a dependency list changes: `make install` is quick when
+# Reinstall only when a dependency list or the SDK's C extension (built in
+# place by the editable install) changes: `make install` is quick when
 # nothing did.
-$(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt
+$(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt sdk/setup.py sdk/tidelog/_crecords.c
 	@tools/check-prereqs.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

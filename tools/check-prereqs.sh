@@ -12,4 +12,8 @@ command -v "$py" >/dev/null || missing "'$py' not found: install Python 3.11+ (D
 "$py" -c 'import ensurepip, venv' 2>/dev/null ||
   missing "'$py' cannot create a virtual environment (no venv/ensurepip module): install python3-venv (Debian/Ubuntu: apt-get install python3-venv)"
 command -v git >/dev/null || missing "git not found: install git (buf checks protos against the main branch)"
+# Not required: without a C compiler the SDK's per-record loop (sdk/tidelog/_crecords.c)
+# is not built and consumers run its Python twin, at about half the speed.
+command -v cc >/dev/null || command -v gcc >/dev/null ||
+  echo "make install: no C compiler (cc): the SDK's C record loop is skipped; consumers run its slower Python twin (Debian/Ubuntu: apt-get install gcc)" >&2
 exit 0

@@ -33,7 +33,7 @@ from __future__ import annotations
 import gc
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import repeat
 from typing import Any
@@ -42,7 +42,15 @@ from tidelog._client_metrics import ConsumerMetrics, Metrics, lags_of
 from tidelog._fetcher import DATA, RESET
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
-from tidelog.records import HEADER_SIZE, decode_batch_at, read_header, validate_batch
+from tidelog.records import (
+    HEADER_SIZE,
+    BatchHeader,
+    DecodedBatch,
+    decode_batch_at,
+    decode_records_at,
+    read_header,
+    validate_batch,
+)
 from tidelog.types import ConsumerRecord, TopicPartition, _DeserializedRecord
 from tidelog.v1 import log_pb2
 
@@ -461,8 +469,11 @@ class SubscriptionState:
         pos = 0
         end = len(buf)
         view = memoryview(buf)
-        key_deserializer = self._key_deserializer
-        value_deserializer = self._value_deserializer
+        # Without deserializers the serialized sizes are len(key) and
+        # len(value), computed on access: records.decode_records_at builds
+        # plain ConsumerRecords (in C where it was compiled).
+        plain = self._key_deserializer is None and self._value_deserializer is None
+        max_batch_bytes = self._max_batch_bytes
         while pos + HEADER_SIZE <= end:
             header = read_header(view, pos)
             size = header.size
@@ -474,7 +485,12 @@ class SubscriptionState:
             try:
                 if self._check_crcs:
                     header = validate_batch(view, pos)
-                batch = decode_batch_at(buf, pos, header, self._max_batch_bytes)
+                if plain:
+                    records = decode_records_at(
+                        buf, pos, header, ConsumerRecord, topic, partition, start, max_batch_bytes
+                    )
+                else:
+                    batch = decode_batch_at(buf, pos, header, max_batch_bytes)
             except TidelogError as exc:
                 return out, UndecodableBatchError(
                     f"{topic}-{partition}: the batch at offset {header.base_offset} (to "
@@ -486,44 +502,46 @@ class SubscriptionState:
                     header.next_offset,
                 )
             pos += size
-            offsets = batch.offsets
-            keys = batch.keys
-            values = batch.values
-            if key_deserializer is None and value_deserializer is None:
-                # The serialized sizes are len(key) and len(value), computed
-                # on access: no per-record columns for them here.
-                record_type: type[ConsumerRecord] = ConsumerRecord
-                sizes: tuple[Iterable[int], ...] = ()
-            else:
-                if key_deserializer is not None:
-                    keys = [None if k is None else key_deserializer(k) for k in keys]
-                if value_deserializer is not None:
-                    values = [None if v is None else value_deserializer(v) for v in values]
-                record_type = _DeserializedRecord
-                sizes = (batch.key_sizes, batch.value_sizes)
-            records = list(
-                map(
-                    _new_tuple,
-                    repeat(record_type),
-                    zip(
-                        repeat(topic),
-                        repeat(partition),
-                        offsets,
-                        batch.timestamps,
-                        repeat(header.timestamp_type),
-                        keys,
-                        values,
-                        batch.headers or repeat(_NO_HEADERS),
-                        repeat(header.partition_leader_epoch),
-                        *sizes,
-                        strict=False,
-                    ),
-                )
-            )
-            if offsets[0] < start:
-                records = records[bisect_left(offsets, start) :]
+            if not plain:
+                records = self._deserialized_records(tp, header, batch, start)
             if out:
                 out.extend(records)
             else:
                 out = records
         return out, None
+
+    def _deserialized_records(
+        self, tp: TopicPartition, header: BatchHeader, batch: DecodedBatch, start: int
+    ) -> list[ConsumerRecord]:
+        """The records of a decoded batch, keys and values through the
+        deserializers, offsets >= start; each keeps its serialized sizes."""
+        keys = batch.keys
+        values = batch.values
+        if (key_deserializer := self._key_deserializer) is not None:
+            keys = [None if k is None else key_deserializer(k) for k in keys]
+        if (value_deserializer := self._value_deserializer) is not None:
+            values = [None if v is None else value_deserializer(v) for v in values]
+        offsets = batch.offsets
+        records: list[ConsumerRecord] = list(
+            map(
+                _new_tuple,
+                repeat(_DeserializedRecord),
+                zip(
+                    repeat(tp.topic),
+                    repeat(tp.partition),
+                    offsets,
+                    batch.timestamps,
+                    repeat(header.timestamp_type),
+                    keys,
+                    values,
+                    batch.headers or repeat(_NO_HEADERS),
+                    repeat(header.partition_leader_epoch),
+                    batch.key_sizes,
+                    batch.value_sizes,
+                    strict=False,
+                ),
+            )
+        )
+        if offsets[0] < start:
+            return records[bisect_left(offsets, start) :]
+        return records

@@ -57,10 +57,12 @@ import operator
 import struct
 import sys
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice, pairwise, repeat
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, NamedTuple, TypeVar
 
 import crc32c
 
@@ -72,6 +74,12 @@ from tidelog.compression import (
     decompress,
 )
 from tidelog.errors import CorruptRecordError, InvalidRecordError, MessageTooLargeError
+
+_crecords: ModuleType | None
+try:  # the optional C loop (sdk/setup.py); without it, the same in Python
+    from tidelog import _crecords
+except ImportError:  # pragma: no cover - depends on the install
+    _crecords = None
 
 MAGIC = 1
 HEADER_SIZE = 61
@@ -102,6 +110,9 @@ assert _HEADER.size == HEADER_SIZE
 _NEEDS_BYTESWAP = sys.byteorder != "little"
 
 Header = tuple[str, bytes | None]
+#: A consumer's record type: a tuple subclass of (topic, partition, offset,
+#: timestamp, timestamp_type, key, value, headers, leader_epoch).
+RecordT = TypeVar("RecordT", bound=tuple[Any, ...])
 
 
 @dataclass(frozen=True, slots=True)
@@ -735,6 +746,137 @@ def decode_batch_at(
             f"batch body of {len(body)} bytes is larger than the limit of {max_uncompressed_bytes}"
         )
     return _decode_columns(header, _read_columns(header, body), buf, start)
+
+
+def decode_records_at(
+    buf: bytes,
+    pos: int,
+    header: BatchHeader,
+    record_type: type[RecordT],
+    topic: str,
+    partition: int,
+    start: int,
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+) -> list[RecordT]:
+    """The records of the batch at `pos` in `buf` with offset >= `start`, as
+    `record_type` tuples of (topic, partition, offset, timestamp,
+    timestamp_type, key, value, headers, leader_epoch): what a consumer
+    returns, built without per-record Python code where tidelog._crecords
+    was compiled. Checked as `decode_batch_at` checks; raises what it raises.
+    """
+    if header.attributes & CODEC_MASK:
+        blob = bytes(
+            decompress(
+                header.attributes & CODEC_MASK,
+                buf[pos + HEADER_SIZE : pos + header.size],
+                max_uncompressed_bytes,
+            )
+        )
+        body: bytes | memoryview = blob
+        body_start = 0
+    else:
+        blob = buf
+        body_start = pos + HEADER_SIZE
+        body = memoryview(buf)[body_start : pos + header.size]
+        if len(body) > max_uncompressed_bytes:
+            raise MessageTooLargeError(
+                f"batch body of {len(body)} bytes is larger than the limit of "
+                f"{max_uncompressed_bytes}"
+            )
+    columns = _read_columns(header, body)
+    return _build_records(header, columns, blob, body_start, record_type, topic, partition, start)
+
+
+#: A record without headers (shared by every such record).
+_NO_HEADERS: tuple[()] = ()
+_new_tuple = tuple.__new__
+
+
+def _build_records_py(
+    header: BatchHeader,
+    columns: _Columns,
+    blob: bytes,
+    body_start: int,
+    record_type: type[RecordT],
+    topic: str,
+    partition: int,
+    start: int,
+) -> list[RecordT]:
+    """`decode_records_at`'s records built in Python: each step a C-level
+    builtin (map, zip, repeat), no Python frame per record."""
+    batch = _decode_columns(header, columns, blob, body_start)
+    offsets = batch.offsets
+    records = list(
+        map(
+            _new_tuple,
+            repeat(record_type),
+            zip(
+                repeat(topic),
+                repeat(partition),
+                offsets,
+                batch.timestamps,
+                repeat(header.timestamp_type),
+                batch.keys,
+                batch.values,
+                batch.headers or repeat(_NO_HEADERS),
+                repeat(header.partition_leader_epoch),
+                strict=False,
+            ),
+        )
+    )
+    if offsets[0] < start:
+        return records[bisect_left(offsets, start) :]
+    return records
+
+
+def _build_records_c(
+    header: BatchHeader,
+    columns: _Columns,
+    blob: bytes,
+    body_start: int,
+    record_type: type[RecordT],
+    topic: str,
+    partition: int,
+    start: int,
+) -> list[RecordT]:
+    """`decode_records_at`'s records built by tidelog._crecords: one C loop."""
+    assert _crecords is not None
+    log_append_time = header.attributes & TIMESTAMP_TYPE_BIT
+    payload_start = body_start + columns.payload_start
+    headers = None
+    if columns.header_lengths is not None:
+        # Header blocks follow the keys and values: parsed here, in Python
+        # (batches with headers are rare; their cost is per header anyway).
+        blocks_at = payload_start + columns.key_bytes + columns.value_bytes
+        try:
+            blocks, _ = _slice_column(blob, blocks_at, columns.header_lengths)
+            headers = [_decode_header_block(b or b"") for b in blocks]
+        except (IndexError, struct.error, UnicodeDecodeError) as exc:
+            raise InvalidRecordError(f"malformed batch body: {exc}") from exc
+    try:
+        return _crecords.build_records(
+            record_type,
+            topic,
+            partition,
+            header.timestamp_type,
+            header.partition_leader_epoch,
+            blob,
+            payload_start,
+            header.base_offset,
+            columns.deltas,
+            None if log_append_time else columns.timestamps,
+            header.max_timestamp if log_append_time else header.base_timestamp,
+            columns.key_lengths,
+            columns.value_lengths,
+            headers,
+            _NO_HEADERS,
+            start,
+        )
+    except ValueError as exc:
+        raise InvalidRecordError(str(exc)) from exc
+
+
+_build_records = _build_records_py if _crecords is None else _build_records_c
 
 
 def _decode_columns(

@@ -1,0 +1,23 @@
+# Types of the optional C extension (sdk/tidelog/_crecords.c).
+from typing import Any, TypeVar
+
+_R = TypeVar("_R", bound=tuple[Any, ...])
+
+def build_records(
+    record_type: type[_R],
+    topic: str,
+    partition: int,
+    timestamp_type: int,
+    leader_epoch: int,
+    blob: Any,
+    payload_pos: int,
+    base_offset: int,
+    deltas: Any,
+    timestamps: Any,
+    timestamp: int,
+    key_lengths: Any,
+    value_lengths: Any,
+    headers: list[Any] | None,
+    no_headers: Any,
+    start: int,
+) -> list[_R]: ...
