@@ -252,12 +252,18 @@ def consume(
     workload: str,
     fetch_bytes: int | None = None,
     timeout_s: float = 600.0,
+    consumer_options: dict[str, Any] | None = None,
 ) -> Result:
     """One Consumer reads `count` records from the start of partition 0 (catching up).
 
     The loop only counts the records poll() returns (decoded into ConsumerRecords by the SDK).
+    `consumer_options` are more Consumer settings (an A/B's variant).
     """
-    options: dict[str, Any] = {"max_poll_records": 1_000_000, **_fetch_options(fetch_bytes)}
+    options: dict[str, Any] = {
+        "max_poll_records": 1_000_000,
+        **_fetch_options(fetch_bytes),
+        **(consumer_options or {}),
+    }
     got, seconds, figures = _timed_read_from_start(
         address, broker_pid, topic, count, options, _count_polled, timeout_s
     )

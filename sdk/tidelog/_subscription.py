@@ -40,6 +40,7 @@ from typing import Any
 
 from tidelog._client_metrics import ConsumerMetrics, Metrics, lags_of
 from tidelog._fetcher import DATA, RESET
+from tidelog._memory_reuse import keep_freed_memory
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
 from tidelog.records import (
@@ -166,6 +167,9 @@ class SubscriptionState:
         #: Records and bytes taken (Consumer.metrics(); shared with the Fetcher).
         self.metrics = ConsumerMetrics()
         self._check_crcs = config.check_crcs
+        # Records are made and dropped by the million: keep their memory for
+        # the next fetch's instead of faulting it in again (_memory_reuse).
+        keep_freed_memory(config.freed_memory_kept_bytes)
         self._key_deserializer = config.key_deserializer
         self._value_deserializer = config.value_deserializer
         # A batch decompressing past this is refused (a decompression bomb

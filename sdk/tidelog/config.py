@@ -343,6 +343,13 @@ class ConsumerConfig(CommonConfig):
     auto_offset_reset: Literal["earliest", "latest", "none"] = "earliest"
     #: Verify each batch's CRC32C while decoding (~24 GB/s, so on by default).
     check_crcs: bool = True
+    #: Freed memory the process keeps for reuse instead of giving it back to
+    #: the OS and faulting it in again for the next fetch (Python's freed
+    #: arenas; on glibc, free heap memory and allocations up to 16 MiB served
+    #: from the heap). Process-wide: the largest bound of the process's
+    #: consumers counts. 0 leaves the allocators alone. Needs the SDK's C
+    #: extension; see docs/python-sdk.md.
+    freed_memory_kept_bytes: int = 64 * MIB
     key_deserializer: Callable[[bytes], Any] | None = None
     value_deserializer: Callable[[bytes], Any] | None = None
     #: Iteration (`for record in consumer`) stops after this long without a
@@ -361,6 +368,7 @@ class ConsumerConfig(CommonConfig):
         _positive("fetch_max_bytes", self.fetch_max_bytes)
         _positive("max_partition_fetch_bytes", self.max_partition_fetch_bytes)
         _positive("max_poll_records", self.max_poll_records)
+        _non_negative("freed_memory_kept_bytes", self.freed_memory_kept_bytes)
         if self.partition_assignment_strategy not in ("cooperative-sticky", "range", "roundrobin"):
             raise ValueError(
                 "partition_assignment_strategy must be 'cooperative-sticky', 'range' or "
