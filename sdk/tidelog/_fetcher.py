@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from tidelog import _fetch_wire
+from tidelog import _fetch_wire, _malloc_tuning
 from tidelog._client_metrics import ConsumerMetrics
 from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
@@ -241,6 +241,7 @@ class Fetcher:
         #: Fetch latency per response (the consumer shares it with its
         #: SubscriptionState: Consumer.metrics()).
         self.metrics = ConsumerMetrics()
+        _malloc_tuning.tune_once(config.malloc_tuning)
 
     # ------------------------------------------------------------ commands
 

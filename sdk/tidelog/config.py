@@ -348,6 +348,11 @@ class ConsumerConfig(CommonConfig):
     #: Iteration (`for record in consumer`) stops after this long without a
     #: record; None iterates forever (kafka-python's consumer_timeout_ms).
     consumer_timeout_ms: float | None = None
+    #: Keep fetch buffers on glibc's heaps for reuse instead of mapping and
+    #: faulting them in afresh per fetch (process-wide mallopt settings,
+    #: applied by the first consumer; see tidelog._malloc_tuning for what it
+    #: costs in memory). False leaves the allocator alone.
+    malloc_tuning: bool = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
