@@ -111,7 +111,8 @@ class FetchSession:
         #: window shrank (`Fetcher.set_window`): granted credit cannot be
         #: taken back from the broker, only not renewed.
         self._withheld = 0
-        # Responses parsed by _fetch_wire: records copied once, not twice.
+        # Responses parsed by _fetch_wire: records copied at most once, on
+        # the calling side.
         fetch = fetcher.cluster.channel(address).stream_stream(
             "/tidelog.v1.Log/Fetch",
             request_serializer=log_pb2.FetchRequest.SerializeToString,
@@ -453,7 +454,7 @@ class Fetcher:
             if part is None or part.session is not session:
                 # Unassigned or moved: nobody will consume it; give the
                 # credit straight back.
-                returned += len(data.records)
+                returned += data.records_size
                 continue
             if data.error.code:
                 self._on_partition_error(part, data)
