@@ -445,7 +445,7 @@ class Fetcher:
 
     # ------------------------------------------------------------ answers
 
-    def on_response(self, session: FetchSession, response: log_pb2.FetchResponse) -> None:
+    def on_response(self, session: FetchSession, response: _fetch_wire.FetchedResponse) -> None:
         self._failures = 0
         returned = 0
         for data in response.partitions:
@@ -467,7 +467,7 @@ class Fetcher:
             session.send(credit_bytes=returned)
         self._notify()
 
-    def _on_partition_error(self, part: _Partition, data: log_pb2.PartitionData) -> None:
+    def _on_partition_error(self, part: _Partition, data: _fetch_wire.FetchedPartition) -> None:
         if data.fetch_offset not in (part.fetch_next, part.sent_position):
             return  # the answer to a position we have since moved away from
         error = error_from_code(data.error.code, data.error.message)

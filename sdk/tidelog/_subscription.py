@@ -39,12 +39,12 @@ from itertools import repeat
 from typing import Any
 
 from tidelog._client_metrics import ConsumerMetrics, Metrics, lags_of
+from tidelog._fetch_wire import FetchedPartition
 from tidelog._fetcher import DATA, RESET
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
 from tidelog.records import HEADER_SIZE, decode_batch_at, read_header, validate_batch
 from tidelog.types import ConsumerRecord, TopicPartition, _DeserializedRecord
-from tidelog.v1 import log_pb2
 
 _NO_HEADERS: tuple[()] = ()
 _EMPTY: list[ConsumerRecord] = []
@@ -414,7 +414,7 @@ class SubscriptionState:
             payload.about(tp.topic, tp.partition)
         raise payload
 
-    def _take_data(self, tp: TopicPartition, data: log_pb2.PartitionData, raw: bytes) -> None:
+    def _take_data(self, tp: TopicPartition, data: FetchedPartition, raw: bytes) -> None:
         state = self._states.get(tp)
         if state is None:
             return
