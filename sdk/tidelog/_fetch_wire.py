@@ -70,7 +70,18 @@ class FetchedPartition:
     """One PartitionData of a response: its fields, and its records as a span
     of the response's bytes (see module doc)."""
 
-    __slots__ = ("_data", "_raw", "_start", "records_size")
+    __slots__ = (
+        "_data",
+        "_raw",
+        "_start",
+        "error",
+        "fetch_offset",
+        "high_watermark",
+        "next_offset",
+        "partition",
+        "records_size",
+        "topic",
+    )
 
     def __init__(self, data: log_pb2.PartitionData, raw: bytes, start: int, end: int) -> None:
         self._data = data
@@ -78,6 +89,15 @@ class FetchedPartition:
         self._start = start
         #: len(records), without copying them.
         self.records_size = end - start
+        # The fields every answer is read for, copied once: reading them
+        # from protobuf goes through __getattr__ (~0.4 us a read, ~10 reads
+        # per answer between the fetcher and the subscription).
+        self.topic: str = data.topic
+        self.partition: int = data.partition
+        self.error = data.error
+        self.fetch_offset: int = data.fetch_offset
+        self.next_offset: int = data.next_offset
+        self.high_watermark: int = data.high_watermark
 
     @property
     def records(self) -> bytes:
@@ -89,6 +109,7 @@ class FetchedPartition:
         return memoryview(self._raw)[self._start : self._start + self.records_size]
 
     def __getattr__(self, name: str) -> Any:
+        # Any other PartitionData field (log_start_offset, and newer ones).
         return getattr(self._data, name)
 
 

@@ -449,8 +449,9 @@ class Fetcher:
         self._failures = 0
         returned = 0
         for data in response.partitions:
-            tp = TopicPartition(data.topic, data.partition)
-            part = self._partitions.get(tp)
+            # A plain tuple finds the TopicPartition key (equal hash and
+            # value) without building a TopicPartition per answer.
+            part = self._partitions.get((data.topic, data.partition))  # type: ignore[call-overload]
             if part is None or part.session is not session:
                 # Unassigned or moved: nobody will consume it; give the
                 # credit straight back.
@@ -462,7 +463,7 @@ class Fetcher:
             fetch_next = part.fetch_next
             if fetch_next is not None and data.fetch_offset <= fetch_next < data.next_offset:
                 part.fetch_next = data.next_offset
-            self._inbox.append((DATA, session, tp, data))
+            self._inbox.append((DATA, session, part.tp, data))
         if returned:
             session.send(credit_bytes=returned)
         self._notify()
