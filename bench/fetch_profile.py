@@ -13,6 +13,10 @@ For each run it prints client CPU per fetch, split by thread: the calling thread
 the consumer's event loop (``loop``) and every other thread of the process (``other``: gRPC's
 own threads), the broker's CPU per fetch, minor page faults and context switches per fetch,
 and the time spent in `_fetch_wire.parse` and `Fetcher.on_response`. Not part of `make bench`.
+
+To see what the SDK's process-wide settings buy: `--no-malloc-tuning` (ConsumerConfig's
+malloc_tuning=False), and GRPC_EXPERIMENTS="" in the environment (gRPC's default transport;
+tidelog._grpc_setup).
 """
 
 from __future__ import annotations
@@ -75,10 +79,14 @@ async def _thread_time() -> float:
 
 
 def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_bytes: int,
-        counters: _Counters) -> str:  # fmt: skip
+        counters: _Counters, malloc_tuning: bool) -> str:  # fmt: skip
     counters.reset()
     tp = TopicPartition(topic, 0)
-    options = {"max_partition_fetch_bytes": fetch_bytes, "fetch_max_bytes": fetch_bytes}
+    options: dict[str, Any] = {
+        "max_partition_fetch_bytes": fetch_bytes,
+        "fetch_max_bytes": fetch_bytes,
+        "malloc_tuning": malloc_tuning,
+    }
     consumer = Consumer(bootstrap_servers=address, max_poll_records=1_000_000, **options)
     try:
         consumer.assign([tp])
@@ -141,6 +149,9 @@ def main() -> None:
     ap.add_argument("--fetch-bytes", type=int, default=204_800)
     ap.add_argument("--modes", default="fetch,record,arrow")
     ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--no-malloc-tuning", action="store_true", help="consumers with malloc_tuning=False"
+    )
     args = ap.parse_args()
     counters = _Counters()
     counters.install()
@@ -154,7 +165,7 @@ def main() -> None:
             for mode in args.modes.split(","):
                 line = run(
                     broker.address, broker.pid, topic, args.records, mode, args.fetch_bytes,
-                    counters,
+                    counters, not args.no_malloc_tuning,
                 )  # fmt: skip
                 print(line, flush=True)
 
