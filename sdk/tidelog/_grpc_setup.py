@@ -5,8 +5,9 @@ by default in grpcio 1.85) hands every read of a connection between its
 event-engine threads before the message reaches grpc.aio. Measured on a bare
 grpc.aio stream of 200 KB messages on the 2-core bench machine: ~95 us of
 client CPU and ~6.5 context switches per message with it, ~50 us and ~2
-without it (bench/fetch_profile.py, the consumer: ~35 us and 3-5 switches
-less per fetch of the paper's test). A consumer receives one message per
+without it. In the consumer (bench/fetch_profile.py, the paper's test: 200 KB
+fetches): 35-55 us of client CPU and 2-4 context switches less per fetch, of
+~115-175 for the whole fetch machinery. A consumer receives one message per
 fetch, so this is most of the transport's share of a fetch.
 
 What: unless GRPC_EXPERIMENTS is already in the environment, importing
