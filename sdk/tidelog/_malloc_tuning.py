@@ -102,3 +102,12 @@ def tune_once(enabled: bool) -> dict[str, int]:
             if _applied:
                 log.debug("malloc tuning for fetching: %s", _applied)
         return _applied
+
+
+def leave_alone() -> None:
+    """Make every later tune_once a no-op in this process (for a benchmark
+    that measures the client with glibc's defaults: bench.malloc_ab)."""
+    global _applied
+    with _lock:
+        if _applied is None:
+            _applied = {}

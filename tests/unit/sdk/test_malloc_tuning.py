@@ -62,6 +62,10 @@ def test_the_fetcher_applies_it_unless_switched_off(monkeypatch: pytest.MonkeyPa
 def test_switched_off_it_calls_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_malloc_tuning, "glibc", lambda: pytest.fail("libc looked up"))
     assert _malloc_tuning.tune_once(False) == {}
+    # leave_alone(): later consumers tune nothing either (bench.malloc_ab's "off" side).
+    monkeypatch.setattr(_malloc_tuning, "_applied", None)
+    _malloc_tuning.leave_alone()
+    assert _malloc_tuning.tune_once(True) == {}
 
 
 # The churn of the fetch path: several answers' buffers (200 KB, the paper test's fetch
