@@ -10,7 +10,8 @@ workload: records/s, the broker's CPU seconds and minor page faults per million 
 (VmHWM) over its life. Medians per mode are printed and written to --output as JSON.
 
 `--client-tuning SPEC` applies the same mallopt settings to this process (the SDK
-consumer's) first, to measure what the tuning would do on the client side.
+consumer's) first, to measure what the tuning would do on the client side; with the default
+`off` the consumers' own (ConsumerConfig.freed_memory_kept_bytes) is kept off too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tidelog import _memory_reuse
 from tidelog_broker.malloc_tuning import apply_malloc_tuning, parse_malloc_tuning
 
 from bench import workloads
@@ -119,6 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--client-tuning", default="off", help="mallopt for this process too")
     ap.add_argument("--output", type=Path, default=ROOT / "bench" / "results" / "malloc_ab.json")
     args = ap.parse_args(argv)
+    # The SDK's consumers would tune this process themselves: only what is asked for here.
+    _memory_reuse.leave_alone()
     print("client tuning:", apply_malloc_tuning(parse_malloc_tuning(args.client_tuning)))
     rows: list[dict[str, Any]] = []
     with tmpdir("tidelog-malloc-ab-") as root:

@@ -11,6 +11,9 @@ modules starting with an underscore are implementation details::
 
 from __future__ import annotations
 
+# First: gRPC reads its transport settings when it is first imported.
+from tidelog import _grpc_setup  # noqa: F401  isort: skip
+
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as _version
 

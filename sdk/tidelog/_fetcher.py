@@ -111,7 +111,8 @@ class FetchSession:
         #: window shrank (`Fetcher.set_window`): granted credit cannot be
         #: taken back from the broker, only not renewed.
         self._withheld = 0
-        # Responses parsed by _fetch_wire: records copied once, not twice.
+        # Responses parsed by _fetch_wire: records copied at most once, on
+        # the calling side.
         fetch = fetcher.cluster.channel(address).stream_stream(
             "/tidelog.v1.Log/Fetch",
             request_serializer=log_pb2.FetchRequest.SerializeToString,
@@ -443,16 +444,17 @@ class Fetcher:
 
     # ------------------------------------------------------------ answers
 
-    def on_response(self, session: FetchSession, response: log_pb2.FetchResponse) -> None:
+    def on_response(self, session: FetchSession, response: _fetch_wire.FetchedResponse) -> None:
         self._failures = 0
         returned = 0
         for data in response.partitions:
-            tp = TopicPartition(data.topic, data.partition)
-            part = self._partitions.get(tp)
+            # A plain tuple finds the TopicPartition key (equal hash and
+            # value) without building a TopicPartition per answer.
+            part = self._partitions.get((data.topic, data.partition))  # type: ignore[call-overload]
             if part is None or part.session is not session:
                 # Unassigned or moved: nobody will consume it; give the
                 # credit straight back.
-                returned += len(data.records)
+                returned += data.records_size
                 continue
             if data.error.code:
                 self._on_partition_error(part, data)
@@ -460,12 +462,12 @@ class Fetcher:
             fetch_next = part.fetch_next
             if fetch_next is not None and data.fetch_offset <= fetch_next < data.next_offset:
                 part.fetch_next = data.next_offset
-            self._inbox.append((DATA, session, tp, data))
+            self._inbox.append((DATA, session, part.tp, data))
         if returned:
             session.send(credit_bytes=returned)
         self._notify()
 
-    def _on_partition_error(self, part: _Partition, data: log_pb2.PartitionData) -> None:
+    def _on_partition_error(self, part: _Partition, data: _fetch_wire.FetchedPartition) -> None:
         if data.fetch_offset not in (part.fetch_next, part.sent_position):
             return  # the answer to a position we have since moved away from
         error = error_from_code(data.error.code, data.error.message)

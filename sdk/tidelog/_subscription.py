@@ -39,6 +39,7 @@ from itertools import repeat
 from typing import Any
 
 from tidelog._client_metrics import ConsumerMetrics, Metrics, lags_of
+from tidelog._fetch_wire import FetchedPartition
 from tidelog._fetcher import DATA, RESET
 from tidelog._memory_reuse import keep_freed_memory
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, ConsumerConfig
@@ -53,7 +54,6 @@ from tidelog.records import (
     validate_batch,
 )
 from tidelog.types import ConsumerRecord, TopicPartition, _DeserializedRecord
-from tidelog.v1 import log_pb2
 
 _NO_HEADERS: tuple[()] = ()
 _EMPTY: list[ConsumerRecord] = []
@@ -407,12 +407,12 @@ class SubscriptionState:
         kind = item[0]
         if kind == DATA:
             _, session, tp, data = item
-            raw = data.records  # read once: each access copies the bytes
-            if raw:
-                self._credit[session.id] = self._credit.get(session.id, 0) + len(raw)
-                self._credit_total += len(raw)
-                self.metrics.bytes_consumed.add(len(raw))
-            self._take_data(tp, data, raw)
+            size = data.records_size
+            if size:
+                self._credit[session.id] = self._credit.get(session.id, 0) + size
+                self._credit_total += size
+                self.metrics.bytes_consumed.add(size)
+            self._take_data(tp, data)
             return
         _, tp, epoch, payload = item
         state = self._states.get(tp)
@@ -426,7 +426,7 @@ class SubscriptionState:
             payload.about(tp.topic, tp.partition)
         raise payload
 
-    def _take_data(self, tp: TopicPartition, data: log_pb2.PartitionData, raw: bytes) -> None:
+    def _take_data(self, tp: TopicPartition, data: FetchedPartition) -> None:
         state = self._states.get(tp)
         if state is None:
             return
@@ -436,7 +436,10 @@ class SubscriptionState:
         if state.error is not None:
             return  # stopped at a bad batch until the application seeks
         state.highwater = data.high_watermark
-        records, error = self._decode(tp, raw, fetched_to)
+        # Decoded where gRPC's message holds the records: each value is
+        # copied out once, by the record loop, and the answer never is.
+        response, begin, end = data.records_span()
+        records, error = self._decode(tp, response, fetched_to, begin, end)
         if error is None:
             state.fetched_to = data.next_offset
         else:
@@ -458,20 +461,20 @@ class SubscriptionState:
         state.index = 0
 
     def _decode(
-        self, tp: TopicPartition, buf: bytes, start: int
+        self, tp: TopicPartition, buf: bytes, start: int, begin: int = 0, end: int | None = None
     ) -> tuple[list[ConsumerRecord], UndecodableBatchError | None]:
-        """Decode whole batches from `buf`, keeping records at offset >= start;
-        stop at a batch that cannot be decoded and return its error too."""
+        """Decode whole batches from `buf[begin:end]` (all of it by default),
+        keeping records at offset >= start; stop at a batch that cannot be
+        decoded and return its error too."""
         with _gc_paused():
-            return self._decode_batches(tp, buf, start)
+            return self._decode_batches(tp, buf, start, begin, len(buf) if end is None else end)
 
     def _decode_batches(
-        self, tp: TopicPartition, buf: bytes, start: int
+        self, tp: TopicPartition, buf: bytes, start: int, begin: int, end: int
     ) -> tuple[list[ConsumerRecord], UndecodableBatchError | None]:
         out: list[ConsumerRecord] = []
         topic, partition = tp
-        pos = 0
-        end = len(buf)
+        pos = begin
         view = memoryview(buf)
         # Without deserializers the serialized sizes are len(key) and
         # len(value), computed on access: records.decode_records_at builds

@@ -344,11 +344,11 @@ class ConsumerConfig(CommonConfig):
     #: Verify each batch's CRC32C while decoding (~24 GB/s, so on by default).
     check_crcs: bool = True
     #: Freed memory the process keeps for reuse instead of giving it back to
-    #: the OS and faulting it in again for the next fetch (Python's freed
-    #: arenas; on glibc, free heap memory and allocations up to 16 MiB served
-    #: from the heap). Process-wide: the largest bound of the process's
-    #: consumers counts. 0 leaves the allocators alone. Needs the SDK's C
-    #: extension; see docs/python-sdk.md.
+    #: the OS and faulting it in again for the next fetch: Python's freed
+    #: arenas (with the SDK's C extension) and, on glibc, free heap memory up
+    #: to min(this, 16 MiB) per heap (tidelog._memory_reuse). Process-wide:
+    #: the largest bound of the process's consumers counts. 0 leaves the
+    #: allocators alone; see docs/python-sdk.md.
     freed_memory_kept_bytes: int = 64 * MIB
     key_deserializer: Callable[[bytes], Any] | None = None
     value_deserializer: Callable[[bytes], Any] | None = None

@@ -787,6 +787,17 @@ def decode_records_at(
     return _build_records(header, columns, blob, body_start, record_type, topic, partition, start)
 
 
+def _body_end(body_start: int, columns: _Columns) -> int:
+    """Where a body whose columns are `columns` ends in its blob: after the
+    keys, values and header blocks the columns add up to (checked)."""
+    header_bytes = 0
+    if columns.header_lengths is not None:
+        lengths = columns.header_lengths
+        header_bytes = sum(lengths) + lengths.count(-1)
+    payload = columns.key_bytes + columns.value_bytes + header_bytes
+    return body_start + columns.payload_start + payload
+
+
 #: A record without headers (shared by every such record).
 _NO_HEADERS: tuple[()] = ()
 _new_tuple = tuple.__new__
@@ -853,6 +864,8 @@ def _build_records_c(
             headers = [_decode_header_block(b or b"") for b in blocks]
         except (IndexError, struct.error, UnicodeDecodeError) as exc:
             raise InvalidRecordError(f"malformed batch body: {exc}") from exc
+    # The C loop sees this body's bytes only, not the rest of a fetch answer.
+    body = memoryview(blob)[: _body_end(body_start, columns)]
     try:
         return _crecords.build_records(
             record_type,
@@ -860,7 +873,7 @@ def _build_records_c(
             partition,
             header.timestamp_type,
             header.partition_leader_epoch,
-            blob,
+            body,
             payload_start,
             header.base_offset,
             columns.deltas,

@@ -76,3 +76,19 @@ def test_a_record_built_by_hand_takes_its_sizes_from_key_and_value() -> None:
         -1,
         0,
     )
+
+
+def test_a_partitions_records_are_decoded_inside_the_response_and_only_its_span() -> None:
+    """The consumer decodes a partition's records where the fetch answer
+    holds them (no copy of the answer): nothing before or after its span
+    (another partition's batches) is read."""
+    ours = encode_batch([b"ours-0", b"ours-1"], base_offset=10)
+    theirs = encode_batch([b"theirs"], base_offset=11)
+    response = theirs + ours + theirs
+    config = ConsumerConfig(bootstrap_servers="127.0.0.1:1")
+    state = SubscriptionState(config, deque(), lambda name, args: None)
+    begin = len(theirs)
+    records, error = state._decode(TP, response, 0, begin, begin + len(ours))
+    assert error is None
+    assert [(r.offset, r.value) for r in records] == [(10, b"ours-0"), (11, b"ours-1")]
+    assert all(type(r.value) is bytes for r in records)

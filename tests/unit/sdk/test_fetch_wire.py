@@ -58,3 +58,15 @@ def test_a_truncated_response_is_refused() -> None:
     raw = _response(b"x" * 100).SerializeToString()
     with pytest.raises(InvalidRecordError, match="malformed fetch response"):
         _fetch_wire.parse(raw[:-10])
+
+
+def test_records_view_reads_the_response_without_copying() -> None:
+    records = bytes(range(256)) * 800
+    raw = _response(records).SerializeToString()
+    part = _fetch_wire.parse(raw).partitions[0]
+    view = part.records_view()
+    assert view.obj is raw  # a window on gRPC's bytes, not a copy
+    assert view == records and part.records_size == len(records)
+    assert part.records == records and type(part.records) is bytes
+    empty = _fetch_wire.parse(raw).partitions[1]
+    assert empty.records_size == 0 and empty.records == b"" and len(empty.records_view()) == 0

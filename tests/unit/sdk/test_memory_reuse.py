@@ -102,3 +102,42 @@ def test_the_bound_is_checked_and_defaults_to_64_mib() -> None:
     assert ConsumerConfig(bootstrap_servers="127.0.0.1:1").freed_memory_kept_bytes == 64 * MIB
     with pytest.raises(ValueError, match="freed_memory_kept_bytes"):
         ConsumerConfig(bootstrap_servers="127.0.0.1:1", freed_memory_kept_bytes=-1)
+
+
+_CONSUMER_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    from collections import deque
+    from tidelog import _malloc_tuning, _memory_reuse, records
+    from tidelog._subscription import SubscriptionState
+    from tidelog.config import ConsumerConfig
+    options = {"freed_memory_kept_bytes": int(sys.argv[1])} if sys.argv[1] != "default" else {}
+    config = ConsumerConfig(bootstrap_servers="127.0.0.1:1", **options)
+    SubscriptionState(config, deque(), lambda name, args: None)
+    print(json.dumps({
+        "kept": _memory_reuse._kept_bytes,
+        "glibc": _malloc_tuning._applied,
+        "arena_cache_slots_bytes": records._crecords.keep_freed_arenas(0),
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("bound", ["default", "0"])
+def test_a_consumer_applies_its_bound_to_the_process(bound: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _CONSUMER_SCRIPT, bound],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=100,
+        env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")},
+    ).stdout
+    result = json.loads(out.splitlines()[-1])
+    expected = 64 * MIB if bound == "default" else 0
+    assert result["kept"] == expected
+    assert result["arena_cache_slots_bytes"] == expected
+    if bound == "0":
+        assert result["glibc"] == {}
+    else:
+        assert result["glibc"] == {"mmap_threshold": 16 * MIB, "trim_threshold": 16 * MIB}

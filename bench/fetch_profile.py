@@ -1,0 +1,177 @@
+"""Where a consumer's CPU goes per fetch: ``python -m bench.fetch_profile``.
+
+Starts a broker, writes `--records` records of `--record-bytes` to one partition, then reads
+them back from offset 0 with one Consumer per run (`--fetch-bytes` per fetch, as the paper's
+test: 200 KB), in these modes, alternating for `--repeat` rounds:
+
+- ``fetch``: the fetch machinery alone: the gRPC stream, `_fetch_wire`, the fetcher, the
+  hand-off to the calling thread and `absorb`, with the records' decode stubbed out;
+- ``record``: poll(), ConsumerRecords;
+- ``arrow``: poll_arrow(), one RecordBatch per fetch.
+
+For each run it prints client CPU per fetch, split by thread: the calling thread (``main``),
+the consumer's event loop (``loop``) and every other thread of the process (``other``: gRPC's
+own threads), the broker's CPU per fetch, minor page faults and context switches per fetch,
+and the time spent in `_fetch_wire.parse` and `Fetcher.on_response`. Not part of `make bench`.
+
+To see what the SDK's process-wide settings buy: `--no-memory-reuse` (ConsumerConfig's
+freed_memory_kept_bytes=0), and GRPC_EXPERIMENTS="" in the environment (gRPC's default transport;
+tidelog._grpc_setup).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# The columnar path's imports, and ~60 ms of OpenBLAS threads spinning after numpy's import,
+# before any clock starts.
+import numpy  # noqa: F401
+import psutil
+import tidelog._arrow_poll  # noqa: F401
+from tidelog import Consumer, TopicPartition, _fetch_wire, _fetcher
+
+from bench import workloads
+from bench._processes import tidelog_broker
+
+_thread_ns = time.thread_time_ns
+
+
+class _Counters:
+    """Responses and partitions answered, and the loop thread's time in two functions."""
+
+    def __init__(self) -> None:
+        self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+        self._parse = _fetch_wire.parse
+        self._on_response = _fetcher.Fetcher.on_response
+
+    def install(self) -> None:
+        counters = self
+
+        def parse(raw: bytes) -> Any:
+            t = _thread_ns()
+            try:
+                return counters._parse(raw)
+            finally:
+                counters.parse_ns += _thread_ns() - t
+
+        def on_response(fetcher: Any, session: Any, response: Any) -> None:
+            counters.messages += 1
+            counters.fetches += len(response.partitions)
+            t = _thread_ns()
+            counters._on_response(fetcher, session, response)
+            counters.on_response_ns += _thread_ns() - t
+
+        _fetch_wire.parse = parse  # type: ignore[assignment]
+        _fetcher.Fetcher.on_response = on_response  # type: ignore[method-assign]
+
+    def reset(self) -> None:
+        self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+
+
+async def _thread_time() -> float:
+    return time.thread_time()
+
+
+def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_bytes: int,
+        counters: _Counters, memory_reuse: bool) -> str:  # fmt: skip
+    counters.reset()
+    tp = TopicPartition(topic, 0)
+    options: dict[str, Any] = {
+        "max_partition_fetch_bytes": fetch_bytes,
+        "fetch_max_bytes": fetch_bytes,
+    }
+    if not memory_reuse:
+        options["freed_memory_kept_bytes"] = 0
+    consumer = Consumer(bootstrap_servers=address, max_poll_records=1_000_000, **options)
+    try:
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        loop_thread = consumer._loop_thread
+        subs = consumer._subs
+        if mode == "fetch":
+            subs._decode = lambda _tp, _buf, _start: ([], None)  # type: ignore[method-assign]
+        broker = psutil.Process(broker_pid)
+        broker0 = sum(broker.cpu_times()[:2])
+        loop0 = loop_thread.run(_thread_time())
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
+        cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
+        got = 0
+        if mode == "record":
+            while got < count:
+                polled = consumer.poll(timeout_ms=1000, max_records=count - got)
+                got += sum(map(len, polled.values()))
+        elif mode == "arrow":
+            while got < count:
+                for batches in consumer.poll_arrow(timeout_ms=1000).values():
+                    got += sum(batch.num_rows for batch in batches)
+        else:
+            state = subs._states[tp]
+            while (state.fetched_to or 0) < count:
+                consumer._data.clear()
+                subs.absorb()
+                if (state.fetched_to or 0) < count:
+                    consumer._data.wait(1.0)
+            got = state.fetched_to or 0
+        wall = time.perf_counter() - wall0
+        cpu, main = time.process_time() - cpu0, time.thread_time() - main0
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        loop = loop_thread.run(_thread_time()) - loop0
+        broker_cpu = sum(broker.cpu_times()[:2]) - broker0
+    finally:
+        consumer.close()
+    n = max(counters.fetches, 1)
+
+    def us(seconds: float) -> str:
+        return f"{seconds / n * 1e6:.0f}"
+
+    return (
+        f"{mode:6} {got / wall:>11,.0f} rec/s  client {cpu / got * 1e6:.3f} s/M rec  per fetch "
+        f"({n} fetches in {counters.messages} messages): client {us(cpu)} us = main {us(main)} "
+        f"+ loop {us(loop)} + other {us(cpu - main - loop)}; broker {us(broker_cpu)} us; "
+        f"parse {counters.parse_ns / n / 1e3:.1f} us, on_response "
+        f"{counters.on_response_ns / n / 1e3:.1f} us; "
+        f"faults {(usage.ru_minflt - usage0.ru_minflt) / n:.0f}, "
+        f"switches {(usage.ru_nvcsw - usage0.ru_nvcsw) / n:.1f} voluntary "
+        f"{(usage.ru_nivcsw - usage0.ru_nivcsw) / n:.1f} forced; "
+        f"load {os.getloadavg()[0]:.2f}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=2_000_000)
+    ap.add_argument("--record-bytes", type=int, default=200)
+    ap.add_argument("--fetch-bytes", type=int, default=204_800)
+    ap.add_argument("--modes", default="fetch,record,arrow")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument(
+        "--no-memory-reuse", action="store_true", help="consumers with freed_memory_kept_bytes=0"
+    )
+    args = ap.parse_args()
+    counters = _Counters()
+    counters.install()
+    with tidelog_broker() as broker:
+        topic = "fetch-profile"
+        workloads.create_topic(broker.address, topic)
+        workloads.produce(
+            broker.address, broker.pid, topic, args.records, args.record_bytes, workload="fill"
+        )
+        for _ in range(args.repeat):
+            for mode in args.modes.split(","):
+                line = run(
+                    broker.address, broker.pid, topic, args.records, mode, args.fetch_bytes,
+                    counters, not args.no_memory_reuse,
+                )  # fmt: skip
+                print(line, flush=True)
+
+
+if __name__ == "__main__":
+    if str(Path(__file__).resolve().parents[1]) not in sys.path:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    main()

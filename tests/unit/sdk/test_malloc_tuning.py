@@ -1,0 +1,103 @@
+"""The glibc part of a consumer's freed-memory reuse (tidelog._malloc_tuning, driven by
+ConsumerConfig.freed_memory_kept_bytes): mallopt called with each setting at the bound (at
+most 16 MiB), MALLOC_* variables respected, only a larger bound applied again, and on glibc
+the effect it is there for (freed fetch-sized buffers reused instead of faulted in again)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from typing import Any
+
+import pytest
+from tidelog import _malloc_tuning
+from tidelog._malloc_tuning import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MIB, apply
+
+
+class RecordingLibc:
+    """Stands in for the C library: records mallopt calls, accepts or refuses them."""
+
+    def __init__(self, result: int = 1) -> None:
+        self.calls: list[tuple[int, int]] = []
+        self.result = result
+
+    def mallopt(self, param: Any, value: Any) -> int:
+        self.calls.append((param.value, value.value))
+        return self.result
+
+
+def test_apply_calls_mallopt_with_each_setting() -> None:
+    libc = RecordingLibc()
+    applied = apply(libc, environ={}, value=16 * MIB)  # type: ignore[arg-type]
+    assert sorted(libc.calls) == sorted(
+        [(M_MMAP_THRESHOLD, 16 * MIB), (M_TRIM_THRESHOLD, 16 * MIB)]
+    )
+    assert applied == {"mmap_threshold": 16 * MIB, "trim_threshold": 16 * MIB}
+
+
+def test_a_malloc_environment_variable_wins_and_a_refusal_is_not_applied() -> None:
+    libc = RecordingLibc()
+    environ = {"MALLOC_TRIM_THRESHOLD_": "0"}
+    applied = apply(libc, environ=environ, value=16 * MIB)  # type: ignore[arg-type]
+    assert libc.calls == [(M_MMAP_THRESHOLD, 16 * MIB)]
+    assert applied == {"mmap_threshold": 16 * MIB}
+    refusing = RecordingLibc(result=0)
+    assert apply(refusing, environ={}, value=MIB) == {}  # type: ignore[arg-type]
+    assert apply(None, environ={}, value=MIB) == {}
+
+
+def test_the_bound_is_capped_and_only_a_larger_one_applies_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    libc = RecordingLibc()
+    monkeypatch.setattr(_malloc_tuning, "glibc", lambda: libc)
+    monkeypatch.setattr(_malloc_tuning, "_applied_bound", 0)
+    monkeypatch.setattr(_malloc_tuning, "_applied", {})
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+    assert _malloc_tuning.tune(4 * MIB) == {"mmap_threshold": 4 * MIB, "trim_threshold": 4 * MIB}
+    assert _malloc_tuning.tune(2 * MIB)["trim_threshold"] == 4 * MIB  # never lowered
+    assert _malloc_tuning.tune(64 * MIB)["trim_threshold"] == 16 * MIB  # capped
+    assert [value for _, value in libc.calls] == [4 * MIB, 4 * MIB, 16 * MIB, 16 * MIB]
+    # leave_alone(): nothing later applies (bench.malloc_ab's "off" side).
+    _malloc_tuning.leave_alone()
+    _malloc_tuning.tune(128 * MIB)
+    assert len(libc.calls) == 4
+
+
+# The churn of the fetch path: several answers' buffers (200 KB, the paper test's fetch
+# size) alive at once, then freed. With glibc's defaults the freed top of a heap is trimmed
+# and every round faults its pages in again; tuned, they are reused. In a child process:
+# mallopt is process-wide.
+_CHURN = textwrap.dedent(
+    """
+    import resource, sys
+    from tidelog import _malloc_tuning
+    _malloc_tuning.tune(16 * 1024 * 1024 if sys.argv[1] == "on" else 0)
+    def churn(rounds):
+        for _ in range(rounds):
+            buffers = [b"x" * 204_800 for _ in range(8)]
+            del buffers
+    churn(5)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    churn(50)
+    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 50)
+    """
+)
+
+
+def _faults_per_round(mode: str) -> int:
+    env = {"PATH": "/usr/bin:/bin"}  # no MALLOC_* variable from the caller
+    out = subprocess.run(
+        [sys.executable, "-c", _CHURN, mode], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(_malloc_tuning.glibc() is None, reason="needs glibc (mallopt)")
+def test_on_glibc_freed_fetch_buffers_are_reused_instead_of_faulted_in_again() -> None:
+    # 1.6 MB touched per round is 400 pages of 4 KiB.
+    assert _faults_per_round("off") > 200
+    assert _faults_per_round("on") < 20
