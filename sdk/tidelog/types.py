@@ -40,7 +40,8 @@ class ConsumerRecord(NamedTuple):
 
     A tuple rather than a class with __init__: a consumer builds one per
     record, and a tuple is built in C from columns (see
-    `SubscriptionState._decode_batches`) with no Python frame per record. As
+    `records.decode_records_at` and tidelog._crecords) with no Python frame
+    per record. As
     a tuple subclass it stays tracked by the garbage collector (CPython
     untracks exact tuples only): the consumer moves new records straight to
     the oldest generation so young collections do not traverse them (see
