@@ -39,9 +39,11 @@ import ctypes
 import logging
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+# One check for glibc, shared with the SDK consumer's own settings.
+from tidelog._malloc_tuning import glibc
 
 log = logging.getLogger("tidelog.broker")
 
@@ -150,20 +152,6 @@ def parse_malloc_tuning(spec: str) -> MallocTuning:
             )
         values[setting.field_name] = value
     return MallocTuning(**values)
-
-
-def glibc() -> ctypes.CDLL | None:
-    """This process's C library if it is GNU libc, else None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None)
-    except OSError:
-        return None
-    # musl has a mallopt that does nothing; gnu_get_libc_version is glibc's own.
-    if not hasattr(libc, "gnu_get_libc_version") or not hasattr(libc, "mallopt"):
-        return None
-    return libc
 
 
 def apply_malloc_tuning(

@@ -26,17 +26,7 @@ from tidelog_broker.malloc_tuning import (
     parse_malloc_tuning,
 )
 
-
-class RecordingLibc:
-    """Stands in for the C library: records mallopt calls, accepts or refuses them."""
-
-    def __init__(self, result: int = 1) -> None:
-        self.calls: list[tuple[int, int]] = []
-        self.result = result
-
-    def mallopt(self, param: Any, value: Any) -> int:
-        self.calls.append((param.value, value.value))
-        return self.result
+from tests.support.fake_libc import RecordingLibc
 
 
 def test_default_and_off() -> None:
@@ -112,7 +102,7 @@ def test_off_calls_nothing_and_a_refusal_is_logged(caplog: pytest.LogCaptureFixt
 def test_skipped_cleanly_without_glibc(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(malloc_tuning.sys, "platform", "darwin")
+    monkeypatch.setattr(sys, "platform", "darwin")
     assert malloc_tuning.glibc() is None
     with caplog.at_level(logging.INFO, "tidelog.broker"):
         assert apply_malloc_tuning(DEFAULT_TUNING, environ={}) == {}
@@ -127,7 +117,7 @@ def test_a_library_without_glibcs_own_symbol_is_not_glibc(
             return 0
 
     monkeypatch.setattr(malloc_tuning.ctypes, "CDLL", lambda _name: Musl())
-    monkeypatch.setattr(malloc_tuning.sys, "platform", "linux")
+    monkeypatch.setattr(sys, "platform", "linux")
     assert malloc_tuning.glibc() is None
 
 

@@ -8,23 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from typing import Any
 
 import pytest
 from tidelog import _malloc_tuning
 from tidelog._malloc_tuning import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MIB, apply
 
-
-class RecordingLibc:
-    """Stands in for the C library: records mallopt calls, accepts or refuses them."""
-
-    def __init__(self, result: int = 1) -> None:
-        self.calls: list[tuple[int, int]] = []
-        self.result = result
-
-    def mallopt(self, param: Any, value: Any) -> int:
-        self.calls.append((param.value, value.value))
-        return self.result
+from tests.support.fake_libc import RecordingLibc
 
 
 def test_apply_calls_mallopt_with_each_setting() -> None:
