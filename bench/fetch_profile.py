@@ -95,7 +95,7 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
         loop_thread = consumer._loop_thread
         subs = consumer._subs
         if mode == "fetch":
-            subs._decode = lambda _tp, _buf, _start: ([], None)  # type: ignore[method-assign]
+            subs._decode = lambda *_args: ([], None)  # type: ignore[method-assign]
         broker = psutil.Process(broker_pid)
         broker0 = sum(broker.cpu_times()[:2])
         loop0 = loop_thread.run(_thread_time())
