@@ -226,3 +226,31 @@ def test_one_stored_batch_is_read_in_place_and_several_are_joined() -> None:
     assert batch.column("value").to_pylist() == [b"a" * 50, b"b" * 70, b"c" * 30]
     assert batch.column("key").to_pylist() == [None, None, b"k"]
     assert batch.column("value").buffers()[2].size == 150
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    topic=st.text(max_size=40),
+    value=st.integers(-(2**31), 2**31 - 1),
+    count=st.integers(1, 3000),
+)
+def test_constant_columns_are_pyarrows_repeat(topic: str, value: int, count: int) -> None:
+    # topic, partition and timestampType are built from buffers, not pa.repeat:
+    # the same arrays, valid to the last offset.
+    strings = columnar._same_string(topic, count)
+    strings.validate(full=True)
+    assert strings.equals(pa.repeat(pa.scalar(topic, pa.string()), count))
+    ints = columnar._same_int32(value, count)
+    ints.validate(full=True)
+    assert ints.equals(pa.repeat(pa.scalar(value, pa.int32()), count))
+
+
+def test_a_fetch_carries_its_topic_partition_and_timestamp_type() -> None:
+    buf = records.encode_batch([b"a", b"b", b"c"], keys=None, base_timestamp=7)
+    batch, _ = columnar.decode_fetch(buf, "ünïcode.topic-1", 17)
+    assert batch.column("topic").to_pylist() == ["ünïcode.topic-1"] * 3
+    assert batch.column("partition").to_pylist() == [17] * 3
+    assert batch.column("timestampType").to_pylist() == [0] * 3
+    tail, _ = columnar.decode_fetch(buf, "t", 2, start=1)
+    tail.validate(full=True)
+    assert tail.column("topic").to_pylist() == ["t", "t"]
