@@ -49,12 +49,18 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in samples.items() if n == name and wanted <= ls)
 
 
-def wait_for(url: str, check: Callable[[Samples], bool], what: str) -> Samples:
+def wait_for(url: str, check: Callable[[Samples], bool], what: str, shown: str = "") -> Samples:
+    """Scrape `url` until `check` holds; the failure lists the last samples
+    whose names start with `shown` (what the check was looking at)."""
     deadline = time.monotonic() + DEADLINE_S
     samples = scrape(url)
     while not check(samples):
         if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not seen within {DEADLINE_S} s at {url}")
+            seen = sorted(
+                (name, dict(labels), v) for (name, labels), v in samples.items()
+                if shown and name.startswith(shown)
+            )  # fmt: skip
+            raise AssertionError(f"{what} not seen within {DEADLINE_S} s at {url}; last: {seen}")
         time.sleep(0.2)
         samples = scrape(url)
     return samples
@@ -165,9 +171,12 @@ def test_metrics_move_with_produce_consume_commit_and_a_broker_death(
         consumer_timeout_ms=10_000,
     )
     try:
+        seen = 0
         for seen, _record in enumerate(consumer, 1):
             if seen == count // 2:
                 break
+        # Iteration also ends after consumer_timeout_ms without a record.
+        assert seen == count // 2, f"the group's consumer read {seen} of {count // 2} records"
         consumer.commit()
         coordinator = wait_for(
             urls["coordinator"],
@@ -178,6 +187,7 @@ def test_metrics_move_with_produce_consume_commit_and_a_broker_death(
                 and total(s, "tidelog_group_lag_records", group=group) == count - count // 2
             ),
             "the group's members, committed offsets and lag",
+            shown="tidelog_group_",
         )
     finally:
         consumer.close()
