@@ -133,6 +133,15 @@ def wide_failover(bootstrap: str, brokers: list[BrokerProcess], partitions: int)
                 if all(leader >= 0 and leader != victim.broker_id for leader in found):
                     return time.monotonic() - killed
                 if time.monotonic() - killed > 120:
+                    # Say what is left: leaderless partitions (their ISR held
+                    # only the victim) or partitions still led by it.
+                    leaderless = sum(1 for leader in found if leader < 0)
+                    print(
+                        f"wide fail-over: after 120 s, {leaderless} partitions without a "
+                        f"leader, {sum(1 for leader in found if leader == victim.broker_id)} "
+                        f"still led by the killed broker {victim.broker_id}",
+                        flush=True,
+                    )
                     return float("inf")
                 time.sleep(0.1)
         finally:
