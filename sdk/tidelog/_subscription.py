@@ -31,11 +31,9 @@ Not thread-safe: one caller at a time, as with Kafka's consumer.
 from __future__ import annotations
 
 import gc
-from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from itertools import repeat
 from typing import Any
 
 from tidelog._client_metrics import ConsumerMetrics, Metrics, lags_of
@@ -46,22 +44,16 @@ from tidelog.config import GRPC_MAX_MESSAGE_BYTES, ConsumerConfig
 from tidelog.errors import IllegalStateError, TidelogError, UndecodableBatchError
 from tidelog.records import (
     HEADER_SIZE,
-    BatchHeader,
     DecodedBatch,
     decode_batch_at,
     decode_records_at,
     read_header,
+    records_of,
     validate_batch,
 )
 from tidelog.types import ConsumerRecord, TopicPartition, _DeserializedRecord
 
-_NO_HEADERS: tuple[()] = ()
 _EMPTY: list[ConsumerRecord] = []
-
-
-# Builds a ConsumerRecord from a tuple of its fields in C (no Python frame
-# per record, unlike calling the class).
-_new_tuple = tuple.__new__
 
 
 #: Young objects moved to the oldest generation by `_gc_paused` after which
@@ -510,7 +502,7 @@ class SubscriptionState:
                 )
             pos += size
             if not plain:
-                records = self._deserialized_records(tp, header, batch, start)
+                records = self._deserialized_records(tp, batch, start)
             if out:
                 out.extend(records)
             else:
@@ -518,7 +510,7 @@ class SubscriptionState:
         return out, None
 
     def _deserialized_records(
-        self, tp: TopicPartition, header: BatchHeader, batch: DecodedBatch, start: int
+        self, tp: TopicPartition, batch: DecodedBatch, start: int
     ) -> list[ConsumerRecord]:
         """The records of a decoded batch, keys and values through the
         deserializers, offsets >= start; each keeps its serialized sizes."""
@@ -528,27 +520,14 @@ class SubscriptionState:
             keys = [None if k is None else key_deserializer(k) for k in keys]
         if (value_deserializer := self._value_deserializer) is not None:
             values = [None if v is None else value_deserializer(v) for v in values]
-        offsets = batch.offsets
-        records: list[ConsumerRecord] = list(
-            map(
-                _new_tuple,
-                repeat(_DeserializedRecord),
-                zip(
-                    repeat(tp.topic),
-                    repeat(tp.partition),
-                    offsets,
-                    batch.timestamps,
-                    repeat(header.timestamp_type),
-                    keys,
-                    values,
-                    batch.headers or repeat(_NO_HEADERS),
-                    repeat(header.partition_leader_epoch),
-                    batch.key_sizes,
-                    batch.value_sizes,
-                    strict=False,
-                ),
-            )
+        return records_of(
+            batch,
+            _DeserializedRecord,
+            tp.topic,
+            tp.partition,
+            start,
+            keys,
+            values,
+            batch.key_sizes,
+            batch.value_sizes,
         )
-        if offsets[0] < start:
-            return records[bisect_left(offsets, start) :]
-        return records

@@ -58,7 +58,7 @@ import struct
 import sys
 from array import array
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, islice, pairwise, repeat
 from types import ModuleType
@@ -803,19 +803,22 @@ _NO_HEADERS: tuple[()] = ()
 _new_tuple = tuple.__new__
 
 
-def _build_records_py(
-    header: BatchHeader,
-    columns: _Columns,
-    blob: bytes,
-    body_start: int,
+def records_of(
+    batch: DecodedBatch,
     record_type: type[RecordT],
     topic: str,
     partition: int,
     start: int,
+    keys: Sequence[Any] | None = None,
+    values: Sequence[Any] | None = None,
+    *more_columns: Iterable[Any],
 ) -> list[RecordT]:
-    """`decode_records_at`'s records built in Python: each step a C-level
-    builtin (map, zip, repeat), no Python frame per record."""
-    batch = _decode_columns(header, columns, blob, body_start)
+    """The records of a decoded batch with offset >= `start`, as
+    `record_type` tuples (see `decode_records_at`), built in Python with
+    each step a C-level builtin (map, zip, repeat): no Python frame per
+    record. `keys` / `values` replace the batch's (deserialized ones);
+    `more_columns` follow leader_epoch (a record type with more fields)."""
+    header = batch.header
     offsets = batch.offsets
     records = list(
         map(
@@ -827,10 +830,11 @@ def _build_records_py(
                 offsets,
                 batch.timestamps,
                 repeat(header.timestamp_type),
-                batch.keys,
-                batch.values,
+                batch.keys if keys is None else keys,
+                batch.values if values is None else values,
                 batch.headers or repeat(_NO_HEADERS),
                 repeat(header.partition_leader_epoch),
+                *more_columns,
                 strict=False,
             ),
         )
@@ -838,6 +842,21 @@ def _build_records_py(
     if offsets[0] < start:
         return records[bisect_left(offsets, start) :]
     return records
+
+
+def _build_records_py(
+    header: BatchHeader,
+    columns: _Columns,
+    blob: bytes,
+    body_start: int,
+    record_type: type[RecordT],
+    topic: str,
+    partition: int,
+    start: int,
+) -> list[RecordT]:
+    """`decode_records_at`'s records built in Python (`records_of`)."""
+    batch = _decode_columns(header, columns, blob, body_start)
+    return records_of(batch, record_type, topic, partition, start)
 
 
 def _build_records_c(
