@@ -62,7 +62,7 @@ SETTINGS = (
 
 _lock = threading.Lock()
 _applied: dict[str, int] = {}
-#: The bound applied (or -1 after leave_alone): only a larger one applies again.
+#: The bound applied: only a larger one applies again.
 _applied_bound = 0
 
 
@@ -103,18 +103,10 @@ def tune(bound: int) -> dict[str, int]:
     global _applied, _applied_bound
     value = min(bound, MAX_THRESHOLD_BYTES)
     with _lock:
-        if _applied_bound < 0 or value <= _applied_bound:
+        if value <= _applied_bound:
             return dict(_applied)
         _applied = apply(glibc(), os.environ, value)
         _applied_bound = value
         if _applied:
             log.debug("malloc tuning for consuming: %s", _applied)
         return dict(_applied)
-
-
-def leave_alone() -> None:
-    """Make every later tune a no-op in this process (for a benchmark that
-    measures the client with glibc's defaults: bench.malloc_ab)."""
-    global _applied_bound
-    with _lock:
-        _applied_bound = -1

@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from tidelog import _malloc_tuning
+from tidelog import _malloc_tuning, _memory_reuse
 from tidelog._malloc_tuning import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MIB, apply
 
 from tests.support.fake_libc import RecordingLibc
@@ -49,9 +49,10 @@ def test_the_bound_is_capped_and_only_a_larger_one_applies_again(
     assert _malloc_tuning.tune(2 * MIB)["trim_threshold"] == 4 * MIB  # never lowered
     assert _malloc_tuning.tune(64 * MIB)["trim_threshold"] == 16 * MIB  # capped
     assert [value for _, value in libc.calls] == [4 * MIB, 4 * MIB, 16 * MIB, 16 * MIB]
-    # leave_alone(): nothing later applies (bench.malloc_ab's "off" side).
-    _malloc_tuning.leave_alone()
-    _malloc_tuning.tune(128 * MIB)
+    # _memory_reuse.leave_alone(): nothing later applies (bench.malloc_ab's "off" side).
+    monkeypatch.setattr(_memory_reuse, "_left_alone", False)
+    _memory_reuse.leave_alone()
+    _memory_reuse.keep_freed_memory(128 * MIB)
     assert len(libc.calls) == 4
 
 
@@ -62,7 +63,7 @@ def test_the_bound_is_capped_and_only_a_larger_one_applies_again(
 _CHURN = textwrap.dedent(
     """
     import resource, sys
-    from tidelog import _malloc_tuning
+    from tidelog import _malloc_tuning, _memory_reuse
     _malloc_tuning.tune(16 * 1024 * 1024 if sys.argv[1] == "on" else 0)
     def churn(rounds):
         for _ in range(rounds):
