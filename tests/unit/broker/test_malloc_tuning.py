@@ -5,9 +5,7 @@ the effect it is there for (freed 1 MiB buffers reused instead of faulted in aga
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
-import textwrap
 from typing import Any
 
 import pytest
@@ -27,6 +25,7 @@ from tidelog_broker.malloc_tuning import (
 )
 
 from tests.support.fake_libc import RecordingLibc
+from tests.support.page_faults import churn_faults_per_round
 
 
 def test_default_and_off() -> None:
@@ -141,32 +140,15 @@ def test_the_broker_refuses_a_bad_value_at_start(capsys: pytest.CaptureFixture[s
     assert "mmap_threshold must be between 0 and 33554432" in capsys.readouterr().err
 
 
-# The churn of the fetch path: several 1 MiB buffers alive at once, then all freed. With
+# The churn of the fetch path: 4 buffers of 1 MiB alive at once, then all freed. With
 # glibc's defaults the freed top of the heap is trimmed and every round faults its pages in
-# again; tuned, the pages are reused. Run in a child process: mallopt is process-wide.
-_CHURN = textwrap.dedent(
-    """
-    import resource, sys
-    from tidelog_broker.malloc_tuning import apply_malloc_tuning, parse_malloc_tuning
-    apply_malloc_tuning(parse_malloc_tuning(sys.argv[1]), environ={})
-    def churn(rounds):
-        for _ in range(rounds):
-            buffers = [b"x" * (1 << 20) for _ in range(4)]
-            del buffers
-    churn(5)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    churn(50)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 50)
-    """
-)
-
-
+# again; tuned, the pages are reused.
 def _faults_per_round(spec: str) -> int:
-    out = subprocess.run(
-        [sys.executable, "-c", _CHURN, spec], capture_output=True, text=True, timeout=120
+    setup = (
+        "from tidelog_broker.malloc_tuning import apply_malloc_tuning, parse_malloc_tuning\n"
+        f"apply_malloc_tuning(parse_malloc_tuning({spec!r}), environ={{}})"
     )
-    assert out.returncode == 0, out.stderr
-    return int(out.stdout)
+    return churn_faults_per_round(setup, 1 << 20, 4)
 
 
 @pytest.mark.skipif(malloc_tuning.glibc() is None, reason="needs glibc (mallopt)")

@@ -5,15 +5,12 @@ the effect it is there for (freed fetch-sized buffers reused instead of faulted 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 from tidelog import _malloc_tuning, _memory_reuse
 from tidelog._malloc_tuning import M_MMAP_THRESHOLD, M_TRIM_THRESHOLD, MIB, apply
 
 from tests.support.fake_libc import RecordingLibc
+from tests.support.page_faults import churn_faults_per_round
 
 
 def test_apply_calls_mallopt_with_each_setting() -> None:
@@ -56,34 +53,14 @@ def test_the_bound_is_capped_and_only_a_larger_one_applies_again(
     assert len(libc.calls) == 4
 
 
-# The churn of the fetch path: several answers' buffers (200 KB, the paper test's fetch
-# size) alive at once, then freed. With glibc's defaults the freed top of a heap is trimmed
-# and every round faults its pages in again; tuned, they are reused. In a child process:
-# mallopt is process-wide.
-_CHURN = textwrap.dedent(
-    """
-    import resource, sys
-    from tidelog import _malloc_tuning, _memory_reuse
-    _malloc_tuning.tune(16 * 1024 * 1024 if sys.argv[1] == "on" else 0)
-    def churn(rounds):
-        for _ in range(rounds):
-            buffers = [b"x" * 204_800 for _ in range(8)]
-            del buffers
-    churn(5)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    churn(50)
-    print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 50)
-    """
-)
-
-
+# The churn of the fetch path: 8 answers' buffers of 200 KB (the paper test's fetch size)
+# alive at once, then freed. With glibc's defaults the freed top of a heap is trimmed and
+# every round faults its pages in again; tuned, they are reused.
 def _faults_per_round(mode: str) -> int:
+    bound = 16 * MIB if mode == "on" else 0
+    setup = f"from tidelog import _malloc_tuning\n_malloc_tuning.tune({bound})"
     env = {"PATH": "/usr/bin:/bin"}  # no MALLOC_* variable from the caller
-    out = subprocess.run(
-        [sys.executable, "-c", _CHURN, mode], capture_output=True, text=True, timeout=120, env=env
-    )
-    assert out.returncode == 0, out.stderr
-    return int(out.stdout)
+    return churn_faults_per_round(setup, 204_800, 8, env=env)
 
 
 @pytest.mark.skipif(_malloc_tuning.glibc() is None, reason="needs glibc (mallopt)")
