@@ -546,6 +546,8 @@ class _Columns(NamedTuple):
     #: The bytes of all keys, of all values (nulls hold none).
     key_bytes: int = 0
     value_bytes: int = 0
+    #: The bytes of all header blocks (0 without the HEADERS column).
+    header_bytes: int = 0
 
 
 #: How `_read_columns` totals a length column: (bytes, _NO_NULLS/...),
@@ -629,10 +631,11 @@ def _read_columns(
     header_lengths = None
     key_bytes, key_nulls = payload_bytes(key_lengths, "key")
     value_bytes, value_nulls = payload_bytes(value_lengths, "value")
-    payload = key_bytes + value_bytes
+    header_bytes = 0
     if flags & _FLAG_HEADERS:
         header_lengths, pos = _read_array("i", body, pos, count)
-        payload += payload_bytes(header_lengths, "header block")[0]
+        header_bytes = payload_bytes(header_lengths, "header block")[0]
+    payload = key_bytes + value_bytes + header_bytes
     if payload != size - pos:
         raise InvalidRecordError(
             f"malformed batch body: the length columns of {count} records add up to "
@@ -650,6 +653,7 @@ def _read_columns(
         value_nulls,
         key_bytes,
         value_bytes,
+        header_bytes,
     )
 
 
@@ -705,8 +709,7 @@ def check_body(
     lengths = columns.header_lengths
     if lengths is not None:
         # Header blocks come last: their bytes are the body's tail.
-        block_bytes = sum(lengths) + lengths.count(-1)
-        _check_header_blocks(bytes(body[len(body) - block_bytes :]), lengths)
+        _check_header_blocks(bytes(body[len(body) - columns.header_bytes :]), lengths)
     return len(body)
 
 
@@ -790,11 +793,7 @@ def decode_records_at(
 def _body_end(body_start: int, columns: _Columns) -> int:
     """Where a body whose columns are `columns` ends in its blob: after the
     keys, values and header blocks the columns add up to (checked)."""
-    header_bytes = 0
-    if columns.header_lengths is not None:
-        lengths = columns.header_lengths
-        header_bytes = sum(lengths) + lengths.count(-1)
-    payload = columns.key_bytes + columns.value_bytes + header_bytes
+    payload = columns.key_bytes + columns.value_bytes + columns.header_bytes
     return body_start + columns.payload_start + payload
 
 
