@@ -304,16 +304,13 @@ static int arena_cache_installed = 0;
 static void *arena_cache[ARENA_CACHE_SLOTS];
 static Py_ssize_t arenas_cached = 0;
 static Py_ssize_t arena_cache_limit = 0; /* in arenas */
-static unsigned long long arenas_mapped = 0, arenas_reused = 0;
 
 static void *
 cached_arena_alloc(void *ctx, size_t size)
 {
     if (arenas_cached > 0 && size == ARENA_BYTES) {
-        arenas_reused++;
         return arena_cache[--arenas_cached];
     }
-    arenas_mapped++;
     return arenas_underneath.alloc(arenas_underneath.ctx, size);
 }
 
@@ -362,24 +359,9 @@ keep_freed_arenas(PyObject *module, PyObject *arg)
     return PyLong_FromLongLong(previous);
 }
 
-PyDoc_STRVAR(arena_cache_stats_doc,
-"arena_cache_stats() -> (mapped, reused, kept, arena_bytes)\n"
-"\n"
-"Blocks taken from the allocator underneath since the cache was installed\n"
-"(arenas and the other blocks it serves), arenas served again from the\n"
-"cache, arenas kept now, and the size of an arena.");
-
-static PyObject *
-arena_cache_stats(PyObject *module, PyObject *unused)
-{
-    return Py_BuildValue("KKnn", arenas_mapped, arenas_reused, arenas_cached,
-                         (Py_ssize_t)ARENA_BYTES);
-}
-
 static PyMethodDef crecords_methods[] = {
     {"build_records", (PyCFunction)(void (*)(void))build_records, METH_FASTCALL, build_records_doc},
     {"keep_freed_arenas", keep_freed_arenas, METH_O, keep_freed_arenas_doc},
-    {"arena_cache_stats", arena_cache_stats, METH_NOARGS, arena_cache_stats_doc},
     {NULL, NULL, 0, NULL},
 };
 
