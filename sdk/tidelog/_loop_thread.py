@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -174,6 +175,13 @@ class _SharedLoop:
             self._thread = None
         thread.stop()
 
+    def forget(self) -> None:
+        """In a forked child: the parent's loop thread does not exist here
+        (fork copies only the calling thread), so the next client starts one."""
+        self._lock = threading.Lock()
+        self._thread = None
+        self._users = 0
+
     def users(self) -> int:
         """How many clients use the shared loop thread now (for tests)."""
         with self._lock:
@@ -181,6 +189,7 @@ class _SharedLoop:
 
 
 _SHARED = _SharedLoop()
+os.register_at_fork(after_in_child=_SHARED.forget)
 
 
 def client_loop(name: str, shared: bool) -> LoopHandle:

@@ -5,6 +5,7 @@ by the last, and started afresh for the next; a private one is a client's own.""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import threading
 
 import pytest
@@ -75,3 +76,30 @@ def test_a_blocking_call_from_the_shared_loop_thread_raises_instead_of_deadlocki
     finally:
         first.stop()
         second.stop()
+
+
+def _child_runs_on_a_shared_loop(out: multiprocessing.SimpleQueue) -> None:  # type: ignore[type-arg]
+    handle = client_loop("child", shared=True)
+    try:
+        out.put(handle.run(_thread_name(), timeout=30))
+    finally:
+        handle.stop()
+
+
+def test_a_forked_child_starts_a_shared_loop_of_its_own() -> None:
+    parent = client_loop("parent", shared=True)
+    try:
+        # The parent's shared loop thread is not copied into the child: a
+        # client there must get a loop that runs, not the parent's dead one.
+        context = multiprocessing.get_context("fork")
+        out = context.SimpleQueue()
+        child = context.Process(target=_child_runs_on_a_shared_loop, args=(out,))
+        child.start()
+        child.join(30)
+        if child.is_alive():
+            child.kill()
+            child.join()
+        assert child.exitcode == 0
+        assert out.get() == "tidelog-loop"
+    finally:
+        parent.stop()
