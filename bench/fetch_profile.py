@@ -11,8 +11,10 @@ test: 200 KB), in these modes, alternating for `--repeat` rounds:
 
 For each run it prints client CPU per fetch, split by thread: the calling thread (``main``),
 the consumer's event loop (``loop``) and every other thread of the process (``other``: gRPC's
-own threads), the broker's CPU per fetch, minor page faults and context switches per fetch,
-and the time spent in `_fetch_wire.parse` and `Fetcher.on_response`. Not part of `make bench`.
+own threads); the broker's CPU per fetch (its process CPU clock, to the ns; the system part
+from /proc, in 10 ms ticks) and its context switches per fetch (all its threads); the client's
+minor page faults and context switches per fetch, and the time spent in `_fetch_wire.parse` and
+`Fetcher.on_response`. Not part of `make bench`.
 
 To see what the SDK's process-wide settings buy: `--no-memory-reuse` (ConsumerConfig's
 freed_memory_kept_bytes=0), and GRPC_EXPERIMENTS="" in the environment (gRPC's default transport;
@@ -40,6 +42,28 @@ from bench import workloads
 from bench._processes import tidelog_broker
 
 _thread_ns = time.thread_time_ns
+
+
+def _process_cpu_ns(pid: int) -> int:
+    """CPU time of another process, in ns (its CPU clock: Linux's clockid for
+    a process is (~pid << 3) | 2): finer than the 10 ms ticks of /proc."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)
+
+
+def _switches(pid: int) -> tuple[int, int]:
+    """(voluntary, forced) context switches of every thread of `pid` so far."""
+    voluntary = forced = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue  # a thread that ended
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                voluntary += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                forced += int(line.split()[1])
+    return voluntary, forced
 
 
 class _Counters:
@@ -97,7 +121,8 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
         if mode == "fetch":
             subs._decode = lambda *_args: ([], None)  # type: ignore[method-assign]
         broker = psutil.Process(broker_pid)
-        broker0 = sum(broker.cpu_times()[:2])
+        broker0_system = broker.cpu_times().system
+        broker_ns0, broker_switches0 = _process_cpu_ns(broker_pid), _switches(broker_pid)
         loop0 = loop_thread.run(_thread_time())
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
@@ -122,7 +147,9 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
         cpu, main = time.process_time() - cpu0, time.thread_time() - main0
         usage = resource.getrusage(resource.RUSAGE_SELF)
         loop = loop_thread.run(_thread_time()) - loop0
-        broker_cpu = sum(broker.cpu_times()[:2]) - broker0
+        broker_system = broker.cpu_times().system - broker0_system
+        broker_ns = _process_cpu_ns(broker_pid) - broker_ns0
+        broker_switches = _switches(broker_pid)
     finally:
         consumer.close()
     n = max(counters.fetches, 1)
@@ -133,7 +160,10 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
     return (
         f"{mode:6} {got / wall:>11,.0f} rec/s  client {cpu / got * 1e6:.3f} s/M rec  per fetch "
         f"({n} fetches in {counters.messages} messages): client {us(cpu)} us = main {us(main)} "
-        f"+ loop {us(loop)} + other {us(cpu - main - loop)}; broker {us(broker_cpu)} us; "
+        f"+ loop {us(loop)} + other {us(cpu - main - loop)}; broker {broker_ns / n / 1e3:.1f} us "
+        f"(system {us(broker_system)}, switches "
+        f"{(broker_switches[0] - broker_switches0[0]) / n:.1f} voluntary "
+        f"{(broker_switches[1] - broker_switches0[1]) / n:.1f} forced); "
         f"parse {counters.parse_ns / n / 1e3:.1f} us, on_response "
         f"{counters.on_response_ns / n / 1e3:.1f} us; "
         f"faults {(usage.ru_minflt - usage0.ru_minflt) / n:.0f}, "
