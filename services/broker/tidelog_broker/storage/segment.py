@@ -84,11 +84,12 @@ class SegmentRead(NamedTuple):
     next_offset: int
 
 
-def _whole_batches(buf: bytes, limit_offset: int) -> tuple[int, int]:
-    """(length of the longest prefix of whole batches whose base offsets are
-    below `limit_offset`, the offset after the last of them, or -1 if there is
-    none). Reads only the offset and length fields."""
-    end = len(buf)
+def _whole_batches(buf: bytes, limit_offset: int, limit_bytes: int) -> tuple[int, int]:
+    """(length of the longest prefix of whole batches of `buf` that fits in
+    `limit_bytes` and whose base offsets are below `limit_offset`, the offset
+    after the last of them, or -1 if there is none). Reads only the offset and
+    length fields."""
+    end = min(len(buf), limit_bytes)
     unpack_start = _BASE_OFFSET_AND_LENGTH.unpack_from
     unpack_delta = _BATCH_LENGTH.unpack_from
     pos = 0
@@ -447,11 +448,12 @@ class LogSegment:
         # One pread: the batches, and the header of the batch after them,
         # which is where the next read will start. Batches at or past the
         # limit (the high watermark) are cut off here, from their headers.
-        length = min(max(max_bytes, first.size) + HEADER_SIZE, self._size_bytes - position)
+        limit_bytes = max(max_bytes, first.size)
+        length = min(limit_bytes + HEADER_SIZE, self._size_bytes - position)
         data = os.pread(self._log_fd, length, position)
         if len(data) < length:
             raise OSError(errno.EIO, f"{self.log_path}: short read at {position}: file shrank")
-        whole, next_offset = _whole_batches(data, limit_offset)
+        whole, next_offset = _whole_batches(data, limit_offset, limit_bytes)
         if next_offset < 0:
             raise OSError(errno.EIO, f"{self.log_path}: no whole batch at {position}")
         self._remember_read_end(next_offset, position + whole, data, whole)
