@@ -55,8 +55,8 @@ _RECOVERY_CHUNK_BYTES = 4 * 1024 * 1024
 
 _BATCH_LENGTH = struct.Struct(">i")
 _BATCH_LENGTH_AT = 8
-_BASE_OFFSET_AND_LENGTH = struct.Struct(">qi")
-_LAST_OFFSET_DELTA_AT = 23
+# A batch's base offset (at 0), length (at 8) and last offset delta (at 23).
+_BATCH_SPAN = struct.Struct(">qi11xi")
 # Read ends a segment remembers (see `_read_ends`): one per reader of the
 # segment at a time is enough (a consumer, a follower); more readers only
 # fall back to the index lookup and a header read.
@@ -90,16 +90,15 @@ def _whole_batches(buf: bytes, limit_offset: int, limit_bytes: int) -> tuple[int
     after the last of them, or -1 if there is none). Reads only the offset and
     length fields."""
     end = min(len(buf), limit_bytes)
-    unpack_start = _BASE_OFFSET_AND_LENGTH.unpack_from
-    unpack_delta = _BATCH_LENGTH.unpack_from
+    unpack = _BATCH_SPAN.unpack_from
     pos = 0
     next_offset = -1
     while pos + HEADER_SIZE <= end:
-        base_offset, batch_length = unpack_start(buf, pos)
+        base_offset, batch_length, last_offset_delta = unpack(buf, pos)
         size = batch_length + LOG_OVERHEAD
         if base_offset >= limit_offset or size < HEADER_SIZE or pos + size > end:
             break
-        next_offset = base_offset + unpack_delta(buf, pos + _LAST_OFFSET_DELTA_AT)[0] + 1
+        next_offset = base_offset + last_offset_delta + 1
         pos += size
     return pos, next_offset
 
