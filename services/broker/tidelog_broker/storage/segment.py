@@ -16,7 +16,10 @@ The indexes (`index.py`) are derived from the .log and are rebuilt whenever
 they look wrong or the segment is recovered.
 
 Reads use os.pread on the .log file: the OS page cache is the cache, so the
-broker's memory does not grow with the data it serves.
+broker's memory does not grow with the data it serves. A read also reads the
+header of the batch after the ones it returns, and the segment remembers it
+(`_read_ends`, a few per segment): a consumer's next read starts there with
+one pread, without the index lookup and the header read before it.
 """
 
 from __future__ import annotations
@@ -87,8 +90,8 @@ class SegmentRead(NamedTuple):
 def _whole_batches(buf: bytes, limit_offset: int, limit_bytes: int) -> tuple[int, int]:
     """(length of the longest prefix of whole batches of `buf` that fits in
     `limit_bytes` and whose base offsets are below `limit_offset`, the offset
-    after the last of them, or -1 if there is none). Reads only the offset and
-    length fields."""
+    after the last of them, or -1 if there is none). Reads only each header's
+    offsets and length."""
     end = min(len(buf), limit_bytes)
     unpack = _BATCH_SPAN.unpack_from
     pos = 0
