@@ -170,7 +170,8 @@ class LogSegment:
         self.needs_recovery = False
         # Where earlier reads ended: offset -> position and header of the batch
         # that holds or follows it (read along with the batches returned).
-        # A reader's next read starts there: no index lookup, no header read.
+        # A reader's next read starts there (and takes it): no index lookup,
+        # no header read. At most _MAX_READ_ENDS, the oldest dropped first.
         # They describe bytes below the size, which appends never change;
         # whatever cuts or rewrites the .log clears them (`_forget_read_ends`).
         # A segment that compaction or retention replaces takes them along.
@@ -438,7 +439,9 @@ class LogSegment:
         limit_offset = min(max_offset_exclusive, self._next_offset)
         if start_offset >= limit_offset:
             return SegmentRead(b"", start_offset)
-        read_end = self._read_ends.get(start_offset)
+        # Taken, not kept: a reader reading on leaves one read end behind it,
+        # the next one (none at the segment's end).
+        read_end = self._read_ends.pop(start_offset, None)
         if read_end is None:
             position, first = self._first_batch_ending_at_or_after(start_offset)
             if first is None:

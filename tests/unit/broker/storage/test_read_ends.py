@@ -154,3 +154,17 @@ def test_a_fetch_after_the_log_was_truncated_under_it_gets_the_new_batches(
     result = log.read(3, 1)
     assert (result.records, result.next_offset) == (again, 9)
     assert log.read(0, 1).records == stored[0]
+
+
+def test_a_reader_leaves_one_read_end_behind_and_none_at_the_segments_end(
+    segment: LogSegment,
+) -> None:
+    stored = _append(segment, [make_batch(2, tag=i) for i in range(50)])
+    offset = 1000
+    for batch in stored:
+        result = segment.read(offset, 1, 10**9)
+        assert result.records == batch
+        offset = result.next_offset
+        # Memory: what a segment keeps grows with its readers, not its reads.
+        assert len(segment._read_ends) <= 1
+    assert not segment._read_ends
