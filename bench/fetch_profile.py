@@ -16,6 +16,12 @@ from /proc, in 10 ms ticks) and its context switches per fetch (all its threads)
 minor page faults and context switches per fetch, and the time spent in `_fetch_wire.parse` and
 `Fetcher.on_response`. Not part of `make bench`.
 
+``--session-only``: the broker's own part of an answer alone, in this process, without gRPC:
+FetchSession's collect (the log read path) and the join of the answer's bytes, over a log of
+batches of `--batch-records` records (1,250: a batch bigger than a 200 KB fetch, as the paper's
+log is written; 150 at 100 B: many batches per fetch, so every read ends inside one). It applies
+the broker's allocator settings first (malloc_tuning), as the broker does.
+
 To see what the SDK's process-wide settings buy: `--no-memory-reuse` (ConsumerConfig's
 freed_memory_kept_bytes=0), and GRPC_EXPERIMENTS="" in the environment (gRPC's default transport;
 tidelog._grpc_setup).
@@ -27,6 +33,7 @@ import argparse
 import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -173,6 +180,48 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
     )
 
 
+def session_only(records: int, record_bytes: int, fetch_bytes: int, batch_records: int) -> str:
+    """CPU per answer of FetchSession's collect + advance + join, reading a
+    fresh log from offset 0 to its end three times (see the module doc)."""
+    # Imported here: only this mode runs broker code in the bench's process.
+    from tidelog.records import encode_batch
+    from tidelog.v1 import log_pb2
+    from tidelog_broker.config import BrokerConfig
+    from tidelog_broker.fetch_session import FetchSession
+    from tidelog_broker.malloc_tuning import apply_malloc_tuning, parse_malloc_tuning
+    from tidelog_broker.partition_manager import PartitionManager
+
+    apply_malloc_tuning(parse_malloc_tuning("default"))
+    batch = encode_batch([os.urandom(record_bytes)] * batch_records)
+    with tempfile.TemporaryDirectory(prefix="tidelog-fetch-session-") as data_dir:
+        manager = PartitionManager(BrokerConfig(data_dir=Path(data_dir), auto_create_topics=True))
+        manager.open()
+        try:
+            for _ in range(max(records // batch_records, 1)):
+                manager.append("session", 0, batch)
+            session = FetchSession(manager)
+            session.apply(log_pb2.FetchRequest(max_bytes=fetch_bytes))
+            position = log_pb2.FetchPosition(topic="session", partition=0, fetch_offset=0)
+            # Credit for the whole log each round (spent by the answers), within
+            # the session's limit on outstanding credit (1 GiB).
+            credit = min(manager.partition_log("session", 0).log_bytes + fetch_bytes, 256 << 20)
+            answers = 0
+            cpu0 = time.process_time()
+            for _ in range(3):
+                session.apply(log_pb2.FetchRequest(positions=[position], credit_bytes=credit))
+                while (collected := session._collect()).size:
+                    session._advance(collected)
+                    b"".join(collected.pieces)
+                    answers += 1
+            cpu = time.process_time() - cpu0
+        finally:
+            manager.close()
+    return (
+        f"session-only: {answers} answers of batches of {batch_records} x {record_bytes} B, "
+        f"{fetch_bytes} B fetches: {cpu / answers * 1e6:.1f} us CPU per answer"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=2_000_000)
@@ -183,7 +232,16 @@ def main() -> None:
     ap.add_argument(
         "--no-memory-reuse", action="store_true", help="consumers with freed_memory_kept_bytes=0"
     )
+    ap.add_argument("--session-only", action="store_true", help="see the module doc")
+    ap.add_argument("--batch-records", type=int, default=1250, help="with --session-only")
     args = ap.parse_args()
+    if args.session_only:
+        for _ in range(args.repeat):
+            line = session_only(
+                args.records, args.record_bytes, args.fetch_bytes, args.batch_records
+            )
+            print(line, flush=True)
+        return
     counters = _Counters()
     counters.install()
     with tidelog_broker() as broker:
