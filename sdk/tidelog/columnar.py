@@ -35,6 +35,7 @@ the rest of the SDK does not import this module.
 
 from __future__ import annotations
 
+import struct
 from array import array
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
@@ -296,25 +297,32 @@ def _binary_array(
     )
 
 
+HeaderLists = list[list[dict[str, object]] | None]
+
+
 def _record_headers(
     body: memoryview, count: int, span: tuple[int, int, int, int]
-) -> list[list[dict[str, object]] | None] | None:
+) -> HeaderLists | None:
     """One stored batch's header lists (None: it has no header column). The
     one per-record Python step, paid only when headers are asked for and
-    the batch has some."""
+    the batch has some. Raises InvalidRecordError for a block that does not
+    hold what it declares (as the per-record decoder does)."""
     payload_at, key_bytes, value_bytes, headers_at = span
     if headers_at < 0:
         return None
     lengths, _ = _read_array("i", body, headers_at, count)
     pos = payload_at + key_bytes + value_bytes
-    out: list[list[dict[str, object]] | None] = []
-    for length in lengths:
-        if length <= 0:
-            out.append(None)
-            continue
-        block = bytes(body[pos : pos + length])
-        pos += length
-        out.append([{"key": k, "value": v} for k, v in _decode_header_block(block)])
+    out: HeaderLists = []
+    try:
+        for length in lengths:
+            if length <= 0:
+                out.append(None)
+                continue
+            block = bytes(body[pos : pos + length])
+            pos += length
+            out.append([{"key": k, "value": v} for k, v in _decode_header_block(block)])
+    except (IndexError, struct.error, UnicodeDecodeError) as exc:
+        raise InvalidRecordError(f"malformed record header block: {exc}") from exc
     return out
 
 
@@ -385,11 +393,12 @@ def _assemble(
     bodies: list[memoryview],
     headers: list[BatchHeader],
     answer: _Answer,
+    header_lists: list[HeaderLists | None] | None,
     topic: str,
     partition: int,
-    include_headers: bool,
 ) -> pa.RecordBatch:
-    """One RecordBatch of the checked stored batches' records."""
+    """One RecordBatch of the checked stored batches' records (with the
+    headers column when `header_lists`, each batch's, are given)."""
     count = answer.rows
     keys = []
     values = []
@@ -411,19 +420,15 @@ def _assemble(
             _INT32,
         ),
     ]
-    if include_headers:
-        lists = [
-            _record_headers(body, h.record_count, span)
-            for body, h, span in zip(bodies, headers, answer.spans, strict=False)
-        ]
-        if any(s is not None for s in lists):
-            flat: list[list[dict[str, object]] | None] = []
-            for h, s in zip(headers, lists, strict=True):
-                flat.extend(s if s is not None else [None] * h.record_count)
+    if header_lists is not None:
+        if any(lists is not None for lists in header_lists):
+            flat: HeaderLists = []
+            for h, lists in zip(headers, header_lists, strict=True):
+                flat.extend(lists if lists is not None else [None] * h.record_count)
             columns.append(pa.array(flat, HEADERS_TYPE))
         else:
             columns.append(pa.nulls(count, HEADERS_TYPE))
-    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(header_lists is not None))
 
 
 def _undecodable(
@@ -499,9 +504,24 @@ def decode_fetch(
         assert answer.error is not None
         error = _undecodable(topic, partition, headers[answer.checked], answer.error)
         del headers[answer.checked :], bodies[answer.checked :]
-        if not bodies:
-            return empty_batch(include_headers), error
-    batch = _assemble(bodies, headers, answer, topic, partition, include_headers)
+    header_lists: list[HeaderLists | None] | None = None
+    if include_headers and bodies:
+        header_lists = []
+        for body, header, span in zip(bodies, headers, answer.spans, strict=False):
+            try:
+                header_lists.append(_record_headers(body, header.record_count, span))
+            except InvalidRecordError as exc:
+                error = _undecodable(topic, partition, header, exc.message)
+                break
+        if len(header_lists) < len(bodies):
+            # A header block lies: the read stops at its batch. Rare; the
+            # column pass runs again over the batches before it.
+            del headers[len(header_lists) :], bodies[len(header_lists) :]
+            if bodies:
+                answer = _column_pass(bodies, headers)
+    if not bodies:
+        return empty_batch(include_headers), error
+    batch = _assemble(bodies, headers, answer, header_lists, topic, partition)
     offsets = np.frombuffer(answer.offsets, dtype=np.int64)
     lo = int(np.searchsorted(offsets, start, side="left")) if offsets[0] < start else 0
     hi = (

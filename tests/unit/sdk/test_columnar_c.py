@@ -112,13 +112,14 @@ def lying_batch(draw: st.DrawFn) -> bytes:
             )
         )
         header = records.read_header(batch)
-    body = memoryview(batch)[HEADER_SIZE:]
-    columns_end = records._read_columns(header, body).payload_start
+    columns_end = (
+        HEADER_SIZE + records._read_columns(header, bytes(batch[HEADER_SIZE:])).payload_start
+    )
     for _ in range(draw(st.integers(1, 3))):
         kind = draw(st.sampled_from(["column", "count", "last_delta"]))
         if kind == "column":
-            at = HEADER_SIZE + draw(st.integers(0, columns_end - 1))
-            lie = draw(st.binary(min_size=1, max_size=4))
+            at = draw(st.integers(HEADER_SIZE, columns_end - 1))
+            lie = draw(st.binary(min_size=1, max_size=4))[: columns_end - at]
             batch[at : at + len(lie)] = lie
         else:
             field = _RECORD_COUNT_AT if kind == "count" else _LAST_OFFSET_DELTA_AT
