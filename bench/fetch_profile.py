@@ -12,7 +12,9 @@ test: 200 KB), in these modes, alternating for `--repeat` rounds:
 For each run it prints client CPU per fetch, split by thread: the calling thread (``main``),
 the consumer's event loop (``loop``) and every other thread of the process (``other``: gRPC's
 own threads), the broker's CPU per fetch, minor page faults and context switches per fetch,
-and the time spent in `_fetch_wire.parse` and `Fetcher.on_response`. Not part of `make bench`.
+and the time spent in `_fetch_wire.parse` and `Fetcher.on_response` (the loop thread), and in
+``arrow`` mode in `columnar.decode_fetch` and the CRC32C checks within it (the calling thread).
+Not part of `make bench`.
 
 To see what the SDK's process-wide settings buy: `--no-memory-reuse` (ConsumerConfig's
 freed_memory_kept_bytes=0), and GRPC_EXPERIMENTS="" in the environment (gRPC's default transport;
@@ -34,7 +36,7 @@ from typing import Any
 import numpy  # noqa: F401
 import psutil
 import tidelog._arrow_poll  # noqa: F401
-from tidelog import Consumer, TopicPartition, _fetch_wire, _fetcher
+from tidelog import Consumer, TopicPartition, _arrow_poll, _fetch_wire, _fetcher, columnar
 
 from bench import workloads
 from bench._processes import tidelog_broker
@@ -43,12 +45,16 @@ _thread_ns = time.thread_time_ns
 
 
 class _Counters:
-    """Responses and partitions answered, and the loop thread's time in two functions."""
+    """Responses and partitions answered, the loop thread's time in two functions and the
+    calling thread's in the columnar decode."""
 
     def __init__(self) -> None:
         self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+        self.decode_ns = self.crc_ns = 0
         self._parse = _fetch_wire.parse
         self._on_response = _fetcher.Fetcher.on_response
+        self._decode_fetch = _arrow_poll.decode_fetch
+        self._validate_batch = columnar.validate_batch
 
     def install(self) -> None:
         counters = self
@@ -67,11 +73,28 @@ class _Counters:
             counters._on_response(fetcher, session, response)
             counters.on_response_ns += _thread_ns() - t
 
+        def decode_fetch(*args: Any, **kwargs: Any) -> Any:
+            t = _thread_ns()
+            try:
+                return counters._decode_fetch(*args, **kwargs)
+            finally:
+                counters.decode_ns += _thread_ns() - t
+
+        def validate_batch(*args: Any, **kwargs: Any) -> Any:
+            t = _thread_ns()
+            try:
+                return counters._validate_batch(*args, **kwargs)
+            finally:
+                counters.crc_ns += _thread_ns() - t
+
         _fetch_wire.parse = parse  # type: ignore[assignment]
         _fetcher.Fetcher.on_response = on_response  # type: ignore[method-assign]
+        _arrow_poll.decode_fetch = decode_fetch  # type: ignore[assignment]
+        columnar.validate_batch = validate_batch  # type: ignore[assignment]
 
     def reset(self) -> None:
         self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+        self.decode_ns = self.crc_ns = 0
 
 
 async def _thread_time() -> float:
@@ -135,7 +158,8 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
         f"({n} fetches in {counters.messages} messages): client {us(cpu)} us = main {us(main)} "
         f"+ loop {us(loop)} + other {us(cpu - main - loop)}; broker {us(broker_cpu)} us; "
         f"parse {counters.parse_ns / n / 1e3:.1f} us, on_response "
-        f"{counters.on_response_ns / n / 1e3:.1f} us; "
+        f"{counters.on_response_ns / n / 1e3:.1f} us; decode {counters.decode_ns / n / 1e3:.1f} us "
+        f"(CRC {counters.crc_ns / n / 1e3:.1f}); "
         f"faults {(usage.ru_minflt - usage0.ru_minflt) / n:.0f}, "
         f"switches {(usage.ru_nvcsw - usage0.ru_nvcsw) / n:.1f} voluntary "
         f"{(usage.ru_nivcsw - usage0.ru_nivcsw) / n:.1f} forced; "
