@@ -11,11 +11,14 @@ the buffers of the whole answer written) is one call into tidelog._crecords
 (`_column_pass_c`) where it was compiled, else its Python twin
 (`_column_pass_py`: records._read_columns per body, its length columns
 totalled with numpy, then a few numpy calls per stored batch); both give
-the same buffers and errors. The body is checked exactly as the per-record
-decoder checks it, and a compressed body is decompressed first, within the
-same limit. A fetch of one stored batch gives columns over the fetched bytes
-in place; the payloads of several are joined once, into a buffer of Arrow's
-memory pool.
+the same buffers and errors. The RecordBatch is then imported by pyarrow
+from those buffers as one Arrow C array (`_assemble_c`, tidelog._crecords
+.export_struct) instead of a pyarrow call per buffer and column
+(`_assemble_py`, its twin, also used when headers are asked for). The body
+is checked exactly as the per-record decoder checks it, and a compressed
+body is decompressed first, within the same limit. A fetch of one stored
+batch gives columns over the fetched bytes in place; the payloads of
+several are joined once, into a buffer of Arrow's memory pool.
 
 The rows have the schema of Spark's Kafka source, so the same batches serve
 the SDK's users (`Consumer.poll_arrow`) and the Spark data source
@@ -92,6 +95,8 @@ _STRING = pa.string()
 _INT32 = pa.int32()
 _INT64 = pa.int64()
 _Build = Callable[[int], pa.Array]
+#: export_struct's kind of a binary or string column (else: bytes per value).
+_BINARY = 0
 _SCHEMA_WITH_HEADERS = pa.schema([*_FIELDS, pa.field("headers", HEADERS_TYPE)])
 # Arrow's binary arrays have int32 offsets: one RecordBatch column holds at
 # most this many payload bytes (a fetch answer is far smaller).
@@ -274,25 +279,17 @@ def _binary_array(
     payloads: Sequence[memoryview],
 ) -> pa.Array:
     """An Arrow binary array from the column pass's buffers and the payloads
-    (each stored batch's concatenated bytes), in order: a single payload is
-    used in place, several are joined in a buffer of Arrow's memory pool
-    (which keeps its pages: a fresh ~1 MiB bytes object from malloc
-    page-faults every time)."""
+    (each stored batch's concatenated bytes, in order, see `_joined`)."""
     if null_count == count:
         return pa.nulls(count, pa.binary())
-    if len(payloads) == 1:
-        data = pa.py_buffer(payloads[0])
-    else:
-        data = pa.allocate_buffer(sum(len(p) for p in payloads))
-        target = memoryview(data).cast("B")
-        at = 0
-        for payload in payloads:
-            target[at : at + len(payload)] = payload
-            at += len(payload)
     return pa.Array.from_buffers(
         pa.binary(),
         count,
-        [None if validity is None else pa.py_buffer(validity), pa.py_buffer(ends), data],
+        [
+            None if validity is None else pa.py_buffer(validity),
+            pa.py_buffer(ends),
+            pa.py_buffer(_joined(payloads)),
+        ],
         null_count,
     )
 
@@ -334,29 +331,56 @@ def _record_headers(
 _CONSTANTS_KEPT = 16
 _CONSTANT_ROWS = 1 << 16
 _CONSTANT_BYTES = 1 << 18
-_constants: dict[tuple[object, ...], pa.Array] = {}
+_constants: dict[tuple[object, ...], tuple[pa.Array, Buffers]] = {}
+#: An array's buffers (validity first; None: absent).
+Buffers = tuple[pa.Buffer | None, ...]
+
+
+def _kept(
+    key: tuple[object, ...], count: int, row_bytes: int, build: _Build
+) -> tuple[pa.Array, Buffers]:
+    """A column of at least `count` rows (offset 0) built by `build(rows)`
+    and kept for `key`, with its buffers; or `build(count)` when it is too
+    long to keep."""
+    kept = _constants.get(key)
+    if kept is not None and len(kept[0]) >= count:
+        return kept
+    rows = max(1024, 1 << (count - 1).bit_length())
+    if rows > _CONSTANT_ROWS or rows * row_bytes > _CONSTANT_BYTES:
+        array = build(count)
+        return array, tuple(array.buffers())
+    if len(_constants) >= _CONSTANTS_KEPT:
+        _constants.clear()  # many values in turn: start over (thread-safe, unlike an LRU)
+    array = build(rows)
+    kept = _constants[key] = array, tuple(array.buffers())
+    return kept
 
 
 def _constant(key: tuple[object, ...], count: int, row_bytes: int, build: _Build) -> pa.Array:
     """`build(count)`, or a slice of a kept longer `build(rows)` for `key`."""
-    kept = _constants.get(key)
-    if kept is not None and len(kept) >= count:
-        return kept.slice(0, count)
-    rows = max(1024, 1 << (count - 1).bit_length())
-    if rows > _CONSTANT_ROWS or rows * row_bytes > _CONSTANT_BYTES:
-        return build(count)
-    if len(_constants) >= _CONSTANTS_KEPT:
-        _constants.clear()  # many values in turn: start over (thread-safe, unlike an LRU)
-    kept = _constants[key] = build(rows)
-    return kept.slice(0, count)
+    array, _ = _kept(key, count, row_bytes, build)
+    return array if len(array) == count else array.slice(0, count)
+
+
+def _string_key(value: str) -> tuple[tuple[object, ...], int, _Build]:
+    encoded = value.encode()
+    return (_STRING, value), len(encoded), lambda rows: _repeated_string(encoded, rows)
+
+
+def _int32_key(value: int) -> tuple[tuple[object, ...], int, _Build]:
+    return (
+        (_INT32, value),
+        4,
+        lambda rows: pa.Array.from_buffers(
+            _INT32, rows, [None, pa.py_buffer(np.full(rows, value, dtype=np.int32))]
+        ),
+    )
 
 
 def _same_string(value: str, count: int) -> pa.Array:
     """A string column of `count` times `value` (the `topic` column)."""
-    encoded = value.encode()
-    return _constant(
-        (_STRING, value), count, len(encoded), lambda rows: _repeated_string(encoded, rows)
-    )
+    key, row_bytes, build = _string_key(value)
+    return _constant(key, count, row_bytes, build)
 
 
 def _repeated_string(encoded: bytes, count: int) -> pa.Array:
@@ -379,17 +403,96 @@ def _repeated_string(encoded: bytes, count: int) -> pa.Array:
 def _same_int32(value: int, count: int) -> pa.Array:
     """An int32 column of `count` times `value` (the `partition` and
     `timestampType` columns)."""
-    return _constant(
-        (_INT32, value),
-        count,
-        4,
-        lambda rows: pa.Array.from_buffers(
-            _INT32, rows, [None, pa.py_buffer(np.full(rows, value, dtype=np.int32))]
-        ),
+    key, row_bytes, build = _int32_key(value)
+    return _constant(key, count, row_bytes, build)
+
+
+def _payloads(
+    bodies: list[memoryview], spans: list[tuple[int, int, int, int]]
+) -> tuple[list[memoryview], list[memoryview]]:
+    """Each stored batch's concatenated keys, and values, in its body."""
+    keys = []
+    values = []
+    for body, (at, key_bytes, value_bytes, _) in zip(bodies, spans, strict=False):
+        keys.append(body[at : at + key_bytes])
+        values.append(body[at + key_bytes : at + key_bytes + value_bytes])
+    return keys, values
+
+
+def _joined(payloads: Sequence[memoryview]) -> memoryview | pa.Buffer:
+    """The payloads as one buffer: a single one in place, several joined
+    in a buffer of Arrow's memory pool (which keeps its pages: a fresh
+    ~1 MiB bytes object from malloc page-faults every time)."""
+    if len(payloads) == 1:
+        return payloads[0]
+    data = pa.allocate_buffer(sum(len(p) for p in payloads))
+    target = memoryview(data).cast("B")
+    at = 0
+    for payload in payloads:
+        target[at : at + len(payload)] = payload
+        at += len(payload)
+    return data
+
+
+def _timestamp_types(headers: list[BatchHeader], count: int) -> int | np.ndarray:
+    """The timestampType of every record: one value, or an int32 array when
+    the stored batches differ."""
+    kinds = {h.timestamp_type for h in headers}
+    if len(kinds) == 1:
+        return kinds.pop()
+    return np.repeat(
+        np.array([h.timestamp_type for h in headers], dtype=np.int32),
+        [h.record_count for h in headers],
     )
 
 
-def _assemble(
+def _assemble_c(
+    bodies: list[memoryview],
+    headers: list[BatchHeader],
+    answer: _Answer,
+    header_lists: list[HeaderLists | None] | None,
+    topic: str,
+    partition: int,
+) -> pa.RecordBatch:
+    """`_assemble_py`'s RecordBatch imported by pyarrow in one call: the
+    buffers handed over as one Arrow C array (tidelog._crecords
+    .export_struct, which checks them). With headers, `_assemble_py`."""
+    if header_lists is not None:
+        return _assemble_py(bodies, headers, answer, header_lists, topic, partition)
+    assert _crecords is not None
+    count = answer.rows
+    keys, values = _payloads(bodies, answer.spans)
+    key, row_bytes, build = _string_key(topic)
+    _, topic_buffers = _kept(key, count, row_bytes, build)
+    key, row_bytes, build = _int32_key(partition)
+    _, partition_buffers = _kept(key, count, row_bytes, build)
+    kinds = _timestamp_types(headers, count)
+    if isinstance(kinds, int):
+        key, row_bytes, build = _int32_key(kinds)
+        _, kind_buffers = _kept(key, count, row_bytes, build)
+    else:
+        kind_buffers = (None, kinds)
+    columns = [
+        (count, answer.key_nulls, _BINARY, (answer.key_validity, answer.key_ends, _joined(keys))),
+        (
+            count,
+            answer.value_nulls,
+            _BINARY,
+            (answer.value_validity, answer.value_ends, _joined(values)),
+        ),
+        (count, 0, _BINARY, topic_buffers),
+        (count, 0, 4, partition_buffers),
+        (count, 0, 8, (None, answer.offsets)),
+        (count, 0, 8, (None, answer.timestamps)),
+        (count, 0, 4, kind_buffers),
+    ]
+    capsule, address = _crecords.export_struct(count, columns)
+    batch = pa.RecordBatch._import_from_c(address, _SCHEMA)
+    del capsule  # after the import: it frees the (moved-from) struct
+    return batch
+
+
+def _assemble_py(
     bodies: list[memoryview],
     headers: list[BatchHeader],
     answer: _Answer,
@@ -400,12 +503,8 @@ def _assemble(
     """One RecordBatch of the checked stored batches' records (with the
     headers column when `header_lists`, each batch's, are given)."""
     count = answer.rows
-    keys = []
-    values = []
-    for body, (at, key_bytes, value_bytes, _) in zip(bodies, answer.spans, strict=False):
-        keys.append(body[at : at + key_bytes])
-        values.append(body[at + key_bytes : at + key_bytes + value_bytes])
-    kinds = {h.timestamp_type for h in headers}
+    keys, values = _payloads(bodies, answer.spans)
+    kinds = _timestamp_types(headers, count)
     columns: list[pa.Array] = [
         _binary_array(count, answer.key_ends, answer.key_validity, answer.key_nulls, keys),
         _binary_array(count, answer.value_ends, answer.value_validity, answer.value_nulls, values),
@@ -413,12 +512,9 @@ def _assemble(
         _same_int32(partition, count),
         pa.Array.from_buffers(_INT64, count, [None, pa.py_buffer(answer.offsets)]),
         pa.Array.from_buffers(_TIMESTAMP_TYPE, count, [None, pa.py_buffer(answer.timestamps)]),
-        _same_int32(kinds.pop(), count)
-        if len(kinds) == 1
-        else pa.array(
-            np.repeat([h.timestamp_type for h in headers], [h.record_count for h in headers]),
-            _INT32,
-        ),
+        _same_int32(kinds, count)
+        if isinstance(kinds, int)
+        else pa.Array.from_buffers(_INT32, count, [None, pa.py_buffer(kinds)]),
     ]
     if header_lists is not None:
         if any(lists is not None for lists in header_lists):
@@ -429,6 +525,9 @@ def _assemble(
         else:
             columns.append(pa.nulls(count, HEADERS_TYPE))
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(header_lists is not None))
+
+
+_assemble = _assemble_py if _crecords is None else _assemble_c
 
 
 def _undecodable(

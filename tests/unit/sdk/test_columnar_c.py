@@ -1,13 +1,16 @@
-"""The columnar read's column pass: tidelog._crecords.arrow_columns (C) and
-its Python twin in tidelog.columnar give the same buffers, the same Arrow
+"""The columnar read in C: tidelog._crecords.arrow_columns (the column pass)
+and export_struct (the batch handed to pyarrow as one Arrow C array) and
+their Python twins in tidelog.columnar give the same buffers, the same Arrow
 batches and the same first error on the same fetches (every codec, nulls,
-headers, sparse offsets, timestamps, LogAppendTime, a start inside a batch),
-and both refuse bodies whose columns lie, the C pass without reading outside
-them."""
+headers, sparse offsets, timestamps, LogAppendTime, a start inside a batch);
+both refuse bodies whose columns lie, the C pass without reading outside
+them; export_struct refuses buffers Arrow would read past, and gives every
+buffer back when pyarrow lets go of the batch."""
 
 from __future__ import annotations
 
 import struct
+import threading
 
 import pyarrow as pa
 import pytest
@@ -25,6 +28,7 @@ needs_c = pytest.mark.skipif(
     records._crecords is None, reason="tidelog._crecords is not built (no C compiler at install)"
 )
 PASSES = {"c": columnar._column_pass_c, "python": columnar._column_pass_py}
+ASSEMBLERS = {"c": columnar._assemble_c, "python": columnar._assemble_py}
 # Where the header fields a body is checked against lie (records._HEADER).
 _LAST_OFFSET_DELTA_AT, _RECORD_COUNT_AT = 23, 57
 
@@ -35,6 +39,7 @@ def decode_both(
     out = {}
     for name, column_pass in PASSES.items():
         monkeypatch.setattr(columnar, "_column_pass", column_pass)
+        monkeypatch.setattr(columnar, "_assemble", ASSEMBLERS[name])
         batch, error = columnar.decode_fetch(buf, "t", 3, *args, **kwargs)  # type: ignore[arg-type]
         batch.validate(full=True)
         out[name] = (batch, None if error is None else error.message)
@@ -176,3 +181,76 @@ def test_the_c_pass_refuses_what_is_not_bodies_and_batches() -> None:
         arrow_columns([object()], [(0, 1, 0, 0, True)])  # not a buffer
     checked, error, count, *_ = arrow_columns([body], [(0, 1, 0, 0, True)])
     assert (checked, error, count) == (1, None, 1)
+
+
+def _export(columns: list[tuple[int, int, int, tuple[object, ...]]], length: int = 2) -> object:
+    assert records._crecords is not None
+    capsule, address = records._crecords.export_struct(length, columns)
+    schema = pa.schema([pa.field(f"c{i}", _TYPES[c[2]]) for i, c in enumerate(columns)])
+    batch = pa.RecordBatch._import_from_c(address, schema)
+    del capsule
+    return batch
+
+
+_TYPES = {0: pa.binary(), 4: pa.int32(), 8: pa.int64()}
+_ENDS = struct.pack("<3i", 0, 2, 5)
+
+
+@needs_c
+def test_export_struct_hands_over_the_buffers_it_is_given() -> None:
+    data = bytearray(b"abcde")
+    validity = bytes([0b10])
+    ints = bytearray(struct.pack("<2i", 7, 8))
+    batch = _export([(2, 1, 0, (validity, _ENDS, data)), (2, 0, 4, (None, ints))])
+    batch.validate(full=True)
+    assert batch.to_pydict() == {"c0": [None, b"cde"], "c1": [7, 8]}
+    with pytest.raises(BufferError):
+        data.append(0)  # held while pyarrow uses it: no copy was made
+    del batch
+    data.append(0)  # given back with the batch
+    ints.append(0)
+
+
+@needs_c
+def test_export_struct_gives_the_buffers_back_from_any_thread() -> None:
+    data = bytearray(b"abcde")
+    batch = _export([(2, 0, 0, (None, _ENDS, data))])
+    holder = [batch]
+    del batch
+    thread = threading.Thread(target=holder.clear)
+    thread.start()
+    thread.join(timeout=30)
+    data.append(0)
+    # Never imported: the capsule gives them back.
+    assert records._crecords is not None
+    capsule, _ = records._crecords.export_struct(2, [(2, 0, 0, (None, _ENDS, data))])
+    with pytest.raises(BufferError):
+        data.append(0)
+    del capsule
+    data.append(0)
+
+
+@needs_c
+@pytest.mark.parametrize(
+    ("column", "length", "complaint"),
+    [
+        ((2, 0, 0, (None, _ENDS, b"abcd")), 2, "past its 4 data bytes"),
+        ((2, 0, 0, (None, struct.pack("<3i", 0, 3, 2), b"abcde")), 2, "decrease"),
+        ((2, 0, 0, (None, struct.pack("<3i", 1, 2, 3), b"abcde")), 2, "start at 0"),
+        ((2, 0, 0, (None, _ENDS[:8], b"abcde")), 2, "offsets buffer too short"),
+        ((2, 0, 8, (None, b"\0" * 15)), 2, "values buffer too short"),
+        ((9, 1, 4, (b"\xff", b"\0" * 36)), 9, "validity bitmap too short"),
+        ((2, 1, 4, (None, b"\0" * 8)), 2, "lacks buffer 0"),
+        ((2, 3, 4, (None, b"\0" * 8)), 2, "do not make an Arrow column"),
+        ((2, 0, 3, (None, b"\0" * 8)), 2, "do not make an Arrow column"),
+        ((2, 0, 4, (None, b"\0" * 8)), 3, "holds 2 rows"),
+    ],
+)
+def test_export_struct_refuses_what_arrow_would_read_past(
+    column: tuple[int, int, int, tuple[object, ...]], length: int, complaint: str
+) -> None:
+    assert records._crecords is not None
+    with pytest.raises(ValueError, match=complaint):
+        records._crecords.export_struct(length, [column])
+    with pytest.raises(TypeError):
+        records._crecords.export_struct(2, [(2, 0)])
