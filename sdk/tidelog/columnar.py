@@ -152,7 +152,7 @@ class _Answer(NamedTuple):
     rows: int
     offsets: Buffer
     timestamps: Buffer
-    #: Per payload column: Arrow's int32 offsets (count + 1), the validity
+    #: Per payload column: Arrow's int32 offsets (rows + 1), the validity
     #: bitmap (None: no nulls) and the null count.
     key_ends: Buffer
     key_validity: Buffer | None
