@@ -13,8 +13,9 @@ For each run it prints client CPU per fetch, split by thread: the calling thread
 the consumer's event loop (``loop``) and every other thread of the process (``other``: gRPC's
 own threads); the broker's CPU per fetch (its process CPU clock, to the ns; the system part
 from /proc, in 10 ms ticks) and its context switches per fetch (all its threads); the client's
-minor page faults and context switches per fetch, and the time spent in `_fetch_wire.parse` and
-`Fetcher.on_response`. Not part of `make bench`.
+minor page faults and context switches per fetch, the time spent in `_fetch_wire.parse` and
+`Fetcher.on_response` (the loop thread), and in ``arrow`` mode in `columnar.decode_fetch` and
+the CRC32C checks within it (the calling thread). Not part of `make bench`.
 
 ``--session-only``: the broker's own part of an answer alone, in this process, without gRPC:
 FetchSession's collect (the log read path) and the join of the answer's bytes, over a log of
@@ -43,7 +44,7 @@ from typing import Any
 import numpy  # noqa: F401
 import psutil
 import tidelog._arrow_poll  # noqa: F401
-from tidelog import Consumer, TopicPartition, _fetch_wire, _fetcher
+from tidelog import Consumer, TopicPartition, _arrow_poll, _fetch_wire, _fetcher, columnar
 
 from bench import workloads
 from bench._processes import tidelog_broker
@@ -74,12 +75,16 @@ def _switches(pid: int) -> tuple[int, int]:
 
 
 class _Counters:
-    """Responses and partitions answered, and the loop thread's time in two functions."""
+    """Responses and partitions answered, the loop thread's time in two functions and the
+    calling thread's in the columnar decode."""
 
     def __init__(self) -> None:
         self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+        self.decode_ns = self.crc_ns = 0
         self._parse = _fetch_wire.parse
         self._on_response = _fetcher.Fetcher.on_response
+        self._decode_fetch = _arrow_poll.decode_fetch
+        self._validate_batch = columnar.validate_batch
 
     def install(self) -> None:
         counters = self
@@ -98,11 +103,28 @@ class _Counters:
             counters._on_response(fetcher, session, response)
             counters.on_response_ns += _thread_ns() - t
 
+        def decode_fetch(*args: Any, **kwargs: Any) -> Any:
+            t = _thread_ns()
+            try:
+                return counters._decode_fetch(*args, **kwargs)
+            finally:
+                counters.decode_ns += _thread_ns() - t
+
+        def validate_batch(*args: Any, **kwargs: Any) -> Any:
+            t = _thread_ns()
+            try:
+                return counters._validate_batch(*args, **kwargs)
+            finally:
+                counters.crc_ns += _thread_ns() - t
+
         _fetch_wire.parse = parse  # type: ignore[assignment]
         _fetcher.Fetcher.on_response = on_response  # type: ignore[method-assign]
+        _arrow_poll.decode_fetch = decode_fetch  # type: ignore[assignment]
+        columnar.validate_batch = validate_batch  # type: ignore[assignment]
 
     def reset(self) -> None:
         self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+        self.decode_ns = self.crc_ns = 0
 
 
 async def _thread_time() -> float:
@@ -172,7 +194,8 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
         f"{(broker_switches[0] - broker_switches0[0]) / n:.1f} voluntary "
         f"{(broker_switches[1] - broker_switches0[1]) / n:.1f} forced); "
         f"parse {counters.parse_ns / n / 1e3:.1f} us, on_response "
-        f"{counters.on_response_ns / n / 1e3:.1f} us; "
+        f"{counters.on_response_ns / n / 1e3:.1f} us; decode {counters.decode_ns / n / 1e3:.1f} us "
+        f"(CRC {counters.crc_ns / n / 1e3:.1f}); "
         f"faults {(usage.ru_minflt - usage0.ru_minflt) / n:.0f}, "
         f"switches {(usage.ru_nvcsw - usage0.ru_nvcsw) / n:.1f} voluntary "
         f"{(usage.ru_nivcsw - usage0.ru_nivcsw) / n:.1f} forced; "
