@@ -11,8 +11,17 @@ test: 200 KB), in these modes, alternating for `--repeat` rounds:
 
 For each run it prints client CPU per fetch, split by thread: the calling thread (``main``),
 the consumer's event loop (``loop``) and every other thread of the process (``other``: gRPC's
-own threads), the broker's CPU per fetch, minor page faults and context switches per fetch,
-and the time spent in `_fetch_wire.parse` and `Fetcher.on_response`. Not part of `make bench`.
+own threads); the broker's CPU per fetch (its process CPU clock, to the ns; the system part
+from /proc, in 10 ms ticks) and its context switches per fetch (all its threads); the client's
+minor page faults and context switches per fetch, the time spent in `_fetch_wire.parse` and
+`Fetcher.on_response` (the loop thread), and in ``arrow`` mode in `columnar.decode_fetch` and
+the CRC32C checks within it (the calling thread). Not part of `make bench`.
+
+``--session-only``: the broker's own part of an answer alone, in this process, without gRPC:
+FetchSession's collect (the log read path) and the join of the answer's bytes, over a log of
+batches of `--batch-records` records (1,250: a batch bigger than a 200 KB fetch, as the paper's
+log is written; 150 at 100 B: many batches per fetch, so every read ends inside one). It applies
+the broker's allocator settings first (malloc_tuning), as the broker does.
 
 To see what the SDK's process-wide settings buy: `--no-memory-reuse` (ConsumerConfig's
 freed_memory_kept_bytes=0), and GRPC_EXPERIMENTS="" in the environment (gRPC's default transport;
@@ -25,6 +34,7 @@ import argparse
 import os
 import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,7 +44,7 @@ from typing import Any
 import numpy  # noqa: F401
 import psutil
 import tidelog._arrow_poll  # noqa: F401
-from tidelog import Consumer, TopicPartition, _fetch_wire, _fetcher
+from tidelog import Consumer, TopicPartition, _arrow_poll, _fetch_wire, _fetcher, columnar
 
 from bench import workloads
 from bench._processes import tidelog_broker
@@ -42,13 +52,39 @@ from bench._processes import tidelog_broker
 _thread_ns = time.thread_time_ns
 
 
+def _process_cpu_ns(pid: int) -> int:
+    """CPU time of another process, in ns (its CPU clock: Linux's clockid for
+    a process is (~pid << 3) | 2): finer than the 10 ms ticks of /proc."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)
+
+
+def _switches(pid: int) -> tuple[int, int]:
+    """(voluntary, forced) context switches of every thread of `pid` so far."""
+    voluntary = forced = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue  # a thread that ended
+        for line in text.splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                voluntary += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches:"):
+                forced += int(line.split()[1])
+    return voluntary, forced
+
+
 class _Counters:
-    """Responses and partitions answered, and the loop thread's time in two functions."""
+    """Responses and partitions answered, the loop thread's time in two functions and the
+    calling thread's in the columnar decode."""
 
     def __init__(self) -> None:
         self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+        self.decode_ns = self.crc_ns = 0
         self._parse = _fetch_wire.parse
         self._on_response = _fetcher.Fetcher.on_response
+        self._decode_fetch = _arrow_poll.decode_fetch
+        self._validate_batch = columnar.validate_batch
 
     def install(self) -> None:
         counters = self
@@ -67,11 +103,28 @@ class _Counters:
             counters._on_response(fetcher, session, response)
             counters.on_response_ns += _thread_ns() - t
 
+        def decode_fetch(*args: Any, **kwargs: Any) -> Any:
+            t = _thread_ns()
+            try:
+                return counters._decode_fetch(*args, **kwargs)
+            finally:
+                counters.decode_ns += _thread_ns() - t
+
+        def validate_batch(*args: Any, **kwargs: Any) -> Any:
+            t = _thread_ns()
+            try:
+                return counters._validate_batch(*args, **kwargs)
+            finally:
+                counters.crc_ns += _thread_ns() - t
+
         _fetch_wire.parse = parse  # type: ignore[assignment]
         _fetcher.Fetcher.on_response = on_response  # type: ignore[method-assign]
+        _arrow_poll.decode_fetch = decode_fetch  # type: ignore[assignment]
+        columnar.validate_batch = validate_batch  # type: ignore[assignment]
 
     def reset(self) -> None:
         self.messages = self.fetches = self.parse_ns = self.on_response_ns = 0
+        self.decode_ns = self.crc_ns = 0
 
 
 async def _thread_time() -> float:
@@ -97,7 +150,8 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
         if mode == "fetch":
             subs._decode = lambda *_args: ([], None)  # type: ignore[method-assign]
         broker = psutil.Process(broker_pid)
-        broker0 = sum(broker.cpu_times()[:2])
+        broker0_system = broker.cpu_times().system
+        broker_ns0, broker_switches0 = _process_cpu_ns(broker_pid), _switches(broker_pid)
         loop0 = loop_thread.run(_thread_time())
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0, main0, wall0 = time.process_time(), time.thread_time(), time.perf_counter()
@@ -122,7 +176,9 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
         cpu, main = time.process_time() - cpu0, time.thread_time() - main0
         usage = resource.getrusage(resource.RUSAGE_SELF)
         loop = loop_thread.run(_thread_time()) - loop0
-        broker_cpu = sum(broker.cpu_times()[:2]) - broker0
+        broker_system = broker.cpu_times().system - broker0_system
+        broker_ns = _process_cpu_ns(broker_pid) - broker_ns0
+        broker_switches = _switches(broker_pid)
     finally:
         consumer.close()
     n = max(counters.fetches, 1)
@@ -133,13 +189,59 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
     return (
         f"{mode:6} {got / wall:>11,.0f} rec/s  client {cpu / got * 1e6:.3f} s/M rec  per fetch "
         f"({n} fetches in {counters.messages} messages): client {us(cpu)} us = main {us(main)} "
-        f"+ loop {us(loop)} + other {us(cpu - main - loop)}; broker {us(broker_cpu)} us; "
+        f"+ loop {us(loop)} + other {us(cpu - main - loop)}; broker {broker_ns / n / 1e3:.1f} us "
+        f"(system {us(broker_system)}, switches "
+        f"{(broker_switches[0] - broker_switches0[0]) / n:.1f} voluntary "
+        f"{(broker_switches[1] - broker_switches0[1]) / n:.1f} forced); "
         f"parse {counters.parse_ns / n / 1e3:.1f} us, on_response "
-        f"{counters.on_response_ns / n / 1e3:.1f} us; "
+        f"{counters.on_response_ns / n / 1e3:.1f} us; decode {counters.decode_ns / n / 1e3:.1f} us "
+        f"(CRC {counters.crc_ns / n / 1e3:.1f}); "
         f"faults {(usage.ru_minflt - usage0.ru_minflt) / n:.0f}, "
         f"switches {(usage.ru_nvcsw - usage0.ru_nvcsw) / n:.1f} voluntary "
         f"{(usage.ru_nivcsw - usage0.ru_nivcsw) / n:.1f} forced; "
         f"load {os.getloadavg()[0]:.2f}"
+    )
+
+
+def session_only(records: int, record_bytes: int, fetch_bytes: int, batch_records: int) -> str:
+    """CPU per answer of FetchSession's collect + advance + join, reading a
+    fresh log from offset 0 to its end three times (see the module doc)."""
+    # Imported here: only this mode runs broker code in the bench's process.
+    from tidelog.records import encode_batch
+    from tidelog.v1 import log_pb2
+    from tidelog_broker.config import BrokerConfig
+    from tidelog_broker.fetch_session import FetchSession
+    from tidelog_broker.malloc_tuning import apply_malloc_tuning, parse_malloc_tuning
+    from tidelog_broker.partition_manager import PartitionManager
+
+    apply_malloc_tuning(parse_malloc_tuning("default"))
+    batch = encode_batch([os.urandom(record_bytes)] * batch_records)
+    with tempfile.TemporaryDirectory(prefix="tidelog-fetch-session-") as data_dir:
+        manager = PartitionManager(BrokerConfig(data_dir=Path(data_dir), auto_create_topics=True))
+        manager.open()
+        try:
+            for _ in range(max(records // batch_records, 1)):
+                manager.append("session", 0, batch)
+            session = FetchSession(manager)
+            session.apply(log_pb2.FetchRequest(max_bytes=fetch_bytes))
+            position = log_pb2.FetchPosition(topic="session", partition=0, fetch_offset=0)
+            # Credit for the whole log each round (spent by the answers), within
+            # the session's limit on outstanding credit (1 GiB).
+            credit = min(manager.partition_log("session", 0).log_bytes + fetch_bytes, 256 << 20)
+            answers = 0
+            cpu0 = time.process_time()
+            for _ in range(3):
+                session.apply(log_pb2.FetchRequest(positions=[position], credit_bytes=credit))
+                while (collected := session._collect()).size:
+                    session._advance(collected)
+                    b"".join(collected.pieces)
+                    answers += 1
+            cpu = time.process_time() - cpu0
+        finally:
+            manager.close()
+    return (
+        f"session-only: {answers} answers of batches of {batch_records} x {record_bytes} B, "
+        f"{fetch_bytes} B fetches: {cpu / answers * 1e6:.1f} us CPU per answer"
     )
 
 
@@ -153,7 +255,16 @@ def main() -> None:
     ap.add_argument(
         "--no-memory-reuse", action="store_true", help="consumers with freed_memory_kept_bytes=0"
     )
+    ap.add_argument("--session-only", action="store_true", help="see the module doc")
+    ap.add_argument("--batch-records", type=int, default=1250, help="with --session-only")
     args = ap.parse_args()
+    if args.session_only:
+        for _ in range(args.repeat):
+            line = session_only(
+                args.records, args.record_bytes, args.fetch_bytes, args.batch_records
+            )
+            print(line, flush=True)
+        return
     counters = _Counters()
     counters.install()
     with tidelog_broker() as broker:

@@ -21,4 +21,23 @@ def build_records(
     no_headers: Any,
     start: int,
 ) -> list[_R]: ...
+def arrow_columns(
+    bodies: list[Any], batches: list[tuple[int, int, int, int, bool]]
+) -> tuple[
+    int,
+    str | None,
+    int,
+    bytes,
+    bytes,
+    bytes,
+    bytes | None,
+    int,
+    bytes,
+    bytes | None,
+    int,
+    list[tuple[int, int, int, int]],
+]: ...
+def export_struct(
+    length: int, columns: list[tuple[int, int, int, tuple[Any, ...]]]
+) -> tuple[object, int]: ...
 def keep_freed_arenas(max_bytes: int) -> int: ...

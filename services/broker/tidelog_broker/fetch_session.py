@@ -265,7 +265,7 @@ class _Collected:
     """A response being assembled, and what sending it will change."""
 
     #: The serialized FetchResponse, in pieces (fetch_wire.partition_entry).
-    pieces: list[bytes] = field(default_factory=list)
+    pieces: list[bytes | memoryview] = field(default_factory=list)
     size: int = 0
     next_offsets: dict[TopicPartitionKey, int] = field(default_factory=dict)
     failed: list[TopicPartitionKey] = field(default_factory=list)

@@ -38,7 +38,9 @@ _PARTITIONS_TAG = _tag(log_pb2.FetchResponse, "partitions")
 _RECORDS_TAG = _tag(log_pb2.PartitionData, "records")
 
 
-def partition_entry(data: log_pb2.PartitionData, records: bytes = b"") -> list[bytes]:
+def partition_entry(
+    data: log_pb2.PartitionData, records: bytes | memoryview = b""
+) -> list[bytes | memoryview]:
     """The pieces of one `partitions` entry of a FetchResponse: `data` (without
     records) with `records` as its records field. Join the pieces of every
     entry to get the response."""

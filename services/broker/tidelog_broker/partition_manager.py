@@ -162,7 +162,7 @@ class PartitionManager:
 
     def read(
         self, topic: str, partition: int, offset: int, max_bytes: int
-    ) -> tuple[bytes, int, PartitionLog]:
+    ) -> tuple[bytes | memoryview, int, PartitionLog]:
         """Read whole batches from `offset`, at most `max_bytes` (but at least
         one batch), up to the high watermark. Returns (records, next_offset, log)."""
         partition_log = self.partition_log(topic, partition)

@@ -160,7 +160,7 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                 if part.fetch_offset < log_end_offset and allowed > 0:
                     result = partition_log.read(part.fetch_offset, allowed)
                     if result.records:
-                        data.records = result.records
+                        data.records = bytes(result.records)  # protobuf takes bytes
                         budget -= len(result.records)
                         news = True
                         if throttled:

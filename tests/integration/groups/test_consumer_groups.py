@@ -88,16 +88,19 @@ def test_static_member_restart_within_the_session_timeout_causes_no_rebalance(
 ) -> None:
     topic, group = names
     create_topic(cluster, topic, 4)
-    a = consumers(group, topic, "--instance", "pod-a", session_ms=6000)
-    b = consumers(group, topic, "--instance", "pod-b", session_ms=6000)
+    # The restart (SIGTERM, a new interpreter, imports, join) must fit in the
+    # session: seconds on a loaded 2-core CI machine, so a generous session.
+    session_ms = 30_000
+    a = consumers(group, topic, "--instance", "pod-a", session_ms=session_ms)
+    b = consumers(group, topic, "--instance", "pod-b", session_ms=session_ms)
     wait_until(lambda: _all_assigned([a, b], 4), 30, "2 static members own 4 partitions")
     with AdminClient(cluster.bootstrap) as admin:
         epoch = admin.describe_consumer_groups([group])[group].group_epoch
         owned_a = a.assignment()
         b_events = len(b.snapshot())
         a.stop()  # SIGTERM: a static member closes without leaving
-        again = consumers(group, topic, "--instance", "pod-a", session_ms=6000)
-        wait_until(lambda: again.assignment() == owned_a, 20, "pod-a gets its partitions back")
+        again = consumers(group, topic, "--instance", "pod-a", session_ms=session_ms)
+        wait_until(lambda: again.assignment() == owned_a, 25, "pod-a gets its partitions back")
         assert admin.describe_consumer_groups([group])[group].group_epoch == epoch
     assert not [e for e in b.snapshot()[b_events:] if e["event"] != "records"]
 

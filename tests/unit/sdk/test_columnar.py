@@ -6,6 +6,7 @@ both give the same records; ranges and damaged batches behave as poll()."""
 from __future__ import annotations
 
 import datetime
+import struct
 from array import array
 from collections.abc import Callable
 
@@ -177,6 +178,28 @@ def test_a_damaged_batch_stops_the_read_after_the_records_before_it() -> None:
     assert isinstance(error, UndecodableBatchError)
     assert (error.offset, error.next_offset) == (2, 3)
     assert "t-0" in error.message
+
+
+def test_a_lying_header_block_stops_the_read_at_its_batch() -> None:
+    """A header block that claims more headers than it holds is an
+    undecodable batch (as in poll()), not a struct.error out of poll_arrow."""
+    good = records.encode_batch([b"a", b"b"], headers=[[("k", b"v")], None])
+    bad = bytearray(records.encode_batch([b"c", b"d"], headers=[[("k", b"v")], None]))
+    records.set_base_offset(bad, 0, 2)
+    header = records.read_header(bad)
+    columns = records._read_columns(header, memoryview(bad)[records.HEADER_SIZE :])
+    blocks_at = records.HEADER_SIZE + columns.payload_start + columns.key_bytes
+    struct.pack_into("<H", bad, blocks_at + columns.value_bytes, 9)  # holds 1 header
+    buf = good + bytes(bad)
+    batch, error = columnar.decode_fetch(buf, "t", 0, include_headers=True, check_crcs=False)
+    assert batch.column("value").to_pylist() == [b"a", b"b"]
+    assert batch.column("headers").to_pylist() == [[{"key": "k", "value": b"v"}], None]
+    assert isinstance(error, UndecodableBatchError)
+    assert (error.offset, error.next_offset) == (2, 4)
+    assert "malformed record header block" in error.message
+    # Without headers asked for, the blocks are not read: all four records.
+    plain, error = columnar.decode_fetch(buf, "t", 0, check_crcs=False)
+    assert (plain.num_rows, error) == (4, None)
 
 
 def test_a_batch_over_the_limit_is_not_decompressed() -> None:

@@ -77,7 +77,8 @@ class AppendInfo:
 class ReadResult:
     """Whole batches read from a log, and where the next read starts."""
 
-    records: bytes
+    #: A memoryview when the read went past the batches returned (no copy).
+    records: bytes | memoryview
     #: Offset after the last record returned (the requested offset when empty).
     next_offset: int
     log_start_offset: int

@@ -16,7 +16,10 @@ The indexes (`index.py`) are derived from the .log and are rebuilt whenever
 they look wrong or the segment is recovered.
 
 Reads use os.pread on the .log file: the OS page cache is the cache, so the
-broker's memory does not grow with the data it serves.
+broker's memory does not grow with the data it serves. A read also reads the
+header of the batch after the ones it returns, and the segment remembers it
+(`_read_ends`, a few per segment): a consumer's next read starts there with
+one pread, without the index lookup and the header read before it.
 """
 
 from __future__ import annotations
@@ -55,8 +58,12 @@ _RECOVERY_CHUNK_BYTES = 4 * 1024 * 1024
 
 _BATCH_LENGTH = struct.Struct(">i")
 _BATCH_LENGTH_AT = 8
-_OFFSETS = struct.Struct(">q")
-_LAST_OFFSET_DELTA_AT = 23
+# A batch's base offset (at 0), length (at 8) and last offset delta (at 23).
+_BATCH_SPAN = struct.Struct(">qi11xi")
+# Read ends a segment remembers (see `_read_ends`): one per reader of the
+# segment at a time is enough (a consumer, a follower); more readers only
+# fall back to the index lookup and a header read.
+_MAX_READ_ENDS = 16
 
 
 class AppendedBatch(NamedTuple):
@@ -70,32 +77,33 @@ class AppendedBatch(NamedTuple):
 
 
 class SegmentRead(NamedTuple):
-    """Whole batches read from a segment, and the offset after the last one."""
+    """Whole batches read from a segment, and the offset after the last one.
 
-    records: bytes
+    `records` is a memoryview when the bytes read went past the last batch
+    returned (cutting them as bytes would copy them all).
+    """
+
+    records: bytes | memoryview
     next_offset: int
 
 
-def _whole_batches(buf: bytes) -> tuple[int, int]:
-    """(length of the longest prefix of whole batches, position of the last of
-    them or -1). Reads only the length fields."""
-    end = len(buf)
-    unpack = _BATCH_LENGTH.unpack_from
+def _whole_batches(buf: bytes, limit_offset: int, limit_bytes: int) -> tuple[int, int]:
+    """(length of the longest prefix of whole batches of `buf` that fits in
+    `limit_bytes` and whose base offsets are below `limit_offset`, the offset
+    after the last of them, or -1 if there is none). Reads only each header's
+    offsets and length."""
+    end = min(len(buf), limit_bytes)
+    unpack = _BATCH_SPAN.unpack_from
     pos = 0
-    last = -1
-    while pos + LOG_OVERHEAD <= end:
-        size = unpack(buf, pos + _BATCH_LENGTH_AT)[0] + LOG_OVERHEAD
-        if size < HEADER_SIZE or pos + size > end:
+    next_offset = -1
+    while pos + HEADER_SIZE <= end:
+        base_offset, batch_length, last_offset_delta = unpack(buf, pos)
+        size = batch_length + LOG_OVERHEAD
+        if base_offset >= limit_offset or size < HEADER_SIZE or pos + size > end:
             break
-        last = pos
+        next_offset = base_offset + last_offset_delta + 1
         pos += size
-    return pos, last
-
-
-def _next_offset_of_batch_at(buf: bytes, pos: int) -> int:
-    base_offset = _OFFSETS.unpack_from(buf, pos)[0]
-    last_offset_delta = _BATCH_LENGTH.unpack_from(buf, pos + _LAST_OFFSET_DELTA_AT)[0]
-    return int(base_offset + last_offset_delta + 1)
+    return pos, next_offset
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -160,6 +168,14 @@ class LogSegment:
         #: True when the files disagree with each other (torn tail, bad index)
         #: or a failed write could not be undone: only `recover` may follow.
         self.needs_recovery = False
+        # Where earlier reads ended: offset -> position and header of the batch
+        # that holds or follows it (read along with the batches returned).
+        # A reader's next read starts there (and takes it): no index lookup,
+        # no header read. At most _MAX_READ_ENDS, the oldest dropped first.
+        # They describe bytes below the size, which appends never change;
+        # whatever cuts or rewrites the .log clears them (`_forget_read_ends`).
+        # A segment that compaction or retention replaces takes them along.
+        self._read_ends: dict[int, tuple[int, BatchHeader]] = {}
 
     @property
     def _log_fd(self) -> int:
@@ -392,6 +408,7 @@ class LogSegment:
         self._dirty = True
 
     def _undo_append(self, log_size: int, offset_entries: int, time_entries: int) -> None:
+        self._forget_read_ends()
         try:
             os.ftruncate(self._log_fd, log_size)
             self.offset_index.truncate_to_entries(offset_entries)
@@ -414,18 +431,6 @@ class LogSegment:
             position += header.size
         return size, None
 
-    def _first_batch_starting_at_or_after(self, offset: int, from_position: int) -> int:
-        """Position of the first batch whose base offset is >= `offset`,
-        scanning from a batch boundary known to be before it."""
-        position = max(from_position, self.offset_index.lookup(offset))
-        size = self._size_bytes
-        while position < size:
-            header = self._header_at(position)
-            if header.base_offset >= offset:
-                return position
-            position += header.size
-        return size
-
     def read(self, start_offset: int, max_bytes: int, max_offset_exclusive: int) -> SegmentRead:
         """Whole batches from the one containing `start_offset`, none whose base
         offset is >= `max_offset_exclusive`, at most `max_bytes` in all, except
@@ -434,23 +439,50 @@ class LogSegment:
         limit_offset = min(max_offset_exclusive, self._next_offset)
         if start_offset >= limit_offset:
             return SegmentRead(b"", start_offset)
-        position, first = self._first_batch_ending_at_or_after(start_offset)
-        if first is None or first.base_offset >= limit_offset:
-            return SegmentRead(b"", start_offset)
-        if limit_offset >= self._next_offset:
-            end = self._size_bytes
+        # Taken, not kept: a reader reading on leaves one read end behind it,
+        # the next one (none at the segment's end).
+        read_end = self._read_ends.pop(start_offset, None)
+        if read_end is None:
+            position, first = self._first_batch_ending_at_or_after(start_offset)
+            if first is None:
+                return SegmentRead(b"", start_offset)
         else:
-            end = self._first_batch_starting_at_or_after(limit_offset, position)
-        length = min(max(max_bytes, first.size), end - position)
+            position, first = read_end
+        if first.base_offset >= limit_offset:
+            return SegmentRead(b"", start_offset)
+        # One pread: the batches, and the header of the batch after them,
+        # which is where the next read will start. Batches at or past the
+        # limit (the high watermark) are cut off here, from their headers.
+        limit_bytes = max(max_bytes, first.size)
+        length = min(limit_bytes + HEADER_SIZE, self._size_bytes - position)
         data = os.pread(self._log_fd, length, position)
         if len(data) < length:
             raise OSError(errno.EIO, f"{self.log_path}: short read at {position}: file shrank")
-        whole, last = _whole_batches(data)
-        if last < 0:
+        whole, next_offset = _whole_batches(data, limit_offset, limit_bytes)
+        if next_offset < 0:
             raise OSError(errno.EIO, f"{self.log_path}: no whole batch at {position}")
-        if whole < len(data):
-            data = data[:whole]
-        return SegmentRead(data, _next_offset_of_batch_at(data, last))
+        self._remember_read_end(next_offset, position + whole, data, whole)
+        return SegmentRead(data if whole == length else memoryview(data)[:whole], next_offset)
+
+    def _remember_read_end(self, offset: int, position: int, data: bytes, at: int) -> None:
+        """Keep the header at `data[at:]` (file position `position`) for the
+        next read from `offset`, if the read got it whole and it is plausible."""
+        if len(data) - at < HEADER_SIZE:
+            return
+        header = read_header(data, at)
+        if (
+            header.batch_length < HEADER_SIZE - LOG_OVERHEAD
+            or position + header.size > self._size_bytes
+            or header.base_offset < offset
+        ):
+            return  # damage: the next read goes the long way and reports it
+        read_ends = self._read_ends
+        if offset not in read_ends and len(read_ends) >= _MAX_READ_ENDS:
+            del read_ends[next(iter(read_ends))]  # the oldest
+        read_ends[offset] = (position, header)
+
+    def _forget_read_ends(self) -> None:
+        self._read_ends.clear()
 
     def find_offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record whose timestamp is >=
@@ -483,6 +515,7 @@ class LogSegment:
         A batch longer than `max_batch_bytes` (None: no limit) counts as damage.
         """
         file_size = os.fstat(self._log_fd).st_size
+        self._forget_read_ends()
         self._next_offset = self.base_offset
         self._max_timestamp = NO_TIMESTAMP
         self._last_indexed_position = 0
@@ -553,6 +586,8 @@ class LogSegment:
 
     def _truncate_at(self, position: int) -> None:
         """Cut the .log at a batch boundary and bring the indexes and state along."""
+        # First: the batches read ends point at may be gone even if this fails.
+        self._forget_read_ends()
         os.ftruncate(self._log_fd, position)
         self._size_bytes = position
         self._dirty = True
