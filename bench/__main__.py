@@ -130,13 +130,15 @@ the client's (see the CPU columns), and the gRPC ceiling moves the same bytes 3-
   the sender's drain, the gRPC write, the broker's append, its fetch answer, the consumer
   loop's arrival and poll()). The broker adds no wait: an append resolves the long-poll in
   the same call and the answer leaves within the next loop turns (append->respond p50
-  ~0.2 ms, p99 ~1-2 ms). With the blocking clients in one process four Python threads
-  pass each record along; a thread woken by the network waits for the GIL, forced free only
+  ~0.2 ms, p99 ~1-2 ms). With the blocking clients in one process three Python threads
+  pass each record along (the application's, the clients' shared loop thread, the one in
+  poll(); four before the loop was shared, and every gRPC completion woke both loops); a
+  thread woken by the network waits for the GIL, forced free only
   every switch interval (5 ms): in the slowest 1% the client hops (send->drain,
   drain->write, respond->arrive) grow to tens of ms. With sys.setswitchinterval(0.0005) set by
   the application (the *_si05 variants; the SDK never sets it) the one-process p99 fell from
   ~106 to ~9 ms in alternating runs; the asyncio clients on one loop (no hand-off) have the
-  lowest p50. Two processes: two threads per GIL instead of four, so the client hops are
+  lowest p50. Two processes: two threads per GIL instead of three, so the client hops are
   shorter, but a record now waits for three processes to be scheduled; on this shared
   machine the p99 of either layout is set by CPU starvation more than by Tidelog.
 """

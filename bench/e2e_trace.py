@@ -16,7 +16,11 @@ process of the machine):
     poll      poll()/getmany() returned it to the application
 
 Hops are the differences of consecutive stamps; their p50/p99/p99.9 and, for the records
-slower than the end-to-end p99, the mean of each hop (what the tail is made of) are printed.
+slower than the end-to-end p99, the mean of each hop (what the tail is made of) are printed,
+then what each thread of this process cost per record over the measured seconds: CPU and
+context switches (voluntary: it blocked, e.g. waiting for the GIL or a wake-up; involuntary:
+the OS preempted it), from /proc. Unlike the tails these barely move with the load other
+programs put on the machine, so they show what a change to the hand-offs saved.
 Records are matched across processes by offset: the topic is new, so the producer's n-th
 record is offset n. Hooks are wrappers installed on the SDK's and the broker's classes by
 this module only (nothing in the SDK or broker changes); they cost a few microseconds per
@@ -261,6 +265,7 @@ def _sync_run(
     if processes == 1:
         thread = threading.Thread(
             target=lambda: polled.extend(_consume(address, topic, rate, total, ready.set)),
+            name="poll()",
             daemon=True,
         )
         thread.start()
@@ -337,6 +342,63 @@ async def _async_run(address: str, topic: str, rate: int, total: int) -> list[tu
         await producer.flush()
         await asyncio.wait_for(reader, total / rate + 60)
     return polled
+
+
+# --------------------------------------------------------------------------- thread costs
+
+
+def _thread_stats() -> dict[int, tuple[str, float, int, int]]:
+    """Each thread of this process: (name, CPU s, voluntary, involuntary context switches)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float, int, int]] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            status = (task / "status").read_text().splitlines()
+            comm = (task / "comm").read_text().strip()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # the thread ended meanwhile
+        switches = {
+            k: int(v) for k, v in (line.split(":") for line in status if "ctxt_switches" in line)
+        }
+        tid = int(task.name)
+        out[tid] = (
+            names.get(tid, comm),
+            (int(stat[11]) + int(stat[12])) / tick,
+            switches["voluntary_ctxt_switches"],
+            switches["nonvoluntary_ctxt_switches"],
+        )
+    return out
+
+
+class _ThreadSampler:
+    """Per-thread CPU and context switches of this process between `start_s` and
+    `start_s + window_s` from now, per record at `rate` (the measured part of a run)."""
+
+    def __init__(self, start_s: float, window_s: float, rate: int) -> None:
+        self.rows: list[tuple[str, float, float, float]] = []
+        self._rate = rate
+        self._thread = threading.Thread(target=self._run, args=(start_s, window_s), daemon=True)
+        self._thread.start()
+
+    def _run(self, start_s: float, window_s: float) -> None:
+        time.sleep(start_s)
+        before, t0 = _thread_stats(), time.monotonic()
+        time.sleep(window_s)
+        after, records = _thread_stats(), self._rate * (time.monotonic() - t0)
+        for tid, (name, cpu, vol, invol) in sorted(after.items()):
+            if tid not in before or tid == threading.get_native_id():
+                continue
+            _, cpu0, vol0, invol0 = before[tid]
+            if cpu > cpu0 or vol > vol0:
+                row = ((cpu - cpu0) * 1e6 / records, (vol - vol0) / records,
+                       (invol - invol0) / records)  # fmt: skip
+                self.rows.append((name, *row))
+
+    def result(self) -> list[tuple[str, float, float, float]]:
+        self._thread.join()
+        return self.rows
 
 
 # --------------------------------------------------------------------------- analysis
@@ -416,13 +478,20 @@ def _print(mode: str, result: dict[str, Any]) -> None:
     print(f"\n{mode}: {result['records']} records traced")
     print(f"  {'hop':<18}{'p50':>9}{'p99':>9}{'p99.9':>9}{'mean in e2e tail':>18}")
     for name, row in result.items():
-        if name == "records" or name.startswith("gc_"):
+        if name in ("records", "threads") or name.startswith("gc_"):
             continue
         print(
             f"  {name:<18}{row['p50']:>9.3f}{row['p99']:>9.3f}{row['p999']:>9.3f}"
             f"{row['mean_in_tail']:>18.3f}"
         )
     print(f"  garbage collections over 1 ms: {result['gc_pauses_ms_over_1']}")
+    rows = result.get("threads") or []
+    if rows:
+        head = f"  {'thread (this process)':<34}{'CPU us/rec':>11}{'vol cs/rec':>11}"
+        print(f"{head}{'invol/rec':>10}")
+        total = ("all", *(sum(row[i] for row in rows) for i in (1, 2, 3)))
+        for name, cpu, vol, invol in [*rows, total]:
+            print(f"  {name[:33]:<34}{cpu:>11.1f}{vol:>11.2f}{invol:>10.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -460,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             topic = f"trace-{mode}-{os.getpid()}"
             create_topic(broker.address, topic)
+            # The clients start within a second or so; the window ends before the producer does.
+            sampler = _ThreadSampler(args.warmup_s + 1, max(args.seconds - 2, 1), args.rate)
             if mode.startswith("sync"):
                 processes = 2 if mode == "sync2" else 1
                 polled = _sync_run(broker.address, topic, args.rate, total, client, processes)
@@ -468,6 +539,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             events = broker.stop()
         results[mode] = analyse(polled, client, events, warmup)
+        results[mode]["threads"] = sampler.result()
         long = sorted(p for p in pauses if p >= 1.0)
         results[mode]["gc_pauses_ms_over_1"] = {
             "count": len(long),

@@ -10,6 +10,21 @@ calling thread talks to it in two ways only:
 - `call_soon(fn, *args)`: fire-and-forget a callback (wake the sender, grant
   fetch credit): at most once per batch or per poll.
 
+`client_loop(name, shared)` gives a client its `LoopHandle`. By default the
+blocking Producer and Consumer of a process share ONE loop thread (started by
+the first, stopped when the last closes), as the asyncio clients share the
+application's loop. Why: grpc.aio completes every operation of the process
+through one poller thread and one wake-up fd that each loop watches; with a
+loop per client, every gRPC completion woke both loop threads and the one
+that drained the queue forwarded the other's events with
+`call_soon_threadsafe` (a further wake-up), so a record produced and
+consumed in one process crossed more threads, each taking the GIL (the p99 of
+`python -m bench.e2e_trace --mode sync` against `async`). One loop thread
+takes those hops out; the cost: delivery callbacks of one client run on the
+loop of the others (a slow callback delays them) and may not make blocking
+calls of any client sharing it (RuntimeError, as for their own producer).
+`shared_loop_thread=False` gives a client a private loop thread.
+
 Thread-safe: every method may be called from any thread.
 """
 
@@ -17,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
@@ -74,6 +90,10 @@ class LoopThread:
             future.cancel()
             raise TidelogTimeoutError(f"the operation did not finish in {timeout:.3f} s") from None
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def call_soon(self, fn: Callable[..., object], *args: object) -> None:
         """Schedule `fn(*args)` on the loop without waiting."""
         if not self._closed:
@@ -87,3 +107,99 @@ class LoopThread:
         self._loop.call_soon_threadsafe(self._loop.stop)
         if not self.in_loop_thread():
             self._thread.join(timeout)
+
+
+class LoopHandle:
+    """One client's use of a `LoopThread`, private or shared: the methods of
+    LoopThread, and `stop()`, which releases this use (idempotent) and stops
+    the thread when no other client uses it."""
+
+    def __init__(self, thread: LoopThread, release: Callable[[LoopThread], None]) -> None:
+        self._thread = thread
+        self._release = release
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._thread.loop
+
+    @property
+    def thread(self) -> LoopThread:
+        return self._thread
+
+    def in_loop_thread(self) -> bool:
+        return self._thread.in_loop_thread()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        if self._stopped:
+            coro.close()
+            raise ClosedError("the client is closed")
+        return self._thread.run(coro, timeout)
+
+    def call_soon(self, fn: Callable[..., object], *args: object) -> None:
+        if not self._stopped:
+            self._thread.call_soon(fn, *args)
+
+    def stop(self) -> None:
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        self._release(self._thread)
+
+
+class _SharedLoop:
+    """The process's shared loop thread and how many clients use it."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._thread: LoopThread | None = None
+        self._users = 0
+
+    def acquire(self) -> LoopHandle:
+        with self._lock:
+            if self._thread is None or self._thread.closed:
+                self._thread = LoopThread("tidelog-loop")
+                self._users = 0
+            self._users += 1
+            return LoopHandle(self._thread, self._release)
+
+    def _release(self, thread: LoopThread) -> None:
+        with self._lock:
+            if thread is not self._thread:
+                return  # already replaced: cannot happen while it has users
+            self._users -= 1
+            if self._users:
+                return
+            self._thread = None
+        thread.stop()
+
+    def forget(self) -> None:
+        """In a forked child: the parent's loop thread does not exist here
+        (fork copies only the calling thread), so the next client starts one."""
+        self._lock = threading.Lock()
+        self._thread = None
+        self._users = 0
+
+    def users(self) -> int:
+        """How many clients use the shared loop thread now (for tests)."""
+        with self._lock:
+            return self._users if self._thread is not None else 0
+
+
+_SHARED = _SharedLoop()
+os.register_at_fork(after_in_child=_SHARED.forget)
+
+
+def client_loop(name: str, shared: bool) -> LoopHandle:
+    """A blocking client's loop: the process's shared one, or a private
+    thread named `name` (see the module doc)."""
+    if shared:
+        return _SHARED.acquire()
+    return LoopHandle(LoopThread(name), LoopThread.stop)
+
+
+def shared_loop_users() -> int:
+    """How many clients use the shared loop thread now (for tests)."""
+    return _SHARED.users()

@@ -168,6 +168,13 @@ class CommonConfig:
 class ProducerConfig(CommonConfig):
     """Options of `Producer` and `AsyncProducer`."""
 
+    #: The blocking client runs its gRPC I/O on the loop thread it shares
+    #: with the process's other blocking Producers and Consumers (fewer
+    #: thread hops per record: lower tail latency); False: a loop thread of
+    #: its own, for delivery callbacks that block on another client or are
+    #: slow. The asyncio clients ignore it. See docs/python-sdk.md.
+    shared_loop_thread: bool = True
+
     #: 0: do not wait for the broker (offsets are -1); 1: the leader has it
     #: in its log; -1 or "all": every in-sync replica has it. "all" also turns
     #: on enable_idempotence unless it is set to False.
@@ -294,6 +301,13 @@ class ProducerConfig(CommonConfig):
 @dataclass(frozen=True, kw_only=True)
 class ConsumerConfig(CommonConfig):
     """Options of `Consumer` and `AsyncConsumer`."""
+
+    #: The blocking client runs its gRPC I/O on the loop thread it shares
+    #: with the process's other blocking Producers and Consumers (fewer
+    #: thread hops per record: lower tail latency); False: a loop thread of
+    #: its own, for delivery callbacks that block on another client or are
+    #: slow. The asyncio clients ignore it. See docs/python-sdk.md.
+    shared_loop_thread: bool = True
 
     #: The consumer group to join (subscribe() needs one; assign() does not).
     #: Groups need a cluster: brokers started with --etcd, and a coordinator.

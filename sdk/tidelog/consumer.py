@@ -55,7 +55,7 @@ from tidelog._consumer_group import (
 )
 from tidelog._fetcher import EARLIEST, LATEST, Fetcher
 from tidelog._group_client import GroupClient
-from tidelog._loop_thread import LoopThread
+from tidelog._loop_thread import LoopHandle, client_loop
 from tidelog._subscription import SubscriptionState
 from tidelog.errors import ClosedError, IllegalStateError, TidelogTimeoutError
 from tidelog.group import RebalanceListener
@@ -74,7 +74,7 @@ class _BlockingIo:
     caller's thread on the LoopThread, so GroupSide's coroutines never suspend
     (run them with `run_blocking`)."""
 
-    def __init__(self, loop_thread: LoopThread, data: threading.Event, timeout_s: float) -> None:
+    def __init__(self, loop_thread: LoopHandle, data: threading.Event, timeout_s: float) -> None:
         self._loop_thread = loop_thread
         self._data = data
         self._timeout_s = timeout_s
@@ -118,7 +118,9 @@ class Consumer:
         **options: Any,
     ) -> None:
         self._config = make_config(topics, bootstrap_servers, options)
-        self._loop_thread = LoopThread(f"tidelog-consumer-{self._config.client_id}")
+        self._loop_thread = client_loop(
+            f"tidelog-consumer-{self._config.client_id}", self._config.shared_loop_thread
+        )
         self._inbox: deque[tuple] = deque()
         self._data = threading.Event()
         self._cluster = Cluster(self._config)

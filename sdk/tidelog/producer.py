@@ -36,7 +36,7 @@ from tidelog._accumulator import (
 from tidelog._client_metrics import Metrics, ProducerMetrics
 from tidelog._connection import Cluster
 from tidelog._futures import FutureRecordMetadata, failed_future
-from tidelog._loop_thread import LoopThread
+from tidelog._loop_thread import client_loop
 from tidelog._sender import Sender
 from tidelog._timeouts import within
 from tidelog.config import ProducerConfig
@@ -231,7 +231,9 @@ class Producer:
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
         self._config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
-        self._loop_thread = LoopThread(f"tidelog-producer-{self._config.client_id}")
+        self._loop_thread = client_loop(
+            f"tidelog-producer-{self._config.client_id}", self._config.shared_loop_thread
+        )
         self._core = _ProducerCore(self._config, self._wake_sender)
         self._acc = self._core.accumulator
         self._max_block_s = self._config.max_block_ms / 1000
