@@ -94,53 +94,48 @@ DESCRIPTIONS = {
 }
 
 
-#: What the profiles (pyinstrument, on this machine) say bounds Tidelog where it is behind.
+#: What the profiles (perf, cProfile, thread CPU clocks; on this machine) say bounds Tidelog.
 BOUNDS = """## What bounds Tidelog (profiles)
 
-Tidelog is behind Kafka on consume (1 client, 1 partition) and below issue 2's targets on
-produce and consume of 100 B records. Profiled with pyinstrument (in the `dev` extra). In every
-throughput workload the broker is not the limit: its CPU per million records is a fraction of
-the client's (see the CPU columns), and the gRPC ceiling moves the same bytes 3-10x faster.
+One client, one partition, broker and client sharing the machine's 2 cores: every microsecond
+the broker spends per fetch answer is taken from the client. Per-answer and per-thread figures:
+`python -m bench.fetch_profile` (consume) and `python -m bench.e2e_trace` (latency).
 
-- **Produce, 100 B** (target 500k/s): bound by the client's per-record Python work on one GIL.
-  `Producer.send` + `RecordAccumulator.append` cost ~2-3 us per record in the caller's thread
-  (argument checks, the timestamp, the lock, three list appends, the future tuple), and the
-  sender thread's batch encoding and gRPC writes take the same GIL. 500k/s leaves 2 us per
-  record for all of it. What would move it: a `send_many`/batch append API (one lock and
-  one call per batch of values), or encoding in a C extension; the wire is not the limit.
-- **Consume, 100 B** (target 1M/s): bound by building one `ConsumerRecord` per record in
-  `poll()` (`_subscription._decode_batches`: the columnar slices of the values, then the
-  record tuples; CRC32C is ~10%). At ~1M/s that is ~1 us per record in Python. What
-  would move it: handing out values lazily (a batch view that builds records on access) or
-  an Arrow/columnar poll API for bulk consumers.
-- **1 KiB records**: both sides copy each value (into the batch on produce, out of the fetch
-  buffer on consume); the broker's share grows (CRC, append, gRPC message handling) but the
-  client still dominates.
-- **Consume through the columnar API** (`*_arrow`, `Consumer.poll_arrow`): the decoder is no
-  longer the limit (~20 ns per 100 B record, ~50 us per 200 KB fetch, thread CPU time). What
-  remains per fetch is the machinery it shares with poll() (gRPC's receive threads, the event
-  loop, credit grants, the hand-off to the polling thread: ~0.2 ms), most of the paper test's
-  client CPU (~1,000 records a fetch). With 1 KiB records bytes bound both sides: with glibc's
-  default allocator settings the broker took ~250 page faults per thousand records (a fresh
-  1 MiB buffer per response, given back to the OS each time); it now sets them at start
-  (`--malloc-tuning`, docs/operations.md; A/B: bench/malloc_ab.py): ~0 faults, CPU per million
-  ~0.9 -> ~0.5 s. Twice Kafka's 1 KiB figure is above what the bare gRPC transport
-  (grpc-ceiling) moves on this machine.
-- **End-to-end latency** (per hop: `python -m bench.e2e_trace`, each record timed at send,
-  the sender's drain, the gRPC write, the broker's append, its fetch answer, the consumer
-  loop's arrival and poll()). The broker adds no wait: an append resolves the long-poll in
-  the same call and the answer leaves within the next loop turns (append->respond p50
-  ~0.2 ms, p99 ~1-2 ms). With the blocking clients in one process three Python threads
-  pass each record along (the application's, the clients' shared loop thread, the one in
-  poll(); four before the loop was shared, and every gRPC completion woke both loops); a
-  thread woken by the network waits for the GIL, forced free only
-  every switch interval (5 ms): in the slowest 1% the client hops (send->drain,
-  drain->write, respond->arrive) grow to tens of ms. With sys.setswitchinterval(0.0005) set by
-  the application (the *_si05 variants; the SDK never sets it) the one-process p99 fell from
-  ~106 to ~9 ms in alternating runs; the asyncio clients on one loop (no hand-off) have the
-  lowest p50. Two processes: two threads per GIL instead of three, so the client hops are
-  shorter, but a record now waits for three processes to be scheduled; on this shared
-  machine the p99 of either layout is set by CPU starvation more than by Tidelog.
+- **Produce, 100 B**: the client's per-record Python work on one GIL (`Producer.send` and the
+  accumulator, ~1 us per record in the caller's thread) and the sender's encoding and gRPC
+  writes on the loop thread; grpc.aio holds the GIL through a write's TCP send. Kafka's own
+  figure here moves between runs (0.6-1.3M records/s on this machine); Tidelog's stays ~1M.
+- **Consume per record (`poll()`)**: the records' life. A C loop (`tidelog._crecords`) builds
+  the ConsumerRecord tuples from checked columns (~70 ns each at 100 B) and freeing them costs
+  about as much; the SDK keeps freed memory for reuse (`freed_memory_kept_bytes`: without it a
+  third of the CPU went to page faults). CRC32C is a few percent. The rest is the fetch
+  machinery per answer (below).
+- **Consume through the columnar API** (`*_arrow`, `Consumer.poll_arrow`): the decode is no
+  longer the limit (one C call checks an answer's batches and writes its Arrow buffers, one
+  more hands them to pyarrow). Per 200 KB paper answer the client spends ~200 us: ~70 us on
+  the calling thread (CRC32C ~17, the column pass ~9, the RecordBatch ~18, the wait for the
+  answer ~20) and ~110-150 us in gRPC's receive (the loop thread's read of each message, its
+  copy into a bytes object, callbacks; gRPC's own threads). The broker spends ~150 us per
+  answer, ~60% of it in the kernel (loopback TCP send, the page-cache copy, wake-ups of
+  grpc.aio's poller thread, twice per answer); its own code (fetch session, one pread per
+  answer) is ~26 us. Twice Kafka on the paper test needs both sides' per-answer cost cut
+  again: a receive path without grpc.aio's per-message work, or fewer, larger messages.
+- **1 KiB records**: bytes bound both sides (one copy into the answer on the broker, one out
+  of it per value on the client); with glibc's default allocator settings both took hundreds
+  of page faults per thousand records, and now set their thresholds at start (the broker's
+  `--malloc-tuning`, docs/operations.md; the SDK's, docs/python-sdk.md).
+- **End-to-end latency** (per hop: each record timed at send, the sender's drain, the gRPC
+  write, the broker's append, its fetch answer, the consumer loop's arrival and poll()). The
+  broker adds no wait: an append resolves the long-poll in the same call. The asyncio clients
+  on one loop pass each record through no other thread and have the lowest p99. The blocking
+  clients of one process share one loop thread (`shared_loop_thread`; with a loop each, every
+  gRPC completion woke both loops), so a record crosses three Python threads (the
+  application's, the loop thread, the one in poll()), each woken and each waiting for the GIL.
+  Two processes: the same threads per record plus grpc.aio's poller hop in each process, and
+  three processes to be scheduled on 2 cores; Kafka's consumer reads its socket in poll()
+  itself. p99.9 is below Kafka's in every layout.
+- **Single-fetch latency** (`fetch_latency_*`): one gRPC stream round trip with Python on
+  both ends, ~0.4-0.6 ms against Kafka's ~0.1-0.2 ms at p50.
 """
 
 
