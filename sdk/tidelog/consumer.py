@@ -121,23 +121,28 @@ class Consumer:
         self._loop_thread = client_loop(
             f"tidelog-consumer-{self._config.client_id}", self._config.shared_loop_thread
         )
-        self._inbox: deque[tuple] = deque()
-        self._data = threading.Event()
-        self._cluster = Cluster(self._config)
-        self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
-        self._subs = SubscriptionState(self._config, self._inbox, self._command)
-        self._subs.metrics = self._fetcher.metrics  # one set of counters
-        # What iteration returned, so that commit() commits exactly that.
-        self._handed = HandedOut()
-        self._timeout_s = self._config.request_timeout_ms / 1000
-        self._closed = False
-        group = (
-            None
-            if self._config.group_id is None
-            else GroupClient(self._cluster, self._config, self._data.set)
-        )
-        io = _BlockingIo(self._loop_thread, self._data, self._timeout_s)
-        self._side = GroupSide(self._subs, self._config, group, self._handed, io, "Consumer")
+        try:
+            self._inbox: deque[tuple] = deque()
+            self._data = threading.Event()
+            self._cluster = Cluster(self._config)
+            self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
+            self._subs = SubscriptionState(self._config, self._inbox, self._command)
+            self._subs.metrics = self._fetcher.metrics  # one set of counters
+            # What iteration returned, so that commit() commits exactly that.
+            self._handed = HandedOut()
+            self._timeout_s = self._config.request_timeout_ms / 1000
+            self._closed = False
+            group = (
+                None
+                if self._config.group_id is None
+                else GroupClient(self._cluster, self._config, self._data.set)
+            )
+            io = _BlockingIo(self._loop_thread, self._data, self._timeout_s)
+            self._side = GroupSide(self._subs, self._config, group, self._handed, io, "Consumer")
+        except BaseException:
+            # The loop thread may be shared: give back this client's use of it.
+            self._loop_thread.stop()
+            raise
         if topics:
             try:
                 self.subscribe(topics)

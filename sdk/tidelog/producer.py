@@ -234,11 +234,16 @@ class Producer:
         self._loop_thread = client_loop(
             f"tidelog-producer-{self._config.client_id}", self._config.shared_loop_thread
         )
-        self._core = _ProducerCore(self._config, self._wake_sender)
-        self._acc = self._core.accumulator
-        self._max_block_s = self._config.max_block_ms / 1000
-        self._closed = False
-        self._loop_thread.run(self._start())
+        try:
+            self._core = _ProducerCore(self._config, self._wake_sender)
+            self._acc = self._core.accumulator
+            self._max_block_s = self._config.max_block_ms / 1000
+            self._closed = False
+            self._loop_thread.run(self._start())
+        except BaseException:
+            # The loop thread may be shared: give back this client's use of it.
+            self._loop_thread.stop()
+            raise
 
     async def _start(self) -> None:
         self._core.sender = Sender(self._core.cluster, self._acc, self._config)

@@ -103,3 +103,33 @@ def test_a_forked_child_starts_a_shared_loop_of_its_own() -> None:
         assert out.get() == "tidelog-loop"
     finally:
         parent.stop()
+
+
+class _Refused(Exception):
+    pass
+
+
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise _Refused()
+
+
+@pytest.mark.parametrize("client", ["producer", "consumer"])
+def test_a_client_whose_construction_fails_gives_its_use_of_the_shared_loop_back(
+    client: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failure after the client took the shared loop (here: building its
+    # sender, or its fetcher) must not leave the loop counted as in use.
+    from tidelog import Consumer, Producer
+    from tidelog import consumer as consumer_module
+    from tidelog import producer as producer_module
+
+    before = shared_loop_users()
+    if client == "producer":
+        monkeypatch.setattr(producer_module, "Sender", _refuse)
+        with pytest.raises(_Refused):
+            Producer("127.0.0.1:1")
+    else:
+        monkeypatch.setattr(consumer_module, "Fetcher", _refuse)
+        with pytest.raises(_Refused):
+            Consumer(bootstrap_servers="127.0.0.1:1")
+    assert shared_loop_users() == before
