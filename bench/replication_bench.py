@@ -125,6 +125,17 @@ def wide_failover(bootstrap: str, brokers: list[BrokerProcess], partitions: int)
                 raise RuntimeError(f"{topic}: not every partition has a leader after 120 s")
             time.sleep(0.5)
         victim = brokers[0]
+        # Partitions of the victim whose ISR had already lost a replica: if
+        # only the victim was left in it, no live broker may lead (no unclean
+        # election), and the fail-over cannot finish for them.
+        before = admin.describe_topics([topic])[0].partitions
+        alone = sum(1 for p in before if p.isr == [victim.broker_id])
+        shrunk = sum(1 for p in before if len(p.isr) < len(p.replicas))
+        print(
+            f"wide fail-over: before the kill, {shrunk} partitions with a shrunk ISR, "
+            f"{alone} with only broker {victim.broker_id} (the victim) in it",
+            flush=True,
+        )
         killed = time.monotonic()
         victim.kill()
         try:
@@ -142,6 +153,17 @@ def wide_failover(bootstrap: str, brokers: list[BrokerProcess], partitions: int)
                         f"still led by the killed broker {victim.broker_id}",
                         flush=True,
                     )
+                    stuck = [
+                        p
+                        for p in admin.describe_topics([topic])[0].partitions
+                        if p.leader < 0 or p.leader == victim.broker_id
+                    ]
+                    for p in stuck[:5]:
+                        print(
+                            f"  partition {p.partition}: leader {p.leader}, replicas "
+                            f"{p.replicas}, ISR {p.isr}",
+                            flush=True,
+                        )
                     return float("inf")
                 time.sleep(0.1)
         finally:
