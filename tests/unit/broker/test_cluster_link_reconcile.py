@@ -48,28 +48,37 @@ def state_change(keys: Keys, p: int, leader: int, epoch: int, revision: int) -> 
     return Change(keys.partition_state(TOPIC, p), state.encode(), revision, create_revision=3)
 
 
+def link_counting_roles(
+    etcd: EtcdProcess, tmp_path: Path
+) -> tuple[PartitionManager, ClusterLink, Counter[tuple[str, int]]]:
+    """A link over a real PartitionManager, and how many times each
+    partition's role was set."""
+    manager = PartitionManager(BrokerConfig(data_dir=tmp_path, broker_id=ME), cluster_mode=True)
+    manager.open()
+    link = ClusterLink(
+        ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix="/reconcile"),
+        BrokerConfig(data_dir=tmp_path, broker_id=ME),
+        manager,
+        ChannelPool(),
+    )
+    link.registration_revision = 1  # registered before every state below
+    calls: Counter[tuple[str, int]] = Counter()
+    set_role = manager.replicas.set_role
+
+    def counting_set_role(topic: str, partition: int, **kwargs: Any) -> Any:
+        calls[(topic, partition)] += 1
+        return set_role(topic, partition, **kwargs)
+
+    manager.replicas.set_role = counting_set_role  # type: ignore[method-assign]
+    return manager, link, calls
+
+
 def test_a_state_change_is_applied_to_its_partition_alone(
     etcd: EtcdProcess, tmp_path: Path
 ) -> None:
     async def run() -> None:
-        manager = PartitionManager(BrokerConfig(data_dir=tmp_path, broker_id=ME), cluster_mode=True)
-        manager.open()
-        link = ClusterLink(
-            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix="/reconcile"),
-            BrokerConfig(data_dir=tmp_path, broker_id=ME),
-            manager,
-            ChannelPool(),
-        )
+        manager, link, calls = link_counting_roles(etcd, tmp_path)
         keys = link.keys
-        link.registration_revision = 1  # registered before every state below
-        calls: Counter[tuple[str, int]] = Counter()
-        set_role = manager.replicas.set_role
-
-        def counting_set_role(topic: str, partition: int, **kwargs: Any) -> Any:
-            calls[(topic, partition)] += 1
-            return set_role(topic, partition, **kwargs)
-
-        manager.replicas.set_role = counting_set_role  # type: ignore[method-assign]
         try:
             await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
             # The preferred replica leads each partition.
@@ -117,6 +126,48 @@ def test_a_state_change_is_applied_to_its_partition_alone(
             )
             assert manager.logs.hosted_partitions(TOPIC) == list(range(grown))
             assert calls[(TOPIC, PARTITIONS + 1)] >= 1
+        finally:
+            await link.fetchers.close()
+            manager.close()
+
+    asyncio.run(run())
+
+
+def test_a_new_topics_states_arriving_a_few_at_a_time_are_each_applied_once(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    # etcd's watch brings a new topic's states in many small batches: each
+    # must host and apply its own partitions, not the topic's every hosted
+    # partition again (quadratic: with 3,000 partitions the broker's loop was
+    # busy for seconds and its session lease expired).
+    async def run() -> None:
+        manager, link, calls = link_counting_roles(etcd, tmp_path)
+        keys = link.keys
+        try:
+            await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
+            assert manager.logs.hosted_partitions(TOPIC) == []
+            for first in range(0, PARTITIONS, 2):
+                await link._on_states(
+                    WatchBatch(
+                        False,
+                        [
+                            state_change(keys, p, ME if p % 2 == 0 else OTHER, 0, 3 + first)
+                            for p in (first, first + 1)
+                        ],
+                    )
+                )
+            assert manager.logs.hosted_partitions(TOPIC) == list(range(PARTITIONS))
+            assert calls == {(TOPIC, p): 1 for p in range(PARTITIONS)}
+            for p in (0, 1):
+                replication = manager.replicas.replication(TOPIC, p)
+                assert replication is not None
+                assert replication.role is (Role.LEADER if p == 0 else Role.FOLLOWER)
+            followed = {
+                tp for fetcher in link.fetchers._fetchers.values() for tp in fetcher.partitions
+            }
+            assert followed == {(TOPIC, p) for p in range(1, PARTITIONS, 2)}
+            # The topic's id is kept for the next start (cluster.json).
+            assert link._local_ids[TOPIC] == uuid.UUID(int=7).hex
         finally:
             await link.fetchers.close()
             manager.close()
