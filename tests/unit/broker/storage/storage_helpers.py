@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tidelog.records import encode_batch, iter_batches
+from tidelog.records import encode_batch, iter_batches, set_base_offset
 from tidelog_broker.storage import PartitionLog
+from tidelog_broker.storage.segment import AppendedBatch, LogSegment
 
 TOPIC = "orders.eu-west"
 PARTITION = 3
@@ -45,3 +46,21 @@ def crash(log: PartitionLog) -> None:
     """Drop a log as a crash would: files closed, nothing flushed, no marker."""
     for segment in log.segments:
         segment.close()
+
+
+def append_to_segment(
+    segment: LogSegment, batches: list[bytearray], interval_bytes: int = 0
+) -> bytes:
+    """Append batches to a segment in one write with dense offsets; return
+    the bytes as stored."""
+    records = bytearray(b"".join(batches))
+    placed = []
+    offset = segment.next_offset
+    for position, header in iter_batches(records):
+        set_base_offset(records, position, offset)
+        placed.append(
+            AppendedBatch(position, offset, offset + header.last_offset_delta, header.max_timestamp)
+        )
+        offset += header.last_offset_delta + 1
+    segment.append(records, placed, interval_bytes, now_ms=0)
+    return bytes(records)

@@ -12,27 +12,23 @@ from typing import Any
 
 import pytest
 from tidelog.errors import OffsetOutOfRangeError
-from tidelog.records import HEADER_SIZE, decode_batches, iter_batches, set_base_offset
+from tidelog.records import HEADER_SIZE, decode_batches, iter_batches
 from tidelog_broker.storage import ManualClock
-from tidelog_broker.storage.segment import AppendedBatch, LogSegment
+from tidelog_broker.storage.segment import LogSegment
 
 from tests.unit.broker.storage.compaction_helpers import clean, put, read_records
-from tests.unit.broker.storage.storage_helpers import OpenLog, append, make_batch
+from tests.unit.broker.storage.storage_helpers import (
+    OpenLog,
+    append,
+    append_to_segment,
+    make_batch,
+)
 
 
 def _append(segment: LogSegment, batches: list[bytearray]) -> list[bytes]:
     """Append batches in one write with dense offsets; return each as stored."""
-    records = bytearray(b"".join(batches))
-    placed = []
-    offset = segment.next_offset
-    for position, header in iter_batches(records):
-        set_base_offset(records, position, offset)
-        placed.append(
-            AppendedBatch(position, offset, offset + header.last_offset_delta, header.max_timestamp)
-        )
-        offset += header.last_offset_delta + 1
-    segment.append(records, placed, 0, now_ms=0)
-    return [bytes(records[p : p + h.size]) for p, h in iter_batches(records)]
+    stored = append_to_segment(segment, batches)
+    return [stored[p : p + h.size] for p, h in iter_batches(stored)]
 
 
 @pytest.fixture

@@ -10,22 +10,8 @@ from tidelog.records import iter_batches, set_base_offset
 from tidelog_broker.storage import segment as segment_module
 from tidelog_broker.storage.segment import AppendedBatch, LogSegment
 
+from tests.unit.broker.storage.storage_helpers import append_to_segment as _append
 from tests.unit.broker.storage.storage_helpers import make_batch
-
-
-def _append(segment: LogSegment, batches: list[bytearray], interval_bytes: int = 0) -> bytes:
-    """Append batches in one write with dense offsets; return the stored bytes."""
-    records = bytearray(b"".join(batches))
-    placed = []
-    offset = segment.next_offset
-    for position, header in iter_batches(records):
-        set_base_offset(records, position, offset)
-        placed.append(
-            AppendedBatch(position, offset, offset + header.last_offset_delta, header.max_timestamp)
-        )
-        offset += header.last_offset_delta + 1
-    segment.append(records, placed, interval_bytes, now_ms=0)
-    return bytes(records)
 
 
 @pytest.fixture
