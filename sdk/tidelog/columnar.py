@@ -95,8 +95,11 @@ _STRING = pa.string()
 _INT32 = pa.int32()
 _INT64 = pa.int64()
 _Build = Callable[[int], pa.Array]
-#: export_struct's kind of a binary or string column (else: bytes per value).
+#: export_struct's kind of a binary or string column; the other kinds are
+#: the bytes per value of a fixed-width column.
 _BINARY = 0
+_INT32_BYTES = 4
+_INT64_BYTES = 8
 _SCHEMA_WITH_HEADERS = pa.schema([*_FIELDS, pa.field("headers", HEADERS_TYPE)])
 # Arrow's binary arrays have int32 offsets: one RecordBatch column holds at
 # most this many payload bytes (a fetch answer is far smaller).
@@ -362,6 +365,13 @@ def _constant(key: tuple[object, ...], count: int, row_bytes: int, build: _Build
     return array if len(array) == count else array.slice(0, count)
 
 
+def _constant_buffers(spec: tuple[tuple[object, ...], int, _Build], count: int) -> Buffers:
+    """The buffers of a kept constant column of at least `count` rows, for
+    `spec` (`_string_key`, `_int32_key`): what export_struct takes."""
+    key, row_bytes, build = spec
+    return _kept(key, count, row_bytes, build)[1]
+
+
 def _string_key(value: str) -> tuple[tuple[object, ...], int, _Build]:
     encoded = value.encode()
     return (_STRING, value), len(encoded), lambda rows: _repeated_string(encoded, rows)
@@ -370,7 +380,7 @@ def _string_key(value: str) -> tuple[tuple[object, ...], int, _Build]:
 def _int32_key(value: int) -> tuple[tuple[object, ...], int, _Build]:
     return (
         (_INT32, value),
-        4,
+        _INT32_BYTES,
         lambda rows: pa.Array.from_buffers(
             _INT32, rows, [None, pa.py_buffer(np.full(rows, value, dtype=np.int32))]
         ),
@@ -462,16 +472,10 @@ def _assemble_c(
     assert _crecords is not None
     count = answer.rows
     keys, values = _payloads(bodies, answer.spans)
-    key, row_bytes, build = _string_key(topic)
-    _, topic_buffers = _kept(key, count, row_bytes, build)
-    key, row_bytes, build = _int32_key(partition)
-    _, partition_buffers = _kept(key, count, row_bytes, build)
     kinds = _timestamp_types(headers, count)
-    if isinstance(kinds, int):
-        key, row_bytes, build = _int32_key(kinds)
-        _, kind_buffers = _kept(key, count, row_bytes, build)
-    else:
-        kind_buffers = (None, kinds)
+    kind_buffers = (
+        _constant_buffers(_int32_key(kinds), count) if isinstance(kinds, int) else (None, kinds)
+    )
     columns = [
         (count, answer.key_nulls, _BINARY, (answer.key_validity, answer.key_ends, _joined(keys))),
         (
@@ -480,11 +484,11 @@ def _assemble_c(
             _BINARY,
             (answer.value_validity, answer.value_ends, _joined(values)),
         ),
-        (count, 0, _BINARY, topic_buffers),
-        (count, 0, 4, partition_buffers),
-        (count, 0, 8, (None, answer.offsets)),
-        (count, 0, 8, (None, answer.timestamps)),
-        (count, 0, 4, kind_buffers),
+        (count, 0, _BINARY, _constant_buffers(_string_key(topic), count)),
+        (count, 0, _INT32_BYTES, _constant_buffers(_int32_key(partition), count)),
+        (count, 0, _INT64_BYTES, (None, answer.offsets)),
+        (count, 0, _INT64_BYTES, (None, answer.timestamps)),
+        (count, 0, _INT32_BYTES, kind_buffers),
     ]
     capsule, address = _crecords.export_struct(count, columns)
     batch = pa.RecordBatch._import_from_c(address, _SCHEMA)
