@@ -421,6 +421,8 @@ class ClusterLink:
                 TopicSpec(name, len(topic.replicas), dict(topic.configs)), [*hosted, *new]
             )
         except Exception:
+            # Not swallowed: the caller's whole-topic reconcile tries again
+            # and logs and records the failure (`_hosting_failed`).
             return False
         followed = self._followed[name]
         for p in new:
