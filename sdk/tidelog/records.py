@@ -503,7 +503,21 @@ def _slice_column(
     return [blob[a:b] for a, b in pairwise(ends)], end
 
 
+def _header_block_mismatch(declared: int, taken: int) -> InvalidRecordError:
+    """The error for a header block whose headers do not fill exactly its
+    declared bytes: what a broker answers a producer (check_body) and what a
+    consumer's decoders raise for a stored one (a lying broker's)."""
+    return InvalidRecordError(
+        f"malformed record header block: {declared} bytes declared, its headers take {taken}"
+    )
+
+
 def _decode_header_block(block: bytes) -> list[Header]:
+    """The headers of one block. Raises InvalidRecordError when its headers
+    do not take exactly its bytes, as check_body does (a block that counts
+    too few would otherwise drop the rest silently, one that counts too many
+    would cut the last value short); struct.error or UnicodeDecodeError for
+    a block cut inside a header (the callers map them)."""
     if not block:
         return []
     (count,) = _U16.unpack_from(block, 0)
@@ -521,6 +535,8 @@ def _decode_header_block(block: bytes) -> list[Header]:
         else:
             out.append((key, block[pos : pos + vlen]))
             pos += vlen
+    if pos != len(block):
+        raise _header_block_mismatch(len(block), pos)
     return out
 
 
@@ -685,10 +701,7 @@ def _check_header_blocks(blocks: bytes, lengths: array) -> None:
         except (struct.error, UnicodeDecodeError) as exc:
             raise InvalidRecordError(f"malformed record header block: {exc}") from exc
         if at != end:
-            raise InvalidRecordError(
-                f"malformed record header block: {length} bytes declared, "
-                f"its headers take {at - pos}"
-            )
+            raise _header_block_mismatch(length, at - pos)
         pos = end
 
 

@@ -21,6 +21,7 @@ from tidelog.compression import CODEC_MASK, CompressionType, decompress
 from tidelog.records import HEADER_SIZE
 
 from tests.unit.sdk.test_columnar import fetches, stored_batch
+from tests.unit.sdk.test_records import HEADER_BLOCK_LIES, lying_header_block
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,6 +149,26 @@ def test_lying_columns_are_refused_alike(good: bytes, lying: bytes) -> None:
     assert got["c"][1] == got["python"][1]
     assert got["c"][0].equals(got["python"][0])
     assert got["c"][0].num_rows >= good_header.record_count
+
+
+@needs_c
+@pytest.mark.parametrize("lie", list(HEADER_BLOCK_LIES))
+def test_a_miscounted_header_block_stops_both_reads_at_its_batch(lie: str) -> None:
+    """A header block that counts too few headers (or whose last value runs
+    past it) stops poll_arrow's read at its batch, C and Python alike, with
+    check_body's message; the records before it are returned."""
+    good = records.encode_batch([b"a", b"b"], headers=[[("k", b"v")], None])
+    buf = good + lying_header_block(lie, base_offset=2)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        got = decode_both(monkeypatch, buf, include_headers=True)
+    expected = (
+        f"t-3: the batch at offset 2 (to 3) cannot be decoded: {HEADER_BLOCK_LIES[lie]}. "
+        "Records before it were returned; seek to 4 to skip it"
+    )
+    for name, (batch, error) in got.items():
+        assert batch.column("value").to_pylist() == [b"a", b"b"], name
+        assert batch.column("headers").to_pylist() == [[{"key": "k", "value": b"v"}], None]
+        assert error == expected, name
 
 
 @pytest.mark.parametrize("name", ["c", "python"])
