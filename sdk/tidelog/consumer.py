@@ -89,17 +89,20 @@ class _BlockingIo:
         loop_thread: LoopHandle,
         data: threading.Event,
         timeout_s: float,
+        run_io: Callable[[Coroutine[Any, Any, Any], float], Any],
         check_wakeup: Callable[[], None],
     ) -> None:
         self._loop_thread = loop_thread
         self._data = data
         self._timeout_s = timeout_s
+        self._run_io = run_io
         self._check_wakeup = check_wakeup
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         # A membership change is bounded here too: the caller's thread must come back.
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        return self._loop_thread.run(coro, timeout=timeout)
+        result: T = self._run_io(coro, timeout)
+        return result
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop_thread.loop)
@@ -164,12 +167,18 @@ class Consumer:
             # leaves a wakeup to the poll: raising there would fail the
             # rebalance step).
             self._in_poll = False
+            # In commit() or committed() outside a poll, whose I/O wakeup()
+            # cancels; the loop's task doing that I/O (see _run_io).
+            self._wakeable_io = False
+            self._io_task: asyncio.Task[Any] | None = None
             group = (
                 None
                 if self._config.group_id is None
                 else GroupClient(self._cluster, self._config, self._data.set)
             )
-            io = _BlockingIo(self._loop_thread, self._data, self._timeout_s, self._check_wakeup)
+            io = _BlockingIo(
+                self._loop_thread, self._data, self._timeout_s, self._run_io, self._check_wakeup
+            )
             self._side = GroupSide(self._subs, self._config, group, self._handed, io, "Consumer")
         except BaseException:
             # The loop thread may be shared: give back this client's use of it.
@@ -195,13 +204,59 @@ class Consumer:
         WakeupError, or the next one when none is; so do poll_arrow(),
         iteration (at its next record: records it had fetched ahead are
         kept for the next read) and, outside a poll, commit(), committed()
-        and position() (a commit already sent is not called back: it may
+        and position(), waiting or next (a commit interrupted may still
         land). Raised once per call (calls before it is raised count as
         one). The consumer stays usable: positions are unchanged, and a
         group member keeps its partitions."""
         self._woken = True
         self._handed.interrupt()
         self._data.set()
+        task = self._io_task  # a commit() waiting: cancel its I/O
+        if task is not None:
+            self._loop_thread.call_soon(task.cancel)
+
+    def _run_io(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """The group's I/O for the caller's thread (_BlockingIo.run): run on
+        the loop thread and waited for. In commit() and committed() outside a
+        poll, wakeup() cancels it (WakeupError), as Kafka's commitSync in
+        progress raises WakeupException: a commit already sent may land."""
+        if not self._wakeable_io:
+            return self._loop_thread.run(coro, timeout=timeout_s)
+        try:
+            return self._loop_thread.run(self._cancelled_by_wakeup(coro), timeout=timeout_s)
+        except concurrent.futures.CancelledError:
+            if not self._woken:
+                raise
+            self._woken = False
+            raise WakeupError("Consumer.wakeup() was called") from None
+
+    async def _cancelled_by_wakeup(self, coro: Coroutine[Any, Any, T]) -> T:
+        self._io_task = asyncio.current_task()
+        try:
+            # Set before the check: a wakeup() that did not see the task yet
+            # is seen here (both run under the GIL, in this order).
+            if self._woken:
+                coro.close()
+                raise asyncio.CancelledError
+            return await coro
+        finally:
+            self._io_task = None
+
+    def _run_wakeable(self, coro: Coroutine[Any, Any, T]) -> T:
+        """run_blocking for commit() and committed(): a wakeup() pending, or
+        one that comes while they wait, raises WakeupError, but inside a poll
+        (a rebalance listener's call: the poll raises it instead)."""
+        if self._in_poll:
+            return run_blocking(coro)
+        if self._woken:
+            coro.close()
+            self._woken = False
+            raise WakeupError("Consumer.wakeup() was called")
+        outer, self._wakeable_io = self._wakeable_io, True
+        try:
+            return run_blocking(coro)
+        finally:
+            self._wakeable_io = outer
 
     def _check_wakeup(self) -> None:
         """In a poll, once per wake-up: ClosedError after a close() from
@@ -265,8 +320,7 @@ class Consumer:
         UNKNOWN_MEMBER_ID when this member was fenced: it no longer owns
         those partitions)."""
         self._check_open()
-        self._check_wakeup_outside_poll()
-        run_blocking(self._side.commit(offsets))
+        self._run_wakeable(self._side.commit(offsets))
 
     def commit_async(
         self, offsets: Offsets | None = None, callback: CommitCallback | None = None
@@ -281,8 +335,7 @@ class Consumer:
         """The group's committed offset of `partition` (an OffsetAndMetadata
         with `metadata=True`); None when nothing is committed."""
         self._check_open()
-        self._check_wakeup_outside_poll()
-        return run_blocking(self._side.committed(partition, metadata))
+        return self._run_wakeable(self._side.committed(partition, metadata))
 
     def seek_to_committed(self, *partitions: TopicPartition) -> dict[TopicPartition, int | None]:
         """Move to the group's committed offsets (all assigned partitions

@@ -2,11 +2,14 @@
 (etcd, coordinator, 3 brokers): assign() with a group_id (commit, committed,
 seek_to_committed without joining), a rebalance forgetting the pause of the
 partitions it revokes, close(autocommit=False), and wakeup() and close()
-from another thread in a group."""
+from another thread in a group (and wakeup() of a commit() waiting for a
+frozen coordinator)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
 import time
 
@@ -301,3 +304,40 @@ def test_a_wakeup_in_a_group_keeps_the_membership_and_close_from_another_thread_
         assert asyncio.run(committed_offsets(cluster.bootstrap, group)) == {0: 5, 1: 5}
     finally:
         consumer.close()
+
+
+def test_a_wakeup_interrupts_a_commit_waiting_for_the_coordinator(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """A commit() waiting (its coordinator frozen: SIGSTOP, undone in a
+    `finally`) raises WakeupError on wakeup(), well before its timeout, as
+    Kafka's commitSync does; once the coordinator answers, commits work."""
+    topic, group = names
+    create_topic(cluster, topic, 1)
+    tp = TopicPartition(topic, 0)
+    (coordinator,) = cluster.coordinators
+    options = dict(OPTIONS, request_timeout_ms=120_000)
+    with Consumer(bootstrap_servers=cluster.bootstrap, group_id=group, **options) as consumer:
+        consumer.assign([tp])
+        consumer.commit({tp: 1})  # connected: the commit below waits on the coordinator alone
+        os.kill(coordinator.pid, signal.SIGSTOP)
+        try:
+            outcome: dict[str, BaseException] = {}
+
+            def commit() -> None:
+                try:
+                    consumer.commit({tp: 2})
+                except BaseException as exc:  # handed to the test
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=commit, daemon=True)
+            thread.start()
+            time.sleep(0.5)  # sent, waiting for the answer
+            consumer.wakeup()
+            thread.join(30)
+            assert not thread.is_alive(), "the commit slept on after wakeup()"
+            assert isinstance(outcome.get("error"), WakeupError), outcome
+        finally:
+            os.kill(coordinator.pid, signal.SIGCONT)
+        consumer.commit({tp: 3})
+        assert consumer.committed(tp) == 3
