@@ -106,8 +106,9 @@ def test_both_passes_write_the_same_buffers(buf: bytes) -> None:
 
 @st.composite
 def lying_batch(draw: st.DrawFn) -> bytes:
-    """An uncompressed batch whose column bytes or header counts were
-    overwritten at random (its CRC no longer holds: read unchecked)."""
+    """An uncompressed batch whose column bytes, header counts or header
+    blocks were overwritten at random (its CRC no longer holds: read
+    unchecked)."""
     batch = bytearray(draw(stored_batch(draw(st.integers(0, 2**40)))))
     header = records.read_header(batch)
     if header.attributes & CODEC_MASK:
@@ -118,12 +119,18 @@ def lying_batch(draw: st.DrawFn) -> bytes:
             )
         )
         header = records.read_header(batch)
-    columns_end = (
-        HEADER_SIZE + records._read_columns(header, bytes(batch[HEADER_SIZE:])).payload_start
-    )
+    columns = records._read_columns(header, bytes(batch[HEADER_SIZE:]))
+    columns_end = HEADER_SIZE + columns.payload_start
+    kinds = ["column", "count", "last_delta"] + (["header_block"] if columns.header_bytes else [])
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["column", "count", "last_delta"]))
-        if kind == "column":
+        kind = draw(st.sampled_from(kinds))
+        if kind == "header_block":
+            # The blocks are the body's tail: a count, a key or value length
+            # or key bytes that lie, in one block or across two.
+            at = draw(st.integers(len(batch) - columns.header_bytes, len(batch) - 1))
+            lie = draw(st.binary(min_size=1, max_size=4))[: len(batch) - at]
+            batch[at : at + len(lie)] = lie
+        elif kind == "column":
             at = draw(st.integers(HEADER_SIZE, columns_end - 1))
             lie = draw(st.binary(min_size=1, max_size=4))[: columns_end - at]
             batch[at : at + len(lie)] = lie
