@@ -20,7 +20,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from tidelog._client_metrics import Metrics
@@ -54,8 +54,9 @@ __all__ = ["AsyncConsumer"]
 class _AsyncIo:
     """The AsyncConsumer's `Io` for its GroupSide: everything on its own loop."""
 
-    def __init__(self, data: asyncio.Event) -> None:
+    def __init__(self, data: asyncio.Event, check_wakeup: Callable[[], None]) -> None:
         self._data = data
+        self._check_wakeup = check_wakeup
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         if timeout_s is None:
@@ -87,6 +88,11 @@ class _AsyncIo:
         with contextlib.suppress(TimeoutError):
             await within(self._data.wait(), timeout_s)
 
+    def check_wakeup(self) -> None:
+        # No wakeup(): asyncio's way to interrupt a getmany() is to cancel
+        # its task. Only stop() from another task wakes it (ClosedError).
+        self._check_wakeup()
+
 
 class AsyncConsumer:
     """The asyncio consumer (aiokafka's shape): of a group's partitions
@@ -110,6 +116,8 @@ class AsyncConsumer:
         self._timeout_s = self._config.request_timeout_ms / 1000
         self._started = False
         self._closed = False
+        # stop() begun: a getmany() waiting in another task raises ClosedError.
+        self._closing = False
         # What getone() and iteration returned, so that commit() commits exactly that.
         self._handed = HandedOut()
         self._topics = topics
@@ -118,7 +126,7 @@ class AsyncConsumer:
             if self._config.group_id is None
             else GroupClient(self._cluster, self._config, self._data.set)
         )
-        io = _AsyncIo(self._data)
+        io = _AsyncIo(self._data, self._check_closing)
         self._side = GroupSide(self._subs, self._config, group, self._handed, io, "AsyncConsumer")
 
     def _command(self, name: str, args: tuple[Any, ...]) -> None:
@@ -137,6 +145,10 @@ class AsyncConsumer:
             raise ClosedError("the consumer is stopped")
         if not self._started:
             raise IllegalStateError("call `await consumer.start()` first")
+
+    def _check_closing(self) -> None:
+        if self._closing:
+            raise ClosedError("the consumer was stopped while waiting for records")
 
     # ------------------------------------------------------------ groups
 
@@ -291,7 +303,9 @@ class AsyncConsumer:
         self, *partitions: TopicPartition, timeout_ms: float = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records by partition, waiting up to `timeout_ms` for some ({} if
-        none): of the named partitions only, or of every assigned one."""
+        none): of the named partitions only, or of every assigned one.
+        Interrupt it by cancelling its task (it takes no records then);
+        stop() from another task makes it raise ClosedError."""
         self._check_open()
         only = frozenset(check_partitions(partitions)) if partitions else None
         limit = self._config.max_poll_records if max_records is None else max_records
@@ -308,6 +322,7 @@ class AsyncConsumer:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self._data.clear()
+            self._check_closing()
             records = self._subs.collect(limit, only)
             if records:
                 return records
@@ -397,6 +412,10 @@ class AsyncConsumer:
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
             self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
+        # A getmany() waiting in another task: wake it (ClosedError; `async
+        # for` ends) instead of leaving it to sleep out its timeout.
+        self._closing = True
+        self._data.set()
         try:
             await self._side.close(autocommit=autocommit)
         finally:

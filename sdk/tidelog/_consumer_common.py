@@ -8,7 +8,7 @@ seen. `HandedOut` remembers the chunk and the last record returned, so that
 commit() (see `_consumer_group`) commits exactly what was returned: a process
 that commits after each record and dies loses nothing it had fetched ahead.
 
-Not thread-safe: the calling side only.
+Not thread-safe: the calling side only, but for `HandedOut.interrupt()`.
 """
 
 from __future__ import annotations
@@ -87,11 +87,20 @@ class HandedOut:
 
     def take(self, polled: dict[TopicPartition, list[ConsumerRecord]]) -> ConsumerRecord:
         """Start returning `polled` (not empty); returns its first record."""
-        self.records = chain.from_iterable(polled.values())
+        # A local: interrupt() may replace self.records at any moment.
+        records = chain.from_iterable(polled.values())
+        self.records = records
         self.chunk = polled
-        record = next(self.records)
+        record = next(records)
         self.last = record
         return record
+
+    def interrupt(self) -> None:
+        """Make iteration leave the chunk for its slow path (a poll) at its
+        next record, from any thread: one attribute store, so the per-record
+        path checks no flag. The records not returned are not lost: the poll
+        gives back `chunk` past `last` (give_back) before anything else."""
+        self.records = iter(())
 
     def give_back(self) -> dict[TopicPartition, list[ConsumerRecord]]:
         """The chunk's records not returned yet, by partition, and forget the

@@ -84,6 +84,13 @@ class Io(Protocol):
         """Until notify() or `timeout_s`."""
         ...
 
+    def check_wakeup(self) -> None:
+        """Raise what stops a poll early (the sync Consumer: WakeupError
+        after wakeup(), ClosedError after close() from another thread).
+        Called where the poll has nothing half done: events are applied
+        whole or not at all, so the membership survives."""
+        ...
+
 
 def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
     """Run a GroupSide coroutine whose Io blocks instead of awaiting: it runs
@@ -416,6 +423,7 @@ class GroupSide:
             deadline = time.monotonic() + timeout_ms / 1000
             while True:
                 io.clear()
+                io.check_wakeup()
                 self.run_callbacks()
                 await self.apply_events()
                 if group.left_for_poll_timeout and not group.events:

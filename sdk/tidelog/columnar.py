@@ -57,7 +57,7 @@ from tidelog.records import (
     BatchHeader,
     _Columns,
     _crecords,
-    _decode_header_block,
+    _decode_header_blocks,
     _read_array,
     _read_columns,
     read_header,
@@ -311,19 +311,16 @@ def _record_headers(
     if headers_at < 0:
         return None
     lengths, _ = _read_array("i", body, headers_at, count)
-    pos = payload_at + key_bytes + value_bytes
-    out: HeaderLists = []
+    # One copy of the blocks (the body's tail): the values are bytes.
+    blocks = bytes(body[payload_at + key_bytes + value_bytes :])
     try:
-        for length in lengths:
-            if length <= 0:
-                out.append(None)
-                continue
-            block = bytes(body[pos : pos + length])
-            pos += length
-            out.append([{"key": k, "value": v} for k, v in _decode_header_block(block)])
+        lists, _ = _decode_header_blocks(blocks, 0, lengths)
     except (IndexError, struct.error, UnicodeDecodeError) as exc:
         raise InvalidRecordError(f"malformed record header block: {exc}") from exc
-    return out
+    return [
+        None if length <= 0 else [{"key": k, "value": v} for k, v in headers]
+        for length, headers in zip(lengths, lists, strict=True)
+    ]
 
 
 #: The constant columns of a batch (topic, partition, timestampType) are

@@ -23,17 +23,25 @@ Or assign partitions and seek::
         consumer.assign([TopicPartition("orders", 0)])
         for record in consumer:            # or consumer.poll(timeout_ms=100)
             handle(record)
+
+Threads: a Consumer is used from one thread, but for `wakeup()` (Kafka's:
+the poll waiting now, or the next one, raises WakeupError) and `close()`
+(the poll waiting now raises ClosedError, iteration ends). Both wake the
+poll through the data event it waits on, and iteration through
+`HandedOut.interrupt()`: the per-record path takes no lock and reads no
+flag; a poll checks once per wake-up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import math
 import threading
 import time
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tidelog._async_consumer import AsyncConsumer
@@ -57,7 +65,7 @@ from tidelog._fetcher import EARLIEST, LATEST, Fetcher
 from tidelog._group_client import GroupClient
 from tidelog._loop_thread import LoopHandle, client_loop
 from tidelog._subscription import SubscriptionState
-from tidelog.errors import ClosedError, IllegalStateError, TidelogTimeoutError
+from tidelog.errors import ClosedError, IllegalStateError, TidelogTimeoutError, WakeupError
 from tidelog.group import RebalanceListener
 from tidelog.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 
@@ -65,6 +73,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 T = TypeVar("T")
+
+log = logging.getLogger("tidelog.consumer")
 
 __all__ = ["AsyncConsumer", "CommitCallback", "Consumer", "Offsets"]
 
@@ -74,15 +84,25 @@ class _BlockingIo:
     caller's thread on the LoopThread, so GroupSide's coroutines never suspend
     (run them with `run_blocking`)."""
 
-    def __init__(self, loop_thread: LoopHandle, data: threading.Event, timeout_s: float) -> None:
+    def __init__(
+        self,
+        loop_thread: LoopHandle,
+        data: threading.Event,
+        timeout_s: float,
+        run_io: Callable[[Coroutine[Any, Any, Any], float], Any],
+        check_wakeup: Callable[[], None],
+    ) -> None:
         self._loop_thread = loop_thread
         self._data = data
         self._timeout_s = timeout_s
+        self._run_io = run_io
+        self._check_wakeup = check_wakeup
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         # A membership change is bounded here too: the caller's thread must come back.
         timeout = self._timeout_s if timeout_s is None else timeout_s
-        return self._loop_thread.run(coro, timeout=timeout)
+        result: T = self._run_io(coro, timeout)
+        return result
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop_thread.loop)
@@ -102,11 +122,15 @@ class _BlockingIo:
     async def wait(self, timeout_s: float) -> None:
         self._data.wait(timeout_s)
 
+    def check_wakeup(self) -> None:
+        self._check_wakeup()
+
 
 class Consumer:
     """A blocking consumer: of a group's partitions (`group_id` and topics,
     or subscribe()), or of assigned ones. Options: see
-    `tidelog.config.ConsumerConfig`. Use it from one thread at a time.
+    `tidelog.config.ConsumerConfig`. Use it from one thread at a time; only
+    wakeup() and close() may be called from another thread.
 
     A partition without a committed offset starts at auto_offset_reset,
     "earliest" by default (Kafka's clients: "latest"; see ConsumerConfig)."""
@@ -132,12 +156,29 @@ class Consumer:
             self._handed = HandedOut()
             self._timeout_s = self._config.request_timeout_ms / 1000
             self._closed = False
+            # wakeup() called and not raised yet; close() begun (both set
+            # from any thread, read by the polling one: see _check_wakeup).
+            self._woken = False
+            self._closing = False
+            # Held by a poll: a close() from another thread waits for the
+            # poll it woke to let go before leaving the group under it.
+            self._polling = threading.RLock()
+            # Inside a poll (a rebalance listener's commit() or position()
+            # leaves a wakeup to the poll: raising there would fail the
+            # rebalance step).
+            self._in_poll = False
+            # In commit() or committed() outside a poll, whose I/O wakeup()
+            # cancels; the loop's task doing that I/O (see _run_io).
+            self._wakeable_io = False
+            self._io_task: asyncio.Task[Any] | None = None
             group = (
                 None
                 if self._config.group_id is None
                 else GroupClient(self._cluster, self._config, self._data.set)
             )
-            io = _BlockingIo(self._loop_thread, self._data, self._timeout_s)
+            io = _BlockingIo(
+                self._loop_thread, self._data, self._timeout_s, self._run_io, self._check_wakeup
+            )
             self._side = GroupSide(self._subs, self._config, group, self._handed, io, "Consumer")
         except BaseException:
             # The loop thread may be shared: give back this client's use of it.
@@ -156,6 +197,82 @@ class Consumer:
     def _check_open(self) -> None:
         if self._closed:
             raise ClosedError("the consumer is closed")
+
+    def wakeup(self) -> None:
+        """Interrupt this consumer from any thread (Kafka's wakeup(), the
+        one method that is thread-safe): the poll() waiting now raises
+        WakeupError, or the next one when none is; so do poll_arrow(),
+        iteration (at its next record: records it had fetched ahead are
+        kept for the next read) and, outside a poll, commit(), committed()
+        and position(), waiting or next (a commit interrupted may still
+        land). Raised once per call (calls before it is raised count as
+        one). The consumer stays usable: positions are unchanged, and a
+        group member keeps its partitions."""
+        self._woken = True
+        self._handed.interrupt()
+        self._data.set()
+        task = self._io_task  # a commit() waiting: cancel its I/O
+        if task is not None:
+            self._loop_thread.call_soon(task.cancel)
+
+    def _run_io(self, coro: Coroutine[Any, Any, T], timeout_s: float) -> T:
+        """The group's I/O for the caller's thread (_BlockingIo.run): run on
+        the loop thread and waited for. In commit() and committed() outside a
+        poll, wakeup() cancels it (WakeupError), as Kafka's commitSync in
+        progress raises WakeupException: a commit already sent may land."""
+        if not self._wakeable_io:
+            return self._loop_thread.run(coro, timeout=timeout_s)
+        try:
+            return self._loop_thread.run(self._cancelled_by_wakeup(coro), timeout=timeout_s)
+        except concurrent.futures.CancelledError:
+            if not self._woken:
+                raise
+            self._woken = False
+            raise WakeupError("Consumer.wakeup() was called") from None
+
+    async def _cancelled_by_wakeup(self, coro: Coroutine[Any, Any, T]) -> T:
+        self._io_task = asyncio.current_task()
+        try:
+            # Set before the check: a wakeup() that did not see the task yet
+            # is seen here (both run under the GIL, in this order).
+            if self._woken:
+                coro.close()
+                raise asyncio.CancelledError
+            return await coro
+        finally:
+            self._io_task = None
+
+    def _run_wakeable(self, coro: Coroutine[Any, Any, T]) -> T:
+        """run_blocking for commit() and committed(): a wakeup() pending, or
+        one that comes while they wait, raises WakeupError, but inside a poll
+        (a rebalance listener's call: the poll raises it instead)."""
+        if self._in_poll:
+            return run_blocking(coro)
+        if self._woken:
+            coro.close()
+            self._woken = False
+            raise WakeupError("Consumer.wakeup() was called")
+        outer, self._wakeable_io = self._wakeable_io, True
+        try:
+            return run_blocking(coro)
+        finally:
+            self._wakeable_io = outer
+
+    def _check_wakeup(self) -> None:
+        """In a poll, once per wake-up: ClosedError after a close() from
+        another thread, WakeupError after wakeup()."""
+        if self._closing:
+            raise ClosedError("the consumer was closed while polling")
+        if self._woken:
+            # Not atomic with wakeup()'s store: a wakeup() that races this
+            # one is folded into it, as two wakeup() calls before a poll are.
+            self._woken = False
+            raise WakeupError("Consumer.wakeup() was called")
+
+    def _check_wakeup_outside_poll(self) -> None:
+        if self._woken and not self._in_poll:
+            self._woken = False
+            raise WakeupError("Consumer.wakeup() was called")
 
     # ------------------------------------------------------------ groups
 
@@ -203,7 +320,7 @@ class Consumer:
         UNKNOWN_MEMBER_ID when this member was fenced: it no longer owns
         those partitions)."""
         self._check_open()
-        run_blocking(self._side.commit(offsets))
+        self._run_wakeable(self._side.commit(offsets))
 
     def commit_async(
         self, offsets: Offsets | None = None, callback: CommitCallback | None = None
@@ -218,7 +335,7 @@ class Consumer:
         """The group's committed offset of `partition` (an OffsetAndMetadata
         with `metadata=True`); None when nothing is committed."""
         self._check_open()
-        return run_blocking(self._side.committed(partition, metadata))
+        return self._run_wakeable(self._side.committed(partition, metadata))
 
     def seek_to_committed(self, *partitions: TopicPartition) -> dict[TopicPartition, int | None]:
         """Move to the group's committed offsets (all assigned partitions
@@ -285,6 +402,7 @@ class Consumer:
         deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
         while True:
             self._data.clear()
+            self._check_wakeup_outside_poll()
             position = self._subs.position(tp)
             if position is None:
                 self._subs.absorb()
@@ -322,7 +440,19 @@ class Consumer:
         self, timeout_ms: float = 0, max_records: int | None = None
     ) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records fetched for the assigned partitions, by partition, waiting
-        up to `timeout_ms` for some. Returns {} when none came in time."""
+        up to `timeout_ms` for some. Returns {} when none came in time.
+        Raises WakeupError after wakeup(), ClosedError when close() is
+        called meanwhile (from another thread)."""
+        with self._polling:
+            outer, self._in_poll = self._in_poll, True
+            try:
+                return self._poll(timeout_ms, max_records)
+            finally:
+                self._in_poll = outer
+
+    def _poll(
+        self, timeout_ms: float, max_records: int | None
+    ) -> dict[TopicPartition, list[ConsumerRecord]]:
         self._check_open()
         limit = self._config.max_poll_records if max_records is None else max_records
         if self._handed.chunk:
@@ -335,6 +465,7 @@ class Consumer:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self._data.clear()
+            self._check_wakeup()
             records = self._subs.collect(limit)
             if records:
                 return records
@@ -356,7 +487,17 @@ class Consumer:
         pause/resume and group membership behave as with poll(); there is no
         max_records: a fetch answer is the unit. Returns {} when nothing came
         within `timeout_ms`. `pyarrow.Table.from_batches(batches)` joins a
-        partition's batches without copying."""
+        partition's batches without copying. Woken and closed as poll()."""
+        with self._polling:
+            outer, self._in_poll = self._in_poll, True
+            try:
+                return self._poll_arrow(timeout_ms, include_headers)
+            finally:
+                self._in_poll = outer
+
+    def _poll_arrow(
+        self, timeout_ms: float, include_headers: bool
+    ) -> dict[TopicPartition, list[pa.RecordBatch]]:
         from tidelog._arrow_poll import collect_arrow  # pyarrow only when asked for
 
         self._check_open()
@@ -373,6 +514,7 @@ class Consumer:
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
             self._data.clear()
+            self._check_wakeup()
             batches = collect()
             if batches:
                 return batches
@@ -398,12 +540,17 @@ class Consumer:
         forever = timeout_ms is None or math.isinf(timeout_ms)
         deadline = None if forever else time.monotonic() + timeout_ms / 1000  # type: ignore[operator]
         while True:
-            if self._closed:
+            if self._closed or self._closing:
                 raise StopIteration
             wait_ms = 1000.0 if deadline is None else max((deadline - time.monotonic()) * 1000, 0)
             chunk = self._config.max_poll_records if self._side.subscribed else ITERATION_CHUNK
-            self._handed.reset()  # every record of the last chunk was returned
-            polled = self.poll(timeout_ms=wait_ms, max_records=chunk)
+            # No reset of the chunk here: a wakeup() or close() may have sent
+            # iteration here before its end, and poll() gives back what was
+            # not returned (nothing when all was).
+            try:
+                polled = self.poll(timeout_ms=wait_ms, max_records=chunk)
+            except ClosedError:
+                raise StopIteration from None  # closed from another thread meanwhile
             if polled:
                 return self._handed.take(polled)
             if deadline is not None and time.monotonic() >= deadline:
@@ -466,10 +613,22 @@ class Consumer:
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
             self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
+        # Called from another thread than the polling one: wake its poll
+        # (which raises ClosedError; iteration ends) and wait until it let go
+        # (a wait of at most a second, or a group step bounded by
+        # request_timeout_ms) before leaving the group under it.
+        self._closing = True
+        self._handed.interrupt()
+        self._data.set()
+        let_go = self._polling.acquire(timeout=self._timeout_s)
+        if not let_go:
+            log.warning("closing while a poll still runs in another thread")
         try:
             run_blocking(self._side.close(autocommit=autocommit))
         finally:
             self._closed = True
+            if let_go:
+                self._polling.release()
             try:
                 self._loop_thread.run(self._close(), timeout=10)
             finally:

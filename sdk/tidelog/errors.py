@@ -361,6 +361,16 @@ class ClosedError(TidelogError):
     grpc_status = grpc.StatusCode.CANCELLED
 
 
+class WakeupError(TidelogError):
+    """`Consumer.wakeup()` interrupted a poll() (Kafka's WakeupException):
+    the one waiting when it was called, or the next one. The consumer stays
+    usable: the call that raised took no records, so positions are where
+    they were, and a group member keeps its membership."""
+
+    code_name = "UNKNOWN_SERVER_ERROR"
+    grpc_status = grpc.StatusCode.CANCELLED
+
+
 class IllegalStateError(TidelogError):
     """The client was used in a way its state does not allow (for example
     poll() before assign())."""

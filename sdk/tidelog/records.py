@@ -503,25 +503,53 @@ def _slice_column(
     return [blob[a:b] for a, b in pairwise(ends)], end
 
 
-def _decode_header_block(block: bytes) -> list[Header]:
-    if not block:
-        return []
-    (count,) = _U16.unpack_from(block, 0)
-    pos = 2
-    out: list[Header] = []
-    for _ in range(count):
-        (klen,) = _U16.unpack_from(block, pos)
-        pos += 2
-        key = block[pos : pos + klen].decode()
-        pos += klen
-        (vlen,) = _I32.unpack_from(block, pos)
-        pos += 4
-        if vlen < 0:
-            out.append((key, None))
-        else:
-            out.append((key, block[pos : pos + vlen]))
-            pos += vlen
-    return out
+def _header_block_mismatch(declared: int, taken: int) -> InvalidRecordError:
+    """The error for a header block whose headers do not fill exactly its
+    declared bytes: what a broker answers a producer (check_body) and what a
+    consumer's decoders raise for a stored one (a lying broker's)."""
+    return InvalidRecordError(
+        f"malformed record header block: {declared} bytes declared, its headers take {taken}"
+    )
+
+
+def _decode_header_blocks(blob: bytes, pos: int, lengths: array) -> tuple[list[list[Header]], int]:
+    """The headers of the header blocks at `pos` in `blob`, one list per
+    length in `lengths` ([] for a length <= 0: a record without headers),
+    and where the blocks end. The walk of check_body (`_check_header_blocks`),
+    building the headers, with its error: a block whose headers do not take
+    exactly its bytes is refused (one that counted too few would drop the
+    rest silently, one whose last value ran past it would cut it short).
+    Raises InvalidRecordError; struct.error or UnicodeDecodeError for bytes
+    that are not headers (the callers map them)."""
+    u16 = _U16.unpack_from
+    i32 = _I32.unpack_from
+    out: list[list[Header]] = []
+    for length in lengths:
+        if length <= 0:
+            out.append([])
+            continue
+        end = pos + length
+        (count,) = u16(blob, pos)
+        at = pos + 2
+        headers: list[Header] = []
+        for _ in range(count):
+            (klen,) = u16(blob, at)
+            key_end = at + 2 + klen
+            key = blob[at + 2 : key_end].decode()
+            (vlen,) = i32(blob, key_end)
+            at = key_end + 4
+            if vlen < 0:
+                headers.append((key, None))
+            else:
+                headers.append((key, blob[at : at + vlen]))
+                at += vlen
+            if at > end:
+                break
+        if at != end:
+            raise _header_block_mismatch(length, at - pos)
+        out.append(headers)
+        pos = end
+    return out, pos
 
 
 #: What a length column holds (`_payload_bytes`): no -1, some, only -1.
@@ -685,10 +713,7 @@ def _check_header_blocks(blocks: bytes, lengths: array) -> None:
         except (struct.error, UnicodeDecodeError) as exc:
             raise InvalidRecordError(f"malformed record header block: {exc}") from exc
         if at != end:
-            raise InvalidRecordError(
-                f"malformed record header block: {length} bytes declared, "
-                f"its headers take {at - pos}"
-            )
+            raise _header_block_mismatch(length, at - pos)
         pos = end
 
 
@@ -878,8 +903,7 @@ def _build_records_c(
         # (batches with headers are rare; their cost is per header anyway).
         blocks_at = payload_start + columns.key_bytes + columns.value_bytes
         try:
-            blocks, _ = _slice_column(blob, blocks_at, columns.header_lengths)
-            headers = [_decode_header_block(b or b"") for b in blocks]
+            headers, _ = _decode_header_blocks(blob, blocks_at, columns.header_lengths)
         except (IndexError, struct.error, UnicodeDecodeError) as exc:
             raise InvalidRecordError(f"malformed batch body: {exc}") from exc
     # The C loop sees this body's bytes only, not the rest of a fetch answer.
@@ -936,8 +960,7 @@ def _decode_columns(
             keys, pos = _slice_column(blob, pos, key_lengths, columns.key_nulls)
         values, pos = _slice_column(blob, pos, columns.value_lengths, columns.value_nulls)
         if columns.header_lengths is not None:
-            blocks, pos = _slice_column(blob, pos, columns.header_lengths)
-            record_headers = [_decode_header_block(b or b"") for b in blocks]
+            record_headers, pos = _decode_header_blocks(blob, pos, columns.header_lengths)
         else:
             record_headers = []
     except (IndexError, struct.error, UnicodeDecodeError) as exc:

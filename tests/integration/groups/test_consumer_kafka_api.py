@@ -1,15 +1,21 @@
 """Consumer calls of issue 17 that need a coordinator, against a real cluster
 (etcd, coordinator, 3 brokers): assign() with a group_id (commit, committed,
 seek_to_committed without joining), a rebalance forgetting the pause of the
-partitions it revokes, and close(autocommit=False)."""
+partitions it revokes, close(autocommit=False), and wakeup() and close()
+from another thread in a group (and wakeup() of a commit() waiting for a
+frozen coordinator)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import threading
 import time
 
 import pytest
 from tidelog import AdminClient, AsyncAdminClient, AsyncConsumer, Consumer, TopicPartition
+from tidelog.errors import ClosedError, WakeupError
 
 from tests.integration.groups.conftest import create_topic, produce
 from tests.support.cluster import ClusterProcesses
@@ -216,3 +222,122 @@ def test_stop_with_no_time_left_drops_the_final_commit(
     assert asyncio.run(committed_offsets(cluster.bootstrap, group)) == {}
     with AdminClient(cluster.bootstrap) as admin:
         assert admin.describe_consumer_groups([group])[group].members == []
+
+
+def _poll_in_thread(consumer: Consumer) -> tuple[threading.Thread, dict[str, BaseException]]:
+    """A poll with a long timeout in another thread, started and waiting."""
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            consumer.poll(timeout_ms=120_000)
+        except BaseException as exc:  # handed to the test
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not consumer._in_poll:
+        assert time.monotonic() < deadline, "the poll did not start"
+        time.sleep(0.01)
+    time.sleep(0.2)  # into its wait
+    return thread, outcome
+
+
+def test_a_wakeup_in_a_group_keeps_the_membership_and_close_from_another_thread_leaves(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """wakeup() interrupts a group member's poll (and, pending, its next
+    commit()) without a rebalance: same partitions, no revocation, commits
+    accepted (a fenced member's are refused), reading goes on where it was.
+    close() from another thread wakes the poll (ClosedError) and leaves
+    the group with what was read committed."""
+    topic, group = names
+    create_topic(cluster, topic, 2)
+    produce(cluster, topic, 2, 3)
+    calls: list[tuple[str, set]] = []
+
+    class Listener:
+        def on_partitions_revoked(self, partitions: set) -> None:
+            calls.append(("revoked", partitions))
+
+        def on_partitions_assigned(self, partitions: set) -> None:
+            calls.append(("assigned", partitions))
+
+        def on_partitions_lost(self, partitions: set) -> None:
+            calls.append(("lost", partitions))
+
+    consumer = Consumer(bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS)
+    try:
+        consumer.subscribe([topic], listener=Listener())
+        assert len(read(consumer, 6)) == 6
+        assigned = consumer.assignment()
+        assert len(assigned) == 2 and calls == [("assigned", assigned)]
+
+        thread, outcome = _poll_in_thread(consumer)
+        consumer.wakeup()
+        thread.join(30)
+        assert not thread.is_alive(), "the poll slept on after wakeup()"
+        assert isinstance(outcome.get("error"), WakeupError), outcome
+
+        consumer.wakeup()
+        with pytest.raises(WakeupError):
+            consumer.commit()
+        consumer.commit()  # still a member of the same generation
+        assert asyncio.run(committed_offsets(cluster.bootstrap, group)) == {0: 3, 1: 3}
+        produce(cluster, topic, 2, 2)
+        assert sorted((r.partition, r.offset) for r in read(consumer, 4)) == [
+            (0, 3),
+            (0, 4),
+            (1, 3),
+            (1, 4),
+        ]
+        assert consumer.assignment() == assigned and calls == [("assigned", assigned)]
+
+        thread, outcome = _poll_in_thread(consumer)
+        consumer.close()
+        thread.join(30)
+        assert not thread.is_alive(), "the poll slept on after close()"
+        assert isinstance(outcome.get("error"), ClosedError), outcome
+        # It left as a closing member does: revoked, committed what it read.
+        assert calls[-1] == ("revoked", assigned)
+        assert asyncio.run(committed_offsets(cluster.bootstrap, group)) == {0: 5, 1: 5}
+    finally:
+        consumer.close()
+
+
+def test_a_wakeup_interrupts_a_commit_waiting_for_the_coordinator(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """A commit() waiting (its coordinator frozen: SIGSTOP, undone in a
+    `finally`) raises WakeupError on wakeup(), well before its timeout, as
+    Kafka's commitSync does; once the coordinator answers, commits work."""
+    topic, group = names
+    create_topic(cluster, topic, 1)
+    tp = TopicPartition(topic, 0)
+    (coordinator,) = cluster.coordinators
+    options = dict(OPTIONS, request_timeout_ms=120_000)
+    with Consumer(bootstrap_servers=cluster.bootstrap, group_id=group, **options) as consumer:
+        consumer.assign([tp])
+        consumer.commit({tp: 1})  # connected: the commit below waits on the coordinator alone
+        os.kill(coordinator.pid, signal.SIGSTOP)
+        try:
+            outcome: dict[str, BaseException] = {}
+
+            def commit() -> None:
+                try:
+                    consumer.commit({tp: 2})
+                except BaseException as exc:  # handed to the test
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=commit, daemon=True)
+            thread.start()
+            time.sleep(0.5)  # sent, waiting for the answer
+            consumer.wakeup()
+            thread.join(30)
+            assert not thread.is_alive(), "the commit slept on after wakeup()"
+            assert isinstance(outcome.get("error"), WakeupError), outcome
+        finally:
+            os.kill(coordinator.pid, signal.SIGCONT)
+        consumer.commit({tp: 3})
+        assert consumer.committed(tp) == 3

@@ -21,6 +21,7 @@ from tidelog.compression import CODEC_MASK, CompressionType, decompress
 from tidelog.records import HEADER_SIZE
 
 from tests.unit.sdk.test_columnar import fetches, stored_batch
+from tests.unit.sdk.test_records import HEADER_BLOCK_LIES, lying_header_block
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -105,8 +106,9 @@ def test_both_passes_write_the_same_buffers(buf: bytes) -> None:
 
 @st.composite
 def lying_batch(draw: st.DrawFn) -> bytes:
-    """An uncompressed batch whose column bytes or header counts were
-    overwritten at random (its CRC no longer holds: read unchecked)."""
+    """An uncompressed batch whose column bytes, header counts or header
+    blocks were overwritten at random (its CRC no longer holds: read
+    unchecked)."""
     batch = bytearray(draw(stored_batch(draw(st.integers(0, 2**40)))))
     header = records.read_header(batch)
     if header.attributes & CODEC_MASK:
@@ -117,12 +119,18 @@ def lying_batch(draw: st.DrawFn) -> bytes:
             )
         )
         header = records.read_header(batch)
-    columns_end = (
-        HEADER_SIZE + records._read_columns(header, bytes(batch[HEADER_SIZE:])).payload_start
-    )
+    columns = records._read_columns(header, bytes(batch[HEADER_SIZE:]))
+    columns_end = HEADER_SIZE + columns.payload_start
+    kinds = ["column", "count", "last_delta"] + (["header_block"] if columns.header_bytes else [])
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["column", "count", "last_delta"]))
-        if kind == "column":
+        kind = draw(st.sampled_from(kinds))
+        if kind == "header_block":
+            # The blocks are the body's tail: a count, a key or value length
+            # or key bytes that lie, in one block or across two.
+            at = draw(st.integers(len(batch) - columns.header_bytes, len(batch) - 1))
+            lie = draw(st.binary(min_size=1, max_size=4))[: len(batch) - at]
+            batch[at : at + len(lie)] = lie
+        elif kind == "column":
             at = draw(st.integers(HEADER_SIZE, columns_end - 1))
             lie = draw(st.binary(min_size=1, max_size=4))[: columns_end - at]
             batch[at : at + len(lie)] = lie
@@ -148,6 +156,26 @@ def test_lying_columns_are_refused_alike(good: bytes, lying: bytes) -> None:
     assert got["c"][1] == got["python"][1]
     assert got["c"][0].equals(got["python"][0])
     assert got["c"][0].num_rows >= good_header.record_count
+
+
+@needs_c
+@pytest.mark.parametrize("lie", list(HEADER_BLOCK_LIES))
+def test_a_miscounted_header_block_stops_both_reads_at_its_batch(lie: str) -> None:
+    """A header block that counts too few headers (or whose last value runs
+    past it) stops poll_arrow's read at its batch, C and Python alike, with
+    check_body's message; the records before it are returned."""
+    good = records.encode_batch([b"a", b"b"], headers=[[("k", b"v")], None])
+    buf = good + lying_header_block(lie, base_offset=2)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        got = decode_both(monkeypatch, buf, include_headers=True)
+    expected = (
+        f"t-3: the batch at offset 2 (to 3) cannot be decoded: {HEADER_BLOCK_LIES[lie]}. "
+        "Records before it were returned; seek to 4 to skip it"
+    )
+    for name, (batch, error) in got.items():
+        assert batch.column("value").to_pylist() == [b"a", b"b"], name
+        assert batch.column("headers").to_pylist() == [[{"key": "k", "value": b"v"}], None]
+        assert error == expected, name
 
 
 @pytest.mark.parametrize("name", ["c", "python"])

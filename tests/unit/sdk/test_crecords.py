@@ -9,13 +9,16 @@ import random
 import shutil
 import sysconfig
 from array import array
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tidelog import records
+from tidelog._subscription import SubscriptionState
 from tidelog.compression import CompressionType
-from tidelog.errors import InvalidRecordError
+from tidelog.config import ConsumerConfig
+from tidelog.errors import InvalidRecordError, UndecodableBatchError
 from tidelog.records import (
     HEADER_SIZE,
     LOG_APPEND_TIME,
@@ -23,7 +26,9 @@ from tidelog.records import (
     encode_batch,
     read_header,
 )
-from tidelog.types import ConsumerRecord
+from tidelog.types import ConsumerRecord, TopicPartition
+
+from tests.unit.sdk.test_records import HEADER_BLOCK_LIES, lying_header_block
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -177,6 +182,31 @@ def test_a_lying_body_is_refused_by_either_loop(
     buf[lengths_at + 4 : lengths_at + 8] = (1_000).to_bytes(4, "little")
     with pytest.raises(InvalidRecordError, match="add up to"):
         decode_records_at(bytes(buf), 0, read_header(buf, 0), ConsumerRecord, "t", 0, 0)
+
+
+@pytest.mark.parametrize("lie", list(HEADER_BLOCK_LIES))
+@pytest.mark.parametrize("deserialized", [False, True])
+@pytest.mark.parametrize("builder", list(BUILDERS))
+def test_a_miscounted_header_block_stops_the_consumer_at_its_batch(
+    builder: str, deserialized: bool, lie: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header block that counts too few headers (or whose last value runs
+    past it) is refused by either loop, plain or through deserializers, as
+    check_body refuses it: the records before its batch are returned, then
+    an UndecodableBatchError naming the batch and check_body's message."""
+    if builder == "c" and records._crecords is None:
+        pytest.skip("tidelog._crecords is not built")
+    monkeypatch.setattr(records, "_build_records", BUILDERS[builder])
+    good = encode_batch([b"a", b"b"], headers=[[("k", b"v")], None])
+    buf = good + lying_header_block(lie, base_offset=2)
+    deserializers = {"value_deserializer": bytes.decode} if deserialized else {}
+    config = ConsumerConfig(bootstrap_servers="127.0.0.1:1", **deserializers)
+    state = SubscriptionState(config, deque(), lambda name, args: None)
+    got, error = state._decode(TopicPartition("t", 0), buf, 0)
+    assert [(r.offset, list(r.headers)) for r in got] == [(0, [("k", b"v")]), (1, [])]
+    assert isinstance(error, UndecodableBatchError)
+    assert (error.offset, error.next_offset) == (2, 4)
+    assert HEADER_BLOCK_LIES[lie] in error.message
 
 
 def test_the_c_loop_is_built_where_a_compiler_is() -> None:

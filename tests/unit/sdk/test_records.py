@@ -250,6 +250,54 @@ def test_a_header_block_must_hold_what_it_declares() -> None:
         records.decode_body(header, bytes(bad_key))
 
 
+#: The header blocks of `lying_header_block`'s batch: the first record's.
+_BLOCK_HEADERS = [("k", b"v"), ("k2", b"w")]
+
+
+def lying_header_block(lie: str, base_offset: int = 0) -> bytes:
+    """Two records, the first with a header block that is well formed but
+    lies (CRC recomputed: what a lying broker can serve): "too_few" counts
+    one header where two are, "value_past_end" makes the last value's length
+    run past the block."""
+    batch = bytearray(
+        records.encode_batch([b"c", b"d"], headers=[_BLOCK_HEADERS, None], base_offset=base_offset)
+    )
+    # Header blocks are the body's tail; the second record has none.
+    block_at = len(batch) - len(records._encode_headers(_BLOCK_HEADERS))
+    if lie == "too_few":
+        struct.pack_into("<H", batch, block_at, 1)
+    else:
+        value_length_at = len(batch) - 1 - 4  # before the last value, b"w"
+        struct.pack_into("<i", batch, value_length_at, 6)
+    crc = crc32c.crc32c(bytes(batch[records.CRC_START :]))
+    struct.pack_into(">I", batch, 17, crc)
+    return bytes(batch)
+
+
+#: What check_body says of each lie, and so what the decoders must say.
+HEADER_BLOCK_LIES = {
+    "too_few": "malformed record header block: 19 bytes declared, its headers take 10",
+    "value_past_end": "malformed record header block: 19 bytes declared, its headers take 24",
+}
+
+
+@pytest.mark.parametrize("lie", list(HEADER_BLOCK_LIES))
+def test_a_header_block_that_miscounts_is_refused_by_check_body_and_the_decoders(
+    lie: str,
+) -> None:
+    """The broker refuses such a block at produce time; a consumer's
+    decoders refuse a stored one (served by a lying broker) with the same
+    message instead of dropping or cutting headers silently."""
+    batch = lying_header_block(lie)
+    header = records.validate_batch(batch)
+    with pytest.raises(InvalidRecordError) as refused:
+        check(batch)
+    assert refused.value.message == HEADER_BLOCK_LIES[lie]
+    with pytest.raises(InvalidRecordError) as decoded:
+        records.decode_body(header, body_of(batch))
+    assert decoded.value.message == HEADER_BLOCK_LIES[lie]
+
+
 @pytest.mark.parametrize("codec", [c for c in CompressionType if c != CompressionType.NONE])
 def test_a_codec_flag_on_a_raw_body_is_refused(codec: CompressionType) -> None:
     raw = body_of(records.encode_batch([b"plain", b"bytes"]))
