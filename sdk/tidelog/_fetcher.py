@@ -162,6 +162,7 @@ class FetchSession:
             request.max_bytes = self._config.response_max_bytes
             request.min_bytes = self._config.fetch_min_bytes
             request.max_wait_ms = self._config.fetch_max_wait_ms
+            request.max_answers_per_message = self._config.fetch_answers_per_message
         self._last_event = time.monotonic()
         self._requests.put_nowait(request)
 
