@@ -200,8 +200,8 @@ class FetchSession:
         pieces, size = first.pieces, first.size
         try:
             for _ in range(1, self._answers_per_message):
-                if size + self._max_bytes > MAX_RESPONSE_BYTES:
-                    break
+                if not self._positions or size + self._max_bytes > MAX_RESPONSE_BYTES:
+                    break  # (an answer's failed reads removed their positions)
                 # Reads within what is left of the credit and of the budget
                 # (both already charged with the answers taken).
                 more = self._collect()

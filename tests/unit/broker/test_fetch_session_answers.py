@@ -133,6 +133,29 @@ def test_a_message_stops_at_the_connections_share_of_the_budget(
     assert first == [_answer(0), (20, 30, len(BATCH))]
 
 
+def test_a_failed_read_ends_the_message_and_the_stream_goes_on(
+    manager: PartitionManager,
+) -> None:
+    session = FetchSession(manager)
+    request = _request(credit=1 << 20, answers=4)
+    request.positions[0].fetch_offset = 1000  # past the end: OFFSET_OUT_OF_RANGE
+    session.apply(request)
+
+    async def read() -> tuple[log_pb2.FetchResponse, list[tuple[int, int, int]]]:
+        responses = session.responses()
+        try:
+            failed = log_pb2.FetchResponse.FromString(await anext(responses))
+            # The failed read removed the position; a new one is read from.
+            session.apply(_request(credit=0))
+            return failed, _spans(await asyncio.wait_for(anext(responses), 10))
+        finally:
+            await responses.aclose()
+
+    failed, after = asyncio.run(read())
+    assert [(p.fetch_offset, p.error.code != 0) for p in failed.partitions] == [(1000, True)]
+    assert after == [_answer(0), _answer(1), _answer(2), _answer(3)]
+
+
 @pytest.mark.parametrize("answers", [-1, MAX_ANSWERS_PER_MESSAGE + 1])
 def test_a_bad_answer_count_is_refused_naming_the_limit(
     manager: PartitionManager, answers: int
