@@ -132,7 +132,8 @@ async def _thread_time() -> float:
 
 
 def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_bytes: int,
-        counters: _Counters, memory_reuse: bool) -> str:  # fmt: skip
+        counters: _Counters, memory_reuse: bool,
+        channel_options: tuple[tuple[str, int | str], ...] = ()) -> str:  # fmt: skip
     counters.reset()
     tp = TopicPartition(topic, 0)
     options: dict[str, Any] = {
@@ -141,6 +142,8 @@ def run(address: str, broker_pid: int, topic: str, count: int, mode: str, fetch_
     }
     if not memory_reuse:
         options["freed_memory_kept_bytes"] = 0
+    if channel_options:
+        options["grpc_channel_options"] = channel_options
     consumer = Consumer(bootstrap_servers=address, max_poll_records=1_000_000, **options)
     try:
         consumer.assign([tp])
@@ -245,6 +248,11 @@ def session_only(records: int, record_bytes: int, fetch_bytes: int, batch_record
     )
 
 
+def _channel_option(text: str) -> tuple[str, int | str]:
+    key, _, value = text.partition("=")
+    return key, int(value) if value.lstrip("-").isdigit() else value
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=2_000_000)
@@ -254,6 +262,17 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument(
         "--no-memory-reuse", action="store_true", help="consumers with freed_memory_kept_bytes=0"
+    )
+    ap.add_argument(
+        "--channel-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a gRPC channel option for the consumers (an int VALUE is passed as an int); "
+        "repeatable. With --alternate, the runs alternate with and without them",
+    )
+    ap.add_argument(
+        "--alternate", action="store_true", help="each mode with and without --channel-option"
     )
     ap.add_argument("--session-only", action="store_true", help="see the module doc")
     ap.add_argument("--batch-records", type=int, default=1250, help="with --session-only")
@@ -273,13 +292,17 @@ def main() -> None:
         workloads.produce(
             broker.address, broker.pid, topic, args.records, args.record_bytes, workload="fill"
         )
+        chosen = tuple(_channel_option(text) for text in args.channel_option)
+        variants = [(), chosen] if args.alternate else [chosen]
         for _ in range(args.repeat):
             for mode in args.modes.split(","):
-                line = run(
-                    broker.address, broker.pid, topic, args.records, mode, args.fetch_bytes,
-                    counters, not args.no_memory_reuse,
-                )  # fmt: skip
-                print(line, flush=True)
+                for channel_options in variants:
+                    line = run(
+                        broker.address, broker.pid, topic, args.records, mode, args.fetch_bytes,
+                        counters, not args.no_memory_reuse, channel_options,
+                    )  # fmt: skip
+                    label = " ".join(f"{k}={v}" for k, v in channel_options)
+                    print(line + (f"; options {label}" if label else ""), flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,10 @@
   first request grants `window` bytes of credit; the broker streams
   responses while credit remains; the consumer grants bytes back as the
   application consumes them (`grant`), so at most `window` bytes of fetched
-  data are ever buffered, however slow the application;
+  data are ever buffered, however slow the application. It also lets the
+  broker put up to fetch_answers_per_message answers into one message when
+  several are ready at once: a message costs the receive path more than its
+  bytes (bench.fetch_profile), and each answer is still taken on its own;
 - the loop-side state of each assigned partition: its epoch (bumped by every
   seek, so the answers of an old position are recognised), the session that
   reads it, and `fetch_next`, where a new session must resume;
@@ -162,6 +165,7 @@ class FetchSession:
             request.max_bytes = self._config.response_max_bytes
             request.min_bytes = self._config.fetch_min_bytes
             request.max_wait_ms = self._config.fetch_max_wait_ms
+            request.max_answers_per_message = self._config.fetch_answers_per_message
         self._last_event = time.monotonic()
         self._requests.put_nowait(request)
 

@@ -36,6 +36,8 @@ MIB = 1024 * 1024
 #: gRPC's own cap on a message; Tidelog raises it to fit a full fetch
 #: response (fetch_max_bytes, 50 MiB by default) plus framing.
 GRPC_MAX_MESSAGE_BYTES = 64 * MIB
+#: The broker's limit on FetchRequest.max_answers_per_message.
+MAX_FETCH_ANSWERS_PER_MESSAGE = 16
 
 
 def default_bootstrap() -> str:
@@ -337,7 +339,7 @@ class ConsumerConfig(CommonConfig):
     fetch_min_bytes: int = 1
     #: ... or once this much time has passed.
     fetch_max_wait_ms: int = 500
-    #: Largest fetch response (bytes of record data).
+    #: Largest fetch answer (bytes of record data).
     fetch_max_bytes: int = 50 * MIB
     #: Largest amount of one partition's data in one response.
     max_partition_fetch_bytes: int = 1 * MIB
@@ -346,6 +348,14 @@ class ConsumerConfig(CommonConfig):
     #: memory; two or more responses' worth keeps the stream busy while the
     #: application works. None: 4 x max_partition_fetch_bytes, at least 8 MiB.
     fetch_buffer_bytes: int | None = None
+    #: Fetch answers the broker may send in one gRPC message when several
+    #: are ready at once (a consumer catching up): each answer keeps
+    #: fetch_max_bytes and max_partition_fetch_bytes and is handled as its
+    #: own fetch (poll_arrow: one RecordBatch each), but a message costs the
+    #: client's gRPC receive more than its bytes do, so fewer, larger
+    #: messages cost less CPU per record on both sides. 1: one answer per
+    #: message; at most 16. The credit window still bounds what is in flight.
+    fetch_answers_per_message: int = 4
     #: Most records one poll() returns.
     max_poll_records: int = 500
     #: Where to start when there is no position or it is out of range:
@@ -382,6 +392,11 @@ class ConsumerConfig(CommonConfig):
         _positive("fetch_max_bytes", self.fetch_max_bytes)
         _positive("max_partition_fetch_bytes", self.max_partition_fetch_bytes)
         _positive("max_poll_records", self.max_poll_records)
+        if not 1 <= self.fetch_answers_per_message <= MAX_FETCH_ANSWERS_PER_MESSAGE:
+            raise ValueError(
+                f"fetch_answers_per_message must be between 1 and "
+                f"{MAX_FETCH_ANSWERS_PER_MESSAGE}, got {self.fetch_answers_per_message}"
+            )
         _non_negative("freed_memory_kept_bytes", self.freed_memory_kept_bytes)
         if self.partition_assignment_strategy not in ("cooperative-sticky", "range", "roundrobin"):
             raise ValueError(

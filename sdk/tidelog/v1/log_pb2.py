@@ -25,15 +25,15 @@ _sym_db = _symbol_database.Default()
 from tidelog.v1 import common_pb2 as tidelog_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14tidelog/v1/log.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"|\n\x0eProduceRequest\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12\x0c\n\x04\x61\x63ks\x18\x02 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x03 \x01(\x05\x12\x30\n\npartitions\x18\x04 \x03(\x0b\x32\x1c.tidelog.v1.PartitionRecords\"E\n\x10PartitionRecords\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"{\n\x0fProduceResponse\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".tidelog.v1.PartitionProduceResult\x12\x18\n\x10throttle_time_ms\x18\x03 \x01(\x05\"\xa7\x01\n\x16PartitionProduceResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"\xb9\x01\n\x0c\x46\x65tchRequest\x12,\n\tpositions\x18\x01 \x03(\x0b\x32\x19.tidelog.v1.FetchPosition\x12*\n\x06remove\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12\x14\n\x0c\x63redit_bytes\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x05\x12\x11\n\tmin_bytes\x18\x05 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x06 \x01(\x05\"d\n\rFetchPosition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\"X\n\rFetchResponse\x12-\n\npartitions\x18\x01 \x03(\x0b\x32\x19.tidelog.v1.PartitionData\x12\x18\n\x10throttle_time_ms\x18\x02 \x01(\x05\"\xc1\x01\n\rPartitionData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x14\n\x0c\x66\x65tch_offset\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x06 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\x12\x0f\n\x07records\x18\x08 \x01(\x0c\"J\n\x12ListOffsetsRequest\x12\x34\n\npartitions\x18\x01 \x03(\x0b\x32 .tidelog.v1.ListOffsetsPartition\"N\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"H\n\x13ListOffsetsResponse\x12\x31\n\npartitions\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.ListOffsetsResult\"}\n\x11ListOffsetsResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\"D\n\x0fMetadataRequest\x12\x0e\n\x06topics\x18\x01 \x03(\t\x12!\n\x19\x61llow_auto_topic_creation\x18\x02 \x01(\x08\"|\n\x10MetadataResponse\x12\'\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x16.tidelog.v1.BrokerInfo\x12)\n\x06topics\x18\x02 \x03(\x0b\x32\x19.tidelog.v1.TopicMetadata\x12\x14\n\x0cresponder_id\x18\x03 \x01(\x05\"I\n\nBrokerInfo\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\"r\n\rTopicMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x31\n\npartitions\x18\x03 \x03(\x0b\x32\x1d.tidelog.v1.PartitionMetadata\"\x90\x01\n\x11PartitionMetadata\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x11\n\tleader_id\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\x12\x10\n\x08replicas\x18\x05 \x03(\x05\x12\x0b\n\x03isr\x18\x06 \x03(\x05*U\n\nOffsetSpec\x12\x1b\n\x17OFFSET_SPEC_UNSPECIFIED\x10\x00\x12\x13\n\x06LATEST\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x12\x15\n\x08\x45\x41RLIEST\x10\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01\x32\xa6\x02\n\x03Log\x12\x46\n\x07Produce\x12\x1a.tidelog.v1.ProduceRequest\x1a\x1b.tidelog.v1.ProduceResponse(\x01\x30\x01\x12@\n\x05\x46\x65tch\x12\x18.tidelog.v1.FetchRequest\x1a\x19.tidelog.v1.FetchResponse(\x01\x30\x01\x12N\n\x0bListOffsets\x12\x1e.tidelog.v1.ListOffsetsRequest\x1a\x1f.tidelog.v1.ListOffsetsResponse\x12\x45\n\x08Metadata\x12\x1b.tidelog.v1.MetadataRequest\x1a\x1c.tidelog.v1.MetadataResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14tidelog/v1/log.proto\x12\ntidelog.v1\x1a\x17tidelog/v1/common.proto\"|\n\x0eProduceRequest\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12\x0c\n\x04\x61\x63ks\x18\x02 \x01(\x05\x12\x12\n\ntimeout_ms\x18\x03 \x01(\x05\x12\x30\n\npartitions\x18\x04 \x03(\x0b\x32\x1c.tidelog.v1.PartitionRecords\"E\n\x10PartitionRecords\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0f\n\x07records\x18\x03 \x01(\x0c\"{\n\x0fProduceResponse\x12\x16\n\x0e\x63orrelation_id\x18\x01 \x01(\x03\x12\x36\n\npartitions\x18\x02 \x03(\x0b\x32\".tidelog.v1.PartitionProduceResult\x12\x18\n\x10throttle_time_ms\x18\x03 \x01(\x05\"\xa7\x01\n\x16PartitionProduceResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x13\n\x0b\x62\x61se_offset\x18\x04 \x01(\x03\x12\x1a\n\x12log_append_time_ms\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\"\xda\x01\n\x0c\x46\x65tchRequest\x12,\n\tpositions\x18\x01 \x03(\x0b\x32\x19.tidelog.v1.FetchPosition\x12*\n\x06remove\x18\x02 \x03(\x0b\x32\x1a.tidelog.v1.TopicPartition\x12\x14\n\x0c\x63redit_bytes\x18\x03 \x01(\x03\x12\x11\n\tmax_bytes\x18\x04 \x01(\x05\x12\x11\n\tmin_bytes\x18\x05 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x06 \x01(\x05\x12\x1f\n\x17max_answers_per_message\x18\x07 \x01(\x05\"d\n\rFetchPosition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1b\n\x13partition_max_bytes\x18\x04 \x01(\x05\"X\n\rFetchResponse\x12-\n\npartitions\x18\x01 \x03(\x0b\x32\x19.tidelog.v1.PartitionData\x12\x18\n\x10throttle_time_ms\x18\x02 \x01(\x05\"\xc1\x01\n\rPartitionData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x14\n\x0c\x66\x65tch_offset\x18\x04 \x01(\x03\x12\x13\n\x0bnext_offset\x18\x05 \x01(\x03\x12\x16\n\x0ehigh_watermark\x18\x06 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x07 \x01(\x03\x12\x0f\n\x07records\x18\x08 \x01(\x0c\"J\n\x12ListOffsetsRequest\x12\x34\n\npartitions\x18\x01 \x03(\x0b\x32 .tidelog.v1.ListOffsetsPartition\"N\n\x14ListOffsetsPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\"H\n\x13ListOffsetsResponse\x12\x31\n\npartitions\x18\x01 \x03(\x0b\x32\x1d.tidelog.v1.ListOffsetsResult\"}\n\x11ListOffsetsResult\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x14\n\x0ctimestamp_ms\x18\x05 \x01(\x03\"D\n\x0fMetadataRequest\x12\x0e\n\x06topics\x18\x01 \x03(\t\x12!\n\x19\x61llow_auto_topic_creation\x18\x02 \x01(\x08\"|\n\x10MetadataResponse\x12\'\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x16.tidelog.v1.BrokerInfo\x12)\n\x06topics\x18\x02 \x03(\x0b\x32\x19.tidelog.v1.TopicMetadata\x12\x14\n\x0cresponder_id\x18\x03 \x01(\x05\"I\n\nBrokerInfo\x12\x11\n\tbroker_id\x18\x01 \x01(\x05\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0c\n\x04port\x18\x03 \x01(\x05\x12\x0c\n\x04rack\x18\x04 \x01(\t\"r\n\rTopicMetadata\x12\x0c\n\x04name\x18\x01 \x01(\t\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x31\n\npartitions\x18\x03 \x03(\x0b\x32\x1d.tidelog.v1.PartitionMetadata\"\x90\x01\n\x11PartitionMetadata\x12\x11\n\tpartition\x18\x01 \x01(\x05\x12 \n\x05\x65rror\x18\x02 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x11\n\tleader_id\x18\x03 \x01(\x05\x12\x14\n\x0cleader_epoch\x18\x04 \x01(\x05\x12\x10\n\x08replicas\x18\x05 \x03(\x05\x12\x0b\n\x03isr\x18\x06 \x03(\x05*U\n\nOffsetSpec\x12\x1b\n\x17OFFSET_SPEC_UNSPECIFIED\x10\x00\x12\x13\n\x06LATEST\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01\x12\x15\n\x08\x45\x41RLIEST\x10\xfe\xff\xff\xff\xff\xff\xff\xff\xff\x01\x32\xa6\x02\n\x03Log\x12\x46\n\x07Produce\x12\x1a.tidelog.v1.ProduceRequest\x1a\x1b.tidelog.v1.ProduceResponse(\x01\x30\x01\x12@\n\x05\x46\x65tch\x12\x18.tidelog.v1.FetchRequest\x1a\x19.tidelog.v1.FetchResponse(\x01\x30\x01\x12N\n\x0bListOffsets\x12\x1e.tidelog.v1.ListOffsetsRequest\x1a\x1f.tidelog.v1.ListOffsetsResponse\x12\x45\n\x08Metadata\x12\x1b.tidelog.v1.MetadataRequest\x1a\x1c.tidelog.v1.MetadataResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tidelog.v1.log_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OFFSETSPEC']._serialized_start=2020
-  _globals['_OFFSETSPEC']._serialized_end=2105
+  _globals['_OFFSETSPEC']._serialized_start=2053
+  _globals['_OFFSETSPEC']._serialized_end=2138
   _globals['_PRODUCEREQUEST']._serialized_start=61
   _globals['_PRODUCEREQUEST']._serialized_end=185
   _globals['_PARTITIONRECORDS']._serialized_start=187
@@ -43,31 +43,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTITIONPRODUCERESULT']._serialized_start=384
   _globals['_PARTITIONPRODUCERESULT']._serialized_end=551
   _globals['_FETCHREQUEST']._serialized_start=554
-  _globals['_FETCHREQUEST']._serialized_end=739
-  _globals['_FETCHPOSITION']._serialized_start=741
-  _globals['_FETCHPOSITION']._serialized_end=841
-  _globals['_FETCHRESPONSE']._serialized_start=843
-  _globals['_FETCHRESPONSE']._serialized_end=931
-  _globals['_PARTITIONDATA']._serialized_start=934
-  _globals['_PARTITIONDATA']._serialized_end=1127
-  _globals['_LISTOFFSETSREQUEST']._serialized_start=1129
-  _globals['_LISTOFFSETSREQUEST']._serialized_end=1203
-  _globals['_LISTOFFSETSPARTITION']._serialized_start=1205
-  _globals['_LISTOFFSETSPARTITION']._serialized_end=1283
-  _globals['_LISTOFFSETSRESPONSE']._serialized_start=1285
-  _globals['_LISTOFFSETSRESPONSE']._serialized_end=1357
-  _globals['_LISTOFFSETSRESULT']._serialized_start=1359
-  _globals['_LISTOFFSETSRESULT']._serialized_end=1484
-  _globals['_METADATAREQUEST']._serialized_start=1486
-  _globals['_METADATAREQUEST']._serialized_end=1554
-  _globals['_METADATARESPONSE']._serialized_start=1556
-  _globals['_METADATARESPONSE']._serialized_end=1680
-  _globals['_BROKERINFO']._serialized_start=1682
-  _globals['_BROKERINFO']._serialized_end=1755
-  _globals['_TOPICMETADATA']._serialized_start=1757
-  _globals['_TOPICMETADATA']._serialized_end=1871
-  _globals['_PARTITIONMETADATA']._serialized_start=1874
-  _globals['_PARTITIONMETADATA']._serialized_end=2018
-  _globals['_LOG']._serialized_start=2108
-  _globals['_LOG']._serialized_end=2402
+  _globals['_FETCHREQUEST']._serialized_end=772
+  _globals['_FETCHPOSITION']._serialized_start=774
+  _globals['_FETCHPOSITION']._serialized_end=874
+  _globals['_FETCHRESPONSE']._serialized_start=876
+  _globals['_FETCHRESPONSE']._serialized_end=964
+  _globals['_PARTITIONDATA']._serialized_start=967
+  _globals['_PARTITIONDATA']._serialized_end=1160
+  _globals['_LISTOFFSETSREQUEST']._serialized_start=1162
+  _globals['_LISTOFFSETSREQUEST']._serialized_end=1236
+  _globals['_LISTOFFSETSPARTITION']._serialized_start=1238
+  _globals['_LISTOFFSETSPARTITION']._serialized_end=1316
+  _globals['_LISTOFFSETSRESPONSE']._serialized_start=1318
+  _globals['_LISTOFFSETSRESPONSE']._serialized_end=1390
+  _globals['_LISTOFFSETSRESULT']._serialized_start=1392
+  _globals['_LISTOFFSETSRESULT']._serialized_end=1517
+  _globals['_METADATAREQUEST']._serialized_start=1519
+  _globals['_METADATAREQUEST']._serialized_end=1587
+  _globals['_METADATARESPONSE']._serialized_start=1589
+  _globals['_METADATARESPONSE']._serialized_end=1713
+  _globals['_BROKERINFO']._serialized_start=1715
+  _globals['_BROKERINFO']._serialized_end=1788
+  _globals['_TOPICMETADATA']._serialized_start=1790
+  _globals['_TOPICMETADATA']._serialized_end=1904
+  _globals['_PARTITIONMETADATA']._serialized_start=1907
+  _globals['_PARTITIONMETADATA']._serialized_end=2051
+  _globals['_LOG']._serialized_start=2141
+  _globals['_LOG']._serialized_end=2435
 # @@protoc_insertion_point(module_scope)

@@ -204,6 +204,7 @@ class FetchRequest(_message.Message):
     MAX_BYTES_FIELD_NUMBER: _builtins.int
     MIN_BYTES_FIELD_NUMBER: _builtins.int
     MAX_WAIT_MS_FIELD_NUMBER: _builtins.int
+    MAX_ANSWERS_PER_MESSAGE_FIELD_NUMBER: _builtins.int
     credit_bytes: _builtins.int
     """Additional bytes of record data the consumer is ready to receive. The
     broker never sends more record bytes than the credit granted so far,
@@ -225,6 +226,16 @@ class FetchRequest(_message.Message):
     500 ms). When nothing at all is available, it keeps waiting and sends
     nothing rather than an empty response.
     """
+    max_answers_per_message: _builtins.int
+    """Answers the broker may put into one response message (0 or 1: one; at
+    most 16). After an answer it reads again at once, within the credit left,
+    and sends what it read in the same message, stopping at the first read
+    that finds nothing. Each answer keeps max_bytes and partition_max_bytes,
+    and its PartitionData follow the previous answer's in `partitions`
+    (a partition appears once per answer, in offset order), so the consumer
+    takes them as separate answers. A message costs the consumer more than
+    its bytes do: catching up, fewer and larger messages cost less per record.
+    """
     @_builtins.property
     def positions(self) -> _containers.RepeatedCompositeFieldContainer[Global___FetchPosition]:
         """Partitions to start reading or to move (a seek): the broker reads each
@@ -245,10 +256,11 @@ class FetchRequest(_message.Message):
         max_bytes: _builtins.int = ...,
         min_bytes: _builtins.int = ...,
         max_wait_ms: _builtins.int = ...,
+        max_answers_per_message: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_bytes", b"credit_bytes", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "positions", b"positions", "remove", b"remove"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["credit_bytes", b"credit_bytes", "max_answers_per_message", b"max_answers_per_message", "max_bytes", b"max_bytes", "max_wait_ms", b"max_wait_ms", "min_bytes", b"min_bytes", "positions", b"positions", "remove", b"remove"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

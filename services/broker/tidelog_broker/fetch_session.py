@@ -8,6 +8,12 @@ Before answering, the session waits until `min_bytes` are available or
 `max_wait_ms` has passed; when nothing at all is available it keeps waiting
 instead of sending an empty response.
 
+One message may carry several answers (`max_answers_per_message`): after an
+answer the session reads again at once, within the credit left, and appends
+what it finds, so a consumer catching up receives fewer, larger messages
+(a message costs the consumer's gRPC more than its bytes do). Each answer
+keeps `max_bytes`; a message stays under MAX_RESPONSE_BYTES plus one batch.
+
 Memory (fetch_limits): a session has at most one response in flight, and
 every response reserves its bytes from the broker-wide FetchBudget until
 gRPC has taken it, whatever credit the consumer granted.
@@ -37,6 +43,8 @@ DEFAULT_MIN_BYTES = 1
 DEFAULT_MAX_WAIT_MS = 500
 # A response is one gRPC message; keep it well under the channel's limit.
 MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+#: The most answers one message may carry (FetchRequest.max_answers_per_message).
+MAX_ANSWERS_PER_MESSAGE = 16
 
 
 @dataclass
@@ -65,6 +73,7 @@ class FetchSession:
         self._max_bytes = DEFAULT_MAX_BYTES
         self._min_bytes = DEFAULT_MIN_BYTES
         self._max_wait_ms = DEFAULT_MAX_WAIT_MS
+        self._answers_per_message = 1
         # Set whenever a request changes positions or credit.
         self._changed = asyncio.Event()
         # Rotates which partition is read first, so that one busy partition
@@ -94,6 +103,14 @@ class FetchSession:
             self._min_bytes = request.min_bytes
         if request.max_wait_ms:
             self._max_wait_ms = request.max_wait_ms
+        answers = request.max_answers_per_message
+        if not 0 <= answers <= MAX_ANSWERS_PER_MESSAGE:
+            raise InvalidRequestError(
+                f"max_answers_per_message must be between 0 and {MAX_ANSWERS_PER_MESSAGE} "
+                f"(0 keeps the current value), got {answers}"
+            )
+        if answers:
+            self._answers_per_message = answers
         for tp in request.remove:
             self._positions.pop((tp.topic, tp.partition), None)
         for position in request.positions:
@@ -164,16 +181,40 @@ class FetchSession:
                 # Positions or credit moved while waiting: what was collected
                 # may be stale, so start over (positions were not advanced).
                 continue
-            self._advance(batch)
             # Collected and reserved without an await in between, so the
             # budget cannot be overdrawn by streams racing for it. The
             # generator resumes only once gRPC has written the response (or
             # is closed), which is when its bytes leave the budget.
-            self._budget.reserve(self._peer, batch.size)
+            pieces, size = self._take_answers(batch)
             try:
-                yield b"".join(batch.pieces)
+                yield b"".join(pieces)
             finally:
-                self._budget.release(self._peer, batch.size)
+                self._budget.release(self._peer, size)
+
+    def _take_answers(self, first: _Collected) -> tuple[list[bytes | memoryview], int]:
+        """Commit `first` and the answers that follow it at once (up to
+        max_answers_per_message, see module doc), reserving their bytes:
+        the pieces of the message and its record bytes."""
+        self._advance(first)
+        self._budget.reserve(self._peer, first.size)
+        pieces, size = first.pieces, first.size
+        try:
+            for _ in range(1, self._answers_per_message):
+                if not self._positions or size + self._max_bytes > MAX_RESPONSE_BYTES:
+                    break  # (an answer's failed reads removed their positions)
+                # Reads within what is left of the credit and of the budget
+                # (both already charged with the answers taken).
+                more = self._collect()
+                if not more.size:
+                    break  # nothing more now (a failed read goes on its own, next)
+                self._advance(more)
+                self._budget.reserve(self._peer, more.size)
+                pieces += more.pieces
+                size += more.size
+        except BaseException:
+            self._budget.release(self._peer, size)
+            raise
+        return pieces, size
 
     async def _wait_for_data_or_change(self, timeout_s: float | None) -> None:
         # Registered before the first await: see register_append_waiter.

@@ -77,3 +77,9 @@ def test_client_id_is_checked_and_sent_with_every_call() -> None:
         await channel.close()
 
     asyncio.run(open_one())
+
+
+@pytest.mark.parametrize("answers", [0, 17])
+def test_fetch_answers_per_message_is_checked_naming_the_limit(answers: int) -> None:
+    with pytest.raises(ValueError, match="between 1 and 16"):
+        ConsumerConfig(fetch_answers_per_message=answers)
