@@ -81,7 +81,8 @@ DESCRIPTIONS = {
     "producer, acks=1, batch.size holding one message, linger 0.",
     "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
     "paper_consume_10M": "the paper's consumer test: one consumer reading 10 million 200-byte "
-    "messages with 200 KB per fetch (max_partition_fetch_bytes = fetch_max_bytes = 204800).",
+    "messages with 200 KB per fetch (max_partition_fetch_bytes = fetch_max_bytes = 204800, "
+    "and one answer per gRPC message, as Kafka's fetch.max.bytes bounds a whole response).",
     "*_arrow": "the consume workload above it through the columnar API (Consumer.poll_arrow: "
     "one Arrow RecordBatch per fetch answer), same log, same fetch sizes; rows are counted "
     "from the batches, and the offsets (dense from 0) and a CRC32C over every value byte are "
