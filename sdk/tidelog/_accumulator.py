@@ -162,7 +162,8 @@ class ProducerBatch:
         if self.encoded is None:
             values = self.values
             timestamps = self.timestamps
-            mixed_ts = min(timestamps) != max(timestamps)
+            # One pass: whether the records' create times differ.
+            mixed_ts = timestamps.count(timestamps[0]) != len(timestamps)
             self.encoded = encode_batch(
                 values,
                 keys=self.keys,
@@ -170,7 +171,9 @@ class ProducerBatch:
                 base_timestamp=timestamps[0],
                 headers=self.headers,
                 codec=codec,
-                values_may_be_null=None in values,
+                # With the C body, a null value only sends it to the Python
+                # path: no pass over the values to look for one here.
+                values_may_be_null=_cproduce is not None or None in values,
                 producer_id=self.producer_id,
                 producer_epoch=self.producer_epoch,
                 base_sequence=self.base_sequence,

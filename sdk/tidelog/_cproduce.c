@@ -9,7 +9,10 @@
  * how much room it is granted (the batch's room and the free buffer memory,
  * reserved by the accumulator) and what happens when the lane is closed live
  * in tidelog/_accumulator.py, which runs the same records through its own
- * (locked) append when this module was not compiled.
+ * (locked) append when this module was not compiled. And `plain_body`, the
+ * body of such a batch in one pass, for tidelog.records.encode_batch (whose
+ * Python path writes the same bytes: tests/unit/sdk/test_accumulator_lanes.py
+ * compares them).
  *
  * Why no lock: an append is one C call that does not release the GIL between
  * its check (the lane is open and has room) and its last change to the lists,
@@ -27,6 +30,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 
 typedef struct {
@@ -236,6 +240,91 @@ static PyTypeObject LaneType = {
     .tp_getset = lane_getset,
 };
 
+PyDoc_STRVAR(plain_body_doc,
+"plain_body(values, timestamps) -> bytes | None\n\n"
+"The uncompressed body of a batch of records with no key and no headers, as\n"
+"tidelog.records.encode_batch writes it: the flags byte, the timestamps column\n"
+"(when `timestamps` is a list, else none), a key length of -1 per record, the\n"
+"value lengths and the values. None when a value is not exactly bytes (the\n"
+"caller's Python path then handles it, nulls included). Little-endian columns,\n"
+"as records.py writes them on every machine.");
+
+static void
+put_le32(char *p, uint32_t v)
+{
+    p[0] = (char)(v & 0xff);
+    p[1] = (char)((v >> 8) & 0xff);
+    p[2] = (char)((v >> 16) & 0xff);
+    p[3] = (char)((v >> 24) & 0xff);
+}
+
+static PyObject *
+plain_body(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2 || !PyList_CheckExact(args[0]) ||
+        (args[1] != Py_None && !PyList_CheckExact(args[1]))) {
+        PyErr_SetString(PyExc_TypeError, "plain_body(values: list, timestamps: list | None)");
+        return NULL;
+    }
+    PyObject *values = args[0];
+    PyObject *timestamps = args[1] == Py_None ? NULL : args[1];
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    if (timestamps != NULL && PyList_GET_SIZE(timestamps) != count) {
+        PyErr_SetString(PyExc_ValueError, "plain_body: one timestamp per value");
+        return NULL;
+    }
+    Py_ssize_t blob = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        if (!PyBytes_CheckExact(v)) {
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t n = PyBytes_GET_SIZE(v);
+        if (n > INT32_MAX || blob > PY_SSIZE_T_MAX - n) {
+            PyErr_SetString(PyExc_OverflowError, "plain_body: values too large");
+            return NULL;
+        }
+        blob += n;
+    }
+    Py_ssize_t ts_bytes = timestamps == NULL ? 0 : 8 * count;
+    Py_ssize_t total = 1 + ts_bytes + 8 * count + blob;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (out == NULL) {
+        return NULL;
+    }
+    char *p = PyBytes_AS_STRING(out);
+    *p++ = (char)(timestamps == NULL ? 0 : 0x02); /* records.py's _FLAG_TIMESTAMPS */
+    for (Py_ssize_t i = 0; i < (timestamps == NULL ? 0 : count); i++) {
+        long long t = PyLong_AsLongLong(PyList_GET_ITEM(timestamps, i));
+        if (t == -1 && PyErr_Occurred()) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        uint64_t u = (uint64_t)t;
+        put_le32(p, (uint32_t)(u & 0xffffffffu));
+        put_le32(p + 4, (uint32_t)(u >> 32));
+        p += 8;
+    }
+    memset(p, 0xff, 4 * (size_t)count); /* every key null: length -1 */
+    p += 4 * count;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        put_le32(p, (uint32_t)PyBytes_GET_SIZE(PyList_GET_ITEM(values, i)));
+        p += 4;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        Py_ssize_t n = PyBytes_GET_SIZE(v);
+        memcpy(p, PyBytes_AS_STRING(v), (size_t)n);
+        p += n;
+    }
+    return out;
+}
+
+static PyMethodDef cproduce_methods[] = {
+    {"plain_body", (PyCFunction)(void (*)(void))plain_body, METH_FASTCALL, plain_body_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 static int
 cproduce_exec(PyObject *module)
 {
@@ -260,6 +349,7 @@ static struct PyModuleDef cproduce_module = {
     .m_name = "tidelog._cproduce",
     .m_doc = "The blocking Producer's send() fast lane in C; see tidelog._accumulator.",
     .m_size = 0,
+    .m_methods = cproduce_methods,
     .m_slots = cproduce_slots,
 };
 

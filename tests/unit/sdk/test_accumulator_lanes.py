@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from tidelog import _accumulator
+from tidelog import _accumulator, records
 from tidelog._accumulator import (
     BATCH_OVERHEAD,
     RECORD_OVERHEAD,
@@ -218,3 +218,24 @@ def test_every_record_appended_while_the_sender_drains_lands_in_one_batch_once()
         (decoded,) = decode_batches(batch.encoded)
         assert decoded.values[future[1]] == (i * (count // 1000)).to_bytes(4, "big")
     assert acc._buffered == 0
+
+
+@pytest.mark.parametrize("timestamps", [None, [5, 3, 9, -1]])
+def test_the_c_body_of_a_keyless_batch_is_the_python_one(
+    timestamps: list[int] | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    values = [b"", b"a", b"bc" * 300, b"\xff" * 7]
+    kwargs = {"timestamps": timestamps, "base_timestamp": 42, "producer_id": 9}
+    fast_batch = records.encode_batch(values, **kwargs)  # type: ignore[arg-type]
+    monkeypatch.setattr(records, "_cproduce", None)
+    assert fast_batch == records.encode_batch(values, **kwargs)  # type: ignore[arg-type]
+    (decoded,) = decode_batches(fast_batch)
+    assert decoded.values == values and decoded.keys == [None] * 4
+
+
+def test_a_null_value_leaves_the_body_to_python() -> None:
+    from tidelog import _cproduce
+
+    assert _cproduce.plain_body([b"a", None], None) is None  # type: ignore[union-attr]
+    (decoded,) = decode_batches(records.encode_batch([b"a", None]))
+    assert decoded.values == [b"a", None]
