@@ -24,15 +24,19 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   one by one; only the per-record Python work is gone;
 - the *lanes* (`lanes`, when tidelog._cproduce was compiled and the producer
   has no serializer and no partitioner): the sticky batch of a topic may hold
-  a `Lane`, a grant of room that the blocking Producer's send() fills without
-  this lock, one C call per keyless, header-less bytes record (see
-  _cproduce.c for why that is safe). The room is reserved in the buffer
-  memory when the lane opens (the batch's room, at most what is free) and
-  what was not used is given back when it closes. A lane opens after a locked
+  a `Lane`, a grant of room that the producers' send() fills without this
+  lock, one C call per keyless, header-less bytes record (see _cproduce.c
+  for why that is safe). The room is reserved in the buffer memory when the
+  lane opens (the batch's room, at most half of what is free, so that lanes
+  of many topics leave room for each other and for locked appends) and what
+  was not used is given back when it closes. A lane opens after a locked
   append of such a record to the sticky batch, and closes, under the lock,
-  before anything else reads or changes its batch: a locked append to it, a
-  seal, a drain, close. So a batch's columns and size are whole whenever the
-  lock is held and the batch has no lane.
+  before anything else reads or changes its batch: a locked append to the
+  topic, a seal, a drain, close. So a batch's columns and size are whole
+  whenever the lock is held and the batch has no lane. A batch whose lane
+  was closed by a record it had room for (a keyed one, headers, a
+  bytearray...) gets no other lane: mixed sends keep the locked path rather
+  than open and close a lane per record.
 
 Thread-safe: every public method takes `_lock`. The sender is woken through
 the `wake` callable (a hop to the event loop) only when a batch is created or
@@ -113,6 +117,7 @@ class ProducerBatch:
         "headers",
         "keys",
         "lane",
+        "lane_refused",
         "last_error",
         "partition",
         "producer_epoch",
@@ -153,6 +158,8 @@ class ProducerBatch:
         self.base_sequence = -1
         #: The open Lane into this batch, if any (the accumulator's, under its lock).
         self.lane: Lane | None = None
+        #: A locked append closed a lane that had room for it: no more lanes.
+        self.lane_refused = False
 
     def __len__(self) -> int:
         return len(self.values)
@@ -262,7 +269,7 @@ class RecordAccumulator:
         self._acquire()
         try:
             if topic in self.lanes:
-                self._close_topic_lane(topic)
+                self._close_topic_lane(topic, size)
             if self._buffered + size > self._buffer_memory or self.closed:
                 self._wait_for_space(size, max_block_s)
             by_partition = self._open.get(topic)
@@ -294,6 +301,7 @@ class RecordAccumulator:
                 and not headers
                 and batch.keys is None
                 and batch.headers is None
+                and not batch.lane_refused
             ):
                 self._open_lane(batch, size)
         finally:
@@ -303,7 +311,7 @@ class RecordAccumulator:
     def _open_lane(self, batch: ProducerBatch, size: int) -> None:
         """Give the open sticky `batch` a lane (under the lock), when the
         room it can be granted takes at least one more record of `size`."""
-        room = min(self._batch_size - batch.size, self._buffer_memory - self._buffered)
+        room = min(self._batch_size - batch.size, (self._buffer_memory - self._buffered) // 2)
         if room < size or self.closed:
             return
         assert _cproduce is not None
@@ -318,14 +326,18 @@ class RecordAccumulator:
         )
         self._buffered += room
 
-    def _close_topic_lane(self, topic: str) -> None:
-        """End the lane of `topic` before a locked append to the topic (any
-        of its partitions: simpler than knowing which batch it will reach).
-        A topic's lane is always its open sticky batch's: it opens on that
-        batch, and the sticky partition only moves in a locked append."""
+    def _close_topic_lane(self, topic: str, size: int) -> None:
+        """End the lane of `topic` before a locked append of a record of
+        `size` bytes to the topic (any of its partitions: simpler than
+        knowing which batch it will reach). A topic's lane is always its open
+        sticky batch's: it opens on that batch, and the sticky partition
+        only moves in a locked append."""
         batch = self._open[topic][self._sticky_current[topic]]
-        assert batch.lane is self.lanes[topic]
+        lane = batch.lane
+        assert lane is not None and lane is self.lanes[topic]
         self._close_lane(batch)
+        if lane.room - lane.used >= size:
+            batch.lane_refused = True
 
     def _close_lane(self, batch: ProducerBatch) -> None:
         """End `batch`'s lane (under the lock): the records appended through
@@ -370,7 +382,7 @@ class RecordAccumulator:
         self._acquire()
         try:
             if topic in self.lanes:
-                self._close_topic_lane(topic)
+                self._close_topic_lane(topic, sizes[0] if sizes else 0)
             if self._buffered + total > self._buffer_memory or self.closed:
                 self._wait_for_space(total, max_block_s)
             count = len(values)

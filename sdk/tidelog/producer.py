@@ -402,6 +402,7 @@ class AsyncProducer:
         self._config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
         self._core = _ProducerCore(self._config, self._wake_sender)
         self._acc = self._core.accumulator
+        self._lanes = self._acc.lanes
         self._max_block_s = self._config.max_block_ms / 1000
         self._started = False
         self._closed = False
@@ -435,6 +436,13 @@ class AsyncProducer:
                 if not self._closed
                 else "the producer is closed"
             )
+        if key is None and headers is None and partition is None and timestamp_ms is None:
+            # As in Producer.send: the topic's lane first.
+            lane = self._lanes.get(topic)
+            if lane is not None:
+                future = lane.append(value)
+                if future is not None:
+                    return future
         key, value, headers, size, timestamp_ms = self._core.prepare(
             topic, value, key, headers, timestamp_ms
         )

@@ -143,11 +143,11 @@ def test_a_lane_is_granted_no_more_than_the_free_buffer_memory() -> None:
     record = RECORD_OVERHEAD + 10
     acc, _ = make(batch_size=10_000, buffer_memory=4 * record)
     futures = [send(acc, b"v" * 10) for _ in range(4)]
-    assert all(f is not None for f in futures)
-    # After the first (locked) record, the lane got the three records' room left.
-    assert acc.lanes["t"].room == 3 * record
+    # After each locked record, a lane got half of the room left: 1.5 records
+    # (1 used), then half a record (no lane); so locked, lane, locked, locked.
+    assert [f[0] is futures[0][0] for f in futures] == [True] * 4
+    assert "t" not in acc.lanes
     assert acc._buffered == 4 * record
-    assert fast(acc, b"v" * 10) is None
     # The buffer is full: the locked path refuses (or waits), as without lanes.
     with pytest.raises(BufferFullError):
         acc.append("t", -1, 2, None, b"v" * 10, None, 7, record, None)
@@ -239,3 +239,17 @@ def test_a_null_value_leaves_the_body_to_python() -> None:
     assert _cproduce.plain_body([b"a", None], None) is None  # type: ignore[union-attr]
     (decoded,) = decode_batches(records.encode_batch([b"a", None]))
     assert decoded.values == [b"a", None]
+
+
+def test_a_batch_whose_lane_a_record_bypassed_keeps_the_locked_path() -> None:
+    """Mixed sends (a plain record, one with headers, ...) would otherwise open and
+    close a lane per record."""
+    acc, _ = make(batch_size=10_000)
+    send(acc, b"a")
+    assert "t" in acc.lanes
+    locked(acc, b"b", headers=[("h", b"1")])  # the lane had room for it: bypassed
+    send(acc, b"c")
+    assert "t" not in acc.lanes
+    acc.seal_all()
+    send(acc, b"d")  # a new batch: lanes again
+    assert "t" in acc.lanes
