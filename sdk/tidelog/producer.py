@@ -5,7 +5,9 @@ records per partition, a `Sender` task that ships batches over Produce
 streams, and a `Cluster` for connections and metadata. The synchronous
 Producer runs the sender on its own background event loop (`LoopThread`);
 `send()` only appends to the accumulator in the calling thread, so the cost
-of a record is an append under one lock plus a tuple-sized future.
+of a record is an append under one lock plus a tuple-sized future; for a
+keyless bytes record with nothing to serialize, one C call into the topic's
+lane (tidelog._accumulator, _cproduce.c) without the lock.
 
 Usage, as with kafka-python and aiokafka::
 
