@@ -22,7 +22,7 @@ INSTALL_PARTS := $(patsubst sdk,sdk[spark],$(PARTS))
 # Reinstall only when a dependency list or the SDK's C extension (built in
 # place by the editable install) changes: `make install` is quick when
 # nothing did.
-$(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt sdk/setup.py sdk/tidelog/_crecords.c
+$(STAMP): $(addsuffix /pyproject.toml,$(PARTS)) requirements-dev.txt sdk/setup.py sdk/tidelog/_crecords.c sdk/tidelog/_cproduce.c
 	@tools/check-prereqs.sh $(PYTHON)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip

@@ -21,7 +21,22 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   once, as columns, for callers that already hold them (the gateway's
   record-level API). They land in the same open batches as `append`'s, so
   numbering, retries, lingering and order are exactly those of records sent
-  one by one; only the per-record Python work is gone.
+  one by one; only the per-record Python work is gone;
+- the *lanes* (`lanes`, when tidelog._cproduce was compiled and the producer
+  has no serializer and no partitioner): the sticky batch of a topic may hold
+  a `Lane`, a grant of room that the producers' send() fills without this
+  lock, one C call per keyless, header-less bytes record (see _cproduce.c
+  for why that is safe). The room is reserved in the buffer memory when the
+  lane opens (the batch's room, at most half of what is free, so that lanes
+  of many topics leave room for each other and for locked appends) and what
+  was not used is given back when it closes. A lane opens after a locked
+  append of such a record to the sticky batch, and closes, under the lock,
+  before anything else reads or changes its batch: a locked append to the
+  topic, a seal, a drain, close. So a batch's columns and size are whole
+  whenever the lock is held and the batch has no lane. A batch whose lane
+  was closed by a record it had room for (a keyed one, headers, a
+  bytearray...) gets no other lane: mixed sends keep the locked path rather
+  than open and close a lane per record.
 
 Thread-safe: every public method takes `_lock`. The sender is woken through
 the `wake` callable (a hop to the event loop) only when a batch is created or
@@ -42,7 +57,8 @@ from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, repeat
-from typing import NamedTuple
+from types import ModuleType
+from typing import TYPE_CHECKING, NamedTuple
 
 from tidelog._futures import BatchResult, FutureRecordMetadata
 from tidelog.compression import CompressionType
@@ -50,6 +66,15 @@ from tidelog.errors import ClosedError, TidelogTimeoutError
 from tidelog.partitioner import StickyPartitioner
 from tidelog.records import HEADER_SIZE, Header, encode_batch
 from tidelog.types import TopicPartition
+
+_cproduce: ModuleType | None
+try:  # the optional C lane (sdk/setup.py); without it every record takes the lock
+    from tidelog import _cproduce
+except ImportError:  # pragma: no cover - depends on the install
+    _cproduce = None
+
+if TYPE_CHECKING:
+    from tidelog._cproduce import Lane
 
 #: Per-record body bytes besides key and value (the two length slots);
 #: BatchBuilder.RECORD_OVERHEAD.
@@ -91,6 +116,8 @@ class ProducerBatch:
         "encoded",
         "headers",
         "keys",
+        "lane",
+        "lane_refused",
         "last_error",
         "partition",
         "producer_epoch",
@@ -129,6 +156,10 @@ class ProducerBatch:
         self.producer_id = -1
         self.producer_epoch = -1
         self.base_sequence = -1
+        #: The open Lane into this batch, if any (the accumulator's, under its lock).
+        self.lane: Lane | None = None
+        #: A locked append closed a lane that had room for it: no more lanes.
+        self.lane_refused = False
 
     def __len__(self) -> int:
         return len(self.values)
@@ -138,7 +169,8 @@ class ProducerBatch:
         if self.encoded is None:
             values = self.values
             timestamps = self.timestamps
-            mixed_ts = min(timestamps) != max(timestamps)
+            # One pass: whether the records' create times differ.
+            mixed_ts = timestamps.count(timestamps[0]) != len(timestamps)
             self.encoded = encode_batch(
                 values,
                 keys=self.keys,
@@ -146,7 +178,9 @@ class ProducerBatch:
                 base_timestamp=timestamps[0],
                 headers=self.headers,
                 codec=codec,
-                values_may_be_null=None in values,
+                # With the C body, a null value only sends it to the Python
+                # path: no pass over the values to look for one here.
+                values_may_be_null=_cproduce is not None or None in values,
                 producer_id=self.producer_id,
                 producer_epoch=self.producer_epoch,
                 base_sequence=self.base_sequence,
@@ -173,7 +207,10 @@ class RecordAccumulator:
         wake: Callable[[], None],
         partitioner: StickyPartitioner | None = None,
         clock: Callable[[], float] = time.monotonic,
+        lane_max_record: int | None = None,
     ) -> None:
+        """`lane_max_record`: open lanes for send(), whose records are at most
+        that many bytes (None: no lanes; nor without tidelog._cproduce)."""
         self._batch_size = batch_size
         self._linger_s = linger_ms / 1000
         self._buffer_memory = buffer_memory
@@ -199,6 +236,13 @@ class RecordAccumulator:
         self._sender_asleep = True
         # Something the sender must see was added since its last drain.
         self._changed = False
+        #: topic -> the Lane into its sticky batch (read without the lock by
+        #: Producer.send; changed only under it).
+        self.lanes: dict[str, Lane] = {}
+        #: The largest record a lane takes (-1: no lanes).
+        self._lane_max_record = (
+            -1 if _cproduce is None or lane_max_record is None else lane_max_record
+        )
 
     # ------------------------------------------------------------ caller side
 
@@ -224,6 +268,8 @@ class RecordAccumulator:
         # `with self._lock` on this hot path (one lock per record).
         self._acquire()
         try:
+            if topic in self.lanes:
+                self._close_topic_lane(topic, size)
             if self._buffered + size > self._buffer_memory or self.closed:
                 self._wait_for_space(size, max_block_s)
             by_partition = self._open.get(topic)
@@ -248,9 +294,64 @@ class RecordAccumulator:
             if batch.size >= self._batch_size:
                 self._seal(batch)
                 self._wake_sender()
+            elif (
+                partition < 0
+                and size <= self._lane_max_record
+                and key is None
+                and not headers
+                and batch.keys is None
+                and batch.headers is None
+                and not batch.lane_refused
+            ):
+                self._open_lane(batch, size)
         finally:
             self._release()
         return FutureRecordMetadata((batch.result, index))
+
+    def _open_lane(self, batch: ProducerBatch, size: int) -> None:
+        """Give the open sticky `batch` a lane (under the lock), when the
+        room it can be granted takes at least one more record of `size`."""
+        room = min(self._batch_size - batch.size, (self._buffer_memory - self._buffered) // 2)
+        if room < size or self.closed:
+            return
+        assert _cproduce is not None
+        batch.lane = self.lanes[batch.topic] = _cproduce.Lane(
+            batch.values,
+            batch.timestamps,
+            batch.result,
+            FutureRecordMetadata,
+            room,
+            self._lane_max_record,
+            RECORD_OVERHEAD,
+        )
+        self._buffered += room
+
+    def _close_topic_lane(self, topic: str, size: int) -> None:
+        """End the lane of `topic` before a locked append of a record of
+        `size` bytes to the topic (any of its partitions: simpler than
+        knowing which batch it will reach). A topic's lane is always its open
+        sticky batch's: it opens on that batch, and the sticky partition
+        only moves in a locked append."""
+        batch = self._open[topic][self._sticky_current[topic]]
+        lane = batch.lane
+        assert lane is not None and lane is self.lanes[topic]
+        self._close_lane(batch)
+        if lane.room - lane.used >= size:
+            batch.lane_refused = True
+
+    def _close_lane(self, batch: ProducerBatch) -> None:
+        """End `batch`'s lane (under the lock): the records appended through
+        it count in the batch's size, the room left is given back."""
+        lane = batch.lane
+        assert lane is not None
+        batch.lane = None
+        if self.lanes.get(batch.topic) is lane:
+            del self.lanes[batch.topic]
+        used = lane.close()
+        batch.size += used
+        self._buffered -= lane.room - used
+        if lane.room > used:
+            self._space.notify_all()
 
     def append_columns(
         self,
@@ -280,6 +381,8 @@ class RecordAccumulator:
         placements: list[Placement] = []
         self._acquire()
         try:
+            if topic in self.lanes:
+                self._close_topic_lane(topic, sizes[0] if sizes else 0)
             if self._buffered + total > self._buffer_memory or self.closed:
                 self._wait_for_space(total, max_block_s)
             count = len(values)
@@ -398,6 +501,8 @@ class RecordAccumulator:
             raise ClosedError("the producer closed while send() waited for buffer space")
 
     def _seal(self, batch: ProducerBatch) -> None:
+        if batch.lane is not None:
+            self._close_lane(batch)
         del self._open[batch.topic][batch.partition]
         self._sealed.append(batch)
 
@@ -462,6 +567,8 @@ class RecordAccumulator:
                     if batch.tp in muted:
                         continue
                     if deadline <= now:
+                        if batch.lane is not None:
+                            self._close_lane(batch)
                         del by_partition[batch.partition]
                         ready.append(batch)
                     else:
@@ -545,6 +652,9 @@ class RecordAccumulator:
             out = list(self._sealed)
             self._sealed.clear()
             for by_partition in self._open.values():
+                for batch in by_partition.values():
+                    if batch.lane is not None:
+                        self._close_lane(batch)
                 out.extend(by_partition.values())
                 by_partition.clear()
             for batches in self._retries.values():

@@ -7,7 +7,8 @@ One `Sender` task per producer, on the producer's event loop. It:
   leader, and packs them into ProduceRequests of at most max_request_size;
 - keeps one `ProduceStream` (a bidi Produce call) per broker address and
   pipelines up to max_in_flight_requests requests on it, matching answers by
-  correlation_id (the broker answers in order);
+  correlation_id (the broker answers in order); requests go out as bytes
+  written by `_produce_wire` (the batches copied once);
 - resolves each batch's result from its PartitionProduceResult; a retriable
   error (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS, UNKNOWN_TOPIC_OR_PARTITION,
   timeouts, a dropped stream) refreshes metadata where a leader may have
@@ -45,6 +46,7 @@ from tidelog._client_metrics import ProducerMetrics
 from tidelog._connection import Cluster, call_error
 from tidelog._futures import BatchResult
 from tidelog._idempotence import ProducerIdentity
+from tidelog._produce_wire import PartitionBatches, encode_request, open_stream
 from tidelog._timeouts import within
 from tidelog.config import ProducerConfig
 from tidelog.errors import (
@@ -90,7 +92,7 @@ class ProduceStream:
         self.address = address
         self._sender = sender
         self._config = config
-        self._call = cluster.log_stub(address).Produce()
+        self._call = open_stream(cluster.channel(address))
         self._inflight: deque[_InFlight] = deque()
         self._slots = asyncio.Semaphore(config.max_in_flight_requests)
         self._has_inflight = asyncio.Event()
@@ -102,8 +104,9 @@ class ProduceStream:
         self._closed = False
         self._reader = asyncio.ensure_future(self._read_loop())
 
-    async def send(self, request: log_pb2.ProduceRequest, entry: _InFlight) -> None:
-        """Write one request (waits for a free in-flight slot first)."""
+    async def send(self, partitions: list[PartitionBatches], entry: _InFlight) -> None:
+        """Write one request of these partitions' batches (waits for a free
+        in-flight slot first)."""
         await self._slots.acquire()
         wait_s = self.throttled_until - time.monotonic()
         if wait_s > 0:
@@ -114,8 +117,12 @@ class ProduceStream:
                 entry, BrokerNotAvailableError(f"the produce stream to {self.address} closed")
             )
             return
-        entry.correlation_id = request.correlation_id = self._next_correlation_id
+        entry.correlation_id = self._next_correlation_id
         self._next_correlation_id += 1
+        config = self._config
+        request = encode_request(
+            entry.correlation_id, int(config.acks), config.request_timeout_ms, partitions
+        )
         entry.sent_at = now = time.monotonic()
         queue_time_ms = self._sender.metrics.queue_time_ms
         for group in entry.batches.values():
@@ -355,14 +362,15 @@ class Sender:
                 stream = self._streams[address] = ProduceStream(
                     self, self._cluster, address, self._config
                 )
-            for request, entry in self._requests(batches):
-                await stream.send(request, entry)
+            for partitions, entry in self._requests(batches):
+                await stream.send(partitions, entry)
 
     def _requests(
         self, batches: list[ProducerBatch]
-    ) -> list[tuple[log_pb2.ProduceRequest, _InFlight]]:
-        """Pack batches into requests of at most max_request_size bytes."""
-        out: list[tuple[log_pb2.ProduceRequest, _InFlight]] = []
+    ) -> list[tuple[list[PartitionBatches], _InFlight]]:
+        """Pack batches into requests of at most max_request_size bytes: each
+        request's partitions with their encoded batches, and its entry."""
+        out: list[tuple[list[PartitionBatches], _InFlight]] = []
         limit = self._config.max_request_size
         codec = self._codec
         # Idempotent: one batch per partition per request, so that a retry
@@ -372,19 +380,11 @@ class Sender:
         current_bytes = 0
 
         def finish() -> None:
-            request = log_pb2.ProduceRequest(
-                acks=int(self._config.acks),
-                timeout_ms=self._config.request_timeout_ms,
-                partitions=[
-                    log_pb2.PartitionRecords(
-                        topic=topic,
-                        partition=partition,
-                        records=b"".join([b.encoded or b"" for b in group]),
-                    )
-                    for (topic, partition), group in current.items()
-                ],
-            )
-            out.append((request, _InFlight(0, 0.0, dict(current))))
+            partitions: list[PartitionBatches] = [
+                (topic, partition, [b.encoded or b"" for b in group])
+                for (topic, partition), group in current.items()
+            ]
+            out.append((partitions, _InFlight(0, 0.0, dict(current))))
 
         for batch in batches:
             size = len(batch.encode(codec))

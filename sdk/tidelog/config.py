@@ -194,7 +194,9 @@ class ProducerConfig(CommonConfig):
     compression_type: str | CompressionType | None = None
     #: Largest produce request in bytes, and so the largest record.
     max_request_size: int = 1 * MIB
-    #: Bytes of records the producer may hold before send() blocks.
+    #: Bytes of records the producer may hold before send() blocks (room
+    #: granted to send()'s lock-free lanes counts until they close, within
+    #: linger_ms; a lane is granted at most half of what is free).
     buffer_memory: int = 64 * MIB
     #: How long send() may block for metadata or buffer space.
     max_block_ms: int = 60_000

@@ -5,7 +5,9 @@ records per partition, a `Sender` task that ships batches over Produce
 streams, and a `Cluster` for connections and metadata. The synchronous
 Producer runs the sender on its own background event loop (`LoopThread`);
 `send()` only appends to the accumulator in the calling thread, so the cost
-of a record is an append under one lock plus a tuple-sized future.
+of a record is an append under one lock plus a tuple-sized future; for a
+keyless bytes record with nothing to serialize, one C call into the topic's
+lane (tidelog._accumulator, _cproduce.c) without the lock.
 
 Usage, as with kafka-python and aiokafka::
 
@@ -122,23 +124,27 @@ class _ProducerCore:
     def __init__(self, config: ProducerConfig, wake: Callable[[], None]) -> None:
         self.config = config
         self.cluster = Cluster(config, allow_auto_topic_creation=True)
-        self.accumulator = RecordAccumulator(
-            batch_size=config.batch_size,
-            linger_ms=config.linger_ms,
-            buffer_memory=config.buffer_memory,
-            wake=wake,
-        )
-        self.sender: Sender | None = None
         # The largest record that fits a request on its own.
         self.max_record_size = config.max_request_size - BATCH_OVERHEAD
         self.key_serializer = config.key_serializer
         self.value_serializer = config.value_serializer
         self.partitioner = config.partitioner
+        #: No serializer: bytes go in as they are (the send() fast path).
+        self.plain_bytes = self.key_serializer is None and self.value_serializer is None
+        self.accumulator = RecordAccumulator(
+            batch_size=config.batch_size,
+            linger_ms=config.linger_ms,
+            buffer_memory=config.buffer_memory,
+            wake=wake,
+            # Lanes take keyless records to the sticky partition as they are.
+            lane_max_record=(
+                self.max_record_size if self.plain_bytes and self.partitioner is None else None
+            ),
+        )
+        self.sender: Sender | None = None
         # The partitioner's partition lists, per topic, for the metadata
         # snapshot they were made from (rebuilt when metadata changes).
         self._partition_lists: dict[str, tuple[object, list[int], list[int]]] = {}
-        #: No serializer: bytes go in as they are (the send() fast path).
-        self.plain_bytes = self.key_serializer is None and self.value_serializer is None
 
     def metrics(self) -> Metrics:
         """See Producer.metrics (zeros before the sender has started)."""
@@ -237,6 +243,7 @@ class Producer:
         try:
             self._core = _ProducerCore(self._config, self._wake_sender)
             self._acc = self._core.accumulator
+            self._lanes = self._acc.lanes
             self._max_block_s = self._config.max_block_ms / 1000
             self._closed = False
             self._loop_thread.run(self._start())
@@ -280,6 +287,14 @@ class Producer:
         delivery are reported through the future; usage errors (wrong types,
         closed producer) raise here.
         """
+        if key is None and headers is None and partition is None and timestamp_ms is None:
+            # The topic's lane (tidelog._accumulator): one C call, no lock,
+            # for a bytes value that fits; None sends it the long way.
+            lane = self._lanes.get(topic)
+            if lane is not None:
+                future = lane.append(value)
+                if future is not None:
+                    return future
         core = self._core
         if (
             type(value) is bytes
@@ -389,6 +404,7 @@ class AsyncProducer:
         self._config = ProducerConfig(bootstrap_servers=bootstrap_servers, **options)
         self._core = _ProducerCore(self._config, self._wake_sender)
         self._acc = self._core.accumulator
+        self._lanes = self._acc.lanes
         self._max_block_s = self._config.max_block_ms / 1000
         self._started = False
         self._closed = False
@@ -422,6 +438,13 @@ class AsyncProducer:
                 if not self._closed
                 else "the producer is closed"
             )
+        if key is None and headers is None and partition is None and timestamp_ms is None:
+            # As in Producer.send: the topic's lane first.
+            lane = self._lanes.get(topic)
+            if lane is not None:
+                future = lane.append(value)
+                if future is not None:
+                    return future
         key, value, headers, size, timestamp_ms = self._core.prepare(
             topic, value, key, headers, timestamp_ms
         )

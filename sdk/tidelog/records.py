@@ -80,6 +80,11 @@ try:  # the optional C loop (sdk/setup.py); without it, the same in Python
     from tidelog import _crecords
 except ImportError:  # pragma: no cover - depends on the install
     _crecords = None
+_cproduce: ModuleType | None
+try:  # the producer's optional C body writer (sdk/setup.py); the same in Python without
+    from tidelog import _cproduce
+except ImportError:  # pragma: no cover - depends on the install
+    _cproduce = None
 
 MAGIC = 1
 HEADER_SIZE = 61
@@ -370,6 +375,43 @@ def _encode_headers(headers: Sequence[Header] | None) -> bytes:
     return bytes(out)
 
 
+def _body(
+    values: Sequence[bytes | None],
+    keys: Sequence[bytes | None] | None,
+    timestamps: Sequence[int] | None,
+    headers: Sequence[Sequence[Header] | None] | None,
+    offset_deltas: Sequence[int] | None,
+    values_may_be_null: bool,
+) -> bytes:
+    """encode_batch's uncompressed body: the flags byte, the columns, the blobs."""
+    count = len(values)
+    flags = 0
+    parts: list[bytes] = []
+    if offset_deltas is not None:
+        flags |= _FLAG_OFFSET_DELTAS
+        parts.append(_le_bytes(array("I", offset_deltas)))
+    if timestamps is not None:
+        flags |= _FLAG_TIMESTAMPS
+        parts.append(_le_bytes(array("q", timestamps)))
+    if keys is None:
+        parts.append(_le_bytes(array("i", [-1])) * count)
+        key_blob = b""
+    else:
+        parts.append(_le_bytes(_lengths(keys, True)))
+        key_blob = b"".join([k for k in keys if k is not None])
+    parts.append(_le_bytes(_lengths(values, values_may_be_null)))
+    value_blob = (
+        b"".join([v for v in values if v is not None]) if values_may_be_null else b"".join(values)  # type: ignore[arg-type]
+    )
+    header_blob = b""
+    if headers is not None:
+        flags |= _FLAG_HEADERS
+        blocks = [_encode_headers(h) for h in headers]
+        parts.append(_le_bytes(array("i", map(len, blocks))))
+        header_blob = b"".join(blocks)
+    return b"".join([bytes((flags,)), *parts, key_blob, value_blob, header_blob])
+
+
 def encode_batch(
     values: Sequence[bytes | None],
     *,
@@ -396,60 +438,50 @@ def encode_batch(
     count = len(values)
     if count == 0:
         raise ValueError("a batch holds at least one record")
-    flags = 0
-    parts: list[bytes] = []
-    if offset_deltas is not None:
-        flags |= _FLAG_OFFSET_DELTAS
-        parts.append(_le_bytes(array("I", offset_deltas)))
-        last_offset_delta = offset_deltas[-1]
-    else:
-        last_offset_delta = count - 1
     if timestamps is not None:
-        flags |= _FLAG_TIMESTAMPS
         base_timestamp = timestamps[0]
-        parts.append(_le_bytes(array("q", timestamps)))
         max_timestamp = max(timestamps)
     else:
         max_timestamp = base_timestamp
-    if keys is None:
-        parts.append(_le_bytes(array("i", [-1])) * count)
-        key_blob = b""
-    else:
-        parts.append(_le_bytes(_lengths(keys, True)))
-        key_blob = b"".join([k for k in keys if k is not None])
-    parts.append(_le_bytes(_lengths(values, values_may_be_null)))
-    value_blob = (
-        b"".join([v for v in values if v is not None]) if values_may_be_null else b"".join(values)  # type: ignore[arg-type]
-    )
-    header_blob = b""
-    if headers is not None:
-        flags |= _FLAG_HEADERS
-        blocks = [_encode_headers(h) for h in headers]
-        parts.append(_le_bytes(array("i", map(len, blocks))))
-        header_blob = b"".join(blocks)
-    body = b"".join([bytes((flags,)), *parts, key_blob, value_blob, header_blob])
+    last_offset_delta = count - 1 if offset_deltas is None else offset_deltas[-1]
+    body = None
+    if (
+        _cproduce is not None
+        and keys is None
+        and headers is None
+        and offset_deltas is None
+        and type(values) is list
+        and (timestamps is None or type(timestamps) is list)
+    ):
+        # A producer's keyless batch: one C pass (None: a value is not bytes).
+        body = _cproduce.plain_body(values, timestamps)
+    if body is None:
+        body = _body(values, keys, timestamps, headers, offset_deltas, values_may_be_null)
     if codec != CompressionType.NONE:
         body = compress(codec, body)
     attributes = int(codec) | (TIMESTAMP_TYPE_BIT if timestamp_type == LOG_APPEND_TIME else 0)
-    tail = (
-        struct.pack(
-            ">hiqqqhii",
-            attributes,
-            last_offset_delta,
-            base_timestamp,
-            max_timestamp,
-            producer_id,
-            producer_epoch,
-            base_sequence,
-            count,
-        )
-        + body
+    fields = struct.pack(
+        ">hiqqqhii",
+        attributes,
+        last_offset_delta,
+        base_timestamp,
+        max_timestamp,
+        producer_id,
+        producer_epoch,
+        base_sequence,
+        count,
     )
-    crc = crc32c.crc32c(tail)
-    # batch_length counts everything after itself: epoch(4) + magic(1) + crc(4) + tail.
-    batch_length = 4 + 1 + 4 + len(tail)
-    return (
-        struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC, crc) + tail
+    # The CRC covers the fields and the body; computed in two steps, so that
+    # the body is copied once, into the batch.
+    crc = crc32c.crc32c(body, crc32c.crc32c(fields))
+    # batch_length counts everything after itself: epoch(4) + magic(1) + crc(4) + the rest.
+    batch_length = 4 + 1 + 4 + len(fields) + len(body)
+    return b"".join(
+        [
+            struct.pack(">qiibI", base_offset, batch_length, partition_leader_epoch, MAGIC, crc),
+            fields,
+            body,
+        ]
     )
 
 

@@ -1,0 +1,143 @@
+"""Where a producer's CPU goes per record: ``python -m bench.produce_profile``.
+
+Starts a broker, then sends `--records` keyless records of `--record-bytes` with one blocking
+Producer (acks=1, linger 5 ms, 256 KiB batches: produce_100B's settings) as fast as the calling
+thread can, `--repeat` times. For each run it prints records/s and CPU per million records, split
+by thread: the calling thread (``main``: send() and the accumulator), the producer's event loop
+(``loop``: the sender, batch encoding, gRPC's writes and reads) and every other thread of the
+process (``other``: gRPC's own threads), and the broker's (its process CPU clock). It also counts
+the produce requests and records per request (the sender's metrics) and the client's context
+switches per request.
+
+``--send-only``: send() alone, against an accumulator nobody drains (huge buffer_memory; no
+broker I/O), to price the calling thread's per-record work by itself.
+
+Not part of `make bench`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+import time
+from pathlib import Path
+
+from tidelog import Producer
+
+from bench import workloads
+from bench._processes import tidelog_broker
+
+
+def _process_cpu_ns(pid: int) -> int:
+    """CPU time of another process, in ns (Linux's clockid for a process is (~pid << 3) | 2)."""
+    return time.clock_gettime_ns(((~pid) << 3) | 2)
+
+
+def _thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of each thread of this process so far, by thread name (from /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            stat = (task / "stat").read_text()
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        out[f"{name}/{task.name}"] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _switches() -> int:
+    total = 0
+    for status in Path("/proc/self/task").glob("*/status"):
+        try:
+            text = status.read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.endswith("ctxt_switches:") or "ctxt_switches:" in line:
+                total += int(line.split()[1])
+    return total
+
+
+def _classify(name: str, main_tid: int, loops: set[int | None]) -> str:
+    tid = int(name.rsplit("/", 1)[1])
+    if tid == main_tid:
+        return "main"
+    return "loop" if tid in loops else "other"
+
+
+def run(address: str, broker_pid: int, topic: str, records: int, record_bytes: int) -> None:
+    value = os.urandom(record_bytes)
+    main_tid = threading.get_native_id()
+    with Producer(bootstrap_servers=address, acks=1, linger_ms=5) as producer:
+        producer.send(topic, value).get(30)
+        metrics0 = producer.metrics()["producer-metrics"]
+        cpu0 = _thread_cpu_s()
+        switches0 = _switches()
+        broker0 = _process_cpu_ns(broker_pid)
+        t0 = time.perf_counter()
+        send = producer.send
+        for _ in range(records):
+            send(topic, value)
+        producer.flush(timeout=600)
+        seconds = time.perf_counter() - t0
+        broker_s = (_process_cpu_ns(broker_pid) - broker0) / 1e9
+        cpu1 = _thread_cpu_s()
+        loops = {t.native_id for t in threading.enumerate() if t.name.startswith("tidelog-")}
+        switches = _switches() - switches0
+        metrics1 = producer.metrics()["producer-metrics"]
+    by_kind: dict[str, float] = {"main": 0.0, "loop": 0.0, "other": 0.0}
+    for name, s in cpu1.items():
+        by_kind[_classify(name, main_tid, loops)] += s - cpu0.get(name, 0.0)
+    requests = metrics1["request-total"] - metrics0["request-total"]
+    per_m = 1e6 / records
+    print(
+        f"{records / seconds:>11,.0f} rec/s  CPU s/M: main {by_kind['main'] * per_m:.3f} "
+        f"loop {by_kind['loop'] * per_m:.3f} other {by_kind['other'] * per_m:.3f} "
+        f"broker {broker_s * per_m:.3f}  requests {requests:,.0f} "
+        f"({records / max(requests, 1):,.0f} rec/request, "
+        f"{switches / max(requests, 1):.1f} switches/request)",
+        flush=True,
+    )
+
+
+def send_only(records: int, record_bytes: int) -> None:
+    """send() into an accumulator that is never drained: the calling thread's work alone."""
+    from tidelog._accumulator import RecordAccumulator
+
+    value = os.urandom(record_bytes)
+    acc = RecordAccumulator(
+        batch_size=256 * 1024, linger_ms=5, buffer_memory=1 << 40, wake=lambda: None
+    )
+    append = acc.append
+    t0 = time.thread_time()
+    size = 8 + record_bytes
+    now_ns = time.time_ns
+    for _ in range(records):
+        append("t", -1, 1, None, value, None, now_ns() // 1_000_000, size, 60.0)
+    print(f"accumulator.append alone: {(time.thread_time() - t0) / records * 1e9:.0f} ns/record")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=2_000_000)
+    parser.add_argument("--record-bytes", type=int, default=100)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--send-only", action="store_true")
+    args = parser.parse_args(argv)
+    if args.send_only:
+        send_only(args.records, args.record_bytes)
+        return
+    with tidelog_broker() as broker:
+        for r in range(args.repeat):
+            topic = f"produce-profile-{r}"
+            workloads.create_topic(broker.address, topic)
+            run(broker.address, broker.pid, topic, args.records, args.record_bytes)
+            workloads.delete_topic(broker.address, topic)
+
+
+if __name__ == "__main__":
+    main()
