@@ -119,7 +119,7 @@ def test_a_topic_deleted_while_its_logs_open_is_not_left_behind(
                 release.wait(DEADLINE_S)
                 return open_logs(*args)  # type: ignore[arg-type]
 
-            manager.logs._open_logs = gated_open_logs  # type: ignore[method-assign]
+            manager.logs._open_logs = gated_open_logs  # type: ignore[method-assign,assignment]
             states = [state_change(keys, p, leader_of(p), 0, 3) for p in range(PARTITIONS)]
             hosting = asyncio.create_task(link._on_states(WatchBatch(True, states)))
             async with asyncio.timeout(DEADLINE_S):
@@ -156,7 +156,7 @@ def test_hosting_cancelled_while_logs_open_in_a_thread_closes_them(tmp_path: Pat
         release.wait(DEADLINE_S)
         return open_logs(*args)  # type: ignore[arg-type]
 
-    manager.logs._open_logs = gated_open_logs  # type: ignore[method-assign]
+    manager.logs._open_logs = gated_open_logs  # type: ignore[method-assign,assignment]
 
     async def run() -> None:
         hosting = asyncio.create_task(
