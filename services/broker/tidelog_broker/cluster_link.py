@@ -54,6 +54,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aetcd
@@ -68,7 +69,7 @@ from tidelog_server.etcd import (
 )
 from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, EtcdTls
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
-from tidelog_server.etcd.cluster_view import ClusterView, KnownTopic
+from tidelog_server.etcd.cluster_view import ClusterView, KnownState, KnownTopic
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, Reassignment
 from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
@@ -436,7 +437,9 @@ class ClusterLink:
         hosted = self.manager.logs.hosted_partitions(name)
         try:
             await self.manager.logs.host_partitions_off_loop(
-                TopicSpec(name, len(topic.replicas), dict(topic.configs)), [*hosted, *new]
+                TopicSpec(name, len(topic.replicas), dict(topic.configs)),
+                [*hosted, *new],
+                self._leader_epochs(topic, new),
             )
         except Exception:
             # Not swallowed: the caller's whole-topic reconcile tries again
@@ -527,7 +530,9 @@ class ClusterLink:
         self._throttled.pop(name, None)
         try:
             await self.manager.logs.host_partitions_off_loop(
-                TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
+                TopicSpec(name, len(topic.replicas), dict(topic.configs)),
+                led,
+                self._leader_epochs(topic, led),
             )
         except TidelogError as exc:
             # Refused (past max.partitions) or failed (out of descriptors):
@@ -586,24 +591,36 @@ class ClusterLink:
         if applied:
             self._apply_replication()
 
+    def _role(self, state: KnownState) -> Role:
+        """This broker's role in a partition in `state`."""
+        if state.leader == self.broker.broker_id:
+            # See registration_revision.
+            leads = state.mod_revision > self.registration_revision > 0
+            return Role.LEADER if leads else Role.NONE
+        return Role.FOLLOWER if state.leader >= 0 else Role.NONE
+
+    def _leader_epochs(self, topic: KnownTopic, partitions: Iterable[int]) -> dict[int, int]:
+        """Of `partitions`, those this broker is to lead, with their leader
+        epoch: recorded in the epoch history of those newly hosted while
+        their logs open off the loop (two fsyncs each)."""
+        epochs: dict[int, int] = {}
+        for p in partitions:
+            state = self.view.state(topic, p)
+            if state is not None and self._role(state) is Role.LEADER:
+                epochs[p] = state.leader_epoch
+        return epochs
+
     def _apply_role(
         self, topic: KnownTopic, partition: int, followed: dict[int, tuple[int, int]]
     ) -> None:
         """Apply one hosted partition's state; a followed partition goes into
         `followed` (partition -> (leader, leader epoch))."""
-        me = self.broker.broker_id
         state = self.view.state(topic, partition)
         if state is None:
             return
-        if state.leader == me and state.mod_revision > self.registration_revision > 0:
-            role = Role.LEADER
-        elif state.leader == me:
-            role = Role.NONE  # see registration_revision
-        elif state.leader >= 0:
-            role = Role.FOLLOWER
+        role = self._role(state)
+        if role is Role.FOLLOWER:
             followed[partition] = (state.leader, state.leader_epoch)
-        else:
-            role = Role.NONE
         try:
             self.manager.replicas.set_role(
                 topic.name,

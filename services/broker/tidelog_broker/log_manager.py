@@ -29,7 +29,7 @@ import dataclasses
 import logging
 import shutil
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -191,22 +191,29 @@ class LogManager:
         logs.sort(key=lambda partition_log: partition_log.partition)
         return Topic(spec, config, logs)
 
-    def _open_logs(self, name: str, config: LogConfig, partitions: list[int]) -> list[PartitionLog]:
+    def _open_logs(
+        self,
+        name: str,
+        config: LogConfig,
+        partitions: list[int],
+        leader_epochs: Mapping[int, int] | None = None,
+    ) -> list[PartitionLog]:
         """Open (creating them if needed) the logs of `partitions` of topic
-        `name`: all of them, or none. Thread-safe: each log is new and its
-        own (`host_partitions_off_loop` runs it in a worker thread)."""
+        `name`: all of them, or none; record `leader_epochs` (partition ->
+        the epoch this broker is to lead it in) at their log ends.
+        Thread-safe: each log is new and nobody else's yet
+        (`host_partitions_off_loop` runs it in a worker thread)."""
         logs: list[PartitionLog] = []
         try:
             for p in partitions:
-                logs.append(
-                    PartitionLog.open(
-                        self._config.data_dir / log_dir_name(name, p),
-                        name,
-                        p,
-                        config,
-                        self._clock,
-                    )
+                partition_log = PartitionLog.open(
+                    self._config.data_dir / log_dir_name(name, p), name, p, config, self._clock
                 )
+                logs.append(partition_log)
+                if leader_epochs and p in leader_epochs:
+                    partition_log.leader_epochs.assign(
+                        leader_epochs[p], partition_log.log_end_offset
+                    )
         except BaseException:
             # Out of descriptors, say: the logs opened so far must not keep
             # theirs (nobody would close them).
@@ -323,15 +330,24 @@ class LogManager:
 
     # ------------------------------------------------------------ cluster mode
 
-    async def host_partitions_off_loop(self, spec: TopicSpec, partitions: Iterable[int]) -> None:
+    async def host_partitions_off_loop(
+        self,
+        spec: TopicSpec,
+        partitions: Iterable[int],
+        leader_epochs: Mapping[int, int] | None = None,
+    ) -> None:
         """`host_partitions`, with the logs of the partitions not hosted yet
         opened in worker threads first, OPEN_SLICE at a time.
 
-        Opening a log is ~1-3 ms of file-system work (opens, a mkdir, fsyncs):
-        a broker given ~1,000 partitions of a new topic held its event loop
-        for seconds and lost its etcd session. Here the loop only waits, and
-        a partition is hosted (served, followed, given a role) only once its
-        log is open. The caller must not change this topic's hosting while
+        Opening a log is ~1-3 ms of file-system work (opens, a mkdir, fsyncs),
+        and a new leader's epoch history two more fsyncs (far more when the
+        disk is busy): a broker given ~1,000 partitions of a new topic held
+        its event loop for seconds and lost its etcd session. Here the loop
+        only waits, and a partition is hosted (served, followed, given a
+        role) only once its log is open. `leader_epochs`: of the new
+        partitions, those this broker is about to lead, with their epoch,
+        recorded in the epoch history in the thread too (set_role then finds
+        it there). The caller must not change this topic's hosting while
         this runs (ClusterLink does it all under one lock); cancelled, it
         closes every log it opened, also one still opening in a thread."""
         wanted = set(partitions)
@@ -344,7 +360,11 @@ class LogManager:
         try:
             for start in range(0, len(new), OPEN_SLICE):
                 for partition_log in await _in_thread(
-                    self._open_logs, spec.name, config, new[start : start + OPEN_SLICE]
+                    self._open_logs,
+                    spec.name,
+                    config,
+                    new[start : start + OPEN_SLICE],
+                    leader_epochs or {},
                 ):
                     opened[partition_log.partition] = partition_log
             self.host_partitions(spec, wanted, opened)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from tidelog_broker.loop_slices import LoopSlices
 from tidelog_broker.storage import files
+from tidelog_broker.storage.leader_epoch import LeaderEpochCache
 from tidelog_broker.topic_store import TopicSpec
 from tidelog_server.etcd.watch import Change, WatchBatch
 
@@ -97,6 +98,38 @@ def test_a_listing_of_many_states_is_applied_in_slices(etcd: EtcdProcess, tmp_pa
             await hosting
             assert any(0 < count < PARTITIONS for count in applied), sorted(applied)
             assert calls == {(TOPIC, p): 1 for p in range(PARTITIONS)}
+
+    asyncio.run(run())
+
+
+def test_a_new_topics_leaders_write_their_epoch_history_off_the_loop(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    # Each new leader's epoch history is two fsyncs: on a busy disk, ~1 s
+    # each, and they held the loop (seen in bench.replication_bench: two
+    # brokers lost their sessions after two such fsyncs in a row).
+    async def run() -> None:
+        async with counting_link(etcd, tmp_path) as (manager, link, _calls):
+            keys = link.keys
+            await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
+            writers: list[threading.Thread] = []
+            write = LeaderEpochCache._write
+
+            def recording_write(cache: LeaderEpochCache) -> None:
+                writers.append(threading.current_thread())
+                write(cache)
+
+            LeaderEpochCache._write = recording_write  # type: ignore[method-assign]
+            try:
+                states = [state_change(keys, p, leader_of(p), 0, 3) for p in range(PARTITIONS)]
+                await link._on_states(WatchBatch(True, states))
+            finally:
+                LeaderEpochCache._write = write  # type: ignore[method-assign]
+            led = [p for p in range(PARTITIONS) if leader_of(p) == ME]
+            assert len(writers) == len(led)
+            assert threading.main_thread() not in writers
+            for p in led:
+                assert manager.partition_log(TOPIC, p).leader_epochs.entries == [(0, 0)]
 
     asyncio.run(run())
 
