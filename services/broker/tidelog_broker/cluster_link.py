@@ -54,6 +54,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aetcd
@@ -68,13 +69,14 @@ from tidelog_server.etcd import (
 )
 from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, EtcdTls
 from tidelog_server.etcd.cluster_id import ensure_cluster_id
-from tidelog_server.etcd.cluster_view import ClusterView, KnownTopic
+from tidelog_server.etcd.cluster_view import ClusterView, KnownState, KnownTopic
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, Reassignment
 from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.loop_slices import LoopSlices
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_fetcher import ReplicaFetchers
 from tidelog_broker.replica_state import PartitionReplication, Role
@@ -150,6 +152,12 @@ class ClusterLink:
         #: (leader, leader epoch); and the reassignments throttled here.
         self._followed: dict[str, dict[int, tuple[int, int]]] = {}
         self._throttled: dict[str, dict[int, Reassignment]] = {}
+        # Hosting awaits (logs open in worker threads, long walks yield to
+        # the loop), so the topics and states watches and the registration
+        # take turns: each applies its change to the view and reconciles it
+        # whole, never seeing another's half done.
+        self._hosting = asyncio.Lock()
+        self._slices = LoopSlices()
         self._watchers = [
             PrefixWatcher(self.client, self.keys.brokers, self._on_brokers, name="brokers"),
             PrefixWatcher(
@@ -273,22 +281,25 @@ class ClusterLink:
             failure=[tx.get(key)],
         )
         if ok:
-            self.registration_revision = responses[0].response_put.header.revision
-            self._reconcile(full_listing=False)
-            return True
-        holder = responses[0][0][1]
-        if holder.lease == session.lease_id:
-            self.registration_revision = holder.create_revision
-            self._reconcile(full_listing=False)
-            return True
-        log.warning(
-            "broker id %d is registered by another live process (lease %x, %s); waiting for it "
-            "to go away (a previous incarnation disappears within its session TTL)",
-            self.broker.broker_id,
-            holder.lease,
-            holder.value.decode(errors="replace"),
-        )
-        return False
+            revision = responses[0].response_put.header.revision
+        else:
+            holder = responses[0][0][1]
+            if holder.lease != session.lease_id:
+                log.warning(
+                    "broker id %d is registered by another live process (lease %x, %s); waiting "
+                    "for it to go away (a previous incarnation disappears within its session "
+                    "TTL)",
+                    self.broker.broker_id,
+                    holder.lease,
+                    holder.value.decode(errors="replace"),
+                )
+                return False
+            revision = holder.create_revision
+        async with self._hosting:
+            # Leaderships written before it were a previous incarnation's.
+            self.registration_revision = revision
+            await self._reconcile(full_listing=False)
+        return True
 
     async def _ensure_cluster_id(self) -> None:
         if self.cluster_id:
@@ -339,19 +350,27 @@ class ClusterLink:
         self.view.apply_coordinators(batch)
 
     async def _on_topics(self, batch: WatchBatch) -> None:
-        self.view.apply_topics(batch)
-        if batch.reset:
-            self._reconcile(full_listing=True)
-            return
-        self._reconcile(
-            full_listing=False,
-            topics={self.keys.tail(c.key, self.keys.topics) for c in batch.changes},
-        )
+        async with self._hosting:
+            self.view.apply_topics(batch)
+            if batch.reset:
+                await self._reconcile(full_listing=True)
+                return
+            await self._reconcile(
+                full_listing=False,
+                topics={self.keys.tail(c.key, self.keys.topics) for c in batch.changes},
+            )
 
     async def _on_states(self, batch: WatchBatch) -> None:
+        async with self._hosting:
+            await self._apply_states(batch)
+        # etcd's watch brings a new topic's states back to back, with no
+        # wait in between: each batch ends its slice if it has run long.
+        await self._slices.pause()
+
+    async def _apply_states(self, batch: WatchBatch) -> None:
         if batch.reset:
             self.view.apply_states(batch)
-            self._reconcile(full_listing=False)
+            await self._reconcile(full_listing=False)
             return
         changed: dict[str, set[int]] = {}
         for change in batch.changes:
@@ -379,12 +398,12 @@ class ClusterLink:
             else:
                 hosting.add(name)
         if hosting:
-            self._reconcile(full_listing=False, topics=hosting)
+            await self._reconcile(full_listing=False, topics=hosting)
         for name, partitions in appeared.items():
-            if not self._host_appeared(name, partitions):
-                self._reconcile(full_listing=False, topics={name})
+            if not await self._host_appeared(name, partitions):
+                await self._reconcile(full_listing=False, topics={name})
                 hosting.add(name)
-        self._reconcile_roles(
+        await self._reconcile_roles(
             {
                 name: partitions - appeared.get(name, frozenset())
                 for name, partitions in changed.items()
@@ -404,7 +423,7 @@ class ClusterLink:
             and self._local_ids.get(name, topic.topic_id) == topic.topic_id
         )
 
-    def _host_appeared(self, name: str, partitions: frozenset[int]) -> bool:
+    async def _host_appeared(self, name: str, partitions: frozenset[int]) -> bool:
         """Host the partitions of topic `name` whose states just appeared and
         of which this broker is a replica, and apply their roles; the roles
         of the partitions already hosted are left alone (`_reconcile_roles`
@@ -417,8 +436,10 @@ class ClusterLink:
             return True
         hosted = self.manager.logs.hosted_partitions(name)
         try:
-            self.manager.logs.host_partitions(
-                TopicSpec(name, len(topic.replicas), dict(topic.configs)), [*hosted, *new]
+            await self.manager.logs.host_partitions_off_loop(
+                TopicSpec(name, len(topic.replicas), dict(topic.configs)),
+                [*hosted, *new],
+                self._leader_epochs(topic, new),
             )
         except Exception:
             # Not swallowed: the caller's whole-topic reconcile tries again
@@ -427,6 +448,7 @@ class ClusterLink:
         followed = self._followed[name]
         for p in new:
             self._apply_role(topic, p, followed)
+            await self._slices.pause()
         self._apply_replication()
         if self._local_ids.get(name) != topic.topic_id:
             self._local_ids[name] = topic.topic_id
@@ -446,14 +468,14 @@ class ClusterLink:
 
     # ------------------------------------------------------------ reconcile
 
-    def _reconcile(self, full_listing: bool, topics: set[str] | None = None) -> None:
+    async def _reconcile(self, full_listing: bool, topics: set[str] | None = None) -> None:
         """Make the PartitionManager host the partitions this broker is a
         replica of, each in the role etcd gives it; follow the leaders.
-        `topics`: only these changed (None: any may have)."""
+        `topics`: only these changed (None: any may have). Under `_hosting`."""
         ids_changed = False
         names = self.view.topics if topics is None else topics & self.view.topics.keys()
         for name in list(names):
-            ids_changed |= self._reconcile_topic(name, self.view.topics[name])
+            ids_changed |= await self._reconcile_topic(name, self.view.topics[name])
         for name in self.manager.logs.topic_names():
             if name not in self.view.topics:
                 self.manager.logs.drop_topic(name, delete_data=True)
@@ -483,7 +505,7 @@ class ClusterLink:
         if ids_changed:
             self._save_meta()
 
-    def _reconcile_topic(self, name: str, topic: KnownTopic) -> bool:
+    async def _reconcile_topic(self, name: str, topic: KnownTopic) -> bool:
         """Host, in their roles, the partitions of one topic this broker is a
         replica of; returns whether the topic ids kept in cluster.json changed."""
         me = self.broker.broker_id
@@ -507,8 +529,10 @@ class ClusterLink:
         self._followed.pop(name, None)
         self._throttled.pop(name, None)
         try:
-            self.manager.logs.host_partitions(
-                TopicSpec(name, len(topic.replicas), dict(topic.configs)), led
+            await self.manager.logs.host_partitions_off_loop(
+                TopicSpec(name, len(topic.replicas), dict(topic.configs)),
+                led,
+                self._leader_epochs(topic, led),
             )
         except TidelogError as exc:
             # Refused (past max.partitions) or failed (out of descriptors):
@@ -523,6 +547,7 @@ class ClusterLink:
         followed = self._followed[name] = {}
         for p in led:
             self._apply_role(topic, p, followed)
+            await self._slices.pause()
         # Replicas moved away by a reassignment (the partition lives on,
         # without this broker): their logs go, as Kafka deletes them.
         moved = [
@@ -547,7 +572,7 @@ class ClusterLink:
             ids_changed = True
         return ids_changed
 
-    def _reconcile_roles(self, changed: dict[str, set[int]]) -> None:
+    async def _reconcile_roles(self, changed: dict[str, set[int]]) -> None:
         """New leaders, epochs or ISRs of partitions whose hosting is as it
         was: applied to those partitions alone."""
         applied = False
@@ -562,27 +587,40 @@ class ClusterLink:
                     followed.pop(p, None)
                     self._apply_role(topic, p, followed)
                     applied = True
+                    await self._slices.pause()
         if applied:
             self._apply_replication()
+
+    def _role(self, state: KnownState) -> Role:
+        """This broker's role in a partition in `state`."""
+        if state.leader == self.broker.broker_id:
+            # See registration_revision.
+            leads = state.mod_revision > self.registration_revision > 0
+            return Role.LEADER if leads else Role.NONE
+        return Role.FOLLOWER if state.leader >= 0 else Role.NONE
+
+    def _leader_epochs(self, topic: KnownTopic, partitions: Iterable[int]) -> dict[int, int]:
+        """Of `partitions`, those this broker is to lead, with their leader
+        epoch: recorded in the epoch history of those newly hosted while
+        their logs open off the loop (two fsyncs each)."""
+        epochs: dict[int, int] = {}
+        for p in partitions:
+            state = self.view.state(topic, p)
+            if state is not None and self._role(state) is Role.LEADER:
+                epochs[p] = state.leader_epoch
+        return epochs
 
     def _apply_role(
         self, topic: KnownTopic, partition: int, followed: dict[int, tuple[int, int]]
     ) -> None:
         """Apply one hosted partition's state; a followed partition goes into
         `followed` (partition -> (leader, leader epoch))."""
-        me = self.broker.broker_id
         state = self.view.state(topic, partition)
         if state is None:
             return
-        if state.leader == me and state.mod_revision > self.registration_revision > 0:
-            role = Role.LEADER
-        elif state.leader == me:
-            role = Role.NONE  # see registration_revision
-        elif state.leader >= 0:
-            role = Role.FOLLOWER
+        role = self._role(state)
+        if role is Role.FOLLOWER:
             followed[partition] = (state.leader, state.leader_epoch)
-        else:
-            role = Role.NONE
         try:
             self.manager.replicas.set_role(
                 topic.name,

@@ -123,7 +123,12 @@ def test_topics_beyond_the_brokers_limits_are_refused_and_deleted_topics_leave_d
 
         kept = CAPACITY - 10
         assert not create(coordinator.address, "kept", kept, 2).HasField("error")
-        wait_until(lambda: produce_to_leader(cluster.brokers, "kept", 0), "kept-0 to take writes")
+        # Every partition: the brokers host a new topic's partitions one by
+        # one as their states arrive, without holding their event loops.
+        wait_until(
+            lambda: all(produce_to_leader(cluster.brokers, "kept", p) for p in range(kept)),
+            "every partition of kept to take writes",
+        )
 
         # 20 more partitions on each broker: past its limit.
         refused = create(coordinator.address, "beyond", 20, 2)
