@@ -17,7 +17,8 @@ client than the client granted. It keeps
 and grants a broker credit only while  sum(outstanding) + held  stays within
 client_credit; each broker's outstanding credit is capped at a fair share
 (client_credit / brokers, at least two responses' worth), so that a broker
-whose partitions are idle cannot sit on the whole window. As a broker may,
+whose partitions are idle cannot sit on the whole window (and at most
+max(2, max_answers_per_message) responses' worth). As a broker may,
 the gateway passes the credit by one whole batch when a batch is larger than
 the credit left. Credit granted to a broker is also reserved from the
 gateway's FetchBudget (limits) until the bytes it brings have been written
@@ -31,7 +32,9 @@ stream breaks, each partition it was reading is answered with
 NOT_LEADER_OR_FOLLOWER at the position the client has reached (after the
 data already queued), which the SDK answers by sending the position again;
 the gateway then routes it to the new leader. `min_bytes` and `max_wait_ms`
-apply per broker.
+apply per broker, and so does `max_answers_per_message`: a broker's message
+of several answers reaches the client as it came (its answers in order, a
+partition's positions advanced answer by answer).
 
 Drain (SIGTERM): the stream ends with UNAVAILABLE; the client reconnects
 (to another replica) and resumes from its positions.
@@ -48,6 +51,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 
 import grpc
 import grpc.aio
+from tidelog.config import MAX_FETCH_ANSWERS_PER_MESSAGE
 from tidelog.errors import InvalidRequestError, NotLeaderOrFollowerError, TidelogError
 from tidelog.v1 import common_pb2, log_pb2
 
@@ -146,6 +150,7 @@ class FetchProxy:
         self._max_bytes = 0
         self._min_bytes = 0
         self._max_wait_ms = 0
+        self._answers_per_message = 0
         self._out: deque[tuple[log_pb2.FetchResponse, int]] = deque()
         self._wake = asyncio.Event()
         self._input_closed = False
@@ -213,6 +218,12 @@ class FetchProxy:
                 raise InvalidRequestError(
                     f"{name} must be >= 0 (0 keeps the current value), got {value}"
                 )
+        answers = request.max_answers_per_message
+        if not 0 <= answers <= MAX_FETCH_ANSWERS_PER_MESSAGE:
+            raise InvalidRequestError(
+                f"max_answers_per_message must be between 0 and "
+                f"{MAX_FETCH_ANSWERS_PER_MESSAGE} (0 keeps the current value), got {answers}"
+            )
         named = len(request.positions) + len(request.remove)
         if named > config.max_partitions_per_request:
             raise InvalidRequestError(
@@ -233,10 +244,13 @@ class FetchProxy:
                 )
             if position.partition_max_bytes < 0:
                 raise InvalidRequestError("partition_max_bytes must be >= 0")
-        settings_changed = bool(request.max_bytes or request.min_bytes or request.max_wait_ms)
+        settings_changed = bool(
+            request.max_bytes or request.min_bytes or request.max_wait_ms or answers
+        )
         self._max_bytes = request.max_bytes or self._max_bytes
         self._min_bytes = request.min_bytes or self._min_bytes
         self._max_wait_ms = request.max_wait_ms or self._max_wait_ms
+        self._answers_per_message = answers or self._answers_per_message
         if settings_changed:
             for upstream in self._upstreams.values():
                 upstream.send(self._settings(log_pb2.FetchRequest()))
@@ -258,6 +272,7 @@ class FetchProxy:
         request.max_bytes = self._max_bytes
         request.min_bytes = self._min_bytes
         request.max_wait_ms = self._max_wait_ms
+        request.max_answers_per_message = self._answers_per_message
         return request
 
     def _place(self, position: log_pb2.FetchPosition) -> None:
@@ -314,7 +329,11 @@ class FetchProxy:
         self._next_start += 1
         starving = []
         for upstream in upstreams[start:] + upstreams[:start]:
-            cap = min(2 * self._response_bytes(upstream), fair_share)
+            # Two responses' worth keeps a broker busy while one is in
+            # flight; a broker asked for several answers per message needs
+            # that many answers' worth to fill one.
+            responses = max(2, self._answers_per_message)
+            cap = min(responses * self._response_bytes(upstream), fair_share)
             grant = min(cap - upstream.outstanding, free, self._budget.available(self._peer))
             if grant > 0:
                 self._budget.reserve(self._peer, grant)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from tidelog.errors import InvalidRequestError
 from tidelog.v1 import common_pb2, log_pb2
 from tidelog_gateway import fetch_proxy
 from tidelog_gateway.config import GatewayConfig
@@ -234,6 +235,76 @@ def test_a_spent_window_sets_no_reclaim_timer() -> None:
         # The credit is with the client now: no broker sits on any, so there
         # is nothing to take back and nothing to check again later.
         assert client.proxy._reclaim_timer is None
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_answers_per_message_reach_every_broker_and_a_change_is_passed_on() -> None:
+    async def scenario() -> None:
+        brokers, client, _ = make()
+        request = log_pb2.FetchRequest(
+            positions=[log_pb2.FetchPosition(topic=TOPIC, partition=0, fetch_offset=0)],
+            credit_bytes=10_000,
+            max_answers_per_message=4,
+        )
+        client.requests.put_nowait(request)
+        await settle()
+        client.grant(0, 1)  # a broker opened after the setting gets it too
+        await settle()
+        for p in range(2):
+            assert brokers.current(p).sent[0].max_answers_per_message == 4
+        client.requests.put_nowait(log_pb2.FetchRequest(max_answers_per_message=1))
+        await settle()
+        for p in range(2):
+            assert brokers.current(p).sent[-1].max_answers_per_message == 1
+        await client.close()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("answers", [-1, 17])
+def test_answers_per_message_out_of_range_are_refused_naming_the_limit(answers: int) -> None:
+    async def scenario() -> None:
+        brokers, client, _ = make()
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(credit_bytes=1000, max_answers_per_message=answers)
+        )
+        with pytest.raises(InvalidRequestError, match="between 0 and 16"):
+            await asyncio.wait_for(client._reader, 10)
+        assert brokers.calls == {}
+
+    asyncio.run(scenario())
+
+
+def test_a_message_of_several_answers_moves_the_position_answer_by_answer() -> None:
+    async def scenario() -> None:
+        brokers, client, _ = make()
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(
+                positions=[log_pb2.FetchPosition(topic=TOPIC, partition=0, fetch_offset=0)],
+                credit_bytes=10_000,
+                max_answers_per_message=3,
+            )
+        )
+        await settle()
+        broker = brokers.current(0)
+        bundled = log_pb2.FetchResponse()
+        for offset in range(3):
+            bundled.partitions.add(
+                topic=TOPIC,
+                partition=0,
+                fetch_offset=offset,
+                next_offset=offset + 1,
+                records=b"x" * 100,
+            )
+        broker.responses.put_nowait(bundled)
+        received = await client.next()
+        assert [d.fetch_offset for d in received.partitions] == [0, 1, 2]
+        broker.responses.put_nowait(None)  # the stream ends: answered where the client is
+        (lost,) = (await client.next()).partitions
+        assert lost.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+        assert lost.fetch_offset == 3
         await client.close()
 
     asyncio.run(scenario())
