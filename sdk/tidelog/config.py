@@ -355,8 +355,11 @@ class ConsumerConfig(CommonConfig):
     #: fetch_max_bytes and max_partition_fetch_bytes and is handled as its
     #: own fetch (poll_arrow: one RecordBatch each), but a message costs the
     #: client's gRPC receive more than its bytes do, so fewer, larger
-    #: messages cost less CPU per record on both sides. 1: one answer per
-    #: message; at most 16. The credit window still bounds what is in flight.
+    #: messages cost less CPU per record on both sides. The broker puts
+    #: answers together only while a message stays within 1 MiB of records
+    #: (small fetch sizes gain; 1 MiB answers go one per message). 1: one
+    #: answer per message; at most 16. The credit window still bounds what
+    #: is in flight.
     fetch_answers_per_message: int = 4
     #: Most records one poll() returns.
     max_poll_records: int = 500

@@ -13,6 +13,7 @@ import pytest
 from tidelog.errors import InvalidRequestError
 from tidelog.records import encode_batch
 from tidelog.v1 import log_pb2
+from tidelog_broker import fetch_session
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
 from tidelog_broker.fetch_session import MAX_ANSWERS_PER_MESSAGE, FetchSession
@@ -163,3 +164,16 @@ def test_a_bad_answer_count_is_refused_naming_the_limit(
     session = FetchSession(manager)
     with pytest.raises(InvalidRequestError, match=f"between 0 and {MAX_ANSWERS_PER_MESSAGE}"):
         session.apply(_request(credit=1 << 20, answers=answers))
+
+
+def test_answers_are_put_together_only_within_the_bundled_message_bytes(
+    manager: PartitionManager, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Room for two answers' worth of record bytes, not three: messages of
+    # several MiB would defeat the broker's allocator tuning.
+    monkeypatch.setattr(fetch_session, "MAX_BUNDLED_MESSAGE_BYTES", 2 * MAX_BYTES + 1)
+    session = FetchSession(manager)
+    session.apply(_request(credit=1 << 20, answers=8))
+    first, second = _first_messages(session, 2)
+    assert first == [_answer(0), _answer(1)]
+    assert second == [_answer(2), _answer(3)]
