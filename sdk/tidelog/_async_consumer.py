@@ -57,6 +57,9 @@ class _AsyncIo:
     def __init__(self, data: asyncio.Event, check_wakeup: Callable[[], None]) -> None:
         self._data = data
         self._check_wakeup = check_wakeup
+        #: The rebalance step under way, as a task of its own: a cancel of
+        #: the getmany() awaiting it does not reach it.
+        self._step: asyncio.Future[None] | None = None
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         if timeout_s is None:
@@ -93,6 +96,26 @@ class _AsyncIo:
         # its task. Only stop() from another task wakes it (ClosedError).
         self._check_wakeup()
 
+    async def step(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            await self.finish_step()  # one step at a time
+        except BaseException:
+            coro.close()
+            raise
+        self._step = asyncio.ensure_future(coro)
+        await self.finish_step()
+
+    async def finish_step(self) -> None:
+        step = self._step
+        if step is None:
+            return
+        try:
+            # shield: the caller's cancel propagates now, the step goes on.
+            await asyncio.shield(step)
+        finally:
+            if step.done():
+                self._step = None
+
 
 class AsyncConsumer:
     """The asyncio consumer (aiokafka's shape): of a group's partitions
@@ -116,6 +139,9 @@ class AsyncConsumer:
         self._timeout_s = self._config.request_timeout_ms / 1000
         self._started = False
         self._closed = False
+        #: stop()'s work, as a task of its own: a cancelled stop() leaves the
+        #: group all the same, and another stop() waits for it.
+        self._stopping: asyncio.Future[None] | None = None
         # stop() begun: a getmany() waiting in another task raises ClosedError.
         self._closing = False
         # What getone() and iteration returned, so that commit() commits exactly that.
@@ -408,14 +434,22 @@ class AsyncConsumer:
         connections (see Consumer.close). Idempotent."""
         if self._closed:
             return
-        if timeout_ms is not None:
-            if timeout_ms < 0:
-                raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-            self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
-        # A getmany() waiting in another task: wake it (ClosedError; `async
-        # for` ends) instead of leaving it to sleep out its timeout.
-        self._closing = True
-        self._data.set()
+        if self._stopping is None:
+            if timeout_ms is not None:
+                if timeout_ms < 0:
+                    raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+                self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
+            # A getmany() waiting in another task: wake it (ClosedError; `async
+            # for` ends) instead of leaving it to sleep out its timeout.
+            self._closing = True
+            self._data.set()
+            self._stopping = asyncio.ensure_future(self._stop(autocommit))
+        # A cancel of this call propagates at once, but the leaving goes on:
+        # cut short, the member would hold its partitions until its session
+        # timed out, and its listener would not hear of the revocation.
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, autocommit: bool) -> None:
         try:
             await self._side.close(autocommit=autocommit)
         finally:

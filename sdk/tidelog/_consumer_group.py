@@ -91,6 +91,18 @@ class Io(Protocol):
         whole or not at all, so the membership survives."""
         ...
 
+    async def step(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro`, a rebalance step (applying the group's events), to its
+        end even if the caller is interrupted meanwhile (AsyncConsumer: its
+        task cancelled): the interruption reaches the caller at once, and the
+        next finish_step() waits for what it left running."""
+        ...
+
+    async def finish_step(self) -> None:
+        """Wait for the end of a step that an interrupted caller left running
+        (raising its error, if it failed); at once when there is none."""
+        ...
+
 
 def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
     """Run a GroupSide coroutine whose Io blocks instead of awaiting: it runs
@@ -185,6 +197,13 @@ class GroupSide:
         static member stays)."""
         group = self.group
         assert group is not None
+        try:
+            # A rebalance step that a cancelled getmany() left running ends
+            # first: its partitions are added (or dropped) before they are
+            # revoked here, and its listener call ends before ours begins.
+            await self.io.finish_step()
+        except Exception:
+            log.warning("a rebalance step cut short by a cancel failed", exc_info=True)
         self.subscribed = False
         owned = frozenset(self.subs.assignment())
         try:
@@ -371,6 +390,13 @@ class GroupSide:
         ):
             error, membership.error = membership.error, None
             raise error
+        # A step cut short by a cancel is finished, never dropped: its
+        # partitions would be owned here and never read (or never let go).
+        await self.io.finish_step()
+        if group.events:
+            await self.io.step(self._apply_queued(group))
+
+    async def _apply_queued(self, group: GroupClient) -> None:
         while group.events:
             event = group.events.popleft()
             try:
@@ -397,7 +423,15 @@ class GroupSide:
                 self.drop(owned)
         elif event.kind == ASSIGNED:
             wanted = sorted(event.partitions)
-            committed = await self.io.run(group.committed(wanted), self.timeout_s)
+            try:
+                committed = await self.io.run(group.committed(wanted), self.timeout_s)
+            except TidelogError:
+                if group.membership is not None:
+                    # They are ours all the same: the next poll asks again
+                    # (without a membership, its LOST event or the rejoin
+                    # that follows settles them).
+                    group.events.appendleft(event)
+                raise
             self.add(event.partitions, committed)
             await self.call_listener("on_partitions_assigned", event.partitions)
 
