@@ -6,6 +6,9 @@ application's event loop: the `Fetcher`, the `SubscriptionState` (decoding
 happens inside getmany()), and in a group the `GroupClient` and the
 `GroupSide` (`_consumer_group`), whose coroutines it awaits directly.
 Rebalance listener methods may be coroutines; they run inside getmany().
+Cancelling a getmany() cancels its wait for records, never a rebalance step
+(`_AsyncIo.step`) nor stop()'s leaving: those go on, and the next call
+waits for them (docs/python-sdk.md, "waking a consumer").
 
     async with AsyncConsumer("orders", group_id="billing",
                              bootstrap_servers="127.0.0.1:9392") as consumer:
@@ -105,6 +108,11 @@ class _AsyncIo:
         self._step = asyncio.ensure_future(coro)
         await self.finish_step()
 
+    @property
+    def stepping(self) -> bool:
+        """A step is under way (one that a cancelled caller left running)."""
+        return self._step is not None
+
     async def finish_step(self) -> None:
         step = self._step
         if step is None:
@@ -152,8 +160,10 @@ class AsyncConsumer:
             if self._config.group_id is None
             else GroupClient(self._cluster, self._config, self._data.set)
         )
-        io = _AsyncIo(self._data, self._check_closing)
-        self._side = GroupSide(self._subs, self._config, group, self._handed, io, "AsyncConsumer")
+        self._io = _AsyncIo(self._data, self._check_closing)
+        self._side = GroupSide(
+            self._subs, self._config, group, self._handed, self._io, "AsyncConsumer"
+        )
 
     def _command(self, name: str, args: tuple[Any, ...]) -> None:
         getattr(self._fetcher, name)(*args)
@@ -340,6 +350,9 @@ class AsyncConsumer:
             self._subs.unread(self._handed.give_back())
         if self._side.subscribed:
             return await self._side.poll(timeout_ms, limit, only)
+        if self._io.stepping:
+            # An unsubscribe() a cancel left running: its partitions go first.
+            await self._side.finish_quietly()
         if not self._subs.assignment():
             raise IllegalStateError("no partitions assigned: call assign() or subscribe() first")
         if only is not None:

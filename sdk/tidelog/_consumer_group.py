@@ -17,6 +17,12 @@ sync Consumer runs them with `run_blocking`: its Io blocks the caller's thread
 on the consumer's LoopThread for each piece of I/O, so they never suspend and
 finish in one step. Hence the rule of this module: await nothing but `Io`.
 
+A rebalance step (applying the queued events) runs through `Io.step`: for
+AsyncConsumer a task of its own, so that a cancelled getmany() does not cut
+it in half (an assignment dropped: partitions owned and never read; a
+revocation acknowledged before its listener returned). The next poll, and
+leave(), finish such a step before anything else (`Io.finish_step`).
+
 Not thread-safe: the calling side only.
 """
 
@@ -182,6 +188,10 @@ class GroupSide:
             raise IllegalStateError("assign() and subscribe() cannot be mixed: unassign first")
         if self.subscribed:
             await self.leave(leave=True)
+        else:
+            # An unsubscribe() cut short by a cancel ends before the join:
+            # its close would otherwise end the new membership.
+            await self.finish_quietly()
         self.listener = listener
         await self.io.run(group.join(topics, pattern or ""), None)
         self.subscribed = True
@@ -195,16 +205,18 @@ class GroupSide:
         """Commit (auto-commit, unless `autocommit` is False), revoke what is
         owned, end the membership. `leave`: as GroupMembership.close (None: a
         static member stays)."""
+        # A rebalance step that a cancelled getmany() left running ends
+        # first: its partitions are added (or dropped) before they are
+        # revoked here, and its listener call ends before ours begins.
+        await self.finish_quietly()
+        # Leaving is a step too: a cancelled unsubscribe() must not leave a
+        # membership half closed (its heartbeats going on, no LeaveGroup).
+        self.subscribed = False
+        await self.io.step(self._leave(leave, autocommit))
+
+    async def _leave(self, leave: bool | None, autocommit: bool) -> None:
         group = self.group
         assert group is not None
-        try:
-            # A rebalance step that a cancelled getmany() left running ends
-            # first: its partitions are added (or dropped) before they are
-            # revoked here, and its listener call ends before ours begins.
-            await self.io.finish_step()
-        except Exception:
-            log.warning("a rebalance step cut short by a cancel failed", exc_info=True)
-        self.subscribed = False
         owned = frozenset(self.subs.assignment())
         try:
             if owned:
@@ -226,8 +238,18 @@ class GroupSide:
             if self.subscribed:
                 self.run_callbacks()
                 await self.leave(leave=None, autocommit=autocommit)
+            else:
+                await self.finish_quietly()  # an unsubscribe() a cancel left running
         except TidelogError as exc:
             log.warning("leaving the group cleanly failed: %s", exc)
+
+    async def finish_quietly(self) -> None:
+        """Io.finish_step(), its failure only logged: what the caller goes on
+        to do (leave, join) matters more than an error nobody waited for."""
+        try:
+            await self.io.finish_step()
+        except Exception:
+            log.warning("a group step cut short by a cancel failed", exc_info=True)
 
     # ------------------------------------------------------------ offsets
 

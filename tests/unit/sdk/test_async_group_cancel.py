@@ -203,3 +203,42 @@ def test_a_failed_lookup_of_committed_offsets_is_asked_again_by_the_next_poll() 
 
 async def _no_op(leave: bool | None = None) -> None:
     pass
+
+
+def test_a_cancelled_unsubscribe_still_ends_the_membership_before_the_next_join() -> None:
+    """unsubscribe() cancelled while the membership closes: the close goes
+    on (no membership left half closed), and a subscribe() that follows
+    joins only once it is over."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        log: list[str] = []
+        closing = asyncio.Event()
+        closed = asyncio.Event()
+
+        async def close(leave: bool | None = None) -> None:
+            log.append("close")
+            closing.set()
+            await closed.wait()
+            log.append("closed")
+
+        async def join(topics: list[str], pattern: str) -> None:
+            log.append("join")
+
+        group.close = close  # type: ignore[attr-defined]
+        group.join = join  # type: ignore[attr-defined]
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, closing)
+        subscribe = asyncio.create_task(side.subscribe(["t"], None, listener))
+        await asyncio.sleep(0.05)
+        assert not subscribe.done() and log == ["close"]
+        closed.set()
+        await asyncio.wait_for(subscribe, 10)
+        assert log == ["close", "closed", "join"]
+        assert listener.finished == ["assigned", "revoked"] and subs.assignment() == set()
+
+    asyncio.run(scenario())
