@@ -44,6 +44,10 @@ class _Group:
         self.release.set()
         self.lookups = 0
         self.fail_next = False
+        self.commits: list[dict[TopicPartition, Any]] = []
+        self.committing = asyncio.Event()
+        self.commit_release = asyncio.Event()
+        self.commit_release.set()
 
     async def committed(self, partitions: list[TopicPartition]) -> dict[TopicPartition, Any]:
         self.lookups += 1
@@ -55,7 +59,9 @@ class _Group:
         return {tp: OffsetAndMetadata(7) for tp in partitions}
 
     async def commit(self, offsets: Any) -> None:
-        pass
+        self.commits.append(dict(offsets))
+        self.committing.set()
+        await self.commit_release.wait()
 
 
 class _Listener:
@@ -160,6 +166,30 @@ def test_a_cancel_inside_a_revocation_holds_the_partitions_until_it_is_finished(
         await side.poll(timeout_ms=0, limit=10)
         assert done.done() and subs.assignment() == set()
         assert listener.cancelled == [] and listener.finished == ["assigned", "revoked"]
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_during_a_revocations_commit_neither_acknowledges_nor_keeps_it() -> None:
+    """The cancel lands in the commit before a revocation: the partitions
+    are neither acknowledged as revoked while still read here (two owners)
+    nor kept forever; the commit and the revocation finish."""
+
+    async def scenario() -> None:
+        side, group, subs = _side(enable_auto_commit=True)
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        subs.seek(A, 9)  # a position not committed yet
+        group.commit_release.clear()
+        done = asyncio.get_running_loop().create_future()
+        group.events.append(GroupEvent(REVOKED, frozenset({A}), done))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, group.committing)
+        assert not done.done() and subs.assignment() == {A}
+        group.commit_release.set()
+        await side.poll(timeout_ms=0, limit=10)
+        assert done.done() and subs.assignment() == set()
+        assert group.commits == [{A: OffsetAndMetadata(9)}]
 
     asyncio.run(scenario())
 
