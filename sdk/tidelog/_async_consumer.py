@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -52,6 +53,14 @@ from tidelog.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 T = TypeVar("T")
 
 __all__ = ["AsyncConsumer"]
+
+
+#: The `_AsyncIo` whose step the current task runs in (tasks started there,
+#: stop()'s among them, inherit it): a listener that calls unsubscribe() or
+#: stop() is part of that step, which must not wait for itself.
+_step_of: contextvars.ContextVar[_AsyncIo | None] = contextvars.ContextVar(
+    "tidelog_step_of", default=None
+)
 
 
 class _AsyncIo:
@@ -100,13 +109,20 @@ class _AsyncIo:
         self._check_wakeup()
 
     async def step(self, coro: Coroutine[Any, Any, None]) -> None:
+        if _step_of.get() is self:
+            await coro  # called from inside the step (a listener): part of it
+            return
         try:
             await self.finish_step()  # one step at a time
         except BaseException:
             coro.close()
             raise
-        self._step = asyncio.ensure_future(coro)
+        self._step = asyncio.ensure_future(self._run_step(coro))
         await self.finish_step()
+
+    async def _run_step(self, coro: Coroutine[Any, Any, None]) -> None:
+        _step_of.set(self)  # in this task's own context
+        await coro
 
     @property
     def stepping(self) -> bool:
@@ -115,7 +131,7 @@ class _AsyncIo:
 
     async def finish_step(self) -> None:
         step = self._step
-        if step is None:
+        if step is None or _step_of.get() is self:
             return
         try:
             # shield: the caller's cancel propagates now, the step goes on.

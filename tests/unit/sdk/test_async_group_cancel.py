@@ -272,3 +272,31 @@ def test_a_cancelled_unsubscribe_still_ends_the_membership_before_the_next_join(
         assert listener.finished == ["assigned", "revoked"] and subs.assignment() == set()
 
     asyncio.run(scenario())
+
+
+def test_a_listener_that_unsubscribes_does_not_wait_for_its_own_step() -> None:
+    """unsubscribe() (or stop()) called by a listener, inside the step that
+    runs it, is part of that step: it does not wait for the step to end
+    (which would wait for it: a deadlock)."""
+
+    async def scenario() -> None:
+        side, group, _subs = _side()
+        group.close = _no_op  # type: ignore[attr-defined]
+
+        class Leaver(_Listener):
+            async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
+                await super().on_partitions_assigned(partitions)
+                await side.leave(leave=True)
+
+            async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
+                # From a task the listener starts, too (as stop() does).
+                await asyncio.ensure_future(super().on_partitions_revoked(partitions))
+
+        listener = Leaver()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert listener.finished == ["assigned", "revoked"]
+        assert not side.subscribed
+
+    asyncio.run(scenario())
