@@ -6,6 +6,9 @@ application's event loop: the `Fetcher`, the `SubscriptionState` (decoding
 happens inside getmany()), and in a group the `GroupClient` and the
 `GroupSide` (`_consumer_group`), whose coroutines it awaits directly.
 Rebalance listener methods may be coroutines; they run inside getmany().
+Cancelling a getmany() cancels its wait for records, never a rebalance step
+(`_AsyncIo.step`) nor stop()'s leaving: those go on, and the next call
+waits for them (docs/python-sdk.md, "waking a consumer").
 
     async with AsyncConsumer("orders", group_id="billing",
                              bootstrap_servers="127.0.0.1:9392") as consumer:
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Sequence
@@ -51,12 +55,23 @@ T = TypeVar("T")
 __all__ = ["AsyncConsumer"]
 
 
+#: The `_AsyncIo` whose step the current task runs in (tasks started there,
+#: stop()'s among them, inherit it): a listener that calls unsubscribe() or
+#: stop() is part of that step, which must not wait for itself.
+_step_of: contextvars.ContextVar[_AsyncIo | None] = contextvars.ContextVar(
+    "tidelog_step_of", default=None
+)
+
+
 class _AsyncIo:
     """The AsyncConsumer's `Io` for its GroupSide: everything on its own loop."""
 
     def __init__(self, data: asyncio.Event, check_wakeup: Callable[[], None]) -> None:
         self._data = data
         self._check_wakeup = check_wakeup
+        #: The rebalance step under way, as a task of its own: a cancel of
+        #: the getmany() awaiting it does not reach it.
+        self._step: asyncio.Future[None] | None = None
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         if timeout_s is None:
@@ -93,6 +108,38 @@ class _AsyncIo:
         # its task. Only stop() from another task wakes it (ClosedError).
         self._check_wakeup()
 
+    async def step(self, coro: Coroutine[Any, Any, None]) -> None:
+        if _step_of.get() is self:
+            await coro  # called from inside the step (a listener): part of it
+            return
+        try:
+            await self.finish_step()  # one step at a time
+        except BaseException:
+            coro.close()
+            raise
+        self._step = asyncio.ensure_future(self._run_step(coro))
+        await self.finish_step()
+
+    async def _run_step(self, coro: Coroutine[Any, Any, None]) -> None:
+        _step_of.set(self)  # in this task's own context
+        await coro
+
+    @property
+    def stepping(self) -> bool:
+        """A step is under way (one that a cancelled caller left running)."""
+        return self._step is not None
+
+    async def finish_step(self) -> None:
+        step = self._step
+        if step is None or _step_of.get() is self:
+            return
+        try:
+            # shield: the caller's cancel propagates now, the step goes on.
+            await asyncio.shield(step)
+        finally:
+            if step.done():
+                self._step = None
+
 
 class AsyncConsumer:
     """The asyncio consumer (aiokafka's shape): of a group's partitions
@@ -116,6 +163,9 @@ class AsyncConsumer:
         self._timeout_s = self._config.request_timeout_ms / 1000
         self._started = False
         self._closed = False
+        #: stop()'s work, as a task of its own: a cancelled stop() leaves the
+        #: group all the same, and another stop() waits for it.
+        self._stopping: asyncio.Future[None] | None = None
         # stop() begun: a getmany() waiting in another task raises ClosedError.
         self._closing = False
         # What getone() and iteration returned, so that commit() commits exactly that.
@@ -126,8 +176,10 @@ class AsyncConsumer:
             if self._config.group_id is None
             else GroupClient(self._cluster, self._config, self._data.set)
         )
-        io = _AsyncIo(self._data, self._check_closing)
-        self._side = GroupSide(self._subs, self._config, group, self._handed, io, "AsyncConsumer")
+        self._io = _AsyncIo(self._data, self._check_closing)
+        self._side = GroupSide(
+            self._subs, self._config, group, self._handed, self._io, "AsyncConsumer"
+        )
 
     def _command(self, name: str, args: tuple[Any, ...]) -> None:
         getattr(self._fetcher, name)(*args)
@@ -314,6 +366,9 @@ class AsyncConsumer:
             self._subs.unread(self._handed.give_back())
         if self._side.subscribed:
             return await self._side.poll(timeout_ms, limit, only)
+        if self._io.stepping:
+            # An unsubscribe() a cancel left running: its partitions go first.
+            await self._side.finish_quietly()
         if not self._subs.assignment():
             raise IllegalStateError("no partitions assigned: call assign() or subscribe() first")
         if only is not None:
@@ -408,14 +463,22 @@ class AsyncConsumer:
         connections (see Consumer.close). Idempotent."""
         if self._closed:
             return
-        if timeout_ms is not None:
-            if timeout_ms < 0:
-                raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
-            self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
-        # A getmany() waiting in another task: wake it (ClosedError; `async
-        # for` ends) instead of leaving it to sleep out its timeout.
-        self._closing = True
-        self._data.set()
+        if self._stopping is None:
+            if timeout_ms is not None:
+                if timeout_ms < 0:
+                    raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
+                self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
+            # A getmany() waiting in another task: wake it (ClosedError; `async
+            # for` ends) instead of leaving it to sleep out its timeout.
+            self._closing = True
+            self._data.set()
+            self._stopping = asyncio.ensure_future(self._stop(autocommit))
+        # A cancel of this call propagates at once, but the leaving goes on:
+        # cut short, the member would hold its partitions until its session
+        # timed out, and its listener would not hear of the revocation.
+        await asyncio.shield(self._stopping)
+
+    async def _stop(self, autocommit: bool) -> None:
         try:
             await self._side.close(autocommit=autocommit)
         finally:

@@ -17,6 +17,12 @@ sync Consumer runs them with `run_blocking`: its Io blocks the caller's thread
 on the consumer's LoopThread for each piece of I/O, so they never suspend and
 finish in one step. Hence the rule of this module: await nothing but `Io`.
 
+A rebalance step (applying the queued events) runs through `Io.step`: for
+AsyncConsumer a task of its own, so that a cancelled getmany() does not cut
+it in half (an assignment dropped: partitions owned and never read; a
+revocation acknowledged before its listener returned). The next poll, and
+leave(), finish such a step before anything else (`Io.finish_step`).
+
 Not thread-safe: the calling side only.
 """
 
@@ -89,6 +95,18 @@ class Io(Protocol):
         after wakeup(), ClosedError after close() from another thread).
         Called where the poll has nothing half done: events are applied
         whole or not at all, so the membership survives."""
+        ...
+
+    async def step(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run `coro`, a rebalance step (applying the group's events), to its
+        end even if the caller is interrupted meanwhile (AsyncConsumer: its
+        task cancelled): the interruption reaches the caller at once, and the
+        next finish_step() waits for what it left running."""
+        ...
+
+    async def finish_step(self) -> None:
+        """Wait for the end of a step that an interrupted caller left running
+        (raising its error, if it failed); at once when there is none."""
         ...
 
 
@@ -170,6 +188,10 @@ class GroupSide:
             raise IllegalStateError("assign() and subscribe() cannot be mixed: unassign first")
         if self.subscribed:
             await self.leave(leave=True)
+        else:
+            # An unsubscribe() cut short by a cancel ends before the join:
+            # its close would otherwise end the new membership.
+            await self.finish_quietly()
         self.listener = listener
         await self.io.run(group.join(topics, pattern or ""), None)
         self.subscribed = True
@@ -183,9 +205,18 @@ class GroupSide:
         """Commit (auto-commit, unless `autocommit` is False), revoke what is
         owned, end the membership. `leave`: as GroupMembership.close (None: a
         static member stays)."""
+        # A rebalance step that a cancelled getmany() left running ends
+        # first: its partitions are added (or dropped) before they are
+        # revoked here, and its listener call ends before ours begins.
+        await self.finish_quietly()
+        # Leaving is a step too: a cancelled unsubscribe() must not leave a
+        # membership half closed (its heartbeats going on, no LeaveGroup).
+        self.subscribed = False
+        await self.io.step(self._leave(leave, autocommit))
+
+    async def _leave(self, leave: bool | None, autocommit: bool) -> None:
         group = self.group
         assert group is not None
-        self.subscribed = False
         owned = frozenset(self.subs.assignment())
         try:
             if owned:
@@ -207,8 +238,18 @@ class GroupSide:
             if self.subscribed:
                 self.run_callbacks()
                 await self.leave(leave=None, autocommit=autocommit)
+            else:
+                await self.finish_quietly()  # an unsubscribe() a cancel left running
         except TidelogError as exc:
             log.warning("leaving the group cleanly failed: %s", exc)
+
+    async def finish_quietly(self) -> None:
+        """Io.finish_step(), its failure only logged: what the caller goes on
+        to do (leave, join) matters more than an error nobody waited for."""
+        try:
+            await self.io.finish_step()
+        except Exception:
+            log.warning("a group step cut short by a cancel failed", exc_info=True)
 
     # ------------------------------------------------------------ offsets
 
@@ -371,6 +412,13 @@ class GroupSide:
         ):
             error, membership.error = membership.error, None
             raise error
+        # A step cut short by a cancel is finished, never dropped: its
+        # partitions would be owned here and never read (or never let go).
+        await self.io.finish_step()
+        if group.events:
+            await self.io.step(self._apply_queued(group))
+
+    async def _apply_queued(self, group: GroupClient) -> None:
         while group.events:
             event = group.events.popleft()
             try:
@@ -397,7 +445,15 @@ class GroupSide:
                 self.drop(owned)
         elif event.kind == ASSIGNED:
             wanted = sorted(event.partitions)
-            committed = await self.io.run(group.committed(wanted), self.timeout_s)
+            try:
+                committed = await self.io.run(group.committed(wanted), self.timeout_s)
+            except TidelogError:
+                if group.membership is not None:
+                    # They are ours all the same: the next poll asks again
+                    # (without a membership, its LOST event or the rejoin
+                    # that follows settles them).
+                    group.events.appendleft(event)
+                raise
             self.add(event.partitions, committed)
             await self.call_listener("on_partitions_assigned", event.partitions)
 

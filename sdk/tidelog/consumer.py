@@ -125,6 +125,12 @@ class _BlockingIo:
     def check_wakeup(self) -> None:
         self._check_wakeup()
 
+    async def step(self, coro: Coroutine[Any, Any, None]) -> None:
+        await coro  # never suspends: nothing can cut it short between two pieces of I/O
+
+    async def finish_step(self) -> None:
+        pass
+
 
 class Consumer:
     """A blocking consumer: of a group's partitions (`group_id` and topics,

@@ -145,6 +145,12 @@ class _WokenIo:
             self.woken = False
             raise WakeupError("woken")
 
+    async def step(self, coro: Any) -> None:
+        await coro
+
+    async def finish_step(self) -> None:
+        pass
+
 
 def test_a_wakeup_leaves_a_group_poll_with_its_events_and_its_membership() -> None:
     """A wakeup raises where GroupSide.poll has nothing half done: events

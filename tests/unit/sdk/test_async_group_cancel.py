@@ -1,0 +1,302 @@
+"""A cancelled getmany() of AsyncConsumer in a group (GroupSide driven by
+`_async_consumer._AsyncIo`): the rebalance step it was in goes on, and the
+next poll finishes it before anything else, so no assignment or revocation
+is dropped. The membership is a stand-in whose offset lookup and listener
+block on events, which makes the cancel land inside the step every time;
+tests/integration/groups/test_async_consumer_cancel.py does the same
+against a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from tidelog._async_consumer import _AsyncIo
+from tidelog._consumer_common import HandedOut
+from tidelog._consumer_group import GroupSide
+from tidelog._group_client import ASSIGNED, REVOKED, GroupEvent
+from tidelog._subscription import SubscriptionState
+from tidelog.config import ConsumerConfig
+from tidelog.errors import TidelogTimeoutError
+from tidelog.group import OffsetAndMetadata
+from tidelog.types import TopicPartition
+
+A, B = TopicPartition("t", 0), TopicPartition("t", 1)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class _Group:
+    """The GroupClient's surface GroupSide uses; committed() waits for `release`."""
+
+    def __init__(self) -> None:
+        self.events: deque[GroupEvent] = deque()
+        self.membership = SimpleNamespace(error=None)
+        self.left_for_poll_timeout = False
+        self.in_poll = False
+        self.last_poll = 0.0
+        self.group_id = "g"
+        self.asked = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
+        self.lookups = 0
+        self.fail_next = False
+        self.commits: list[dict[TopicPartition, Any]] = []
+        self.committing = asyncio.Event()
+        self.commit_release = asyncio.Event()
+        self.commit_release.set()
+
+    async def committed(self, partitions: list[TopicPartition]) -> dict[TopicPartition, Any]:
+        self.lookups += 1
+        self.asked.set()
+        await self.release.wait()
+        if self.fail_next:
+            self.fail_next = False
+            raise TidelogTimeoutError("the coordinator did not answer")
+        return {tp: OffsetAndMetadata(7) for tp in partitions}
+
+    async def commit(self, offsets: Any) -> None:
+        self.commits.append(dict(offsets))
+        self.committing.set()
+        await self.commit_release.wait()
+
+
+class _Listener:
+    """Records its calls; each method waits for `release` (set: at once)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, set[TopicPartition]]] = []
+        self.finished: list[str] = []
+        self.cancelled: list[str] = []
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.release.set()
+
+    async def _call(self, name: str, partitions: set[TopicPartition]) -> None:
+        self.calls.append((name, partitions))
+        self.entered.set()
+        try:
+            await self.release.wait()
+        except asyncio.CancelledError:
+            self.cancelled.append(name)
+            raise
+        self.finished.append(name)
+
+    async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
+        await self._call("assigned", partitions)
+
+    async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
+        await self._call("revoked", partitions)
+
+
+def _side(**options: Any) -> tuple[GroupSide, _Group, SubscriptionState]:
+    config = ConsumerConfig(bootstrap_servers="127.0.0.1:1", group_id="g", **options)
+    subs = SubscriptionState(config, deque(), lambda name, args: None)
+    group = _Group()
+    io = _AsyncIo(asyncio.Event(), lambda: None)
+    side = GroupSide(subs, config, group, HandedOut(), io, "AsyncConsumer")  # type: ignore[arg-type]
+    side.subscribed = True
+    return side, group, subs
+
+
+async def _cancel_when(poll: asyncio.Task[Any], reached: asyncio.Event) -> None:
+    await asyncio.wait_for(reached.wait(), 10)
+    poll.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await poll  # promptly: the step does not hold the cancel back
+
+
+def test_a_cancel_during_the_committed_lookup_of_an_assignment_does_not_drop_it() -> None:
+    async def scenario() -> None:
+        side, group, subs = _side()
+        group.release.clear()
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A, B}), None))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, group.asked)
+        group.release.set()
+        await side.poll(timeout_ms=0, limit=10)
+        assert subs.assignment() == {A, B}
+        assert subs.position(A) == 7 and subs.position(B) == 7  # the committed offsets
+        assert group.lookups == 1  # resumed, not asked again
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_inside_the_assigned_listener_lets_it_finish_once() -> None:
+    async def scenario() -> None:
+        side, group, subs = _side()
+        listener = _Listener()
+        side.listener = listener
+        listener.release.clear()
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, listener.entered)
+        listener.release.set()
+        await side.poll(timeout_ms=0, limit=10)
+        assert listener.cancelled == []
+        assert listener.calls == [("assigned", {A})] and listener.finished == ["assigned"]
+        assert subs.assignment() == {A}
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_inside_a_revocation_holds_the_partitions_until_it_is_finished() -> None:
+    """The coordinator hands revoked partitions on only once `done` is
+    resolved: a cancel must neither resolve it early (two owners) nor drop
+    the revocation (never let go)."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        listener = _Listener()
+        side.listener = listener
+        await side.poll(timeout_ms=0, limit=10)
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        listener.release.clear()
+        listener.entered.clear()
+        done = asyncio.get_running_loop().create_future()
+        group.events.append(GroupEvent(REVOKED, frozenset({A}), done))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, listener.entered)
+        assert not done.done() and subs.assignment() == {A}
+        listener.release.set()
+        await side.poll(timeout_ms=0, limit=10)
+        assert done.done() and subs.assignment() == set()
+        assert listener.cancelled == [] and listener.finished == ["assigned", "revoked"]
+
+    asyncio.run(scenario())
+
+
+def test_a_cancel_during_a_revocations_commit_neither_acknowledges_nor_keeps_it() -> None:
+    """The cancel lands in the commit before a revocation: the partitions
+    are neither acknowledged as revoked while still read here (two owners)
+    nor kept forever; the commit and the revocation finish."""
+
+    async def scenario() -> None:
+        side, group, subs = _side(enable_auto_commit=True)
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        subs.seek(A, 9)  # a position not committed yet
+        group.commit_release.clear()
+        done = asyncio.get_running_loop().create_future()
+        group.events.append(GroupEvent(REVOKED, frozenset({A}), done))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, group.committing)
+        assert not done.done() and subs.assignment() == {A}
+        group.commit_release.set()
+        await side.poll(timeout_ms=0, limit=10)
+        assert done.done() and subs.assignment() == set()
+        assert group.commits == [{A: OffsetAndMetadata(9)}]
+
+    asyncio.run(scenario())
+
+
+def test_leaving_waits_for_a_step_a_cancel_left_running() -> None:
+    """stop()/unsubscribe() after a cancel: the assignment under way is
+    finished, then revoked, so the listener hears both, in order."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        group.close = _no_op  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        listener.release.clear()
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, listener.entered)
+        leave = asyncio.create_task(side.leave(leave=True))
+        await asyncio.sleep(0.05)
+        assert not leave.done()  # waits for the listener's assigned call
+        listener.release.set()
+        await asyncio.wait_for(leave, 10)
+        assert [name for name, _ in listener.calls] == ["assigned", "revoked"]
+        assert listener.cancelled == [] and subs.assignment() == set()
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_lookup_of_committed_offsets_is_asked_again_by_the_next_poll() -> None:
+    async def scenario() -> None:
+        side, group, subs = _side()
+        group.fail_next = True
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        with pytest.raises(TidelogTimeoutError):
+            await side.poll(timeout_ms=0, limit=10)
+        await side.poll(timeout_ms=0, limit=10)
+        assert subs.assignment() == {A} and subs.position(A) == 7
+
+    asyncio.run(scenario())
+
+
+async def _no_op(leave: bool | None = None) -> None:
+    pass
+
+
+def test_a_cancelled_unsubscribe_still_ends_the_membership_before_the_next_join() -> None:
+    """unsubscribe() cancelled while the membership closes: the close goes
+    on (no membership left half closed), and a subscribe() that follows
+    joins only once it is over."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        log: list[str] = []
+        closing = asyncio.Event()
+        closed = asyncio.Event()
+
+        async def close(leave: bool | None = None) -> None:
+            log.append("close")
+            closing.set()
+            await closed.wait()
+            log.append("closed")
+
+        async def join(topics: list[str], pattern: str) -> None:
+            log.append("join")
+
+        group.close = close  # type: ignore[attr-defined]
+        group.join = join  # type: ignore[attr-defined]
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, closing)
+        subscribe = asyncio.create_task(side.subscribe(["t"], None, listener))
+        await asyncio.sleep(0.05)
+        assert not subscribe.done() and log == ["close"]
+        closed.set()
+        await asyncio.wait_for(subscribe, 10)
+        assert log == ["close", "closed", "join"]
+        assert listener.finished == ["assigned", "revoked"] and subs.assignment() == set()
+
+    asyncio.run(scenario())
+
+
+def test_a_listener_that_unsubscribes_does_not_wait_for_its_own_step() -> None:
+    """unsubscribe() (or stop()) called by a listener, inside the step that
+    runs it, is part of that step: it does not wait for the step to end
+    (which would wait for it: a deadlock)."""
+
+    async def scenario() -> None:
+        side, group, _subs = _side()
+        group.close = _no_op  # type: ignore[attr-defined]
+
+        class Leaver(_Listener):
+            async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
+                await super().on_partitions_assigned(partitions)
+                await side.leave(leave=True)
+
+            async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
+                # From a task the listener starts, too (as stop() does).
+                await asyncio.ensure_future(super().on_partitions_revoked(partitions))
+
+        listener = Leaver()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert listener.finished == ["assigned", "revoked"]
+        assert not side.subscribed
+
+    asyncio.run(scenario())
