@@ -256,7 +256,10 @@ def start_dev(
 def wait_banner(dev: subprocess.Popen[bytes]) -> bytes:
     assert dev.stdout is not None
     banner = b""
-    deadline = time.monotonic() + 60
+    # Generous: on a loaded CI machine the cluster (etcd, a coordinator,
+    # brokers, the gateway) took ~60 s to come up, and a deadline hit between
+    # the banner's lines cut it after its first.
+    deadline = time.monotonic() + 180
     while b"Ctrl-C stops everything" not in banner and time.monotonic() < deadline:
         line = dev.stdout.readline()
         if not line:
