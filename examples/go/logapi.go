@@ -12,6 +12,7 @@ import (
 	"io"
 	"os"
 	"strconv"
+	"time"
 
 	pb "tidelogexamples/tidelog/v1"
 )
@@ -20,14 +21,18 @@ const acksAll = -1
 
 // produceBatches writes n records with Log.Produce, one batch per partition
 // per request (record i goes to partition i % partitions), and returns where
-// each partition's records start.
+// each partition's records start. A partition whose broker does not lead it
+// (yet: right after the topic was created, brokers pick it up from etcd) gets
+// the same batch again after a pause, as Kafka's producers do; any other
+// error ends the run.
 func produceBatches(ctx context.Context, client pb.LogClient, topic string, partitions int32, n int) (map[int32]int64, error) {
 	stream, err := client.Produce(ctx)
 	if err != nil {
 		return nil, err
 	}
 	start := map[int32]int64{}
-	for first, corr := 0, int64(0); first < n; first, corr = first+recordsPerRequest, corr+1 {
+	corr := int64(0)
+	for first := 0; first < n; first += recordsPerRequest {
 		byPartition := map[int32][]BatchRecord{}
 		for i := first; i < min(first+recordsPerRequest, n); i++ {
 			p := int32(i) % partitions
@@ -38,31 +43,67 @@ func produceBatches(ctx context.Context, client pb.LogClient, topic string, part
 				TimestampMs: 1_700_000_000_000 + int64(i),
 			})
 		}
-		req := &pb.ProduceRequest{CorrelationId: corr, Acks: acksAll}
+		pending := map[int32][]byte{}
 		for p, records := range byPartition {
 			batch, err := EncodeBatch(records)
 			if err != nil {
 				return nil, err
 			}
-			req.Partitions = append(req.Partitions, &pb.PartitionRecords{Topic: topic, Partition: p, Records: batch})
+			pending[p] = batch
 		}
-		if err := stream.Send(req); err != nil {
-			return nil, fmt.Errorf("Log.Produce: %w", err)
-		}
-		resp, err := stream.Recv()
-		if err != nil {
-			return nil, fmt.Errorf("Log.Produce: %w", err)
-		}
-		for _, r := range resp.Partitions {
-			if r.Error != nil && r.Error.Code != pb.ErrorCode_NONE {
-				return nil, fmt.Errorf("Log.Produce %s-%d: %s: %s", r.Topic, r.Partition, r.Error.Code, r.Error.Message)
+		for attempt := 0; len(pending) > 0; attempt++ {
+			if attempt > 0 {
+				if err := pause(ctx, attempt); err != nil {
+					return nil, fmt.Errorf("Log.Produce: partitions still not writable: %w", err)
+				}
 			}
-			if off, ok := start[r.Partition]; !ok || r.BaseOffset < off {
-				start[r.Partition] = r.BaseOffset
+			req := &pb.ProduceRequest{CorrelationId: corr, Acks: acksAll}
+			corr++
+			for p, batch := range pending {
+				req.Partitions = append(req.Partitions, &pb.PartitionRecords{Topic: topic, Partition: p, Records: batch})
+			}
+			if err := stream.Send(req); err != nil {
+				return nil, fmt.Errorf("Log.Produce: %w", err)
+			}
+			resp, err := stream.Recv()
+			if err != nil {
+				return nil, fmt.Errorf("Log.Produce: %w", err)
+			}
+			for _, r := range resp.Partitions {
+				if r.Error != nil && r.Error.Code != pb.ErrorCode_NONE {
+					if retriable(r.Error.Code) {
+						continue // still pending: sent again
+					}
+					return nil, fmt.Errorf("Log.Produce %s-%d: %s: %s", r.Topic, r.Partition, r.Error.Code, r.Error.Message)
+				}
+				delete(pending, r.Partition)
+				if off, ok := start[r.Partition]; !ok || r.BaseOffset < off {
+					start[r.Partition] = r.BaseOffset
+				}
 			}
 		}
 	}
 	return start, stream.CloseSend()
+}
+
+// retriable reports the partition errors after which sending the same batch
+// again cannot write it twice: the broker refused it before appending. (A
+// timeout of acks=all is not one: the batch may be in the log; only an
+// idempotent producer may send it again.)
+func retriable(code pb.ErrorCode) bool {
+	return code == pb.ErrorCode_NOT_LEADER_OR_FOLLOWER || code == pb.ErrorCode_UNKNOWN_TOPIC_OR_PARTITION
+}
+
+// pause waits before the attempt-th retry: 50 ms, doubling, at most 1 s,
+// or until ctx ends (its deadline bounds the retries).
+func pause(ctx context.Context, attempt int) error {
+	wait := min(50*time.Millisecond<<min(attempt-1, 5), time.Second)
+	select {
+	case <-time.After(wait):
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // encodeCommand reads {"batches": [[record, ...], ...]} as JSON on stdin
