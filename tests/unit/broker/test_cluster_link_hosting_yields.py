@@ -37,6 +37,9 @@ from tests.unit.broker.test_cluster_link_reconcile import (
 )
 
 DEADLINE_S = 60.0
+#: New partitions hosted at once by the cancellation test: more than are
+#: opened on the loop itself (log_manager.INLINE_OPEN_MAX), so a thread opens them.
+OPENED = 8
 
 
 def leader_of(p: int) -> int:
@@ -173,6 +176,32 @@ def test_a_topic_deleted_while_its_logs_open_is_not_left_behind(
     asyncio.run(run())
 
 
+def test_a_few_new_partitions_are_hosted_in_the_same_turn_of_the_loop(tmp_path: Path) -> None:
+    # A small topic is hosted without a hop to a worker thread (which takes
+    # tens of ms on a loaded machine): requests that follow its creation
+    # find it. The coroutine finishes without ever suspending.
+    from tidelog_broker.config import BrokerConfig
+    from tidelog_broker.log_manager import INLINE_OPEN_MAX
+    from tidelog_broker.partition_manager import PartitionManager
+
+    manager = PartitionManager(BrokerConfig(data_dir=tmp_path, broker_id=ME), cluster_mode=True)
+    manager.open()
+    try:
+        hosting = manager.logs.host_partitions_off_loop(
+            TopicSpec(TOPIC, INLINE_OPEN_MAX, {}), range(INLINE_OPEN_MAX)
+        )
+        try:
+            hosting.send(None)
+        except StopIteration:
+            pass
+        else:
+            hosting.close()
+            raise AssertionError("hosting a few partitions waited for something")
+        assert manager.logs.hosted_partitions(TOPIC) == list(range(INLINE_OPEN_MAX))
+    finally:
+        manager.close()
+
+
 def test_hosting_cancelled_while_logs_open_in_a_thread_closes_them(tmp_path: Path) -> None:
     # A broker stopping cancels the hosting; the logs a worker thread was
     # opening then must be closed (a clean shutdown), not left open.
@@ -193,7 +222,7 @@ def test_hosting_cancelled_while_logs_open_in_a_thread_closes_them(tmp_path: Pat
 
     async def run() -> None:
         hosting = asyncio.create_task(
-            manager.logs.host_partitions_off_loop(TopicSpec(TOPIC, 4, {}), [0, 1, 2, 3])
+            manager.logs.host_partitions_off_loop(TopicSpec(TOPIC, OPENED, {}), range(OPENED))
         )
         async with asyncio.timeout(DEADLINE_S):
             while not opening.is_set():
@@ -203,7 +232,7 @@ def test_hosting_cancelled_while_logs_open_in_a_thread_closes_them(tmp_path: Pat
         release.set()
         # The thread finishes its slice; its logs are closed on the loop.
         async with asyncio.timeout(DEADLINE_S):
-            while not all(clean_shutdown(tmp_path, p) for p in range(4)):
+            while not all(clean_shutdown(tmp_path, p) for p in range(OPENED)):
                 await asyncio.sleep(0.01)
 
     try:
