@@ -102,10 +102,13 @@ One client, one partition, broker and client sharing the machine's 2 cores: ever
 the broker spends per fetch answer is taken from the client. Per-answer and per-thread figures:
 `python -m bench.fetch_profile` (consume) and `python -m bench.e2e_trace` (latency).
 
-- **Produce, 100 B**: the client's per-record Python work on one GIL (`Producer.send` and the
-  accumulator, ~1 us per record in the caller's thread) and the sender's encoding and gRPC
-  writes on the loop thread; grpc.aio holds the GIL through a write's TCP send. Kafka's own
-  figure here moves between runs (0.6-1.3M records/s on this machine); Tidelog's stays ~1M.
+- **Produce, 100 B**: the client, on one GIL. `Producer.send` of a keyless bytes record is one
+  C call into the topic's lane (`tidelog._cproduce`: no lock, the clock read in C), ~0.17 CPU s
+  per million records in the caller's thread; the loop thread encodes each batch body in one C
+  pass and writes each request's bytes by hand (`_produce_wire`), ~0.09 s; the broker ~0.12 s
+  (`python -m bench.produce_profile`). Unthrottled, the producer fills buffer_memory, so the
+  p50 here is time queued in the buffer. Kafka's own figure moves between runs (0.6-1.3M
+  records/s on this machine).
 - **Consume per record (`poll()`)**: the records' life. A C loop (`tidelog._crecords`) builds
   the ConsumerRecord tuples from checked columns (~70 ns each at 100 B) and freeing them costs
   about as much; the SDK keeps freed memory for reuse (`freed_memory_kept_bytes`: without it a
@@ -119,8 +122,11 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   copy into a bytes object, callbacks; gRPC's own threads). The broker spends ~150 us per
   answer, ~60% of it in the kernel (loopback TCP send, the page-cache copy, wake-ups of
   grpc.aio's poller thread, twice per answer); its own code (fetch session, one pread per
-  answer) is ~26 us. Twice Kafka on the paper test needs both sides' per-answer cost cut
-  again: a receive path without grpc.aio's per-message work, or fewer, larger messages.
+  answer) is ~26 us. The cost is per message more than per byte (~130 us per message plus
+  ~45 us per 272 KB, `python -m bench.fetch_transport_probe`; gRPC's blocking API is no
+  cheaper): a consumer with small fetch sizes gets several answers per message
+  (`fetch_answers_per_message`, up to 1 MiB), but the paper test keeps one 200 KB answer per
+  message, as Kafka's fetch.max.bytes bounds a whole response.
 - **1 KiB records**: bytes bound both sides (one copy into the answer on the broker, one out
   of it per value on the client); with glibc's default allocator settings both took hundreds
   of page faults per thousand records, and now set their thresholds at start (the broker's
