@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from pathlib import Path
+from typing import Any
 
 from tidelog_broker.loop_slices import LoopSlices
 from tidelog_broker.storage import files
@@ -42,6 +43,13 @@ DEADLINE_S = 60.0
 OPENED = 8
 
 
+async def announce_topic(link: Any) -> Any:
+    """Deliver TOPIC (PARTITIONS partitions, RF 2) through the topics watch,
+    as every test here starts; returns the link's etcd keys for its states."""
+    await link._on_topics(WatchBatch(True, [topic_change(link.keys, PARTITIONS, 2)]))
+    return link.keys
+
+
 def leader_of(p: int) -> int:
     """The preferred replica of partition p (topic_change's assignment)."""
     return ME if p % 2 == 0 else OTHER
@@ -55,8 +63,7 @@ def test_a_new_topics_states_back_to_back_let_the_loop_run_while_hosting(
     # else (its lease keepalive) ran again.
     async def run() -> None:
         async with counting_link(etcd, tmp_path) as (manager, link, calls):
-            keys = link.keys
-            await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
+            keys = await announce_topic(link)
             seen: set[int] = set()
             done = asyncio.Event()
 
@@ -89,8 +96,7 @@ def test_a_listing_of_many_states_is_applied_in_slices(etcd: EtcdProcess, tmp_pa
     async def run() -> None:
         async with counting_link(etcd, tmp_path) as (_manager, link, calls):
             link._slices = LoopSlices(slice_s=0.0)  # test seam: yield at every pause
-            keys = link.keys
-            await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
+            keys = await announce_topic(link)
             states = [state_change(keys, p, leader_of(p), 0, 3) for p in range(PARTITIONS)]
             hosting = asyncio.create_task(link._on_states(WatchBatch(True, states)))
             applied: set[int] = set()
@@ -113,8 +119,7 @@ def test_a_new_topics_leaders_write_their_epoch_history_off_the_loop(
     # brokers lost their sessions after two such fsyncs in a row).
     async def run() -> None:
         async with counting_link(etcd, tmp_path) as (manager, link, _calls):
-            keys = link.keys
-            await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
+            keys = await announce_topic(link)
             writers: list[threading.Thread] = []
             write = LeaderEpochCache._write
 
@@ -145,8 +150,7 @@ def test_a_topic_deleted_while_its_logs_open_is_not_left_behind(
     # then closes and deletes what was opened; nothing stays hosted or on disk.
     async def run() -> None:
         async with counting_link(etcd, tmp_path) as (manager, link, _calls):
-            keys = link.keys
-            await link._on_topics(WatchBatch(True, [topic_change(keys, PARTITIONS, 2)]))
+            keys = await announce_topic(link)
             opening, release = threading.Event(), threading.Event()
             open_logs = manager.logs._open_logs
 
