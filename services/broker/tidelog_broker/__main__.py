@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Before anything that imports gRPC: it reads its transport settings once, when first imported.
+from tidelog_server import grpc_transport  # noqa: F401  isort: skip
+
 import argparse
 import asyncio
 import contextlib
