@@ -10,7 +10,8 @@ the produce requests and records per request (the sender's metrics) and the clie
 switches per request.
 
 ``--send-only``: send() alone, against an accumulator nobody drains (huge buffer_memory; no
-broker I/O), to price the calling thread's per-record work by itself.
+broker I/O), to price the calling thread's per-record work by itself: the locked append, and
+send()'s path through the lanes of tidelog._cproduce (when built).
 
 Not part of `make bench`.
 """
@@ -119,6 +120,24 @@ def send_only(records: int, record_bytes: int) -> None:
     for _ in range(records):
         append("t", -1, 1, None, value, None, now_ns() // 1_000_000, size, 60.0)
     print(f"accumulator.append alone: {(time.thread_time() - t0) / records * 1e9:.0f} ns/record")
+    # What Producer.send does for such a record when tidelog._cproduce is built: the
+    # topic's lane first (one C call), the locked append when there is none or it refuses
+    # (the batch's first record, after each seal).
+    acc = RecordAccumulator(
+        batch_size=256 * 1024,
+        linger_ms=5,
+        buffer_memory=1 << 40,
+        wake=lambda: None,
+        lane_max_record=1 << 20,
+    )
+    append = acc.append
+    lanes = acc.lanes
+    t0 = time.thread_time()
+    for _ in range(records):
+        lane = lanes.get("t")
+        if lane is None or lane.append(value) is None:
+            append("t", -1, 1, None, value, None, now_ns() // 1_000_000, size, 60.0)
+    print(f"send() through the lanes: {(time.thread_time() - t0) / records * 1e9:.0f} ns/record")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,7 +7,11 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
 - the open batch of each partition, stored as columns (values, keys,
   timestamps, headers) that `records.encode_batch` turns into one batch when
   drained: an append is three list appends, nothing else;
-- the FIFO of sealed batches, which keeps per-partition order;
+- the FIFO of sealed batches, which keeps per-partition order; a batch is
+  sealed, and the sender woken, as soon as it is full: no room is left for
+  the smallest record (`RECORD_OVERHEAD` bytes), or a keyless record did not
+  fit and moved on to the next sticky partition (Kafka closes a batch a record
+  did not fit, too). Neither waits for `linger_ms`, whichever path appended;
 - retries: a batch that failed with a retriable error waits here for its
   backoff, and its partition is *muted* (no later batch of it is drained)
   until the retry is resolved, so retries do not reorder that partition's
@@ -32,11 +36,13 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   was not used is given back when it closes. A lane opens after a locked
   append of such a record to the sticky batch, and closes, under the lock,
   before anything else reads or changes its batch: a locked append to the
-  topic, a seal, a drain, close. So a batch's columns and size are whole
-  whenever the lock is held and the batch has no lane. A batch whose lane
-  was closed by a record it had room for (a keyed one, headers, a
-  bytearray...) gets no other lane: mixed sends keep the locked path rather
-  than open and close a lane per record.
+  topic, a seal, a drain, close, or the lane's own `on_full`, which the
+  append that fills the lane calls (after its record is in, without the
+  lock, which `_lane_filled` takes) to seal a batch left full. So a batch's
+  columns and size are whole whenever the lock is held and the batch has no
+  lane. A batch whose lane was closed by a record it had room for (a keyed
+  one, headers, a bytearray...) gets no other lane: mixed sends keep the
+  locked path rather than open and close a lane per record.
 
 Thread-safe: every public method takes `_lock`. The sender is woken through
 the `wake` callable (a hop to the event loop) only when a batch is created or
@@ -56,6 +62,7 @@ import time
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from itertools import accumulate, repeat
 from types import ModuleType
 from typing import TYPE_CHECKING, NamedTuple
@@ -212,6 +219,9 @@ class RecordAccumulator:
         """`lane_max_record`: open lanes for send(), whose records are at most
         that many bytes (None: no lanes; nor without tidelog._cproduce)."""
         self._batch_size = batch_size
+        # A batch is full (sealed at once) when its size is above this: no
+        # room is left for even the smallest record, RECORD_OVERHEAD bytes.
+        self._full_above = batch_size - RECORD_OVERHEAD
         self._linger_s = linger_ms / 1000
         self._buffer_memory = buffer_memory
         self._wake = wake
@@ -291,7 +301,7 @@ class RecordAccumulator:
                 batch.headers.append(headers)
             batch.size += size
             self._buffered += size
-            if batch.size >= self._batch_size:
+            if batch.size > self._full_above:
                 self._seal(batch)
                 self._wake_sender()
             elif (
@@ -323,8 +333,27 @@ class RecordAccumulator:
             room,
             self._lane_max_record,
             RECORD_OVERHEAD,
+            partial(self._lane_filled, batch),
         )
         self._buffered += room
+
+    def _lane_filled(self, batch: ProducerBatch, lane: Lane) -> None:
+        """`lane`'s on_full: an append left it less room than any record needs
+        (called by that append in send()'s thread, after its record is in,
+        without the lock). Close it, and seal its batch if that is full now
+        (the lane's room may have been only part of the batch's: buffer
+        memory). A lane closed meanwhile was closed by a seal, drain or close
+        that took its batch, or by a locked append that sealed it if full."""
+        self._acquire()
+        try:
+            if batch.lane is not lane:
+                return
+            self._close_lane(batch)
+            if batch.size > self._full_above:
+                self._seal(batch)
+                self._wake_sender()
+        finally:
+            self._release()
 
     def _close_topic_lane(self, topic: str, size: int) -> None:
         """End the lane of `topic` before a locked append of a record of
@@ -336,7 +365,13 @@ class RecordAccumulator:
         lane = batch.lane
         assert lane is not None and lane is self.lanes[topic]
         self._close_lane(batch)
-        if lane.room - lane.used >= size:
+        if batch.size > self._full_above:
+            # The lane filled the batch and this came before its on_full
+            # (which will find the lane closed): a record for another
+            # partition must not leave it waiting for the linger.
+            self._seal(batch)
+            self._wake_sender()
+        elif lane.room - lane.used >= size:
             batch.lane_refused = True
 
     def _close_lane(self, batch: ProducerBatch) -> None:
@@ -407,7 +442,7 @@ class RecordAccumulator:
                 )
                 done = ends[end - 1]
                 pos = end
-                if batch.size >= self._batch_size:
+                if batch.size > self._full_above:
                     self._seal(batch)
                     self._wake_sender()
         finally:
@@ -453,6 +488,13 @@ class RecordAccumulator:
             # or there is no sticky partition yet. Move on, as KIP-480 does.
             current = self._sticky_current.get(topic)
             if current is not None:
+                full = by_partition.get(current)
+                if full is not None:
+                    # The record did not fit: the batch is full for it, and
+                    # keyless records move on, so it would wait out its linger
+                    # (Kafka closes a batch a record did not fit, too).
+                    self._seal(full)
+                    self._wake_sender()
                 self._sticky.on_new_batch(topic, partition_count, current)
             partition = self._sticky.partition(topic, partition_count)
             self._sticky_current[topic] = partition

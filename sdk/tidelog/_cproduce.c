@@ -5,11 +5,14 @@
  * send() may fill without the accumulator's lock. A lane appends a keyless,
  * header-less bytes record to the batch's value and timestamp lists (its
  * create time read here, as time.time_ns() // 1_000_000 would) and returns
- * the record's FutureRecordMetadata. Nothing else: which batch gets a lane,
- * how much room it is granted (the batch's room and the free buffer memory,
- * reserved by the accumulator) and what happens when the lane is closed live
- * in tidelog/_accumulator.py, which runs the same records through its own
- * (locked) append when this module was not compiled. And `plain_body`, the
+ * the record's FutureRecordMetadata; the append that leaves no room for any
+ * further record (less than `overhead` bytes) then calls the lane's `on_full`
+ * once, so that the accumulator seals the batch and wakes its sender at once
+ * rather than when the next record or the linger comes. Nothing else: which
+ * batch gets a lane, how much room it is granted (the batch's room and the
+ * free buffer memory, reserved by the accumulator) and what happens when the
+ * lane is closed or full live in tidelog/_accumulator.py, which runs the same
+ * records through its own (locked) append when this module was not compiled. And `plain_body`, the
  * body of such a batch in one pass, for tidelog.records.encode_batch (whose
  * Python path writes the same bytes: tests/unit/sdk/test_accumulator_lanes.py
  * compares them).
@@ -22,7 +25,10 @@
  * where a collection they may start cannot let another thread in between the
  * check and the change: the timestamp int and the index int are not tracked
  * by the garbage collector, and the future (a tuple, which is) is made after
- * the record is in the lists.
+ * the record is in the lists. `on_full` runs after that too, without the
+ * accumulator's lock (which it takes itself): by then the lane refuses every
+ * other record, and a thread that closed it meanwhile has dealt with its
+ * batch, which `on_full` finds out under the lock.
  *
  * Why C: in Python, send() was ~600 ns per record here, ~150 of it the lock,
  * ~130 reading the clock into milliseconds.
@@ -42,7 +48,8 @@ typedef struct {
     Py_ssize_t room;       /* bytes granted */
     Py_ssize_t used;       /* bytes appended so far */
     Py_ssize_t max_record; /* the largest record the producer takes */
-    Py_ssize_t overhead;   /* a record's bytes besides its value */
+    Py_ssize_t overhead;   /* a record's bytes besides its value: the smallest record */
+    PyObject *on_full;     /* called with the lane when it fills, or NULL */
     int closed;
 } Lane;
 
@@ -50,12 +57,16 @@ static int
 lane_init(Lane *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"values", "timestamps", "result", "future_type", "room",
-                             "max_record", "overhead", NULL};
-    PyObject *values, *timestamps, *result, *future_type;
+                             "max_record", "overhead", "on_full", NULL};
+    PyObject *values, *timestamps, *result, *future_type, *on_full = Py_None;
     Py_ssize_t room, max_record, overhead;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn", kwlist, &PyList_Type, &values,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn|O", kwlist, &PyList_Type, &values,
                                      &PyList_Type, &timestamps, &result, &PyType_Type,
-                                     &future_type, &room, &max_record, &overhead)) {
+                                     &future_type, &room, &max_record, &overhead, &on_full)) {
+        return -1;
+    }
+    if (on_full != Py_None && !PyCallable_Check(on_full)) {
+        PyErr_SetString(PyExc_TypeError, "on_full must be callable or None");
         return -1;
     }
     PyTypeObject *ft = (PyTypeObject *)future_type;
@@ -78,6 +89,12 @@ lane_init(Lane *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->result, result);
     Py_INCREF(future_type);
     Py_XSETREF(self->future_type, ft);
+    if (on_full == Py_None) {
+        Py_CLEAR(self->on_full);
+    } else {
+        Py_INCREF(on_full);
+        Py_XSETREF(self->on_full, on_full);
+    }
     self->room = room;
     self->used = 0;
     self->max_record = max_record;
@@ -93,6 +110,7 @@ lane_traverse(Lane *self, visitproc visit, void *arg)
     Py_VISIT(self->timestamps);
     Py_VISIT(self->result);
     Py_VISIT(self->future_type);
+    Py_VISIT(self->on_full);
     return 0;
 }
 
@@ -103,6 +121,7 @@ lane_clear(Lane *self)
     Py_CLEAR(self->timestamps);
     Py_CLEAR(self->result);
     Py_CLEAR(self->future_type);
+    Py_CLEAR(self->on_full);
     return 0;
 }
 
@@ -119,7 +138,9 @@ PyDoc_STRVAR(lane_append_doc,
 "Add one record with this bytes value (no key, no headers, created now) to the\n"
 "batch; None when the lane is closed, the value is not exactly bytes, or the\n"
 "record does not fit the room left or max_record (the caller's locked path\n"
-"decides then).");
+"decides then). When the record leaves less room than `overhead` (no further\n"
+"record fits), on_full(lane) is called before returning; what it raises is\n"
+"reported as unraisable, since the record is in and its future is owed.");
 
 static PyObject *
 lane_append(Lane *self, PyObject *value)
@@ -162,21 +183,40 @@ lane_append(Lane *self, PyObject *value)
     Py_DECREF(timestamp);
     self->used += size;
     /* The record is in: from here a collection letting another thread in is
-     * harmless. */
+     * harmless. Whether it filled the lane is decided before that: one
+     * comparison is all a record that did not costs. The reference taken
+     * keeps on_full alive while it runs, though the lane be closed (close
+     * drops the lane's own). */
+    PyObject *on_full = NULL;
+    if (self->room - self->used < self->overhead && self->on_full != NULL) {
+        on_full = Py_NewRef(self->on_full);
+    }
     PyObject *future = self->future_type->tp_alloc(self->future_type, 2);
     if (future == NULL) {
         Py_DECREF(position);
+        Py_XDECREF(on_full);
         return NULL;
     }
     Py_INCREF(self->result);
     PyTuple_SET_ITEM(future, 0, self->result);
     PyTuple_SET_ITEM(future, 1, position);
+    if (on_full != NULL) {
+        PyObject *done = PyObject_CallOneArg(on_full, (PyObject *)self);
+        Py_DECREF(on_full);
+        if (done == NULL) {
+            /* The batch then waits for its linger or the next record, as it
+             * did before on_full; the record must not look failed. */
+            PyErr_WriteUnraisable((PyObject *)self);
+        }
+        Py_XDECREF(done);
+    }
     return future;
 }
 
 PyDoc_STRVAR(lane_close_doc,
 "close() -> int\n\n"
-"Refuse every later append; return the bytes appended (0 if already closed).");
+"Refuse every later append (and drop on_full); return the bytes appended (0 if\n"
+"already closed).");
 
 static PyObject *
 lane_close(Lane *self, PyObject *Py_UNUSED(ignored))
@@ -185,6 +225,9 @@ lane_close(Lane *self, PyObject *Py_UNUSED(ignored))
         return PyLong_FromLong(0);
     }
     self->closed = 1;
+    /* A closed lane never fills: drop the reference (the accumulator's
+     * on_full refers to the batch, which refers to the lane). */
+    Py_CLEAR(self->on_full);
     return PyLong_FromSsize_t(self->used);
 }
 
@@ -220,10 +263,13 @@ static PyGetSetDef lane_getset[] = {
 };
 
 PyDoc_STRVAR(lane_doc,
-"Lane(values, timestamps, result, future_type, room, max_record, overhead)\n\n"
+"Lane(values, timestamps, result, future_type, room, max_record, overhead,\n"
+"     on_full=None)\n\n"
 "A grant of `room` bytes in one open batch (its `values` and `timestamps`\n"
 "lists and its BatchResult) for records of no key and no headers, each\n"
-"counted `overhead` + len(value) bytes; see tidelog._accumulator.");
+"counted `overhead` + len(value) bytes; on_full(lane) is called by the\n"
+"append that leaves less than `overhead` bytes of room; see\n"
+"tidelog._accumulator.");
 
 static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)

@@ -1,4 +1,5 @@
 # Types of the optional C extension (sdk/tidelog/_cproduce.c).
+from collections.abc import Callable
 from typing import Any
 
 class Lane:
@@ -14,6 +15,7 @@ class Lane:
         room: int,
         max_record: int,
         overhead: int,
+        on_full: Callable[[Lane], object] | None = None,
     ) -> None: ...
     def append(self, value: object) -> Any: ...
     def close(self) -> int: ...

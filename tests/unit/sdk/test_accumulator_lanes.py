@@ -177,11 +177,22 @@ def test_close_takes_the_lanes_and_refuses_later_records() -> None:
     assert fast(acc, b"b") is None
 
 
-def test_every_record_appended_while_the_sender_drains_lands_in_one_batch_once() -> None:
-    """A thread sends as fast as it can while another drains with linger 0 (each
-    drain closes the lane it takes): every record is in exactly one drained batch,
-    in send order, at the index its future names."""
-    acc, clock = make(batch_size=2_000, linger_ms=0, buffer_memory=1 << 30)
+@pytest.mark.parametrize(
+    ("batch_size", "linger_ms"),
+    # 2,000 bytes leave room after the last 12-byte record; 1,982 are filled
+    # exactly (160 records), so lanes fill and seal their batches themselves
+    # (on_full), racing the drains; with linger 60 s only those seals, no
+    # lingering, make batches ready.
+    [(2_000, 0), (BATCH_OVERHEAD + 160 * 12, 0), (BATCH_OVERHEAD + 160 * 12, 60_000)],
+)
+def test_every_record_appended_while_the_sender_drains_lands_in_one_batch_once(
+    batch_size: int, linger_ms: int
+) -> None:
+    """A thread sends as fast as it can while another drains (each drain closes
+    the lane it takes; with linger 0, of the batch still open too): every record
+    is in exactly one drained batch, in send order, at the index its future
+    names."""
+    acc, clock = make(batch_size=batch_size, linger_ms=linger_ms, buffer_memory=1 << 30)
     count = 20_000
     futures: list = []  # type: ignore[type-arg]
     done = threading.Event()
