@@ -300,3 +300,88 @@ def test_a_listener_that_unsubscribes_does_not_wait_for_its_own_step() -> None:
         assert not side.subscribed
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------------------ stop()'s bound
+
+
+class _Closing:
+    """A stand-in membership close that records itself and takes `delay_s`."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.log: list[str] = []
+        self.delay_s = delay_s
+
+    async def __call__(self, leave: bool | None = None) -> None:
+        self.log.append("close")
+        await asyncio.sleep(self.delay_s)
+        self.log.append("closed")
+
+
+def _only_this_task_left() -> bool:
+    return asyncio.all_tasks() == {asyncio.current_task()}
+
+
+def test_stops_bound_cuts_a_step_that_blocks_forever_and_still_ends_the_membership() -> None:
+    """A cancelled getmany() left on_partitions_assigned running, and it
+    never returns: at stop()'s bound (`_AsyncIo.expire_in`) the listener is
+    cancelled, the close goes on to end the membership (taking longer than
+    the bound: it is not cut), and no task is left behind."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        closing = _Closing(delay_s=0.3)
+        group.close = closing  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        listener.release.clear()  # never set: the listener blocks forever
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, listener.entered)
+        side.io.expire_in(0.1)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        assert listener.cancelled == ["assigned"]
+        assert [name for name, _ in listener.calls] == ["assigned"]  # revoked: time was up
+        assert closing.log == ["close", "closed"] and subs.assignment() == set()
+        assert not side.io.stepping  # type: ignore[attr-defined]
+        assert _only_this_task_left()
+
+    asyncio.run(scenario())
+
+
+def test_stops_bound_cuts_a_revocation_listener_that_never_returns() -> None:
+    """No step pending; stop()'s own on_partitions_revoked blocks forever:
+    it is cancelled at the bound, and the membership still ends."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        closing = _Closing()
+        group.close = closing  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        listener.release.clear()
+        side.io.expire_in(0.2)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        assert listener.cancelled == ["revoked"] and listener.finished == ["assigned"]
+        assert closing.log == ["close", "closed"] and subs.assignment() == set()
+        assert _only_this_task_left()
+
+    asyncio.run(scenario())
+
+
+def test_a_listener_that_returns_within_stops_bound_is_not_cut() -> None:
+    async def scenario() -> None:
+        side, group, _subs = _side()
+        group.close = _Closing()  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        side.io.expire_in(30)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        side.io.cancel_expiry()  # type: ignore[attr-defined]
+        assert listener.finished == ["assigned", "revoked"] and listener.cancelled == []
+
+    asyncio.run(scenario())
