@@ -336,8 +336,9 @@ class AsyncConsumer:
             raise IllegalStateError("assign() and subscribe() cannot be mixed: unsubscribe first")
         tps = check_partitions(partitions)
         check_known_partitions(self._cluster.snapshot, tps)
-        self._handed.reset()
-        self._subs.assign(tps)
+        # Through the GroupSide: an unsubscribe() a cancel left running
+        # leaves these partitions assigned.
+        self._side.assign(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return self._subs.assignment()

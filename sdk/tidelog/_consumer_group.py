@@ -161,6 +161,15 @@ class GroupSide:
         self.commit_deadline: float | None = None
         self.listener: RebalanceListener | None = None
         self.subscribed = False
+        #: The subscription (subscribe()'s topics or pattern), while subscribed.
+        self.topics: list[str] = []
+        self.pattern = ""
+        #: The membership of the subscription is not started yet (a join cut
+        #: short or failed): the next poll joins.
+        self.must_join = False
+        #: Counts the application's assign() calls: a leave that a cancel
+        #: left running does not drop what was assigned after it began.
+        self.assigns = 0
         self.next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
         #: Positions committed last, so that auto-commit skips idle partitions.
         self.last_committed: dict[TopicPartition, int] = {}
@@ -218,18 +227,39 @@ class GroupSide:
         group = self.group
         assert group is not None
         owned = frozenset(self.subs.assignment())
+        # Taken now: an assign() made while this step goes on (its caller
+        # cancelled) moves positions that are not the group's to commit.
+        offsets = (
+            self.changed(self.positions(owned))
+            if owned and self.config.enable_auto_commit and autocommit
+            else {}
+        )
+        assigns = self.assigns
         try:
             if owned:
-                if self.config.enable_auto_commit and autocommit:
-                    await self.commit_quietly(owned)
+                if offsets:
+                    await self.commit_logged(offsets)
                 dynamic = not self.config.group_instance_id
                 if dynamic or leave:
                     await self.call_listener("on_partitions_revoked", owned)
         finally:
-            self.drop(owned)
-            self.handed.reset()
+            if self.assigns == assigns:
+                self.drop(owned)
+                self.handed.reset()
+            else:
+                # The application's assign() since unsubscribe() wins: the
+                # partitions it named stay assigned, even those it shares
+                # with the membership ending here.
+                for tp in owned:
+                    self.last_committed.pop(tp, None)
             await self.io.run(group.close(leave), None)
             group.events.clear()
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """The application's assign() (not subscribed): read exactly these."""
+        self.assigns += 1
+        self.handed.reset()
+        self.subs.assign(partitions)
 
     async def close(self, autocommit: bool = True) -> None:
         """Leave as a consumer that closes does; a failure is only logged.
@@ -277,6 +307,10 @@ class GroupSide:
 
     async def commit(self, offsets: Offsets | None) -> None:
         self.require_group("commit()")
+        if not self.subscribed:
+            # An unsubscribe() a cancel left running ends first: this is the
+            # assign()'s commit (AlterOffsets), not the leaving member's.
+            await self.finish_quietly()
         self.run_callbacks()
         normalized = (
             self.positions(self.subs.assignment())
@@ -296,8 +330,11 @@ class GroupSide:
 
     async def commit_quietly(self, partitions: Iterable[TopicPartition]) -> None:
         offsets = self.changed(self.positions(partitions))
-        if not offsets:
-            return
+        if offsets:
+            await self.commit_logged(offsets)
+
+    async def commit_logged(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """commit_now(), a failure only logged (a commit before revoking)."""
         try:
             await self.commit_now(offsets)
         except TidelogError as exc:

@@ -385,3 +385,90 @@ def test_a_listener_that_returns_within_stops_bound_is_not_cut() -> None:
         assert listener.finished == ["assigned", "revoked"] and listener.cancelled == []
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------------------ assign() after unsubscribe()
+
+
+def test_an_assign_after_a_cancelled_unsubscribe_survives_the_pending_leave() -> None:
+    """unsubscribe() cancelled inside its revocation's commit; the
+    application assigns one of the group's partitions meanwhile. The leave
+    that goes on must not drop it (nor move its position): the user's
+    assign() wins."""
+
+    async def scenario() -> None:
+        side, group, subs = _side(enable_auto_commit=True)
+        group.close = _Closing()  # type: ignore[attr-defined]
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A, B}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        subs.seek(A, 9)  # consumed in the group, not committed yet
+        group.commit_release.clear()
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, group.committing)
+        side.assign([A])  # AsyncConsumer.assign(), not subscribed any more
+        subs.seek(A, 3)
+        group.commit_release.set()
+        await asyncio.wait_for(side.finish_quietly(), 10)
+        assert subs.assignment() == {A} and subs.position(A) == 3
+        assert group.commits == [{A: OffsetAndMetadata(9)}]  # the group's position
+
+    asyncio.run(scenario())
+
+
+def test_an_assign_after_a_cancelled_unsubscribe_survives_its_listener() -> None:
+    async def scenario() -> None:
+        side, group, subs = _side()
+        group.close = _Closing()  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A, B}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        listener.release.clear()
+        listener.entered.clear()
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, listener.entered)
+        side.assign([B])
+        listener.release.set()
+        await asyncio.wait_for(side.finish_quietly(), 10)
+        assert subs.assignment() == {B}
+        assert listener.finished == ["assigned", "revoked"]
+
+    asyncio.run(scenario())
+
+
+def test_a_commit_after_a_cancelled_unsubscribe_waits_for_the_leave() -> None:
+    """assign() then commit() while a cancelled unsubscribe() still closes
+    the membership: the commit is the assign()'s, sent once the member has
+    left (not through the membership that is ending)."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        log: list[str] = []
+        closing = asyncio.Event()
+        closed = asyncio.Event()
+
+        async def close(leave: bool | None = None) -> None:
+            log.append("close")
+            closing.set()
+            await closed.wait()
+            log.append("closed")
+
+        async def commit(offsets: Any) -> None:
+            log.append(f"commit {dict(offsets)}")
+
+        group.close = close  # type: ignore[attr-defined]
+        group.commit = commit  # type: ignore[method-assign]
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, closing)
+        side.assign([B])
+        commit_task = asyncio.create_task(side.commit({B: 5}))
+        await asyncio.sleep(0.05)
+        assert not commit_task.done() and log == ["close"]
+        closed.set()
+        await asyncio.wait_for(commit_task, 10)
+        assert log == ["close", "closed", f"commit { {B: OffsetAndMetadata(5)} }"]
+        assert subs.assignment() == {B}
+
+    asyncio.run(scenario())
