@@ -22,6 +22,10 @@ AsyncConsumer a task of its own, so that a cancelled getmany() does not cut
 it in half (an assignment dropped: partitions owned and never read; a
 revocation acknowledged before its listener returned). The next poll, and
 leave(), finish such a step before anything else (`Io.finish_step`).
+Joining and leaving are steps too: subscribe() records the subscription
+before it joins, so a cancelled subscribe() stands and the next poll finds
+it joined (or joins again); a cancelled unsubscribe() goes on leaving, and
+an assign() made meanwhile wins over it (`assigns`).
 
 Not thread-safe: the calling side only.
 """
@@ -189,7 +193,7 @@ class GroupSide:
         pattern: str | None,
         listener: RebalanceListener | None,
     ) -> None:
-        group = self.require_group("subscribe()")
+        self.require_group("subscribe()")
         topics = [topics] if isinstance(topics, str) else list(topics)
         if bool(topics) == bool(pattern):
             raise ValueError("subscribe to a list of topics or to a pattern (one of them)")
@@ -201,14 +205,36 @@ class GroupSide:
             # An unsubscribe() cut short by a cancel ends before the join:
             # its close would otherwise end the new membership.
             await self.finish_quietly()
+        # The subscription is recorded before the join (Kafka's subscribe()
+        # only records it; poll joins): a cancel of this call from here on
+        # leaves it standing, and the join, a step, goes on (the next poll
+        # waits for it, or joins again if it failed). A join that fails
+        # while this call waits for it undoes the subscription: the error
+        # is the caller's, as before.
         self.listener = listener
-        await self.io.run(group.join(topics, pattern or ""), None)
+        self.topics, self.pattern = topics, pattern or ""
         self.subscribed = True
+        try:
+            await self.io.step(self._join())
+        except Exception:
+            self.subscribed = False
+            self.listener = None
+            raise
+
+    async def _join(self) -> None:
+        """Join with the recorded subscription (a step: a cancel of its
+        caller does not leave a membership half started). Until it has
+        succeeded, every poll tries again."""
+        group = self.group
+        assert group is not None
+        self.must_join = True
+        await self.io.run(group.join(self.topics, self.pattern), None)
+        self.must_join = False
 
     def subscription(self) -> set[str]:
         if self.group is None or not self.subscribed:
             return set()
-        return set(self.group.topics) or {self.group.pattern}
+        return set(self.topics) or {self.pattern}
 
     async def leave(self, leave: bool | None, autocommit: bool = True) -> None:
         """Commit (auto-commit, unless `autocommit` is False), revoke what is
@@ -519,9 +545,9 @@ class GroupSide:
                 io.check_wakeup()
                 self.run_callbacks()
                 await self.apply_events()
-                if group.left_for_poll_timeout and not group.events:
-                    log.info("rejoining group %r", group.group_id)
-                    await io.run(group.join(group.topics, group.pattern), None)
+                if (self.must_join or group.left_for_poll_timeout) and not group.events:
+                    log.info("joining group %r", group.group_id)
+                    await io.step(self._join())
                 if self.due_auto_commit():
                     offsets = self.changed(self.positions(self.subs.assignment()))
                     if offsets:

@@ -380,3 +380,26 @@ def test_stop_is_bounded_when_a_listener_never_returns(
                 await asyncio.sleep(0.1)
 
     asyncio.run(scenario())
+
+
+def test_a_cancelled_subscribe_stands_and_the_next_getmany_joins(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """subscribe() cancelled while it joins: the subscription stands (as
+    Kafka's subscribe() only records it), and getmany() reads every record
+    of the group's partitions."""
+    topic, group = names
+    create_topic(cluster, topic, PARTITIONS)
+    produce(cluster, topic, PARTITIONS, PER_PARTITION)
+
+    async def scenario() -> None:
+        async with AsyncConsumer(
+            bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS
+        ) as consumer:
+            subscribe = asyncio.create_task(consumer.subscribe([topic]))
+            await asyncio.sleep(0)  # under way: joining
+            await _cancel(subscribe)
+            assert consumer.subscription() == {topic}
+            assert await _read_everything(consumer, topic) == _everything()
+
+    asyncio.run(scenario())

@@ -436,6 +436,89 @@ def test_an_assign_after_a_cancelled_unsubscribe_survives_its_listener() -> None
     asyncio.run(scenario())
 
 
+# ------------------------------------------------------------ a cancelled subscribe()
+
+
+class _Joining:
+    """A stand-in join that waits for `release`; `fail` makes the next one raise."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], str]] = []
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.fail = False
+
+    async def __call__(self, topics: list[str], pattern: str) -> None:
+        self.calls.append((list(topics), pattern))
+        self.entered.set()
+        await self.release.wait()
+        if self.fail:
+            self.fail = False
+            raise TidelogTimeoutError("no coordinator answered")
+
+
+def _unsubscribed_side() -> tuple[GroupSide, _Group, _Joining]:
+    side, group, _subs = _side()
+    side.subscribed = False
+    joining = _Joining()
+    group.join = joining  # type: ignore[attr-defined]
+    group.close = _Closing()  # type: ignore[attr-defined]
+    return side, group, joining
+
+
+def test_a_cancelled_subscribe_stands_and_its_join_goes_on() -> None:
+    """subscribe() cancelled while it joins: the subscription stands (as
+    Kafka's subscribe() records it), the join is not cut, and the next
+    poll waits for it and then reads the assignment it brings."""
+
+    async def scenario() -> None:
+        side, group, joining = _unsubscribed_side()
+        subscribe = asyncio.create_task(side.subscribe(["t"], None, None))
+        await _cancel_when(subscribe, joining.entered)
+        assert side.subscribed and side.subscription() == {"t"}
+        joining.release.set()
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert joining.calls == [(["t"], "")]  # joined once, not again
+        assert not side.must_join and side.subs.assignment() == {A}
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_subscribe_whose_join_fails_is_joined_by_the_next_poll() -> None:
+    async def scenario() -> None:
+        side, _group, joining = _unsubscribed_side()
+        joining.fail = True
+        subscribe = asyncio.create_task(side.subscribe(["t"], None, None))
+        await _cancel_when(subscribe, joining.entered)
+        joining.release.set()
+        with pytest.raises(TidelogTimeoutError):  # the join's failure, reported
+            await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert side.subscribed and side.must_join
+        await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert joining.calls == [(["t"], ""), (["t"], "")]
+        assert side.subscribed and not side.must_join
+
+    asyncio.run(scenario())
+
+
+def test_a_subscribe_whose_join_fails_while_awaited_is_undone() -> None:
+    """Not cancelled: the caller gets the error and is not subscribed (it
+    may assign() instead), as before."""
+
+    async def scenario() -> None:
+        side, _group, joining = _unsubscribed_side()
+        joining.fail = True
+        joining.release.set()
+        with pytest.raises(TidelogTimeoutError):
+            await side.subscribe(["t"], None, None)
+        assert not side.subscribed and side.subscription() == set()
+        side.assign([A])
+        assert side.subs.assignment() == {A}
+
+    asyncio.run(scenario())
+
+
 def test_a_commit_after_a_cancelled_unsubscribe_waits_for_the_leave() -> None:
     """assign() then commit() while a cancelled unsubscribe() still closes
     the membership: the commit is the assign()'s, sent once the member has
