@@ -84,10 +84,14 @@ class _AsyncIo:
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         if timeout_s is None:
             return await coro  # a join or a leave: bounded by the membership itself
-        if self._expired:
-            coro.close()
-            raise self._expired_error("the request")
         try:
+            if _step_of.get() is not self:
+                # The application's own commit() or committed(): stop() does
+                # not wait for it, so there is nothing to cut (and no task).
+                return await within(coro, timeout_s)
+            if self._expired:
+                coro.close()
+                raise self._expired_error("the request")
             return await self._cut_at_expiry(within(coro, timeout_s), "the request")
         except TimeoutError:
             raise TidelogTimeoutError(
@@ -95,8 +99,8 @@ class _AsyncIo:
             ) from None
 
     def expire_in(self, timeout_s: float) -> None:
-        """stop()'s bound: after `timeout_s`, a listener call or a request
-        (commit, committed offsets) under way or to come is cancelled and
+        """stop()'s bound: after `timeout_s`, a listener call or a step's
+        request (commit, committed offsets) under way or to come is cancelled and
         fails with TidelogTimeoutError, so that a step that would block
         forever (a listener that never returns) ends, and stop() goes on to
         end the membership and close the connections."""

@@ -349,6 +349,26 @@ def test_stops_bound_cuts_a_step_that_blocks_forever_and_still_ends_the_membersh
     asyncio.run(scenario())
 
 
+def test_stops_bound_cuts_a_steps_request_too() -> None:
+    """The pending step waits for committed offsets (request_timeout_ms is
+    long): at stop()'s bound the lookup is cut, not waited out."""
+
+    async def scenario() -> None:
+        side, group, subs = _side(request_timeout_ms=600_000)
+        closing = _Closing()
+        group.close = closing  # type: ignore[attr-defined]
+        group.release.clear()  # the coordinator never answers
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, group.asked)
+        side.io.expire_in(0.1)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        assert closing.log == ["close", "closed"] and subs.assignment() == set()
+        assert _only_this_task_left()
+
+    asyncio.run(scenario())
+
+
 def test_stops_bound_cuts_a_revocation_listener_that_never_returns() -> None:
     """No step pending; stop()'s own on_partitions_revoked blocks forever:
     it is cancelled at the bound, and the membership still ends."""
