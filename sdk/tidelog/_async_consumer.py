@@ -8,7 +8,9 @@ happens inside getmany()), and in a group the `GroupClient` and the
 Rebalance listener methods may be coroutines; they run inside getmany().
 Cancelling a getmany() cancels its wait for records, never a rebalance step
 (`_AsyncIo.step`) nor stop()'s leaving: those go on, and the next call
-waits for them (docs/python-sdk.md, "waking a consumer").
+waits for them (docs/python-sdk.md, "waking a consumer"). stop() is bounded
+all the same (`_AsyncIo.expire_in`): at its timeout, listener calls and
+requests still under way are cut short; ending the membership is not.
 
     async with AsyncConsumer("orders", group_id="billing",
                              bootstrap_servers="127.0.0.1:9392") as consumer:
@@ -24,7 +26,7 @@ import contextlib
 import contextvars
 import time
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
 from tidelog._client_metrics import Metrics
@@ -72,16 +74,65 @@ class _AsyncIo:
         #: The rebalance step under way, as a task of its own: a cancel of
         #: the getmany() awaiting it does not reach it.
         self._step: asyncio.Future[None] | None = None
+        #: stop()'s bound (`expire_in`): once it has passed, listener calls
+        #: and requests are cut (`_cuttable`); ending the membership is not.
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expired = False
+        #: Listener calls and requests under way, which the expiry cancels.
+        self._cuttable: set[asyncio.Future[Any]] = set()
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
         if timeout_s is None:
-            return await coro
+            return await coro  # a join or a leave: bounded by the membership itself
         try:
-            return await within(coro, timeout_s)
+            if _step_of.get() is not self:
+                # The application's own commit() or committed(): stop() does
+                # not wait for it, so there is nothing to cut (and no task).
+                return await within(coro, timeout_s)
+            if self._expired:
+                coro.close()
+                raise self._expired_error("the request")
+            return await self._cut_at_expiry(within(coro, timeout_s), "the request")
         except TimeoutError:
             raise TidelogTimeoutError(
                 f"the operation did not finish in {timeout_s:.3f} s"
             ) from None
+
+    def expire_in(self, timeout_s: float) -> None:
+        """stop()'s bound: after `timeout_s`, a listener call or a step's
+        request (commit, committed offsets) under way or to come is cancelled and
+        fails with TidelogTimeoutError, so that a step that would block
+        forever (a listener that never returns) ends, and stop() goes on to
+        end the membership and close the connections."""
+        if self._expiry is None:
+            self._expiry = asyncio.get_running_loop().call_later(timeout_s, self._expire)
+
+    def cancel_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+
+    def _expire(self) -> None:
+        self._expired = True
+        for future in self._cuttable:
+            future.cancel()
+
+    @staticmethod
+    def _expired_error(what: str) -> TidelogTimeoutError:
+        return TidelogTimeoutError(f"{what} was cut short: stop()'s timeout has passed")
+
+    async def _cut_at_expiry(self, awaitable: Awaitable[T], what: str) -> T:
+        """Await `awaitable` as a task the expiry may cancel."""
+        future = asyncio.ensure_future(awaitable)
+        self._cuttable.add(future)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self._expired and future.cancelled() and not (task and task.cancelling()):
+                raise self._expired_error(what) from None
+            raise  # our own task was cancelled
+        finally:
+            self._cuttable.discard(future)
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         return asyncio.ensure_future(coro)
@@ -90,8 +141,16 @@ class _AsyncIo:
         resolve_future(done)
 
     async def listener_done(self, result: Any) -> None:
-        if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            await result
+        if not (asyncio.iscoroutine(result) or isinstance(result, asyncio.Future)):
+            return
+        if self._expired:
+            # stop()'s time is up: the listener is not awaited any more.
+            if asyncio.iscoroutine(result):
+                result.close()
+            else:
+                result.cancel()
+            raise self._expired_error("the rebalance listener")
+        await self._cut_at_expiry(result, "the rebalance listener")
 
     def clear(self) -> None:
         self._data.clear()
@@ -281,8 +340,9 @@ class AsyncConsumer:
             raise IllegalStateError("assign() and subscribe() cannot be mixed: unsubscribe first")
         tps = check_partitions(partitions)
         check_known_partitions(self._cluster.snapshot, tps)
-        self._handed.reset()
-        self._subs.assign(tps)
+        # Through the GroupSide: an unsubscribe() a cancel left running
+        # leaves these partitions assigned.
+        self._side.assign(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return self._subs.assignment()
@@ -458,9 +518,20 @@ class AsyncConsumer:
         return set(range(meta.partition_count))
 
     async def stop(self, autocommit: bool = True, timeout_ms: float | None = None) -> None:
-        """Commit (when enable_auto_commit and `autocommit`, within
-        `timeout_ms`) and leave the group, stop fetching and release
-        connections (see Consumer.close). Idempotent."""
+        """Commit (when enable_auto_commit and `autocommit`) and leave the
+        group, stop fetching and release connections (see Consumer.close).
+        Idempotent.
+
+        Bounded, as Kafka's close(timeout): the group's work on this side
+        (a rebalance step a cancelled getmany() left running, the final
+        commit, the listener's on_partitions_revoked) gets `timeout_ms`
+        (default: request_timeout_ms). What is still under way then is cut
+        short: a listener coroutine is cancelled (CancelledError inside it;
+        one called later is not awaited), a commit or an offset lookup
+        fails; each is logged. Then the membership ends (LeaveGroup, itself
+        bounded by request_timeout_ms) and the connections close. A
+        listener that catches the CancelledError and carries on keeps
+        stop() waiting for it, as it would asyncio.timeout()."""
         if self._closed:
             return
         if self._stopping is None:
@@ -468,6 +539,7 @@ class AsyncConsumer:
                 if timeout_ms < 0:
                     raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
                 self._side.commit_deadline = time.monotonic() + timeout_ms / 1000
+            self._io.expire_in(self._timeout_s if timeout_ms is None else timeout_ms / 1000)
             # A getmany() waiting in another task: wake it (ClosedError; `async
             # for` ends) instead of leaving it to sleep out its timeout.
             self._closing = True
@@ -482,6 +554,7 @@ class AsyncConsumer:
         try:
             await self._side.close(autocommit=autocommit)
         finally:
+            self._io.cancel_expiry()
             self._closed = True
             await self._fetcher.close()
             await self._cluster.close()

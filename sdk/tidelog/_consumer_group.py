@@ -22,6 +22,10 @@ AsyncConsumer a task of its own, so that a cancelled getmany() does not cut
 it in half (an assignment dropped: partitions owned and never read; a
 revocation acknowledged before its listener returned). The next poll, and
 leave(), finish such a step before anything else (`Io.finish_step`).
+Joining and leaving are steps too: subscribe() records the subscription
+before it joins, so a cancelled subscribe() stands and the next poll finds
+it joined (or joins again); a cancelled unsubscribe() goes on leaving, and
+an assign() made meanwhile wins over it (`assigns`).
 
 Not thread-safe: the calling side only.
 """
@@ -161,6 +165,15 @@ class GroupSide:
         self.commit_deadline: float | None = None
         self.listener: RebalanceListener | None = None
         self.subscribed = False
+        #: The subscription (subscribe()'s topics or pattern), while subscribed.
+        self.topics: list[str] = []
+        self.pattern = ""
+        #: The membership of the subscription is not started yet (a join cut
+        #: short or failed): the next poll joins.
+        self.must_join = False
+        #: Counts the application's assign() calls: a leave that a cancel
+        #: left running does not drop what was assigned after it began.
+        self.assigns = 0
         self.next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
         #: Positions committed last, so that auto-commit skips idle partitions.
         self.last_committed: dict[TopicPartition, int] = {}
@@ -180,7 +193,7 @@ class GroupSide:
         pattern: str | None,
         listener: RebalanceListener | None,
     ) -> None:
-        group = self.require_group("subscribe()")
+        self.require_group("subscribe()")
         topics = [topics] if isinstance(topics, str) else list(topics)
         if bool(topics) == bool(pattern):
             raise ValueError("subscribe to a list of topics or to a pattern (one of them)")
@@ -192,14 +205,36 @@ class GroupSide:
             # An unsubscribe() cut short by a cancel ends before the join:
             # its close would otherwise end the new membership.
             await self.finish_quietly()
+        # The subscription is recorded before the join (Kafka's subscribe()
+        # only records it; poll joins): a cancel of this call from here on
+        # leaves it standing, and the join, a step, goes on (the next poll
+        # waits for it, or joins again if it failed). A join that fails
+        # while this call waits for it undoes the subscription: the error
+        # is the caller's, as before.
         self.listener = listener
-        await self.io.run(group.join(topics, pattern or ""), None)
+        self.topics, self.pattern = topics, pattern or ""
         self.subscribed = True
+        try:
+            await self.io.step(self._join())
+        except Exception:
+            self.subscribed = False
+            self.listener = None
+            raise
+
+    async def _join(self) -> None:
+        """Join with the recorded subscription (a step: a cancel of its
+        caller does not leave a membership half started). Until it has
+        succeeded, every poll tries again."""
+        group = self.group
+        assert group is not None
+        self.must_join = True
+        await self.io.run(group.join(self.topics, self.pattern), None)
+        self.must_join = False
 
     def subscription(self) -> set[str]:
         if self.group is None or not self.subscribed:
             return set()
-        return set(self.group.topics) or {self.group.pattern}
+        return set(self.topics) or {self.pattern}
 
     async def leave(self, leave: bool | None, autocommit: bool = True) -> None:
         """Commit (auto-commit, unless `autocommit` is False), revoke what is
@@ -218,18 +253,39 @@ class GroupSide:
         group = self.group
         assert group is not None
         owned = frozenset(self.subs.assignment())
+        # Taken now: an assign() made while this step goes on (its caller
+        # cancelled) moves positions that are not the group's to commit.
+        offsets = (
+            self.changed(self.positions(owned))
+            if owned and self.config.enable_auto_commit and autocommit
+            else {}
+        )
+        assigns = self.assigns
         try:
             if owned:
-                if self.config.enable_auto_commit and autocommit:
-                    await self.commit_quietly(owned)
+                if offsets:
+                    await self.commit_logged(offsets)
                 dynamic = not self.config.group_instance_id
                 if dynamic or leave:
                     await self.call_listener("on_partitions_revoked", owned)
         finally:
-            self.drop(owned)
-            self.handed.reset()
+            if self.assigns == assigns:
+                self.drop(owned)
+                self.handed.reset()
+            else:
+                # The application's assign() since unsubscribe() wins: the
+                # partitions it named stay assigned, even those it shares
+                # with the membership ending here.
+                for tp in owned:
+                    self.last_committed.pop(tp, None)
             await self.io.run(group.close(leave), None)
             group.events.clear()
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        """The application's assign() (not subscribed): read exactly these."""
+        self.assigns += 1
+        self.handed.reset()
+        self.subs.assign(partitions)
 
     async def close(self, autocommit: bool = True) -> None:
         """Leave as a consumer that closes does; a failure is only logged.
@@ -277,6 +333,10 @@ class GroupSide:
 
     async def commit(self, offsets: Offsets | None) -> None:
         self.require_group("commit()")
+        if not self.subscribed:
+            # An unsubscribe() a cancel left running ends first: this is the
+            # assign()'s commit (AlterOffsets), not the leaving member's.
+            await self.finish_quietly()
         self.run_callbacks()
         normalized = (
             self.positions(self.subs.assignment())
@@ -296,8 +356,11 @@ class GroupSide:
 
     async def commit_quietly(self, partitions: Iterable[TopicPartition]) -> None:
         offsets = self.changed(self.positions(partitions))
-        if not offsets:
-            return
+        if offsets:
+            await self.commit_logged(offsets)
+
+    async def commit_logged(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
+        """commit_now(), a failure only logged (a commit before revoking)."""
         try:
             await self.commit_now(offsets)
         except TidelogError as exc:
@@ -482,9 +545,9 @@ class GroupSide:
                 io.check_wakeup()
                 self.run_callbacks()
                 await self.apply_events()
-                if group.left_for_poll_timeout and not group.events:
-                    log.info("rejoining group %r", group.group_id)
-                    await io.run(group.join(group.topics, group.pattern), None)
+                if (self.must_join or group.left_for_poll_timeout) and not group.events:
+                    log.info("joining group %r", group.group_id)
+                    await io.step(self._join())
                 if self.due_auto_commit():
                     offsets = self.changed(self.positions(self.subs.assignment()))
                     if offsets:

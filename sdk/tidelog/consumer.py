@@ -374,8 +374,7 @@ class Consumer:
             raise IllegalStateError("assign() and subscribe() cannot be mixed: unsubscribe first")
         tps = check_partitions(partitions)
         self._loop_thread.run(self._cluster.check_partitions(tps), timeout=self._timeout_s)
-        self._handed.reset()
-        self._subs.assign(tps)
+        self._side.assign(tps)
 
     def assignment(self) -> set[TopicPartition]:
         return self._subs.assignment()

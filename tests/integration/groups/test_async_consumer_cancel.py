@@ -327,3 +327,79 @@ def test_a_cancelled_seek_to_committed_moves_nothing(
             assert seen == _everything()
 
     asyncio.run(scenario())
+
+
+class _NeverReturns:
+    """on_partitions_assigned never returns (until cancelled); records it."""
+
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.calls: list[str] = []
+
+    async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
+        self.calls.append("assigned")
+        self.entered.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.calls.append("assigned: cancelled")
+            raise
+
+    async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
+        self.calls.append("revoked")
+
+
+def test_stop_is_bounded_when_a_listener_never_returns(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """A cancelled getmany() left on_partitions_assigned running, and it
+    never returns. stop(timeout_ms=...) cancels it at the bound, then
+    leaves the group (empty long before the 60 s session would end) and
+    closes its connections: no task of the consumer is left."""
+    topic, group = names
+    create_topic(cluster, topic, PARTITIONS)
+
+    async def scenario() -> None:
+        listener = _NeverReturns()
+        consumer = AsyncConsumer(bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS)
+        await consumer.start()
+        await consumer.subscribe([topic], listener=listener)
+        poll = asyncio.create_task(consumer.getmany(timeout_ms=30_000))
+        await asyncio.wait_for(listener.entered.wait(), 30)
+        await _cancel(poll)
+        stop = asyncio.create_task(consumer.stop(timeout_ms=300))
+        done, _ = await asyncio.wait([stop], timeout=30)
+        assert done, "stop() waited for a listener that never returns"
+        stop.result()
+        assert listener.calls[:2] == ["assigned", "assigned: cancelled"]
+        assert asyncio.all_tasks() == {asyncio.current_task()}
+        async with AsyncAdminClient(cluster.bootstrap) as admin:
+            deadline = time.monotonic() + 30  # half the session: only a LeaveGroup empties it
+            while members := (await admin.describe_consumer_groups([group]))[group].members:
+                assert time.monotonic() < deadline, members
+                await asyncio.sleep(0.1)
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_subscribe_stands_and_the_next_getmany_joins(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """subscribe() cancelled while it joins: the subscription stands (as
+    Kafka's subscribe() only records it), and getmany() reads every record
+    of the group's partitions."""
+    topic, group = names
+    create_topic(cluster, topic, PARTITIONS)
+    produce(cluster, topic, PARTITIONS, PER_PARTITION)
+
+    async def scenario() -> None:
+        async with AsyncConsumer(
+            bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS
+        ) as consumer:
+            subscribe = asyncio.create_task(consumer.subscribe([topic]))
+            await asyncio.sleep(0)  # under way: joining
+            await _cancel(subscribe)
+            assert consumer.subscription() == {topic}
+            assert await _read_everything(consumer, topic) == _everything()
+
+    asyncio.run(scenario())

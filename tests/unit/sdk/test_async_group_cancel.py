@@ -300,3 +300,278 @@ def test_a_listener_that_unsubscribes_does_not_wait_for_its_own_step() -> None:
         assert not side.subscribed
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------------------ stop()'s bound
+
+
+class _Closing:
+    """A stand-in membership close that records itself and takes `delay_s`."""
+
+    def __init__(self, delay_s: float = 0.0) -> None:
+        self.log: list[str] = []
+        self.delay_s = delay_s
+
+    async def __call__(self, leave: bool | None = None) -> None:
+        self.log.append("close")
+        await asyncio.sleep(self.delay_s)
+        self.log.append("closed")
+
+
+def _only_this_task_left() -> bool:
+    return asyncio.all_tasks() == {asyncio.current_task()}
+
+
+def test_stops_bound_cuts_a_step_that_blocks_forever_and_still_ends_the_membership() -> None:
+    """A cancelled getmany() left on_partitions_assigned running, and it
+    never returns: at stop()'s bound (`_AsyncIo.expire_in`) the listener is
+    cancelled, the close goes on to end the membership (taking longer than
+    the bound: it is not cut), and no task is left behind."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        closing = _Closing(delay_s=0.3)
+        group.close = closing  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        listener.release.clear()  # never set: the listener blocks forever
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, listener.entered)
+        side.io.expire_in(0.1)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        assert listener.cancelled == ["assigned"]
+        assert [name for name, _ in listener.calls] == ["assigned"]  # revoked: time was up
+        assert closing.log == ["close", "closed"] and subs.assignment() == set()
+        assert not side.io.stepping  # type: ignore[attr-defined]
+        assert _only_this_task_left()
+
+    asyncio.run(scenario())
+
+
+def test_stops_bound_cuts_a_steps_request_too() -> None:
+    """The pending step waits for committed offsets (request_timeout_ms is
+    long): at stop()'s bound the lookup is cut, not waited out."""
+
+    async def scenario() -> None:
+        side, group, subs = _side(request_timeout_ms=600_000)
+        closing = _Closing()
+        group.close = closing  # type: ignore[attr-defined]
+        group.release.clear()  # the coordinator never answers
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        poll = asyncio.create_task(side.poll(timeout_ms=10_000, limit=10))
+        await _cancel_when(poll, group.asked)
+        side.io.expire_in(0.1)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        assert closing.log == ["close", "closed"] and subs.assignment() == set()
+        assert _only_this_task_left()
+
+    asyncio.run(scenario())
+
+
+def test_stops_bound_cuts_a_revocation_listener_that_never_returns() -> None:
+    """No step pending; stop()'s own on_partitions_revoked blocks forever:
+    it is cancelled at the bound, and the membership still ends."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        closing = _Closing()
+        group.close = closing  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        listener.release.clear()
+        side.io.expire_in(0.2)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        assert listener.cancelled == ["revoked"] and listener.finished == ["assigned"]
+        assert closing.log == ["close", "closed"] and subs.assignment() == set()
+        assert _only_this_task_left()
+
+    asyncio.run(scenario())
+
+
+def test_a_listener_that_returns_within_stops_bound_is_not_cut() -> None:
+    async def scenario() -> None:
+        side, group, _subs = _side()
+        group.close = _Closing()  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        side.io.expire_in(30)  # type: ignore[attr-defined]
+        await asyncio.wait_for(side.close(), 10)
+        side.io.cancel_expiry()  # type: ignore[attr-defined]
+        assert listener.finished == ["assigned", "revoked"] and listener.cancelled == []
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------ assign() after unsubscribe()
+
+
+def test_an_assign_after_a_cancelled_unsubscribe_survives_the_pending_leave() -> None:
+    """unsubscribe() cancelled inside its revocation's commit; the
+    application assigns one of the group's partitions meanwhile. The leave
+    that goes on must not drop it (nor move its position): the user's
+    assign() wins."""
+
+    async def scenario() -> None:
+        side, group, subs = _side(enable_auto_commit=True)
+        group.close = _Closing()  # type: ignore[attr-defined]
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A, B}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        subs.seek(A, 9)  # consumed in the group, not committed yet
+        group.commit_release.clear()
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, group.committing)
+        side.assign([A])  # AsyncConsumer.assign(), not subscribed any more
+        subs.seek(A, 3)
+        group.commit_release.set()
+        await asyncio.wait_for(side.finish_quietly(), 10)
+        assert subs.assignment() == {A} and subs.position(A) == 3
+        assert group.commits == [{A: OffsetAndMetadata(9)}]  # the group's position
+
+    asyncio.run(scenario())
+
+
+def test_an_assign_after_a_cancelled_unsubscribe_survives_its_listener() -> None:
+    async def scenario() -> None:
+        side, group, subs = _side()
+        group.close = _Closing()  # type: ignore[attr-defined]
+        listener = _Listener()
+        side.listener = listener
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A, B}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        listener.release.clear()
+        listener.entered.clear()
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, listener.entered)
+        side.assign([B])
+        listener.release.set()
+        await asyncio.wait_for(side.finish_quietly(), 10)
+        assert subs.assignment() == {B}
+        assert listener.finished == ["assigned", "revoked"]
+
+    asyncio.run(scenario())
+
+
+# ------------------------------------------------------------ a cancelled subscribe()
+
+
+class _Joining:
+    """A stand-in join that waits for `release`; `fail` makes the next one raise."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[str], str]] = []
+        self.entered = asyncio.Event()
+        self.release = asyncio.Event()
+        self.fail = False
+
+    async def __call__(self, topics: list[str], pattern: str) -> None:
+        self.calls.append((list(topics), pattern))
+        self.entered.set()
+        await self.release.wait()
+        if self.fail:
+            self.fail = False
+            raise TidelogTimeoutError("no coordinator answered")
+
+
+def _unsubscribed_side() -> tuple[GroupSide, _Group, _Joining]:
+    side, group, _subs = _side()
+    side.subscribed = False
+    joining = _Joining()
+    group.join = joining  # type: ignore[attr-defined]
+    group.close = _Closing()  # type: ignore[attr-defined]
+    return side, group, joining
+
+
+def test_a_cancelled_subscribe_stands_and_its_join_goes_on() -> None:
+    """subscribe() cancelled while it joins: the subscription stands (as
+    Kafka's subscribe() records it), the join is not cut, and the next
+    poll waits for it and then reads the assignment it brings."""
+
+    async def scenario() -> None:
+        side, group, joining = _unsubscribed_side()
+        subscribe = asyncio.create_task(side.subscribe(["t"], None, None))
+        await _cancel_when(subscribe, joining.entered)
+        assert side.subscribed and side.subscription() == {"t"}
+        joining.release.set()
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert joining.calls == [(["t"], "")]  # joined once, not again
+        assert not side.must_join and side.subs.assignment() == {A}
+
+    asyncio.run(scenario())
+
+
+def test_a_cancelled_subscribe_whose_join_fails_is_joined_by_the_next_poll() -> None:
+    async def scenario() -> None:
+        side, _group, joining = _unsubscribed_side()
+        joining.fail = True
+        subscribe = asyncio.create_task(side.subscribe(["t"], None, None))
+        await _cancel_when(subscribe, joining.entered)
+        joining.release.set()
+        with pytest.raises(TidelogTimeoutError):  # the join's failure, reported
+            await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert side.subscribed and side.must_join
+        await asyncio.wait_for(side.poll(timeout_ms=0, limit=10), 10)
+        assert joining.calls == [(["t"], ""), (["t"], "")]
+        assert side.subscribed and not side.must_join
+
+    asyncio.run(scenario())
+
+
+def test_a_subscribe_whose_join_fails_while_awaited_is_undone() -> None:
+    """Not cancelled: the caller gets the error and is not subscribed (it
+    may assign() instead), as before."""
+
+    async def scenario() -> None:
+        side, _group, joining = _unsubscribed_side()
+        joining.fail = True
+        joining.release.set()
+        with pytest.raises(TidelogTimeoutError):
+            await side.subscribe(["t"], None, None)
+        assert not side.subscribed and side.subscription() == set()
+        side.assign([A])
+        assert side.subs.assignment() == {A}
+
+    asyncio.run(scenario())
+
+
+def test_a_commit_after_a_cancelled_unsubscribe_waits_for_the_leave() -> None:
+    """assign() then commit() while a cancelled unsubscribe() still closes
+    the membership: the commit is the assign()'s, sent once the member has
+    left (not through the membership that is ending)."""
+
+    async def scenario() -> None:
+        side, group, subs = _side()
+        log: list[str] = []
+        closing = asyncio.Event()
+        closed = asyncio.Event()
+
+        async def close(leave: bool | None = None) -> None:
+            log.append("close")
+            closing.set()
+            await closed.wait()
+            log.append("closed")
+
+        async def commit(offsets: Any) -> None:
+            log.append(f"commit {dict(offsets)}")
+
+        group.close = close  # type: ignore[attr-defined]
+        group.commit = commit  # type: ignore[method-assign]
+        group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+        await side.poll(timeout_ms=0, limit=10)
+        unsubscribe = asyncio.create_task(side.leave(leave=True))
+        await _cancel_when(unsubscribe, closing)
+        side.assign([B])
+        commit_task = asyncio.create_task(side.commit({B: 5}))
+        await asyncio.sleep(0.05)
+        assert not commit_task.done() and log == ["close"]
+        closed.set()
+        await asyncio.wait_for(commit_task, 10)
+        assert log == ["close", "closed", f"commit { {B: OffsetAndMetadata(5)} }"]
+        assert subs.assignment() == {B}
+
+    asyncio.run(scenario())
