@@ -155,6 +155,11 @@ class LogManager:
         # rather than UNKNOWN_TOPIC_OR_PARTITION, also before the topic's
         # first partition is hosted (a new topic, a restart's listing).
         self._opening: dict[str, _Opening] = {}
+        #: Cluster mode: the partition count of a topic the cluster has (its
+        #: etcd view), None for one it has not: a topic known there but not
+        #: hosted here yet (its turn in a listing not come) is not "unknown"
+        #: either. Set by ClusterLink; read only on a lookup's miss.
+        self.cluster_partition_count: Callable[[str], int | None] = lambda _name: None
         # Futures of long-polling fetches, woken when their partitions grow.
         self._append_waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
         # Set at close: a cleaner round in a worker thread stops at its next batch.
@@ -287,20 +292,28 @@ class LogManager:
         return partition_log
 
     def _not_served(self, name: str, partition: int) -> TidelogError:
-        """Why `partition` of topic `name` has no log here: no such topic or
-        partition (UNKNOWN_TOPIC_OR_PARTITION); or a partition that exists,
-        led elsewhere or with its log still being opened here (both
-        NOT_LEADER_OR_FOLLOWER: retriable, the client refreshes metadata
-        and retries after its backoff)."""
+        """Why `partition` of topic `name` has no log here (a lookup's miss):
+        no such topic or partition, UNKNOWN_TOPIC_OR_PARTITION; else one that
+        exists but is not served here, NOT_LEADER_OR_FOLLOWER (retriable:
+        clients refresh metadata and retry after their backoff), saying
+        whether its log is still being opened. Exists: hosted here, being
+        opened, or (cluster mode) in the cluster's metadata."""
         topic = self._topics.get(name)
         opening = self._opening.get(name)
-        if topic is None and opening is None:
+        # The largest count any of them knows: partitions being added exist
+        # before the topic here has them.
+        counts = [
+            count
+            for count in (
+                topic.spec.partitions if topic is not None else None,
+                opening.count if opening is not None else None,
+                self.cluster_partition_count(name),
+            )
+            if count is not None
+        ]
+        if not counts:
             return UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
-        # While partitions are added, the opening call knows the new count.
-        count = max(
-            topic.spec.partitions if topic is not None else 0,
-            opening.count if opening is not None else 0,
-        )
+        count = max(counts)
         if not 0 <= partition < count:
             return UnknownTopicOrPartitionError(
                 f"topic {name!r} has partitions 0 to {count - 1}; {partition} does not exist"
@@ -311,8 +324,8 @@ class LogManager:
                 f"{name}-{partition}: retry shortly"
             )
         return NotLeaderOrFollowerError(
-            f"broker {self._config.broker_id} does not lead {name}-{partition}: "
-            "refresh metadata and ask its leader"
+            f"broker {self._config.broker_id} does not lead {name}-{partition} "
+            "(or has not opened its log yet): refresh metadata and ask its leader"
         )
 
     def opening_partitions(self, name: str) -> list[int]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from tidelog_broker.log_servicer import LogServicer
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_servicer import ReplicaServicer
 from tidelog_broker.topic_store import TopicSpec
+from tidelog_server.etcd.records import PartitionState, TopicAssignment
 from tidelog_server.etcd.watch import Change, WatchBatch
 from tidelog_server.internal import replica_pb2
 
@@ -215,6 +217,48 @@ def test_a_new_topics_partitions_answer_not_leader_while_their_logs_open(
             follower = await errors_of(manager, servicer, TOPIC, FOLLOWED)
             assert codes(follower) == {NOT_LEADER}, follower
             assert codes(await errors_of(manager, servicer, TOPIC, MISSING)) == {UNKNOWN}
+
+    asyncio.run(run())
+
+
+def test_a_listed_topic_not_hosted_yet_answers_not_leader(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    # A (re)starting broker lists every topic and reconciles them one after
+    # another: while the first one's logs open, the next one is known (its
+    # Metadata is answered) but not hosted yet, and must not be "unknown".
+    other, count = "queued", 8
+
+    async def run() -> None:
+        async with counting_link(etcd, tmp_path) as (manager, link, _calls):
+            servicer = LogServicer(manager, BrokerConfig(data_dir=tmp_path, broker_id=ME))
+            keys = link.keys
+            assignment = TopicAssignment(other, uuid.UUID(int=8).hex, ((ME,),) * count, {})
+            led = PartitionState(leader=ME, leader_epoch=0, isr=(ME,)).encode()
+            states = [state_change(keys, p, leader_of(p), 0, 3) for p in range(PARTITIONS)] + [
+                Change(keys.partition_state(other, p), led, 3, create_revision=3)
+                for p in range(count)
+            ]
+            await link._on_states(WatchBatch(True, states))
+            topics = [
+                topic_change(keys, PARTITIONS, 2),
+                Change(keys.topic(other), assignment.encode(), 2, create_revision=2),
+            ]
+            with held_opening(manager) as (opening, release):
+                listing = asyncio.create_task(link._on_topics(WatchBatch(True, topics)))
+                try:
+                    await wait_for(opening)
+                    for name in (TOPIC, other):
+                        errors = await errors_of(manager, servicer, name, LED)
+                        assert codes(errors) == {NOT_LEADER}, (name, errors)
+                    assert codes(await errors_of(manager, servicer, other, count)) == {UNKNOWN}
+                    release.set()
+                    async with asyncio.timeout(DEADLINE_S):
+                        await listing
+                finally:
+                    release.set()
+                    await asyncio.gather(listing, return_exceptions=True)
+            assert manager.logs.hosted_partitions(other) == list(range(count))
 
     asyncio.run(run())
 
