@@ -28,11 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+from tidelog import Consumer, Producer, TopicPartition
 from tidelog.records import encode_batch
 from tidelog.v1 import common_pb2, log_pb2
+from tidelog_broker.cluster_servicers import ClusterMetadata
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.fetch_session import FetchSession
-from tidelog_broker.log_servicer import LogServicer
+from tidelog_broker.log_servicer import LogServicer, add_log_servicer
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_servicer import ReplicaServicer
 from tidelog_broker.topic_store import TopicSpec
@@ -343,3 +346,74 @@ def test_added_partitions_answer_not_leader_while_their_logs_open(tmp_path: Path
         asyncio.run(run())
     finally:
         manager.close()
+
+
+def test_the_clients_wait_out_a_partition_still_opening(etcd: EtcdProcess, tmp_path: Path) -> None:
+    # The SDK retries NOT_LEADER_OR_FOLLOWER as it always has: the producer
+    # refreshes metadata and sends again after its backoff; the consumer,
+    # fetching from offset 0 with auto_offset_reset="none", neither raises
+    # nor resets (a reset would raise), and reads the record once served.
+    # The broker's Log service runs on a real gRPC server on this loop.
+    tp = TopicPartition(TOPIC, LED)
+
+    def clients(address: str, release: threading.Event) -> tuple[int, list[bytes], int]:
+        consumer = Consumer(bootstrap_servers=address, auto_offset_reset="none")
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            assert consumer.poll(timeout_ms=300) == {}  # refused meanwhile: no error
+            with Producer(bootstrap_servers=address, enable_idempotence=False) as producer:
+                future = producer.send(TOPIC, b"v", partition=LED)
+                retried = 0.0
+                for _ in range(int(DEADLINE_S / 0.05)):
+                    retried = producer.metrics()["producer-metrics"]["record-retry-total"]
+                    if retried or future.done():
+                        break
+                    threading.Event().wait(0.05)
+                assert retried >= 1 and not future.done()  # refused, retrying
+                release.set()
+                offset = future.get(timeout=DEADLINE_S).offset
+            values: list[bytes] = []
+            for _ in range(int(DEADLINE_S / 0.5)):
+                values += [r.value for r in consumer.poll(timeout_ms=500).get(tp, [])]
+                if values:
+                    break
+            return offset, values, consumer.position(tp)
+        finally:
+            consumer.close()
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        port = server.add_insecure_port("127.0.0.1:0")
+        async with counting_link(etcd, tmp_path) as (manager, link, _calls):
+            manager.replicas.lease_valid = lambda: True  # as if registered
+            link.host, link.port = "127.0.0.1", port  # what Metadata names
+            config = BrokerConfig(data_dir=tmp_path, broker_id=ME)
+            add_log_servicer(LogServicer(manager, config, ClusterMetadata(link).metadata), server)
+            await server.start()
+            try:
+                states = [state_change(link.keys, p, leader_of(p), 0, 3) for p in range(PARTITIONS)]
+                # LED's ISR is its leader alone (OTHER never fetches), so its
+                # high watermark follows its log end and the record is readable.
+                alone = PartitionState(leader=ME, leader_epoch=0, isr=(ME,)).encode()
+                states[LED] = Change(link.keys.partition_state(TOPIC, LED), alone, 3, 3)
+                await link._on_states(WatchBatch(True, states))
+                with held_opening(manager) as (opening, release):
+                    hosting = asyncio.create_task(
+                        link._on_topics(WatchBatch(True, [topic_change(link.keys, PARTITIONS, 2)]))
+                    )
+                    try:
+                        await wait_for(opening)
+                        address = f"127.0.0.1:{port}"
+                        offset, values, position = await asyncio.to_thread(
+                            clients, address, release
+                        )
+                    finally:
+                        release.set()
+                        async with asyncio.timeout(DEADLINE_S):
+                            await asyncio.gather(hosting, return_exceptions=True)
+                assert (offset, values, position) == (0, [b"v"], 1)
+            finally:
+                await server.stop(None)
+
+    asyncio.run(run())
