@@ -40,7 +40,9 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     INVALID_RECORD: _ErrorCode.ValueType  # 7
     """A record batch is truncated or its header is malformed."""
     NOT_LEADER_OR_FOLLOWER: _ErrorCode.ValueType  # 8
-    """This broker does not lead the partition (retriable: refresh metadata)."""
+    """This broker does not lead the partition, or has not opened its log yet (a
+    topic just created, a broker starting): retriable, refresh metadata and retry.
+    """
     TOPIC_ALREADY_EXISTS: _ErrorCode.ValueType  # 9
     """A topic with that name already exists."""
     INVALID_PARTITIONS: _ErrorCode.ValueType  # 10
@@ -129,7 +131,9 @@ MESSAGE_TOO_LARGE: ErrorCode.ValueType  # 6
 INVALID_RECORD: ErrorCode.ValueType  # 7
 """A record batch is truncated or its header is malformed."""
 NOT_LEADER_OR_FOLLOWER: ErrorCode.ValueType  # 8
-"""This broker does not lead the partition (retriable: refresh metadata)."""
+"""This broker does not lead the partition, or has not opened its log yet (a
+topic just created, a broker starting): retriable, refresh metadata and retry.
+"""
 TOPIC_ALREADY_EXISTS: ErrorCode.ValueType  # 9
 """A topic with that name already exists."""
 INVALID_PARTITIONS: ErrorCode.ValueType  # 10

@@ -178,6 +178,7 @@ class ClusterLink:
         manager.replicas.lease_valid = self.lease_valid
         manager.replicas.isr_writer = self.write_isr
         manager.replicas.registration_of = self.view.registration_of
+        manager.logs.cluster_partition_count = self._partition_count
 
     # ------------------------------------------------------------ lifecycle
 
@@ -410,6 +411,11 @@ class ClusterLink:
                 if name not in hosting
             }
         )
+
+    def _partition_count(self, name: str) -> int | None:
+        """Topic `name`'s partition count, as etcd says; None: no such topic."""
+        topic = self.view.topics.get(name)
+        return None if topic is None else len(topic.replicas)
 
     def _hosts_as_listed(self, name: str) -> bool:
         """Whether topic `name` is hosted here as its etcd record says (its

@@ -106,6 +106,15 @@ def _close_opened(future: asyncio.Future[list[PartitionLog]]) -> None:
 
 
 @dataclass(frozen=True)
+class _Opening:
+    """Partitions of a topic whose logs are being opened to be hosted."""
+
+    #: The topic's partition count, as the hosting call was given it.
+    count: int
+    partitions: frozenset[int]
+
+
+@dataclass(frozen=True)
 class ConfigValue:
     """One topic config as DescribeConfigs reports it."""
 
@@ -140,6 +149,17 @@ class LogManager:
         self._cluster_mode = cluster_mode
         self._store = TopicStore(config.data_dir)
         self._topics: dict[str, Topic] = {}
+        # Cluster mode: of each topic, the partitions whose logs
+        # `host_partitions_off_loop` is opening (in worker threads): known,
+        # soon served, so requests for them get NOT_LEADER_OR_FOLLOWER (retry)
+        # rather than UNKNOWN_TOPIC_OR_PARTITION, also before the topic's
+        # first partition is hosted (a new topic, a restart's listing).
+        self._opening: dict[str, _Opening] = {}
+        #: Cluster mode: the partition count of a topic the cluster has (its
+        #: etcd view), None for one it has not: a topic known there but not
+        #: hosted here yet (its turn in a listing not come) is not "unknown"
+        #: either. Set by ClusterLink; read only on a lookup's miss.
+        self.cluster_partition_count: Callable[[str], int | None] = lambda _name: None
         # Futures of long-polling fetches, woken when their partitions grow.
         self._append_waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
         # Set at close: a cleaner round in a worker thread stops at its next batch.
@@ -260,19 +280,59 @@ class LogManager:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist") from None
 
     def partition_log(self, topic: str, partition: int) -> PartitionLog:
-        hosted = self.topic(topic)
-        count = hosted.spec.partitions
-        if not 0 <= partition < count:
-            raise UnknownTopicOrPartitionError(
-                f"topic {topic!r} has partitions 0 to {count - 1}; {partition} does not exist"
-            )
-        partition_log = hosted.hosted.get(partition)
+        """The log of a partition hosted here (the lookup of every request
+        path: produce, fetch, list offsets, replica fetch), else the error
+        saying why not (`_not_served`)."""
+        validate_topic_name(topic)
+        hosted = self._topics.get(topic)
+        # Only partitions in range are ever hosted: the checks are the miss's.
+        partition_log = None if hosted is None else hosted.hosted.get(partition)
         if partition_log is None:
-            raise NotLeaderOrFollowerError(
-                f"broker {self._config.broker_id} does not lead {topic}-{partition}: "
-                "refresh metadata and ask its leader"
-            )
+            raise self._not_served(topic, partition)
         return partition_log
+
+    def _not_served(self, name: str, partition: int) -> TidelogError:
+        """Why `partition` of topic `name` has no log here (a lookup's miss):
+        no such topic or partition, UNKNOWN_TOPIC_OR_PARTITION; else one that
+        exists but is not served here, NOT_LEADER_OR_FOLLOWER (retriable:
+        clients refresh metadata and retry after their backoff), saying
+        whether its log is still being opened. Exists: hosted here, being
+        opened, or (cluster mode) in the cluster's metadata."""
+        topic = self._topics.get(name)
+        opening = self._opening.get(name)
+        # The largest count any of them knows: partitions being added exist
+        # before the topic here has them.
+        counts = [
+            count
+            for count in (
+                topic.spec.partitions if topic is not None else None,
+                opening.count if opening is not None else None,
+                self.cluster_partition_count(name),
+            )
+            if count is not None
+        ]
+        if not counts:
+            return UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+        count = max(counts)
+        if not 0 <= partition < count:
+            return UnknownTopicOrPartitionError(
+                f"topic {name!r} has partitions 0 to {count - 1}; {partition} does not exist"
+            )
+        if opening is not None and partition in opening.partitions:
+            return NotLeaderOrFollowerError(
+                f"broker {self._config.broker_id} is still opening the log of "
+                f"{name}-{partition}: retry shortly"
+            )
+        return NotLeaderOrFollowerError(
+            f"broker {self._config.broker_id} does not lead {name}-{partition} "
+            "(or has not opened its log yet): refresh metadata and ask its leader"
+        )
+
+    def opening_partitions(self, name: str) -> list[int]:
+        """Cluster mode: the partitions of topic `name` whose logs are being
+        opened to be hosted here (not served yet)."""
+        opening = self._opening.get(name)
+        return [] if opening is None else sorted(opening.partitions)
 
     def create_topic(
         self,
@@ -352,7 +412,9 @@ class LogManager:
         disk is busy): a broker given ~1,000 partitions of a new topic held
         its event loop for seconds and lost its etcd session. Here the loop
         only waits, and a partition is hosted (served, followed, given a
-        role) only once its log is open. `leader_epochs`: of the new
+        role) only once its log is open; until then requests for it get
+        NOT_LEADER_OR_FOLLOWER, "still opening" (`_not_served`), which clients
+        retry, not UNKNOWN_TOPIC_OR_PARTITION. `leader_epochs`: of the new
         partitions, those this broker is about to lead, with their epoch,
         recorded in the epoch history in the thread too (set_role then finds
         it there). The caller must not change this topic's hosting while
@@ -365,6 +427,9 @@ class LogManager:
         self._check_capacity(len(new), f"topic {spec.name!r}")
         config = parse_topic_configs(spec.configs, self._config.log_defaults)
         opened: dict[int, PartitionLog] = {}
+        # Requests meanwhile find them opening (`_not_served`), whatever ends
+        # this call: hosted, failed, cancelled, or the topic deleted next.
+        opening = self._opening[spec.name] = _Opening(spec.partitions, frozenset(new))
         try:
             if len(new) <= INLINE_OPEN_MAX:
                 self._take(opened, self._open_logs(spec.name, config, new, leader_epochs or {}))
@@ -379,6 +444,8 @@ class LogManager:
                     )
             self.host_partitions(spec, wanted, opened)
         finally:
+            if self._opening.get(spec.name) is opening:
+                del self._opening[spec.name]
             # Logs not taken up: hosting failed, or was cancelled.
             close_logs(opened.values())
 

@@ -15,7 +15,11 @@ from dataclasses import dataclass
 
 from tidelog import records
 from tidelog.compression import CompressionType
-from tidelog.errors import InvalidRequestError, NotEnoughReplicasError
+from tidelog.errors import (
+    InvalidRequestError,
+    NotEnoughReplicasError,
+    UnknownTopicOrPartitionError,
+)
 
 from tidelog_broker import record_policy
 from tidelog_broker.config import BrokerConfig
@@ -117,9 +121,14 @@ class PartitionManager:
         record_policy.validated_batches) before any byte is written, so a bad
         batch in a request writes nothing for its partition.
         """
-        partition_log = self.partition_log(
-            self.ensure_topic(topic, auto_create=True).spec.name, partition
-        )
+        try:
+            partition_log = self.partition_log(topic, partition)
+        except UnknownTopicOrPartitionError:
+            # Standalone with auto.create.topics.enable: create, look again.
+            # (A partition lookup first: in cluster mode a topic whose logs
+            # are opening answers NOT_LEADER_OR_FOLLOWER, a retry.)
+            self.ensure_topic(topic, auto_create=True)
+            partition_log = self.partition_log(topic, partition)
         replication = self._leader_replication(topic, partition, write=True)
         if (
             acks == -1
