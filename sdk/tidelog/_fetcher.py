@@ -361,7 +361,7 @@ class Fetcher:
         tp = part.tp
         while not self._closed and self._partitions.get(tp) is part and part.epoch == epoch:
             try:
-                offsets = await self.list_offsets({tp: timestamp})
+                offsets = await self.list_offsets({tp: timestamp}, retry=False)
                 offset = offsets[tp][0]
                 break
             except TidelogError as exc:
@@ -517,22 +517,48 @@ class Fetcher:
     # ------------------------------------------------------------ unary calls
 
     async def list_offsets(
-        self, query: dict[TopicPartition, int]
+        self, query: dict[TopicPartition, int], *, retry: bool = True
     ) -> dict[TopicPartition, tuple[int, int]]:
         """ListOffsets for each tp (-1 latest, -2 earliest, else a time):
-        tp -> (offset, timestamp). Raises the first partition's error."""
+        tp -> (offset, timestamp). Raises the first partition's error that is
+        not retriable. A retriable one (a leader moving, a partition whose log
+        its broker is still opening, no leader yet) is asked again, for the
+        partitions not answered yet, after the retry backoff and a metadata
+        refresh, until request_timeout_ms has passed; then the last one is
+        raised (Kafka's clients retry these calls within their API timeout).
+        `retry` False: one try (a caller that loops itself)."""
+        deadline = time.monotonic() + self._timeout_s
+        for tp in query:
+            if self.cluster.snapshot.leader_address(tp.topic, tp.partition) is None:
+                # Waiting cannot make a partition the topic does not have.
+                meta = await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
+                if not 0 <= tp.partition < meta.partition_count:
+                    raise no_such_partition(tp.topic, tp.partition, meta.partition_count)
+        out: dict[TopicPartition, tuple[int, int]] = {}
+        while True:
+            pending = {tp: when for tp, when in query.items() if tp not in out}
+            try:
+                await self._list_offsets_once(pending, out)
+                return out
+            except TidelogError as exc:
+                if not (retry and exc.retriable) or time.monotonic() + self._backoff_s > deadline:
+                    raise
+                log.debug("listing offsets: %s; retrying", exc)
+            await asyncio.sleep(self._backoff_s)
+            with contextlib.suppress(TidelogError):
+                await self.cluster.refresh({tp.topic for tp in pending})
+
+    async def _list_offsets_once(
+        self, query: dict[TopicPartition, int], out: dict[TopicPartition, tuple[int, int]]
+    ) -> None:
+        """One ListOffsets per leader of `query`'s partitions; each answer is
+        put in `out` as it comes. Raises the first partition's error."""
         by_address: dict[str, list[TopicPartition]] = {}
         for tp in query:
             address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
             if address is None:
-                meta = await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
-                if not 0 <= tp.partition < meta.partition_count:
-                    raise no_such_partition(tp.topic, tp.partition, meta.partition_count)
-                address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
-                if address is None:
-                    raise BrokerNotAvailableError(f"no leader for {tp.topic}-{tp.partition}")
+                raise BrokerNotAvailableError(f"no leader for {tp.topic}-{tp.partition}")
             by_address.setdefault(address, []).append(tp)
-        out: dict[TopicPartition, tuple[int, int]] = {}
         for address, tps in by_address.items():
             request = log_pb2.ListOffsetsRequest(
                 partitions=[
@@ -557,4 +583,3 @@ class Fetcher:
                     result.offset,
                     result.timestamp_ms,
                 )
-        return out

@@ -24,6 +24,8 @@ import contextlib
 import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -349,19 +351,31 @@ def test_added_partitions_answer_not_leader_while_their_logs_open(tmp_path: Path
 
 
 def test_the_clients_wait_out_a_partition_still_opening(etcd: EtcdProcess, tmp_path: Path) -> None:
-    # The SDK retries NOT_LEADER_OR_FOLLOWER as it always has: the producer
+    # The SDK retries NOT_LEADER_OR_FOLLOWER: the producer
     # refreshes metadata and sends again after its backoff; the consumer,
     # fetching from offset 0 with auto_offset_reset="none", neither raises
     # nor resets (a reset would raise), and reads the record once served.
     # The broker's Log service runs on a real gRPC server on this loop.
     tp = TopicPartition(TOPIC, LED)
 
+    def end_offset(address: str) -> int:
+        with Consumer(bootstrap_servers=address) as other:
+            return other.end_offsets([tp])[tp]
+
     def clients(address: str, release: threading.Event) -> tuple[int, list[bytes], int]:
         consumer = Consumer(bootstrap_servers=address, auto_offset_reset="none")
+        asking = ThreadPoolExecutor(1)
         try:
             consumer.assign([tp])
             consumer.seek(tp, 0)
             assert consumer.poll(timeout_ms=300) == {}  # refused meanwhile: no error
+            # end_offsets() (ListOffsets) is asked again until the log is open,
+            # within request_timeout_ms, as Kafka's endOffsets is: it used to
+            # raise the first NOT_LEADER_OR_FOLLOWER at once.
+            end = asking.submit(end_offset, address)
+            with contextlib.suppress(FutureTimeout):
+                end.result(timeout=2)
+            assert not end.done()
             with Producer(bootstrap_servers=address, enable_idempotence=False) as producer:
                 future = producer.send(TOPIC, b"v", partition=LED)
                 retried = 0.0
@@ -373,6 +387,7 @@ def test_the_clients_wait_out_a_partition_still_opening(etcd: EtcdProcess, tmp_p
                 assert retried >= 1 and not future.done()  # refused, retrying
                 release.set()
                 offset = future.get(timeout=DEADLINE_S).offset
+            assert end.result(timeout=DEADLINE_S) in (0, 1)  # before or after the record
             values: list[bytes] = []
             for _ in range(int(DEADLINE_S / 0.5)):
                 values += [r.value for r in consumer.poll(timeout_ms=500).get(tp, [])]
@@ -381,6 +396,7 @@ def test_the_clients_wait_out_a_partition_still_opening(etcd: EtcdProcess, tmp_p
             return offset, values, consumer.position(tp)
         finally:
             consumer.close()
+            asking.shutdown(wait=True)
 
     async def run() -> None:
         server = grpc.aio.server()
