@@ -9,6 +9,10 @@ process (``other``: gRPC's own threads), and the broker's (its process CPU clock
 the produce requests and records per request (the sender's metrics) and the client's context
 switches per request.
 
+``--rate R``: instead of flat out, R records/s for ``--seconds`` with linger 0 (the
+end-to-end latency workload's producer: one record per request at 10,000/s), to price a
+produce request rather than a record: CPU per request of each thread and of the broker.
+
 ``--send-only``: send() alone, against an accumulator nobody drains (huge buffer_memory; no
 broker I/O), to price the calling thread's per-record work by itself: the locked append, and
 send()'s path through the lanes of tidelog._cproduce (when built).
@@ -27,6 +31,7 @@ from pathlib import Path
 from tidelog import Producer
 
 from bench import workloads
+from bench._fixed_rate import PACER_SLEEP_S, FixedRatePacer
 from bench._processes import tidelog_broker
 
 
@@ -70,10 +75,20 @@ def _classify(name: str, main_tid: int, loops: set[int | None]) -> str:
     return "loop" if tid in loops else "other"
 
 
-def run(address: str, broker_pid: int, topic: str, records: int, record_bytes: int) -> None:
+def run(
+    address: str,
+    broker_pid: int,
+    topic: str,
+    records: int,
+    record_bytes: int,
+    rate: int | None = None,
+) -> None:
+    """One run: `records` sends as fast as they go (linger 5 ms) or, with `rate`, at that
+    many per second (linger 0)."""
     value = os.urandom(record_bytes)
     main_tid = threading.get_native_id()
-    with Producer(bootstrap_servers=address, acks=1, linger_ms=5) as producer:
+    linger_ms = 5 if rate is None else 0
+    with Producer(bootstrap_servers=address, acks=1, linger_ms=linger_ms) as producer:
         producer.send(topic, value).get(30)
         metrics0 = producer.metrics()["producer-metrics"]
         cpu0 = _thread_cpu_s()
@@ -81,8 +96,15 @@ def run(address: str, broker_pid: int, topic: str, records: int, record_bytes: i
         broker0 = _process_cpu_ns(broker_pid)
         t0 = time.perf_counter()
         send = producer.send
-        for _ in range(records):
-            send(topic, value)
+        if rate is None:
+            for _ in range(records):
+                send(topic, value)
+        else:
+            pacer = FixedRatePacer(rate, records)
+            while not pacer.finished:
+                for _ in pacer.due():
+                    send(topic, value)
+                time.sleep(PACER_SLEEP_S)
         producer.flush(timeout=600)
         seconds = time.perf_counter() - t0
         broker_s = (_process_cpu_ns(broker_pid) - broker0) / 1e9
@@ -94,6 +116,16 @@ def run(address: str, broker_pid: int, topic: str, records: int, record_bytes: i
     for name, s in cpu1.items():
         by_kind[_classify(name, main_tid, loops)] += s - cpu0.get(name, 0.0)
     requests = metrics1["request-total"] - metrics0["request-total"]
+    if rate is not None:
+        per_request = 1e6 / max(requests, 1)
+        print(
+            f"{rate:,} rec/s, {records / max(requests, 1):.2f} rec/request; CPU us per request: "
+            f"main {by_kind['main'] * per_request:.1f} loop {by_kind['loop'] * per_request:.1f} "
+            f"other {by_kind['other'] * per_request:.1f} broker {broker_s * per_request:.1f} "
+            f"({switches / max(requests, 1):.1f} client switches/request)",
+            flush=True,
+        )
+        return
     per_m = 1e6 / records
     print(
         f"{records / seconds:>11,.0f} rec/s  CPU s/M: main {by_kind['main'] * per_m:.3f} "
@@ -146,7 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record-bytes", type=int, default=100)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--send-only", action="store_true")
+    parser.add_argument("--rate", type=int, help="records/s, linger 0 (default: flat out)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="with --rate")
     args = parser.parse_args(argv)
+    records = args.records if args.rate is None else int(args.rate * args.seconds)
     if args.send_only:
         send_only(args.records, args.record_bytes)
         return
@@ -154,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.repeat):
             topic = f"produce-profile-{r}"
             workloads.create_topic(broker.address, topic)
-            run(broker.address, broker.pid, topic, args.records, args.record_bytes)
+            run(broker.address, broker.pid, topic, records, args.record_bytes, args.rate)
             workloads.delete_topic(broker.address, topic)
 
 
