@@ -71,9 +71,8 @@ def test_async_consumers_share_a_topic_and_commit_what_they_returned(
 
         try:
             # Rebalance events are applied inside getmany(): poll until settled.
-            # Settling and consuming each get their own generous deadline: under
-            # load the first can take much of a minute, and then must not eat
-            # the second's.
+            # Settling and consuming each get their own generous deadline, so
+            # that a slow settle under load does not shorten the wait for records.
             deadline = time.monotonic() + 60
             while [len(m.assignment()) for m in members] != [2, 2]:
                 assert time.monotonic() < deadline, [m.assignment() for m in members]
