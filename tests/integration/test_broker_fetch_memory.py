@@ -140,6 +140,12 @@ def test_streams_that_never_read_hold_bounded_memory(broker: BrokerProcess) -> N
         peak = max(peak, process.memory_info().rss)
         for call in calls:
             call.cancel()
+    # Under load the client's gRPC may take every response into its own
+    # memory all the same (measured: all 30 x 20 MiB, its HTTP/2 windows
+    # grown, likely by BDP probing with slow pings): the streams then wait at
+    # the end of the log, and must hold nothing there either (CI once saw
+    # +254 MiB here: each stream kept its last response, see
+    # test_streams_that_caught_up_hold_no_response_bytes).
     # One connection holds at most its share plus one batch; each response
     # lives in a few copies (the message, its serialized form, the transport's
     # buffer), and allocators keep some slack: generous, yet far below the
@@ -148,6 +154,54 @@ def test_streams_that_never_read_hold_bounded_memory(broker: BrokerProcess) -> N
     assert peak - baseline < bound, (
         f"RSS grew by {(peak - baseline) // MIB} MiB with {IDLE_STREAMS} idle streams, "
         f"bound {bound // MIB} MiB"
+    )
+
+
+CAUGHT_UP_STREAMS = 8
+
+
+def test_streams_that_caught_up_hold_no_response_bytes(broker: BrokerProcess) -> None:
+    """A stream that has read to the end waits for new records (a long poll
+    that may last hours): the response it last sent is gone from the broker
+    by then. Each stream here reads the backlog's last ~16 MiB in one
+    response, so a broker that kept its last response (its record bytes, its
+    framed message) would hold 8 x 16 MiB x copies while they wait."""
+    process = psutil.Process(broker.pid)
+    baseline = _read_backlog(broker.address) and process.memory_info().rss
+    last_batches = BUFFER_PER_CONNECTION // BATCH_BYTES - 1  # within one response
+    start = (BACKLOG_BATCHES - last_batches) * RECORDS_PER_BATCH
+    request = log_pb2.FetchRequest(
+        positions=[log_pb2.FetchPosition(topic=TOPIC, partition=0, fetch_offset=start)],
+        credit_bytes=64 * MIB,
+        max_bytes=32 * MIB,
+        max_wait_ms=100,
+    )
+    with _channel(broker.address) as channel:
+        stub = log_pb2_grpc.LogStub(channel)
+        calls = []
+        for _ in range(CAUGHT_UP_STREAMS):
+            call = stub.Fetch(iter([request]), timeout=120)
+            calls.append(call)
+            received = 0
+            for response in call:
+                (part,) = response.partitions
+                assert not part.HasField("error"), part
+                received += len(part.records)
+                if part.next_offset >= part.high_watermark:
+                    break  # caught up: the stream stays open, waiting for records
+            assert received >= last_batches * BATCH_BYTES
+        # Every stream now waits at the end of the log. RSS, not the heap in
+        # use, is what can be read from outside: the allocator keeps some
+        # freed memory resident (malloc_tuning), far below what 8 kept
+        # responses are.
+        grown = process.memory_info().rss - baseline
+        assert not any(call.done() for call in calls)
+        for call in calls:
+            call.cancel()
+    bound = 2 * BUFFER_PER_CONNECTION + 40 * MIB
+    assert grown < bound, (
+        f"RSS grew by {grown // MIB} MiB with {CAUGHT_UP_STREAMS} streams waiting at "
+        f"the end of the log, bound {bound // MIB} MiB"
     )
 
 

@@ -17,7 +17,9 @@ within MAX_BUNDLED_MESSAGE_BYTES (plus one batch).
 
 Memory (fetch_limits): a session has at most one response in flight, and
 every response reserves its bytes from the broker-wide FetchBudget until
-gRPC has taken it, whatever credit the consumer granted.
+gRPC has taken it, whatever credit the consumer granted. Once taken, no
+reference to it stays behind: a session waiting at the end of its logs holds
+no record bytes.
 
 Not thread-safe: one session lives on the broker's event loop, driven by the
 servicer's `Fetch` handler.
@@ -198,6 +200,11 @@ class FetchSession:
                 yield b"".join(pieces)
             finally:
                 self._budget.release(self._peer, size)
+            # The response's record bytes leave memory with the budget: a
+            # stream that caught up waits next, maybe for hours, and must not
+            # keep its last response alive meanwhile (`pieces` is the list
+            # `batch` holds).
+            del batch, pieces
 
     def _take_answers(self, first: _Collected) -> tuple[list[bytes | memoryview], int]:
         """Commit `first` and the answers that follow it at once (up to

@@ -10,6 +10,13 @@ its length as a varint, then its bytes, and fields may come in any order, so
 the result parses as the same FetchResponse. The records are copied once, into
 the response bytes. The Fetch handler is registered with `serialize`, which
 passes these bytes to gRPC as they are.
+
+The handler yields each response in an `OutgoingResponse` and empties it once
+gRPC has written it: gRPC's loop over a streaming handler, and the
+interceptors around it (metrics, authorizer), keep the last item they were
+given while they wait for the next, and a stream at the end of its logs waits
+for records, maybe for hours. Bytes yielded as they are would stay in memory,
+up to a whole response per waiting stream, outside the fetch budget.
 """
 
 from __future__ import annotations
@@ -36,6 +43,37 @@ def _varint(value: int) -> bytes:
 
 _PARTITIONS_TAG = _tag(log_pb2.FetchResponse, "partitions")
 _RECORDS_TAG = _tag(log_pb2.PartitionData, "records")
+_THROTTLE_TAG = _varint(
+    log_pb2.FetchResponse.DESCRIPTOR.fields_by_name["throttle_time_ms"].number << 3
+)
+
+
+class OutgoingResponse:
+    """A serialized FetchResponse on its way to gRPC, emptied by `release`
+    once written (see the module doc). To the authorizer's quota it looks
+    like a message: ByteSize() and a throttle_time_ms to set."""
+
+    __slots__ = ("_throttle_ms", "data")
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self._throttle_ms = 0
+
+    def ByteSize(self) -> int:  # protobuf's name
+        return len(self.data)
+
+    @property
+    def throttle_time_ms(self) -> int:
+        return self._throttle_ms
+
+    @throttle_time_ms.setter
+    def throttle_time_ms(self, value: int) -> None:
+        # Appended: parsers merge fields in any order, the last scalar wins.
+        self._throttle_ms = value
+        self.data += _THROTTLE_TAG + _varint(value)
+
+    def release(self) -> None:
+        self.data = b""
 
 
 def partition_entry(
@@ -52,8 +90,10 @@ def partition_entry(
     return [_PARTITIONS_TAG, _varint(size), head, _RECORDS_TAG, records_length, records]
 
 
-def serialize(response: bytes | Message) -> bytes:
+def serialize(response: OutgoingResponse | bytes | Message) -> bytes:
     """The Fetch handler's response serializer: framed bytes as they are."""
+    if isinstance(response, OutgoingResponse):
+        return response.data
     if isinstance(response, bytes):
         return response
     return response.SerializeToString()

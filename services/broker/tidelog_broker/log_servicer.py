@@ -213,8 +213,9 @@ class LogServicer(log_pb2_grpc.LogServicer):
         self,
         request_iterator: AsyncIterator[log_pb2.FetchRequest],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[bytes]:
-        """Serialized FetchResponses (fetch_wire): register with add_log_servicer."""
+    ) -> AsyncIterator[fetch_wire.OutgoingResponse]:
+        """Serialized FetchResponses (fetch_wire.OutgoingResponse): register with
+        add_log_servicer."""
         peer = context.peer()
         try:
             self._fetch_budget.open_stream(peer)
@@ -236,7 +237,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
         request_iterator: AsyncIterator[log_pb2.FetchRequest],
         context: grpc.aio.ServicerContext,
         peer: str,
-    ) -> AsyncGenerator[bytes, None]:
+    ) -> AsyncGenerator[fetch_wire.OutgoingResponse, None]:
         session = FetchSession(self._manager, self._fetch_budget, peer, self._metrics)
 
         async def read_requests() -> None:
@@ -254,7 +255,12 @@ class LogServicer(log_pb2_grpc.LogServicer):
         try:
             async with contextlib.aclosing(session.responses()) as responses:
                 async for response in responses:
-                    yield response
+                    outgoing = fetch_wire.OutgoingResponse(response)
+                    del response
+                    yield outgoing
+                    # Resumed once gRPC wrote it: gRPC and the interceptors
+                    # still refer to it while this stream waits (fetch_wire).
+                    outgoing.release()
         except TidelogError as exc:
             await abort(context, exc, "fetching")
         finally:

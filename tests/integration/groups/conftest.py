@@ -148,8 +148,15 @@ def create_topic(cluster: ClusterProcesses, topic: str, partitions: int) -> None
 
 
 def produce(cluster: ClusterProcesses, topic: str, partitions: int, per_partition: int) -> None:
+    """`per_partition` records to each partition, every one acknowledged
+    (flush() returns once each send is done, failed ones too: a record that
+    was never written must fail here, not look like a consumer that missed it)."""
     with Producer(cluster.bootstrap, linger_ms=2) as producer:
-        for i in range(per_partition):
-            for p in range(partitions):
-                producer.send(topic, value=b"%d-%d" % (p, i), partition=p)
+        sent = [
+            producer.send(topic, value=b"%d-%d" % (p, i), partition=p)
+            for i in range(per_partition)
+            for p in range(partitions)
+        ]
         producer.flush()
+        for future in sent:
+            future.get(timeout=60)

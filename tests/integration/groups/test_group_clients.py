@@ -56,8 +56,23 @@ def test_async_consumers_share_a_topic_and_commit_what_they_returned(
                 for batch in (await member.getmany(timeout_ms=100)).values():
                     got[i].extend(batch)
 
+        def state() -> list[tuple[int, dict[int, tuple[int | None, int | None]]]]:
+            """Per member: records got, and (position, high watermark) by partition."""
+            return [
+                (
+                    len(records),
+                    {
+                        tp.partition: (member._subs.position(tp), member.highwater(tp))
+                        for tp in member.assignment()
+                    },
+                )
+                for records, member in zip(got, members, strict=True)
+            ]
+
         try:
             # Rebalance events are applied inside getmany(): poll until settled.
+            # Settling and consuming each get their own generous deadline, so
+            # that a slow settle under load does not shorten the wait for records.
             deadline = time.monotonic() + 60
             while [len(m.assignment()) for m in members] != [2, 2]:
                 assert time.monotonic() < deadline, [m.assignment() for m in members]
@@ -65,8 +80,9 @@ def test_async_consumers_share_a_topic_and_commit_what_they_returned(
             owned = [m.assignment() for m in members]
             assert owned[0].isdisjoint(owned[1])
             await asyncio.to_thread(produce, cluster, topic, 4, 10)
+            deadline = time.monotonic() + 60
             while sum(map(len, got)) < 40:
-                assert time.monotonic() < deadline, sum(map(len, got))
+                assert time.monotonic() < deadline, state()
                 await poll_all()
             for records, mine in zip(got, owned, strict=True):
                 assert {TopicPartition(r.topic, r.partition) for r in records} == mine

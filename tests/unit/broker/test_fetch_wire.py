@@ -36,3 +36,16 @@ def test_framed_response_parses_as_the_protobuf_one(records_bytes: int) -> None:
 def test_a_message_is_serialized_as_protobuf_does() -> None:
     message = log_pb2.FetchResponse(partitions=[log_pb2.PartitionData(topic="t")])
     assert fetch_wire.serialize(message) == message.SerializeToString()
+
+
+def test_an_outgoing_response_serializes_as_its_bytes_until_released() -> None:
+    pieces = fetch_wire.partition_entry(log_pb2.PartitionData(topic="t"), b"r" * 1000)
+    outgoing = fetch_wire.OutgoingResponse(b"".join(pieces))
+    assert outgoing.ByteSize() == len(b"".join(pieces))
+    # The authorizer's fetch quota sets throttle_time_ms as on a message.
+    outgoing.throttle_time_ms = 250
+    parsed = log_pb2.FetchResponse.FromString(fetch_wire.serialize(outgoing))
+    assert parsed.throttle_time_ms == 250
+    assert parsed.partitions[0].records == b"r" * 1000
+    outgoing.release()  # written: nothing of it stays referenced
+    assert fetch_wire.serialize(outgoing) == b""
