@@ -18,7 +18,9 @@ from tests.support.processes import (
     start_on_free_ports,
 )
 
-START_TIMEOUT_S = 20.0
+#: Generous: on a loaded 2-core CI machine a coordinator had not even finished importing
+#: Python after 20 s. A process that exits fails at once; only a slow start waits this long.
+START_TIMEOUT_S = 60.0
 
 
 class CoordinatorProcess(ServiceProcess):
