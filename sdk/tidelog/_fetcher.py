@@ -58,6 +58,7 @@ from tidelog.errors import (
     OffsetOutOfRangeError,
     SaslAuthenticationError,
     TidelogError,
+    UnknownTopicOrPartitionError,
     error_from_code,
     error_from_rpc,
 )
@@ -521,8 +522,9 @@ class Fetcher:
     ) -> dict[TopicPartition, tuple[int, int]]:
         """ListOffsets for each tp (-1 latest, -2 earliest, else a time):
         tp -> (offset, timestamp). Raises the first partition's error that is
-        not retriable. A retriable one (a leader moving, a partition whose log
-        its broker is still opening, no leader yet) is asked again, for the
+        not retriable, and UNKNOWN_TOPIC_OR_PARTITION. A retriable one (a
+        leader moving, a partition whose log its broker is still opening, no
+        leader yet) is asked again, for the
         partitions not answered yet, after the retry backoff and a metadata
         refresh, until request_timeout_ms has passed; then the last one is
         raised (Kafka's clients retry these calls within their API timeout).
@@ -541,7 +543,13 @@ class Fetcher:
                 await self._list_offsets_once(pending, out)
                 return out
             except TidelogError as exc:
-                if not (retry and exc.retriable) or time.monotonic() + self._backoff_s > deadline:
+                if (
+                    not (retry and exc.retriable)
+                    # The leader says the topic or partition is gone: said at
+                    # once (a deleted topic; Spark's source re-lists then).
+                    or isinstance(exc, UnknownTopicOrPartitionError)
+                    or time.monotonic() + self._backoff_s > deadline
+                ):
                     raise
                 log.debug("listing offsets: %s; retrying", exc)
             await asyncio.sleep(self._backoff_s)
