@@ -68,6 +68,16 @@ def _everything() -> set[tuple[int, int]]:
     return {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)}
 
 
+async def _wait_until_empty(bootstrap: str, group: str) -> None:
+    """Until `group` has no member, within half the session: only a LeaveGroup empties it
+    that soon."""
+    async with AsyncAdminClient(bootstrap) as admin:
+        deadline = time.monotonic() + 30
+        while members := (await admin.describe_consumer_groups([group]))[group].members:
+            assert time.monotonic() < deadline, members
+            await asyncio.sleep(0.1)
+
+
 async def _committed(bootstrap: str, group: str) -> dict[int, int]:
     async with AsyncAdminClient(bootstrap) as admin:
         offsets = await admin.list_consumer_group_offsets(group)
@@ -277,11 +287,7 @@ def test_a_cancelled_stop_still_commits_revokes_and_leaves(
         assert await _committed(cluster.bootstrap, group) == dict.fromkeys(
             range(PARTITIONS), PER_PARTITION
         )
-        async with AsyncAdminClient(cluster.bootstrap) as admin:
-            deadline = time.monotonic() + 30  # half the session: only a LeaveGroup empties it
-            while members := (await admin.describe_consumer_groups([group]))[group].members:
-                assert time.monotonic() < deadline, members
-                await asyncio.sleep(0.1)
+        await _wait_until_empty(cluster.bootstrap, group)
 
     asyncio.run(scenario())
 
@@ -373,11 +379,7 @@ def test_stop_is_bounded_when_a_listener_never_returns(
         stop.result()
         assert listener.calls[:2] == ["assigned", "assigned: cancelled"]
         assert asyncio.all_tasks() == {asyncio.current_task()}
-        async with AsyncAdminClient(cluster.bootstrap) as admin:
-            deadline = time.monotonic() + 30  # half the session: only a LeaveGroup empties it
-            while members := (await admin.describe_consumer_groups([group]))[group].members:
-                assert time.monotonic() < deadline, members
-                await asyncio.sleep(0.1)
+        await _wait_until_empty(cluster.bootstrap, group)
 
     asyncio.run(scenario())
 

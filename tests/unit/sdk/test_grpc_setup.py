@@ -4,27 +4,16 @@ first. In child processes: gRPC reads the variable once per process, when first 
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from tidelog._grpc_setup import DEFAULT_EXPERIMENTS, GRPC_EXPERIMENTS, choose_transport
+
+from tests.support.child_python import child_output
 
 _PRINT = "import os; print(repr(os.environ.get('GRPC_EXPERIMENTS')))"
 
 
 def _child(code: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k != GRPC_EXPERIMENTS}
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**environ, **env},
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    return child_output(code, unset=GRPC_EXPERIMENTS, **env)
 
 
 def test_importing_tidelog_first_switches_the_event_engine_client_off() -> None:

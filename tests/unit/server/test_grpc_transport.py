@@ -4,28 +4,17 @@ processes where it matters: gRPC reads GRPC_EXPERIMENTS once per process, at its
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 from tidelog_server.grpc_transport import GRPC_EXPERIMENTS, SERVICE_EXPERIMENTS, completed
+
+from tests.support.child_python import child_output
 
 _PRINT = "import os, sys; print(repr(os.environ.get('GRPC_EXPERIMENTS')), 'grpc' in sys.modules)"
 _BOTH_OFF = ",".join(SERVICE_EXPERIMENTS)
 
 
 def _child(code: str, **env: str) -> str:
-    environ = {k: v for k, v in os.environ.items() if k != GRPC_EXPERIMENTS}
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**environ, **env},
-    )
-    assert out.returncode == 0, out.stderr
-    return out.stdout.strip()
+    return child_output(code, unset=GRPC_EXPERIMENTS, **env)
 
 
 @pytest.mark.parametrize("service", ["tidelog_broker", "tidelog_coordinator", "tidelog_gateway"])
