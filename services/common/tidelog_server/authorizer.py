@@ -444,15 +444,10 @@ class Interceptor(grpc.aio.ServerInterceptor):
                                     await asyncio.sleep(wait_s)
                                 throttle_ms = 0
                                 if self._metered(caller):
-                                    # The broker sends its Fetch answers already
-                                    # serialized (fetch_wire); the gateway as messages.
-                                    size = (
-                                        len(response)
-                                        if isinstance(response, bytes)
-                                        else response.ByteSize()
-                                    )
+                                    # A message, or the broker's serialized answer in
+                                    # a holder that answers as one (fetch_wire).
                                     throttle_ms = self._throttle_ms(
-                                        caller, CONSUMER_BYTE_RATE, size
+                                        caller, CONSUMER_BYTE_RATE, response.ByteSize()
                                     )
                                     if throttle_ms:
                                         hold_until[0] = time.monotonic() + throttle_ms / 1000
@@ -460,7 +455,7 @@ class Interceptor(grpc.aio.ServerInterceptor):
                                 # Produce: how long the next request will be held.
                                 throttle_ms = int(max(0.0, wait_s) * 1000)
                             if throttle_ms:
-                                response = _with_throttle_time(response, throttle_ms)
+                                response.throttle_time_ms = throttle_ms
                             yield response
                 except AuthorizationFailedError as exc:
                     denied.append(exc)
@@ -472,29 +467,6 @@ class Interceptor(grpc.aio.ServerInterceptor):
                     self._close_stream(caller)
 
         return stream
-
-
-#: FetchResponse.throttle_time_ms (field 2, varint): its tag byte.
-_FETCH_THROTTLE_TAG = bytes([2 << 3])
-
-
-def _with_throttle_time(response: Any, throttle_ms: int) -> Any:
-    """`response` with throttle_time_ms set. A serialized FetchResponse (the
-    broker's fetch_wire) gets the field appended: protobuf parsers merge
-    fields in any order, the last value of a scalar wins."""
-    if isinstance(response, bytes):
-        return response + _FETCH_THROTTLE_TAG + _varint(throttle_ms)
-    response.throttle_time_ms = throttle_ms
-    return response
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _named(request: Any, rule: Rule) -> bool:

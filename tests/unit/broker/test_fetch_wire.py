@@ -4,6 +4,7 @@ parse as the message protobuf would have built."""
 from __future__ import annotations
 
 import pytest
+from tidelog import _fetch_wire
 from tidelog.v1 import common_pb2, log_pb2
 from tidelog_broker import fetch_wire
 
@@ -49,3 +50,21 @@ def test_an_outgoing_response_serializes_as_its_bytes_until_released() -> None:
     assert parsed.partitions[0].records == b"r" * 1000
     outgoing.release()  # written: nothing of it stays referenced
     assert fetch_wire.serialize(outgoing) == b""
+
+
+def test_a_serialized_fetch_answer_carries_the_throttle_time() -> None:
+    """The broker's Fetch answers go out serialized, in an OutgoingResponse:
+    the authorizer's fetch quota sets throttle_time_ms on it as on a message,
+    which appends the field, and both protobuf and the SDK's reader see it or
+    skip it."""
+    answer = log_pb2.FetchResponse(
+        partitions=[log_pb2.PartitionData(topic="t", partition=1, records=b"\x01" * 300)]
+    )
+    outgoing = fetch_wire.OutgoingResponse(answer.SerializeToString())
+    outgoing.throttle_time_ms = 1234
+    throttled = fetch_wire.serialize(outgoing)
+    parsed = log_pb2.FetchResponse.FromString(throttled)
+    assert parsed.throttle_time_ms == 1234
+    assert parsed.partitions[0].records == b"\x01" * 300
+    fetched = _fetch_wire.parse(throttled)
+    assert fetched.partitions[0].records == b"\x01" * 300

@@ -53,22 +53,3 @@ def test_the_main_mappings_are_kafkas() -> None:
         ("Read", "group", "h"),
         ("Read", "topic", "u"),
     ]
-
-
-def test_a_serialized_fetch_answer_carries_the_throttle_time() -> None:
-    """The broker's Fetch answers are bytes (fetch_wire): the throttle time is
-    appended as the field, and both protobuf and the SDK's reader see it or
-    skip it."""
-    from tidelog import _fetch_wire
-    from tidelog.v1 import log_pb2
-    from tidelog_server.authorizer import _with_throttle_time
-
-    answer = log_pb2.FetchResponse(
-        partitions=[log_pb2.PartitionData(topic="t", partition=1, records=b"\x01" * 300)]
-    )
-    throttled = _with_throttle_time(answer.SerializeToString(), 1234)
-    parsed = log_pb2.FetchResponse.FromString(throttled)
-    assert parsed.throttle_time_ms == 1234
-    assert parsed.partitions[0].records == b"\x01" * 300
-    fetched = _fetch_wire.parse(throttled)
-    assert fetched.partitions[0].records == b"\x01" * 300
