@@ -121,25 +121,33 @@ def test_a_getmany_cancelled_while_it_reads_an_assignments_offsets_drops_no_part
 
 
 class _BlockingListener:
-    """on_partitions_assigned waits for `release`; records what happened to it."""
+    """The listener call named `blocks` ("assigned" or "revoked") waits for
+    `release` (set it never: a listener that never returns); records what
+    happened to each call."""
 
-    def __init__(self) -> None:
+    def __init__(self, blocks: str = "assigned") -> None:
+        self.blocks = blocks
         self.entered = asyncio.Event()
         self.release = asyncio.Event()
         self.calls: list[str] = []
 
     async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
-        self.calls.append("assigned")
+        await self._called("assigned")
+
+    async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
+        await self._called("revoked")
+
+    async def _called(self, name: str) -> None:
+        self.calls.append(name)
+        if name != self.blocks:
+            return
         self.entered.set()
         try:
             await self.release.wait()
         except asyncio.CancelledError:
-            self.calls.append("assigned: cancelled")
+            self.calls.append(f"{name}: cancelled")
             raise
-        self.calls.append("assigned: done")
-
-    async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
-        self.calls.append("revoked")
+        self.calls.append(f"{name}: done")
 
 
 def test_a_getmany_cancelled_inside_the_assigned_listener_lets_it_finish(
@@ -176,28 +184,6 @@ def test_a_getmany_cancelled_inside_the_assigned_listener_lets_it_finish(
     asyncio.run(scenario())
 
 
-class _BlockingRevocation:
-    """on_partitions_revoked waits for `release`; records what happened to it."""
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.release = asyncio.Event()
-        self.calls: list[str] = []
-
-    async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
-        self.calls.append("assigned")
-
-    async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
-        self.calls.append("revoked")
-        self.entered.set()
-        try:
-            await self.release.wait()
-        except asyncio.CancelledError:
-            self.calls.append("revoked: cancelled")
-            raise
-        self.calls.append("revoked: done")
-
-
 def test_a_getmany_cancelled_inside_a_revocation_hands_the_partitions_on_once_it_ends(
     cluster: ClusterProcesses, names: tuple[str, str]
 ) -> None:
@@ -211,7 +197,7 @@ def test_a_getmany_cancelled_inside_a_revocation_hands_the_partitions_on_once_it
     options = dict(OPTIONS, enable_auto_commit=True, auto_commit_interval_ms=600_000)
 
     async def scenario() -> None:
-        listener = _BlockingRevocation()
+        listener = _BlockingListener(blocks="revoked")
         first = AsyncConsumer(bootstrap_servers=cluster.bootstrap, group_id=group, **options)
         second = AsyncConsumer(
             topic, bootstrap_servers=cluster.bootstrap, group_id=group, **options
@@ -335,26 +321,6 @@ def test_a_cancelled_seek_to_committed_moves_nothing(
     asyncio.run(scenario())
 
 
-class _NeverReturns:
-    """on_partitions_assigned never returns (until cancelled); records it."""
-
-    def __init__(self) -> None:
-        self.entered = asyncio.Event()
-        self.calls: list[str] = []
-
-    async def on_partitions_assigned(self, partitions: set[TopicPartition]) -> None:
-        self.calls.append("assigned")
-        self.entered.set()
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            self.calls.append("assigned: cancelled")
-            raise
-
-    async def on_partitions_revoked(self, partitions: set[TopicPartition]) -> None:
-        self.calls.append("revoked")
-
-
 def test_stop_is_bounded_when_a_listener_never_returns(
     cluster: ClusterProcesses, names: tuple[str, str]
 ) -> None:
@@ -366,7 +332,7 @@ def test_stop_is_bounded_when_a_listener_never_returns(
     create_topic(cluster, topic, PARTITIONS)
 
     async def scenario() -> None:
-        listener = _NeverReturns()
+        listener = _BlockingListener()  # never released
         consumer = AsyncConsumer(bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS)
         await consumer.start()
         await consumer.subscribe([topic], listener=listener)
