@@ -524,11 +524,11 @@ class Fetcher:
         tp -> (offset, timestamp). Raises the first partition's error that is
         not retriable, and UNKNOWN_TOPIC_OR_PARTITION. A retriable one (a
         leader moving, a partition whose log its broker is still opening, no
-        leader yet) is asked again, for the
-        partitions not answered yet, after the retry backoff and a metadata
-        refresh, until request_timeout_ms has passed; then the last one is
-        raised (Kafka's clients retry these calls within their API timeout).
-        `retry` False: one try (a caller that loops itself)."""
+        leader yet) is asked again, for the partitions not answered yet, after
+        the retry backoff and a metadata refresh, until request_timeout_ms has
+        passed; then the last one is raised (Kafka's clients retry these calls
+        within their API timeout). `retry` False: one try (a caller that loops
+        itself)."""
         deadline = time.monotonic() + self._timeout_s
         for tp in query:
             if self.cluster.snapshot.leader_address(tp.topic, tp.partition) is None:
@@ -553,8 +553,12 @@ class Fetcher:
                     raise
                 log.debug("listing offsets: %s; retrying", exc)
             await asyncio.sleep(self._backoff_s)
-            with contextlib.suppress(TidelogError):
+            try:
                 await self.cluster.refresh({tp.topic for tp in pending})
+            except TidelogError as exc:
+                # The next try asks the leaders the cache still names, and
+                # raises what they answer once the time is up.
+                log.debug("listing offsets: metadata refresh failed: %s", exc)
 
     async def _list_offsets_once(
         self, query: dict[TopicPartition, int], out: dict[TopicPartition, tuple[int, int]]
