@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tidelog import AdminClient, NewTopic, Producer
+from tidelog import AdminClient, AsyncAdminClient, NewTopic, Producer
 
 from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
@@ -160,3 +160,10 @@ def produce(cluster: ClusterProcesses, topic: str, partitions: int, per_partitio
         producer.flush()
         for future in sent:
             future.get(timeout=60)
+
+
+async def committed_offsets(bootstrap: str, group: str) -> dict[int, int]:
+    """The group's committed offsets, by partition (as an administrator reads them)."""
+    async with AsyncAdminClient(bootstrap) as admin:
+        offsets = await admin.list_consumer_group_offsets(group)
+    return {tp.partition: om.offset for tp, om in offsets.items()}

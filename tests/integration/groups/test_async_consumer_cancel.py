@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from tidelog import AsyncAdminClient, AsyncConsumer, TopicPartition
 
-from tests.integration.groups.conftest import create_topic, produce
+from tests.integration.groups.conftest import committed_offsets, create_topic, produce
 from tests.support.cluster import ClusterProcesses
 
 pytestmark = pytest.mark.timeout(180)
@@ -78,12 +78,6 @@ async def _wait_until_empty(bootstrap: str, group: str) -> None:
             await asyncio.sleep(0.1)
 
 
-async def _committed(bootstrap: str, group: str) -> dict[int, int]:
-    async with AsyncAdminClient(bootstrap) as admin:
-        offsets = await admin.list_consumer_group_offsets(group)
-    return {tp.partition: om.offset for tp, om in offsets.items()}
-
-
 def test_a_getmany_cancelled_while_it_reads_an_assignments_offsets_drops_no_partition(
     cluster: ClusterProcesses, names: tuple[str, str]
 ) -> None:
@@ -114,7 +108,7 @@ def test_a_getmany_cancelled_while_it_reads_an_assignments_offsets_drops_no_part
                 os.kill(coordinator.pid, signal.SIGCONT)
             assert await _read_everything(consumer, topic) == _everything()
             await consumer.commit()
-            committed = await _committed(cluster.bootstrap, group)
+            committed = await committed_offsets(cluster.bootstrap, group)
             assert committed == dict.fromkeys(range(PARTITIONS), PER_PARTITION)
 
     asyncio.run(scenario())
@@ -177,7 +171,7 @@ def test_a_getmany_cancelled_inside_the_assigned_listener_lets_it_finish(
             listener.release.set()
             await consumer.stop()
         assert listener.calls == ["assigned", "assigned: done", "revoked"]
-        assert await _committed(cluster.bootstrap, group) == dict.fromkeys(
+        assert await committed_offsets(cluster.bootstrap, group) == dict.fromkeys(
             range(PARTITIONS), PER_PARTITION
         )
 
@@ -270,7 +264,7 @@ def test_a_cancelled_stop_still_commits_revokes_and_leaves(
         finally:
             await consumer.stop()
         assert listener.calls == ["assigned", "assigned: done", "revoked"]
-        assert await _committed(cluster.bootstrap, group) == dict.fromkeys(
+        assert await committed_offsets(cluster.bootstrap, group) == dict.fromkeys(
             range(PARTITIONS), PER_PARTITION
         )
         await _wait_until_empty(cluster.bootstrap, group)

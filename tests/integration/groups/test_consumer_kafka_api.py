@@ -14,21 +14,15 @@ import threading
 import time
 
 import pytest
-from tidelog import AdminClient, AsyncAdminClient, AsyncConsumer, Consumer, TopicPartition
+from tidelog import AdminClient, AsyncConsumer, Consumer, TopicPartition
 from tidelog.errors import ClosedError, WakeupError
 
-from tests.integration.groups.conftest import create_topic, produce
+from tests.integration.groups.conftest import committed_offsets, create_topic, produce
 from tests.support.cluster import ClusterProcesses
 
 pytestmark = pytest.mark.timeout(120)
 
 OPTIONS = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500}
-
-
-async def committed_offsets(bootstrap: str, group: str) -> dict[int, int]:
-    async with AsyncAdminClient(bootstrap) as admin:
-        offsets = await admin.list_consumer_group_offsets(group)
-    return {tp.partition: om.offset for tp, om in offsets.items()}
 
 
 def read(consumer: Consumer, count: int, timeout_s: float = 30) -> list:

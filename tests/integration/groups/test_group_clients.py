@@ -12,7 +12,6 @@ import time
 import pytest
 from tidelog import (
     AdminClient,
-    AsyncAdminClient,
     AsyncConsumer,
     Consumer,
     ConsumerRecord,
@@ -21,19 +20,13 @@ from tidelog import (
 )
 from tidelog.errors import UnknownTopicOrPartitionError
 
-from tests.integration.groups.conftest import create_topic, produce, wait_until
+from tests.integration.groups.conftest import committed_offsets, create_topic, produce, wait_until
 from tests.support.cluster import ClusterProcesses
 
 pytestmark = pytest.mark.timeout(120)
 
 #: Short sessions, so that a member that stops is gone quickly.
 OPTIONS = {"session_timeout_ms": 6000, "heartbeat_interval_ms": 500, "enable_auto_commit": False}
-
-
-async def committed_offsets(bootstrap: str, group: str) -> dict[int, int]:
-    async with AsyncAdminClient(bootstrap) as admin:
-        offsets = await admin.list_consumer_group_offsets(group)
-    return {tp.partition: om.offset for tp, om in offsets.items()}
 
 
 def test_async_consumers_share_a_topic_and_commit_what_they_returned(
