@@ -265,8 +265,25 @@ def wait_banner(dev: subprocess.Popen[bytes]) -> bytes:
         if not line:
             break
         banner += line
-    assert b"Tidelog is running" in banner, banner.decode()
+    assert b"Tidelog is running" in banner, banner.decode() + _dev_state(dev)
     return banner
+
+
+def _dev_state(dev: subprocess.Popen[bytes]) -> str:
+    """For a failed start: whether `tidelog dev` still runs, and the end of
+    each of its services' logs (its output names them, not what they say)."""
+    try:
+        dev.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        state = "\n[tidelog dev is still running]"
+    else:
+        state = f"\n[tidelog dev exited with code {dev.returncode}]"
+    args = [str(a) for a in dev.args]  # type: ignore[union-attr]
+    data_dir = Path(args[args.index("--data-dir") + 1])
+    for log in sorted(data_dir.glob("*.log")):
+        tail = log.read_text(errors="replace").splitlines()[-15:]
+        state += f"\n[{log.name} ends]\n" + "\n".join(tail)
+    return state
 
 
 def kill_dev(dev: subprocess.Popen[bytes], children: list[psutil.Process]) -> None:
