@@ -16,7 +16,7 @@ import psutil
 Result = dict[str, Any]
 
 _METRICS = ("records_per_s", "mb_per_s", "p50_ms", "p99_ms", "p999_ms")
-SYSTEM_ORDER = {"tidelog": 0, "kafka": 1, "grpc-ceiling": 2}
+SYSTEM_ORDER = {"tidelog": 0, "kafka": 1, "grpc-ceiling": 2, "machine": 3}
 
 #: Issue 2's targets: (workload, metric, at least / at most, value, label).
 TARGETS: list[tuple[str, str, str, float, str]] = [
@@ -154,7 +154,7 @@ def ratios(results: Sequence[Result], other: str) -> list[dict[str, Any]]:
 
 
 def _is_latency(workload: str) -> bool:
-    return workload.startswith(("e2e", "fetch_latency"))
+    return workload.startswith(("e2e", "fetch_latency", "wakeup"))
 
 
 # ---------------------------------------------------------------------------- printing
