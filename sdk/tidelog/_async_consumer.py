@@ -74,6 +74,8 @@ class _AsyncIo:
         #: The rebalance step under way, as a task of its own: a cancel of
         #: the getmany() awaiting it does not reach it.
         self._step: asyncio.Future[None] | None = None
+        #: The last of the commits queued behind it (spawn_after_step).
+        self._queued: asyncio.Future[None] | None = None
         #: stop()'s bound (`expire_in`): once it has passed, listener calls
         #: and requests are cut (`_cuttable`); ending the membership is not.
         self._expiry: asyncio.TimerHandle | None = None
@@ -137,6 +139,26 @@ class _AsyncIo:
     def spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         return asyncio.ensure_future(coro)
 
+    def spawn_after_step(self, coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
+        before = [f for f in (self._step, self._queued) if f is not None and not f.done()]
+        if not before or _step_of.get() is self:
+            # Nothing to wait for; or called from inside the step (its
+            # listener): part of it, which must not wait for itself.
+            return self.spawn(coro)
+        self._queued = asyncio.ensure_future(self._after(before, coro))
+        return self._queued
+
+    @staticmethod
+    async def _after(before: list[asyncio.Future[None]], coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            # asyncio.wait: their outcome is not this one's (the step's error
+            # is its next waiter's, a queued commit's is its own callback's).
+            await asyncio.wait(before)
+        except BaseException:
+            coro.close()
+            raise
+        await coro
+
     def resolve(self, done: asyncio.Future[None]) -> None:
         resolve_future(done)
 
@@ -189,15 +211,27 @@ class _AsyncIo:
         return self._step is not None
 
     async def finish_step(self) -> None:
-        step = self._step
-        if step is None or _step_of.get() is self:
+        if _step_of.get() is self:
             return
-        try:
-            # shield: the caller's cancel propagates now, the step goes on.
-            await asyncio.shield(step)
-        finally:
-            if step.done():
-                self._step = None
+        step = self._step
+        failed: Exception | None = None
+        if step is not None:
+            try:
+                # shield: the caller's cancel propagates now, the step goes on.
+                await asyncio.shield(step)
+            except Exception as exc:
+                failed = exc  # raised once what was queued behind it is done too
+            finally:
+                if step.done():
+                    self._step = None
+        queued = self._queued
+        if queued is not None:
+            # Their errors are their callbacks' (run_callbacks), not ours.
+            await asyncio.wait([queued])
+            if self._queued is queued:
+                self._queued = None
+        if failed is not None:
+            raise failed
 
 
 class AsyncConsumer:

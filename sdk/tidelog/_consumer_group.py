@@ -24,8 +24,11 @@ revocation acknowledged before its listener returned). The next poll, and
 leave(), finish such a step before anything else (`Io.finish_step`).
 Joining and leaving are steps too: subscribe() records the subscription
 before it joins, so a cancelled subscribe() stands and the next poll finds
-it joined (or joins again); a cancelled unsubscribe() goes on leaving, and
-an assign() made meanwhile wins over it (`assigns`).
+it joined (or joins again); a subscribe() whose join fails while it waits
+is undone (`unsubscribed`). A cancelled unsubscribe() goes on leaving, and
+an assign() made meanwhile wins over it (`assigns`); the offset calls made
+meanwhile (commit, commit_async, committed, seek_to_committed) wait for it,
+in call order (`after_leave`, `Io.spawn_after_step`).
 
 Not thread-safe: the calling side only.
 """
@@ -74,6 +77,13 @@ class Io(Protocol):
         """Start `coro` on the event loop without waiting; returns its future."""
         ...
 
+    def spawn_after_step(self, coro: Coroutine[Any, Any, None]) -> Any:
+        """spawn(), but `coro` starts only after the step a cancelled caller
+        left running and what was spawned this way before it (in call
+        order); finish_step() waits for those too. Its failure is its
+        future's, not the step's."""
+        ...
+
     def resolve(self, done: asyncio.Future[None]) -> None:
         """Resolve a group event's `done` (on the event loop)."""
         ...
@@ -110,7 +120,8 @@ class Io(Protocol):
 
     async def finish_step(self) -> None:
         """Wait for the end of a step that an interrupted caller left running
-        (raising its error, if it failed); at once when there is none."""
+        (raising its error, if it failed), then for what spawn_after_step()
+        queued behind it; at once when there is none."""
         ...
 
 
@@ -209,17 +220,30 @@ class GroupSide:
         # only records it; poll joins): a cancel of this call from here on
         # leaves it standing, and the join, a step, goes on (the next poll
         # waits for it, or joins again if it failed). A join that fails
-        # while this call waits for it undoes the subscription: the error
-        # is the caller's, as before.
+        # while this call waits for it undoes the subscription, on the
+        # group client too (`unsubscribed`): the error is the caller's.
         self.listener = listener
         self.topics, self.pattern = topics, pattern or ""
         self.subscribed = True
         try:
             await self.io.step(self._join())
         except Exception:
-            self.subscribed = False
-            self.listener = None
+            await self.unsubscribed()
             raise
+
+    async def unsubscribed(self) -> None:
+        """Back to not subscribed after a failed join, as before subscribe()
+        (an earlier subscription's membership has already ended): nothing
+        to join at the next poll, and the group client holds no
+        subscription, so that assign() and its commits (AlterOffsets), or
+        another subscribe(), start clean."""
+        group = self.group
+        assert group is not None
+        self.subscribed = False
+        self.listener = None
+        self.must_join = False
+        self.topics, self.pattern = [], ""
+        await self.io.run(group.close(leave=True), None)
 
     async def _join(self) -> None:
         """Join with the recorded subscription (a step: a cancel of its
@@ -331,12 +355,18 @@ class GroupSide:
         for tp, om in offsets.items():
             self.last_committed[tp] = om.offset
 
+    async def after_leave(self) -> None:
+        """Not subscribed: an unsubscribe() a cancel left running ends first
+        (and commit_async() calls queued behind it, in order: commits apply
+        in call order, as Kafka's). What follows is the assign()'s
+        (AlterOffsets; offsets read after the leaving member's last commit),
+        not the leaving member's. Subscribed: nothing to wait for."""
+        if not self.subscribed:
+            await self.finish_quietly()
+
     async def commit(self, offsets: Offsets | None) -> None:
         self.require_group("commit()")
-        if not self.subscribed:
-            # An unsubscribe() a cancel left running ends first: this is the
-            # assign()'s commit (AlterOffsets), not the leaving member's.
-            await self.finish_quietly()
+        await self.after_leave()
         self.run_callbacks()
         normalized = (
             self.positions(self.subs.assignment())
@@ -375,7 +405,9 @@ class GroupSide:
             if offsets is None
             else normalize_offsets(offsets)
         )
-        future = self.io.spawn(group.commit(normalized))
+        commit = group.commit(normalized)
+        # Not subscribed: after a leave a cancel left running (see after_leave).
+        future = self.io.spawn(commit) if self.subscribed else self.io.spawn_after_step(commit)
         completed = self.completed
         notify = self.io.notify
 
@@ -404,6 +436,7 @@ class GroupSide:
     async def committed(self, partition: TopicPartition, metadata: bool) -> Any:
         group = self.require_group("committed()")
         tp = TopicPartition(*partition)
+        await self.after_leave()
         found = (await self.io.run(group.committed([tp]), self.timeout_s)).get(tp)
         if found is None:
             return None
@@ -416,6 +449,7 @@ class GroupSide:
         group = self.require_group("seek_to_committed()")
         if not partitions:
             return {}
+        await self.after_leave()
         found: dict[TopicPartition, OffsetAndMetadata] = await self.io.run(
             group.committed(partitions), self.timeout_s
         )

@@ -58,6 +58,7 @@ from tidelog.errors import (
     CoordinatorNotAvailableError,
     GroupsNotSupportedError,
     TidelogError,
+    TidelogTimeoutError,
     error_from_rpc,
 )
 from tidelog.group import GroupMembership, OffsetAndMetadata, OffsetStoreClient
@@ -144,17 +145,32 @@ class GroupClient:
     # ------------------------------------------------------------ lifecycle
 
     async def join(self, topics: Sequence[str], pattern: str) -> None:
-        """Join (or rejoin) with this subscription; returns once the stream is started."""
+        """Join (or rejoin) with this subscription; returns once the
+        coordinator has answered (see GroupMembership.joined). Bounded by
+        request_timeout_ms, finding the coordinators included. A join that
+        fails leaves no membership behind (none half started, heartbeating
+        or retrying a refused join); the subscription stays recorded here:
+        whether it stands is the calling side's to say (GroupSide)."""
         await self._stop_membership(leave=True)
         self._closing = False
         self.topics, self.pattern = list(topics), pattern
+        deadline = time.monotonic() + self._config.request_timeout_ms / 1000
+        try:
+            await self._start_membership(deadline)
+        except BaseException:
+            await self._stop_membership(leave=True)
+            raise
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.ensure_future(self._watch_polls())
+
+    async def _start_membership(self, deadline: float) -> None:
         config = self._config
-        coordinators = await self._discover()
+        coordinators = await self._discover(deadline)
         self.membership = GroupMembership(
             coordinators,
             self.group_id,
             topics=self.topics,
-            pattern=pattern,
+            pattern=self.pattern,
             group_instance_id=config.group_instance_id or "",
             client_id=config.client_id,
             assignor=config.partition_assignment_strategy,
@@ -165,17 +181,23 @@ class GroupClient:
             rediscover=self._rediscover,
             security=config.security,
         )
-        self.left_for_poll_timeout = False
         self.last_poll = time.monotonic()
         await self.membership.start()
-        if self._watchdog is None or self._watchdog.done():
-            self._watchdog = asyncio.ensure_future(self._watch_polls())
+        try:
+            await self.membership.joined(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            raise TidelogTimeoutError(
+                f"no coordinator answered the join of group {self.group_id!r} within "
+                f"request_timeout_ms={self._config.request_timeout_ms}"
+            ) from None
+        self.left_for_poll_timeout = False
 
-    async def _discover(self) -> list[str]:
+    async def _discover(self, deadline: float | None = None) -> list[str]:
         """Coordinator addresses, retrying retriable errors (etcd restarting)
-        until request_timeout_ms."""
+        until `deadline` (default: request_timeout_ms from now)."""
         timeout_s = self._config.request_timeout_ms / 1000
-        deadline = time.monotonic() + timeout_s
+        if deadline is None:
+            deadline = time.monotonic() + timeout_s
         while True:
             try:
                 return await discover_coordinators(self._cluster, timeout_s)

@@ -78,6 +78,10 @@ log = logging.getLogger("tidelog.consumer")
 
 __all__ = ["AsyncConsumer", "CommitCallback", "Consumer", "Offsets"]
 
+#: What a membership change (join, leave) may take beyond request_timeout_ms
+#: before the caller's thread stops waiting for it (see _BlockingIo.run).
+MEMBERSHIP_MARGIN_S = 5.0
+
 
 class _BlockingIo:
     """The Consumer's `Io` for its GroupSide: each piece of I/O blocks the
@@ -99,13 +103,19 @@ class _BlockingIo:
         self._check_wakeup = check_wakeup
 
     async def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None) -> T:
-        # A membership change is bounded here too: the caller's thread must come back.
-        timeout = self._timeout_s if timeout_s is None else timeout_s
+        # A membership change is bounded here too: the caller's thread must
+        # come back. A join bounds itself by request_timeout_ms and, failed,
+        # ends the membership it began: the margin lets that finish rather
+        # than cut it short.
+        timeout = self._timeout_s + MEMBERSHIP_MARGIN_S if timeout_s is None else timeout_s
         result: T = self._run_io(coro, timeout)
         return result
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
         return asyncio.run_coroutine_threadsafe(coro, self._loop_thread.loop)
+
+    def spawn_after_step(self, coro: Coroutine[Any, Any, None]) -> concurrent.futures.Future[None]:
+        return self.spawn(coro)  # no step is ever left running (see step())
 
     def resolve(self, done: asyncio.Future[None]) -> None:
         self._loop_thread.call_soon(resolve_future, done)

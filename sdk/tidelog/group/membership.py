@@ -63,6 +63,10 @@ class RebalanceListener(Protocol):
     def on_partitions_assigned(self, assigned: frozenset[TopicPartition]) -> Any: ...
 
 
+def _access_denied(error: TidelogError) -> bool:
+    return isinstance(error, AuthorizationFailedError | SaslAuthenticationError)
+
+
 async def _maybe_await(value: Any) -> None:
     if inspect.isawaitable(value):
         await value
@@ -138,6 +142,26 @@ class GroupMembership:
         """Until predicate(self) holds after an assignment change (or TimeoutError)."""
         async with asyncio.timeout(timeout_s), self._changed:
             await self._changed.wait_for(lambda: predicate(self))
+
+    async def joined(self, timeout_s: float) -> None:
+        """Until the coordinator has answered the join: it gave this member
+        an id, or it refused the join (its error raised here: an invalid
+        group id, a full group; a retriable answer is waited past), or it
+        denied access (returns: the application's next poll raises that, as
+        the membership goes on trying). TimeoutError after `timeout_s`
+        without an answer."""
+
+        def answered(member: GroupMembership) -> bool:
+            error = member.error
+            return bool(member.member_id) or (
+                error is not None and (not error.retriable or _access_denied(error))
+            )
+
+        async with asyncio.timeout(timeout_s), self._changed:
+            await self._changed.wait_for(lambda: answered(self))
+        error = self.error
+        if error is not None and not self.member_id and not _access_denied(error):
+            raise error
 
     async def leave(self, revoke: bool = True) -> None:
         """Leave now: partitions are revoked here and move at once. With
@@ -281,7 +305,7 @@ class GroupMembership:
                 else:
                     log.warning("group %r heartbeat stream failed: %s", self.group_id, exc)
                     error = error_from_rpc(exc)
-                    if isinstance(error, AuthorizationFailedError | SaslAuthenticationError):
+                    if _access_denied(error):
                         # Still retried (an operator may grant access), but
                         # the application's next poll raises it.
                         self.error = error
@@ -312,6 +336,7 @@ class GroupMembership:
         else:
             self.error = error
             log.error("group %r: %s", self.group_id, error.message)
+            await self._notify()  # a join may be waiting for its answer (joined())
 
     async def _on_response(self, response: group_pb2.GroupHeartbeatResponse) -> None:
         if response.member_id:

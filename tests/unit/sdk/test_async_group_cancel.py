@@ -575,3 +575,97 @@ def test_a_commit_after_a_cancelled_unsubscribe_waits_for_the_leave() -> None:
         assert subs.assignment() == {B}
 
     asyncio.run(scenario())
+
+
+# ------------------------------------------------------------ offsets after unsubscribe()
+
+
+def _leaving_in_its_commit() -> tuple[GroupSide, _Group, SubscriptionState]:
+    """A side whose unsubscribe() (its task cancelled) is still in its final
+    commit of A at 9, held until `group.commit_release` is set."""
+    side, group, subs = _side(enable_auto_commit=True)
+    group.close = _Closing()  # type: ignore[attr-defined]
+    group.events.append(GroupEvent(ASSIGNED, frozenset({A}), None))
+    return side, group, subs
+
+
+async def _cancel_an_unsubscribe_in_its_commit(side: GroupSide, group: _Group) -> None:
+    await side.poll(timeout_ms=0, limit=10)
+    side.subs.seek(A, 9)  # consumed in the group, not committed yet
+    group.commit_release.clear()
+    unsubscribe = asyncio.create_task(side.leave(leave=True))
+    await _cancel_when(unsubscribe, group.committing)
+
+
+def test_commit_async_and_commit_after_a_cancelled_unsubscribe_land_after_the_leave_in_order() -> (
+    None
+):
+    """commit_async() then commit() while the leaving member's final commit
+    is under way: neither is sent before it (the leave's commit would
+    overwrite them), and they land in call order, as Kafka's commits do."""
+
+    async def scenario() -> None:
+        side, group, _subs = _leaving_in_its_commit()
+        await _cancel_an_unsubscribe_in_its_commit(side, group)
+        side.assign([B])
+        results: list[Any] = []
+        future = side.commit_async({B: 5}, lambda offsets, error: results.append(error))
+        commit = asyncio.create_task(side.commit({B: 6}))
+        await asyncio.sleep(0.05)
+        assert group.commits == [{A: OffsetAndMetadata(9)}]  # only the leave's, waiting
+        assert not future.done() and not commit.done()
+        group.commit_release.set()
+        await asyncio.wait_for(commit, 10)
+        assert future.done()
+        assert group.commits == [
+            {A: OffsetAndMetadata(9)},
+            {B: OffsetAndMetadata(5)},
+            {B: OffsetAndMetadata(6)},
+        ]
+        side.run_callbacks()
+        assert results == [None]
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("call", ["committed", "seek_to_committed"])
+def test_committed_offsets_after_a_cancelled_unsubscribe_are_read_after_the_leave(
+    call: str,
+) -> None:
+    """committed() (and seek_to_committed()'s lookup) while the leaving
+    member's final commit is under way: read once it has landed, not
+    before (which would answer the offset from before the leave)."""
+
+    async def scenario() -> None:
+        side, group, _subs = _leaving_in_its_commit()
+        await _cancel_an_unsubscribe_in_its_commit(side, group)
+        side.assign([A])
+        asked = group.lookups  # the assignment's, before the leave
+        lookup = asyncio.create_task(
+            side.committed(A, False) if call == "committed" else side.committed_offsets([A])
+        )
+        await asyncio.sleep(0.05)
+        assert group.lookups == asked and not lookup.done()
+        group.commit_release.set()
+        found = await asyncio.wait_for(lookup, 10)
+        assert group.lookups == asked + 1
+        assert found == (7 if call == "committed" else {A: OffsetAndMetadata(7)})
+
+    asyncio.run(scenario())
+
+
+def test_a_subscribe_whose_join_fails_leaves_the_group_client_without_a_subscription() -> None:
+    """The failed join's subscription is dropped on the group client too
+    (its close), so that commits after an assign() are the standalone
+    consumer's, and the next poll has nothing to join."""
+
+    async def scenario() -> None:
+        side, group, joining = _unsubscribed_side()
+        joining.fail = True
+        joining.release.set()
+        with pytest.raises(TidelogTimeoutError):
+            await side.subscribe(["t"], None, None)
+        assert group.close.log == ["close", "closed"]  # type: ignore[attr-defined]
+        assert not side.must_join and side.topics == [] and side.pattern == ""
+
+    asyncio.run(scenario())
