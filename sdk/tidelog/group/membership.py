@@ -291,12 +291,15 @@ class GroupMembership:
             call = stub.Heartbeat(self._requests(outbox))
             try:
                 async for response in call:
-                    delay_s = 0.05
                     if response.HasField("error") and response.error.code != common_pb2.NONE:
+                        # No reset of the delay: a coordinator that refuses
+                        # every join (a full group, say) is asked again at
+                        # most once a RECONNECT_DELAY_MAX_S, not 20 times a second.
                         await self._on_error(
                             error_from_code(response.error.code, response.error.message)
                         )
                         break
+                    delay_s = 0.05
                     await self._on_response(response)
             except grpc.aio.AioRpcError as exc:
                 if is_unavailable(exc) or exc.code() == grpc.StatusCode.CANCELLED:

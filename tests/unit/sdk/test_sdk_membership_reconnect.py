@@ -2,7 +2,8 @@
 stream's request generator finishes instead of staying suspended on the
 outbox (where it would take the next stream's requests, acks included, and
 be destroyed pending when the loop closes). Against an in-process Group
-server whose first stream ends with UNAVAILABLE."""
+server whose first stream ends with UNAVAILABLE. And a coordinator that
+refuses every join is asked again with a growing delay."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from collections.abc import AsyncIterator
 import grpc
 import grpc.aio
 from tidelog.group import GroupMembership
-from tidelog.v1 import group_pb2, group_pb2_grpc
+from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
 
 class FlakyCoordinator(group_pb2_grpc.GroupServicer):
@@ -83,6 +84,53 @@ def test_a_broken_heartbeat_stream_leaves_no_request_generator_behind() -> None:
             await asyncio.sleep(0.2)
             # And none once the member is closed (before the loop closes).
             assert live_request_generators() == 0
+        finally:
+            await membership.close()
+            await server.stop(None)
+
+    asyncio.run(scenario())
+
+
+class RefusingCoordinator(group_pb2_grpc.GroupServicer):
+    """Answers every join with a refusal (as a full group is refused), then ends the stream."""
+
+    def __init__(self) -> None:
+        self.streams = 0
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        self.streams += 1
+        await anext(aiter(request_iterator))
+        yield group_pb2.GroupHeartbeatResponse(
+            error=common_pb2.Error(
+                code=common_pb2.INVALID_REQUEST, message="group 'g' has 2 members: at most 2"
+            )
+        )
+
+    async def LeaveGroup(
+        self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.LeaveGroupResponse:
+        return group_pb2.LeaveGroupResponse()
+
+
+def test_a_refused_join_is_asked_again_with_backoff_not_twenty_times_a_second() -> None:
+    async def scenario() -> None:
+        server = grpc.aio.server()
+        coordinator = RefusingCoordinator()
+        group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        membership = GroupMembership(f"127.0.0.1:{port}", "g", topics=["t"])
+        try:
+            await membership.start()
+            await asyncio.sleep(3)
+            # With the delay doubling from 50 ms to its 1 s cap: ~6 joins in 3 s. Reset
+            # by the refusal itself, as before, it asked ~60 times (one per 50 ms).
+            assert 2 <= coordinator.streams <= 12, coordinator.streams
+            assert membership.error is not None and not membership.member_id
         finally:
             await membership.close()
             await server.stop(None)
