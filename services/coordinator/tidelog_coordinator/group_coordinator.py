@@ -398,8 +398,9 @@ class GroupCoordinator:
         self._mark_dirty(group_ids)
 
     def _mark_dirty(self, group_ids: set[str]) -> None:
-        # Coalesce: the events of one etcd transaction arrive one by one, and
-        # a burst of them should cost one reconcile, not one per event.
+        # Coalesce: a watch batch names each changed group once, and the
+        # batches that arrive before the drainer runs cost one reconcile per
+        # group, not one per batch.
         self._dirty |= group_ids
         if self._drainer is None or self._drainer.done():
             self._drainer = asyncio.create_task(self._drain(), name="group-reconcile")

@@ -3,8 +3,10 @@
 A follower of etcd state that survives etcd restarts and compaction:
 
 - it first lists the prefix (revision R) and delivers that as a reset batch;
-- it then watches from R + 1 and delivers each change, remembering the
-  revision of the last one;
+- it then watches from R + 1 and delivers the changes in batches, each
+  holding every change received since the last batch was taken (at least
+  one whole watch response: etcd sends the events of one transaction, and
+  often of many, in one response), remembering the revision of the last;
 - after a lost connection (aetcd raises ConnectionFailedError and the watch
   must be re-created) it watches again from last revision + 1, so no change
   is missed and none is delivered twice;
@@ -12,7 +14,16 @@ A follower of etcd state that survives etcd restarts and compaction:
   reset batch (the consumer replaces what it knew).
 
 The consumer's callback runs on the watcher's task, one batch at a time, in
-revision order.
+revision order. A batch may hold several changes of one key: applied in
+order, the last one wins.
+
+Why batches: aetcd's watch iterator hands over a response's events one by
+one. A topic of 3,000 partitions, the elections after a broker died, or a
+coordinator's metadata of many groups arrive as a few responses of thousands
+of events; one callback per event made every consumer repeat its per-batch
+work (reconciles, wake-ups, yields) per key. A pump task moves the events
+into a queue as aetcd hands them over (without waiting while any are there),
+and the watcher takes all that the queue holds at once.
 """
 
 from __future__ import annotations
@@ -21,9 +32,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aetcd
 import aetcd.exceptions
+import aetcd.rtypes
 
 from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd.client import EtcdAccessError, is_unavailable
@@ -117,24 +130,58 @@ class PrefixWatcher:
         watch = await self.client.watch(
             self.prefix, range_end=prefix_end(self.prefix), start_revision=self.revision + 1
         )
+        received: asyncio.Queue[aetcd.rtypes.Event | Exception] = asyncio.Queue()
+        pump = asyncio.create_task(_pump(watch, received), name=f"watch-{self.name}-events")
         try:
             raise_if_cancelling()  # aetcd's watch creation can swallow a cancel
-            async for event in watch:
-                kv = event.kv
-                deleted = event.kind == "DELETE"
-                change = Change(
-                    kv.key,
-                    None if deleted else kv.value,
-                    kv.mod_revision,
-                    kv.create_revision,
-                    kv.lease,
-                )
-                self.revision = max(self.revision, kv.mod_revision)
-                await self.on_batch(WatchBatch(False, [change], self.revision))
+            while True:
+                changes, ended = _take_all(received, await received.get())
+                if changes:
+                    self.revision = max(self.revision, changes[-1].mod_revision)
+                    await self.on_batch(WatchBatch(False, changes, self.revision))
+                if ended is not None:
+                    # Every event received before it was delivered: the next
+                    # watch resumes right after the last of them.
+                    raise ended
         finally:
+            pump.cancel()
+            # wait(), not await: a cancel of this task still propagates.
+            await asyncio.wait([pump])
             try:
                 await watch.cancel()
             except Exception as exc:
                 log.debug("cancelling watch %s: %s", self.name, exc)
+
+
+async def _pump(watch: aetcd.rtypes.Watch, received: asyncio.Queue[Any]) -> None:
+    """Move `watch`'s events into `received` as aetcd hands them over (it
+    does not wait between the events already received); its end or error
+    last."""
+    try:
+        async for event in watch:
+            received.put_nowait(event)
         # The iterator ends without an error only when the watch was cancelled.
-        raise aetcd.exceptions.ConnectionFailedError("watch stream ended")
+        received.put_nowait(aetcd.exceptions.ConnectionFailedError("watch stream ended"))
+    except Exception as exc:
+        received.put_nowait(exc)
+
+
+def _take_all(
+    received: asyncio.Queue[Any], first: aetcd.rtypes.Event | Exception
+) -> tuple[list[Change], Exception | None]:
+    """`first` and everything queued after it, without waiting: the changes
+    in revision order, and the error that ended the watch, if it came."""
+    changes: list[Change] = []
+    item = first
+    while not isinstance(item, Exception):
+        kv = item.kv
+        deleted = item.kind == "DELETE"
+        changes.append(
+            Change(
+                kv.key, None if deleted else kv.value, kv.mod_revision, kv.create_revision, kv.lease
+            )
+        )
+        if received.empty():
+            return changes, None
+        item = received.get_nowait()
+    return changes, item
