@@ -387,8 +387,9 @@ class ClusterLink:
         # of partitions must not walk all of them for each batch. It did:
         # under a burst of elections its event loop starved its lease
         # refreshes, and a new topic of 3,000 partitions, whose states came
-        # in ~1,900 batches, was walked ~1,900 times. A state that went, or a
-        # topic not hosted as etcd says, reconciles the whole topic.
+        # then in ~1,900 batches (one per event; since the watcher batches
+        # what it has received, ~24), was walked each time. A state that
+        # went, or a topic not hosted as etcd says, reconciles the whole topic.
         hosting: set[str] = set()
         appeared: dict[str, frozenset[int]] = {}
         for name, present in self._states_present(changed).items():
