@@ -144,6 +144,7 @@ class GroupClient:
         self._watchdog: asyncio.Task[None] | None = None
         #: Offsets of the standalone (assign()) consumer; see the module doc.
         self._standalone: OffsetStoreClient | None = None
+        self._finding_store = asyncio.Lock()
         self._commits = OrderedCommits(self._send_commit)
 
     # ------------------------------------------------------------ lifecycle
@@ -311,13 +312,16 @@ class GroupClient:
         return await (await self._standalone_store()).fetch(self.group_id, partitions)
 
     async def _standalone_store(self) -> OffsetStoreClient:
-        if self._standalone is None:
-            self._standalone = OffsetStoreClient(
-                await self._discover(),
-                request_timeout_ms=self._config.request_timeout_ms,
-                security=self._config.security,
-            )
-        return self._standalone
+        # One discovery for calls that start together (a commit and a
+        # committed()): each made its own client before, the others leaked.
+        async with self._finding_store:
+            if self._standalone is None:
+                self._standalone = OffsetStoreClient(
+                    await self._discover(),
+                    request_timeout_ms=self._config.request_timeout_ms,
+                    security=self._config.security,
+                )
+            return self._standalone
 
     # ------------------------------------------------------------ max_poll_interval_ms
 

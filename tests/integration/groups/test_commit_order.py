@@ -19,11 +19,16 @@ from tests.support.cluster import ClusterProcesses
 
 pytestmark = pytest.mark.timeout(180)
 
-#: commit_async() calls per round, and rounds: on main (concurrent unary
-#: calls) one round of 200 ended on an earlier offset most of the time;
-#: five rounds made every run fail.
-CALLS = 200
-ROUNDS = 30
+#: Partitions, commit_async() calls per partition and round, rounds (each a
+#: new consumer). On main (concurrent unary calls) a round ended on an
+#: earlier offset for some partition about every other time, mostly while
+#: the consumer's first calls were still finding the coordinator.
+PARTITIONS = 8
+CALLS = 50
+ROUNDS = 10
+#: The asyncio consumer's calls per round (one partition): on main its
+#: commit() went before the commit_async() tasks had started, every round.
+ASYNC_CALLS = 200
 
 OPTIONS: dict[str, Any] = {
     "session_timeout_ms": 6000,
@@ -32,47 +37,44 @@ OPTIONS: dict[str, Any] = {
 }
 
 
-def _outcomes() -> tuple[list[tuple[int, BaseException | None]], Any]:
+def _called_back(consumer: Consumer, seen: list[Any]) -> bool:
+    consumer.commit({})  # runs the callbacks of the commits answered by now
+    return len(seen) == PARTITIONS * CALLS
+
+
+def _commit_round(consumer: Consumer, topic: str, group: str, bootstrap: str, base: int) -> None:
+    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+    consumer.assign(tps)
     seen: list[tuple[int, BaseException | None]] = []
 
     def callback(offsets: dict, error: BaseException | None) -> None:
         seen.extend((om.offset, error) for om in offsets.values())
 
-    return seen, callback
-
-
-def _called_back(consumer: Consumer, seen: list[Any]) -> bool:
-    consumer.commit({})  # runs the callbacks of the commits answered by now
-    return len(seen) == CALLS
-
-
-def _commit_rounds_sync(consumer: Consumer, tp: TopicPartition, group: str, bootstrap: str) -> None:
-    for round_ in range(ROUNDS):
-        base = round_ * (CALLS + 1)
-        seen, callback = _outcomes()
-        futures = [consumer.commit_async({tp: base + i}, callback) for i in range(1, CALLS + 1)]
-        for future in futures:
-            future.result(timeout=60)
-        assert asyncio.run(committed_offsets(bootstrap, group)) == {tp.partition: base + CALLS}
-        # commit() after commit_async(): after them, even unawaited.
-        consumer.commit_async({tp: base + CALLS - 1})
-        consumer.commit({tp: base + CALLS + 1})
-        assert asyncio.run(committed_offsets(bootstrap, group)) == {tp.partition: base + CALLS + 1}
-        # Each callback gets its own commit's outcome.
-        wait_until(lambda: _called_back(consumer, seen), 30, "the callbacks")  # noqa: B023
-        assert sorted(o for o, _ in seen) == list(range(base + 1, base + CALLS + 1))
-        assert {e for _, e in seen} == {None}
+    futures = [
+        consumer.commit_async({tp: base + i}, callback) for i in range(1, CALLS + 1) for tp in tps
+    ]
+    for future in futures:
+        future.result(timeout=60)
+    committed = asyncio.run(committed_offsets(bootstrap, group))
+    assert committed == dict.fromkeys(range(PARTITIONS), base + CALLS)
+    # commit() after commit_async(): after it, even unawaited.
+    consumer.commit_async({tps[0]: base + CALLS - 1})
+    consumer.commit({tps[0]: base + CALLS + 1})
+    assert asyncio.run(committed_offsets(bootstrap, group))[0] == base + CALLS + 1
+    # Each callback gets its own commit's outcome.
+    wait_until(lambda: _called_back(consumer, seen), 30, "the callbacks")
+    assert sorted(o for o, _ in seen) == sorted(base + i for i in range(1, CALLS + 1) for _ in tps)
+    assert {e for _, e in seen} == {None}
 
 
 def test_standalone_consumer_commits_land_in_call_order(
     cluster: ClusterProcesses, names: tuple[str, str]
 ) -> None:
     topic, group = names
-    create_topic(cluster, topic, 1)
-    tp = TopicPartition(topic, 0)
-    with Consumer(bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS) as consumer:
-        consumer.assign([tp])
-        _commit_rounds_sync(consumer, tp, group, cluster.bootstrap)
+    create_topic(cluster, topic, PARTITIONS)
+    for round_ in range(ROUNDS):
+        with Consumer(bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS) as consumer:
+            _commit_round(consumer, topic, group, cluster.bootstrap, round_ * (CALLS + 2))
 
 
 async def _commit_rounds_async(
@@ -86,12 +88,14 @@ async def _commit_rounds_async(
         else:
             consumer.assign([tp])
         for round_ in range(ROUNDS):
-            base = round_ * (CALLS + 1)
-            tasks = [consumer.commit_async({tp: base + i}) for i in range(1, CALLS + 1)]
+            base = round_ * (ASYNC_CALLS + 1)
+            tasks = [consumer.commit_async({tp: base + i}) for i in range(1, ASYNC_CALLS + 1)]
             # commit() right after them, none of them started yet: after them.
-            await consumer.commit({tp: base + CALLS + 1})
+            await consumer.commit({tp: base + ASYNC_CALLS + 1})
             await asyncio.wait_for(asyncio.gather(*tasks), 60)
-            assert await committed_offsets(bootstrap, group) == {tp.partition: base + CALLS + 1}
+            assert await committed_offsets(bootstrap, group) == {
+                tp.partition: base + ASYNC_CALLS + 1
+            }
 
 
 @pytest.mark.parametrize("subscribe", [False, True], ids=["standalone", "member"])
