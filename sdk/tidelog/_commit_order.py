@@ -12,11 +12,11 @@ same end state as sending them one by one, in one round trip, so a burst of
 commit_async() calls costs a few requests, not one each.
 
 Each commit gets its own outcome: a merged request that succeeded is every
-commit's success; one that failed with a retriable error (still failing
-when its retries ran out) is every commit's failure; one that failed
-otherwise (a partition that does not exist, say, which may be one commit's
-fault) is sent again commit by commit, in order, so that each gets the
-answer it would have had alone. A failure never stops the commits after it.
+commit's success; one that got no answer (no coordinator reached while its
+retries lasted) is every commit's failure; one that the coordinator refused
+(a partition that does not exist, say, which may be one commit's fault) is
+sent again commit by commit, in order, so that each gets the answer it
+would have had alone. A failure never stops the commits after it.
 
 A commit whose caller stopped waiting (cancelled: a timeout, wakeup()) is
 dropped if it was not sent yet; one already sent goes on to its answer, as
@@ -32,7 +32,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from tidelog.errors import ClosedError, TidelogError
+from tidelog.errors import (
+    BrokerNotAvailableError,
+    ClosedError,
+    CoordinatorNotAvailableError,
+    GroupsNotSupportedError,
+    TidelogError,
+    TidelogTimeoutError,
+)
 from tidelog.group import OffsetAndMetadata
 from tidelog.types import TopicPartition
 
@@ -44,6 +51,14 @@ Offsets = dict[TopicPartition, OffsetAndMetadata]
 MERGED_PARTITIONS_MAX = 10_000
 #: Metadata bytes in one merged request: well below gRPC's 4 MiB message limit.
 MERGED_METADATA_BYTES_MAX = 1024 * 1024
+#: Errors that say the request got no answer (after its retries): every
+#: commit in it would have had the same, so it is theirs without asking again.
+_UNANSWERED = (
+    CoordinatorNotAvailableError,
+    BrokerNotAvailableError,
+    GroupsNotSupportedError,
+    TidelogTimeoutError,
+)
 
 
 @dataclass(slots=True)
@@ -146,7 +161,7 @@ class OrderedCommits:
         try:
             await self._send(merged)
         except TidelogError as exc:
-            if len(batch) == 1 or exc.retriable:
+            if len(batch) == 1 or isinstance(exc, _UNANSWERED):
                 for commit in batch:
                     commit.settle(exc)
                 return
