@@ -89,8 +89,10 @@ class _AsyncIo:
         try:
             if _step_of.get() is not self:
                 # The application's own commit() or committed(): stop() does
-                # not wait for it, so there is nothing to cut (and no task).
-                return await within(coro, timeout_s)
+                # not wait for it, so there is nothing to cut. A task all the
+                # same, started after those spawned before (commit_async()'s):
+                # commits are queued in the order their tasks start.
+                return await within(asyncio.ensure_future(coro), timeout_s)
             if self._expired:
                 coro.close()
                 raise self._expired_error("the request")

@@ -302,8 +302,11 @@ class GroupSide:
                 # with the membership ending here.
                 for tp in owned:
                     self.last_committed.pop(tp, None)
-            await self.io.run(group.close(leave), None)
-            group.events.clear()
+            try:
+                await self.commits_answered()
+            finally:
+                await self.io.run(group.close(leave), None)
+                group.events.clear()
 
     def assign(self, partitions: list[TopicPartition]) -> None:
         """The application's assign() (not subscribed): read exactly these."""
@@ -320,6 +323,14 @@ class GroupSide:
                 await self.leave(leave=None, autocommit=autocommit)
             else:
                 await self.finish_quietly()  # an unsubscribe() a cancel left running
+                if self.group is not None:
+                    # assign() with a group id: its commits are answered
+                    # (bounded as a final commit), then its connections close.
+                    self.run_callbacks()
+                    try:
+                        await self.commits_answered()
+                    finally:
+                        await self.io.run(self.group.close(), None)
         except TidelogError as exc:
             log.warning("leaving the group cleanly failed: %s", exc)
 
@@ -376,13 +387,28 @@ class GroupSide:
         if normalized:
             await self.commit_now(normalized)
 
+    def commit_timeout_s(self) -> float:
+        """What a commit may take: request_timeout_ms, or less once close()
+        has set when the final commit must be done."""
+        if self.commit_deadline is None:
+            return self.timeout_s
+        return max(0.0, min(self.timeout_s, self.commit_deadline - time.monotonic()))
+
     async def commit_now(self, offsets: dict[TopicPartition, OffsetAndMetadata]) -> None:
         group = self.require_group("commit()")
-        timeout_s = self.timeout_s
-        if self.commit_deadline is not None:
-            timeout_s = max(0.0, min(timeout_s, self.commit_deadline - time.monotonic()))
-        await self.io.run(group.commit(offsets), timeout_s)
+        await self.io.run(group.commit(offsets), self.commit_timeout_s())
         self.committed_ok(offsets)
+
+    async def commits_answered(self) -> None:
+        """Wait until the commits made so far are answered, as long as a
+        commit may take (commit_timeout_s): leaving, or closing, fails those
+        still unanswered then (logged; their callbacks, if they run, say so)."""
+        group = self.group
+        assert group is not None
+        try:
+            await self.io.run(group.commits_answered(), self.commit_timeout_s())
+        except TidelogError as exc:
+            log.warning("commits not answered before leaving are dropped: %s", exc)
 
     async def commit_quietly(self, partitions: Iterable[TopicPartition]) -> None:
         offsets = self.changed(self.positions(partitions))

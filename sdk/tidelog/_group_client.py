@@ -26,7 +26,9 @@ Commits of a consumer that uses assign() with a group id (no subscription):
 it is no member, so its commits are administrative offset changes
 (AlterOffsets), accepted only while the group has no live members, as
 Kafka's standalone consumers' are. Members' commits (CommitOffsets) carry
-the member's id, epoch and token.
+the member's id, epoch and token. Either way every commit of the consumer
+(commit(), commit_async(), auto-commit, the final commit) goes through one
+`_commit_order.OrderedCommits`: they apply in the order they were made.
 
 max_poll_interval_ms: a watchdog notices when poll() has not been called for
 that long, logs a warning saying so, and leaves the group without calling the
@@ -51,6 +53,7 @@ from typing import Any, NamedTuple
 import grpc
 import grpc.aio
 
+from tidelog._commit_order import OrderedCommits
 from tidelog._connection import Cluster
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
@@ -141,6 +144,8 @@ class GroupClient:
         self._watchdog: asyncio.Task[None] | None = None
         #: Offsets of the standalone (assign()) consumer; see the module doc.
         self._standalone: OffsetStoreClient | None = None
+        self._finding_store = asyncio.Lock()
+        self._commits = OrderedCommits(self._send_commit)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -220,6 +225,9 @@ class GroupClient:
             self._watchdog.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
+        # The calling side has waited for them as long as it may: what is
+        # still unanswered fails rather than go out after the close.
+        await self._commits.close()
         await self._stop_membership(leave)
         self.topics, self.pattern = [], ""
         if self._standalone is not None:
@@ -267,11 +275,19 @@ class GroupClient:
             )
         return self.membership
 
-    async def commit(self, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]) -> None:
+    async def commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
+        """Commit after every commit started before this one (in the order
+        the calls began on this loop; see _commit_order)."""
+        if offsets:
+            await self._commits.commit(dict(offsets))
+
+    async def commits_answered(self) -> None:
+        """Until every commit started so far has its answer."""
+        await self._commits.answered()
+
+    async def _send_commit(self, offsets: Mapping[TopicPartition, OffsetAndMetadata]) -> None:
         """Commit, retrying retriable errors (etcd or the coordinator briefly
         unreachable) until request_timeout_ms, as Kafka's commitSync does."""
-        if not offsets:
-            return
         deadline = time.monotonic() + self._config.request_timeout_ms / 1000
         backoff_s = max(0.05, self._config.retry_backoff_ms / 1000)
         while True:
@@ -296,13 +312,16 @@ class GroupClient:
         return await (await self._standalone_store()).fetch(self.group_id, partitions)
 
     async def _standalone_store(self) -> OffsetStoreClient:
-        if self._standalone is None:
-            self._standalone = OffsetStoreClient(
-                await self._discover(),
-                request_timeout_ms=self._config.request_timeout_ms,
-                security=self._config.security,
-            )
-        return self._standalone
+        # One discovery for calls that start together (a commit and a
+        # committed()): each made its own client before, the others leaked.
+        async with self._finding_store:
+            if self._standalone is None:
+                self._standalone = OffsetStoreClient(
+                    await self._discover(),
+                    request_timeout_ms=self._config.request_timeout_ms,
+                    security=self._config.security,
+                )
+            return self._standalone
 
     # ------------------------------------------------------------ max_poll_interval_ms
 

@@ -63,6 +63,9 @@ class _Group:
         self.committing.set()
         await self.commit_release.wait()
 
+    async def commits_answered(self) -> None:
+        pass  # commit() answers each commit itself
+
 
 class _Listener:
     """Records its calls; each method waits for `release` (set: at once)."""
