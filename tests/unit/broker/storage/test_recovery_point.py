@@ -41,11 +41,34 @@ def _append_new(log: PartitionLog, count: int) -> list[tuple[int, bytes]]:
     return [append(log, make_batch(2, value_bytes=100, tag=100 + i)) for i in range(count)]
 
 
+def _append_into_a_new_segment(log: PartitionLog) -> list[tuple[int, bytes]]:
+    """New batches until one lands in a new segment, so that a batch torn in
+    the segment before it is not in the last one (which open recovers when
+    the recovery point is past the end, whatever else was done)."""
+    segments = log.segment_count
+    new = _append_new(log, 1)
+    while log.segment_count == segments:
+        new += _append_new(log, 1)
+    assert log.log_end_offset < FLUSHED_END
+    return new
+
+
 def _tear_last_batch(log_path: Path) -> None:
     """Zero the last bytes of the file's last batch, keeping the file's size."""
     with log_path.open("r+b") as out:
         out.seek(-16, 2)
         out.write(bytes(16))
+
+
+def _tear_before_the_last_segment(log: PartitionLog, new: list[tuple[int, bytes]]) -> int:
+    """Tear the last batch of the segment before the last; its offset."""
+    torn_segment = log.segments[-2]
+    _tear_last_batch(torn_segment.log_path)
+    return max(offset for offset, _ in new if offset < torn_segment.next_offset)
+
+
+def _stored_below(new: list[tuple[int, bytes]], end: int) -> bytes:
+    return b"".join(stored for offset, stored in new if offset < end)
 
 
 def test_truncation_lowers_the_recovery_point_durably(
@@ -55,15 +78,14 @@ def test_truncation_lowers_the_recovery_point_durably(
     disk = DurableDirectory(log_dir, monkeypatch)
     log.truncate_to(TRUNCATE_AT)
     kept = read_all(log)
-    new = _append_new(log, 3)
-    assert log.log_end_offset == TRUNCATE_AT + 6 < FLUSHED_END
+    new = _append_into_a_new_segment(log)
     crash(log)
-    _tear_last_batch(log.segments[-1].log_path)
+    torn_offset = _tear_before_the_last_segment(log, new)
     disk.bring_back(files.RECOVERY_POINT_FILE)
 
     reopened = open_log(segment_bytes=SEGMENT_BYTES)
-    assert reopened.log_end_offset == new[-1][0]
-    assert read_all(reopened) == kept + b"".join(stored for _, stored in new[:-1])
+    assert reopened.log_end_offset == torn_offset
+    assert read_all(reopened) == kept + _stored_below(new, torn_offset)
 
 
 def test_reset_lowers_the_recovery_point_durably(
@@ -72,15 +94,15 @@ def test_reset_lowers_the_recovery_point_durably(
     log = _flushed_log(open_log)
     disk = DurableDirectory(log_dir, monkeypatch)
     log.reset_to(TRUNCATE_AT)
-    new = _append_new(log, 3)
+    new = _append_into_a_new_segment(log)
     crash(log)
-    _tear_last_batch(log.segments[-1].log_path)
+    torn_offset = _tear_before_the_last_segment(log, new)
     disk.bring_back(files.RECOVERY_POINT_FILE)
 
     reopened = open_log(segment_bytes=SEGMENT_BYTES)
     assert reopened.log_start_offset == TRUNCATE_AT
-    assert reopened.log_end_offset == new[-1][0]
-    assert read_all(reopened) == b"".join(stored for _, stored in new[:-1])
+    assert reopened.log_end_offset == torn_offset
+    assert read_all(reopened) == _stored_below(new, torn_offset)
 
 
 def test_open_lowers_a_recovery_point_past_the_log_end_durably(
@@ -96,24 +118,14 @@ def test_open_lowers_a_recovery_point_past_the_log_end_durably(
     disk = DurableDirectory(log_dir, monkeypatch)
     log = open_log(segment_bytes=SEGMENT_BYTES)
     assert log.log_end_offset == TRUNCATE_AT
-    # New batches until one lands in a new segment: the torn one is then in
-    # a segment before the last.
-    segments = log.segment_count
-    new = _append_new(log, 1)
-    while log.segment_count == segments:
-        new += _append_new(log, 1)
-    assert log.log_end_offset < FLUSHED_END
+    new = _append_into_a_new_segment(log)
     crash(log)
-    torn_segment = log.segments[-2]
-    _tear_last_batch(torn_segment.log_path)
-    torn_offset = max(offset for offset, _ in new if offset < torn_segment.next_offset)
+    torn_offset = _tear_before_the_last_segment(log, new)
     disk.bring_back(files.RECOVERY_POINT_FILE)
 
     reopened = open_log(segment_bytes=SEGMENT_BYTES)
     assert reopened.log_end_offset == torn_offset
-    assert read_all(reopened) == kept + b"".join(
-        stored for offset, stored in new if offset < torn_offset
-    )
+    assert read_all(reopened) == kept + _stored_below(new, torn_offset)
 
 
 def test_open_recovers_the_last_segment_when_the_recovery_point_is_past_the_end(
