@@ -4,9 +4,12 @@ Each is replaced whole through `tidelog_server.atomic_files`; what a crash may
 do to it decides how durably:
 
 - `recovery-point`: the offset below which every byte has been fsynced, as
-  ASCII decimal and a newline. Written after the fsyncs it vouches for, by
+  ASCII decimal and a newline. Raised after the fsyncs it vouches for, by
   rename, without an fsync of its own (`Durability.NONE`): a stale or
   unreadable file only makes the next open recover more than it had to.
+  Lowered durably (a truncation, a reset, an open that finds the log ending
+  below it): a stale, higher file would vouch for batches appended later
+  below it, and recovery would never check them.
 - `clean-shutdown`: empty; written by `close` after everything is flushed and
   removed (durably) by the next open before anything is written.
 - `log-start-offset`: the first readable offset, ASCII decimal. Retention
@@ -58,11 +61,15 @@ def read_recovery_point(directory: Path) -> int | None:
         return None
 
 
-def write_recovery_point(directory: Path, offset: int) -> None:
-    # No fsync: the file is written only after the data it vouches for is
-    # durable, so a lost or torn update can only make recovery do more.
+def write_recovery_point(directory: Path, offset: int, durable: bool = False) -> None:
+    """`durable`: on disk when this returns (the recovery point went down).
+    Otherwise no fsync: a raised recovery point is written only after the
+    data it vouches for is durable, so a lost or torn update can only make
+    recovery do more."""
     write_atomically(
-        directory / files.RECOVERY_POINT_FILE, f"{offset}\n".encode("ascii"), Durability.NONE
+        directory / files.RECOVERY_POINT_FILE,
+        f"{offset}\n".encode("ascii"),
+        Durability.DURABLE if durable else Durability.NONE,
     )
 
 

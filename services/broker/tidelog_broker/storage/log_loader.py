@@ -18,6 +18,14 @@ after a damaged one is deleted. Below the cleaner's gap limit, segments may
 have been rewritten by the cleaner and hold offset gaps; above it, a gap
 between segments is damage.
 
+A recovery point past the log end means a truncation or a reset was cut
+short by a crash after it cut the log and before it lowered the recovery
+point (or a broker that lowered it without an fsync wrote it): it vouches
+for nothing there, so, as Kafka does, the segment holding the end of the log
+is recovered whatever the marker says. Whenever the recovery point comes out
+of `load` lower than the file says, the file is lowered durably before the
+log is used (the invariant of `PartitionLog`).
+
 The epoch history and the producer state are the log's: `PartitionLog.open`
 brings them in line with what `load` kept. Raises OSError.
 """
@@ -88,7 +96,18 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
         segments = [LogSegment.create(directory, log_start_offset)]
     # Without a recovery point, every segment is recovered.
     recover_above = -1 if recovery_point is None else recovery_point
-    trust_all = clean_shutdown and recovery_point is not None
+    past_end = recovery_point is not None and _past_the_end(segments, recovery_point)
+    if past_end:
+        recover_above = _last_batch_segment(segments).base_offset
+        logger.warning(
+            "%s: recovery point %d is past the log end %d (a truncation or reset cut short "
+            "by a crash): recovering from offset %d",
+            name,
+            recovery_point,
+            segments[-1].next_offset,
+            recover_above,
+        )
+    trust_all = clean_shutdown and recovery_point is not None and not past_end
     kept, damaged_at = _recover(
         name, segments, recover_above, trust_all, gap_limit, config.index_interval_bytes
     )
@@ -101,9 +120,13 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
             len(segments) - len(kept),
             damaged_at,
         )
+    new_recovery_point = max(log_start_offset, min(max(recover_above, 0), log_end_offset))
+    if recovery_point is not None and recovery_point > new_recovery_point:
+        # Before anything is appended above the log end.
+        checkpoints.write_recovery_point(directory, new_recovery_point, durable=True)
     return LoadedLog(
         segments=kept,
-        recovery_point=max(log_start_offset, min(max(recover_above, 0), log_end_offset)),
+        recovery_point=new_recovery_point,
         log_start_offset=log_start_offset,
         clean_offset=min(max(clean_offset, log_start_offset), log_end_offset),
         gap_limit=gap_limit,
@@ -152,6 +175,21 @@ def _recover(
                 damaged_at = segment.next_offset
         kept.append(segment)
     return kept, damaged_at
+
+
+def _past_the_end(segments: list[LogSegment], recovery_point: int) -> bool:
+    """Whether the log ends below `recovery_point`, as far as the cheap load
+    can tell (a last segment that needs recovery gets it anyway)."""
+    last = segments[-1]
+    return not last.needs_recovery and recovery_point > last.next_offset
+
+
+def _last_batch_segment(segments: list[LogSegment]) -> LogSegment:
+    """The segment holding the last batch of the log (the first if none does)."""
+    for segment in reversed(segments):
+        if segment.size_bytes:
+            return segment
+    return segments[0]
 
 
 def _segments_do_not_meet(previous: LogSegment, segment: LogSegment, gap_limit: int) -> bool:

@@ -19,6 +19,17 @@ Compaction (`plan_cleaning`, `cleaner.clean` in a worker thread,
 fsynced `.cleaned` files, and `finish_cleaning` swaps them in, or discards
 them if a segment they replace changed meanwhile.
 
+The recovery point: every offset below it is fsynced, so after a crash
+only the segments from it on are recovered (`log_loader`). The invariant kept
+is that the recovery point on disk is never above the one in memory, and
+that one never above what is fsynced: it rises only in `flush`, after the
+fsyncs, and is then written without an fsync of its own (a lost raise only
+costs recovery work, and appends gain no fsync); whatever lowers it
+(`truncate_to`, `reset_to`, an open that finds the log ending below it)
+writes it durably before returning, so before anything can be appended
+above the new value. Otherwise a stale, higher file would vouch for batches
+appended after a truncation, and a torn one among them would be served.
+
 Every public method turns OSError into `tidelog.errors.StorageError`; this is
 the one place where that happens.
 """
@@ -736,8 +747,12 @@ class PartitionLog:
             self._directory_dirty = False
             self._log_start_offset = min(self._log_start_offset, self.log_end_offset)
             self._clean_offset = min(self._clean_offset, self.log_end_offset)
-            self._recovery_point = min(self._recovery_point, self.log_end_offset)
-            checkpoints.write_recovery_point(self.directory, self._recovery_point)
+            if self.log_end_offset < self._recovery_point:
+                # Durably: the follower appends above the new end next (see
+                # the module docstring). A crash before this leaves it above
+                # the end, which open lowers.
+                self._recovery_point = self.log_end_offset
+                checkpoints.write_recovery_point(self.directory, self._recovery_point, durable=True)
             self.leader_epochs.truncate_from_end(self.log_end_offset)
             self.producer_state.rebuild(self._segments, self.log_end_offset)
 
@@ -772,10 +787,13 @@ class PartitionLog:
             self._directory_dirty = False
             self._log_start_offset = offset
             self._clean_offset = offset
+            # Durably when it goes down (see the module docstring); a crash
+            # before this leaves it above the end, which open lowers.
+            lowered = offset < self._recovery_point
             self._recovery_point = offset
             self._unflushed_records = 0
             self._first_unflushed_monotonic_ms = None
-            checkpoints.write_recovery_point(directory, offset)
+            checkpoints.write_recovery_point(directory, offset, durable=lowered)
         # The renamed files are unreachable now; a failed unlink is retried
         # by the next open.
         unlink_files(deleted)
