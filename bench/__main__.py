@@ -39,7 +39,7 @@ from typing import Any
 from tidelog import AdminClient, NewTopic
 
 from bench import kafka_baseline as kb
-from bench import kafka_fetch, report, wakeup_probe, workloads
+from bench import kafka_fetch, machine_probe, report, workloads
 from bench._fixed_rate import E2E_RECORD_BYTES
 from bench._processes import BrokerProcess, hwm_mb, rss_mb, tidelog_broker, tidelog_cluster
 from bench.grpc_ceiling import ceiling_server
@@ -77,11 +77,13 @@ DESCRIPTIONS = {
     "woken by I/O waits at most 0.5 ms for the GIL (Kafka: the one-JVM run, repeated).",
     "e2e_latency_10k_2proc_si05": "as e2e_latency_10k_2proc with the 0.5 ms switch interval in "
     "both processes (Kafka: the two-JVM run, repeated).",
+    "python_speed": "not Tidelog: iterations/s of a fixed pure-Python loop shaped like the "
+    "clients' per-record work (bench/machine_probe.py), best of three seconds. Machines of this "
+    "kind differ: one ran the same code ~1.7x slower per operation, and its e2e rows, near the "
+    "two cores' limit at 10,000 records/s, ~3x slower at p50. Read a run against it.",
     "wakeup_10k": "not Tidelog: this machine's one-way wake-up of a process blocked on a pipe, "
-    "paced at 10,000/s as the latency runs are (bench/wakeup_probe.py; a thread woken through a "
-    "threading.Event under detail). Every end-to-end record crosses several such wake-ups, so "
-    "read the e2e rows of a run against it: it moved by several times between machines of this "
-    "kind with the same code.",
+    "paced at 10,000/s as the latency runs are (bench/machine_probe.py; a thread woken through a "
+    "queue.SimpleQueue under detail). Every end-to-end record crosses several such wake-ups.",
     "paper_produce_batch1": "the Kafka paper's producer test: 200-byte messages, one "
     "producer, acks=1, batch.size holding one message, linger 0.",
     "paper_produce_batch50": "the same with batches of 50 messages, linger 10 ms.",
@@ -349,8 +351,9 @@ def run_e2e(ctx: Ctx, name: str) -> None:
     JVM and in two, alternating which system goes first."""
     s = ctx.sizes
     for r in range(ctx.args.repeat):
-        # The machine's own wake-up latency, the yardstick of this repeat's rows.
-        ctx.add(wakeup_probe.measure(s.e2e_rate))
+        # The machine's own speed and wake-up latency, the yardsticks of this repeat's rows.
+        ctx.add(machine_probe.python_speed())
+        ctx.add(machine_probe.measure(s.e2e_rate))
         for system in ctx.systems(r):
             topic = f"{name}-{r}"
             if system == "tidelog":
