@@ -71,6 +71,18 @@ def _stored_below(new: list[tuple[int, bytes]], end: int) -> bytes:
     return b"".join(stored for offset, stored in new if offset < end)
 
 
+def _crash_tear_and_reopen(
+    open_log: OpenLog, log: PartitionLog, new: list[tuple[int, bytes]], disk: DurableDirectory
+) -> tuple[PartitionLog, int]:
+    """Crash, tear the last batch of the segment before the last, put the
+    recovery point back as the disk holds it, reopen: the reopened log and
+    the torn batch's offset."""
+    crash(log)
+    torn_offset = _tear_before_the_last_segment(log, new)
+    disk.bring_back(files.RECOVERY_POINT_FILE)
+    return open_log(segment_bytes=SEGMENT_BYTES), torn_offset
+
+
 def test_truncation_lowers_the_recovery_point_durably(
     open_log: OpenLog, log_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -79,11 +91,7 @@ def test_truncation_lowers_the_recovery_point_durably(
     log.truncate_to(TRUNCATE_AT)
     kept = read_all(log)
     new = _append_into_a_new_segment(log)
-    crash(log)
-    torn_offset = _tear_before_the_last_segment(log, new)
-    disk.bring_back(files.RECOVERY_POINT_FILE)
-
-    reopened = open_log(segment_bytes=SEGMENT_BYTES)
+    reopened, torn_offset = _crash_tear_and_reopen(open_log, log, new, disk)
     assert reopened.log_end_offset == torn_offset
     assert read_all(reopened) == kept + _stored_below(new, torn_offset)
 
@@ -95,11 +103,7 @@ def test_reset_lowers_the_recovery_point_durably(
     disk = DurableDirectory(log_dir, monkeypatch)
     log.reset_to(TRUNCATE_AT)
     new = _append_into_a_new_segment(log)
-    crash(log)
-    torn_offset = _tear_before_the_last_segment(log, new)
-    disk.bring_back(files.RECOVERY_POINT_FILE)
-
-    reopened = open_log(segment_bytes=SEGMENT_BYTES)
+    reopened, torn_offset = _crash_tear_and_reopen(open_log, log, new, disk)
     assert reopened.log_start_offset == TRUNCATE_AT
     assert reopened.log_end_offset == torn_offset
     assert read_all(reopened) == _stored_below(new, torn_offset)
@@ -119,11 +123,7 @@ def test_open_lowers_a_recovery_point_past_the_log_end_durably(
     log = open_log(segment_bytes=SEGMENT_BYTES)
     assert log.log_end_offset == TRUNCATE_AT
     new = _append_into_a_new_segment(log)
-    crash(log)
-    torn_offset = _tear_before_the_last_segment(log, new)
-    disk.bring_back(files.RECOVERY_POINT_FILE)
-
-    reopened = open_log(segment_bytes=SEGMENT_BYTES)
+    reopened, torn_offset = _crash_tear_and_reopen(open_log, log, new, disk)
     assert reopened.log_end_offset == torn_offset
     assert read_all(reopened) == kept + _stored_below(new, torn_offset)
 
