@@ -8,6 +8,7 @@ refuses every join is asked again with a growing delay."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 from collections.abc import AsyncIterator
@@ -18,12 +19,34 @@ from tidelog.group import GroupMembership
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
 
-class FlakyCoordinator(group_pb2_grpc.GroupServicer):
-    """Answers a join, then ends the first stream with UNAVAILABLE; later
-    streams stay open."""
+class _Coordinator(group_pb2_grpc.GroupServicer):
+    """A stand-in coordinator: counts its heartbeat streams; leaving always works."""
 
     def __init__(self) -> None:
         self.streams = 0
+
+    async def LeaveGroup(
+        self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.LeaveGroupResponse:
+        return group_pb2.LeaveGroupResponse()
+
+
+@contextlib.asynccontextmanager
+async def _serving(coordinator: _Coordinator) -> AsyncIterator[str]:
+    """`coordinator` on an in-process gRPC server on a free loopback port: its address."""
+    server = grpc.aio.server()
+    group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+class FlakyCoordinator(_Coordinator):
+    """Answers a join, then ends the first stream with UNAVAILABLE; later
+    streams stay open."""
 
     async def Heartbeat(
         self,
@@ -41,11 +64,6 @@ class FlakyCoordinator(group_pb2_grpc.GroupServicer):
         async for _ in request_iterator:
             pass
 
-    async def LeaveGroup(
-        self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
-    ) -> group_pb2.LeaveGroupResponse:
-        return group_pb2.LeaveGroupResponse()
-
 
 def live_request_generators() -> int:
     gc.collect()
@@ -60,42 +78,35 @@ def live_request_generators() -> int:
 
 def test_a_broken_heartbeat_stream_leaves_no_request_generator_behind() -> None:
     async def scenario() -> None:
-        server = grpc.aio.server()
         coordinator = FlakyCoordinator()
-        group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        membership = GroupMembership(
-            # Heartbeats far apart: nothing but the fix wakes a stale generator.
-            f"127.0.0.1:{port}",
-            "g",
-            topics=["t"],
-            heartbeat_interval_ms=10_000,
-        )
-        try:
-            await membership.start()
-            async with asyncio.timeout(20):
-                while coordinator.streams < 2:
-                    await asyncio.sleep(0.05)
-            await asyncio.sleep(0.2)
-            # The second stream's generator only: the first one finished.
-            assert live_request_generators() == 1
-            await membership.close()
-            await asyncio.sleep(0.2)
-            # And none once the member is closed (before the loop closes).
-            assert live_request_generators() == 0
-        finally:
-            await membership.close()
-            await server.stop(None)
+        async with _serving(coordinator) as address:
+            membership = GroupMembership(
+                # Heartbeats far apart: nothing but the fix wakes a stale generator.
+                address,
+                "g",
+                topics=["t"],
+                heartbeat_interval_ms=10_000,
+            )
+            try:
+                await membership.start()
+                async with asyncio.timeout(20):
+                    while coordinator.streams < 2:
+                        await asyncio.sleep(0.05)
+                await asyncio.sleep(0.2)
+                # The second stream's generator only: the first one finished.
+                assert live_request_generators() == 1
+                await membership.close()
+                await asyncio.sleep(0.2)
+                # And none once the member is closed (before the loop closes).
+                assert live_request_generators() == 0
+            finally:
+                await membership.close()
 
     asyncio.run(scenario())
 
 
-class RefusingCoordinator(group_pb2_grpc.GroupServicer):
+class RefusingCoordinator(_Coordinator):
     """Answers every join with a refusal (as a full group is refused), then ends the stream."""
-
-    def __init__(self) -> None:
-        self.streams = 0
 
     async def Heartbeat(
         self,
@@ -110,29 +121,20 @@ class RefusingCoordinator(group_pb2_grpc.GroupServicer):
             )
         )
 
-    async def LeaveGroup(
-        self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
-    ) -> group_pb2.LeaveGroupResponse:
-        return group_pb2.LeaveGroupResponse()
-
 
 def test_a_refused_join_is_asked_again_with_backoff_not_twenty_times_a_second() -> None:
     async def scenario() -> None:
-        server = grpc.aio.server()
         coordinator = RefusingCoordinator()
-        group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        membership = GroupMembership(f"127.0.0.1:{port}", "g", topics=["t"])
-        try:
-            await membership.start()
-            await asyncio.sleep(3)
-            # With the delay doubling from 50 ms to its 1 s cap: ~6 joins in 3 s. Reset
-            # by the refusal itself, as before, it asked ~60 times (one per 50 ms).
-            assert 2 <= coordinator.streams <= 12, coordinator.streams
-            assert membership.error is not None and not membership.member_id
-        finally:
-            await membership.close()
-            await server.stop(None)
+        async with _serving(coordinator) as address:
+            membership = GroupMembership(address, "g", topics=["t"])
+            try:
+                await membership.start()
+                await asyncio.sleep(3)
+                # With the delay doubling from 50 ms to its 1 s cap: ~6 joins in 3 s. Reset
+                # by the refusal itself, as before, it asked ~60 times (one per 50 ms).
+                assert 2 <= coordinator.streams <= 12, coordinator.streams
+                assert membership.error is not None and not membership.member_id
+            finally:
+                await membership.close()
 
     asyncio.run(scenario())
