@@ -221,3 +221,40 @@ def test_an_etcd_restart_in_the_middle_of_a_burst_loses_and_repeats_nothing(
 
     with running_etcd(tmp_path / "etcd") as etcd:
         asyncio.run(run(etcd))
+
+
+def test_a_batch_the_consumer_failed_to_apply_is_followed_by_a_new_listing(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    """The consumer raises on a batch of changes (it may hold part of it): the
+    watcher lists again, so that what it knows matches etcd. Before, it resumed
+    after that batch, and the consumer never learnt what the batch held."""
+
+    async def run() -> None:
+        known: dict[bytes, bytes | None] = {}
+        failed: list[WatchBatch] = []
+        resets = 0
+
+        async def on_batch(batch: WatchBatch) -> None:
+            nonlocal resets
+            if batch.reset:
+                resets += 1
+                known.clear()
+            elif not failed:
+                failed.append(batch)
+                raise RuntimeError("the consumer's bug, once")
+            for change in batch.changes:
+                known[change.key] = change.value
+
+        async with client_of(etcd) as client, watching(client, prefix, on_batch) as watcher:
+            await asyncio.wait_for(watcher.synced.wait(), DEADLINE_S)
+            await client.put(prefix + b"one", b"1")
+            async with asyncio.timeout(DEADLINE_S):
+                await until(lambda: resets == 2)
+                await until(lambda: known.get(prefix + b"one") == b"1")
+            await client.put(prefix + b"two", b"2")
+            async with asyncio.timeout(DEADLINE_S):
+                await until(lambda: known.get(prefix + b"two") == b"2")
+        assert [c.key for c in failed[0].changes] == [prefix + b"one"]
+
+    asyncio.run(run())

@@ -11,7 +11,10 @@ A follower of etcd state that survives etcd restarts and compaction:
   must be re-created) it watches again from last revision + 1, so no change
   is missed and none is delivered twice;
 - if that revision was compacted meanwhile, it lists again and delivers a new
-  reset batch (the consumer replaces what it knew).
+  reset batch (the consumer replaces what it knew);
+- if the consumer's callback raises on a batch (it may have applied part of
+  it), it lists again the same way, after a pause: resuming after that batch
+  would leave the consumer short of its other changes until the next listing.
 
 The consumer's callback runs on the watcher's task, one batch at a time, in
 revision order. A batch may hold several changes of one key: applied in
@@ -104,7 +107,17 @@ class PrefixWatcher:
                 raise
             except Exception as exc:
                 raise_if_cancelling(exc)
-                if isinstance(exc, EtcdAccessError):
+                if isinstance(exc, _NotApplied):
+                    # The consumer may hold part of the batch: resuming after
+                    # it would leave it short of the rest for good. A listing
+                    # replaces what it knows.
+                    log.error(
+                        "watch %s: applying a batch failed; listing again",
+                        self.name,
+                        exc_info=exc.__cause__,
+                    )
+                    need_listing = True
+                elif isinstance(exc, EtcdAccessError):
                     # etcd's RBAC: the message says it all; no traceback.
                     log.error("watch %s: %s; resuming", self.name, exc)
                 elif not is_unavailable(exc):
@@ -138,7 +151,10 @@ class PrefixWatcher:
                 changes, ended = _take_all(received, await received.get())
                 if changes:
                     self.revision = max(self.revision, changes[-1].mod_revision)
-                    await self.on_batch(WatchBatch(False, changes, self.revision))
+                    try:
+                        await self.on_batch(WatchBatch(False, changes, self.revision))
+                    except Exception as exc:
+                        raise _NotApplied() from exc
                 if ended is not None:
                     # Every event received before it was delivered: the next
                     # watch resumes right after the last of them.
@@ -151,6 +167,10 @@ class PrefixWatcher:
                 await watch.cancel()
             except Exception as exc:
                 log.debug("cancelling watch %s: %s", self.name, exc)
+
+
+class _NotApplied(Exception):
+    """on_batch raised (the cause) on a batch of changes: run() lists again."""
 
 
 async def _pump(watch: aetcd.rtypes.Watch, received: asyncio.Queue[Any]) -> None:
