@@ -474,6 +474,8 @@ class AsyncConsumer:
         while True:
             self._data.clear()
             self._check_closing()
+            # commit_async()'s callbacks, as a subscribed consumer's getmany runs them.
+            self._side.run_callbacks()
             records = self._subs.collect(limit, only)
             if records:
                 return records

@@ -481,6 +481,8 @@ class Consumer:
         while True:
             self._data.clear()
             self._check_wakeup()
+            # commit_async()'s callbacks, as a subscribed consumer's poll runs them.
+            self._side.run_callbacks()
             records = self._subs.collect(limit)
             if records:
                 return records
@@ -530,6 +532,7 @@ class Consumer:
         while True:
             self._data.clear()
             self._check_wakeup()
+            self._side.run_callbacks()  # commit_async()'s, as in poll()
             batches = collect()
             if batches:
                 return batches

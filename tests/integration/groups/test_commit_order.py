@@ -107,3 +107,36 @@ def test_async_consumer_commits_land_in_call_order(
     tp = TopicPartition(topic, 0)
     rounds = _commit_rounds_async(cluster.bootstrap, group, tp, subscribe)
     asyncio.run(asyncio.wait_for(rounds, 150))
+
+
+def test_a_standalone_consumers_poll_runs_its_commit_callbacks(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """As a member's poll() does (Kafka's consumers both do): the callbacks of an
+    assign() consumer's commit_async() calls run in its next poll(), on the
+    polling thread, not only at its next commit() or close()."""
+    topic, group = names
+    create_topic(cluster, topic, 1)
+    tp = TopicPartition(topic, 0)
+    with Consumer(bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS) as consumer:
+        consumer.assign([tp])
+        seen: list[tuple[dict, BaseException | None]] = []
+        consumer.commit_async({tp: 7}, lambda offsets, error: seen.append((offsets, error)))
+        wait_until(lambda: bool(consumer.poll(timeout_ms=200)) or bool(seen), 30, "a callback")
+        assert [(om.offset, error) for offsets, error in seen for om in offsets.values()] == [
+            (7, None)
+        ]
+
+    async def getmany_runs_them() -> None:
+        async with AsyncConsumer(
+            bootstrap_servers=cluster.bootstrap, group_id=group, **OPTIONS
+        ) as consumer:
+            consumer.assign([tp])
+            seen: list[BaseException | None] = []
+            consumer.commit_async({tp: 8}, lambda _, error: seen.append(error))
+            async with asyncio.timeout(30):
+                while not seen:
+                    await consumer.getmany(timeout_ms=200)
+            assert seen == [None]
+
+    asyncio.run(getmany_runs_them())
