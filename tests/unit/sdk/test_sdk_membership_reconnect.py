@@ -20,10 +20,28 @@ from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
 
 class _Coordinator(group_pb2_grpc.GroupServicer):
-    """A stand-in coordinator: counts its heartbeat streams; leaving always works."""
+    """A stand-in coordinator: counts its heartbeat streams, reads each one's
+    join, then answers as `answer` says; leaving always works."""
 
     def __init__(self) -> None:
         self.streams = 0
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        self.streams += 1
+        await anext(aiter(request_iterator))
+        async for response in self.answer(request_iterator, context):
+            yield response
+
+    def answer(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        raise NotImplementedError
 
     async def LeaveGroup(
         self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
@@ -48,14 +66,12 @@ class FlakyCoordinator(_Coordinator):
     """Answers a join, then ends the first stream with UNAVAILABLE; later
     streams stay open."""
 
-    async def Heartbeat(
+    async def answer(
         self,
         request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
-        self.streams += 1
         first = self.streams == 1
-        await anext(aiter(request_iterator))
         yield group_pb2.GroupHeartbeatResponse(
             member_id="m1", member_epoch=1, heartbeat_interval_ms=10_000, member_token="t"
         )
@@ -108,13 +124,11 @@ def test_a_broken_heartbeat_stream_leaves_no_request_generator_behind() -> None:
 class RefusingCoordinator(_Coordinator):
     """Answers every join with a refusal (as a full group is refused), then ends the stream."""
 
-    async def Heartbeat(
+    async def answer(
         self,
         request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
-        self.streams += 1
-        await anext(aiter(request_iterator))
         yield group_pb2.GroupHeartbeatResponse(
             error=common_pb2.Error(
                 code=common_pb2.INVALID_REQUEST, message="group 'g' has 2 members: at most 2"
