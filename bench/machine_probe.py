@@ -143,7 +143,7 @@ def python_speed(workload: str = "python_speed") -> dict[str, Any]:
         "system": "machine",
         "records_per_s": round(best, 1),
         "mb_per_s": None,
-        "records": int(best),
+        "records": round(best),
         "p50_ms": None,
         "p99_ms": None,
         "p999_ms": None,

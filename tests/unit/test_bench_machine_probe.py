@@ -26,5 +26,6 @@ def test_python_speed_is_a_throughput_row_of_the_machine() -> None:
     # A count of loop iterations, whatever the machine's speed (the speed itself is
     # the benchmark's figure, not this test's).
     assert row["records_per_s"] > 0
-    assert row["records"] == int(row["records_per_s"])
+    # records is the rate as a whole number: the two are rounded from one float.
+    assert abs(row["records"] - row["records_per_s"]) <= 1
     assert row["p99_ms"] is None and row["cpu_s_per_million"] == {"broker": None, "client": None}
