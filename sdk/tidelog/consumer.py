@@ -624,7 +624,9 @@ class Consumer:
         group, stop fetching and release connections. `timeout_ms` bounds
         the final commit (default request_timeout_ms): a commit not done by
         then is logged and dropped. Leaving the group is bounded by
-        request_timeout_ms. Idempotent."""
+        request_timeout_ms. Then the callbacks of commit_async() calls that
+        have not run yet run here, with each commit's outcome (ClosedError
+        for one dropped). Idempotent."""
         if self._closed:
             return
         if timeout_ms is not None:
