@@ -196,9 +196,9 @@ class GroupSide:
         self.last_committed: dict[TopicPartition, int] = {}
         #: Finished commit_async calls whose callbacks are still to run (the
         #: future first: run_callbacks forgets it in `unfinished`).
-        self.completed: deque[
-            tuple[Any, CommitCallback | None, dict, BaseException | None]
-        ] = deque()
+        self.completed: deque[tuple[Any, CommitCallback | None, dict, BaseException | None]] = (
+            deque()
+        )
         #: commit_async futures whose callbacks have not run yet: close()
         #: waits for them. Changed on the calling side only (the futures'
         #: done callbacks run on the event loop, the sync Consumer's thread).
@@ -555,7 +555,8 @@ class GroupSide:
     async def apply_events(self) -> None:
         """Apply what the membership reported (see _group_client), on the
         calling side: commit and call the listener on revocation, then let
-        the membership acknowledge."""
+        the membership acknowledge. Raises what the membership cannot get
+        past alone: access denied, a refusal by the coordinator."""
         group = self.group
         assert group is not None
         membership = group.membership
@@ -569,6 +570,27 @@ class GroupSide:
         await self.io.finish_step()
         if group.events:
             await self.io.step(self._apply_queued(group))
+        refusal = group.refusal()
+        if refusal is not None and not group.events:
+            await self.io.step(self._end_refused(group, refusal))
+
+    async def _end_refused(self, group: GroupClient, refusal: TidelogError) -> None:
+        """The coordinator refused this member for good (a rejoin into a full
+        group, say): raised from this poll, as Kafka's poll() raises a fatal
+        group error, rather than only logged while the poll returns nothing
+        for ever. The membership ends; what was still owned is lost (no
+        commit: others may own it by now). The subscription stands: the next
+        poll joins again, and raises the refusal again while it lasts."""
+        owned = frozenset(self.subs.assignment())
+        self.must_join = True
+        try:
+            await self.io.run(group.end_refused(), None)
+            if owned:
+                await self.call_listener("on_partitions_lost", owned)
+        finally:
+            self.drop(owned)
+            self.handed.reset()
+        raise refusal
 
     async def _apply_queued(self, group: GroupClient) -> None:
         while group.events:

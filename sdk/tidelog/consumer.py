@@ -457,7 +457,9 @@ class Consumer:
         """Records fetched for the assigned partitions, by partition, waiting
         up to `timeout_ms` for some. Returns {} when none came in time.
         Raises WakeupError after wakeup(), ClosedError when close() is
-        called meanwhile (from another thread)."""
+        called meanwhile (from another thread); in a group, the error of a
+        join the coordinator refused (a full group: InvalidRequestError),
+        and the next poll() joins again."""
         with self._polling:
             outer, self._in_poll = self._in_poll, True
             try:
