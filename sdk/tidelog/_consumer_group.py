@@ -136,6 +136,12 @@ def run_blocking(coro: Coroutine[Any, Any, T]) -> T:
     raise RuntimeError("a GroupSide coroutine awaited something other than its blocking Io")
 
 
+async def _all_done(futures: list[Any]) -> None:
+    """Until each future is done, on the event loop: asyncio's, or the sync
+    Consumer's concurrent.futures (wrapped). Their outcomes are not ours."""
+    await asyncio.wait([asyncio.wrap_future(f) for f in futures])
+
+
 def resolve_future(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
@@ -188,8 +194,15 @@ class GroupSide:
         self.next_auto_commit = time.monotonic() + config.auto_commit_interval_ms / 1000
         #: Positions committed last, so that auto-commit skips idle partitions.
         self.last_committed: dict[TopicPartition, int] = {}
-        #: Finished commit_async calls whose callbacks are still to run.
-        self.completed: deque[tuple[CommitCallback | None, dict, BaseException | None]] = deque()
+        #: Finished commit_async calls whose callbacks are still to run (the
+        #: future first: run_callbacks forgets it in `unfinished`).
+        self.completed: deque[tuple[Any, CommitCallback | None, dict, BaseException | None]] = (
+            deque()
+        )
+        #: commit_async futures whose callbacks have not run yet: close()
+        #: waits for them. Changed on the calling side only (the futures'
+        #: done callbacks run on the event loop, the sync Consumer's thread).
+        self.unfinished: set[Any] = set()
 
     def require_group(self, what: str) -> GroupClient:
         if self.group is None:
@@ -333,6 +346,20 @@ class GroupSide:
                         await self.io.run(self.group.close(), None)
         except TidelogError as exc:
             log.warning("leaving the group cleanly failed: %s", exc)
+        await self.callbacks_at_close()
+
+    async def callbacks_at_close(self) -> None:
+        """Run every commit_async() callback not run yet, as Kafka's close()
+        does: those of commits answered while close() waited for them, and
+        those it gave up on (their error: ClosedError). Every commit has its
+        outcome by now (the group client is closed); their futures end
+        within a few turns of the event loop."""
+        if self.unfinished:
+            try:
+                await self.io.run(_all_done(list(self.unfinished)), self.timeout_s)
+            except TidelogError as exc:
+                log.warning("commit_async() calls still unfinished at close: %s", exc)
+        self.run_callbacks()
 
     async def finish_quietly(self) -> None:
         """Io.finish_step(), its failure only logged: what the caller goes on
@@ -434,12 +461,13 @@ class GroupSide:
         commit = group.commit(normalized)
         # Not subscribed: after a leave a cancel left running (see after_leave).
         future = self.io.spawn(commit) if self.subscribed else self.io.spawn_after_step(commit)
+        self.unfinished.add(future)
         completed = self.completed
         notify = self.io.notify
 
         def done(f: Any) -> None:
             error = None if f.cancelled() else f.exception()
-            completed.append((callback, normalized, error))
+            completed.append((f, callback, normalized, error))
             notify()
 
         future.add_done_callback(done)
@@ -447,7 +475,8 @@ class GroupSide:
 
     def run_callbacks(self) -> None:
         while self.completed:
-            callback, offsets, error = self.completed.popleft()
+            future, callback, offsets, error = self.completed.popleft()
+            self.unfinished.discard(future)
             if error is None:
                 self.committed_ok(offsets)
             elif callback is None:
@@ -526,7 +555,8 @@ class GroupSide:
     async def apply_events(self) -> None:
         """Apply what the membership reported (see _group_client), on the
         calling side: commit and call the listener on revocation, then let
-        the membership acknowledge."""
+        the membership acknowledge. Raises what the membership cannot get
+        past alone: access denied, a refusal by the coordinator."""
         group = self.group
         assert group is not None
         membership = group.membership
@@ -540,6 +570,27 @@ class GroupSide:
         await self.io.finish_step()
         if group.events:
             await self.io.step(self._apply_queued(group))
+        refusal = group.refusal()
+        if refusal is not None and not group.events:
+            await self.io.step(self._end_refused(group, refusal))
+
+    async def _end_refused(self, group: GroupClient, refusal: TidelogError) -> None:
+        """The coordinator refused this member for good (a rejoin into a full
+        group, say): raised from this poll, as Kafka's poll() raises a fatal
+        group error, rather than only logged while the poll returns nothing
+        for ever. The membership ends; what was still owned is lost (no
+        commit: others may own it by now). The subscription stands: the next
+        poll joins again, and raises the refusal again while it lasts."""
+        owned = frozenset(self.subs.assignment())
+        self.must_join = True
+        try:
+            await self.io.run(group.end_refused(), None)
+            if owned:
+                await self.call_listener("on_partitions_lost", owned)
+        finally:
+            self.drop(owned)
+            self.handed.reset()
+        raise refusal
 
     async def _apply_queued(self, group: GroupClient) -> None:
         while group.events:

@@ -237,6 +237,18 @@ class GroupClient:
             if event.done is not None and not event.done.done():
                 event.done.set_result(None)
 
+    def refusal(self) -> TidelogError | None:
+        """The coordinator's refusal that ended the membership (a rejoin
+        into a full group, say: GroupMembership.refused), None otherwise."""
+        membership = self.membership
+        return None if membership is None else membership.refused
+
+    async def end_refused(self) -> None:
+        """End a membership the coordinator refused (see refusal()): a member
+        it still was leaves, so that its partitions move now. The
+        subscription stays recorded: the calling side joins again."""
+        await self._stop_membership(leave=True)
+
     async def _stop_membership(self, leave: bool | None) -> None:
         membership, self.membership = self.membership, None
         if membership is not None:

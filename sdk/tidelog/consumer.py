@@ -457,7 +457,9 @@ class Consumer:
         """Records fetched for the assigned partitions, by partition, waiting
         up to `timeout_ms` for some. Returns {} when none came in time.
         Raises WakeupError after wakeup(), ClosedError when close() is
-        called meanwhile (from another thread)."""
+        called meanwhile (from another thread); in a group, the error of a
+        join the coordinator refused (a full group: InvalidRequestError),
+        and the next poll() joins again."""
         with self._polling:
             outer, self._in_poll = self._in_poll, True
             try:
@@ -624,7 +626,9 @@ class Consumer:
         group, stop fetching and release connections. `timeout_ms` bounds
         the final commit (default request_timeout_ms): a commit not done by
         then is logged and dropped. Leaving the group is bounded by
-        request_timeout_ms. Idempotent."""
+        request_timeout_ms. Then the callbacks of commit_async() calls that
+        have not run yet run here, with each commit's outcome (ClosedError
+        for one dropped). Idempotent."""
         if self._closed:
             return
         if timeout_ms is not None:

@@ -16,7 +16,11 @@ next address and re-attaches with its member id and epoch, keeping its
 partitions. When the coordinator says the session is gone
 (UNKNOWN_MEMBER_ID), the partitions are lost (`on_partitions_lost`, or
 `on_partitions_revoked` if the listener has none) and it joins again as a new
-member.
+member. A refusal that retrying cannot change (a non-retriable error other
+than access denied: a full group, an invalid request) ends the session
+instead: it is kept in `refused`, and what to do is the caller's (the
+consumers raise it from the next poll). Retriable errors are retried with a
+back-off, and so is access denied (an operator may grant it).
 
 Listener callbacks may be plain functions or coroutines; they run on the
 membership's task, one at a time. Not thread-safe: one event loop.
@@ -126,6 +130,8 @@ class GroupMembership:
         self.heartbeat_interval_ms = self._heartbeat_max_ms
         #: Last fatal error (the loop keeps rejoining after retriable ones).
         self.error: TidelogError | None = None
+        #: The coordinator's refusal that ended the session (see module doc).
+        self.refused: TidelogError | None = None
         self._changed = asyncio.Condition()
         self._task: asyncio.Task[None] | None = None
         self._outbox: asyncio.Queue[group_pb2.GroupHeartbeatRequest | None] = asyncio.Queue()
@@ -298,6 +304,8 @@ class GroupMembership:
                         await self._on_error(
                             error_from_code(response.error.code, response.error.message)
                         )
+                        if self.refused is not None:
+                            return  # (the finally below ends the stream)
                         break
                     delay_s = 0.05
                     await self._on_response(response)
@@ -338,6 +346,8 @@ class GroupMembership:
             await self._channels.rotate()
         else:
             self.error = error
+            if not error.retriable and not _access_denied(error):
+                self.refused = error  # the session ends (see _run)
             log.error("group %r: %s", self.group_id, error.message)
             await self._notify()  # a join may be waiting for its answer (joined())
 

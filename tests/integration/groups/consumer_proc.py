@@ -2,6 +2,7 @@
 
 Usage: python -m tests.integration.groups.consumer_proc BOOTSTRAP GROUP TOPIC SESSION_MS
        [--instance ID] [--auto-commit] [--max-poll-interval-ms N] [--stall-after N]
+       [--report-errors]
 
 Processes records and commits after processing (at-least-once) unless
 --auto-commit. Prints one JSON line per event on stdout:
@@ -9,6 +10,8 @@ Processes records and commits after processing (at-least-once) unless
     {"event": "records", "records": [[partition, offset], ...]}   (processed)
 --stall-after N: after N records, stop calling poll() for a long time (to
 test max_poll_interval_ms), then poll again.
+--report-errors: an error poll() raises is printed, {"event": "error", "type":
+..., "message": ...}, and polling goes on (else it ends the process).
 SIGTERM closes the consumer cleanly (a static member does not leave).
 """
 
@@ -22,6 +25,7 @@ import sys
 import time
 
 from tidelog import Consumer
+from tidelog.errors import TidelogError
 
 
 def emit(event: str, **fields: object) -> None:
@@ -49,6 +53,7 @@ def main() -> None:
     parser.add_argument("--auto-commit", action="store_true")
     parser.add_argument("--max-poll-interval-ms", type=int, default=300_000)
     parser.add_argument("--stall-after", type=int, default=0)
+    parser.add_argument("--report-errors", action="store_true")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     stop = []
@@ -68,7 +73,14 @@ def main() -> None:
     processed = 0
     stalled = False
     while not stop:
-        polled = consumer.poll(timeout_ms=100)
+        try:
+            polled = consumer.poll(timeout_ms=100)
+        except TidelogError as exc:
+            if not args.report_errors:
+                raise
+            emit("error", type=type(exc).__name__, message=str(exc))
+            time.sleep(0.2)
+            continue
         records = [[r.partition, r.offset] for rs in polled.values() for r in rs]
         if records:
             emit("records", records=records)

@@ -66,6 +66,9 @@ class _Group:
     async def commits_answered(self) -> None:
         pass  # commit() answers each commit itself
 
+    def refusal(self) -> None:
+        return None  # the coordinator never refuses this member
+
 
 class _Listener:
     """Records its calls; each method waits for `release` (set: at once)."""

@@ -159,7 +159,12 @@ def test_a_wakeup_leaves_a_group_poll_with_its_events_and_its_membership() -> No
     config = ConsumerConfig(bootstrap_servers="127.0.0.1:1", group_id="g")
     subs = SubscriptionState(config, deque(), lambda name, args: None)
     group = SimpleNamespace(
-        events=deque(), membership=None, left_for_poll_timeout=False, in_poll=False, last_poll=0.0
+        events=deque(),
+        membership=None,
+        left_for_poll_timeout=False,
+        in_poll=False,
+        last_poll=0.0,
+        refusal=lambda: None,
     )
     io = _WokenIo()
     side = GroupSide(subs, config, group, HandedOut(), io, "Consumer")  # type: ignore[arg-type]

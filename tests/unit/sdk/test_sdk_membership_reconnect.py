@@ -122,7 +122,11 @@ def test_a_broken_heartbeat_stream_leaves_no_request_generator_behind() -> None:
 
 
 class RefusingCoordinator(_Coordinator):
-    """Answers every join with a refusal (as a full group is refused), then ends the stream."""
+    """Answers every join with a refusal, then ends the stream."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__()
+        self.code, self.message = code, message
 
     async def answer(
         self,
@@ -130,15 +134,13 @@ class RefusingCoordinator(_Coordinator):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
         yield group_pb2.GroupHeartbeatResponse(
-            error=common_pb2.Error(
-                code=common_pb2.INVALID_REQUEST, message="group 'g' has 2 members: at most 2"
-            )
+            error=common_pb2.Error(code=self.code, message=self.message)
         )
 
 
-def test_a_refused_join_is_asked_again_with_backoff_not_twenty_times_a_second() -> None:
+def test_a_retriable_refusal_is_asked_again_with_backoff_not_twenty_times_a_second() -> None:
     async def scenario() -> None:
-        coordinator = RefusingCoordinator()
+        coordinator = RefusingCoordinator(common_pb2.REBALANCE_IN_PROGRESS, "try again")
         async with _serving(coordinator) as address:
             membership = GroupMembership(address, "g", topics=["t"])
             try:
@@ -148,6 +150,29 @@ def test_a_refused_join_is_asked_again_with_backoff_not_twenty_times_a_second() 
                 # by the refusal itself, as before, it asked ~60 times (one per 50 ms).
                 assert 2 <= coordinator.streams <= 12, coordinator.streams
                 assert membership.error is not None and not membership.member_id
+                assert membership.refused is None
+            finally:
+                await membership.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_refusal_retrying_cannot_change_ends_the_session() -> None:
+    """A full group: asked once, kept in `refused` for the caller to raise
+    (the consumers' next poll), not asked again once a second for ever."""
+
+    async def scenario() -> None:
+        coordinator = RefusingCoordinator(
+            common_pb2.INVALID_REQUEST, "group 'g' has 2 members: at most 2"
+        )
+        async with _serving(coordinator) as address:
+            membership = GroupMembership(address, "g", topics=["t"])
+            try:
+                await membership.start()
+                await membership.wait_for(lambda m: m.refused is not None, 10)
+                await asyncio.sleep(2)  # time for a few more joins, were it still asking
+                assert coordinator.streams == 1
+                assert "at most 2" in str(membership.refused)
             finally:
                 await membership.close()
 
