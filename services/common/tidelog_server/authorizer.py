@@ -63,6 +63,7 @@ from tidelog_server.quotas import (
     THROTTLE_TIME_METADATA_KEY,
 )
 from tidelog_server.security import Security
+from tidelog_server.stream_refusal import refuse_stream_with
 
 log = logging.getLogger("tidelog.authorizer")
 
@@ -270,18 +271,20 @@ class Interceptor(grpc.aio.ServerInterceptor):
 
     async def _admit(self, context: grpc.aio.ServicerContext) -> Caller:
         """The caller, once the security state is known; aborts otherwise."""
-        if not self.security.synced.is_set():
-            await _abort(
-                context,
-                CoordinatorNotAvailableError(
-                    "this service has not loaded the ACLs from etcd yet: retry"
-                ),
-            )
         try:
-            return await self.security.authenticator.caller(context)
-        except SaslAuthenticationError as exc:
+            return await self._caller(context)
+        except (CoordinatorNotAvailableError, SaslAuthenticationError) as exc:
             await _abort(context, exc)
             raise  # pragma: no cover
+
+    async def _caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """The caller; raises CoordinatorNotAvailableError while the security
+        state is not known, SaslAuthenticationError for a bad identity."""
+        if not self.security.synced.is_set():
+            raise CoordinatorNotAvailableError(
+                "this service has not loaded the ACLs from etcd yet: retry"
+            )
+        return await self.security.authenticator.caller(context)
 
     def _denied(self, caller: Caller, checks: list[Check]) -> AuthorizationFailedError | None:
         acls = self.security.acls
@@ -333,21 +336,19 @@ class Interceptor(grpc.aio.ServerInterceptor):
     def _throttle_ms(self, caller: Caller, key: str, amount: float) -> int:
         return self.security.quotas.record(caller.principal, caller.client_id, key, amount)
 
-    async def _open_stream(self, caller: Caller, context: grpc.aio.ServicerContext) -> bool:
-        """Count one more stream of `caller`; abort naming the limit when it
-        already has --max-streams-per-principal open. True when counted."""
+    def _open_stream(self, caller: Caller) -> bool:
+        """Count one more stream of `caller`; raise InvalidRequestError naming
+        the limit when it already has --max-streams-per-principal open. True
+        when counted."""
         if caller.principal in self.security.super_users:
             return False
         limit = self.security.options.max_streams_per_principal
         open_now = self._streams[caller.principal]
         if open_now >= limit:
-            await _abort(
-                context,
-                InvalidRequestError(
-                    f"{caller.principal} already has {open_now} streams open on this service, "
-                    f"its limit (--max-streams-per-principal={limit}): one stream carries "
-                    "every partition"
-                ),
+            raise InvalidRequestError(
+                f"{caller.principal} already has {open_now} streams open on this service, "
+                f"its limit (--max-streams-per-principal={limit}): one stream carries "
+                "every partition"
             )
         self._streams[caller.principal] += 1
         return True
@@ -397,8 +398,17 @@ class Interceptor(grpc.aio.ServerInterceptor):
         async def stream(
             request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext
         ) -> AsyncIterator[Any]:
-            caller = await self._admit(context)
-            counted = await self._open_stream(caller, context)
+            try:
+                caller = await self._caller(context)
+                counted = self._open_stream(caller)
+            except (
+                CoordinatorNotAvailableError,
+                SaslAuthenticationError,
+                InvalidRequestError,
+            ) as exc:
+                # After the client's first request, or gRPC may hand the
+                # client INTERNAL instead of this (stream_refusal).
+                await refuse_stream_with(request_iterator, context, exc)
             try:
                 state: dict[str, str] = {}
                 denied: list[TidelogError] = []

@@ -39,6 +39,7 @@ from tidelog.v1 import (
     log_pb2,
 )
 from tidelog_server.forwarding import LOCAL_METADATA_KEY
+from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
@@ -179,7 +180,7 @@ class GatewayGroupServicer:
         request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
-        peer = await _open_stream(self._streams, context)
+        peer = await _open_stream(self._streams, request_iterator, context)
         try:
             async with contextlib.aclosing(self._relay(request_iterator, context)) as answers:
                 async for answer in answers:
@@ -193,8 +194,11 @@ class GatewayGroupServicer:
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[group_pb2.CommitOffsetsStreamResponse]:
         # Not relayed: the SDK falls back to CommitOffsets (forwarded below)
-        # on UNIMPLEMENTED.
-        await context.abort(
+        # on UNIMPLEMENTED, which it gets only if its first write is read
+        # first (tidelog_server.stream_refusal).
+        await refuse_stream(
+            request_iterator,
+            context,
             grpc.StatusCode.UNIMPLEMENTED,
             "the gateway does not relay CommitOffsetsStream: use CommitOffsets",
         )

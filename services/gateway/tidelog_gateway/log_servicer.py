@@ -25,6 +25,7 @@ import grpc.aio
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
+from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView, invalid_topic_error
@@ -66,7 +67,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         request_iterator: AsyncIterator[log_pb2.ProduceRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[log_pb2.ProduceResponse]:
-        peer = await _open_stream(self._streams, context)
+        peer = await _open_stream(self._streams, request_iterator, context)
         try:
             proxy = ProduceProxy(
                 self._view, self._channels, self._config, self._produce_budget, self._draining
@@ -82,7 +83,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         request_iterator: AsyncIterator[log_pb2.FetchRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[log_pb2.FetchResponse]:
-        peer = await _open_stream(self._streams, context)
+        peer = await _open_stream(self._streams, request_iterator, context)
         try:
             proxy = FetchProxy(
                 self._view,
@@ -229,11 +230,16 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
             await self._view.wait_changed(max(0.0, deadline - loop.time()))
 
 
-async def _open_stream(streams: StreamCounter, context: grpc.aio.ServicerContext) -> str:
-    """Count one more stream on the caller's connection, or refuse the call."""
+async def _open_stream(
+    streams: StreamCounter,
+    request_iterator: AsyncIterator[Any],
+    context: grpc.aio.ServicerContext,
+) -> str:
+    """Count one more stream on the caller's connection, or refuse the call
+    (after the client's first request: see tidelog_server.stream_refusal)."""
     peer = context.peer()
     try:
         streams.acquire(peer)
     except StreamLimitError as exc:
-        await context.abort(StreamLimitError.status, str(exc))
+        await refuse_stream(request_iterator, context, StreamLimitError.status, str(exc))
     return peer

@@ -130,7 +130,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
         request_iterator: AsyncIterator[records_pb2.RecordsProduceRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[records_pb2.RecordsProduceResponse]:
-        peer = await _open_stream(self._streams, context)
+        peer = await _open_stream(self._streams, request_iterator, context)
         pending: asyncio.Queue[asyncio.Future[records_pb2.RecordsProduceResponse] | None] = (
             asyncio.Queue(self._config.max_pending_produce)
         )
@@ -312,7 +312,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
         request_iterator: AsyncIterator[records_pb2.ConsumeRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[records_pb2.ConsumeResponse]:
-        peer = await _open_stream(self._streams, context)
+        peer = await _open_stream(self._streams, request_iterator, context)
         try:
             first = await anext(aiter(request_iterator), None)
             if first is None:
