@@ -15,6 +15,12 @@ until the client pauses for `NEXT_REQUEST_WAIT_S`, half-closes, or
 at most that many messages, one at a time, and one second; the refused
 stream takes no slot. A client that writes again after such a pause can
 still lose the refusal to that write.
+
+At most `REFUSALS_READING_MAX` refusals read at once in a process; past that
+(a flood of refused streams, which a caller that is not even authenticated
+can open) a refusal ends its call at once, so the flood costs neither memory
+(one message of up to the service's message limit per reading refusal) nor
+time: those clients may then see INTERNAL instead of the refusal.
 """
 
 from __future__ import annotations
@@ -34,6 +40,11 @@ REFUSAL_READ_S = 1.0
 NEXT_REQUEST_WAIT_S = 0.05
 #: The most requests a refused stream reads (and drops).
 REFUSAL_REQUESTS_MAX = 16
+#: The most refusals reading their client's requests at once (one event loop
+#: per service process).
+REFUSALS_READING_MAX = 64
+
+_reading = 0
 
 
 async def refuse_stream(
@@ -45,7 +56,19 @@ async def refuse_stream(
 ) -> NoReturn:
     """End the streaming call with `code` and `details` once the client has
     stopped writing (see the module doc for the bounds)."""
-    requests = aiter(request_iterator)
+    global _reading
+    if _reading < REFUSALS_READING_MAX:
+        _reading += 1
+        try:
+            await _read_until_quiet(aiter(request_iterator))
+        finally:
+            _reading -= 1
+    await context.abort(code, details, trailing_metadata=trailing_metadata)
+    raise AssertionError("context.abort returns only by raising")  # pragma: no cover
+
+
+async def _read_until_quiet(requests: AsyncIterator[Any]) -> None:
+    """Read and drop `requests` within the module doc's bounds."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + REFUSAL_READ_S
     wait_s = REFUSAL_READ_S
@@ -56,8 +79,6 @@ async def refuse_stream(
             async with asyncio.timeout(min(wait_s, deadline - loop.time())):
                 await anext(requests)
             wait_s = NEXT_REQUEST_WAIT_S
-    await context.abort(code, details, trailing_metadata=trailing_metadata)
-    raise AssertionError("context.abort returns only by raising")  # pragma: no cover
 
 
 async def refuse_stream_with(
