@@ -26,7 +26,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc,
 from tidelog_coordinator.broker_calls import BrokerCalls
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicRecord
-from tidelog_coordinator.partition_admin import PartitionAdmin
+from tidelog_coordinator.partition_admin import PartitionAdmin, ReassignmentReads
 from tidelog_coordinator.producer_ids import ProducerIdAllocator
 from tidelog_coordinator.security_admin import SecurityAdmin
 
@@ -237,6 +237,7 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         except InvalidRequestError as exc:
             await abort(context, exc, "reassigning partitions")
         response = admin_pb2.AlterPartitionReassignmentsResponse()
+        reads = ReassignmentReads(self.partitions)
         for part in request.partitions:
             result = response.partitions.add(topic=part.topic, partition=part.partition)
             try:
@@ -244,6 +245,7 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                     TopicPartition(part.topic, part.partition),
                     list(part.replicas),
                     request.throttle_bytes_per_s,
+                    reads,
                 )
             except Exception as exc:
                 result.error.CopyFrom(
