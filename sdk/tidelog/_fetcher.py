@@ -16,6 +16,8 @@
 - position resets (auto_offset_reset, seek_to_beginning/end) via ListOffsets;
 - retriable partition errors (not leader, unknown partition) and dropped
   streams: refresh metadata and place the partition again after a backoff;
+  a stream the broker refused with a verdict reconnecting cannot change
+  (access denied, a stream limit) is raised from poll() instead;
 - paused partitions (pause/resume): removed from their session and not
   placed again until resumed; `fetch_next` holds where fetching resumes.
 
@@ -52,12 +54,11 @@ from tidelog._client_metrics import ConsumerMetrics
 from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
-    AuthorizationFailedError,
     BrokerNotAvailableError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
-    SaslAuthenticationError,
     TidelogError,
+    UnknownServerError,
     UnknownTopicOrPartitionError,
     error_from_code,
     error_from_rpc,
@@ -498,9 +499,11 @@ class Fetcher:
             del self._sessions[session.address]
         if self._closed:
             return
-        if isinstance(error, AuthorizationFailedError | SaslAuthenticationError):
-            # Reconnecting cannot help until an operator grants access: poll()
-            # raises it (for every partition of the stream, which it ended).
+        if _refused_for_good(error):
+            # Reconnecting cannot help (until an operator grants access, or
+            # the broker has room for the stream): poll() raises it, for
+            # every partition of the stream, which it ended; a seek places
+            # the partition again.
             for part in self._partitions.values():
                 if part.session is session:
                     part.session = None
@@ -595,3 +598,13 @@ class Fetcher:
                     result.offset,
                     result.timestamp_ms,
                 )
+
+
+def _refused_for_good(error: TidelogError) -> bool:
+    """Whether a fetch stream's end is a verdict that reconnecting cannot
+    change: an error that is not retriable, such as access denied
+    (AuthorizationFailedError, SaslAuthenticationError) or a stream over the
+    broker's limit (InvalidRequestError naming it). UnknownServerError stays
+    retried: it is also what a status gRPC raised itself (INTERNAL while a
+    broker dies) decodes to."""
+    return not error.retriable and not isinstance(error, UnknownServerError)

@@ -278,6 +278,12 @@ class GroupClient:
         if not self._closing:
             self._emit(ASSIGNED, assigned, wait=False)
 
+    def on_refused(self, refusal: TidelogError) -> None:
+        """The coordinator refused the member for good (refusal()): wake a
+        waiting poll(), which raises it, instead of leaving it to the poll's
+        next look."""
+        self._notify()
+
     # ------------------------------------------------------------ offsets
 
     def _member(self) -> GroupMembership:

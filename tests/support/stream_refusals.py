@@ -9,16 +9,23 @@ client sees INTERNAL ("Failed execute_batch") instead of the refusal: on the
 old code 5 to 45 tries in a hundred did (3 to 6 when tried one at a time),
 so a test that wants every refusal to carry its status loops a few hundred
 times.
+
+`holding_a_fetch_stream(address)` keeps one Fetch stream open (and counted
+by the server) for the duration of a block, so that the next stream, an
+SDK client's, is the one over a limit of one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator, Callable
+import contextlib
+import queue
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import grpc
+from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 
 #: Each try waits out the server's short read of the refused stream
 #: (tidelog_server.stream_refusal); a generous bound per try.
@@ -59,3 +66,26 @@ async def refusals(
 
     await asyncio.gather(*(one_try() for _ in range(tries)))
     return ends
+
+
+@contextlib.contextmanager
+def holding_a_fetch_stream(address: str) -> Iterator[None]:
+    """One Fetch stream to `address`, open and answered (so counted) for
+    the duration of the block, from its own connection."""
+    requests: queue.Queue[log_pb2.FetchRequest | None] = queue.Queue()
+    requests.put(
+        log_pb2.FetchRequest(
+            positions=[log_pb2.FetchPosition(topic="absent", partition=0, fetch_offset=0)],
+            credit_bytes=1024 * 1024,
+            max_wait_ms=100,
+        )
+    )
+    with grpc.insecure_channel(address) as channel:
+        call = log_pb2_grpc.LogStub(channel).Fetch(iter(requests.get, None), timeout=3600)
+        try:
+            answer = next(call)
+            assert answer.partitions[0].error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+            yield
+        finally:
+            requests.put(None)
+            call.cancel()

@@ -18,9 +18,11 @@ partitions. When the coordinator says the session is gone
 `on_partitions_revoked` if the listener has none) and it joins again as a new
 member. A refusal that retrying cannot change (a non-retriable error other
 than access denied: a full group, an invalid request) ends the session
-instead: it is kept in `refused`, and what to do is the caller's (the
-consumers raise it from the next poll). Retriable errors are retried with a
-back-off, and so is access denied (an operator may grant it).
+instead: it is kept in `refused`, the listener's optional
+`on_refused(error)` is called, and what to do is the caller's (the
+consumers raise it from the poll that waits, or the next one). Retriable
+errors are retried with a back-off, and so is access denied (an operator may
+grant it).
 
 Listener callbacks may be plain functions or coroutines; they run on the
 membership's task, one at a time. Not thread-safe: one event loop.
@@ -350,6 +352,12 @@ class GroupMembership:
                 self.refused = error  # the session ends (see _run)
             log.error("group %r: %s", self.group_id, error.message)
             await self._notify()  # a join may be waiting for its answer (joined())
+            if self.refused is not None:
+                # The caller raises it: tell one that waits (a poll()) now,
+                # as an assignment change is told, not at its next look.
+                handler = getattr(self.listener, "on_refused", None)
+                if handler is not None:
+                    await _maybe_await(handler(error))
 
     async def _on_response(self, response: group_pb2.GroupHeartbeatResponse) -> None:
         if response.member_id:

@@ -19,7 +19,8 @@ item 8). Three limits bound that, whatever credit was granted:
   consumers on other connections keep being served;
 - streams are counted per connection (`fetch.max.streams.per.connection`)
   and per broker (`fetch.max.streams`); one beyond is refused with
-  RESOURCE_EXHAUSTED naming the limit.
+  RESOURCE_EXHAUSTED naming the limit, typed INVALID_REQUEST
+  (`StreamLimitError`).
 
 Not thread-safe: lives on the broker's event loop.
 """
@@ -29,6 +30,9 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from dataclasses import dataclass
+
+import grpc
+from tidelog.errors import InvalidRequestError
 
 MIB = 1024 * 1024
 
@@ -59,8 +63,16 @@ class FetchLimits:
     max_credit_bytes: int = MAX_CREDIT_BYTES
 
 
-class StreamLimitError(Exception):
-    """Opening one more Fetch stream would pass a named limit."""
+class StreamLimitError(InvalidRequestError):
+    """Opening one more Fetch stream would pass a named limit.
+
+    Its wire code is INVALID_REQUEST, as for the coordinator's limits (a full
+    group, --max-streams-per-principal): the SDK raises InvalidRequestError,
+    not retriable, so a client over the limit is told so instead of
+    reconnecting for ever. Its status stays RESOURCE_EXHAUSTED, gRPC's
+    status for a spent server resource, for clients that read only that."""
+
+    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class FetchBudget:

@@ -20,7 +20,7 @@ import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
-from tidelog_server.stream_refusal import refuse_stream
+from tidelog_server.stream_refusal import refuse_stream_with
 
 from tidelog_broker import fetch_wire
 from tidelog_broker.config import BrokerConfig
@@ -222,9 +222,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
             self._fetch_budget.open_stream(peer)
         except StreamLimitError as exc:
             # After the client's first request: see tidelog_server.stream_refusal.
-            await refuse_stream(
-                request_iterator, context, grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
-            )
+            await refuse_stream_with(request_iterator, context, exc)
         try:
             # aclosing: the session's finally blocks (its budget) run now,
             # not whenever the abandoned generator is collected.

@@ -2,7 +2,8 @@
 
 - `StreamCounter`: streaming calls (Produce, Fetch, Heartbeat) open per
   connection and on the whole gateway; one beyond is refused with
-  RESOURCE_EXHAUSTED naming the limit.
+  RESOURCE_EXHAUSTED naming the limit, typed INVALID_REQUEST
+  (`StreamLimitError`).
 - `ByteBudget`: bytes of produce requests being forwarded, all streams
   together; a stream waits (and so stops reading its client) while the
   budget is spent.
@@ -23,12 +24,18 @@ import asyncio
 from collections import Counter
 
 import grpc
+from tidelog.errors import InvalidRequestError
 
 
-class StreamLimitError(Exception):
-    """Opening one more stream would pass a named limit."""
+class StreamLimitError(InvalidRequestError):
+    """Opening one more stream would pass a named limit.
 
-    status = grpc.StatusCode.RESOURCE_EXHAUSTED
+    Its wire code is INVALID_REQUEST, as for the coordinator's limits: the
+    SDK raises InvalidRequestError, not retriable, so a client over the
+    limit is told so instead of reconnecting for ever. Its status stays
+    RESOURCE_EXHAUSTED, gRPC's status for a spent server resource."""
+
+    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class StreamCounter:

@@ -25,7 +25,7 @@ import grpc.aio
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
-from tidelog_server.stream_refusal import refuse_stream
+from tidelog_server.stream_refusal import refuse_stream_with
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView, invalid_topic_error
@@ -241,5 +241,5 @@ async def _open_stream(
     try:
         streams.acquire(peer)
     except StreamLimitError as exc:
-        await refuse_stream(request_iterator, context, StreamLimitError.status, str(exc))
+        await refuse_stream_with(request_iterator, context, exc)
     return peer

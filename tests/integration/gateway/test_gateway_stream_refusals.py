@@ -3,16 +3,20 @@ with RESOURCE_EXHAUSTED naming the limit, and its CommitOffsetsStream (not
 relayed) with UNIMPLEMENTED, which the SDK falls back on, also when the
 client writes its first request at once: the gateway refused before reading,
 and gRPC then ended such a call INTERNAL a few times in a hundred (see
-tidelog_server.stream_refusal)."""
+tidelog_server.stream_refusal). The SDK's producer and consumer raise a
+stream refused for the gateway's limit."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import grpc
 import pytest
+from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.errors import InvalidRequestError
 from tidelog.v1 import (
     common_pb2,
     group_pb2,
@@ -25,7 +29,7 @@ from tidelog.v1 import (
 
 from tests.support.cluster import ClusterProcesses
 from tests.support.gateway import GatewayProcess, running_gateway
-from tests.support.stream_refusals import refusals
+from tests.support.stream_refusals import holding_a_fetch_stream, refusals
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -108,3 +112,51 @@ def test_commit_offsets_stream_always_gets_unimplemented(gateway: GatewayProcess
             ), ends
 
     asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def gateway_of_one_stream(
+    cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[GatewayProcess]:
+    with running_gateway(
+        cluster.etcd.endpoint,
+        tmp_path_factory.mktemp("gateway-one-stream"),
+        prefix=cluster.prefix,
+        extra_args=("--max-streams", "1"),
+    ) as process:
+        yield process
+
+
+# The refusal is typed (InvalidRequestError naming the limit, not retriable):
+# on the old code it came without its ErrorCode, so the producer retried it
+# until delivery_timeout_ms and the consumer reconnected for ever.
+
+
+def test_a_producer_over_the_gateway_stream_limit_fails_with_the_limit(
+    gateway_of_one_stream: GatewayProcess,
+) -> None:
+    address = gateway_of_one_stream.address
+    with AdminClient(address) as admin:
+        admin.create_topics([NewTopic("limited-produce", 1)])
+    with holding_a_fetch_stream(address), Producer(address) as producer:
+        future = producer.send("limited-produce", b"v")
+        with pytest.raises(InvalidRequestError, match=r"--max-streams=1"):
+            # Generous: the old code's retries ended at delivery_timeout_ms
+            # (120 s) with a TidelogTimeoutError, which fails this too.
+            future.get(timeout=60)
+
+
+def test_a_consumer_over_the_gateway_stream_limit_raises_the_limit_from_poll(
+    gateway_of_one_stream: GatewayProcess,
+) -> None:
+    address = gateway_of_one_stream.address
+    with AdminClient(address) as admin:
+        admin.create_topics([NewTopic("limited-consume", 1)])
+    tp = TopicPartition("limited-consume", 0)
+    with holding_a_fetch_stream(address), Consumer(bootstrap_servers=address) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        deadline = time.monotonic() + 30
+        with pytest.raises(InvalidRequestError, match=r"--max-streams=1"):
+            while time.monotonic() < deadline:
+                consumer.poll(timeout_ms=200)

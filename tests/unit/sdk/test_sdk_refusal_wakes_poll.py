@@ -1,0 +1,152 @@
+"""A coordinator's refusal for good (a rejoin into a full group) wakes the
+consumer that waits in a long poll()/getmany(), which raises it, as an
+assignment change wakes it: against an in-process stand-in coordinator
+(Cluster.DescribeCluster, Log.Metadata and the Group heartbeat stream over
+real gRPC on loopback) that admits the member, then refuses it when the test says.
+
+On the old code nothing told the waiting consumer: GroupClient's notify was
+never called for the refusal, and a poll only saw it at its loop's next look
+(up to a second later)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+import pytest
+from tidelog import AsyncConsumer
+from tidelog._connection import Cluster
+from tidelog._group_client import GroupClient
+from tidelog.config import ConsumerConfig
+from tidelog.errors import InvalidRequestError
+from tidelog.v1 import (
+    cluster_pb2,
+    cluster_pb2_grpc,
+    common_pb2,
+    group_pb2,
+    group_pb2_grpc,
+    log_pb2,
+    log_pb2_grpc,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+REFUSAL = "group 'g' has 1 members: at most 1 (--group-max-members)"
+#: Generous: the member is told at once; this only bounds a broken test.
+DEADLINE_S = 30
+
+
+class RefusingLaterCoordinator(
+    group_pb2_grpc.GroupServicer, cluster_pb2_grpc.ClusterServicer, log_pb2_grpc.LogServicer
+):
+    """Names itself as the one coordinator; admits the first join (no
+    partitions), then refuses that member once `refuse` is set; refuses
+    every later join at once. Its Metadata knows no topic (the member owns
+    no partition)."""
+
+    def __init__(self) -> None:
+        self.refuse = asyncio.Event()
+        self.joined = asyncio.Event()
+
+    async def Metadata(
+        self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.MetadataResponse:
+        return log_pb2.MetadataResponse()
+
+    async def DescribeCluster(
+        self, request: cluster_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> cluster_pb2.DescribeClusterResponse:
+        # No host: the client reaches it where this answer came from.
+        return cluster_pb2.DescribeClusterResponse(
+            cluster_id="c", coordinators=[cluster_pb2.CoordinatorInfo(id="c0")]
+        )
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        await anext(aiter(request_iterator))
+        if not self.joined.is_set():
+            self.joined.set()
+            yield group_pb2.GroupHeartbeatResponse(
+                member_id="m1",
+                member_epoch=1,
+                member_token="t",
+                heartbeat_interval_ms=10_000,
+                assignment=group_pb2.Assignment(),
+            )
+            await self.refuse.wait()
+        yield group_pb2.GroupHeartbeatResponse(
+            error=common_pb2.Error(code=common_pb2.INVALID_REQUEST, message=REFUSAL)
+        )
+
+    async def LeaveGroup(
+        self, request: group_pb2.LeaveGroupRequest, context: grpc.aio.ServicerContext
+    ) -> group_pb2.LeaveGroupResponse:
+        return group_pb2.LeaveGroupResponse()
+
+
+@contextlib.asynccontextmanager
+async def _serving(coordinator: RefusingLaterCoordinator) -> AsyncIterator[str]:
+    """`coordinator` on an in-process gRPC server on a free loopback port: its address."""
+    server = grpc.aio.server()
+    group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
+    cluster_pb2_grpc.add_ClusterServicer_to_server(coordinator, server)
+    log_pb2_grpc.add_LogServicer_to_server(coordinator, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await server.stop(None)
+
+
+def test_a_refusal_wakes_the_consumer_that_waits() -> None:
+    """GroupClient calls its consumer's notify (what wakes a waiting poll)
+    when the coordinator refuses the member for good."""
+
+    async def scenario() -> None:
+        coordinator = RefusingLaterCoordinator()
+        async with _serving(coordinator) as address:
+            config = ConsumerConfig(bootstrap_servers=address, group_id="g")
+            cluster = Cluster(config)
+            woken = asyncio.Event()
+            group = GroupClient(cluster, config, woken.set)
+            try:
+                await group.join(["t"], "")
+                woken.clear()  # whatever the join itself announced
+                coordinator.refuse.set()
+                await asyncio.wait_for(woken.wait(), DEADLINE_S)
+                assert str(group.refusal()) == REFUSAL
+            finally:
+                await group.close()
+                await cluster.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_long_getmany_raises_a_refusal_that_comes_while_it_waits() -> None:
+    """getmany(timeout_ms=60000) raises the refusal rather than returning
+    nothing at its timeout."""
+
+    async def scenario() -> None:
+        coordinator = RefusingLaterCoordinator()
+        async with _serving(coordinator) as address:
+            consumer = AsyncConsumer("t", bootstrap_servers=address, group_id="g")
+            await consumer.start()
+            try:
+                await asyncio.wait_for(coordinator.joined.wait(), DEADLINE_S)
+                waiting = asyncio.ensure_future(consumer.getmany(timeout_ms=60_000))
+                await asyncio.sleep(0.2)  # the getmany is waiting (it ended no sooner)
+                assert not waiting.done()
+                coordinator.refuse.set()
+                with pytest.raises(InvalidRequestError, match="at most 1"):
+                    await asyncio.wait_for(waiting, DEADLINE_S)
+            finally:
+                await consumer.stop()
+
+    asyncio.run(scenario())
