@@ -62,7 +62,10 @@ def test_each_answer_of_a_message_is_returned_once_in_order(
     assert offsets == list(range(RECORDS))
     assert answers >= RECORDS * len(VALUE) // ANSWER_BYTES
     if answers_per_message == 1:
-        assert messages == answers
+        # One answer per message. fetch-total also counts what arrived after
+        # the last records were read: the long poll's empty answer at the log
+        # end (no RecordBatch), one every fetch_max_wait_ms (seen once in CI).
+        assert answers <= messages <= answers + 3
     else:
         # A consumer catching up gets several answers per message.
         assert messages < answers / 2
