@@ -20,7 +20,7 @@ item 8). Three limits bound that, whatever credit was granted:
 - streams are counted per connection (`fetch.max.streams.per.connection`)
   and per broker (`fetch.max.streams`); one beyond is refused with
   RESOURCE_EXHAUSTED naming the limit, typed INVALID_REQUEST
-  (`StreamLimitError`).
+  (`StreamLimitError`, shared with the other services).
 
 Not thread-safe: lives on the broker's event loop.
 """
@@ -31,8 +31,7 @@ import asyncio
 from collections import Counter
 from dataclasses import dataclass
 
-import grpc
-from tidelog.errors import InvalidRequestError
+from tidelog_server.stream_refusal import StreamLimitError
 
 MIB = 1024 * 1024
 
@@ -61,18 +60,6 @@ class FetchLimits:
     max_streams_per_connection: int = 512
     #: Largest credit outstanding on one stream (MAX_CREDIT_BYTES).
     max_credit_bytes: int = MAX_CREDIT_BYTES
-
-
-class StreamLimitError(InvalidRequestError):
-    """Opening one more Fetch stream would pass a named limit.
-
-    Its wire code is INVALID_REQUEST, as for the coordinator's limits (a full
-    group, --max-streams-per-principal): the SDK raises InvalidRequestError,
-    not retriable, so a client over the limit is told so instead of
-    reconnecting for ever. Its status stays RESOURCE_EXHAUSTED, gRPC's
-    status for a spent server resource, for clients that read only that."""
-
-    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 class FetchBudget:

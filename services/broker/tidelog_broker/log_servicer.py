@@ -20,12 +20,12 @@ import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
-from tidelog_server.stream_refusal import refuse_stream_with
+from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
 
 from tidelog_broker import fetch_wire
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import abort, error_proto
-from tidelog_broker.fetch_limits import FetchBudget, StreamLimitError
+from tidelog_broker.fetch_limits import FetchBudget
 from tidelog_broker.fetch_session import FetchSession
 from tidelog_broker.metrics import BrokerMetrics
 from tidelog_broker.partition_manager import PartitionManager

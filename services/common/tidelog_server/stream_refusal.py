@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import grpc
-from tidelog.errors import ERROR_CODE_METADATA_KEY, TidelogError
+from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidRequestError, TidelogError
 
 #: The longest a refused stream is read before it is ended: clients write
 #: their first request as soon as the call opens; this bounds one that does not.
@@ -45,6 +45,20 @@ REFUSAL_REQUESTS_MAX = 16
 REFUSALS_READING_MAX = 64
 
 _reading = 0
+
+
+class StreamLimitError(InvalidRequestError):
+    """Opening one more stream would pass a named limit (a broker's Fetch
+    streams, a gateway's streams).
+
+    Its wire code is INVALID_REQUEST, as for the coordinator's limits (a full
+    group, --max-streams-per-principal): the SDK raises InvalidRequestError,
+    not retriable, so a client over the limit is told so instead of
+    reconnecting for ever. Its status stays RESOURCE_EXHAUSTED, gRPC's
+    status for a spent server resource, for clients that read only that.
+    Refuse with `refuse_stream_with`, which sends both."""
+
+    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
 async def refuse_stream(

@@ -3,7 +3,7 @@
 - `StreamCounter`: streaming calls (Produce, Fetch, Heartbeat) open per
   connection and on the whole gateway; one beyond is refused with
   RESOURCE_EXHAUSTED naming the limit, typed INVALID_REQUEST
-  (`StreamLimitError`).
+  (`StreamLimitError`, shared with the other services).
 - `ByteBudget`: bytes of produce requests being forwarded, all streams
   together; a stream waits (and so stops reading its client) while the
   budget is spent.
@@ -23,19 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
-import grpc
-from tidelog.errors import InvalidRequestError
-
-
-class StreamLimitError(InvalidRequestError):
-    """Opening one more stream would pass a named limit.
-
-    Its wire code is INVALID_REQUEST, as for the coordinator's limits: the
-    SDK raises InvalidRequestError, not retriable, so a client over the
-    limit is told so instead of reconnecting for ever. Its status stays
-    RESOURCE_EXHAUSTED, gRPC's status for a spent server resource."""
-
-    grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED
+from tidelog_server.stream_refusal import StreamLimitError
 
 
 class StreamCounter:

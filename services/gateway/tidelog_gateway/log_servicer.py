@@ -25,14 +25,14 @@ import grpc.aio
 from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
-from tidelog_server.stream_refusal import refuse_stream_with
+from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView, invalid_topic_error
 from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
 from tidelog_gateway.errors import abort, error_proto
 from tidelog_gateway.fetch_proxy import FetchProxy
-from tidelog_gateway.limits import ByteBudget, FetchBudget, StreamCounter, StreamLimitError
+from tidelog_gateway.limits import ByteBudget, FetchBudget, StreamCounter
 from tidelog_gateway.produce_proxy import ProduceProxy
 
 #: How long a Metadata request waits for topics a broker auto-creates.

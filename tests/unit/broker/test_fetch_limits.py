@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from tidelog_broker.fetch_limits import FetchBudget, FetchLimits, StreamLimitError
+from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
+from tidelog_server.stream_refusal import StreamLimitError
 
 
 def test_a_connection_uses_at_most_its_share() -> None:
