@@ -48,7 +48,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -78,15 +77,9 @@ PREFIX = "/bench"
 
 
 def etcd_transactions(etcd: EtcdProcess) -> int:
-    """Transactions etcd has answered so far (its /metrics): commits per
-    transaction is what coalescing achieved, whatever the machine's load."""
-    with urllib.request.urlopen(f"http://{etcd.endpoint}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("grpc_server_handled_total{") and 'grpc_method="Txn"' in line
-    )
+    """Transactions etcd has answered so far: commits per transaction is
+    what coalescing achieved, whatever the machine's load."""
+    return etcd.requests_handled("Txn")
 
 
 async def setup(

@@ -90,6 +90,18 @@ class EtcdProcess:
     def endpoint(self) -> str:
         return f"127.0.0.1:{self.client_port}"
 
+    def requests_handled(self, method: str) -> int:
+        """Requests of one gRPC method (Range, Txn, Put...) this etcd has
+        answered so far, from its /metrics: a count of etcd round trips that
+        does not depend on the machine's load."""
+        with urllib.request.urlopen(f"http://{self.endpoint}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        return sum(
+            int(float(line.rsplit(" ", 1)[1]))
+            for line in text.splitlines()
+            if line.startswith("grpc_server_handled_total{") and f'grpc_method="{method}"' in line
+        )
+
     @classmethod
     def start(
         cls,
