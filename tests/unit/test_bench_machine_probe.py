@@ -21,11 +21,21 @@ def test_the_probe_times_every_wake_up_of_the_child_and_the_thread() -> None:
 
 @pytest.mark.timeout(60)
 def test_python_speed_is_a_throughput_row_of_the_machine() -> None:
+    # The live probe: its shape only (its speed is the benchmark's figure,
+    # `python -m bench.machine_probe`, whatever a loaded machine makes it).
     row = machine_probe.python_speed()
     assert (row["workload"], row["system"]) == ("python_speed", "machine")
-    # A count of loop iterations, whatever the machine's speed (the speed itself is
-    # the benchmark's figure, not this test's).
+    assert isinstance(row["records"], int) and isinstance(row["records_per_s"], float)
+    assert row["p99_ms"] is None and row["cpu_s_per_million"] == {"broker": None, "client": None}
+
+
+@pytest.mark.parametrize("speed", [3_052_999.96, 3_052_999.4, 2_500_000.0, 0.5])
+def test_a_speed_row_carries_the_rate_and_the_same_rate_as_a_count(speed: float) -> None:
+    # Fixed rates, including one CI measured (3052999.96: rounded to a tenth
+    # it is 3053000.0, truncated 3052999).
+    row = machine_probe.speed_row(speed)
+    assert (row["workload"], row["system"]) == ("python_speed", "machine")
     assert row["records_per_s"] > 0
-    # records is the rate as a whole number: the two are rounded from one float.
     assert abs(row["records"] - row["records_per_s"]) <= 1
+    assert row["records_per_s"] == round(speed, 1) and row["records"] == round(speed)
     assert row["p99_ms"] is None and row["cpu_s_per_million"] == {"broker": None, "client": None}
