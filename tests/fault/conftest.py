@@ -14,7 +14,7 @@ import pytest
 
 from tests.fault.replication_support import ReplicatedCluster, running_replicated_cluster
 from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, running_gateway
+from tests.support.gateway import GatewayProcess, gateway_of
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def cluster(
 
 @pytest.fixture
 def gateway(cluster: ReplicatedCluster, tmp_path: Path) -> Iterator[GatewayProcess]:
-    with running_gateway(cluster.etcd.endpoint, tmp_path / "logs", prefix=cluster.prefix) as g:
+    with gateway_of(cluster, tmp_path / "logs") as g:
         yield g
 
 

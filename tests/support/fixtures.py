@@ -18,7 +18,7 @@ import pytest
 
 from tests.support.cluster import ClusterProcesses, running_cluster
 from tests.support.etcd import EtcdProcess, running_etcd
-from tests.support.gateway import GatewayProcess, running_gateway
+from tests.support.gateway import GatewayProcess, gateway_of
 
 Scope = Literal["module", "package", "session"]
 
@@ -43,9 +43,7 @@ def service_fixtures(scope: Scope) -> tuple[Callable[..., object], ...]:
     def gateway(
         cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
     ) -> Iterator[GatewayProcess]:
-        with running_gateway(
-            cluster.etcd.endpoint, tmp_path_factory.mktemp("gateway"), prefix=cluster.prefix
-        ) as process:
+        with gateway_of(cluster, tmp_path_factory.mktemp("gateway")) as process:
             yield process
 
     return etcd, cluster, gateway

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Protocol
 
 from tests.support.processes import (
     ServiceProcess,
@@ -63,3 +64,29 @@ def running_gateway(
         yield process
     finally:
         process.stop()
+
+
+class _Etcd(Protocol):
+    @property
+    def endpoint(self) -> str: ...
+
+
+class Cluster(Protocol):
+    """What a gateway needs of a test cluster (ClusterProcesses, the fault
+    tests' ReplicatedCluster): its etcd and key prefix."""
+
+    @property
+    def etcd(self) -> _Etcd: ...
+
+    @property
+    def prefix(self) -> str: ...
+
+
+@contextmanager
+def gateway_of(cluster: Cluster, log_dir: Path, *extra_args: str) -> Iterator[GatewayProcess]:
+    """`running_gateway` in front of `cluster` (its etcd and prefix), with
+    `extra_args` (limits, budgets) on its command line."""
+    with running_gateway(
+        cluster.etcd.endpoint, log_dir, prefix=cluster.prefix, extra_args=extra_args
+    ) as process:
+        yield process

@@ -18,7 +18,7 @@ from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tests.integration.gateway.backlog import write_backlog
 from tests.support.cluster import ClusterProcesses
-from tests.support.gateway import GatewayProcess, running_gateway
+from tests.support.gateway import GatewayProcess, gateway_of
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,14 +39,11 @@ def gateway(
 ) -> Iterator[GatewayProcess]:
     # Budgets far above what 200 streams could hold, so that only the
     # credit bounds the gateway (1 GiB: a broken gateway cannot take more).
-    with running_gateway(
-        cluster.etcd.endpoint,
+    with gateway_of(
+        cluster,
         tmp_path_factory.mktemp("gateway-memory"),
-        prefix=cluster.prefix,
-        extra_args=(
-            "--fetch-buffer-max-bytes", str(1024 * MIB),
-            "--fetch-buffer-max-bytes-per-connection", str(1024 * MIB),
-        ),
+        "--fetch-buffer-max-bytes", str(1024 * MIB),
+        "--fetch-buffer-max-bytes-per-connection", str(1024 * MIB),
     ) as process:  # fmt: skip
         write_backlog(
             process.address,

@@ -29,7 +29,7 @@ from tidelog.v1 import log_pb2, records_pb2, records_pb2_grpc
 from tests.integration.gateway.backlog import write_backlog
 from tests.support.cluster import ClusterProcesses, running_cluster
 from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, running_gateway
+from tests.support.gateway import GatewayProcess, gateway_of
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -67,7 +67,7 @@ def fresh_gateway(
     backlog: GatewayProcess, cluster: ClusterProcesses, tmp_path: Path
 ) -> Iterator[GatewayProcess]:
     """A gateway that has served nothing yet (its RSS is its own)."""
-    with running_gateway(cluster.etcd.endpoint, tmp_path, prefix=cluster.prefix) as process:
+    with gateway_of(cluster, tmp_path) as process:
         yield process
 
 

@@ -28,7 +28,7 @@ from tidelog.v1 import (
 )
 
 from tests.support.cluster import ClusterProcesses
-from tests.support.gateway import GatewayProcess, running_gateway
+from tests.support.gateway import GatewayProcess, gateway_of
 from tests.support.stream_refusals import holding_a_fetch_stream, refusals
 
 pytestmark = pytest.mark.timeout(180)
@@ -59,12 +59,8 @@ STUBS = {
 def gateway(
     cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    with running_gateway(
-        cluster.etcd.endpoint,
-        tmp_path_factory.mktemp("gateway-refusals"),
-        prefix=cluster.prefix,
-        extra_args=("--max-streams-per-connection", "1"),
-    ) as process:
+    log_dir = tmp_path_factory.mktemp("gateway-refusals")
+    with gateway_of(cluster, log_dir, "--max-streams-per-connection", "1") as process:
         yield process
 
 
@@ -118,12 +114,8 @@ def test_commit_offsets_stream_always_gets_unimplemented(gateway: GatewayProcess
 def gateway_of_one_stream(
     cluster: ClusterProcesses, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[GatewayProcess]:
-    with running_gateway(
-        cluster.etcd.endpoint,
-        tmp_path_factory.mktemp("gateway-one-stream"),
-        prefix=cluster.prefix,
-        extra_args=("--max-streams", "1"),
-    ) as process:
+    log_dir = tmp_path_factory.mktemp("gateway-one-stream")
+    with gateway_of(cluster, log_dir, "--max-streams", "1") as process:
         yield process
 
 
