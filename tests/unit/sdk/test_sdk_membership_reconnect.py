@@ -12,11 +12,14 @@ import contextlib
 import gc
 import inspect
 from collections.abc import AsyncIterator
+from functools import partial
 
 import grpc
 import grpc.aio
 from tidelog.group import GroupMembership
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
+
+from tests.support.in_process_server import serving
 
 
 class _Coordinator(group_pb2_grpc.GroupServicer):
@@ -49,17 +52,9 @@ class _Coordinator(group_pb2_grpc.GroupServicer):
         return group_pb2.LeaveGroupResponse()
 
 
-@contextlib.asynccontextmanager
-async def _serving(coordinator: _Coordinator) -> AsyncIterator[str]:
-    """`coordinator` on an in-process gRPC server on a free loopback port: its address."""
-    server = grpc.aio.server()
-    group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+def _serving(coordinator: _Coordinator) -> contextlib.AbstractAsyncContextManager[str]:
+    """`coordinator` as the group coordinator."""
+    return serving(partial(group_pb2_grpc.add_GroupServicer_to_server, coordinator))
 
 
 class FlakyCoordinator(_Coordinator):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from functools import partial
 
 import grpc
 import grpc.aio
@@ -31,6 +32,8 @@ from tidelog.v1 import (
     log_pb2,
     log_pb2_grpc,
 )
+
+from tests.support.in_process_server import serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -90,19 +93,13 @@ class RefusingLaterCoordinator(
         return group_pb2.LeaveGroupResponse()
 
 
-@contextlib.asynccontextmanager
-async def _serving(coordinator: RefusingLaterCoordinator) -> AsyncIterator[str]:
-    """`coordinator` on an in-process gRPC server on a free loopback port: its address."""
-    server = grpc.aio.server()
-    group_pb2_grpc.add_GroupServicer_to_server(coordinator, server)
-    cluster_pb2_grpc.add_ClusterServicer_to_server(coordinator, server)
-    log_pb2_grpc.add_LogServicer_to_server(coordinator, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        await server.stop(None)
+def _serving(coordinator: RefusingLaterCoordinator) -> contextlib.AbstractAsyncContextManager[str]:
+    """`coordinator` as the group coordinator, cluster and log service."""
+    return serving(
+        partial(group_pb2_grpc.add_GroupServicer_to_server, coordinator),
+        partial(cluster_pb2_grpc.add_ClusterServicer_to_server, coordinator),
+        partial(log_pb2_grpc.add_LogServicer_to_server, coordinator),
+    )
 
 
 def test_a_refusal_wakes_the_consumer_that_waits() -> None:

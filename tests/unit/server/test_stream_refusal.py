@@ -5,6 +5,7 @@ real grpc.aio server and client over loopback."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,7 +13,14 @@ import grpc
 import pytest
 from tidelog_server import stream_refusal
 
-_METHOD = "/test.Refusals/Refused"
+from tests.support.in_process_server import serving
+
+_SERVICE = "test.Refusals"
+_METHOD = f"/{_SERVICE}/Refused"
+#: Generous bound on what happens at once here (a loaded CI machine).
+DEADLINE_S = 30
+#: How often the test looks whether the server has started reading.
+POLL_S = 0.01
 
 
 def _identity(data: bytes) -> bytes:
@@ -26,10 +34,9 @@ async def _refused(requests: AsyncIterator[bytes], context: grpc.aio.ServicerCon
     yield b""  # pragma: no cover (a generator, as gRPC's stream handlers are)
 
 
-async def _serve() -> tuple[grpc.aio.Server, int]:
-    server = grpc.aio.server()
+def _add_refusing_service(server: grpc.aio.Server) -> None:
     handler = grpc.method_handlers_generic_handler(
-        "test.Refusals",
+        _SERVICE,
         {
             "Refused": grpc.stream_stream_rpc_method_handler(
                 _refused, request_deserializer=_identity, response_serializer=_identity
@@ -37,9 +44,20 @@ async def _serve() -> tuple[grpc.aio.Server, int]:
         },
     )
     server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    await server.start()
-    return server, port
+
+
+@contextlib.asynccontextmanager
+async def _refused_method() -> AsyncIterator[Any]:
+    """The refusing method of an in-process server, as a client calls it;
+    no refusal is left reading after the block."""
+    async with (
+        serving(_add_refusing_service) as address,
+        grpc.aio.insecure_channel(address) as channel,
+    ):
+        yield channel.stream_stream(
+            _METHOD, request_serializer=_identity, response_deserializer=_identity
+        )
+    assert stream_refusal._reading == 0
 
 
 async def _end_of(call: Any) -> grpc.StatusCode:
@@ -60,35 +78,27 @@ def test_past_the_reading_limit_a_refusal_ends_its_call_without_reading(
     monkeypatch.setattr(stream_refusal, "REFUSAL_READ_S", 600.0)
 
     async def scenario() -> None:
-        server, port = await _serve()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                method = channel.stream_stream(
-                    _METHOD, request_serializer=_identity, response_deserializer=_identity
-                )
-                silent: asyncio.Queue[bytes] = asyncio.Queue()
+        async with _refused_method() as method:
+            silent: asyncio.Queue[bytes] = asyncio.Queue()
 
-                async def never_writes() -> AsyncIterator[bytes]:
-                    yield await silent.get()
+            async def never_writes() -> AsyncIterator[bytes]:
+                yield await silent.get()
 
-                reading = method(never_writes())
-                reading_end = asyncio.ensure_future(_end_of(reading))
-                async with asyncio.timeout(30):
-                    while stream_refusal._reading < 1:
-                        await asyncio.sleep(0.01)
-                flooded = method(never_writes())
-                assert await asyncio.wait_for(_end_of(flooded), 30) in (
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    grpc.StatusCode.INTERNAL,  # lost to the client's write (module doc)
-                )
-                assert not reading_end.done()
-                assert stream_refusal._reading == 1
-                # The first client half-closes: its refusal comes now, with its status.
-                reading.cancel()
-                await asyncio.wait([reading_end])
-        finally:
-            await server.stop(None)
-        assert stream_refusal._reading == 0
+            reading = method(never_writes())
+            reading_end = asyncio.ensure_future(_end_of(reading))
+            async with asyncio.timeout(DEADLINE_S):
+                while stream_refusal._reading < 1:
+                    await asyncio.sleep(POLL_S)
+            flooded = method(never_writes())
+            assert await asyncio.wait_for(_end_of(flooded), DEADLINE_S) in (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                grpc.StatusCode.INTERNAL,  # lost to the client's write (module doc)
+            )
+            assert not reading_end.done()
+            assert stream_refusal._reading == 1
+            # The first client cancels: the server's reading ends with its call.
+            reading.cancel()
+            await asyncio.wait([reading_end])
 
     asyncio.run(scenario())
 
@@ -96,24 +106,16 @@ def test_past_the_reading_limit_a_refusal_ends_its_call_without_reading(
 @pytest.mark.timeout(60)
 def test_a_refusal_reads_the_clients_requests_then_gives_its_status() -> None:
     async def scenario() -> None:
-        server, port = await _serve()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                method = channel.stream_stream(
-                    _METHOD, request_serializer=_identity, response_deserializer=_identity
-                )
+        async with _refused_method() as method:
 
-                async def writes_three() -> AsyncIterator[bytes]:
-                    for i in range(3):
-                        yield b"request %d" % i
+            async def writes_three() -> AsyncIterator[bytes]:
+                for i in range(3):
+                    yield b"request %d" % i
 
-                call = method(writes_three())
-                assert await asyncio.wait_for(_end_of(call), 30) is (
-                    grpc.StatusCode.RESOURCE_EXHAUSTED
-                )
-                assert await call.details() == "over the test's limit"
-        finally:
-            await server.stop(None)
-        assert stream_refusal._reading == 0
+            call = method(writes_three())
+            assert await asyncio.wait_for(_end_of(call), DEADLINE_S) is (
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+            )
+            assert await call.details() == "over the test's limit"
 
     asyncio.run(scenario())
