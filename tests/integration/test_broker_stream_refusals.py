@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
 import pytest
 from tidelog import AdminClient, Consumer, NewTopic, TopicPartition
 from tidelog.errors import InvalidRequestError
-from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
+from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tests.support.processes import BrokerProcess, start_broker
-from tests.support.stream_refusals import holding_a_fetch_stream, refusals
+from tests.support.stream_refusals import (
+    holding_a_fetch_stream,
+    holding_a_fetch_stream_on,
+    refusals,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,26 +51,15 @@ def test_a_fetch_stream_over_the_per_connection_limit_always_gets_the_limit(
     broker: BrokerProcess,
 ) -> None:
     async def run() -> None:
-        async with grpc.aio.insecure_channel(broker.address) as channel:
-            stub = log_pb2_grpc.LogStub(channel)
-            held: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
-
-            async def held_requests() -> AsyncIterator[log_pb2.FetchRequest]:
-                while (request := await held.get()) is not None:
-                    yield request
-
-            # The connection's one stream: open (and counted) once answered.
-            open_stream = stub.Fetch(held_requests())
-            held.put_nowait(FETCH)
-            answer = await asyncio.wait_for(open_stream.read(), 30)
-            assert answer.partitions[0].error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
-            ends = await refusals(stub.Fetch, FETCH, TRIES)
+        async with (
+            grpc.aio.insecure_channel(broker.address) as channel,
+            holding_a_fetch_stream_on(channel),  # the connection's one stream
+        ):
+            ends = await refusals(log_pb2_grpc.LogStub(channel).Fetch, FETCH, TRIES)
             assert all(
                 code == "RESOURCE_EXHAUSTED" and "fetch.max.streams.per.connection=1" in details
                 for code, details in ends
             ), ends
-            held.put_nowait(None)
-            open_stream.cancel()
 
     asyncio.run(run())
 

@@ -68,18 +68,21 @@ async def refusals(
     return ends
 
 
+#: A Fetch of a partition no broker has: answered at once (UNKNOWN_TOPIC_OR_PARTITION),
+#: which is what makes a stream open and counted.
+HOLDING_FETCH = log_pb2.FetchRequest(
+    positions=[log_pb2.FetchPosition(topic="absent", partition=0, fetch_offset=0)],
+    credit_bytes=1024 * 1024,
+    max_wait_ms=100,
+)
+
+
 @contextlib.contextmanager
 def holding_a_fetch_stream(address: str) -> Iterator[None]:
     """One Fetch stream to `address`, open and answered (so counted) for
     the duration of the block, from its own connection."""
     requests: queue.Queue[log_pb2.FetchRequest | None] = queue.Queue()
-    requests.put(
-        log_pb2.FetchRequest(
-            positions=[log_pb2.FetchPosition(topic="absent", partition=0, fetch_offset=0)],
-            credit_bytes=1024 * 1024,
-            max_wait_ms=100,
-        )
-    )
+    requests.put(HOLDING_FETCH)
     with grpc.insecure_channel(address) as channel:
         call = log_pb2_grpc.LogStub(channel).Fetch(iter(requests.get, None), timeout=3600)
         try:
@@ -89,3 +92,24 @@ def holding_a_fetch_stream(address: str) -> Iterator[None]:
         finally:
             requests.put(None)
             call.cancel()
+
+
+@contextlib.asynccontextmanager
+async def holding_a_fetch_stream_on(channel: grpc.aio.Channel) -> AsyncIterator[None]:
+    """As holding_a_fetch_stream, on `channel`'s connection: the stream a
+    per-connection limit of one leaves no room beside."""
+    held: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
+
+    async def held_requests() -> AsyncIterator[log_pb2.FetchRequest]:
+        while (request := await held.get()) is not None:
+            yield request
+
+    call = log_pb2_grpc.LogStub(channel).Fetch(held_requests())
+    held.put_nowait(HOLDING_FETCH)
+    try:
+        answer = await asyncio.wait_for(call.read(), TRY_TIMEOUT_S)
+        assert answer.partitions[0].error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+        yield
+    finally:
+        held.put_nowait(None)
+        call.cancel()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import grpc
@@ -18,7 +18,6 @@ import pytest
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from tidelog.errors import InvalidRequestError
 from tidelog.v1 import (
-    common_pb2,
     group_pb2,
     group_pb2_grpc,
     log_pb2,
@@ -29,7 +28,11 @@ from tidelog.v1 import (
 
 from tests.support.cluster import ClusterProcesses
 from tests.support.gateway import GatewayProcess, gateway_of
-from tests.support.stream_refusals import holding_a_fetch_stream, refusals
+from tests.support.stream_refusals import (
+    holding_a_fetch_stream,
+    holding_a_fetch_stream_on,
+    refusals,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,26 +74,16 @@ def test_a_stream_over_the_per_connection_limit_always_gets_the_limit(
     service, first = FIRST[rpc]
 
     async def run() -> None:
-        async with grpc.aio.insecure_channel(gateway.address) as channel:
-            held: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
-
-            async def held_requests() -> AsyncIterator[log_pb2.FetchRequest]:
-                while (request := await held.get()) is not None:
-                    yield request
-
-            # The connection's one stream: open (and counted) once answered.
-            open_stream = log_pb2_grpc.LogStub(channel).Fetch(held_requests())
-            held.put_nowait(FETCH)
-            answer = await asyncio.wait_for(open_stream.read(), 30)
-            assert answer.partitions[0].error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+        async with (
+            grpc.aio.insecure_channel(gateway.address) as channel,
+            holding_a_fetch_stream_on(channel),  # the connection's one stream
+        ):
             stub = STUBS[service](channel)
             ends = await refusals(getattr(stub, rpc.split(".")[1]), first, TRIES)
             assert all(
                 code == "RESOURCE_EXHAUSTED" and "--max-streams-per-connection=1" in details
                 for code, details in ends
             ), ends
-            held.put_nowait(None)
-            open_stream.cancel()
 
     asyncio.run(run())
 
