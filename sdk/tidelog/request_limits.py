@@ -9,6 +9,7 @@ directory on its brokers) whatever a client sends.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from tidelog.errors import InvalidRequestError
@@ -55,3 +56,22 @@ def check_topic_count(count: int, rpc: str) -> None:
             f"{count} topics in one {rpc} request: MAX_TOPICS_PER_REQUEST is "
             f"{MAX_TOPICS_PER_REQUEST}; send them in several requests"
         )
+
+
+def repeated_names(names: Iterable[str]) -> set[str]:
+    """The names given more than once in one request.
+
+    Every entry of such a name is refused (with `repeated_name_error`), as
+    Kafka refuses duplicate topics in CreateTopics and DeleteTopics: there is
+    no order between two entries of one request to honour, and without the
+    rule a request could make a server do the same etcd work
+    MAX_TOPICS_PER_REQUEST times over.
+    """
+    return {name for name, count in Counter(names).items() if count > 1}
+
+
+def repeated_name_error(name: str, rpc: str) -> InvalidRequestError:
+    """The error of each entry of a topic that `repeated_names` found."""
+    return InvalidRequestError(
+        f"topic {name[:64]!r} is named more than once in one {rpc} request: name each topic once"
+    )

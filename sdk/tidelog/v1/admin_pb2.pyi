@@ -60,7 +60,11 @@ class CreateTopicsRequest(_message.Message):
     validate_only: _builtins.bool
     """Check the request, create nothing."""
     @_builtins.property
-    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewTopic]: ...
+    def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewTopic]:
+        """At most MAX_TOPICS_PER_REQUEST topics. A name given twice gets
+        INVALID_REQUEST in each of its entries, and nothing is done for it.
+        """
+
     def __init__(
         self,
         *,
@@ -225,7 +229,11 @@ class DeleteTopicsRequest(_message.Message):
 
     NAMES_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """At most MAX_TOPICS_PER_REQUEST names. A name given twice gets
+        INVALID_REQUEST in each of its entries, and nothing is done for it.
+        """
+
     def __init__(
         self,
         *,
@@ -530,7 +538,10 @@ class AlterConfigsRequest(_message.Message):
     """Check the changes, apply nothing."""
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___AlterTopicConfigs]:
-        """The changes, one entry per topic."""
+        """The changes, one entry per topic: at most MAX_TOPICS_PER_REQUEST. A
+        name given twice gets INVALID_REQUEST in each of its entries, and
+        nothing is done for it.
+        """
 
     def __init__(
         self,
@@ -630,7 +641,9 @@ class CreatePartitionsRequest(_message.Message):
     """Check the request, create nothing."""
     @_builtins.property
     def topics(self) -> _containers.RepeatedCompositeFieldContainer[Global___NewPartitions]:
-        """At most MAX_TOPICS_PER_REQUEST topics."""
+        """At most MAX_TOPICS_PER_REQUEST topics. A name given twice gets
+        INVALID_REQUEST in each of its entries, and nothing is done for it.
+        """
 
     def __init__(
         self,

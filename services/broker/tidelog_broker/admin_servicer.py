@@ -12,7 +12,12 @@ from typing import NoReturn
 
 import grpc
 from tidelog.errors import InvalidRequestError
-from tidelog.request_limits import check_create_topics, check_topic_count
+from tidelog.request_limits import (
+    check_create_topics,
+    check_topic_count,
+    repeated_name_error,
+    repeated_names,
+)
 from tidelog.v1 import admin_pb2, admin_pb2_grpc
 
 from tidelog_broker.config import BrokerConfig
@@ -56,9 +61,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         except InvalidRequestError as exc:
             await abort(context, exc, "creating topics")
         response = admin_pb2.CreateTopicsResponse()
+        repeated = repeated_names(t.name for t in request.topics)
         for new in request.topics:
             result = response.topics.add(name=new.name)
             try:
+                if new.name in repeated:
+                    raise repeated_name_error(new.name, "CreateTopics")
                 partitions, replication_factor = self._standalone_shape(new)
                 self._manager.logs.create_topic(
                     new.name,
@@ -111,9 +119,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DeleteTopicsResponse:
         await self._check_topic_count(len(request.names), "DeleteTopics", context)
         response = admin_pb2.DeleteTopicsResponse()
+        repeated = repeated_names(request.names)
         for name in request.names:
             result = response.topics.add(name=name)
             try:
+                if name in repeated:
+                    raise repeated_name_error(name, "DeleteTopics")
                 self._manager.logs.delete_topic(name)
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"deleting topic {name}"))
@@ -171,9 +182,12 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.AlterConfigsResponse:
         await self._check_topic_count(len(request.topics), "AlterConfigs", context)
         response = admin_pb2.AlterConfigsResponse()
+        repeated = repeated_names(change.name for change in request.topics)
         for change in request.topics:
             result = response.topics.add(name=change.name)
             try:
+                if change.name in repeated:
+                    raise repeated_name_error(change.name, "AlterConfigs")
                 self._manager.logs.alter_configs(
                     change.name,
                     dict(change.set),

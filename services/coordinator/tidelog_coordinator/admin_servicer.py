@@ -19,13 +19,15 @@ from tidelog.request_limits import (
     check_create_topics,
     check_partitions_per_request,
     check_topic_count,
+    repeated_name_error,
+    repeated_names,
 )
 from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
 
 from tidelog_coordinator.broker_calls import BrokerCalls
 from tidelog_coordinator.errors import abort, error_proto
-from tidelog_coordinator.metadata import MetadataManager, TopicRecord
+from tidelog_coordinator.metadata import MetadataManager, TopicReads, TopicRecord
 from tidelog_coordinator.partition_admin import PartitionAdmin, ReassignmentReads
 from tidelog_coordinator.producer_ids import ProducerIdAllocator
 from tidelog_coordinator.security_admin import SecurityAdmin
@@ -56,8 +58,11 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         except InvalidRequestError as exc:
             await abort(context, exc, "creating topics")
         results = []
+        repeated = repeated_names(t.name for t in request.topics)
         for topic in request.topics:
             try:
+                if topic.name in repeated:
+                    raise repeated_name_error(topic.name, "CreateTopics")
                 await self.metadata.create_topic(
                     topic.name,
                     topic.partitions,
@@ -82,9 +87,13 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DeleteTopicsResponse:
         await self._check_topic_count(len(request.names), "DeleteTopics", context)
         results = []
+        repeated = repeated_names(request.names)
+        reads = TopicReads(self.metadata, request.names)
         for name in request.names:
             try:
-                await self.metadata.delete_topic(name)
+                if name in repeated:
+                    raise repeated_name_error(name, "DeleteTopics")
+                await self.metadata.delete_topic(name, reads)
                 results.append(admin_pb2.TopicResult(name=name))
             except Exception as exc:
                 results.append(
@@ -139,10 +148,11 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
             except Exception as exc:
                 await abort(context, exc, "listing topics")
         response = admin_pb2.DescribeConfigsResponse()
+        reads = TopicReads(self.metadata, names)
         for name in names:
             result = response.topics.add(name=name)
             try:
-                entries = await self.metadata.describe_configs(name)
+                entries = await self.metadata.describe_configs(name, reads)
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"describing configs of {name!r}"))
                 continue
@@ -161,14 +171,19 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.AlterConfigsResponse:
         await self._check_topic_count(len(request.topics), "AlterConfigs", context)
         response = admin_pb2.AlterConfigsResponse()
+        repeated = repeated_names(change.name for change in request.topics)
+        reads = TopicReads(self.metadata, request.topics)
         for change in request.topics:
             result = response.topics.add(name=change.name)
             try:
+                if change.name in repeated:
+                    raise repeated_name_error(change.name, "AlterConfigs")
                 await self.metadata.alter_configs(
                     change.name,
                     dict(change.set),
                     list(change.delete),
                     validate_only=request.validate_only,
+                    reads=reads,
                 )
             except Exception as exc:
                 result.error.CopyFrom(error_proto(exc, f"altering configs of {change.name!r}"))
@@ -184,9 +199,12 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         except InvalidRequestError as exc:
             await abort(context, exc, "adding partitions")
         response = admin_pb2.CreatePartitionsResponse()
+        repeated = repeated_names(t.name for t in request.topics)
         for topic in request.topics:
             result = response.topics.add(name=topic.name)
             try:
+                if topic.name in repeated:
+                    raise repeated_name_error(topic.name, "CreatePartitions")
                 await self.partitions.create_partitions(
                     topic.name,
                     topic.total_count,

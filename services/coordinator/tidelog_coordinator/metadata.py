@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,11 @@ from tidelog_coordinator.placement import (
 #: Attempts of an AlterConfigs read-modify-write before giving up (each
 #: failure means the topic key changed meanwhile; we re-read and try again).
 ALTER_CONFIGS_ATTEMPTS = 5
+
+#: An admin request naming more topics than this reads every topic record
+#: with one range read, not one read per topic (TopicReads), and ElectLeaders
+#: reads every partition state at once, not each topic's.
+TOPICS_READ_ONE_BY_ONE = 16
 
 #: Upper bound on partitions per topic, shared with the request check that
 #: refuses a whole CreateTopics before any topic is created.
@@ -96,6 +101,35 @@ class TopicRecord:
 
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+class TopicReads:
+    """The topic records that one admin request (DeleteTopics, DescribeConfigs,
+    AlterConfigs) reads, shared by its entries.
+
+    A request naming at most TOPICS_READ_ONE_BY_ONE topics reads each one's
+    key; a bigger one reads every topic record with one range read on first
+    use. So a request of MAX_TOPICS_PER_REQUEST names, most of them topics
+    that do not exist, costs one etcd read, not a thousand. A record may be
+    older than the request's write to it: the writes compare revisions, and
+    one that finds the key changed reads it again itself.
+    """
+
+    def __init__(self, metadata: MetadataManager, names: Collection[str]) -> None:
+        self._client = metadata.client
+        self._keys = metadata.keys
+        self._one_by_one = len(names) <= TOPICS_READ_ONE_BY_ONE
+        self._listing: dict[str, aetcd.KeyValue] | None = None
+
+    async def record(self, name: str) -> aetcd.KeyValue | None:
+        """The topic's key-value (its value and mod revision), or None when
+        there is no such topic."""
+        if self._one_by_one:
+            return await self._client.get(self._keys.topic(name))
+        if self._listing is None:
+            listing = await self._client.get_prefix(self._keys.topics)
+            self._listing = {self._keys.tail(kv.key, self._keys.topics): kv for kv in listing}
+        return self._listing.get(name)
 
 
 class MetadataManager:
@@ -277,9 +311,12 @@ class MetadataManager:
                     f"topic {record.name!r} was deleted while being created"
                 )
 
-    async def delete_topic(self, name: str) -> None:
-        """Delete the topic and its partition states in one transaction."""
+    async def delete_topic(self, name: str, reads: TopicReads | None = None) -> None:
+        """Delete the topic and its partition states in one transaction
+        (none when `reads` shows that there is no such topic)."""
         validate_topic_name(name)
+        if reads is not None and await reads.record(name) is None:
+            raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         tx = self.client.transactions
         topic_key = self.keys.topic(name)
         states = self.keys.partition_states(name)
@@ -335,12 +372,15 @@ class MetadataManager:
 
     # ------------------------------------------------------------ configs
 
-    async def describe_configs(self, name: str) -> list[tuple[str, str, bool]]:
+    async def describe_configs(
+        self, name: str, reads: TopicReads | None = None
+    ) -> list[tuple[str, str, bool]]:
         """Every topic config of `name`: (key, effective value, is an override),
         sorted by key. The coordinator has no broker config file: a value is
         either the topic's override or Tidelog's default."""
         validate_topic_name(name)
-        got = await self.client.get(self.keys.topic(name))
+        reads = reads or TopicReads(self, [name])
+        got = await reads.record(name)
         if got is None:
             raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
         overrides = dict(TopicAssignment.decode(got.value).configs)
@@ -353,6 +393,7 @@ class MetadataManager:
         set_configs: dict[str, str],
         delete_configs: Sequence[str],
         validate_only: bool = False,
+        reads: TopicReads | None = None,
     ) -> dict[str, str]:
         """Set and remove overrides of one topic (incrementally) and return the
         new overrides. Validated with `tidelog_server.topic_configs`; written with a
@@ -367,8 +408,11 @@ class MetadataManager:
         canonical = validate_topic_configs(set_configs)
         tx = self.client.transactions
         topic_key = self.keys.topic(name)
-        for _ in range(ALTER_CONFIGS_ATTEMPTS):
-            got = await self.client.get(topic_key)
+        for attempt in range(ALTER_CONFIGS_ATTEMPTS):
+            if attempt == 0 and reads is not None:
+                got = await reads.record(name)
+            else:
+                got = await self.client.get(topic_key)
             if got is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
             topic = TopicAssignment.decode(got.value)

@@ -43,7 +43,7 @@ from tidelog_server.etcd.records import (
 
 from tidelog_coordinator import reassignment as rules
 from tidelog_coordinator.leader_election import decide
-from tidelog_coordinator.metadata import MAX_PARTITIONS, MetadataManager
+from tidelog_coordinator.metadata import MAX_PARTITIONS, TOPICS_READ_ONE_BY_ONE, MetadataManager
 from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
 
 #: Attempts of one read-compare-write before the call gives up (each failed
@@ -59,9 +59,6 @@ RETRY_PAUSE_MAX_S = 0.25
 #: Partitions of one ElectLeaders call elected at the same time (each one
 #: whose leader changes is an etcd transaction).
 ELECTION_CONCURRENCY = 32
-#: An ElectLeaders call naming more topics than this reads every partition's
-#: state at once instead of each topic's.
-TOPICS_READ_ONE_BY_ONE = 16
 
 
 async def write_attempts() -> AsyncIterator[int]:
