@@ -172,7 +172,7 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         await self._check_topic_count(len(request.topics), "AlterConfigs", context)
         response = admin_pb2.AlterConfigsResponse()
         repeated = repeated_names(change.name for change in request.topics)
-        reads = TopicReads(self.metadata, request.topics)
+        reads = TopicReads(self.metadata, [change.name for change in request.topics])
         for change in request.topics:
             result = response.topics.add(name=change.name)
             try:
