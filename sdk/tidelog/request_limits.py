@@ -10,9 +10,12 @@ directory on its brokers) whatever a client sends.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
+from typing import TypeVar
 
 from tidelog.errors import InvalidRequestError
+
+T = TypeVar("T", bound=Hashable)
 
 #: Topics named in one admin request (CreateTopics, DeleteTopics,
 #: DescribeTopics, DescribeConfigs, AlterConfigs).
@@ -58,20 +61,28 @@ def check_topic_count(count: int, rpc: str) -> None:
         )
 
 
-def repeated_names(names: Iterable[str]) -> set[str]:
-    """The names given more than once in one request.
+def repeated(items: Iterable[T]) -> set[T]:
+    """The topic names (or partitions) given more than once in one request.
 
-    Every entry of such a name is refused (with `repeated_name_error`), as
-    Kafka refuses duplicate topics in CreateTopics and DeleteTopics: there is
-    no order between two entries of one request to honour, and without the
-    rule a request could make a server do the same etcd work
-    MAX_TOPICS_PER_REQUEST times over.
+    Every entry of such an item is refused (`repeated_name_error`,
+    `repeated_partition_error`), as Kafka refuses duplicate topics in
+    CreateTopics and DeleteTopics: there is no order between two entries of
+    one request to honour, and without the rule a request could make a
+    server do the same etcd work its whole count limit over.
     """
-    return {name for name, count in Counter(names).items() if count > 1}
+    return {item for item, count in Counter(items).items() if count > 1}
 
 
 def repeated_name_error(name: str, rpc: str) -> InvalidRequestError:
-    """The error of each entry of a topic that `repeated_names` found."""
+    """The error of each entry of a topic that `repeated` found."""
     return InvalidRequestError(
         f"topic {name[:64]!r} is named more than once in one {rpc} request: name each topic once"
+    )
+
+
+def repeated_partition_error(topic: str, partition: int, rpc: str) -> InvalidRequestError:
+    """The error of each entry of a partition that `repeated` found."""
+    return InvalidRequestError(
+        f"partition {topic[:64]}-{partition} is named more than once in one {rpc} request: "
+        "name each partition once"
     )

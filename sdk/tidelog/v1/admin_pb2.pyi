@@ -829,7 +829,9 @@ class ElectLeadersRequest(_message.Message):
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]:
         """The partitions to elect the preferred leader of; empty means every
-        partition of every topic. At most MAX_PARTITIONS_PER_REQUEST.
+        partition of every topic. At most MAX_PARTITIONS_PER_REQUEST. A
+        partition given twice gets INVALID_REQUEST in each of its entries, and
+        is not elected.
         """
 
     def __init__(
@@ -917,7 +919,9 @@ class AlterPartitionReassignmentsRequest(_message.Message):
     """
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___PartitionReassignment]:
-        """At most MAX_PARTITIONS_PER_REQUEST partitions."""
+        """At most MAX_PARTITIONS_PER_REQUEST partitions. A partition given twice
+        gets INVALID_REQUEST in each of its entries, and nothing is done for it.
+        """
 
     def __init__(
         self,

@@ -15,8 +15,8 @@ from tidelog.errors import InvalidRequestError
 from tidelog.request_limits import (
     check_create_topics,
     check_topic_count,
+    repeated,
     repeated_name_error,
-    repeated_names,
 )
 from tidelog.v1 import admin_pb2, admin_pb2_grpc
 
@@ -61,11 +61,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         except InvalidRequestError as exc:
             await abort(context, exc, "creating topics")
         response = admin_pb2.CreateTopicsResponse()
-        repeated = repeated_names(t.name for t in request.topics)
+        repeated_topics = repeated(t.name for t in request.topics)
         for new in request.topics:
             result = response.topics.add(name=new.name)
             try:
-                if new.name in repeated:
+                if new.name in repeated_topics:
                     raise repeated_name_error(new.name, "CreateTopics")
                 partitions, replication_factor = self._standalone_shape(new)
                 self._manager.logs.create_topic(
@@ -119,11 +119,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DeleteTopicsResponse:
         await self._check_topic_count(len(request.names), "DeleteTopics", context)
         response = admin_pb2.DeleteTopicsResponse()
-        repeated = repeated_names(request.names)
+        repeated_topics = repeated(request.names)
         for name in request.names:
             result = response.topics.add(name=name)
             try:
-                if name in repeated:
+                if name in repeated_topics:
                     raise repeated_name_error(name, "DeleteTopics")
                 self._manager.logs.delete_topic(name)
             except Exception as exc:
@@ -182,11 +182,11 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.AlterConfigsResponse:
         await self._check_topic_count(len(request.topics), "AlterConfigs", context)
         response = admin_pb2.AlterConfigsResponse()
-        repeated = repeated_names(change.name for change in request.topics)
+        repeated_topics = repeated(change.name for change in request.topics)
         for change in request.topics:
             result = response.topics.add(name=change.name)
             try:
-                if change.name in repeated:
+                if change.name in repeated_topics:
                     raise repeated_name_error(change.name, "AlterConfigs")
                 self._manager.logs.alter_configs(
                     change.name,

@@ -19,8 +19,9 @@ from tidelog.request_limits import (
     check_create_topics,
     check_partitions_per_request,
     check_topic_count,
+    repeated,
     repeated_name_error,
-    repeated_names,
+    repeated_partition_error,
 )
 from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
@@ -28,7 +29,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc,
 from tidelog_coordinator.broker_calls import BrokerCalls
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicReads, TopicRecord
-from tidelog_coordinator.partition_admin import PartitionAdmin, ReassignmentReads
+from tidelog_coordinator.partition_admin import ElectionResult, PartitionAdmin, ReassignmentReads
 from tidelog_coordinator.producer_ids import ProducerIdAllocator
 from tidelog_coordinator.security_admin import SecurityAdmin
 
@@ -58,10 +59,10 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         except InvalidRequestError as exc:
             await abort(context, exc, "creating topics")
         results = []
-        repeated = repeated_names(t.name for t in request.topics)
+        repeated_topics = repeated(t.name for t in request.topics)
         for topic in request.topics:
             try:
-                if topic.name in repeated:
+                if topic.name in repeated_topics:
                     raise repeated_name_error(topic.name, "CreateTopics")
                 await self.metadata.create_topic(
                     topic.name,
@@ -87,11 +88,11 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DeleteTopicsResponse:
         await self._check_topic_count(len(request.names), "DeleteTopics", context)
         results = []
-        repeated = repeated_names(request.names)
+        repeated_topics = repeated(request.names)
         reads = TopicReads(self.metadata, request.names)
         for name in request.names:
             try:
-                if name in repeated:
+                if name in repeated_topics:
                     raise repeated_name_error(name, "DeleteTopics")
                 await self.metadata.delete_topic(name, reads)
                 results.append(admin_pb2.TopicResult(name=name))
@@ -171,12 +172,12 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.AlterConfigsResponse:
         await self._check_topic_count(len(request.topics), "AlterConfigs", context)
         response = admin_pb2.AlterConfigsResponse()
-        repeated = repeated_names(change.name for change in request.topics)
+        repeated_topics = repeated(change.name for change in request.topics)
         reads = TopicReads(self.metadata, [change.name for change in request.topics])
         for change in request.topics:
             result = response.topics.add(name=change.name)
             try:
-                if change.name in repeated:
+                if change.name in repeated_topics:
                     raise repeated_name_error(change.name, "AlterConfigs")
                 await self.metadata.alter_configs(
                     change.name,
@@ -199,11 +200,11 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         except InvalidRequestError as exc:
             await abort(context, exc, "adding partitions")
         response = admin_pb2.CreatePartitionsResponse()
-        repeated = repeated_names(t.name for t in request.topics)
+        repeated_topics = repeated(t.name for t in request.topics)
         for topic in request.topics:
             result = response.topics.add(name=topic.name)
             try:
-                if topic.name in repeated:
+                if topic.name in repeated_topics:
                     raise repeated_name_error(topic.name, "CreatePartitions")
                 await self.partitions.create_partitions(
                     topic.name,
@@ -231,11 +232,25 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.ElectLeadersResponse:
         try:
             check_partitions_per_request(len(request.partitions), "ElectLeaders")
-            results = await self.partitions.elect_preferred(
-                [TopicPartition(p.topic, p.partition) for p in request.partitions]
-            )
+        except InvalidRequestError as exc:
+            await abort(context, exc, "electing leaders")
+        named = [TopicPartition(p.topic, p.partition) for p in request.partitions]
+        repeated_partitions = repeated(named)
+        wanted = [tp for tp in named if tp not in repeated_partitions]
+        try:
+            # No partition named means every partition; a request whose
+            # partitions are all repeated elects none.
+            elected = await self.partitions.elect_preferred(wanted) if wanted or not named else []
         except Exception as exc:
             await abort(context, exc, "electing leaders")
+        # One result per entry, in request order (elected is in wanted's).
+        in_order = iter(elected)
+        results = [
+            ElectionResult(tp, -1, repeated_partition_error(tp.topic, tp.partition, "ElectLeaders"))
+            if tp in repeated_partitions
+            else next(in_order)
+            for tp in named
+        ] or elected
         response = admin_pb2.ElectLeadersResponse()
         for result in results:
             item = response.partitions.add(
@@ -256,9 +271,14 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
             await abort(context, exc, "reassigning partitions")
         response = admin_pb2.AlterPartitionReassignmentsResponse()
         reads = ReassignmentReads(self.partitions)
+        repeated_partitions = repeated((p.topic, p.partition) for p in request.partitions)
         for part in request.partitions:
             result = response.partitions.add(topic=part.topic, partition=part.partition)
             try:
+                if (part.topic, part.partition) in repeated_partitions:
+                    raise repeated_partition_error(
+                        part.topic, part.partition, "AlterPartitionReassignments"
+                    )
                 await self.partitions.alter_reassignment(
                     TopicPartition(part.topic, part.partition),
                     list(part.replicas),

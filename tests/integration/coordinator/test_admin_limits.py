@@ -208,3 +208,46 @@ def test_a_request_naming_many_missing_topics_reads_them_once(
     assert {t.error.code for t in reply.topics} == {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
     assert "does not exist" in reply.topics[0].error.message
     assert requests < ETCD_REQUESTS_MAX, requests
+
+
+@pytest.mark.parametrize("rpc", ["ElectLeaders", "AlterPartitionReassignments"])
+def test_a_partition_named_twice_in_one_request_is_refused_in_each_entry(
+    cluster: ClusterProcesses, rpc: str
+) -> None:
+    topic = f"parts-{rpc.lower()}"
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 2, 1)])
+    broker = cluster.brokers[0].broker_id
+    if rpc == "ElectLeaders":
+        request: object = admin_pb2.ElectLeadersRequest(
+            partitions=[common_pb2.TopicPartition(topic=topic, partition=p) for p in (0, 1, 0)]
+        )
+        only_repeated: object = admin_pb2.ElectLeadersRequest(
+            partitions=[common_pb2.TopicPartition(topic=topic, partition=0)] * 2
+        )
+    else:
+        request = admin_pb2.AlterPartitionReassignmentsRequest(
+            partitions=[
+                admin_pb2.PartitionReassignment(topic=topic, partition=p, replicas=[broker])
+                for p in (0, 1, 0)
+            ]
+        )
+        only_repeated = admin_pb2.AlterPartitionReassignmentsRequest(
+            partitions=[admin_pb2.PartitionReassignment(topic=topic, partition=0)] * 2
+        )
+    with grpc.insecure_channel(cluster.coordinators[0].address) as channel:
+        stub = getattr(admin_pb2_grpc.AdminStub(channel), rpc)
+        reply = stub(request, timeout=30)
+        # Every entry repeated: nothing is done, and an ElectLeaders does not
+        # take the empty remainder for "every partition".
+        refused = stub(only_repeated, timeout=30)
+    answers = [(p.topic, p.partition, p.error.code) for p in reply.partitions]
+    assert [a[:2] for a in answers] == [(topic, 0), (topic, 1), (topic, 0)], answers
+    assert answers[0][2] == answers[2][2] == common_pb2.INVALID_REQUEST
+    assert answers[1][2] != common_pb2.INVALID_REQUEST
+    assert f"partition {topic}-0 is named more than once in one {rpc}" in (
+        reply.partitions[0].error.message
+    )
+    assert [(p.partition, p.error.code) for p in refused.partitions] == [
+        (0, common_pb2.INVALID_REQUEST)
+    ] * 2
