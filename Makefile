@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DATA_DIR ?= .tidelog
 
-.PHONY: helm-background helm install run test test-unit test-integration soak bench bench-kafka bench-baseline lint format proto proto-check go-tools examples images demo-spark clean
+.PHONY: helm-background helm install run test test-unit test-integration soak fuzz bench bench-kafka bench-baseline lint format proto proto-check go-tools examples images demo-spark clean
 
 install: $(STAMP)
 
@@ -97,6 +97,14 @@ test-integration: install
 # The long fault runs (kill -9 loops for minutes), left out of `make test`.
 soak: install
 	$(BIN)/python -m pytest -q -m soak tests/fault
+
+# The hostile-input test with FUZZ_RUNS random seeds (`make test` runs one
+# fixed seed); each run prints its seed for replay (tests/security).
+FUZZ_RUNS ?= 5
+fuzz: install
+	for run in $$(seq $(FUZZ_RUNS)); do \
+	  TIDELOG_FUZZ_SEED=random $(BIN)/python -m pytest -q tests/security/test_fuzz_services.py || exit 1; \
+	done
 
 # Throughput, latency and memory beside the same run's baselines, then the
 # control plane's numbers (rebalance time, offset commits per second), the
