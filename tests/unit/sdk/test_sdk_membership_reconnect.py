@@ -185,9 +185,13 @@ def test_a_retriable_refusal_is_asked_again_with_backoff_not_twenty_times_a_seco
     asyncio.run(scenario())
 
 
-def test_a_refusal_retrying_cannot_change_ends_the_session() -> None:
+def test_a_refusal_retrying_cannot_change_ends_the_session(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A full group: asked once, kept in `refused` for the caller to raise
-    (the consumers' next poll), not asked again once a second for ever."""
+    (the consumers' next poll), not asked again once a second for ever. Its
+    log line names the group once (the old code prefixed the coordinator's
+    message, which names it already)."""
 
     async def scenario() -> None:
         coordinator = RefusingCoordinator(
@@ -201,6 +205,8 @@ def test_a_refusal_retrying_cannot_change_ends_the_session() -> None:
                 await asyncio.sleep(2)  # time for a few more joins, were it still asking
                 assert coordinator.streams == 1
                 assert "at most 2" in str(membership.refused)
+                logged = [r.getMessage() for r in caplog.records if r.name == "tidelog.group"]
+                assert logged == ["group 'g' has 2 members: at most 2"], logged
             finally:
                 await membership.close()
 
