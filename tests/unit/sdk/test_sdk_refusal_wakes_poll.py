@@ -55,7 +55,7 @@ STREAM_LIMIT = "stream-limit"
 ACCESS_DENIED = "access-denied"
 REFUSALS: dict[str, tuple[str, type[TidelogError]]] = {
     IN_BAND: ("group 'g' has 1 members: at most 1 (--group-max-members)", InvalidRequestError),
-    STREAM_LIMIT: ("the gateway has 1 streams open: at most 1 (--max-streams)", InvalidRequestError),
+    STREAM_LIMIT: ("1 streams open: at most 1 (--max-streams)", InvalidRequestError),
     ACCESS_DENIED: ("User:ANONYMOUS may not Read group 'g'", AuthorizationFailedError),
 }
 #: Generous: the member is told at once; this only bounds a broken test.
