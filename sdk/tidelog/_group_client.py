@@ -279,9 +279,10 @@ class GroupClient:
             self._emit(ASSIGNED, assigned, wait=False)
 
     def on_refused(self, refusal: TidelogError) -> None:
-        """The coordinator refused the member for good (refusal()): wake a
-        waiting poll(), which raises it, instead of leaving it to the poll's
-        next look."""
+        """The coordinator refused the member, for good (refusal()) or by
+        denying access (which the membership retries): wake a waiting
+        poll(), which raises it, instead of leaving it to the poll's next
+        look."""
         self._notify()
 
     # ------------------------------------------------------------ offsets

@@ -778,7 +778,7 @@ def test_streams_per_principal_are_bounded_and_the_limit_named(
         calls = [open_stream(n) for n in range(3)]
         with pytest.raises(grpc.RpcError) as refused:
             open_stream(3)
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
         assert "--max-streams-per-principal=3" in refused.value.details()  # type: ignore[attr-defined]
         assert "User:ANONYMOUS" in refused.value.details()  # type: ignore[attr-defined]
         calls[0].cancel()

@@ -17,12 +17,15 @@ partitions. When the coordinator says the session is gone
 (UNKNOWN_MEMBER_ID), the partitions are lost (`on_partitions_lost`, or
 `on_partitions_revoked` if the listener has none) and it joins again as a new
 member. A refusal that retrying cannot change (a non-retriable error other
-than access denied: a full group, an invalid request) ends the session
-instead: it is kept in `refused`, the listener's optional
-`on_refused(error)` is called, and what to do is the caller's (the
-consumers raise it from the poll that waits, or the next one). Retriable
-errors are retried with a back-off, and so is access denied (an operator may
-grant it).
+than access denied: a full group, an invalid request, a stream limit that
+ended the heartbeat stream) ends the session instead: it is kept in
+`refused`, the listener's optional `on_refused(error)` is called, and what
+to do is the caller's (the consumers raise it from the poll that waits, or
+the next one). Retriable errors are retried with a back-off, as is a
+stream that ends INTERNAL or UNKNOWN without a typed error (gRPC's own
+failures look so), and so is access denied (an operator may grant it);
+access denied is kept in `error` and told to `on_refused(error)` too, for
+the caller to raise.
 
 Listener callbacks may be plain functions or coroutines; they run on the
 membership's task, one at a time. Not thread-safe: one event loop.
@@ -44,6 +47,7 @@ from tidelog.errors import (
     IllegalGenerationError,
     SaslAuthenticationError,
     TidelogError,
+    UnknownServerError,
     error_from_code,
     error_from_rpc,
 )
@@ -316,13 +320,18 @@ class GroupMembership:
                     log.info("coordinator %s unavailable; trying the next", self._channels.address)
                     await self._channels.rotate()
                 else:
-                    log.warning("group %r heartbeat stream failed: %s", self.group_id, exc)
                     error = error_from_rpc(exc)
-                    if _access_denied(error):
-                        # Still retried (an operator may grant access), but
-                        # the application's next poll raises it.
-                        self.error = error
-                        await self._notify()
+                    if error.retriable or isinstance(error, UnknownServerError):
+                        # UnknownServerError is also what a status gRPC
+                        # raised itself (INTERNAL) decodes to: no verdict.
+                        log.warning("group %r heartbeat stream failed: %s", self.group_id, exc)
+                    else:
+                        # A refusal that ended the stream (a stream limit,
+                        # access denied) is one an answer carried: the
+                        # same verdict, told the same way.
+                        await self._on_refusal(error)
+                        if self.refused is not None:
+                            return  # (the finally below ends the stream)
             finally:
                 call.cancel()
                 outbox.put_nowait(None)
@@ -333,7 +342,7 @@ class GroupMembership:
         from tidelog.errors import CoordinatorNotAvailableError, UnknownMemberIdError
 
         if isinstance(error, UnknownMemberIdError):
-            log.warning("group %r: %s; joining again", self.group_id, error.message)
+            log.warning("%s; joining again", self._about_group(error.message))
             lost = self.assignment
             self.member_id, self.member_epoch, self.member_token = "", 0, ""
             if lost:
@@ -347,17 +356,28 @@ class GroupMembership:
         elif isinstance(error, CoordinatorNotAvailableError):
             await self._channels.rotate()
         else:
-            self.error = error
-            if not error.retriable and not _access_denied(error):
-                self.refused = error  # the session ends (see _run)
-            log.error("group %r: %s", self.group_id, error.message)
-            await self._notify()  # a join may be waiting for its answer (joined())
-            if self.refused is not None:
-                # The caller raises it: tell one that waits (a poll()) now,
-                # as an assignment change is told, not at its next look.
-                handler = getattr(self.listener, "on_refused", None)
-                if handler is not None:
-                    await _maybe_await(handler(error))
+            await self._on_refusal(error)
+
+    async def _on_refusal(self, error: TidelogError) -> None:
+        """The coordinator refused the member (see the module doc): kept in
+        `error`, and in `refused` when retrying cannot change it."""
+        self.error = error
+        if not error.retriable and not _access_denied(error):
+            self.refused = error  # the session ends (see _run)
+        log.error("%s", self._about_group(error.message))
+        await self._notify()  # a join may be waiting for its answer (joined())
+        if self.refused is not None or _access_denied(error):
+            # The caller raises it: tell one that waits (a poll()) now,
+            # as an assignment change is told, not at its next look.
+            handler = getattr(self.listener, "on_refused", None)
+            if handler is not None:
+                await _maybe_await(handler(error))
+
+    def _about_group(self, message: str) -> str:
+        """`message` naming this group once: the coordinator's own messages
+        often name it already ("group 'g' has 2 members: ...")."""
+        named = f"group {self.group_id!r}"
+        return message if named in message else f"{named}: {message}"
 
     async def _on_response(self, response: group_pb2.GroupHeartbeatResponse) -> None:
         if response.member_id:

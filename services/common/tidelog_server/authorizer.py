@@ -63,7 +63,7 @@ from tidelog_server.quotas import (
     THROTTLE_TIME_METADATA_KEY,
 )
 from tidelog_server.security import Security
-from tidelog_server.stream_refusal import refuse_stream_with
+from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
 
 log = logging.getLogger("tidelog.authorizer")
 
@@ -337,7 +337,7 @@ class Interceptor(grpc.aio.ServerInterceptor):
         return self.security.quotas.record(caller.principal, caller.client_id, key, amount)
 
     def _open_stream(self, caller: Caller) -> bool:
-        """Count one more stream of `caller`; raise InvalidRequestError naming
+        """Count one more stream of `caller`; raise StreamLimitError naming
         the limit when it already has --max-streams-per-principal open. True
         when counted."""
         if caller.principal in self.security.super_users:
@@ -345,7 +345,7 @@ class Interceptor(grpc.aio.ServerInterceptor):
         limit = self.security.options.max_streams_per_principal
         open_now = self._streams[caller.principal]
         if open_now >= limit:
-            raise InvalidRequestError(
+            raise StreamLimitError(
                 f"{caller.principal} already has {open_now} streams open on this service, "
                 f"its limit (--max-streams-per-principal={limit}): one stream carries "
                 "every partition"

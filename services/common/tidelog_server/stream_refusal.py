@@ -49,13 +49,13 @@ _reading = 0
 
 class StreamLimitError(InvalidRequestError):
     """Opening one more stream would pass a named limit (a broker's Fetch
-    streams, a gateway's streams).
+    streams, a gateway's streams, a principal's streams on any service).
 
-    Its wire code is INVALID_REQUEST, as for the coordinator's limits (a full
-    group, --max-streams-per-principal): the SDK raises InvalidRequestError,
-    not retriable, so a client over the limit is told so instead of
-    reconnecting for ever. Its status stays RESOURCE_EXHAUSTED, gRPC's
-    status for a spent server resource, for clients that read only that.
+    Its wire code is INVALID_REQUEST, as for the coordinator's other limits
+    (a full group): the SDK raises InvalidRequestError, not retriable, so a
+    client over the limit is told so instead of reconnecting for ever. Its
+    status stays RESOURCE_EXHAUSTED, gRPC's status for a spent server
+    resource (a per-user quota too), for clients that read only that.
     Refuse with `refuse_stream_with`, which sends both."""
 
     grpc_status = grpc.StatusCode.RESOURCE_EXHAUSTED

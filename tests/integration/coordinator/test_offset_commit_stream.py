@@ -346,7 +346,7 @@ def test_commit_streams_count_against_the_streams_per_principal_limit(
             third.send(9, group_pb2.CommitOffsetsRequest())
             with pytest.raises(grpc.aio.AioRpcError) as refused:
                 await third.answer()
-            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             assert f"--{limit}" in (refused.value.details() or "")
             # Through the SDK: the limit, typed, never retried as an outage.
             async with offset_client(coordinator.address) as client:

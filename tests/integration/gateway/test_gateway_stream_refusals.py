@@ -4,7 +4,8 @@ relayed) with UNIMPLEMENTED, which the SDK falls back on, also when the
 client writes its first request at once: the gateway refused before reading,
 and gRPC then ended such a call INTERNAL a few times in a hundred (see
 tidelog_server.stream_refusal). The SDK's producer and consumer raise a
-stream refused for the gateway's limit."""
+stream refused for the gateway's limit, and so does a consumer's join whose
+heartbeat stream the gateway refuses."""
 
 from __future__ import annotations
 
@@ -145,3 +146,20 @@ def test_a_consumer_over_the_gateway_stream_limit_raises_the_limit_from_poll(
         with pytest.raises(InvalidRequestError, match=r"--max-streams=1"):
             while time.monotonic() < deadline:
                 consumer.poll(timeout_ms=200)
+
+
+def test_a_group_member_over_the_gateway_stream_limit_is_told_the_limit(
+    gateway_of_one_stream: GatewayProcess,
+) -> None:
+    """Its join raises the limit. The old code logged the refused heartbeat
+    stream and reopened it once a second for ever: the join ended with
+    TidelogTimeoutError at request_timeout_ms, which fails this too."""
+    address = gateway_of_one_stream.address
+    with (
+        holding_a_fetch_stream(address),
+        Consumer(
+            bootstrap_servers=address, group_id="limited", request_timeout_ms=30_000
+        ) as consumer,
+        pytest.raises(InvalidRequestError, match=r"--max-streams=1"),
+    ):
+        consumer.subscribe(["limited-group"])

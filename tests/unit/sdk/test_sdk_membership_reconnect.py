@@ -3,7 +3,8 @@ stream's request generator finishes instead of staying suspended on the
 outbox (where it would take the next stream's requests, acks included, and
 be destroyed pending when the loop closes). Against an in-process Group
 server whose first stream ends with UNAVAILABLE. And a coordinator that
-refuses every join is asked again with a growing delay."""
+refuses every join with a retriable error (an answer, or a stream's end) is
+asked again with a growing delay."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import asyncio
 import contextlib
 import gc
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from functools import partial
 
 import grpc
 import grpc.aio
+import pytest
 from tidelog.group import GroupMembership
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
@@ -133,18 +135,49 @@ class RefusingCoordinator(_Coordinator):
         )
 
 
-def test_a_retriable_refusal_is_asked_again_with_backoff_not_twenty_times_a_second() -> None:
+class StreamEndingCoordinator(_Coordinator):
+    """Ends every heartbeat stream with a status (and no answer)."""
+
+    def __init__(self, status: grpc.StatusCode, message: str) -> None:
+        super().__init__()
+        self.status, self.message = status, message
+
+    async def answer(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        await context.abort(self.status, self.message)
+        yield group_pb2.GroupHeartbeatResponse()  # pragma: no cover (a generator)
+
+
+@pytest.mark.parametrize(
+    "coordinator",
+    [
+        pytest.param(
+            lambda: RefusingCoordinator(common_pb2.REBALANCE_IN_PROGRESS, "try again"),
+            id="answered",
+        ),
+        # A stream ended with a retriable status: not a refusal for good.
+        pytest.param(
+            lambda: StreamEndingCoordinator(grpc.StatusCode.ABORTED, "try again"), id="ended"
+        ),
+    ],
+)
+def test_a_retriable_refusal_is_asked_again_with_backoff_not_twenty_times_a_second(
+    coordinator: Callable[[], _Coordinator],
+) -> None:
     async def scenario() -> None:
-        coordinator = RefusingCoordinator(common_pb2.REBALANCE_IN_PROGRESS, "try again")
-        async with _serving(coordinator) as address:
+        refusing = coordinator()
+        async with _serving(refusing) as address:
             membership = GroupMembership(address, "g", topics=["t"])
             try:
                 await membership.start()
                 await asyncio.sleep(3)
                 # With the delay doubling from 50 ms to its 1 s cap: ~6 joins in 3 s. Reset
                 # by the refusal itself, as before, it asked ~60 times (one per 50 ms).
-                assert 2 <= coordinator.streams <= 12, coordinator.streams
-                assert membership.error is not None and not membership.member_id
+                assert 2 <= refusing.streams <= 12, refusing.streams
+                assert not membership.member_id
                 assert membership.refused is None
             finally:
                 await membership.close()
@@ -152,9 +185,13 @@ def test_a_retriable_refusal_is_asked_again_with_backoff_not_twenty_times_a_seco
     asyncio.run(scenario())
 
 
-def test_a_refusal_retrying_cannot_change_ends_the_session() -> None:
+def test_a_refusal_retrying_cannot_change_ends_the_session(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A full group: asked once, kept in `refused` for the caller to raise
-    (the consumers' next poll), not asked again once a second for ever."""
+    (the consumers' next poll), not asked again once a second for ever. Its
+    log line names the group once (the old code prefixed the coordinator's
+    message, which names it already)."""
 
     async def scenario() -> None:
         coordinator = RefusingCoordinator(
@@ -168,6 +205,8 @@ def test_a_refusal_retrying_cannot_change_ends_the_session() -> None:
                 await asyncio.sleep(2)  # time for a few more joins, were it still asking
                 assert coordinator.streams == 1
                 assert "at most 2" in str(membership.refused)
+                logged = [r.getMessage() for r in caplog.records if r.name == "tidelog.group"]
+                assert logged == ["group 'g' has 2 members: at most 2"], logged
             finally:
                 await membership.close()
 
