@@ -3,9 +3,10 @@
 Validates and maps errors; MetadataManager (topics, configs) and
 PartitionAdmin (partitions added, leaders elected, reassignments) do the
 work. Each topic or partition of a request succeeds or fails alone, with its
-error in-band. Log offsets and sizes in DescribeTopics are the brokers' to
-report; here they are zero. DeleteRecords and the progress of reassignments
-are asked of the brokers (BrokerCalls).
+error in-band; one named twice fails in each of its entries
+(request_limits.repeated). Log offsets and sizes in DescribeTopics are the
+brokers' to report; here they are zero. DeleteRecords and the progress of
+reassignments are asked of the brokers (BrokerCalls).
 """
 
 from __future__ import annotations
