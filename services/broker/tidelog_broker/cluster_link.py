@@ -637,6 +637,7 @@ class ClusterLink:
                 leader_epoch=state.leader_epoch,
                 replicas=topic.replicas[partition],
                 isr=state.isr,
+                revision=state.mod_revision,
             )
         except Exception:
             flood.exception("applying the state of %s-%d failed", topic.name, partition)
@@ -691,9 +692,11 @@ class ClusterLink:
         session = self._session
         return session is not None and self.registered.is_set() and session.valid()
 
-    async def write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
+    async def write_isr(self, replication: PartitionReplication, isr: list[int]) -> bool:
         """As leader: write a new ISR, fenced by the state key's mod revision
-        and value (leader, leader epoch), as last seen by the watch."""
+        and value (leader, leader epoch), as last seen by the watch. True
+        when written: the proposal then stands until the watch brings a
+        state newer than the one written against (replica_state)."""
         topic = self.view.topics.get(replication.topic)
         known = None if topic is None else self.view.state(topic, replication.partition)
         if (
@@ -702,17 +705,17 @@ class ClusterLink:
             or known.leader_epoch != replication.leader_epoch
             or not self.lease_valid()
         ):
-            return
+            return False
         key = self.keys.partition_state(replication.topic, replication.partition)
         current = await self.client.get(key)
         if current is None or current.mod_revision != known.mod_revision:
-            return  # the watch is about to bring a newer state
+            return False  # the watch is about to bring a newer state
         current_state = PartitionState.decode(current.value)
         if (
             current_state.leader != self.broker.broker_id
             or current_state.leader_epoch != replication.leader_epoch
         ):
-            return
+            return False
         # Joining replicas must still hold the registration their fetches
         # were bound to: compared in etcd, in case our watch is behind.
         joining = [r for r in isr if r not in known.isr and r != self.broker.broker_id]
@@ -720,11 +723,16 @@ class ClusterLink:
         for r in joining:
             progress = replication.followers.get(r)
             if progress is None or progress.registration != self.view.registration_of(r):
-                return
+                return False
             registrations[r] = progress.registration
         written = dataclasses.replace(
             current_state, isr=tuple(isr), version=current_state.version + 1
         )
+        if replication.proposed_isr != isr:
+            return False  # a newer state ended the proposal meanwhile
+        # Written against `known`: states up to it (set_role may not have
+        # applied it yet) do not end the proposal; any later one does.
+        replication.proposal_base_revision = known.mod_revision
         tx = self.client.transactions
         ok, _ = await self.client.transaction(
             compare=[
@@ -745,3 +753,4 @@ class ClusterLink:
             if ok
             else "not written (the state or a joining replica's registration changed)",
         )
+        return bool(ok)

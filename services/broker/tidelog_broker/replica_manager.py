@@ -56,7 +56,8 @@ class ReplicaManager:
         #: and ISR expansion are bound to it.
         self.registration_of: RegistrationOf = lambda _broker_id: None
         #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
-        self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[None]] | None = None
+        #: Writes the proposed ISR; True when written, False when refused.
+        self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[bool]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
         #: Called with (old ISR, new ISR) when the ISR of a partition led
         #: here changes (metrics count shrinks and expansions).
@@ -113,25 +114,35 @@ class ReplicaManager:
         leader_epoch: int,
         replicas: list[int],
         isr: list[int],
+        revision: int | None = None,
     ) -> PartitionReplication:
-        """Cluster mode: apply a hosted partition's state from etcd.
+        """Cluster mode: apply a hosted partition's state from etcd (its mod
+        revision `revision`; None: not known, taken as newer than any).
         Idempotent: the same state again changes nothing. A new epoch or
         role starts afresh (a new leader records its epoch in the log's
         epoch history at its log end offset); an ISR change alone keeps the
-        followers' progress and may move the HW."""
+        followers' progress and may move the HW, as may the end of an ISR
+        proposal (PartitionReplication.maximal_isr)."""
         key = (topic, partition)
         partition_log = self._logs.partition_log(topic, partition)
         me = self._config.broker_id
         old = self._replication.get(key)
         if old is not None and old.role is role and old.leader_epoch == leader_epoch:
             old.replicas = list(replicas)
-            if old.isr != isr:
+            newer = revision is None or revision > old.proposal_base_revision
+            if old.isr_change_pending and newer:
+                # The state moved past what the proposal was written
+                # against: it is the proposal's outcome, or supersedes it.
+                old.end_isr_proposal()
+            if revision is not None:
+                old.state_revision = revision
+            changed = old.isr != isr
+            if changed:
                 if old.is_leader:
                     self.on_isr_change(old.isr, isr)
                 old.isr = list(isr)
-                old.isr_change_pending = False
-                if old.is_leader:
-                    old.advance_high_watermark(me, partition_log.log_end_offset)
+            moved = old.is_leader and old.advance_high_watermark(me, partition_log.log_end_offset)
+            if changed or moved:
                 self._logs.wake(key)
             return old
         state = PartitionReplication(
@@ -145,6 +156,7 @@ class ReplicaManager:
             since_ms=self._clock.monotonic_ms(),
             # A HW learnt as follower is kept: it never moves backwards here.
             high_watermark=0 if old is None else old.high_watermark,
+            state_revision=revision or 0,
         )
         if role is Role.LEADER:
             partition_log.leader_epochs.assign(leader_epoch, partition_log.log_end_offset)
@@ -315,23 +327,26 @@ class ReplicaManager:
     def _propose_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
         if self.isr_writer is None or replication.isr_change_pending:
             return
-        replication.isr_change_pending = True
+        replication.propose_isr(isr)
         task = asyncio.ensure_future(self._write_isr(replication, isr))
         self._isr_tasks.add(task)
         task.add_done_callback(self._isr_tasks.discard)
 
     async def _write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
         assert self.isr_writer is not None
+        written = False
         try:
-            await self.isr_writer(replication, isr)
+            written = await self.isr_writer(replication, isr)
         except Exception:
             flood.exception(
                 "writing ISR %s of %s-%d failed", isr, replication.topic, replication.partition
             )
         finally:
-            # The watch brings the written state (set_role clears the flag
-            # too); clearing here lets a failed or fenced write be retried.
-            replication.isr_change_pending = False
+            if not written:
+                # Nothing changed in etcd: a later check may propose again.
+                # A written change stays proposed until the watch brings it
+                # back (set_role): till then the HW counts its replicas.
+                replication.end_isr_proposal()
 
     async def run_isr_checks(self) -> None:
         """Leader: shrink the ISR of followers lagging for replica.lag.time.max.ms."""

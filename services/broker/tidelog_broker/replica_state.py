@@ -11,6 +11,15 @@ what etcd says: this class only proposes changes (`isr_to_shrink`,
 `isr_to_expand`); the ClusterLink writes them, fenced by the partition
 state's revision and leader epoch, and the watch brings them back.
 
+While a proposal is outstanding, the HW is the smallest LEO over the
+"maximal ISR": the ISR and the replicas the proposal adds (Kafka's rule). A
+proposal that was written is in etcd before the watch brings it back: had
+the HW moved over the applied ISR alone meanwhile, the ISR in etcd would
+name a replica that lacks acknowledged records, and the controller may
+elect it. (One fault run lost 250 acknowledged records so, in a
+reassignment: the HW rose on one follower's fetches while the joining
+replica, proposed at the old HW, was not yet applied; it then led.)
+
 A follower joins the ISR only by the rule of `may_join_isr`: it is
 registered live in etcd (its broker key exists, with the registration its
 last fetch was made under) and it fetched up to the HW (and this epoch's
@@ -93,8 +102,14 @@ class PartitionReplication:
     since_ms: int
     high_watermark: int = 0
     followers: dict[int, FollowerProgress] = field(default_factory=dict)
-    #: An ISR change is being written to etcd (one at a time).
-    isr_change_pending: bool = False
+    #: The mod revision of the partition state applied last (0: not known).
+    state_revision: int = 0
+    #: The ISR change being written to etcd, or written and not yet brought
+    #: back by the watch (one at a time); None: none.
+    proposed_isr: list[int] | None = None
+    #: `state_revision` when the change was proposed: a state applied with a
+    #: later revision (the change, or what superseded it) ends the proposal.
+    proposal_base_revision: int = 0
     #: As leader: the log end offset when this epoch began. A follower joins
     #: the ISR only once it has everything up to here too, because the HW a
     #: new leader starts from may lag what the previous leader committed.
@@ -103,6 +118,26 @@ class PartitionReplication:
     @property
     def is_leader(self) -> bool:
         return self.role is Role.LEADER
+
+    @property
+    def isr_change_pending(self) -> bool:
+        return self.proposed_isr is not None
+
+    def propose_isr(self, isr: list[int]) -> None:
+        """An ISR change is about to be written: the HW waits for the
+        replicas it adds from now on (see the module doc)."""
+        self.proposed_isr = list(isr)
+        self.proposal_base_revision = self.state_revision
+
+    def end_isr_proposal(self) -> None:
+        """The change was refused, failed, or its outcome applied."""
+        self.proposed_isr = None
+
+    def maximal_isr(self) -> list[int]:
+        """The ISR, plus the replicas an outstanding proposal adds."""
+        if self.proposed_isr is None:
+            return self.isr
+        return self.isr + [r for r in self.proposed_isr if r not in self.isr]
 
     def start_leading(self, me: int, leader_leo: int) -> None:
         """Fresh follower progress: every follower counts as caught up now, so
@@ -131,9 +166,9 @@ class PartitionReplication:
             progress.leader_leo_at_last_answer = leader_leo
 
     def advance_high_watermark(self, me: int, leader_leo: int) -> bool:
-        """Recompute HW = min LEO over the ISR; True when it moved forward."""
+        """Recompute HW = min LEO over the maximal ISR; True when it moved forward."""
         low = leader_leo
-        for member in self.isr:
+        for member in self.maximal_isr():
             if member == me:
                 continue
             progress = self.followers.get(member)
