@@ -24,6 +24,7 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, log_pb2, log_pb2_grpc
 
+from tests.support.ports import PortTakenError
 from tests.support.processes import free_port
 
 #: Label on every container and volume the tests make, valued with the run's id.
@@ -36,6 +37,21 @@ SESSION_TTL_S = 2
 REPLICA_LAG_MS = 3000
 START_TIMEOUT_S = 60.0
 REGISTER_TIMEOUT_S = 30.0
+#: Starts of one container on a new port after its port was taken (see `_run`).
+PORT_ATTEMPTS = 3
+#: What a service (grpc) or etcd logs when its listen address is taken.
+_BIND_FAILED = re.compile(r"Failed to bind to address|address already in use", re.IGNORECASE)
+#: Bytes of a failed container's log shown in the error.
+LOG_TAIL_BYTES = 4000
+
+
+def _log_tail(container: DockerContainer) -> str:
+    """The end of a container's output (stdout and stderr), for an error."""
+    try:
+        stdout, stderr = container.get_logs()
+    except docker.errors.DockerException as exc:
+        return f"(its log could not be read: {exc})"
+    return (stdout + stderr).decode(errors="replace")[-LOG_TAIL_BYTES:]
 
 
 @dataclass
@@ -123,7 +139,29 @@ class ContainerCluster:
         volume: str | None = None,
     ) -> Service:
         """Start a container of the role's image (`image`: another one) with `args` and,
-        for a Tidelog service, `--listen 127.0.0.1:<free port>`; ready at `ready_line`."""
+        for a Tidelog service, `--listen 127.0.0.1:<free port>`; ready at `ready_line`.
+
+        The host's network is shared, and free_port() closes the port it found: another
+        test's process may bind it first. A service that then cannot bind it is started
+        again on a new port (as tests/support/processes does for processes); any other
+        early exit is raised with the end of the container's log."""
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return self._run_once(role, args, ready_line, image=image, volume=volume)
+            except PortTakenError:
+                if attempt == PORT_ATTEMPTS:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _run_once(
+        self,
+        role: str,
+        args: list[str],
+        ready_line: str,
+        *,
+        image: str | None,
+        volume: str | None,
+    ) -> Service:
         image = image or role.split("-")[0]
         address = f"127.0.0.1:{free_port()}"
         if image != "etcd":
@@ -144,7 +182,12 @@ class ContainerCluster:
         if volume is not None:
             container.with_volume_mapping(volume, BROKER_DATA, "rw")
         self._started.append(container)
-        container.start()
+        try:
+            container.start()
+        except RuntimeError as exc:  # it exited before `ready_line`
+            logged = _log_tail(container)
+            error = PortTakenError if _BIND_FAILED.search(logged) else RuntimeError
+            raise error(f"{role} container did not start: {exc}\nits log ends:\n{logged}") from exc
         return Service(role, container, address)
 
     def _start_etcd(self) -> Service:
