@@ -77,23 +77,6 @@ def test_a_log_never_flushed_learns_its_whole_history(open_log: OpenLog, log_dir
     assert log.leader_epochs.end_offset_for_epoch(3, log.log_end_offset) == (1, 4)
 
 
-def test_an_epoch_that_wrote_nothing_may_be_lost_and_answers_the_same_end(
-    open_log: OpenLog, log_dir: Path
-) -> None:
-    log = open_log()
-    replicate(log, epoch=0)
-    replicate(log, epoch=1)
-    log.leader_epochs.assign(2, log.log_end_offset)  # a leader that wrote nothing
-    end = log.log_end_offset
-    with_it = [log.leader_epochs.end_offset_for_epoch(e, end) for e in range(4)]
-    crash(log)
-
-    log = open_log()
-    assert log.leader_epochs.entries == [(0, 0), (1, 4)]
-    without = [log.leader_epochs.end_offset_for_epoch(e, end) for e in range(4)]
-    assert [offset for _, offset in without] == [offset for _, offset in with_it]
-
-
 def test_an_unreadable_file_is_learnt_again_from_every_batch(
     open_log: OpenLog, log_dir: Path
 ) -> None:
