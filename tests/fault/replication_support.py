@@ -112,12 +112,46 @@ class ReplicatedCluster:
             time.sleep(0.1)
         return False
 
+    def leaders_serving(self, topic: str) -> bool:
+        """Whether every partition has a leader in metadata and that broker
+        itself answers as its leader (ListOffsets, which only a leader
+        answers). Metadata is a broker's view of etcd: it names the leader
+        the controller wrote, which may not have applied that state yet."""
+        leaders = self.leaders(topic)
+        if not leaders or min(leaders.values()) < 0:
+            return False
+        for partition, leader in leaders.items():
+            request = log_pb2.ListOffsetsRequest(
+                partitions=[
+                    log_pb2.ListOffsetsPartition(
+                        topic=topic, partition=partition, timestamp_ms=log_pb2.LATEST
+                    )
+                ]
+            )
+            try:
+                with grpc.insecure_channel(self.brokers[leader].address) as channel:
+                    reply = log_pb2_grpc.LogStub(channel).ListOffsets(request, timeout=2)
+            except grpc.RpcError:
+                return False
+            if reply.partitions[0].error.code:
+                return False
+        return True
+
     def create_topic(
         self, name: str, partitions: int, replicas: int, configs: dict[str, str]
     ) -> None:
+        """Create the topic and wait until every partition's leader serves it.
+        A full ISR in metadata alone proves nothing: a new topic's states
+        are written with every replica in the ISR, so a test that wrote to
+        the named leader at once sometimes found it had not applied its
+        state yet (NOT_LEADER_OR_FOLLOWER)."""
         with AdminClient(bootstrap_servers=self.bootstrap) as admin:
             admin.create_topics([NewTopic(name, partitions, replicas, topic_configs=configs)])
         assert self.wait_full_isr(name, replicas, 20), self.isr(name)
+        deadline = time.monotonic() + 20
+        while not self.leaders_serving(name):
+            assert time.monotonic() < deadline, f"{name}: leaders {self.leaders(name)} not serving"
+            time.sleep(0.1)
 
 
 @contextmanager

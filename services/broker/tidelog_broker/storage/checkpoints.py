@@ -9,7 +9,8 @@ do to it decides how durably:
   unreadable file only makes the next open recover more than it had to.
   Lowered durably (a truncation, a reset, an open that finds the log ending
   below it): a stale, higher file would vouch for batches appended later
-  below it, and recovery would never check them.
+  below it, and recovery would never check them (nor learn their epochs
+  again: `leader_epoch`).
 - `clean-shutdown`: empty; written by `close` after everything is flushed and
   removed (durably) by the next open before anything is written.
 - `log-start-offset`: the first readable offset, ASCII decimal. Retention

@@ -8,12 +8,39 @@ batch stamped with a new epoch. The history answers "where did epoch E end?"
 (`end_offset_for_epoch`), which is how a follower of a new leader finds the
 suffix of its log that diverged (KIP-101/KIP-320) and truncates it.
 
-On disk: ASCII, one line per entry, `<epoch> <start_offset>\\n`, replaced
-durably on every change (`tidelog_server.atomic_files`: a truncation that a
-crash forgot would leave epochs past the log end). It is derived
-from the batches' partition_leader_epoch fields, but not rebuilt from them:
-a lost file only makes divergence detection start from an empty history,
-which a follower treats as "truncate to what the leader says".
+On disk: ASCII, one line per entry, `<epoch> <start_offset>\\n`, always
+replaced durably (`tidelog_server.atomic_files`, two fsyncs), but not at
+every change. `assign` only changes memory: an election must not cost
+fsyncs on the event loop (a broker that dies leaving 3,000 partitions to
+the others made each of them do 6,000 in a row). The file is written by
+`flush`, which the log calls with its own flush before it moves the
+recovery point, and by `truncate_from_end`, at once. The invariant that
+makes a stale file safe:
+
+    For every offset below the recovery point on disk, the file on disk
+    names the epoch of the batch at that offset.
+
+`assign` keeps it: a new entry starts at the log end, at or above the
+recovery point. The log's flush keeps it: the file is written before the
+recovery point moves. A truncation keeps it: it only lowers the recovery
+point, and that is made durable with the truncation (`PartitionLog.truncate_to`,
+`reset_to`), so that no batch appended after it can sit below a stale
+recovery point. So after a crash, open (`rebuild`) keeps the file's entries,
+drops those at or past the log end, and reads the batch headers from the
+first segment recovery checked (which starts at or below the recovery
+point): every batch stamped with an epoch newer than the last entry starts a
+new one, as in Kafka since KAFKA-15046. What can still be missing is an
+epoch that wrote no batch: it could only be the last entry (a newer epoch's
+entry replaces every entry starting at or after its own start), and
+`end_offset_for_epoch` gives the same end offset without it.
+
+`truncate_from_end` writes at once, for the log's truncation: a follower
+truncates where its history says its epochs left the leader's, and a
+truncation the file forgot would keep naming an epoch for offsets that now
+hold another epoch's batches (with no newer epoch to replace it).
+
+A file that exists but cannot be read means entries below the recovery point
+may be lost: `unreadable` tells open to rebuild from every batch.
 
 Not thread-safe: the log's event loop owns it.
 """
@@ -22,8 +49,10 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
+from collections.abc import Iterable
 from pathlib import Path
 
+from tidelog.records import BatchHeader
 from tidelog_server.atomic_files import write_atomically
 
 from tidelog_broker.storage import files
@@ -35,11 +64,18 @@ UNDEFINED = (-1, -1)
 
 
 class LeaderEpochCache:
-    """(epoch, start_offset) entries of one log, persisted at every change."""
+    """(epoch, start_offset) entries of one log; see the module docstring
+    for when they reach the disk."""
 
-    def __init__(self, path: Path, entries: list[tuple[int, int]]) -> None:
+    def __init__(
+        self, path: Path, entries: list[tuple[int, int]], *, unreadable: bool = False
+    ) -> None:
         self.path = path
         self._entries = entries
+        #: The file existed but could not be read: entries may be missing anywhere.
+        self.unreadable = unreadable
+        # Changed since the file was last written.
+        self._dirty = False
 
     @classmethod
     def load(cls, directory: Path) -> LeaderEpochCache:
@@ -53,8 +89,8 @@ class LeaderEpochCache:
         except FileNotFoundError:
             pass
         except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable %s: %s", path, exc)
-            entries = []
+            log.warning("%s unreadable (%s): rebuilding it from every batch", path, exc)
+            return cls(path, [], unreadable=True)
         return cls(path, entries)
 
     @property
@@ -66,8 +102,16 @@ class LeaderEpochCache:
         """The newest epoch known, -1 when none."""
         return self._entries[-1][0] if self._entries else -1
 
+    @property
+    def dirty(self) -> bool:
+        """Changed since the file was last written (`flush` writes it)."""
+        return self._dirty
+
     def assign(self, epoch: int, start_offset: int) -> None:
-        """Record that `epoch` starts at `start_offset` (ignored unless newer)."""
+        """Record that `epoch` starts at `start_offset` (ignored unless newer),
+        in memory only: callers assign at the log end, at or above the
+        recovery point, so the file may lag until the log's flush writes it
+        (module docstring)."""
         if self._entries and epoch <= self._entries[-1][0]:
             return
         # A new epoch starting below the last entry's start means that entry's
@@ -75,14 +119,33 @@ class LeaderEpochCache:
         while self._entries and self._entries[-1][1] >= start_offset:
             self._entries.pop()
         self._entries.append((epoch, start_offset))
-        self._write()
+        self._dirty = True
 
     def truncate_from_end(self, end_offset: int) -> None:
-        """The log now ends at `end_offset`: forget epochs that start at or after it."""
+        """The log now ends at `end_offset`: forget epochs that start at or
+        after it. Durable when it returns if anything was forgotten."""
         kept = [e for e in self._entries if e[1] < end_offset]
         if len(kept) != len(self._entries):
             self._entries = kept
             self._write()
+
+    def flush(self) -> None:
+        """Write the file durably if anything changed since it was written
+        (or it was unreadable)."""
+        if self._dirty or self.unreadable:
+            self._write()
+
+    def rebuild(self, headers: Iterable[BatchHeader], log_end_offset: int) -> None:
+        """After recovery: forget entries at or past `log_end_offset`, then
+        learn the epochs of `headers` (every batch from the first segment
+        recovery checked to the log end, in order): each batch stamped with
+        an epoch newer than the latest starts an entry. Entries that this
+        changes reach the file with the next `flush`."""
+        self.truncate_from_end(log_end_offset)
+        for header in headers:
+            epoch = header.partition_leader_epoch
+            if epoch > self.latest_epoch:
+                self.assign(epoch, header.base_offset)
 
     def end_offset_for_epoch(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """(largest known epoch <= `epoch`, the offset where it ended): the
@@ -100,3 +163,5 @@ class LeaderEpochCache:
     def _write(self) -> None:
         body = "".join(f"{epoch} {start}\n" for epoch, start in self._entries)
         write_atomically(self.path, body.encode("ascii"))
+        self._dirty = False
+        self.unreadable = False

@@ -27,7 +27,8 @@ of `load` lower than the file says, the file is lowered durably before the
 log is used (the invariant of `PartitionLog`).
 
 The epoch history and the producer state are the log's: `PartitionLog.open`
-brings them in line with what `load` kept. Raises OSError.
+brings them in line with what `load` kept (`recovered_from` says where the
+epoch history must be learnt from the batches again). Raises OSError.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ class LoadedLog:
     gap_limit: int
     #: Segments were deleted after damage: the next flush fsyncs the directory.
     directory_dirty: bool
+    #: Base offset of the first segment recovery checked (None: none was).
+    #: Every batch at or above the recovery point on disk is in that segment
+    #: or a later one.
+    recovered_from: int | None
     #: A `reset_to` cut short was finished: the log is empty at its start
     #: offset, and its epoch history and producer state must go too.
     reset: bool
@@ -108,7 +113,7 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
             recover_above,
         )
     trust_all = clean_shutdown and recovery_point is not None and not past_end
-    kept, damaged_at = _recover(
+    kept, damaged_at, recovered_from = _recover(
         name, segments, recover_above, trust_all, gap_limit, config.index_interval_bytes
     )
     log_end_offset = kept[-1].next_offset
@@ -131,6 +136,7 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
         clean_offset=min(max(clean_offset, log_start_offset), log_end_offset),
         gap_limit=gap_limit,
         directory_dirty=len(kept) < len(segments),
+        recovered_from=recovered_from,
         reset=reset,
     )
 
@@ -142,11 +148,13 @@ def _recover(
     trust_all: bool,
     gap_limit: int,
     index_interval_bytes: int,
-) -> tuple[list[LogSegment], int | None]:
+) -> tuple[list[LogSegment], int | None, int | None]:
     """Recover the segments that need it; delete every segment after damage.
-    Returns the segments kept and the offset of the damage (None if none)."""
+    Returns the segments kept, the offset of the damage and the base offset
+    of the first segment recovered (each None if none)."""
     kept: list[LogSegment] = []
     damaged_at: int | None = None
+    recovered_from: int | None = None
     for segment in segments:
         if damaged_at is not None:
             segment.delete()
@@ -163,6 +171,8 @@ def _recover(
             # since older batches were written, and they are still good. A
             # corrupt length costs one read bounded by the file's size.
             dropped_bytes = segment.recover(None, index_interval_bytes)
+            if recovered_from is None:
+                recovered_from = segment.base_offset
             if dropped_bytes:
                 logger.warning(
                     "%s: recovery dropped %d bytes from the end of %s; the log now ends "
@@ -174,7 +184,7 @@ def _recover(
                 )
                 damaged_at = segment.next_offset
         kept.append(segment)
-    return kept, damaged_at
+    return kept, damaged_at, recovered_from
 
 
 def _past_the_end(segments: list[LogSegment], recovery_point: int) -> bool:

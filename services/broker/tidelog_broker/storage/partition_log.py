@@ -28,7 +28,11 @@ costs recovery work, and appends gain no fsync); whatever lowers it
 (`truncate_to`, `reset_to`, an open that finds the log ending below it)
 writes it durably before returning, so before anything can be appended
 above the new value. Otherwise a stale, higher file would vouch for batches
-appended after a truncation, and a torn one among them would be served.
+appended after a truncation, and a torn one among them would be served,
+and open would not learn their epochs again. The epoch history rides on
+the recovery point (the invariant of `leader_epoch`): `flush` writes it
+durably before it raises the recovery point, and open learns the epochs of
+the batches it recovers.
 
 Every public method turns OSError into `tidelog.errors.StorageError`; this is
 the one place where that happens.
@@ -60,7 +64,7 @@ from tidelog_broker.storage.files import rename_deleted, unlink_files
 from tidelog_broker.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex, TimeIndex
 from tidelog_broker.storage.leader_epoch import LeaderEpochCache
 from tidelog_broker.storage.producer_state import ProducerStateManager
-from tidelog_broker.storage.segment import AppendedBatch, LogSegment
+from tidelog_broker.storage.segment import AppendedBatch, LogSegment, read_headers
 
 __all__ = ["AppendInfo", "PartitionLog", "ReadResult", "unlink_files"]
 
@@ -198,11 +202,28 @@ class PartitionLog:
         if loaded.reset:
             log._forget_history()
             fsync_directory(directory)
-        # Recovery may have cut a torn tail: epochs past the end wrote nothing kept.
-        log.leader_epochs.truncate_from_end(log.log_end_offset)
+        log._rebuild_epoch_history(loaded.recovered_from)
         log.producer_state.rebuild(log._segments, log.log_end_offset)
         log._release_inactive_descriptors()
         return log
+
+    def _rebuild_epoch_history(self, recovered_from: int | None) -> None:
+        """Bring the epoch history in line with the recovered log: recovery
+        may have cut a torn tail (epochs past the end wrote nothing kept),
+        and epochs assigned since the file was last written are learnt again
+        from the batches recovery checked, which hold every batch at or
+        above the recovery point on disk (see `leader_epoch`). An unreadable
+        file is learnt again from every batch."""
+        epochs = self.leader_epochs
+        if epochs.unreadable:
+            recovered_from = self._segments[0].base_offset
+        headers = (
+            header
+            for segment in self._segments
+            if recovered_from is not None and segment.next_offset > recovered_from
+            for header in read_headers(segment.log_path, segment.size_bytes)
+        )
+        epochs.rebuild(headers, self.log_end_offset)
 
     # ------------------------------------------------------------------ state
 
@@ -647,6 +668,10 @@ class PartitionLog:
     def _swap_in(self, result: CleanResult) -> list[Path]:
         """The swap's four steps (see `cleaning_swap`), in their crash-safe order."""
         directory = self.directory
+        # 0. The epoch history first: the cleaner may have dropped the first
+        # batches of an epoch, so recovery could no longer learn where it
+        # started from the batches (see `leader_epoch`).
+        self.leader_epochs.flush()
         # 1. Segments below the new clean offset may hold gaps from now on
         # (raised here first: a failed swap must not lower it on disk later),
         # and recovery learns the range each group replaces.
@@ -699,6 +724,9 @@ class PartitionLog:
         if self._directory_dirty:
             fsync_directory(self.directory)
             self._directory_dirty = False
+        # Before the recovery point moves past the epochs it names (the
+        # invariant of `leader_epoch`).
+        self.leader_epochs.flush()
         self._unflushed_records = 0
         self._first_unflushed_monotonic_ms = None
         if log_end_offset != self._recovery_point:

@@ -52,7 +52,6 @@ Not thread-safe: the partition's event-loop thread calls it.
 from __future__ import annotations
 
 import logging
-import mmap
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -68,10 +67,11 @@ from tidelog.errors import (
     InvalidRequestError,
     OutOfOrderSequenceError,
 )
-from tidelog.records import HEADER_SIZE, BatchHeader, read_header
+from tidelog.records import BatchHeader
 from tidelog_server.atomic_files import Durability, write_atomically
 
 from tidelog_broker.storage import files
+from tidelog_broker.storage.segment import read_headers
 
 logger = logging.getLogger("tidelog.broker.storage")
 
@@ -371,7 +371,7 @@ class ProducerStateManager:
         for segment in segments:
             if segment.next_offset <= start or segment.size_bytes == 0:
                 continue
-            for header in _headers(segment.log_path, segment.size_bytes):
+            for header in read_headers(segment.log_path, segment.size_bytes):
                 if header.base_offset >= start:
                     self.update(header, header.base_offset)
                     scanned += 1
@@ -389,23 +389,6 @@ class SegmentView(Protocol):
 
     @property
     def next_offset(self) -> int: ...
-
-
-def _headers(path: Path, size: int) -> Iterable[BatchHeader]:
-    """The headers of the whole batches in the first `size` bytes of a .log
-    file, read through a memory map: only the pages holding headers are read."""
-    with (
-        open(path, "rb") as f,
-        mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mapped,
-        memoryview(mapped) as view,
-    ):
-        position = 0
-        while position + HEADER_SIZE <= size:
-            header = read_header(view, position)
-            if header.size < HEADER_SIZE or position + header.size > size:
-                break  # recovery has cut torn tails; be safe anyway
-            yield header
-            position += header.size
 
 
 def _decode_snapshot(data: bytes, offset: int) -> dict[int, ProducerEntry]:

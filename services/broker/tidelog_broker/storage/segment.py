@@ -25,9 +25,10 @@ one pread, without the index lookup and the header read before it.
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -104,6 +105,26 @@ def _whole_batches(buf: bytes, limit_offset: int, limit_bytes: int) -> tuple[int
         next_offset = base_offset + last_offset_delta + 1
         pos += size
     return pos, next_offset
+
+
+def read_headers(path: Path, size: int) -> Iterator[BatchHeader]:
+    """The headers of the whole batches in the first `size` bytes of a .log
+    file, read through a memory map: only the pages holding headers are read.
+    For what open rebuilds from a recovered log (producer state, epoch history)."""
+    if size == 0:
+        return  # mmap refuses an empty mapping
+    with (
+        open(path, "rb") as f,
+        mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mapped,
+        memoryview(mapped) as view,
+    ):
+        position = 0
+        while position + HEADER_SIZE <= size:
+            header = read_header(view, position)
+            if header.size < HEADER_SIZE or position + header.size > size:
+                break  # recovery has cut torn tails; be safe anyway
+            yield header
+            position += header.size
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:

@@ -1,4 +1,5 @@
-"""The leader epoch history: assign, truncate, end offsets, durable persistence."""
+"""The leader epoch history: assign, truncate, end offsets, and when it is
+written (assign: never; flush and truncate_from_end: durably)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ def test_end_offset_for_epoch_and_persistence(tmp_path: Path) -> None:
     assert cache.end_offset_for_epoch(1, 300) == (0, 100)  # unknown epoch: the one below
     assert cache.end_offset_for_epoch(2, 300) == (2, 250)
     assert cache.end_offset_for_epoch(7, 300) == (5, 300)
+    assert LeaderEpochCache.load(tmp_path).entries == []  # assign writes nothing
+    cache.flush()
     assert LeaderEpochCache.load(tmp_path).entries == [(0, 0), (2, 100), (5, 250)]
 
 
@@ -32,13 +35,16 @@ def test_truncation_and_a_new_epoch_below_the_last_start(tmp_path: Path) -> None
     assert cache.entries == [(0, 0)]
     cache.assign(4, 80)
     cache.assign(6, 80)  # epoch 4 wrote nothing: replaced
+    cache.flush()
     assert LeaderEpochCache.load(tmp_path).entries == [(0, 0), (6, 80)]
 
 
-def test_every_change_is_durable_once_it_returns(
+def test_assign_does_no_io_and_flush_and_truncation_are_durable(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The directory is fsynced after each rename: a truncation that a crash
+    """assign is called on the event loop for every election: no fsync (it
+    is written with the log's flush). flush and truncate_from_end fsync the
+    file and then the directory after the rename: a truncation that a crash
     forgot would leave epochs past the log end."""
     cache = LeaderEpochCache.load(tmp_path)
     fsynced: list[str] = []
@@ -49,8 +55,15 @@ def test_every_change_is_durable_once_it_returns(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    cache.assign(0, 0)
+    for epoch in range(1_000):
+        cache.assign(epoch, epoch * 10)
+    assert fsynced == []
+    assert not (tmp_path / "leader-epoch-checkpoint").exists()
+    cache.flush()
     assert fsynced == ["file", "directory"]
     fsynced.clear()
-    cache.truncate_from_end(0)
+    cache.flush()  # nothing changed since
+    assert fsynced == []
+    cache.truncate_from_end(5_000)
     assert fsynced == ["file", "directory"]
+    assert LeaderEpochCache.load(tmp_path).entries == [(e, e * 10) for e in range(500)]
