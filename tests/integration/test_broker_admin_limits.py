@@ -9,7 +9,7 @@ import pytest
 from tidelog import AdminClient, NewTopic
 from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError
 from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
-from tidelog.v1 import admin_pb2, admin_pb2_grpc
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 
 from tests.support.processes import BrokerProcess
 
@@ -54,3 +54,40 @@ def test_min_insync_replicas_above_the_one_replica_is_refused(
             admin.alter_configs({topic_name: {"min.insync.replicas": "2"}})
         with pytest.raises(InvalidConfigError, match=r"retention\.ms"):
             admin.alter_configs({topic_name: {"retention.ms": "9" * 400}})
+
+
+@pytest.mark.parametrize("rpc", ["CreateTopics", "DeleteTopics", "AlterConfigs"])
+def test_a_topic_named_twice_in_one_request_is_refused_in_each_entry(
+    broker: BrokerProcess, topic_name: str, rpc: str
+) -> None:
+    twice, once = f"{topic_name}-twice", f"{topic_name}-once"
+    if rpc != "CreateTopics":
+        with AdminClient(broker.address) as admin:
+            admin.create_topics([NewTopic(twice, 1, 1), NewTopic(once, 1, 1)])
+    names = [twice, once, twice]
+    if rpc == "CreateTopics":
+        request: object = admin_pb2.CreateTopicsRequest(
+            topics=[admin_pb2.NewTopic(name=n, partitions=1, replication_factor=1) for n in names]
+        )
+    elif rpc == "DeleteTopics":
+        request = admin_pb2.DeleteTopicsRequest(names=names)
+    else:
+        request = admin_pb2.AlterConfigsRequest(
+            topics=[
+                admin_pb2.AlterTopicConfigs(name=n, set={"retention.ms": "1000"}) for n in names
+            ]
+        )
+    with grpc.insecure_channel(broker.address) as channel:
+        reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(request, timeout=30)
+    answers = [(t.name, t.error.code) for t in reply.topics]
+    assert answers == [
+        (twice, common_pb2.INVALID_REQUEST),
+        (once, common_pb2.NONE),
+        (twice, common_pb2.INVALID_REQUEST),
+    ], reply
+    assert f"named more than once in one {rpc}" in reply.topics[0].error.message
+    with AdminClient(broker.address) as admin:
+        topics = admin.list_topics()
+        assert (twice in topics) is (rpc != "CreateTopics")
+        if rpc == "AlterConfigs":
+            assert admin.describe_configs([twice])[twice]["retention.ms"].value != "1000"
