@@ -55,8 +55,8 @@ class ReplicaManager:
         #: not registered, so not alive); set by ClusterLink. Replica fetches
         #: and ISR expansion are bound to it.
         self.registration_of: RegistrationOf = lambda _broker_id: None
-        #: Cluster mode: writes a proposed ISR to etcd (fenced); set by ClusterLink.
-        #: Writes the proposed ISR; True when written, False when refused.
+        #: Cluster mode: writes a proposed ISR to etcd (fenced), True when
+        #: written and False when refused; set by ClusterLink.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[bool]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
         #: Called with (old ISR, new ISR) when the ISR of a partition led
