@@ -239,19 +239,23 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         repeated_partitions = repeated(named)
         wanted = [tp for tp in named if tp not in repeated_partitions]
         try:
-            # No partition named means every partition; a request whose
-            # partitions are all repeated elects none.
-            elected = await self.partitions.elect_preferred(wanted) if wanted or not named else []
+            # No partition named means every partition.
+            elected = await self.partitions.elect_preferred(wanted if named else None)
         except Exception as exc:
             await abort(context, exc, "electing leaders")
-        # One result per entry, in request order (elected is in wanted's).
-        in_order = iter(elected)
-        results = [
-            ElectionResult(tp, -1, repeated_partition_error(tp.topic, tp.partition, "ElectLeaders"))
-            if tp in repeated_partitions
-            else next(in_order)
-            for tp in named
-        ] or elected
+        if not named:
+            results = elected
+        else:
+            # One result per entry, in request order (elected is in wanted's).
+            in_order = iter(elected)
+            results = [
+                ElectionResult(
+                    tp, -1, repeated_partition_error(tp.topic, tp.partition, "ElectLeaders")
+                )
+                if tp in repeated_partitions
+                else next(in_order)
+                for tp in named
+            ]
         response = admin_pb2.ElectLeadersResponse()
         for result in results:
             item = response.partitions.add(

@@ -209,9 +209,11 @@ class PartitionAdmin:
 
     # ------------------------------------------------------------ elections
 
-    async def elect_preferred(self, wanted: Sequence[TopicPartition]) -> list[ElectionResult]:
+    async def elect_preferred(
+        self, wanted: Sequence[TopicPartition] | None
+    ) -> list[ElectionResult]:
         """Make the preferred replica (the first) lead each partition of
-        `wanted` (every partition when empty) when it is alive and in the ISR.
+        `wanted` (every partition when None) when it is alive and in the ISR.
 
         The states are read with one range read per topic named (one in all
         for many topics or every partition), not one read per partition: electing the 10,000
@@ -227,12 +229,12 @@ class PartitionAdmin:
                 for kv in await self.client.get_prefix(self.keys.topics)
             )
         }
-        named = {tp.topic for tp in wanted if tp.topic in topics}
-        if wanted and len(named) <= TOPICS_READ_ONE_BY_ONE:
+        named = {tp.topic for tp in wanted or () if tp.topic in topics}
+        if wanted is not None and len(named) <= TOPICS_READ_ONE_BY_ONE:
             prefixes = [self.keys.partition_states(name) for name in sorted(named)]
         else:
             prefixes = [self.keys.all_partition_states]
-        if not wanted:
+        if wanted is None:
             wanted = [
                 TopicPartition(name, p)
                 for name in sorted(topics)

@@ -42,7 +42,7 @@ def elect(
         async with cluster_in_etcd(etcd.endpoint, prefix, "big", leaders) as (raw, keys):
             counting = CountingClient(raw)
             admin = PartitionAdmin(SimpleNamespace(client=counting, keys=keys))  # type: ignore[arg-type]
-            results = await admin.elect_preferred(wanted or [])
+            results = await admin.elect_preferred(wanted)
             states = await read_states(raw, keys, "big", len(leaders))
             return {r.tp: r for r in results}, counting.calls, states
 
