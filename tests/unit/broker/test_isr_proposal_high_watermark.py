@@ -13,9 +13,9 @@ newer state; a proposal that was not written ends at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from tidelog.records import encode_batch, iter_batches
 from tidelog_broker.config import BrokerConfig
@@ -31,125 +31,113 @@ BEHIND = 4
 REVISION = 100
 
 
-def _leading(path: Path, written: bool) -> tuple[PartitionManager, PartitionReplication]:
-    """Broker 0 leads t-0 (replicas 0, 1, 2; ISR 0, 1) with LEO records; its
-    ISR writer answers `written`."""
-    manager = PartitionManager(BrokerConfig(broker_id=0, data_dir=path), cluster_mode=True)
-    manager.open()
-    manager.logs.host_partitions(TopicSpec("t", 1, {}), [0])
-    replication = manager.replicas.set_role(
-        "t",
-        0,
-        role=Role.LEADER,
-        leader_id=0,
-        leader_epoch=1,
-        replicas=[0, 1, 2],
-        isr=[0, 1],
-        revision=REVISION,
-    )
-    data = bytearray(encode_batch([b"v%d" % i for i in range(LEO)]))
-    manager.partition_log("t", 0).append(data, list(iter_batches(data)))
-    manager.replicas.registration_of = {1: 7, 2: 8}.get
-    proposals: list[list[int]] = []
+class Leader:
+    """Broker 0 leading t-0 (replicas 0, 1, 2; ISR 0, 1) with LEO records,
+    whose ISR writer answers `written` and keeps what it was asked to write."""
 
-    async def write_isr(_replication: PartitionReplication, isr: list[int]) -> bool:
-        proposals.append(isr)
-        return written
+    def __init__(self, path: Path, written: bool) -> None:
+        self.manager = PartitionManager(BrokerConfig(broker_id=0, data_dir=path), cluster_mode=True)
+        self.manager.open()
+        self.manager.logs.host_partitions(TopicSpec("t", 1, {}), [0])
+        self.replication = self.apply([0, 1], REVISION)
+        data = bytearray(encode_batch([b"v%d" % i for i in range(LEO)]))
+        self.manager.partition_log("t", 0).append(data, list(iter_batches(data)))
+        self.manager.replicas.registration_of = {1: 7, 2: 8}.get
+        self.proposals: list[list[int]] = []
 
-    manager.replicas.isr_writer = write_isr
-    manager.proposals = proposals  # type: ignore[attr-defined]
-    return manager, replication
+        async def write_isr(_replication: PartitionReplication, isr: list[int]) -> bool:
+            self.proposals.append(isr)
+            return written
+
+        self.manager.replicas.isr_writer = write_isr
+
+    @property
+    def high_watermark(self) -> int:
+        return self.replication.high_watermark
+
+    def apply(self, isr: list[int], revision: int) -> PartitionReplication:
+        """The watch brings t-0's state with `isr` at `revision`."""
+        return self.manager.replicas.set_role(
+            "t",
+            0,
+            role=Role.LEADER,
+            leader_id=0,
+            leader_epoch=1,
+            replicas=[0, 1, 2],
+            isr=isr,
+            revision=revision,
+        )
+
+    def fetch(self, follower: int, offset: int) -> None:
+        self.manager.replicas.on_follower_fetch("t", 0, follower, offset)
+
+    async def propose_replica_2(self) -> None:
+        """Both followers reach BEHIND, the HW; replica 2 is proposed for
+        the ISR, and the writer runs."""
+        self.fetch(1, BEHIND)
+        self.fetch(2, BEHIND)
+        await asyncio.sleep(0)
+        assert self.proposals == [[0, 1, 2]]
+        assert self.high_watermark == BEHIND
 
 
-def _run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    asyncio.run(scenario())
-
-
-def _fetch(manager: PartitionManager, follower: int, offset: int) -> None:
-    manager.replicas.on_follower_fetch("t", 0, follower, offset)
-
-
-def _apply(manager: PartitionManager, isr: list[int], revision: int) -> None:
-    manager.replicas.set_role(
-        "t",
-        0,
-        role=Role.LEADER,
-        leader_id=0,
-        leader_epoch=1,
-        replicas=[0, 1, 2],
-        isr=isr,
-        revision=revision,
-    )
+@contextmanager
+def leading(path: Path, written: bool) -> Iterator[Leader]:
+    leader = Leader(path, written)
+    try:
+        yield leader
+    finally:
+        leader.manager.close()
 
 
 def test_a_written_proposal_holds_the_hw_for_its_replica_until_the_watch_brings_it(
     tmp_path: Path,
 ) -> None:
-    manager, replication = _leading(tmp_path, written=True)
-
-    async def scenario() -> None:
-        _fetch(manager, 1, BEHIND)
-        _fetch(manager, 2, BEHIND)  # caught up to the HW: proposed for the ISR
-        await asyncio.sleep(0)  # the writer runs
-        assert manager.proposals == [[0, 1, 2]]  # type: ignore[attr-defined]
-        assert replication.high_watermark == BEHIND
+    async def scenario(leader: Leader) -> None:
+        await leader.propose_replica_2()
         # Replica 1 catches up while the change is on its way back from etcd.
-        _fetch(manager, 1, LEO)
-        assert replication.high_watermark == BEHIND
+        leader.fetch(1, LEO)
+        assert leader.high_watermark == BEHIND
         # The watch brings the state the proposal was written against again
         # (a re-listing): not the outcome yet.
-        _apply(manager, [0, 1], REVISION)
-        _fetch(manager, 1, LEO)
-        assert replication.high_watermark == BEHIND
+        leader.apply([0, 1], REVISION)
+        leader.fetch(1, LEO)
+        assert leader.high_watermark == BEHIND
         # The outcome: replica 2 is in the ISR, and the HW waits for it as
         # for any member; it moves once replica 2 catches up.
-        _apply(manager, [0, 1, 2], REVISION + 1)
-        assert not replication.isr_change_pending
-        assert replication.high_watermark == BEHIND
-        _fetch(manager, 2, LEO)
-        assert replication.high_watermark == LEO
+        leader.apply([0, 1, 2], REVISION + 1)
+        assert not leader.replication.isr_change_pending
+        assert leader.high_watermark == BEHIND
+        leader.fetch(2, LEO)
+        assert leader.high_watermark == LEO
 
-    try:
-        _run(scenario)
-    finally:
-        manager.close()
+    with leading(tmp_path, written=True) as leader:
+        asyncio.run(scenario(leader))
 
 
 def test_a_proposal_that_was_not_written_ends_at_once(tmp_path: Path) -> None:
-    manager, replication = _leading(tmp_path, written=False)
-
-    async def scenario() -> None:
-        _fetch(manager, 1, BEHIND)
-        _fetch(manager, 2, BEHIND)
-        await asyncio.sleep(0)
-        assert not replication.isr_change_pending
+    async def scenario(leader: Leader) -> None:
+        await leader.propose_replica_2()
+        assert not leader.replication.isr_change_pending
         # Nothing changed in etcd: the HW is the applied ISR's again.
-        _fetch(manager, 1, LEO)
-        assert replication.high_watermark == LEO
+        leader.fetch(1, LEO)
+        assert leader.high_watermark == LEO
 
-    try:
-        _run(scenario)
-    finally:
-        manager.close()
+    with leading(tmp_path, written=False) as leader:
+        asyncio.run(scenario(leader))
 
 
 def test_a_newer_state_that_supersedes_the_proposal_ends_it(tmp_path: Path) -> None:
-    manager, replication = _leading(tmp_path, written=True)
-
-    async def scenario() -> None:
-        _fetch(manager, 1, BEHIND)
-        _fetch(manager, 2, BEHIND)
-        await asyncio.sleep(0)
-        assert replication.isr_change_pending
+    async def scenario(leader: Leader) -> None:
+        await leader.propose_replica_2()
+        assert leader.replication.isr_change_pending
         # The watch brings a later state whose ISR is not the proposal's (the
         # written change and a later one, in one batch): the proposal ends,
         # and the HW is over the ISR that etcd now has.
-        _apply(manager, [0, 1], REVISION + 2)
-        assert not replication.isr_change_pending
-        _fetch(manager, 1, LEO)
-        assert replication.high_watermark == LEO
+        leader.apply([0, 1], REVISION + 2)
+        assert not leader.replication.isr_change_pending
+        leader.fetch(1, LEO)
+        assert leader.high_watermark == LEO
 
-    try:
-        _run(scenario)
-    finally:
-        manager.close()
+    with leading(tmp_path, written=True) as leader:
+        asyncio.run(scenario(leader))
