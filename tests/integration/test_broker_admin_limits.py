@@ -11,6 +11,7 @@ from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError
 from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 
+from tests.support.admin_requests import ALTERED_RETENTION_MS, topic_request
 from tests.support.processes import BrokerProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -64,19 +65,7 @@ def test_a_topic_named_twice_in_one_request_is_refused_in_each_entry(
     if rpc != "CreateTopics":
         with AdminClient(broker.address) as admin:
             admin.create_topics([NewTopic(twice, 1, 1), NewTopic(once, 1, 1)])
-    names = [twice, once, twice]
-    if rpc == "CreateTopics":
-        request: object = admin_pb2.CreateTopicsRequest(
-            topics=[admin_pb2.NewTopic(name=n, partitions=1, replication_factor=1) for n in names]
-        )
-    elif rpc == "DeleteTopics":
-        request = admin_pb2.DeleteTopicsRequest(names=names)
-    else:
-        request = admin_pb2.AlterConfigsRequest(
-            topics=[
-                admin_pb2.AlterTopicConfigs(name=n, set={"retention.ms": "1000"}) for n in names
-            ]
-        )
+    request = topic_request(rpc, [twice, once, twice])
     with grpc.insecure_channel(broker.address) as channel:
         reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(request, timeout=30)
     answers = [(t.name, t.error.code) for t in reply.topics]
@@ -90,4 +79,6 @@ def test_a_topic_named_twice_in_one_request_is_refused_in_each_entry(
         topics = admin.list_topics()
         assert (twice in topics) is (rpc != "CreateTopics")
         if rpc == "AlterConfigs":
-            assert admin.describe_configs([twice])[twice]["retention.ms"].value != "1000"
+            assert (
+                admin.describe_configs([twice])[twice]["retention.ms"].value != ALTERED_RETENTION_MS
+            )

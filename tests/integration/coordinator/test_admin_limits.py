@@ -15,6 +15,7 @@ from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError, InvalidT
 from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 
+from tests.support.admin_requests import topic_request
 from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
 
@@ -130,25 +131,6 @@ def test_admin_requests_naming_too_many_topics_are_refused_naming_the_limit(
         assert "MAX_TOPICS_PER_REQUEST" in info.value.details()  # type: ignore[attr-defined]
 
 
-def _repeating(rpc: str, names: list[str]) -> object:
-    """A `rpc` request with one entry per name, in order."""
-    if rpc == "CreateTopics":
-        return admin_pb2.CreateTopicsRequest(
-            topics=[admin_pb2.NewTopic(name=n, partitions=1, replication_factor=1) for n in names]
-        )
-    if rpc == "DeleteTopics":
-        return admin_pb2.DeleteTopicsRequest(names=names)
-    if rpc == "AlterConfigs":
-        return admin_pb2.AlterConfigsRequest(
-            topics=[
-                admin_pb2.AlterTopicConfigs(name=n, set={"retention.ms": "1000"}) for n in names
-            ]
-        )
-    return admin_pb2.CreatePartitionsRequest(
-        topics=[admin_pb2.NewPartitions(name=n, total_count=2) for n in names]
-    )
-
-
 # Found by the fuzzer (tests/security): a DeleteTopics naming one topic 997
 # times made 997 etcd transactions, past the fuzz test's deadline under load.
 @pytest.mark.parametrize(
@@ -167,7 +149,7 @@ def test_a_topic_named_twice_in_one_request_is_refused_in_each_entry(
     for address in (cluster.coordinators[0].address, cluster.brokers[0].address):
         with grpc.insecure_channel(address) as channel:
             reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(
-                _repeating(rpc, [twice, once, twice]), timeout=30
+                topic_request(rpc, [twice, once, twice]), timeout=30
             )
         errors = [(t.name, t.error.code, t.error.message) for t in reply.topics]
         assert [e[:2] for e in errors] == [
@@ -201,7 +183,7 @@ def test_a_request_naming_many_missing_topics_reads_them_once(
     before = etcd.requests_handled("Range") + etcd.requests_handled("Txn")
     with grpc.insecure_channel(cluster.coordinators[0].address) as channel:
         reply = getattr(admin_pb2_grpc.AdminStub(channel), rpc)(
-            _repeating(rpc, missing), timeout=60
+            topic_request(rpc, missing), timeout=60
         )
     requests = etcd.requests_handled("Range") + etcd.requests_handled("Txn") - before
     assert [t.name for t in reply.topics] == missing
