@@ -145,13 +145,12 @@ class ContainerCluster:
         test's process may bind it first. A service that then cannot bind it is started
         again on a new port (as tests/support/processes does for processes); any other
         early exit is raised with the end of the container's log."""
-        for attempt in range(1, PORT_ATTEMPTS + 1):
+        for _ in range(PORT_ATTEMPTS - 1):
             try:
                 return self._run_once(role, args, ready_line, image=image, volume=volume)
             except PortTakenError:
-                if attempt == PORT_ATTEMPTS:
-                    raise
-        raise AssertionError("unreachable")
+                continue
+        return self._run_once(role, args, ready_line, image=image, volume=volume)
 
     def _run_once(
         self,
