@@ -27,6 +27,8 @@ from tests.support.etcd import EtcdProcess
 
 _names = itertools.count()
 SESSION_MS = 3000
+#: How much of each consumer's log a failed test shows.
+LOG_TAIL_CHARS = 4000
 
 
 class ConsumerProcess:
@@ -140,6 +142,10 @@ def consumers(
     finally:
         for process in started:
             process.kill()
+            # Shown by pytest when the test failed: what each consumer
+            # logged (a traceback that ended it early, say).
+            log = process.log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+            print(f"--- {process.log_path.name} (last {LOG_TAIL_CHARS} chars)\n{log}")
 
 
 def create_topic(cluster: ClusterProcesses, topic: str, partitions: int) -> None:

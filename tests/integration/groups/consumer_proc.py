@@ -10,8 +10,11 @@ Processes records and commits after processing (at-least-once) unless
     {"event": "records", "records": [[partition, offset], ...]}   (processed)
 --stall-after N: after N records, stop calling poll() for a long time (to
 test max_poll_interval_ms), then poll again.
---report-errors: an error poll() raises is printed, {"event": "error", "type":
-..., "message": ...}, and polling goes on (else it ends the process).
+--report-errors: an error poll() or commit() raises is printed, {"event":
+"error", "during": "poll" | "commit", "type": ..., "message": ...}, and
+polling goes on (else it ends the process). A commit can fail so in any test
+that stops the process: one frozen between its poll and its commit finds its
+session gone when it goes on.
 SIGTERM closes the consumer cleanly (a static member does not leave).
 """
 
@@ -30,6 +33,13 @@ from tidelog.errors import TidelogError
 
 def emit(event: str, **fields: object) -> None:
     print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
+
+
+def report(error: TidelogError, during: str, report_errors: bool) -> None:
+    """Print `error` as an event (--report-errors), else raise it."""
+    if not report_errors:
+        raise error
+    emit("error", during=during, type=type(error).__name__, message=str(error))
 
 
 class Listener:
@@ -76,9 +86,7 @@ def main() -> None:
         try:
             polled = consumer.poll(timeout_ms=100)
         except TidelogError as exc:
-            if not args.report_errors:
-                raise
-            emit("error", type=type(exc).__name__, message=str(exc))
+            report(exc, "poll", args.report_errors)
             time.sleep(0.2)
             continue
         records = [[r.partition, r.offset] for rs in polled.values() for r in rs]
@@ -86,7 +94,10 @@ def main() -> None:
             emit("records", records=records)
             processed += len(records)
             if not args.auto_commit:
-                consumer.commit()  # after processing: at-least-once
+                try:
+                    consumer.commit()  # after processing: at-least-once
+                except TidelogError as exc:
+                    report(exc, "commit", args.report_errors)
         if args.stall_after and processed >= args.stall_after and not stalled:
             stalled = True
             emit("stalling")
