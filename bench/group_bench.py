@@ -29,7 +29,9 @@ real coordinator processes on free loopback ports, then measures:
    with the reason where Go is missing), so that the figure is the
    coordinator's and not the Python clients' (which share its 2 cores). The
    bare grpc.aio echo servers beside them give what one Python gRPC process
-   serves at best, the streaming one from Python and from Go clients.
+   serves at best, the streaming one from Python and from Go clients: one
+   request per message there, so a floor per message, which the commit
+   stream (many commits per message) may pass.
 4. controller fail-over: two coordinator replicas (session TTL 2 s); the
    controller is SIGKILLed (no resignation: its etcd lease must expire); time
    until the other answers DescribeCluster as controller. Repeated; median
