@@ -24,7 +24,14 @@ real coordinator processes on free loopback ports, then measures:
    group, each committer one member, all joined before the clock starts):
    unary CommitOffsets calls against the CommitOffsetsStream (one stream per
    client process, every commit of the process on it), which the SDK's
-   consumers use.
+   consumers use; and the same stream load from Go client processes
+   (`tidelog-go-example commit-bench`, built by examples/go/build.sh; skipped
+   with the reason where Go is missing), so that the figure is the
+   coordinator's and not the Python clients' (which share its 2 cores). The
+   bare grpc.aio echo servers beside them give what one Python gRPC process
+   serves at best, the streaming one from Python and from Go clients: one
+   request per message there, so a floor per message, which the commit
+   stream (many commits per message) may pass.
 4. controller fail-over: two coordinator replicas (session TTL 2 s); the
    controller is SIGKILLed (no resignation: its etcd lease must expire); time
    until the other answers DescribeCluster as controller. Repeated; median
@@ -44,11 +51,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +84,25 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
 PREFIX = "/bench"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@cache
+def go_example() -> Path | str:
+    """The Go example program (examples/go/build.sh, which caches), built
+    once per run; or why it could not be (Go missing: the script exits 3)."""
+    build = subprocess.run(
+        [str(ROOT / "examples/go/build.sh")],
+        cwd=ROOT,
+        env={**os.environ, "PYTHON": sys.executable},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if build.returncode != 0:
+        lines = build.stderr.strip().splitlines()
+        return lines[-1] if lines else f"examples/go/build.sh exited {build.returncode}"
+    return Path(build.stdout.strip().splitlines()[-1])
 
 
 def etcd_transactions(etcd: EtcdProcess) -> int:
@@ -392,13 +421,39 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), float(sys.argv[3])))
 """
 
 
+def _go_echo_client(binary: Path) -> Callable[[str, int, float], list[str]]:
+    """The Go client of the streaming echo server (`tidelog-go-example
+    echo-bench`), loading it as _ECHO_STREAM_CLIENT does."""
+
+    def command(address: str, concurrency: int, seconds: float) -> list[str]:
+        return [str(binary), "echo-bench", "-address", address,
+                "-in-flight", str(concurrency), "-seconds", str(seconds)]  # fmt: skip
+
+    return command
+
+
+def _client_output(line: bytes) -> list[float]:
+    """A client process's figures as [partition-offsets, requests, elapsed]:
+    the Python clients print that list, the Go ones a JSON object."""
+    out = json.loads(line)
+    if isinstance(out, list):
+        return out
+    if out.get("errors"):
+        raise RuntimeError(f"a Go client counted {out['errors']} failed requests")
+    return [out.get("partition_offsets", out["requests"]), out["requests"], out["elapsed_s"]]
+
+
 async def grpc_floor(
-    seconds: float, processes: int, concurrency: int, client: str = _ECHO_CLIENT
+    seconds: float,
+    processes: int,
+    concurrency: int,
+    client: str | Callable[[str, int, float], list[str]] = _ECHO_CLIENT,
 ) -> tuple[float, float]:
     """The same client load against a bare grpc.aio server that does nothing:
     what one Python gRPC process serves here at best (requests/s, server CPU
-    microseconds per request); unary calls, or (`_ECHO_STREAM_CLIENT`) one
-    stream per client process answered as the commit stream is."""
+    microseconds per request); unary calls, or (`_ECHO_STREAM_CLIENT`, or
+    the Go client's command of `_go_echo_client`) one stream per client
+    process answered as the commit stream is."""
     server = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -411,19 +466,16 @@ async def grpc_floor(
     try:
         meter = psutil.Process(server.pid)
         cpu = meter.cpu_times()
+        address = f"127.0.0.1:{port}"
+        if isinstance(client, str):
+            argv = [sys.executable, "-c", client, address, str(concurrency), str(seconds)]
+        else:
+            argv = client(address, concurrency, seconds)
         procs = [
-            await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-c",
-                client,
-                f"127.0.0.1:{port}",
-                str(concurrency),
-                str(seconds),
-                stdout=asyncio.subprocess.PIPE,
-            )
+            await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE)
             for _ in range(processes)
         ]
-        outputs = [json.loads((await p.communicate())[0]) for p in procs]
+        outputs = [_client_output((await p.communicate())[0]) for p in procs]
         after = meter.cpu_times()
     finally:
         server.stdin.close()
@@ -472,26 +524,31 @@ async def member_commit_throughput_processes(
     concurrency: int,
     streaming: bool,
     tag: str,
+    go_binary: Path | None = None,
 ) -> tuple[float, float, float, float]:
     """As commit_throughput_processes, for members' commits: the coordinator's
     CPU and etcd's transactions are counted from when every member has joined
-    until the last client finished."""
+    until the last client finished. With `go_binary`, the clients are Go
+    processes (`tidelog-go-example commit-bench`: the same members, groups,
+    commits and one stream per process, from a client that costs little)."""
     server = psutil.Process(coordinator.pid)
+
+    def command(i: int) -> Sequence[str]:
+        if go_binary is not None:
+            return [str(go_binary), "commit-bench", "-coordinator", coordinator.address,
+                    "-topic", topic, "-partitions", str(partitions),
+                    "-members", str(concurrency), "-in-flight", str(concurrency),
+                    "-seconds", str(seconds), "-group-prefix", f"member-{tag}p{i}-go-"]  # fmt: skip
+        return [sys.executable, "-c", _MEMBER_COMMIT_CLIENT, coordinator.address, topic,
+                str(partitions), str(seconds), str(concurrency), f"{tag}p{i}-",
+                "1" if streaming else "0"]  # fmt: skip
+
     procs = [
         await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            _MEMBER_COMMIT_CLIENT,
-            coordinator.address,
-            topic,
-            str(partitions),
-            str(seconds),
-            str(concurrency),
-            f"{tag}p{i}-",
-            "1" if streaming else "0",
+            *command(i),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
-            cwd=str(Path(__file__).resolve().parents[1]),
+            cwd=str(ROOT),
         )
         for i in range(processes)
     ]
@@ -508,11 +565,16 @@ async def member_commit_throughput_processes(
     outputs = []
     for p in procs:
         assert p.stdout is not None
-        outputs.append(json.loads(await p.stdout.readline()))
+        line = await p.stdout.readline()
+        if not line:  # (it said why on stderr)
+            raise RuntimeError(f"a commit client failed (exit code {await p.wait()})")
+        outputs.append(_client_output(line))
     after = server.cpu_times()  # before the members leave
     transactions = etcd_transactions(etcd) - transactions
     for p in procs:
         await p.communicate()
+        if p.returncode != 0:
+            raise RuntimeError(f"a commit client failed (exit code {p.returncode})")
     return _commit_figures(outputs, _cpu_s(cpu, after), transactions)
 
 
@@ -591,7 +653,9 @@ async def commit_rows(
     """Offset commits in one run, each mode measured alternately: admin
     commits (AlterOffsets) one transaction per commit against coalesced, and
     members' commits (CommitOffsets, on the coalescing coordinator) as unary
-    calls against one CommitOffsetsStream per client process."""
+    calls against one CommitOffsetsStream per client process, from Python
+    client processes and (`member_stream_go`, skipped with the reason when
+    the Go example cannot be built) from Go ones."""
     servers = {
         "one_txn_per_commit": ("--offset-commit-coalesce-max", "1"),
         "coalesced": (),
@@ -602,9 +666,22 @@ async def commit_rows(
         "coalesced (group commit)": ("coalesced", "coalesced", None),
         "members, unary CommitOffsets, coalesced": ("member_unary", "coalesced", False),
         "members, CommitOffsetsStream, coalesced": ("member_stream", "coalesced", True),
+        "members, CommitOffsetsStream, coalesced, Go clients": (
+            "member_stream_go",
+            "coalesced",
+            True,
+        ),
     }
     if only_modes:
         modes = {m: v for m, v in modes.items() if v[0] in only_modes}
+    go_binary: Path | None = None
+    if "member_stream_go" in (v[0] for v in modes.values()):
+        built = go_example()
+        if isinstance(built, Path):
+            go_binary = built
+        else:
+            print(f"members' commits from Go clients: not run ({built})")
+            modes = {m: v for m, v in modes.items() if v[0] != "member_stream_go"}
     coordinators = {
         name: start_coordinator(
             etcd.endpoint,
@@ -648,6 +725,7 @@ async def commit_rows(
                             concurrency,
                             streaming,
                             f"r{runs}",
+                            go_binary if key == "member_stream_go" else None,
                         )
                     results[mode].append(measured)
             for mode, (key, _, streaming) in modes.items():
@@ -670,14 +748,23 @@ async def commit_rows(
     finally:
         for coordinator in coordinators.values():
             coordinator.stop()
-    for name, client, label in (
+    floors: list[tuple[str, str | Callable[[str, int, float], list[str]], str]] = [
         ("grpc_echo_floor", _ECHO_CLIENT, "bare grpc.aio unary echo server, same clients"),
         (
             "grpc_echo_stream_floor",
             _ECHO_STREAM_CLIENT,
             "bare grpc.aio streaming echo server, one stream per client process",
         ),
-    ):
+    ]
+    if go_binary is not None:
+        floors.append(
+            (
+                "grpc_echo_stream_floor_go",
+                _go_echo_client(go_binary),
+                "bare grpc.aio streaming echo server, one stream per Go client process",
+            )
+        )
+    for name, client, label in floors:
         floor = [await grpc_floor(seconds, processes, concurrency, client) for _ in range(rounds)]
         req_s = statistics.median(f[0] for f in floor)
         cpu_us = statistics.median(f[1] for f in floor)
@@ -789,7 +876,8 @@ def main() -> None:
         "--commit-modes",
         nargs="*",
         default=[],
-        help="only these modes (one_txn_per_commit coalesced member_unary member_stream)",
+        help="only these modes (one_txn_per_commit coalesced member_unary member_stream "
+        "member_stream_go)",
     )
     parser.add_argument(
         "--output",

@@ -16,7 +16,10 @@
 // `tidelog-go-example encode` only encodes batches (see logapi.go);
 // `tidelog-go-example produce` produces for a while and prints which records
 // were acknowledged (see produce.go); `tidelog-go-example bench` measures the
-// record-level API's throughput (see bench.go).
+// record-level API's throughput (see bench.go); `tidelog-go-example
+// commit-bench` members' offset commits through a coordinator (see
+// commitbench.go) and `tidelog-go-example echo-bench` a bare gRPC echo
+// server (see echobench.go), for bench/group_bench.py.
 //
 // It exits 0 and prints one line when every record came back intact, else it
 // exits 1 naming what was wrong.
@@ -50,6 +53,14 @@ func main() {
 	}
 	if len(os.Args) > 1 && os.Args[1] == "bench" {
 		benchMain(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "commit-bench" {
+		commitBenchMain(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == "echo-bench" {
+		echoBenchMain(os.Args[2:])
 		return
 	}
 	api := flag.String("api", "records", "produce with the record-level Records service or the batch-level Log service (records|log)")

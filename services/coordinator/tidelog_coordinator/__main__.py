@@ -11,6 +11,7 @@ import logging
 import sys
 
 from tidelog_server.etcd.client import EtcdEndpointError, parse_endpoints, serve_until_signal
+from tidelog_server.gc_tuning import tune_gc
 from tidelog_server.metrics import MetricsOptions, add_metrics_arguments, metrics_options
 from tidelog_server.security_options import SecurityOptions, add_security_arguments
 from tidelog_server.tls import (
@@ -159,6 +160,7 @@ async def serve(config: CoordinatorConfig, metrics: MetricsOptions | None = None
 
 
 def main(argv: list[str] | None = None) -> int:
+    tune_gc()
     return asyncio.run(serve(*parse_args(argv)))
 
 

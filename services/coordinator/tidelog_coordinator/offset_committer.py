@@ -226,7 +226,14 @@ class OffsetCommitter:
 
     def _nested(self, commit: _Commit, chunks: Sequence[list[tuple[bytes, bytes]]]) -> list[Any]:
         tx = self.client.transactions
-        return [tx.txn([commit.compare], [tx.put(k, v) for k, v in chunk], []) for chunk in chunks]
+        # lease=0 (no lease), not the default None: aetcd turns None into 0
+        # by catching the TypeError of int(None), an exception per put that
+        # cost ~5% of the coordinator's CPU under a commit load (py-spy).
+        # The request is the same (0 is the field's default).
+        return [
+            tx.txn([commit.compare], [tx.put(k, v, lease=0) for k, v in chunk], [])
+            for chunk in chunks
+        ]
 
     async def _write(self, batch: list[_Commit]) -> list[bool]:
         ops: list[Any] = []

@@ -57,6 +57,10 @@ log = logging.getLogger("tidelog.coordinator.offsets")
 
 COMMIT_ATTEMPTS = 3
 
+#: json.dumps(..., separators=...) builds a JSONEncoder per call; one
+#: encoder, built once, writes the same bytes (every committed offset's value).
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
 
 @dataclass(frozen=True, slots=True)
 class OffsetEntry:
@@ -123,9 +127,8 @@ class OffsetStore:
         return [
             (
                 self.keys.offset(group_id, e.tp),
-                json.dumps(
-                    {"offset": e.offset, "metadata": e.metadata, "commit_time_ms": now_ms},
-                    separators=(",", ":"),
+                _compact_json(
+                    {"offset": e.offset, "metadata": e.metadata, "commit_time_ms": now_ms}
                 ).encode(),
             )
             for e in entries
