@@ -35,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -49,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import workloads  # noqa: E402
 from bench._processes import tidelog_cluster, tmpdir  # noqa: E402
+from bench.go_example import go_example  # noqa: E402
 from tests.support.cluster import ClusterProcesses  # noqa: E402
 from tests.support.gateway import GatewayProcess, start_gateway  # noqa: E402
 
@@ -158,19 +158,11 @@ def go_records_api(gateway: GatewayProcess, count: int) -> dict[str, Any]:
     only produces: on a loaded machine the steadier figure)."""
     import psutil
 
-    build = subprocess.run(
-        [str(ROOT / "examples/go/build.sh")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if build.returncode != 0:
-        reason = build.stderr.strip().splitlines()[-1] if build.stderr.strip() else "failed"
-        print(f"Go record-level API: not run ({reason})")
-        return {"status": "NOT RUN", "reason": reason}
-    binary = build.stdout.strip().splitlines()[-1]
+    built = go_example()
+    if not isinstance(built, Path):
+        print(f"Go record-level API: not run ({built})")
+        return {"status": "NOT RUN", "reason": built}
+    binary = str(built)
 
     def go_bench(*extra: str) -> dict[str, Any] | str:
         run_ = subprocess.run(

@@ -37,6 +37,7 @@ import psutil  # noqa: E402
 from tidelog import AdminClient, NewTopic  # noqa: E402
 
 from bench._processes import tidelog_cluster, tmpdir  # noqa: E402
+from bench.go_example import go_example  # noqa: E402
 from tests.support.gateway import GatewayProcess, start_gateway  # noqa: E402
 
 #: Where each distribution's package lives, relative to the repository.
@@ -72,18 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="measured rounds")
     parser.add_argument("--keyed", action="store_true", help="a key on every record")
     args = parser.parse_args(argv)
-    build = subprocess.run(
-        [str(ROOT / "examples/go/build.sh")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if build.returncode != 0:
-        print(f"the Go example did not build: {build.stderr.strip()[-300:]}")
+    built = go_example()
+    if not isinstance(built, Path):
+        print(f"the Go example did not build: {built}")
         return 1
-    binary = build.stdout.strip().splitlines()[-1]
+    binary = str(built)
     rows: dict[str, list[dict[str, float]]] = {args.base: [], "work tree": []}
     with (
         tempfile.TemporaryDirectory(prefix="tidelog-ab-base-") as base_dir,

@@ -51,14 +51,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -80,29 +77,12 @@ from tidelog.v1 import (
 )
 
 from bench import report
+from bench.go_example import go_example
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
 PREFIX = "/bench"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@cache
-def go_example() -> Path | str:
-    """The Go example program (examples/go/build.sh, which caches), built
-    once per run; or why it could not be (Go missing: the script exits 3)."""
-    build = subprocess.run(
-        [str(ROOT / "examples/go/build.sh")],
-        cwd=ROOT,
-        env={**os.environ, "PYTHON": sys.executable},
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if build.returncode != 0:
-        lines = build.stderr.strip().splitlines()
-        return lines[-1] if lines else f"examples/go/build.sh exited {build.returncode}"
-    return Path(build.stdout.strip().splitlines()[-1])
 
 
 def etcd_transactions(etcd: EtcdProcess) -> int:
