@@ -13,8 +13,7 @@ newer state; a proposal that was not written ends at once.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from tidelog.records import encode_batch, iter_batches
@@ -81,11 +80,12 @@ class Leader:
         assert self.high_watermark == BEHIND
 
 
-@contextmanager
-def leading(path: Path, written: bool) -> Iterator[Leader]:
+def run_as_leader(path: Path, written: bool, scenario: Callable[[Leader], Awaitable[None]]) -> None:
+    """Run `scenario` on the leader of t-0 over a real log, closed after;
+    `written`: whether its ISR proposals reach etcd."""
     leader = Leader(path, written)
     try:
-        yield leader
+        asyncio.run(scenario(leader))
     finally:
         leader.manager.close()
 
@@ -111,8 +111,7 @@ def test_a_written_proposal_holds_the_hw_for_its_replica_until_the_watch_brings_
         leader.fetch(2, LEO)
         assert leader.high_watermark == LEO
 
-    with leading(tmp_path, written=True) as leader:
-        asyncio.run(scenario(leader))
+    run_as_leader(tmp_path, True, scenario)
 
 
 def test_a_proposal_that_was_not_written_ends_at_once(tmp_path: Path) -> None:
@@ -123,8 +122,7 @@ def test_a_proposal_that_was_not_written_ends_at_once(tmp_path: Path) -> None:
         leader.fetch(1, LEO)
         assert leader.high_watermark == LEO
 
-    with leading(tmp_path, written=False) as leader:
-        asyncio.run(scenario(leader))
+    run_as_leader(tmp_path, False, scenario)
 
 
 def test_a_newer_state_that_supersedes_the_proposal_ends_it(tmp_path: Path) -> None:
@@ -139,5 +137,4 @@ def test_a_newer_state_that_supersedes_the_proposal_ends_it(tmp_path: Path) -> N
         leader.fetch(1, LEO)
         assert leader.high_watermark == LEO
 
-    with leading(tmp_path, written=True) as leader:
-        asyncio.run(scenario(leader))
+    run_as_leader(tmp_path, True, scenario)
