@@ -82,6 +82,8 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
 PREFIX = "/bench"
+#: The commit mode whose clients are Go processes (tidelog-go-example commit-bench).
+GO_CLIENTS_MODE = "member_stream_go"
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -646,22 +648,18 @@ async def commit_rows(
         "coalesced (group commit)": ("coalesced", "coalesced", None),
         "members, unary CommitOffsets, coalesced": ("member_unary", "coalesced", False),
         "members, CommitOffsetsStream, coalesced": ("member_stream", "coalesced", True),
-        "members, CommitOffsetsStream, coalesced, Go clients": (
-            "member_stream_go",
-            "coalesced",
-            True,
-        ),
+        "members, CommitOffsetsStream, coalesced, Go clients": (GO_CLIENTS_MODE, "coalesced", True),
     }
     if only_modes:
         modes = {m: v for m, v in modes.items() if v[0] in only_modes}
     go_binary: Path | None = None
-    if "member_stream_go" in (v[0] for v in modes.values()):
+    if GO_CLIENTS_MODE in (v[0] for v in modes.values()):
         built = go_example()
         if isinstance(built, Path):
             go_binary = built
         else:
             print(f"members' commits from Go clients: not run ({built})")
-            modes = {m: v for m, v in modes.items() if v[0] != "member_stream_go"}
+            modes = {m: v for m, v in modes.items() if v[0] != GO_CLIENTS_MODE}
     coordinators = {
         name: start_coordinator(
             etcd.endpoint,
@@ -705,7 +703,7 @@ async def commit_rows(
                             concurrency,
                             streaming,
                             f"r{runs}",
-                            go_binary if key == "member_stream_go" else None,
+                            go_binary if key == GO_CLIENTS_MODE else None,
                         )
                     results[mode].append(measured)
             for mode, (key, _, streaming) in modes.items():

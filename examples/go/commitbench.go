@@ -49,7 +49,8 @@ import (
 	pb "tidelogexamples/tidelog/v1"
 )
 
-// commitsPerMessageMax: the coordinator's limit of commits in one stream message.
+// commitsPerMessageMax: the coordinator's limit of commits in one stream message
+// (COMMITS_PER_MESSAGE_MAX in services/coordinator/tidelog_coordinator/commit_stream.py).
 const commitsPerMessageMax = 1024
 
 func commitBenchMain(args []string) {
