@@ -8,13 +8,14 @@ PID and of this process (the client: the SDK's threads run here) around one work
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psutil
@@ -34,10 +35,25 @@ __all__ = [
     "free_port",
     "hwm_mb",
     "rss_mb",
+    "service_environment",
     "tidelog_broker",
     "tidelog_cluster",
     "tmpdir",
 ]
+
+
+def service_environment(environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment for a service the bench runs as ``python -m bench.<tool>`` (the traced
+    broker of bench.e2e_trace): `environ` with gRPC's transport as the services' own
+    ``__main__`` chooses it (tidelog_server.grpc_transport). The bench package imports
+    tidelog, and with it gRPC, before such a child could choose; without this it would serve
+    on gRPC's default listener, one thread hand-off per received message more than the real
+    service."""
+    from tidelog_server.grpc_transport import GRPC_EXPERIMENTS, completed
+
+    env = dict(environ)
+    env[GRPC_EXPERIMENTS] = completed(env.get(GRPC_EXPERIMENTS, ""))
+    return env
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ process of the machine):
     send      the caller hands the record to send() (stamped in the value)
     drain     the sender (producer event loop) takes its batch from the accumulator
     write     the Produce stream's write of its request returned (gRPC has the bytes)
+    receive   the broker's Produce handler took the request from its stream (before the append)
     append    the broker appended it (PartitionManager.append returned; the long-polls
               of the partition are woken in that call)
     respond   the broker's fetch session built the response holding it (just before yield)
@@ -66,7 +67,7 @@ from bench._fixed_rate import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-HOPS = ("send", "drain", "write", "append", "respond", "arrive", "poll")
+HOPS = ("send", "drain", "write", "receive", "append", "respond", "arrive", "poll")
 
 _ns = time.perf_counter_ns
 
@@ -74,19 +75,33 @@ _ns = time.perf_counter_ns
 
 
 def broker_main(out: str, argv: list[str]) -> int:
-    """Run the broker with hooks on append and on fetch responses; write them to `out` at exit."""
+    """Run the broker with hooks on the Produce handler, on append and on fetch responses;
+    write their events to `out` at exit."""
     from tidelog_broker import __main__ as broker
     from tidelog_broker.fetch_session import FetchSession
+    from tidelog_broker.log_servicer import LogServicer
     from tidelog_broker.partition_manager import PartitionManager
 
-    appended: list[tuple[int, int, int]] = []  # (first offset, last offset, t)
+    received: list[tuple[int, int, int]] = []  # (first offset, last offset, t)
+    appended: list[tuple[int, int, int]] = []
     responded: list[tuple[int, int, int]] = []  # (fetch offset, next offset, t)
     append = PartitionManager.append
     advance = FetchSession._advance
+    append_request = LogServicer._append_request
+
+    # When the Produce handler took the request whose partitions are being appended: the
+    # handler appends them (PartitionManager.append) before it takes the next request, so
+    # each append is paired with the latest value.
+    handler_took = [0]
+
+    def traced_append_request(self: Any, request: Any, payloads: Any) -> Any:
+        handler_took[0] = _ns()
+        return append_request(self, request, payloads)
 
     def traced_append(self: Any, topic: str, partition: int, data: bytes, acks: int = 1) -> Any:
         result = append(self, topic, partition, data, acks)
         appended.append((result.base_offset, result.last_offset, _ns()))
+        received.append((result.base_offset, result.last_offset, handler_took[0]))
         return result
 
     def traced_advance(self: Any, collected: Any) -> None:
@@ -96,10 +111,13 @@ def broker_main(out: str, argv: list[str]) -> int:
         advance(self, collected)
 
     PartitionManager.append = traced_append  # type: ignore[method-assign]
+    LogServicer._append_request = traced_append_request  # type: ignore[method-assign]
     FetchSession._advance = traced_advance  # type: ignore[method-assign]
 
     def dump() -> None:
-        Path(out).write_text(json.dumps({"append": appended, "respond": responded}))
+        Path(out).write_text(
+            json.dumps({"receive": received, "append": appended, "respond": responded})
+        )
 
     atexit.register(dump)
     return int(broker.main(argv) or 0)
@@ -108,6 +126,7 @@ def broker_main(out: str, argv: list[str]) -> int:
 class _Broker:
     def __init__(self) -> None:
         sys.path.insert(0, str(ROOT))
+        from bench._processes import service_environment
         from tests.support.processes import free_port, wait_serving
 
         self.dir = tempfile.mkdtemp(prefix="tidelog-trace-")
@@ -120,7 +139,9 @@ class _Broker:
             "--internal-port", str(internal), "--auto-create-topics",
         ]  # fmt: skip
         self.log = open(Path(self.dir) / "broker.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT)
+        self.proc = subprocess.Popen(
+            args, stdout=self.log, stderr=subprocess.STDOUT, cwd=ROOT, env=service_environment()
+        )
         try:
             wait_serving(self.address, 60, self.proc)
         except BaseException:
@@ -128,6 +149,12 @@ class _Broker:
             self.proc.wait()
             self.log.close()
             raise
+        # What the broker's gRPC read when it was imported (once), from the serving process.
+        environ = (Path("/proc") / str(self.proc.pid) / "environ").read_bytes().split(b"\0")
+        self.grpc_experiments = next(
+            (e.split(b"=", 1)[1].decode() for e in environ if e.startswith(b"GRPC_EXPERIMENTS=")),
+            "",
+        )
 
     def stop(self) -> dict[str, list[list[int]]]:
         self.proc.terminate()
@@ -420,6 +447,7 @@ def analyse(
     at = {
         "drain": _lookup(client.drained),
         "write": _lookup(client.written),
+        "receive": _lookup(broker["receive"]),
         "append": _lookup(broker["append"]),
         "respond": _lookup(broker["respond"]),
         "arrive": _lookup(client.arrived),
@@ -478,7 +506,7 @@ def _print(mode: str, result: dict[str, Any]) -> None:
     print(f"\n{mode}: {result['records']} records traced")
     print(f"  {'hop':<18}{'p50':>9}{'p99':>9}{'p99.9':>9}{'mean in e2e tail':>18}")
     for name, row in result.items():
-        if name in ("records", "threads") or name.startswith("gc_"):
+        if name in ("records", "threads", "broker_grpc_experiments") or name.startswith("gc_"):
             continue
         print(
             f"  {name:<18}{row['p50']:>9.3f}{row['p99']:>9.3f}{row['p999']:>9.3f}"
@@ -539,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             events = broker.stop()
         results[mode] = analyse(polled, client, events, warmup)
+        results[mode]["broker_grpc_experiments"] = broker.grpc_experiments
         results[mode]["threads"] = sampler.result()
         long = sorted(p for p in pauses if p >= 1.0)
         results[mode]["gc_pauses_ms_over_1"] = {

@@ -64,7 +64,13 @@ async def serve(port: int) -> None:
 
 @contextmanager
 def ceiling_server() -> Iterator[tuple[str, int]]:
-    """Start the server process; yields (address, pid); stops it by PID."""
+    """Start the server process; yields (address, pid); stops it by PID.
+
+    It serves on gRPC's default listener (the bench package imports gRPC before this module
+    could choose), not on the services' transport (bench._processes.service_environment):
+    the committed baseline's ceiling rows were measured so. Bare-gRPC A/B on a loaded
+    machine (2026-11-27): with the services' transport the upload ceiling was 6.1M against
+    5.0-5.7M records/s, the download ceiling 11-12M against 19-28M."""
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "bench.grpc_ceiling", "--port", str(port)],
