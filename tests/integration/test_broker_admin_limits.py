@@ -1,17 +1,22 @@
 """A standalone broker refusing admin requests that make no sense, as the
 coordinator does (tests/integration/coordinator/test_admin_limits.py): over
-the CreateTopics limits, and min.insync.replicas above its one replica."""
+the CreateTopics limits, min.insync.replicas above its one replica, a topic
+or partition named twice in one request."""
 
 from __future__ import annotations
 
 import grpc
 import pytest
-from tidelog import AdminClient, NewTopic
+from tidelog import AdminClient, NewTopic, Producer
 from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError
 from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 
-from tests.support.admin_requests import ALTERED_RETENTION_MS, topic_request
+from tests.support.admin_requests import (
+    ALTERED_RETENTION_MS,
+    delete_records_request,
+    topic_request,
+)
 from tests.support.processes import BrokerProcess
 
 pytestmark = pytest.mark.timeout(60)
@@ -82,3 +87,30 @@ def test_a_topic_named_twice_in_one_request_is_refused_in_each_entry(
             assert (
                 admin.describe_configs([twice])[twice]["retention.ms"].value != ALTERED_RETENTION_MS
             )
+
+
+def test_a_partition_named_twice_in_one_delete_records_is_refused_in_each_entry(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    with AdminClient(broker.address) as admin:
+        admin.create_topics([NewTopic(topic_name, 2, 1)])
+    with Producer(bootstrap_servers=broker.address, linger_ms=0) as producer:
+        for partition in (0, 1):
+            for _ in range(10):
+                producer.send(topic_name, b"x", partition=partition).get(timeout=10)
+    request = delete_records_request(topic_name, [(0, 3), (1, 3), (0, 4)])
+    with grpc.insecure_channel(broker.address) as channel:
+        reply = admin_pb2_grpc.AdminStub(channel).DeleteRecords(request, timeout=30)
+    answers = [(p.partition, p.error.code, p.low_watermark) for p in reply.partitions]
+    assert answers == [
+        (0, common_pb2.INVALID_REQUEST, 0),
+        (1, common_pb2.NONE, 3),
+        (0, common_pb2.INVALID_REQUEST, 0),
+    ], reply
+    # The message names the partition (its topic cut to 64 characters).
+    message = reply.partitions[0].error.message
+    assert message.startswith(f"partition {topic_name[:64]}-0 ")
+    assert "is named more than once in one DeleteRecords" in message
+    with AdminClient(broker.address) as admin:
+        partitions = admin.describe_topics([topic_name])[0].partitions
+    assert {p.partition: p.log_start_offset for p in partitions} == {0: 0, 1: 3}

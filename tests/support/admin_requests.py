@@ -1,4 +1,4 @@
-"""Admin requests built for tests: one entry per topic name, in order."""
+"""Admin requests built for tests: one entry per topic name (or partition), in order."""
 
 from __future__ import annotations
 
@@ -30,3 +30,12 @@ def topic_request(rpc: str, names: list[str]) -> object:
             topics=[admin_pb2.NewPartitions(name=n, total_count=2) for n in names]
         )
     raise ValueError(f"no topic request for {rpc}")
+
+
+def delete_records_request(topic: str, offsets: list[tuple[int, int]]) -> object:
+    """A DeleteRecords request of (partition, offset) entries of `topic`, in order."""
+    return admin_pb2.DeleteRecordsRequest(
+        partitions=[
+            admin_pb2.DeleteRecordsPartition(topic=topic, partition=p, offset=o) for p, o in offsets
+        ]
+    )

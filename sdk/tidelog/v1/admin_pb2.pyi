@@ -724,7 +724,10 @@ class DeleteRecordsRequest(_message.Message):
     PARTITIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeleteRecordsPartition]:
-        """At most MAX_PARTITIONS_PER_REQUEST partitions."""
+        """At most MAX_PARTITIONS_PER_REQUEST partitions. A partition given twice
+        gets INVALID_REQUEST in each of its entries, and none of its records are
+        deleted.
+        """
 
     def __init__(
         self,

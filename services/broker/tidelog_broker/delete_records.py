@@ -5,8 +5,10 @@ committed records are deleted; whole segments below it go
 (PartitionLog.delete_records_before). Followers learn the new start from
 the leader's ReplicaFetch answers and move theirs too (replica_fetcher).
 
-Each partition succeeds or fails alone, with its error in-band.
-Not thread-safe: runs on the broker's event loop.
+Each partition succeeds or fails alone, with its error in-band; one named
+more than once fails in each of its entries and keeps its log start
+(request_limits.repeated): two offsets for one partition have no order to
+honour. Not thread-safe: runs on the broker's event loop.
 """
 
 from __future__ import annotations
@@ -14,7 +16,11 @@ from __future__ import annotations
 import asyncio
 
 from tidelog.errors import OffsetOutOfRangeError
-from tidelog.request_limits import check_partitions_per_request
+from tidelog.request_limits import (
+    check_partitions_per_request,
+    repeated,
+    repeated_partition_error,
+)
 from tidelog.v1 import admin_pb2
 
 from tidelog_broker.error_mapping import error_proto
@@ -34,10 +40,13 @@ async def delete_records(
     check_partitions_per_request(len(request.partitions), "DeleteRecords")
     response = admin_pb2.DeleteRecordsResponse()
     doomed = []
+    repeated_partitions = repeated((p.topic, p.partition) for p in request.partitions)
     for part in request.partitions:
         result = response.partitions.add(topic=part.topic, partition=part.partition)
         name = f"{part.topic}-{part.partition}"
         try:
+            if (part.topic, part.partition) in repeated_partitions:
+                raise repeated_partition_error(part.topic, part.partition, "DeleteRecords")
             manager.replicas.leader_replication(part.topic, part.partition, write=True)
             partition_log = manager.partition_log(part.topic, part.partition)
             high_watermark = manager.high_watermark(partition_log)

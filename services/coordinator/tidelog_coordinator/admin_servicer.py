@@ -223,10 +223,30 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         try:
             check_partitions_per_request(len(request.partitions), "DeleteRecords")
             check_topic_count(len({p.topic for p in request.partitions}), "DeleteRecords")
-            results = await self.brokers.delete_records(list(request.partitions))
+            repeated_partitions = repeated((p.topic, p.partition) for p in request.partitions)
+            # A repeated partition is not sent to its leader at all: its log
+            # start stays where it is.
+            wanted = [
+                p for p in request.partitions if (p.topic, p.partition) not in repeated_partitions
+            ]
+            deleted = await self.brokers.delete_records(wanted)
         except Exception as exc:
             await abort(context, exc, "deleting records")
-        return admin_pb2.DeleteRecordsResponse(partitions=results)
+        # One result per entry, in request order (deleted is in wanted's).
+        in_order = iter(deleted)
+        response = admin_pb2.DeleteRecordsResponse()
+        for part in request.partitions:
+            if (part.topic, part.partition) not in repeated_partitions:
+                response.partitions.append(next(in_order))
+                continue
+            refused = response.partitions.add(topic=part.topic, partition=part.partition)
+            refused.error.CopyFrom(
+                error_proto(
+                    repeated_partition_error(part.topic, part.partition, "DeleteRecords"),
+                    "deleting records",
+                )
+            )
+        return response
 
     async def ElectLeaders(
         self, request: admin_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext

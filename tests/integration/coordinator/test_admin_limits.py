@@ -15,7 +15,7 @@ from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError, InvalidT
 from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 
-from tests.support.admin_requests import topic_request
+from tests.support.admin_requests import delete_records_request, topic_request
 from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
 
@@ -233,3 +233,46 @@ def test_a_partition_named_twice_in_one_request_is_refused_in_each_entry(
     assert [(p.partition, p.error.code) for p in refused.partitions] == [
         (0, common_pb2.INVALID_REQUEST)
     ] * 2
+
+
+def test_a_partition_named_twice_in_one_delete_records_is_refused_in_each_entry(
+    cluster: ClusterProcesses,
+) -> None:
+    """Through the coordinator and through a broker (which forwards it there):
+    the repeated partition keeps its log start, the other one's moves."""
+    topic = "parts-deleterecords"
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 2, 1)])
+    with Producer(bootstrap_servers=cluster.bootstrap, acks="all", linger_ms=0) as producer:
+        for partition in (0, 1):
+            for _ in range(10):
+                producer.send(topic, b"x", partition=partition).get(timeout=30)
+    paths = [(cluster.coordinators[0].address, 3), (cluster.brokers[0].address, 6)]
+    for address, offset in paths:
+        with grpc.insecure_channel(address) as channel:
+            stub = admin_pb2_grpc.AdminStub(channel)
+            reply = stub.DeleteRecords(
+                delete_records_request(topic, [(0, offset), (1, offset), (0, offset + 1)]),
+                timeout=30,
+            )
+            refused = stub.DeleteRecords(
+                delete_records_request(topic, [(0, 2), (0, 2)]), timeout=30
+            )
+        answers = [(p.partition, p.error.code, p.low_watermark) for p in reply.partitions]
+        assert answers == [
+            (0, common_pb2.INVALID_REQUEST, 0),
+            (1, common_pb2.NONE, offset),
+            (0, common_pb2.INVALID_REQUEST, 0),
+        ], (address, reply)
+        assert f"partition {topic}-0 is named more than once in one DeleteRecords" in (
+            reply.partitions[0].error.message
+        )
+        assert [(p.partition, p.error.code) for p in refused.partitions] == [
+            (0, common_pb2.INVALID_REQUEST)
+        ] * 2
+        with AdminClient(cluster.bootstrap) as admin:
+            starts = {
+                p.partition: p.log_start_offset
+                for p in admin.describe_topics([topic])[0].partitions
+            }
+        assert starts == {0: 0, 1: offset}, (address, starts)
