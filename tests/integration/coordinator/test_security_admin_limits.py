@@ -82,10 +82,9 @@ def _listed(admin: admin_pb2_grpc.AdminStub, principal: str) -> list[str]:
     return sorted(binding.resource_name for binding in reply.acls)
 
 
-# Found by the fuzz test of the security admin RPCs (tests/security): each
-# entry of CreateAcls, DeleteAcls, AlterUserCredentials and AlterClientQuotas
-# cost one or two etcd round trips (a DeleteAcls filter given n times, n per
-# binding), past the fuzz test's deadline under load.
+# Each entry of CreateAcls, DeleteAcls, AlterUserCredentials and
+# AlterClientQuotas cost one or two etcd round trips (a DeleteAcls filter
+# given n times: n per binding), up to the requests' limits.
 def test_creating_and_deleting_a_thousand_acls_costs_a_few_etcd_requests(
     admin: admin_pb2_grpc.AdminStub, etcd: EtcdProcess
 ) -> None:

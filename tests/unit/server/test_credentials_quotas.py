@@ -92,10 +92,9 @@ def test_the_most_specific_quota_wins() -> None:
         check_quota_values({"bytes": 1.0})
 
 
-# Found reading the quota code behind the fuzz test of the security admin
-# RPCs (tests/security): the wait for a quota this small is infinite, and
-# int() of it raised OverflowError in the interceptor, for every call of the
-# principal the quota named.
+# The wait for a quota this small is infinite, and int() of it raised
+# OverflowError in the interceptor, for every call of the principal the
+# quota named.
 def test_the_smallest_quota_throttles_at_the_cap_without_overflowing() -> None:
     quotas = QuotaManager(_Clock())
     quotas.put(Entity("User:alice", ""), {PRODUCER_BYTE_RATE: 5e-324})
