@@ -103,7 +103,7 @@ soak: install
 FUZZ_RUNS ?= 5
 fuzz: install
 	for run in $$(seq $(FUZZ_RUNS)); do \
-	  TIDELOG_FUZZ_SEED=random $(BIN)/python -m pytest -q -s tests/security/test_fuzz_services.py || exit 1; \
+	  TIDELOG_FUZZ_SEED=random $(BIN)/python -m pytest -q -s tests/security/test_fuzz_services.py tests/security/test_fuzz_security_admin.py || exit 1; \
 	done
 
 # Throughput, latency and memory beside the same run's baselines, then the

@@ -45,7 +45,7 @@ from tidelog.v1 import (
     records_pb2,
     records_pb2_grpc,
 )
-from tidelog_server.dev_certs import DevCertificates, create_authority, issue
+from tidelog_server.dev_certs import DevCertificates
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.quotas import THROTTLE_TIME_METADATA_KEY
@@ -55,6 +55,7 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 from tests.support.gateway import GatewayProcess, start_gateway
 from tests.support.processes import BrokerProcess, start_broker
+from tests.support.secure_cluster import issue_certificates, tls_args
 
 pytestmark = pytest.mark.timeout(240)
 PREFIX = "/acls"
@@ -87,28 +88,11 @@ class SecureCluster:
         return AdminClient(bootstrap_servers=self.bootstrap, **self.options(who, **extra))
 
 
-def _certificates(directory: Path, users: tuple[str, ...]) -> DevCertificates:
-    ca_cert, ca_key = create_authority(directory)
-    issue(directory, "server", "tidelog-server", ca_cert, ca_key, ("127.0.0.1", "localhost"))
-    for user in users:
-        issue(directory, user, user, ca_cert, ca_key)
-    return DevCertificates(directory)
-
-
-def _tls_args(certs: DevCertificates, *extra: str) -> list[str]:
-    return [
-        "--tls-certfile", str(certs.server_certfile),
-        "--tls-keyfile", str(certs.server_keyfile),
-        "--tls-cafile", str(certs.cafile),
-        *extra,
-    ]  # fmt: skip
-
-
 @pytest.fixture(scope="module")
 def cluster(etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
     root = tmp_path_factory.mktemp("acls")
-    certs = _certificates(root / "certs", ("admin", "alice", "bob", "client"))
-    args = _tls_args(
+    certs = issue_certificates(root / "certs", ("admin", "alice", "bob", "client"))
+    args = tls_args(
         certs,
         "--tls-client-auth", "require",
         "--allow-everyone-if-no-acl-found", "false",
@@ -266,7 +250,7 @@ def test_metadata_auto_creates_only_what_the_caller_may_create(
         AclBinding("User:alice", "Create", "topic", "auto-mine"),
     )
     # A broker that auto-creates topics (the module's does not).
-    args = _tls_args(
+    args = tls_args(
         cluster.certs,
         "--tls-client-auth", "require",
         "--allow-everyone-if-no-acl-found", "false",
@@ -496,10 +480,10 @@ def open_tls(
 ) -> Iterator[tuple[DevCertificates, CoordinatorProcess]]:
     """A coordinator with TLS, no client certificates, default options."""
     root = tmp_path_factory.mktemp("open")
-    certs = _certificates(root / "certs", ())
+    certs = issue_certificates(root / "certs", ())
     coordinator = start_coordinator(
         etcd.endpoint, root / "logs", prefix="/open", coordinator_id="o0",
-        session_ttl_s=3, extra_args=tuple(_tls_args(certs, "--super-users", "User:root")),
+        session_ttl_s=3, extra_args=tuple(tls_args(certs, "--super-users", "User:root")),
     )  # fmt: skip
     try:
         yield certs, coordinator

@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import random
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -44,6 +44,10 @@ from tidelog.compression import CompressionType
 #: fuzzer probes limits on counts and lengths with values in the header fields
 #: and with long lists, not by shipping megabytes in every case.
 MAX_CASE_BYTES = 256 * 1024
+
+#: How often a field named in `Fuzzer(field_values=...)` takes one of those
+#: values (the rest of the time, the pools' hostile ones).
+FIELD_VALUES_SHARE = 0.85
 
 _FD = pb_descriptor.FieldDescriptor
 
@@ -132,13 +136,19 @@ class Fuzzer:
         *,
         names: Sequence[str] = (),
         broker_ids: Sequence[int] = (),
+        field_values: Mapping[str, Sequence[object]] | None = None,
     ) -> None:
+        """`field_values`: for a field of that name (any message; "key" and
+        "value" for a map's), values drawn most of the time in place of the
+        pools, so that requests whose fields a service checks one by one
+        (an ACL binding's type, pattern, operation...) often pass them all."""
         self.seed = seed
         self.targets = list(targets)
         # Real names make a request pass the first checks and reach the code
         # behind them; hostile ones test the checks.
         self.strings = (*names, *names, *HOSTILE_STRINGS)
         self.ints = (*INTERESTING_INTS, *broker_ids)
+        self.field_values = dict(field_values or {})
 
     def cases(self, count: int, start: int = 0) -> Iterator[Case]:
         for index in range(start, start + count):
@@ -215,6 +225,9 @@ class Fuzzer:
                 container.extend([container[0]] * (count - len(container)))
 
     def _scalar(self, rng: random.Random, field: Any) -> object:
+        likely = self.field_values.get(field.name)
+        if likely and rng.random() < FIELD_VALUES_SHARE:
+            return rng.choice(likely)
         kind = field.type
         if kind == _FD.TYPE_STRING:
             if rng.random() < 0.1:

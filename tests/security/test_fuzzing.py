@@ -10,8 +10,8 @@ from tidelog.errors import ERROR_CODE_METADATA_KEY
 from tidelog.v1 import admin_pb2, cluster_pb2, common_pb2, group_pb2, log_pb2, records_pb2
 from tidelog_server.internal import replica_pb2
 
+from tests.security.fuzz_sending import judge
 from tests.security.fuzzing import Case, Fuzzer, targets_of
-from tests.security.test_fuzz_services import _judge
 
 MODULES = [log_pb2, admin_pb2, group_pb2, cluster_pb2, records_pb2, replica_pb2]
 
@@ -57,12 +57,12 @@ def test_the_judge_flags_what_only_a_bug_produces() -> None:
         ]
     ).SerializeToString()
     ok = grpc.StatusCode.OK
-    assert _judge(produce, ok, "", (), [buggy]) is not None
-    assert _judge(produce, ok, "", (), [typed]) is None
-    assert _judge(produce, grpc.StatusCode.UNKNOWN, "Exception iterating responses", (), [])
-    assert _judge(produce, grpc.StatusCode.INVALID_ARGUMENT, "x", (), []) is None
+    assert judge(produce, ok, "", (), [buggy]) is not None
+    assert judge(produce, ok, "", (), [typed]) is None
+    assert judge(produce, grpc.StatusCode.UNKNOWN, "Exception iterating responses", (), [])
+    assert judge(produce, grpc.StatusCode.INVALID_ARGUMENT, "x", (), []) is None
     trailers = ((ERROR_CODE_METADATA_KEY, "UNKNOWN_SERVER_ERROR"),)
-    assert _judge(produce, grpc.StatusCode.INTERNAL, "boom", trailers, []) is not None
+    assert judge(produce, grpc.StatusCode.INTERNAL, "boom", trailers, []) is not None
     # grpc's own answer to bytes that are not a request.
     decode_error = "Unexpected <class 'google.protobuf.message.DecodeError'>: Error parsing"
-    assert _judge(produce, grpc.StatusCode.UNKNOWN, decode_error, (), []) is None
+    assert judge(produce, grpc.StatusCode.UNKNOWN, decode_error, (), []) is None

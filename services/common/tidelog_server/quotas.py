@@ -19,9 +19,12 @@ then ("User:<default>", "").
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from tidelog_server.auth import MAX_CLIENT_ID_CHARS
 
 PRODUCER_BYTE_RATE = "producer_byte_rate"
 CONSUMER_BYTE_RATE = "consumer_byte_rate"
@@ -40,10 +43,25 @@ THROTTLE_TIME_METADATA_KEY = "tidelog-throttle-time-ms"
 
 
 def check_quota_values(values: dict[str, float]) -> dict[str, float]:
-    for key in values:
+    for key, value in values.items():
         if key not in QUOTA_KEYS:
-            raise ValueError(f"unknown quota {key!r}: use {', '.join(QUOTA_KEYS)}")
+            raise ValueError(f"unknown quota {key[:64]!r}: use {', '.join(QUOTA_KEYS)}")
+        if not math.isfinite(value):
+            # NaN compares false with everything, so it would neither set
+            # nor remove a quota; infinity is "no quota", which <= 0 says.
+            raise ValueError(f"quota {key} must be a finite number, got {value}")
     return {k: float(v) for k, v in values.items() if v > 0}
+
+
+def check_quota_client_id(client_id: str) -> str:
+    """A client id a quota can name: at most MAX_CLIENT_ID_CHARS, the most a
+    service reads from a call (a longer quota entity would match no call)."""
+    if len(client_id) > MAX_CLIENT_ID_CHARS:
+        raise ValueError(
+            f"a quota's client id has at most {MAX_CLIENT_ID_CHARS} characters "
+            f"(MAX_CLIENT_ID_CHARS), got {len(client_id)}"
+        )
+    return client_id
 
 
 def encode_quota(values: dict[str, float]) -> bytes:
@@ -79,9 +97,10 @@ class _Rate:
         # A window of at least a second: the first request is not "infinitely fast".
         if self.total <= quota * max(1.0, elapsed):
             return 0
-        # Wait w such that total / (elapsed + w) == quota.
+        # Wait w such that total / (elapsed + w) == quota. Capped before
+        # int(): a quota as small as 5e-324 makes the wait infinite.
         wait_s = self.total / quota - elapsed
-        return min(MAX_THROTTLE_MS, int(wait_s * 1000))
+        return int(min(MAX_THROTTLE_MS, wait_s * 1000))
 
 
 @dataclass(frozen=True, slots=True)

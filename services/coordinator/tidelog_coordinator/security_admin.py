@@ -8,22 +8,43 @@ interceptor's business (Alter / Describe on the cluster).
 Passwords are hashed here (scrypt with a random salt) and only the hash is
 stored; the request carrying the password travels over TLS when the
 cluster has it.
+
+What one request costs in etcd round trips does not grow with its entries:
+its writes go in transactions of up to etcd's --max-txn-ops operations
+(`_write`), and AlterClientQuotas reads the current quotas with one range
+read. The same binding, user or quota entity given twice in one request is
+refused in each of its entries with INVALID_REQUEST, as Kafka refuses a user
+named twice in AlterUserScramCredentials: there is no order between two
+entries of one request to honour, and one transaction cannot write a key twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Hashable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
 import aetcd
 import grpc
 from tidelog.errors import InvalidRequestError
+from tidelog.request_limits import repeated
 from tidelog.v1 import admin_pb2_grpc, common_pb2, security_pb2
-from tidelog_server.acls import MAX_BINDINGS_PER_REQUEST, AclBinding, AclFilter, check_principal
+from tidelog_server.acls import (
+    MAX_BINDINGS_PER_REQUEST,
+    AclBinding,
+    AclFilter,
+    check_principal,
+    describe,
+)
 from tidelog_server.credentials import MAX_USERS_PER_REQUEST, StoredCredential, check_user_name
 from tidelog_server.etcd.keys import Keys
-from tidelog_server.quotas import check_quota_values, decode_quota, encode_quota
+from tidelog_server.quotas import (
+    check_quota_client_id,
+    check_quota_values,
+    decode_quota,
+    encode_quota,
+)
 
 from tidelog_coordinator.errors import abort, error_proto
 
@@ -54,6 +75,22 @@ def _filter(proto: security_pb2.AclBindingFilter) -> AclFilter:
 
 def _invalid(message: str) -> common_pb2.Error:
     return error_proto(InvalidRequestError(message), "checking the request")
+
+
+def _given_twice(what: str, rpc: str) -> common_pb2.Error:
+    return _invalid(f"{what} is given more than once in one {rpc} request: give it once")
+
+
+def _twice(items: Iterable[Hashable | None]) -> set[Hashable]:
+    """The items given more than once (None: an entry refused already)."""
+    return repeated(item for item in items if item is not None)
+
+
+#: (index of the entry in the request, an etcd transaction operation)
+_Write = tuple[int, Any]
+
+
+_ALTER_USERS = "AlterUserCredentials"
 
 
 class SecurityAdmin(admin_pb2_grpc.AdminServicer):
@@ -88,11 +125,31 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
         listing = await self._client.get_prefix(self._keys.acls)
         return [(kv.key, AclBinding.decode(kv.value)) for kv in listing]
 
+    async def _write(self, writes: list[_Write]) -> list[tuple[int, Any]]:
+        """Carry out `writes` in transactions of at most etcd's --max-txn-ops
+        operations: for each, its entry's index and the operation's answer
+        (a ResponseOp), or the exception that failed its transaction."""
+        chunk = max(1, self.metadata.config.etcd_max_txn_ops)
+        answers: list[tuple[int, Any]] = []
+        for start in range(0, len(writes), chunk):
+            part = writes[start : start + chunk]
+            try:
+                _, responses = await self._client.transaction(
+                    compare=[], success=[op for _, op in part], failure=[]
+                )
+            except Exception as exc:
+                answers.extend((index, exc) for index, _ in part)
+                continue
+            indexes = [index for index, _ in part]
+            answers.extend(zip(indexes, responses, strict=True))
+        return answers
+
     async def CreateAcls(
         self, request: security_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
     ) -> security_pb2.CreateAclsResponse:
         await self._check_count(len(request.creations), "CreateAcls", context)
-        response = security_pb2.CreateAclsResponse()
+        results: list[common_pb2.Error] = []
+        bindings: list[AclBinding | None] = []
         for creation in request.creations:
             try:
                 binding = AclBinding.checked(
@@ -105,14 +162,26 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
                     creation.permission,
                 )
             except ValueError as exc:
-                response.results.append(_invalid(str(exc)))
+                results.append(_invalid(str(exc)))
+                bindings.append(None)
                 continue
-            try:
-                await self._client.put(self._keys.acl(binding.binding_id), binding.encode())
-                response.results.append(common_pb2.Error())
-            except Exception as exc:
-                response.results.append(error_proto(exc, "storing an ACL"))
-        return response
+            results.append(common_pb2.Error())
+            bindings.append(binding)
+        twice = _twice(bindings)
+        tx = self._client.transactions
+        writes: list[_Write] = []
+        for index, checked in enumerate(bindings):
+            if checked is None:
+                continue
+            if checked in twice:
+                results[index] = _given_twice(f"the ACL {describe(checked)}", "CreateAcls")
+            else:
+                key = self._keys.acl(checked.binding_id)
+                writes.append((index, tx.put(key, checked.encode())))
+        for index, answer in await self._write(writes):
+            if isinstance(answer, BaseException):
+                results[index] = error_proto(answer, "storing an ACL")
+        return security_pb2.CreateAclsResponse(results=results)
 
     async def DescribeAcls(
         self, request: security_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
@@ -134,16 +203,33 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
             bindings = await self._bindings()
         except Exception as exc:
             await abort(context, exc, "listing ACLs")
-        response = security_pb2.DeleteAclsResponse()
-        for proto in request.filters:
+        # Each binding is deleted once, for the first filter that matches it
+        # (a later filter would find it gone); a filter given again matches
+        # nothing left, so it is not matched against the bindings again.
+        claimed: dict[bytes, int] = {}
+        seen: set[AclFilter] = set()
+        for index, proto in enumerate(request.filters):
             wanted = _filter(proto)
-            result = response.results.add()
-            try:
-                for key, binding in bindings:
-                    if wanted.matches(binding) and await self._client.delete(key):
-                        result.deleted.append(_binding_proto(binding))
-            except Exception as exc:
-                result.error.CopyFrom(error_proto(exc, "deleting ACLs"))
+            if wanted in seen:
+                continue
+            seen.add(wanted)
+            for key, binding in bindings:
+                if key not in claimed and wanted.matches(binding):
+                    claimed[key] = index
+        tx = self._client.transactions
+        by_key = dict(bindings)
+        writes = [(index, tx.delete(key)) for key, index in claimed.items()]
+        response = security_pb2.DeleteAclsResponse()
+        for _ in request.filters:
+            response.results.add()
+        answers = await self._write(writes)
+        for key, (index, answer) in zip(claimed, answers, strict=True):
+            result = response.results[index]
+            if isinstance(answer, BaseException):
+                result.error.CopyFrom(error_proto(answer, "deleting ACLs"))
+            elif answer.response_delete_range.deleted:
+                # (Deleted meanwhile by another request: not reported twice.)
+                result.deleted.append(_binding_proto(by_key[key]))
         return response
 
     async def AlterUserCredentials(
@@ -159,9 +245,16 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
                 ),
                 "answering AlterUserCredentials",
             )
+        users = [u.user for u in request.upsertions] + list(request.deletions)
+        twice = _twice(users)
         response = security_pb2.AlterUserCredentialsResponse()
-        for upsertion in request.upsertions:
+        tx = self._client.transactions
+        writes: list[_Write] = []
+        for index, upsertion in enumerate(request.upsertions):
             result = response.results.add(user=upsertion.user)
+            if upsertion.user in twice:
+                result.error.CopyFrom(_given_twice(f"user {upsertion.user[:64]!r}", _ALTER_USERS))
+                continue
             try:
                 check_user_name(upsertion.user)
                 # scrypt: ~50 ms of CPU, off the event loop.
@@ -169,17 +262,21 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
             except ValueError as exc:
                 result.error.CopyFrom(_invalid(str(exc)))
                 continue
-            try:
-                await self._client.put(self._keys.user(upsertion.user), record.encode())
-            except Exception as exc:
-                result.error.CopyFrom(error_proto(exc, f"storing user {upsertion.user}"))
-        for user in request.deletions:
+            writes.append((index, tx.put(self._keys.user(upsertion.user), record.encode())))
+        for index, user in enumerate(request.deletions, start=len(request.upsertions)):
             result = response.results.add(user=user)
-            try:
-                if not await self._client.delete(self._keys.user(user)):
-                    result.error.CopyFrom(_invalid(f"no user {user!r}"))
-            except Exception as exc:
-                result.error.CopyFrom(error_proto(exc, f"removing user {user}"))
+            if user in twice:
+                result.error.CopyFrom(_given_twice(f"user {user[:64]!r}", _ALTER_USERS))
+                continue
+            writes.append((index, tx.delete(self._keys.user(user))))
+        for index, answer in await self._write(writes):
+            result = response.results[index]
+            if isinstance(answer, BaseException):
+                result.error.CopyFrom(error_proto(answer, f"storing user {result.user[:64]!r}"))
+            elif answer.WhichOneof("response") == "response_delete_range" and not (
+                answer.response_delete_range.deleted
+            ):
+                result.error.CopyFrom(_invalid(f"no user {result.user[:64]!r}"))
         return response
 
     async def DescribeUserCredentials(
@@ -211,29 +308,53 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
         self, request: security_pb2.AlterClientQuotasRequest, context: grpc.aio.ServicerContext
     ) -> security_pb2.AlterClientQuotasResponse:
         await self._check_count(len(request.entries), "AlterClientQuotas", context)
-        response = security_pb2.AlterClientQuotasResponse()
+        results: list[common_pb2.Error] = []
+        keys: list[bytes | None] = []
         for entry in request.entries:
             try:
                 principal = check_principal(entry.entity.principal)
+                client_id = check_quota_client_id(entry.entity.client_id)
                 check_quota_values(dict(entry.values))
             except ValueError as exc:
-                response.results.append(_invalid(str(exc)))
+                results.append(_invalid(str(exc)))
+                keys.append(None)
                 continue
-            key = self._keys.quota(principal, entry.entity.client_id)
+            results.append(common_pb2.Error())
+            keys.append(self._keys.quota(principal, client_id))
+        twice = _twice(keys)
+        if any(key is not None for key in keys):
+            try:
+                # One read for the request, however many entries it has.
+                listing = await self._client.get_prefix(self._keys.quotas)
+            except Exception as exc:
+                await abort(context, exc, "reading quotas")
+            current = {kv.key: kv.value for kv in listing}
+        tx = self._client.transactions
+        writes: list[_Write] = []
+        for index, (entry, key) in enumerate(zip(request.entries, keys, strict=True)):
+            if key is None:
+                continue
+            if key in twice:
+                entity = f"{entry.entity.principal[:64]} client id {entry.entity.client_id[:64]!r}"
+                results[index] = _given_twice(f"the quota entity {entity}", "AlterClientQuotas")
+                continue
             try:
                 # The quotas named replace theirs; the others are kept.
-                current = await self._client.get(key)
-                values = decode_quota(current.value) if current is not None else {}
-                values.update(entry.values)
-                values = {k: v for k, v in values.items() if v > 0}
-                if values:
-                    await self._client.put(key, encode_quota(values))
-                else:
-                    await self._client.delete(key)
-                response.results.append(common_pb2.Error())
-            except Exception as exc:
-                response.results.append(error_proto(exc, "storing a quota"))
-        return response
+                stored = current.get(key)
+                values = decode_quota(stored) if stored is not None else {}
+            except ValueError as exc:
+                results[index] = error_proto(exc, "reading a quota")
+                continue
+            values.update(entry.values)
+            values = {k: v for k, v in values.items() if v > 0}
+            if values:
+                writes.append((index, tx.put(key, encode_quota(values))))
+            else:
+                writes.append((index, tx.delete(key)))
+        for index, answer in await self._write(writes):
+            if isinstance(answer, BaseException):
+                results[index] = error_proto(answer, "storing a quota")
+        return security_pb2.AlterClientQuotasResponse(results=results)
 
     async def DescribeClientQuotas(
         self, request: security_pb2.DescribeClientQuotasRequest, context: grpc.aio.ServicerContext

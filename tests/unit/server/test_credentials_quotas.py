@@ -13,6 +13,7 @@ from tidelog_server.quotas import (
     PRODUCER_BYTE_RATE,
     Entity,
     QuotaManager,
+    check_quota_client_id,
     check_quota_values,
 )
 
@@ -89,3 +90,24 @@ def test_the_most_specific_quota_wins() -> None:
     assert quotas.quota_of("User:bob", "", PRODUCER_BYTE_RATE)[1] == 1.0  # type: ignore[index]
     with pytest.raises(ValueError, match="unknown quota"):
         check_quota_values({"bytes": 1.0})
+
+
+# The wait for a quota this small is infinite, and int() of it raised
+# OverflowError in the interceptor, for every call of the principal the
+# quota named.
+def test_the_smallest_quota_throttles_at_the_cap_without_overflowing() -> None:
+    quotas = QuotaManager(_Clock())
+    quotas.put(Entity("User:alice", ""), {PRODUCER_BYTE_RATE: 5e-324})
+    assert quotas.record("User:alice", "", PRODUCER_BYTE_RATE, 1000) == MAX_THROTTLE_MS
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_a_quota_that_is_not_a_finite_number_is_refused(value: float) -> None:
+    with pytest.raises(ValueError, match="must be a finite number"):
+        check_quota_values({PRODUCER_BYTE_RATE: value})
+
+
+def test_a_quota_names_a_client_id_a_call_can_carry() -> None:
+    assert check_quota_client_id("c" * 255) == "c" * 255
+    with pytest.raises(ValueError, match=r"at most 255 characters \(MAX_CLIENT_ID_CHARS\)"):
+        check_quota_client_id("c" * 256)
