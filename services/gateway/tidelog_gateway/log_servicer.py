@@ -10,7 +10,8 @@
   the gateway, the SDK unchanged, sends everything through it. Replicas and
   ISR are the brokers' real ids. With allow_auto_topic_creation, unknown
   topics are asked of a broker (which creates them if its
-  auto.create.topics.enable allows) and awaited in the view.
+  auto.create.topics.enable allows) and awaited in the view. A topic named
+  more than once gets INVALID_REQUEST in each entry, as on the brokers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.request_limits import repeated, repeated_name_error
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
@@ -169,11 +171,16 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 ),
                 "describing topics",
             )
+        # Each entry of a name given twice is refused (as the brokers do): a
+        # topic of thousands of partitions named thousands of times would be
+        # described that many times over, on the event loop.
+        twice = repeated(request.topics)
         if request.allow_auto_topic_creation:
             missing = [
                 n
                 for n in request.topics
                 if n not in view.topics
+                and n not in twice
                 and invalid_topic_error(n) is None
                 # Created as the gateway: only what the caller may Create.
                 and may_auto_create(n)
@@ -186,6 +193,8 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         for name in list(request.topics) or sorted(view.topics):
             topic_md = response.topics.add(name=name)
             try:
+                if name in twice:
+                    raise repeated_name_error(name, "Metadata")
                 topic = view.topic(name)
             except TidelogError as exc:
                 topic_md.error.CopyFrom(error_proto(exc, "describing a topic"))
