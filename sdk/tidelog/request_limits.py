@@ -73,6 +73,15 @@ def repeated(items: Iterable[T]) -> set[T]:
     return {item for item, count in Counter(items).items() if count > 1}
 
 
+def distinct(items: Iterable[T]) -> list[T]:
+    """`items` with each one once, in the order of its first entry: what a
+    describing request (Metadata, DescribeTopics) answers, one description per
+    name however often it is given, as Kafka's brokers take a request's topics
+    as a set. Described once per entry, one topic of thousands of partitions
+    named thousands of times cost tens of millions of partition entries."""
+    return list(dict.fromkeys(items))
+
+
 def repeated_name_error(name: str, rpc: str) -> InvalidRequestError:
     """The error of each entry of a topic that `repeated` found."""
     return InvalidRequestError(

@@ -1,7 +1,8 @@
 """A standalone broker refusing admin requests that make no sense, as the
 coordinator does (tests/integration/coordinator/test_admin_limits.py): over
 the CreateTopics limits, min.insync.replicas above its one replica, a topic
-or partition named twice in one request."""
+or partition named twice in one request; a topic named twice in a Metadata
+or DescribeTopics is described once."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from tidelog import AdminClient, NewTopic, Producer
 from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError
 from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 
 from tests.support.admin_requests import (
     ALTERED_RETENTION_MS,
@@ -87,6 +88,26 @@ def test_a_topic_named_twice_in_one_request_is_refused_in_each_entry(
             assert (
                 admin.describe_configs([twice])[twice]["retention.ms"].value != ALTERED_RETENTION_MS
             )
+
+
+def test_a_topic_named_twice_in_one_metadata_or_describe_topics_is_described_once(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """Described once per entry, a topic named thousands of times kept a
+    broker busy for a minute (found by tests/security in cluster mode)."""
+    twice, once = f"{topic_name}-meta-twice", f"{topic_name}-meta-once"
+    with AdminClient(broker.address) as admin:
+        admin.create_topics([NewTopic(twice, 3, 1), NewTopic(once, 1, 1)])
+    with grpc.insecure_channel(broker.address) as channel:
+        metadata = log_pb2_grpc.LogStub(channel).Metadata(
+            log_pb2.MetadataRequest(topics=[twice, once, twice]), timeout=30
+        )
+        described = admin_pb2_grpc.AdminStub(channel).DescribeTopics(
+            admin_pb2.DescribeTopicsRequest(names=[twice, once, twice]), timeout=30
+        )
+    for reply in (metadata, described):
+        answers = [(t.name, t.error.code, len(t.partitions)) for t in reply.topics]
+        assert answers == [(twice, common_pb2.NONE, 3), (once, common_pb2.NONE, 1)], reply
 
 
 def test_a_partition_named_twice_in_one_delete_records_is_refused_in_each_entry(

@@ -274,7 +274,9 @@ class DescribeTopicsRequest(_message.Message):
     NAMES_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def names(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Empty means every topic."""
+        """Empty means every topic. A name given more than once is described once
+        (the answer has one entry per distinct name).
+        """
 
     def __init__(
         self,

@@ -502,7 +502,9 @@ class MetadataRequest(_message.Message):
     """
     @_builtins.property
     def topics(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
-        """Topics to describe; empty means all topics."""
+        """Topics to describe; empty means all topics. A name given more than once
+        is described once (the answer has one entry per distinct name).
+        """
 
     def __init__(
         self,

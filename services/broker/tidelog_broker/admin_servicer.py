@@ -15,6 +15,7 @@ from tidelog.errors import InvalidRequestError
 from tidelog.request_limits import (
     check_create_topics,
     check_topic_count,
+    distinct,
     repeated,
     repeated_name_error,
 )
@@ -136,7 +137,8 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         await self._check_topic_count(len(request.names), "DescribeTopics", context)
         response = admin_pb2.DescribeTopicsResponse()
         broker_id = self._config.broker_id
-        for name in list(request.names) or self._manager.logs.topic_names():
+        # Each name once (request_limits.distinct).
+        for name in distinct(request.names) or self._manager.logs.topic_names():
             description = response.topics.add(name=name)
             try:
                 topic = self._manager.logs.topic(name)

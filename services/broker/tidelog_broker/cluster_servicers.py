@@ -34,6 +34,7 @@ import grpc
 import grpc.aio
 from tidelog.errors import CoordinatorNotAvailableError, InvalidTopicError
 from tidelog.names import validate_topic_name
+from tidelog.request_limits import distinct
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.etcd import Election
@@ -131,7 +132,7 @@ class AdminForwarder:
         """The partitions of `request.names` this broker hosts (no error for others)."""
         response = admin_pb2.DescribeTopicsResponse()
         manager = self._link.manager
-        for name in request.names:
+        for name in distinct(request.names):
             description = response.topics.add(name=name)
             try:
                 views = manager.describe(name)
@@ -244,14 +245,18 @@ class ClusterMetadata:
         """Every live broker; each partition's leader (-1 while its leader is
         not alive or its state is not written yet). With
         auto.create.topics.enable and a request that allows it, unknown
-        topics are created on a coordinator first (as Kafka's brokers do)."""
+        topics are created on a coordinator first (as Kafka's brokers do).
+        A topic named more than once is described once."""
         view = self._link.view
-        invalid = _invalid_names(request.topics)
+        # Each name once, in the order given (Kafka's brokers take a set):
+        # described once per entry, a topic of thousands of partitions named
+        # thousands of times kept the event loop (every other call to this
+        # broker) busy for minutes, building tens of millions of entries.
+        names = distinct(request.topics)
+        invalid = _invalid_names(names)
         if request.allow_auto_topic_creation and self._link.broker.auto_create_topics:
             missing = [
-                n
-                for n in request.topics
-                if n not in view.topics and n not in invalid and may_auto_create(n)
+                n for n in names if n not in view.topics and n not in invalid and may_auto_create(n)
             ]
             if missing:
                 await self._auto_create(missing)
@@ -259,7 +264,7 @@ class ClusterMetadata:
         brokers = self.live_brokers()
         for _, registration in sorted(brokers.items()):
             response.brokers.append(_broker_info(registration))
-        for name in list(request.topics) or sorted(view.topics):
+        for name in names or sorted(view.topics):
             topic_md = response.topics.add(name=name)
             if name in invalid:
                 # Not retriable: no such topic can ever exist.

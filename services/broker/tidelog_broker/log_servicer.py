@@ -18,6 +18,7 @@ from typing import Any, cast
 
 import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.request_limits import distinct
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
@@ -301,7 +302,8 @@ class LogServicer(log_pb2_grpc.LogServicer):
             host=config.advertised_host or config.host,
             port=config.port,
         )
-        names = list(request.topics) or self._manager.topic_names()
+        # Each name once, as in cluster mode (ClusterMetadata.answer).
+        names = distinct(request.topics) or self._manager.topic_names()
         for name in names:
             topic_md = response.topics.add(name=name)
             try:

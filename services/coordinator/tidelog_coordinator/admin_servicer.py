@@ -20,6 +20,7 @@ from tidelog.request_limits import (
     check_create_topics,
     check_partitions_per_request,
     check_topic_count,
+    distinct,
     repeated,
     repeated_name_error,
     repeated_partition_error,
@@ -107,12 +108,14 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeTopicsResponse:
         await self._check_topic_count(len(request.names), "DescribeTopics", context)
+        names = distinct(request.names)  # each described once (request_limits.distinct)
         try:
-            described = await self.metadata.describe_topics(list(request.names))
+            described = await self.metadata.describe_topics(names)
         except Exception as exc:
             await abort(context, exc, "describing topics")
         out = []
-        for name, item in zip(request.names or [None] * len(described), described, strict=True):
+        asked: list[str | None] = list(names) or [None] * len(described)
+        for name, item in zip(asked, described, strict=True):
             if isinstance(item, TopicRecord):
                 out.append(
                     admin_pb2.TopicDescription(

@@ -10,7 +10,8 @@
   the gateway, the SDK unchanged, sends everything through it. Replicas and
   ISR are the brokers' real ids. With allow_auto_topic_creation, unknown
   topics are asked of a broker (which creates them if its
-  auto.create.topics.enable allows) and awaited in the view.
+  auto.create.topics.enable allows) and awaited in the view. A topic named
+  more than once is described once, as on the brokers.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import grpc
 import grpc.aio
 from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.request_limits import distinct
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
@@ -169,10 +171,14 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 ),
                 "describing topics",
             )
+        # Each name once (as the brokers do): a topic of thousands of
+        # partitions named thousands of times would be described that many
+        # times over, on the event loop.
+        names = distinct(request.topics)
         if request.allow_auto_topic_creation:
             missing = [
                 n
-                for n in request.topics
+                for n in names
                 if n not in view.topics
                 and invalid_topic_error(n) is None
                 # Created as the gateway: only what the caller may Create.
@@ -183,7 +189,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         host, port = self._config.advertised
         response = log_pb2.MetadataResponse(responder_id=GATEWAY_NODE_ID)
         response.brokers.add(broker_id=GATEWAY_NODE_ID, host=host, port=port)
-        for name in list(request.topics) or sorted(view.topics):
+        for name in names or sorted(view.topics):
             topic_md = response.topics.add(name=name)
             try:
                 topic = view.topic(name)

@@ -1,10 +1,14 @@
 """A cluster (etcd, a coordinator, one broker) refusing what makes no sense,
 through the raw stubs as any client would: topic names no topic can have,
 CreateTopics requests over their limits, min.insync.replicas no replica set
-can satisfy. Each answer names what is wrong; nothing is created."""
+can satisfy, a topic named twice in one admin request. Each answer names
+what is wrong; nothing is created. A describing request (Metadata through a
+broker or the gateway, DescribeTopics) describes a name given many times
+once."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +22,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_g
 from tests.support.admin_requests import delete_records_request, topic_request
 from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
+from tests.support.gateway import GatewayProcess
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -48,6 +53,64 @@ def test_metadata_answers_invalid_topic_for_a_bad_name(
         )
     assert reply.topics[0].error.code == common_pb2.INVALID_TOPIC, reply
     assert "topic name" in reply.topics[0].error.message
+
+
+#: The fuzzer's shape (seed 968513106, case 7723), scaled down: a Metadata
+#: naming a topic of many partitions thousands of times. Described once per
+#: entry, it built NAMED_TIMES x WIDE_PARTITIONS partition entries on the
+#: broker's event loop (the fuzzer's ~5,000 x ~10,000: every other call to
+#: that broker waited past its 30 s deadline).
+WIDE_PARTITIONS = 200
+NAMED_TIMES = 2000
+#: How long the gateway's etcd view may take to learn a new topic.
+VIEW_DEADLINE_S = 30.0
+
+
+def _metadata(address: str, topics: list[str]) -> log_pb2.MetadataResponse:
+    options = [("grpc.max_receive_message_length", 64 * 1024 * 1024)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        return log_pb2_grpc.LogStub(channel).Metadata(  # type: ignore[no-any-return]
+            log_pb2.MetadataRequest(topics=topics), timeout=60
+        )
+
+
+@pytest.mark.parametrize("service", ["broker", "gateway"])
+def test_a_topic_named_many_times_in_one_metadata_is_described_once(
+    cluster: ClusterProcesses, gateway: GatewayProcess, service: str
+) -> None:
+    """One description per distinct name, in the order first given (Kafka's
+    brokers take the topics as a set)."""
+    wide, once = f"meta-wide-{service}", f"meta-once-{service}"
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(wide, WIDE_PARTITIONS, 1), NewTopic(once, 2, 1)])
+    address = cluster.brokers[0].address if service == "broker" else gateway.address
+    deadline = time.monotonic() + VIEW_DEADLINE_S
+    while len(_metadata(address, [wide, once]).topics[1].partitions) < 2:
+        assert time.monotonic() < deadline, f"{address} never learned {once}"
+        time.sleep(0.1)
+
+    reply = _metadata(address, [wide] * NAMED_TIMES + [once] + [wide])
+    answers = [(t.name, t.error.code, len(t.partitions)) for t in reply.topics]
+    assert answers == [(wide, common_pb2.NONE, WIDE_PARTITIONS), (once, common_pb2.NONE, 2)]
+
+
+def test_a_topic_named_many_times_in_one_describe_topics_is_described_once(
+    cluster: ClusterProcesses,
+) -> None:
+    wide, once = "describe-wide", "describe-once"
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(wide, WIDE_PARTITIONS, 1), NewTopic(once, 2, 1)])
+    names = [wide] * (MAX_TOPICS_PER_REQUEST - 2) + [once, wide]
+    for address in (cluster.coordinators[0].address, cluster.brokers[0].address):
+        with grpc.insecure_channel(address) as channel:
+            reply = admin_pb2_grpc.AdminStub(channel).DescribeTopics(
+                admin_pb2.DescribeTopicsRequest(names=names), timeout=60
+            )
+        answers = [(t.name, t.error.code, len(t.partitions)) for t in reply.topics]
+        assert answers == [
+            (wide, common_pb2.NONE, WIDE_PARTITIONS),
+            (once, common_pb2.NONE, 2),
+        ], address
 
 
 def test_the_producer_fails_at_once_on_a_bad_name(cluster: ClusterProcesses) -> None:
