@@ -53,9 +53,13 @@ from tidelog_server.quotas import THROTTLE_TIME_METADATA_KEY
 from tests.integration.test_cli import tidelog
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
-from tests.support.processes import BrokerProcess, start_broker
-from tests.support.secure_cluster import issue_certificates, tls_args
+from tests.support.processes import start_broker
+from tests.support.secure_cluster import (
+    SecuredServices,
+    issue_certificates,
+    secured_services,
+    tls_args,
+)
 
 pytestmark = pytest.mark.timeout(240)
 PREFIX = "/acls"
@@ -63,11 +67,7 @@ T = TypeVar("T")
 
 
 @dataclass
-class SecureCluster:
-    certs: DevCertificates
-    coordinator: CoordinatorProcess
-    broker: BrokerProcess
-    gateway: GatewayProcess
+class SecureCluster(SecuredServices):
     etcd: EtcdProcess
 
     @property
@@ -91,32 +91,12 @@ class SecureCluster:
 @pytest.fixture(scope="module")
 def cluster(etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureCluster]:
     root = tmp_path_factory.mktemp("acls")
-    certs = issue_certificates(root / "certs", ("admin", "alice", "bob", "client"))
-    args = tls_args(
-        certs,
-        "--tls-client-auth", "require",
-        "--allow-everyone-if-no-acl-found", "false",
-        "--super-users", "User:admin",
-    )  # fmt: skip
-    started: list[Any] = []
-    try:
-        coordinator = start_coordinator(
-            etcd.endpoint, root / "logs", prefix=PREFIX, coordinator_id="c0",
-            session_ttl_s=3, extra_args=tuple(args),
-        )  # fmt: skip
-        started.append(coordinator)
-        broker = start_broker(
-            root / "broker-0",
-            extra_args=["--etcd", etcd.endpoint, "--etcd-prefix", PREFIX, *args],
-            broker_id=0,
+    with secured_services(
+        etcd.endpoint, root, prefix=PREFIX, users=("alice", "bob", "client"), session_ttl_s=3
+    ) as services:
+        yield SecureCluster(
+            services.certs, services.coordinator, services.broker, services.gateway, etcd
         )
-        started.append(broker)
-        gateway = start_gateway(etcd.endpoint, root / "gateway", prefix=PREFIX, extra_args=args)
-        started.append(gateway)
-        yield SecureCluster(certs, coordinator, broker, gateway, etcd)
-    finally:
-        for process in reversed(started):
-            process.stop()
 
 
 def _eventually(probe: Callable[[], T], deadline_s: float = 30.0) -> T:

@@ -27,8 +27,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 import psutil
@@ -36,7 +35,6 @@ import pytest
 from grpc_health.v1 import health_pb2
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc, security_pb2
 from tidelog_server.acls import MAX_BINDINGS_PER_REQUEST, OPERATIONS
-from tidelog_server.dev_certs import DevCertificates
 from tidelog_server.quotas import QUOTA_KEYS
 
 from tests.security.fuzz_sending import (
@@ -48,11 +46,8 @@ from tests.security.fuzz_sending import (
     send_all,
 )
 from tests.security.fuzzing import Fuzzer, targets_of
-from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
-from tests.support.gateway import GatewayProcess, start_gateway
-from tests.support.processes import BrokerProcess, start_broker
-from tests.support.secure_cluster import client_credentials, issue_certificates, tls_args
+from tests.support.secure_cluster import SecuredServices, client_credentials, secured_services
 
 CASES = int(os.environ.get("TIDELOG_FUZZ_SECURITY_CASES", "3000"))
 PREFIX = "/fuzz-security"
@@ -89,13 +84,7 @@ FIELD_VALUES: dict[str, tuple[object, ...]] = {
 T = TypeVar("T")
 
 
-@dataclass
-class SecureCluster:
-    certs: DevCertificates
-    coordinator: CoordinatorProcess
-    broker: BrokerProcess
-    gateway: GatewayProcess
-
+class SecureCluster(SecuredServices):
     @property
     def addresses(self) -> list[str]:
         return [self.coordinator.address, self.broker.address, self.gateway.address]
@@ -117,32 +106,8 @@ def secure_cluster(
     etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[SecureCluster]:
     root = tmp_path_factory.mktemp("fuzz-security")
-    certs = issue_certificates(root / "certs", ("admin", "alice", "bob"))
-    args = tls_args(
-        certs,
-        "--tls-client-auth", "require",
-        "--allow-everyone-if-no-acl-found", "false",
-        "--super-users", "User:admin",
-    )  # fmt: skip
-    started: list[Any] = []
-    try:
-        coordinator = start_coordinator(
-            etcd.endpoint, root / "logs", prefix=PREFIX, coordinator_id="c0",
-            extra_args=tuple(args),
-        )  # fmt: skip
-        started.append(coordinator)
-        broker = start_broker(
-            root / "broker-0",
-            extra_args=["--etcd", etcd.endpoint, "--etcd-prefix", PREFIX, *args],
-            broker_id=0,
-        )
-        started.append(broker)
-        gateway = start_gateway(etcd.endpoint, root / "gateway", prefix=PREFIX, extra_args=args)
-        started.append(gateway)
-        yield SecureCluster(certs, coordinator, broker, gateway)
-    finally:
-        for process in reversed(started):
-            process.stop()
+    with secured_services(etcd.endpoint, root, prefix=PREFIX, users=("alice", "bob")) as services:
+        yield SecureCluster(services.certs, services.coordinator, services.broker, services.gateway)
 
 
 def _eventually(probe: Callable[[], T], deadline_s: float = 30.0) -> T:

@@ -1,15 +1,26 @@
-"""Certificates and command-line flags for services that require TLS and
-client certificates, as the security tests run them: one authority, a
+"""Certificates, command-line flags and a set of services that require TLS
+and client certificates, as the security tests run them: one authority, a
 server certificate (CN tidelog-server, a super user by default: the
 services' own calls) and one client certificate per user, whose CN is the
 user's principal (User:<CN>)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from tidelog_server.dev_certs import DevCertificates, create_authority, issue
+
+from tests.support.coordinator import CoordinatorProcess, start_coordinator
+from tests.support.gateway import GatewayProcess, start_gateway
+from tests.support.processes import BrokerProcess, start_broker
+
+#: The principal the secured services take as a super user.
+SUPER_USER = "admin"
 
 
 def issue_certificates(directory: Path, users: tuple[str, ...]) -> DevCertificates:
@@ -38,3 +49,52 @@ def client_credentials(certs: DevCertificates, user: str) -> grpc.ChannelCredent
         private_key=(certs.directory / f"{user}-key.pem").read_bytes(),
         certificate_chain=(certs.directory / f"{user}.pem").read_bytes(),
     )
+
+
+@dataclass
+class SecuredServices:
+    certs: DevCertificates
+    coordinator: CoordinatorProcess
+    broker: BrokerProcess
+    gateway: GatewayProcess
+
+
+@contextlib.contextmanager
+def secured_services(
+    etcd_endpoint: str,
+    root: Path,
+    *,
+    prefix: str,
+    users: tuple[str, ...],
+    session_ttl_s: int = 2,
+) -> Iterator[SecuredServices]:
+    """A coordinator, a broker and a gateway under `prefix` that require a
+    client certificate (one issued for SUPER_USER and each of `users`), allow
+    nothing without an ACL and take User:admin as a super user; stopped on
+    exit, last started first."""
+    certs = issue_certificates(root / "certs", (SUPER_USER, *users))
+    args = tls_args(
+        certs,
+        "--tls-client-auth", "require",
+        "--allow-everyone-if-no-acl-found", "false",
+        "--super-users", f"User:{SUPER_USER}",
+    )  # fmt: skip
+    started: list[Any] = []
+    try:
+        coordinator = start_coordinator(
+            etcd_endpoint, root / "logs", prefix=prefix, coordinator_id="c0",
+            session_ttl_s=session_ttl_s, extra_args=tuple(args),
+        )  # fmt: skip
+        started.append(coordinator)
+        broker = start_broker(
+            root / "broker-0",
+            extra_args=["--etcd", etcd_endpoint, "--etcd-prefix", prefix, *args],
+            broker_id=0,
+        )
+        started.append(broker)
+        gateway = start_gateway(etcd_endpoint, root / "gateway", prefix=prefix, extra_args=args)
+        started.append(gateway)
+        yield SecuredServices(certs, coordinator, broker, gateway)
+    finally:
+        for process in reversed(started):
+            process.stop()
