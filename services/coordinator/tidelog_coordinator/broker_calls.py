@@ -116,8 +116,7 @@ class BrokerCalls:
                 for i in indexes:
                     _set_error(results[i], common_pb2.NOT_LEADER_OR_FOLLOWER, error.message)
                 continue
-            for i, result in zip(indexes, answer.partitions, strict=False):
-                results[i].CopyFrom(result)
+            fill_from_leader(results, indexes, answer, leader)
         return results
 
     async def local_logs(
@@ -146,6 +145,30 @@ class BrokerCalls:
                         p.log_start_offset, p.log_end_offset, p.size_bytes
                     )
         return out
+
+
+def fill_from_leader(
+    results: list[admin_pb2.DeleteRecordsResult],
+    indexes: list[int],
+    answer: admin_pb2.DeleteRecordsResponse,
+    leader: int,
+) -> None:
+    """Copy a leader's DeleteRecords answer into `results` at `indexes`, the
+    entries it was asked about, in order. An entry the answer does not carry
+    (a shorter answer, or another partition in its place) gets a retriable
+    NOT_LEADER_OR_FOLLOWER: taken as it was, it would read as a success."""
+    answered = list(answer.partitions)
+    for position, i in enumerate(indexes):
+        result = results[i]
+        got = answered[position] if position < len(answered) else None
+        if got is not None and (got.topic, got.partition) == (result.topic, result.partition):
+            result.CopyFrom(got)
+            continue
+        _set_error(
+            result,
+            common_pb2.NOT_LEADER_OR_FOLLOWER,
+            f"leader {leader} answered without {result.topic}-{result.partition}: retry",
+        )
 
 
 def _set_error(result: admin_pb2.DeleteRecordsResult, code: int, message: str) -> None:
