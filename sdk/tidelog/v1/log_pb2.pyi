@@ -388,7 +388,11 @@ class ListOffsetsRequest(_message.Message):
 
     PARTITIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListOffsetsPartition]: ...
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListOffsetsPartition]:
+        """Each partition at most once: a partition named more than once is
+        answered INVALID_REQUEST in each of its entries (as Kafka's brokers do).
+        """
+
     def __init__(
         self,
         *,
