@@ -388,11 +388,7 @@ class ListOffsetsRequest(_message.Message):
 
     PARTITIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListOffsetsPartition]:
-        """Each partition at most once: a partition named more than once is
-        answered INVALID_REQUEST in each of its entries (as Kafka's brokers do).
-        """
-
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListOffsetsPartition]: ...
     def __init__(
         self,
         *,

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
-from tidelog.request_limits import distinct, repeated, repeated_partition_error
+from tidelog.request_limits import distinct
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
@@ -273,16 +273,9 @@ class LogServicer(log_pb2_grpc.LogServicer):
         self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> log_pb2.ListOffsetsResponse:
         response = log_pb2.ListOffsetsResponse()
-        # A partition named twice is refused in each of its entries, as
-        # Kafka's brokers do: a timestamp lookup decodes a batch of the
-        # partition, so answering every entry let one request repeat that
-        # decode as often as its bytes allow (millions of times).
-        repeated_partitions = repeated((p.topic, p.partition) for p in request.partitions)
         for part in request.partitions:
             result = response.partitions.add(topic=part.topic, partition=part.partition)
             try:
-                if (part.topic, part.partition) in repeated_partitions:
-                    raise repeated_partition_error(part.topic, part.partition, "ListOffsets")
                 offset, timestamp = self._manager.list_offset(
                     part.topic, part.partition, part.timestamp_ms
                 )

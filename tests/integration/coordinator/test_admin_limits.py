@@ -1,9 +1,8 @@
 """A cluster (etcd, a coordinator, one broker) refusing what makes no sense,
 through the raw stubs as any client would: topic names no topic can have,
 CreateTopics requests over their limits, min.insync.replicas no replica set
-can satisfy, a topic named twice in one admin request, a partition named
-twice in one ListOffsets. Each answer names what is wrong; nothing is
-created. A describing request (Metadata through a
+can satisfy, a topic named twice in one admin request. Each answer names
+what is wrong; nothing is created. A describing request (Metadata through a
 broker or the gateway, DescribeTopics) describes a name given many times
 once."""
 
@@ -93,48 +92,6 @@ def test_a_topic_named_many_times_in_one_metadata_is_described_once(
     reply = _metadata(address, [wide] * NAMED_TIMES + [once] + [wide])
     answers = [(t.name, t.error.code, len(t.partitions)) for t in reply.topics]
     assert answers == [(wide, common_pb2.NONE, WIDE_PARTITIONS), (once, common_pb2.NONE, 2)]
-
-
-def _list_offsets(
-    address: str, partitions: list[log_pb2.ListOffsetsPartition]
-) -> log_pb2.ListOffsetsResponse:
-    with grpc.insecure_channel(address) as channel:
-        return log_pb2_grpc.LogStub(channel).ListOffsets(  # type: ignore[no-any-return]
-            log_pb2.ListOffsetsRequest(partitions=partitions), timeout=60
-        )
-
-
-@pytest.mark.parametrize("service", ["broker", "gateway"])
-def test_a_partition_named_many_times_in_one_list_offsets_is_refused_in_each_entry(
-    cluster: ClusterProcesses, gateway: GatewayProcess, service: str
-) -> None:
-    """Answered per entry, each timestamp lookup decoded the partition's
-    batch again: one request of millions of entries (its bytes allow them)
-    repeated that decode millions of times. Refused as Kafka's brokers do."""
-    topic = f"offsets-twice-{service}"
-    with AdminClient(cluster.bootstrap) as admin:
-        admin.create_topics([NewTopic(topic, 2, 1)])
-    with Producer(cluster.bootstrap, linger_ms=0) as producer:
-        for partition in (0, 1):
-            producer.send(topic, b"x", partition=partition).get(timeout=30)
-    address = cluster.brokers[0].address if service == "broker" else gateway.address
-    latest = log_pb2.ListOffsetsPartition(topic=topic, partition=1, timestamp_ms=-1)
-    deadline = time.monotonic() + VIEW_DEADLINE_S
-    while _list_offsets(address, [latest]).partitions[0].HasField("error"):
-        assert time.monotonic() < deadline, f"{address} never learned {topic}"
-        time.sleep(0.1)
-
-    # Timestamp 0: the first record at or after it, found by decoding its batch.
-    named = log_pb2.ListOffsetsPartition(topic=topic, partition=0, timestamp_ms=0)
-    once = log_pb2.ListOffsetsPartition(topic=topic, partition=1, timestamp_ms=0)
-    reply = _list_offsets(address, [named] * NAMED_TIMES + [once])
-    answers = [(p.partition, p.error.code, p.offset) for p in reply.partitions]
-    assert answers == [(0, common_pb2.INVALID_REQUEST, -1)] * NAMED_TIMES + [
-        (1, common_pb2.NONE, 0)
-    ]
-    assert f"partition {topic}-0 is named more than once in one ListOffsets" in (
-        reply.partitions[0].error.message
-    )
 
 
 def test_a_topic_named_many_times_in_one_describe_topics_is_described_once(
