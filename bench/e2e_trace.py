@@ -82,7 +82,8 @@ def broker_main(out: str, argv: list[str]) -> int:
     from tidelog_broker.log_servicer import LogServicer
     from tidelog_broker.partition_manager import PartitionManager
 
-    received: list[tuple[int, int, int]] = []  # (first offset, last offset, t)
+    # (first offset, last offset, t) of each batch the handler took, and appended.
+    received: list[tuple[int, int, int]] = []
     appended: list[tuple[int, int, int]] = []
     responded: list[tuple[int, int, int]] = []  # (fetch offset, next offset, t)
     append = PartitionManager.append

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import grpc
 import pytest
@@ -56,6 +56,7 @@ from tests.support.etcd import EtcdProcess
 from tests.support.processes import start_broker
 from tests.support.secure_cluster import (
     SecuredServices,
+    eventually,
     issue_certificates,
     secured_services,
     tls_args,
@@ -63,7 +64,6 @@ from tests.support.secure_cluster import (
 
 pytestmark = pytest.mark.timeout(240)
 PREFIX = "/acls"
-T = TypeVar("T")
 
 
 @dataclass
@@ -99,18 +99,6 @@ def cluster(etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iter
         )
 
 
-def _eventually(probe: Callable[[], T], deadline_s: float = 30.0) -> T:
-    """The first value `probe` returns without raising, within the deadline."""
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            return probe()
-        except Exception:
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.05)
-
-
 def _grant(cluster: SecureCluster, *bindings: AclBinding) -> None:
     with cluster.admin() as admin:
         admin.create_acls(bindings)
@@ -144,7 +132,7 @@ def test_a_principal_allowed_to_write_cannot_read(cluster: SecureCluster) -> Non
     _create(cluster, "write-only")
     _grant(cluster, AclBinding("User:alice", "Write", "topic", "write-only"))
     for bootstrap in (cluster.bootstrap, cluster.gateway.address):
-        _eventually(lambda b=bootstrap: _produce(cluster, "alice", "write-only", b))  # type: ignore[misc]
+        eventually(lambda b=bootstrap: _produce(cluster, "alice", "write-only", b))  # type: ignore[misc]
         with pytest.raises(TopicAuthorizationFailedError) as info:
             _read(cluster, "alice", "write-only", bootstrap)
         message = str(info.value)
@@ -165,7 +153,7 @@ def test_deny_wins_over_a_prefixed_allow(cluster: SecureCluster) -> None:
         AclBinding("User:bob", "Read", "topic", "pub-", pattern_type="prefixed"),
         AclBinding("User:bob", "Read", "topic", "pub-secret", permission="deny"),
     )
-    assert _eventually(lambda: _read(cluster, "bob", "pub-open")) == [b"hello"]
+    assert eventually(lambda: _read(cluster, "bob", "pub-open")) == [b"hello"]
     with pytest.raises(TopicAuthorizationFailedError, match="denied by the ACL"):
         _read(cluster, "bob", "pub-secret")
     # The prefix does not reach a topic outside it.
@@ -187,11 +175,11 @@ def test_an_acl_change_takes_effect_at_once(cluster: SecureCluster) -> None:
             granted = time.monotonic()
             # Generous deadline: every service follows the ACL prefix with an
             # etcd watch, so this normally takes a few milliseconds.
-            _eventually(lambda: admin.describe_topics(["late"]), deadline_s=10)
+            eventually(lambda: admin.describe_topics(["late"]), deadline_s=10)
             waited_s = time.monotonic() - granted
             print(f"ACL in force after {waited_s * 1000:.0f} ms")
             root.delete_acls([AclBindingFilter(principal="User:alice", resource_name="late")])
-        _eventually(lambda: _raises(TopicAuthorizationFailedError, admin.describe_topics, ["late"]))
+        eventually(lambda: _raises(TopicAuthorizationFailedError, admin.describe_topics, ["late"]))
 
 
 def _raises(kind: type[Exception], fn: Callable[..., Any], *args: Any) -> None:
@@ -211,7 +199,7 @@ def test_super_users_and_cluster_operations(cluster: SecureCluster) -> None:
             admin.create_acls([AclBinding("User:bob", "All", "topic", "*")])
     _grant(cluster, AclBinding("User:bob", "Create", "cluster", "tidelog-cluster"))
     with cluster.admin("bob") as admin:
-        _eventually(lambda: admin.create_topics([NewTopic("bobs", 1, 1)]))
+        eventually(lambda: admin.create_topics([NewTopic("bobs", 1, 1)]))
     with cluster.admin() as admin:
         assert admin.describe_acls(AclBindingFilter(principal="User:bob", resource_type="cluster"))
         admin.delete_topics(["bobs"])
@@ -257,7 +245,7 @@ def test_metadata_auto_creates_only_what_the_caller_may_create(
         def created(topic: str) -> None:
             assert metadata(creator.address, topic).partitions
 
-        _eventually(lambda: created("auto-mine"))  # once the ACLs reached the broker
+        eventually(lambda: created("auto-mine"))  # once the ACLs reached the broker
         for address, topic in (
             (creator.address, "auto-theirs"),
             (cluster.gateway.address, "auto-gw"),
@@ -367,7 +355,7 @@ def test_sasl_credentials_are_checked_against_a_salted_hash(cluster: SecureClust
 
     # The certificate says User:client, the credentials User:carol: they win.
     with as_carol(password) as admin:
-        names = _eventually(lambda: [t.name for t in admin.describe_topics(["carols"])])
+        names = eventually(lambda: [t.name for t in admin.describe_topics(["carols"])])
         assert names == ["carols"]
     with as_carol("wrong") as admin, pytest.raises(SaslAuthenticationError, match="carol"):
         admin.describe_topics(["carols"])
@@ -379,7 +367,7 @@ def test_sasl_credentials_are_checked_against_a_salted_hash(cluster: SecureClust
     with cluster.admin() as admin:
         admin.alter_user_credentials(deletions=["carol"])
     with as_carol(password) as admin:
-        _eventually(lambda: _raises(SaslAuthenticationError, admin.describe_topics, ["carols"]))
+        eventually(lambda: _raises(SaslAuthenticationError, admin.describe_topics, ["carols"]))
 
 
 async def _etcd_value(endpoint: str, key: bytes) -> bytes:
@@ -512,7 +500,7 @@ def test_a_group_needs_read_on_the_group(cluster: SecureCluster) -> None:
         auto_offset_reset="earliest", **options,
     ) as consumer:  # fmt: skip
         consumer.subscribe(["grouped"])
-        assert [r.value for r in _eventually(lambda: list(consumer) or _fail())] == [b"hello"]
+        assert [r.value for r in eventually(lambda: list(consumer) or _fail())] == [b"hello"]
 
 
 def _fail() -> list[Any]:
@@ -635,7 +623,7 @@ def test_a_request_rate_quota_answers_late_not_never(cluster: SecureCluster) -> 
         admin.alter_client_quotas("User:alice", {"request_rate": 5})
     try:
         with cluster.admin("alice") as admin:
-            _eventually(lambda: admin.describe_topics(["rated"]))
+            eventually(lambda: admin.describe_topics(["rated"]))
         security = ChannelSecurity.from_options(**_channel_options(cluster, "alice"))
         throttles = []
         with security.channel(cluster.broker.address) as channel:
@@ -694,7 +682,7 @@ def test_a_quota_of_one_client_id_throttles_that_client_and_not_another_of_the_p
             # 30 calls in a burst are 6 s of a 5-a-second quota.
             assert any(t > 0 for t in asyncio.run(throttles("slow-app")))
 
-        _eventually(slow_app_is_held_back)  # once the quota has reached the broker
+        eventually(slow_app_is_held_back)  # once the quota has reached the broker
         assert asyncio.run(throttles("fast-app")) == [0] * 30
         assert asyncio.run(throttles("tidelog-python")) == [0] * 30
     finally:
@@ -748,7 +736,7 @@ def test_streams_per_principal_are_bounded_and_the_limit_named(
         calls[0].cancel()
         ends[0].put(None)
         # Its place is freed once the service has seen the cancel.
-        _eventually(lambda: open_stream(4))
+        eventually(lambda: open_stream(4))
     finally:
         for end in ends:
             end.put(None)

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import grpc
 import psutil
@@ -47,7 +46,12 @@ from tests.security.fuzz_sending import (
 )
 from tests.security.fuzzing import Fuzzer, targets_of
 from tests.support.etcd import EtcdProcess
-from tests.support.secure_cluster import SecuredServices, client_credentials, secured_services
+from tests.support.secure_cluster import (
+    SecuredServices,
+    client_credentials,
+    eventually,
+    secured_services,
+)
 
 CASES = int(os.environ.get("TIDELOG_FUZZ_SECURITY_CASES", "3000"))
 PREFIX = "/fuzz-security"
@@ -81,7 +85,6 @@ FIELD_VALUES: dict[str, tuple[object, ...]] = {
     "key": (*QUOTA_KEYS, "bytes"),
     "value": (1.0, 1000.0, 1e9, 0.0, -1.0, 5e-324, 1e-300, float("inf"), float("nan")),
 }
-T = TypeVar("T")
 
 
 class SecureCluster(SecuredServices):
@@ -108,19 +111,6 @@ def secure_cluster(
     root = tmp_path_factory.mktemp("fuzz-security")
     with secured_services(etcd.endpoint, root, prefix=PREFIX, users=("alice", "bob")) as services:
         yield SecureCluster(services.certs, services.coordinator, services.broker, services.gateway)
-
-
-def _eventually(probe: Callable[[], T], deadline_s: float = 30.0) -> T:
-    """The first value `probe` returns without raising, within the deadline
-    (an ACL change reaches each service one etcd watch event later)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        try:
-            return probe()
-        except (AssertionError, grpc.RpcError):
-            if time.monotonic() > end:
-                raise
-            time.sleep(0.1)
 
 
 def _guard() -> security_pb2.AclBinding:
@@ -170,7 +160,7 @@ def _expect_access(cluster: SecureCluster, alice: bool) -> None:
             assert _described(cluster, "alice", address) is alice, ("alice", address)
             assert _described(cluster, "bob", address) is False, ("bob", address)
 
-        _eventually(probe)
+        eventually(probe)
 
 
 def _remove_quotas(admin: admin_pb2_grpc.AdminStub) -> None:
@@ -180,9 +170,10 @@ def _remove_quotas(admin: admin_pb2_grpc.AdminStub) -> None:
         security_pb2.ClientQuota(entity=e.entity, values={k: 0.0 for k in e.values})
         for e in listed.entries
     ]
-    for start in range(0, len(entries), 1000):
+    step = MAX_BINDINGS_PER_REQUEST  # the entries one AlterClientQuotas takes
+    for start in range(0, len(entries), step):
         reply = admin.AlterClientQuotas(
-            security_pb2.AlterClientQuotasRequest(entries=entries[start : start + 1000]),
+            security_pb2.AlterClientQuotasRequest(entries=entries[start : start + step]),
             timeout=60,
         )
         assert not [e for e in reply.results if e.code], reply

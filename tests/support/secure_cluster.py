@@ -7,10 +7,11 @@ user's principal (User:<CN>)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from tidelog_server.dev_certs import DevCertificates, create_authority, issue
@@ -21,6 +22,11 @@ from tests.support.processes import BrokerProcess, start_broker
 
 #: The principal the secured services take as a super user.
 SUPER_USER = "admin"
+#: How long an ACL or quota change may take to reach every service (one etcd
+#: watch event each).
+PROPAGATION_DEADLINE_S = 30.0
+
+T = TypeVar("T")
 
 
 def issue_certificates(directory: Path, users: tuple[str, ...]) -> DevCertificates:
@@ -98,3 +104,17 @@ def secured_services(
     finally:
         for process in reversed(started):
             process.stop()
+
+
+def eventually(probe: Callable[[], T], deadline_s: float = PROPAGATION_DEADLINE_S) -> T:
+    """The first value `probe` returns without raising, within the deadline;
+    after it, what the last try raised (an ACL change reaches each service
+    one etcd watch event later)."""
+    end = time.monotonic() + deadline_s
+    while True:
+        try:
+            return probe()
+        except Exception:
+            if time.monotonic() > end:
+                raise
+            time.sleep(0.05)
