@@ -92,6 +92,19 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         default=DEFAULTS.group_max_members,
         help="members of one consumer group",
     )
+    parser.add_argument(
+        "--max-acl-bindings",
+        type=int,
+        default=DEFAULTS.max_acl_bindings,
+        help="ACL bindings the cluster stores at most; CreateAcls refuses more",
+    )
+    parser.add_argument(
+        "--max-quota-entities",
+        type=int,
+        default=DEFAULTS.max_quota_entities,
+        help="quota entities (principal, client id) the cluster stores at most; "
+        "AlterClientQuotas refuses more",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
     add_etcd_tls_arguments(parser)
@@ -120,6 +133,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
             "--commit-stream-in-flight-max must be at least 1, "
             f"got {args.commit_stream_in_flight_max}"
         )
+    for flag, limit in (
+        ("--max-acl-bindings", args.max_acl_bindings),
+        ("--max-quota-entities", args.max_quota_entities),
+    ):
+        if limit < 1:
+            parser.error(f"{flag} must be at least 1, got {limit}")
     if args.metrics_interval_ms < 100:
         parser.error(f"--metrics-interval-ms must be at least 100, got {args.metrics_interval_ms}")
     logging.basicConfig(
@@ -143,6 +162,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         offset_commit_queue_max=args.offset_commit_queue_max,
         commit_stream_in_flight_max=args.commit_stream_in_flight_max,
         group_max_members=args.group_max_members,
+        max_acl_bindings=args.max_acl_bindings,
+        max_quota_entities=args.max_quota_entities,
         tls=tls,
         etcd_tls=etcd_tls,
         etcd_auth=etcd_auth,

@@ -61,11 +61,11 @@ RETRY_PAUSE_MAX_S = 0.25
 ELECTION_CONCURRENCY = 32
 
 
-async def write_attempts() -> AsyncIterator[int]:
+async def write_attempts(attempts: int = WRITE_ATTEMPTS) -> AsyncIterator[int]:
     """The attempts of one optimistic read-compare-write, with a growing,
     jittered pause between them."""
     pause_s = RETRY_PAUSE_MIN_S
-    for attempt in range(WRITE_ATTEMPTS):
+    for attempt in range(attempts):
         if attempt:
             await asyncio.sleep(random.uniform(0, pause_s))
             pause_s = min(pause_s * 2, RETRY_PAUSE_MAX_S)

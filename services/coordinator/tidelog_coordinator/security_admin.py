@@ -11,11 +11,22 @@ cluster has it.
 
 What one request costs in etcd round trips does not grow with its entries:
 its writes go in transactions of up to etcd's --max-txn-ops operations
-(`_write`), and AlterClientQuotas reads the current quotas with one range
-read. The same binding, user or quota entity given twice in one request is
-refused in each of its entries with INVALID_REQUEST, as Kafka refuses a user
-named twice in AlterUserScramCredentials: there is no order between two
-entries of one request to honour, and one transaction cannot write a key twice.
+(`_write`; security_writes for CreateAcls and AlterClientQuotas, which read
+the stored bindings or quotas with one range read). The same binding, user
+or quota entity given twice in one request is refused in each of its entries
+with INVALID_REQUEST, as Kafka refuses a user named twice in
+AlterUserScramCredentials: there is no order between two entries of one
+request to honour, and one transaction cannot write a key twice.
+
+Concurrent requests: AlterClientQuotas merges the values given into the
+stored ones, and CreateAcls counts the stored bindings against
+--max-acl-bindings (AlterClientQuotas the entities against
+--max-quota-entities), so both write through security_writes, whose
+transactions compare what they read. DeleteAcls deletes the keys it read
+(a binding's key names its content, so a key read is the binding matched; a
+binding created after the read is not deleted, as if created after the
+DeleteAcls). AlterUserCredentials writes each user's record whole, without
+reading it: the last request wins, as in Kafka.
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from tidelog_server.quotas import (
 )
 
 from tidelog_coordinator.errors import abort, error_proto
+from tidelog_coordinator.security_writes import Change, Entry, GuardedWriter, KeyCap
 
 
 def _binding_proto(binding: AclBinding) -> security_pb2.AclBinding:
@@ -86,6 +98,24 @@ def _twice(items: Iterable[Hashable | None]) -> set[Hashable]:
     return repeated(item for item in items if item is not None)
 
 
+def _stored_as(value: bytes) -> Change:
+    """A key's change to `value` (a binding: nothing to write when stored)."""
+    return lambda _stored: value
+
+
+def _merged_quota(given: dict[str, float]) -> Change:
+    """A quota entity's change: the quotas given replace theirs, the others
+    are kept, and one of 0 or less is removed (no quota left: no key)."""
+
+    def change(stored: bytes | None) -> bytes | None:
+        values = decode_quota(stored) if stored is not None else {}
+        values.update(given)
+        values = {k: v for k, v in values.items() if v > 0}
+        return encode_quota(values) if values else None
+
+    return change
+
+
 #: (index of the entry in the request, an etcd transaction operation)
 _Write = tuple[int, Any]
 
@@ -120,6 +150,9 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
                 ),
                 f"answering {rpc}",
             )
+
+    def _guarded_writer(self, prefix: bytes, cap: KeyCap, what: str) -> GuardedWriter:
+        return GuardedWriter(self._client, prefix, cap, self.metadata.config.etcd_max_txn_ops, what)
 
     async def _bindings(self) -> list[tuple[bytes, AclBinding]]:
         listing = await self._client.get_prefix(self._keys.acls)
@@ -168,8 +201,7 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
             results.append(common_pb2.Error())
             bindings.append(binding)
         twice = _twice(bindings)
-        tx = self._client.transactions
-        writes: list[_Write] = []
+        entries: list[Entry] = []
         for index, checked in enumerate(bindings):
             if checked is None:
                 continue
@@ -177,10 +209,11 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
                 results[index] = _given_twice(f"the ACL {describe(checked)}", "CreateAcls")
             else:
                 key = self._keys.acl(checked.binding_id)
-                writes.append((index, tx.put(key, checked.encode())))
-        for index, answer in await self._write(writes):
-            if isinstance(answer, BaseException):
-                results[index] = error_proto(answer, "storing an ACL")
+                entries.append(Entry(index, key, _stored_as(checked.encode())))
+        cap = KeyCap(self.metadata.config.max_acl_bindings, "ACL bindings", "--max-acl-bindings")
+        writer = self._guarded_writer(self._keys.acls, cap, "storing an ACL")
+        for index, error in (await writer.write(entries)).items():
+            results[index] = error
         return security_pb2.CreateAclsResponse(results=results)
 
     async def DescribeAcls(
@@ -322,15 +355,7 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
             results.append(common_pb2.Error())
             keys.append(self._keys.quota(principal, client_id))
         twice = _twice(keys)
-        if any(key is not None for key in keys):
-            try:
-                # One read for the request, however many entries it has.
-                listing = await self._client.get_prefix(self._keys.quotas)
-            except Exception as exc:
-                await abort(context, exc, "reading quotas")
-            current = {kv.key: kv.value for kv in listing}
-        tx = self._client.transactions
-        writes: list[_Write] = []
+        entries: list[Entry] = []
         for index, (entry, key) in enumerate(zip(request.entries, keys, strict=True)):
             if key is None:
                 continue
@@ -338,22 +363,13 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
                 entity = f"{entry.entity.principal[:64]} client id {entry.entity.client_id[:64]!r}"
                 results[index] = _given_twice(f"the quota entity {entity}", "AlterClientQuotas")
                 continue
-            try:
-                # The quotas named replace theirs; the others are kept.
-                stored = current.get(key)
-                values = decode_quota(stored) if stored is not None else {}
-            except ValueError as exc:
-                results[index] = error_proto(exc, "reading a quota")
-                continue
-            values.update(entry.values)
-            values = {k: v for k, v in values.items() if v > 0}
-            if values:
-                writes.append((index, tx.put(key, encode_quota(values))))
-            else:
-                writes.append((index, tx.delete(key)))
-        for index, answer in await self._write(writes):
-            if isinstance(answer, BaseException):
-                results[index] = error_proto(answer, "storing a quota")
+            entries.append(Entry(index, key, _merged_quota(dict(entry.values))))
+        cap = KeyCap(
+            self.metadata.config.max_quota_entities, "quota entities", "--max-quota-entities"
+        )
+        writer = self._guarded_writer(self._keys.quotas, cap, "storing a quota")
+        for index, error in (await writer.write(entries)).items():
+            results[index] = error
         return security_pb2.AlterClientQuotasResponse(results=results)
 
     async def DescribeClientQuotas(
