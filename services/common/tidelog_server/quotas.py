@@ -69,7 +69,16 @@ def encode_quota(values: dict[str, float]) -> bytes:
 
 
 def decode_quota(data: bytes) -> dict[str, float]:
-    return {k: float(v) for k, v in json.loads(data).items() if k in QUOTA_KEYS}
+    """A stored quota entity's values. Raises ValueError for anything but a JSON
+    object of numbers: the security watch of every service skips an unreadable
+    key by that error, and must not stop at one written by hand into etcd."""
+    decoded = json.loads(data)
+    if not isinstance(decoded, dict):
+        raise ValueError(f"a stored quota is a JSON object, got {type(decoded).__name__}")
+    try:
+        return {k: float(v) for k, v in decoded.items() if k in QUOTA_KEYS}
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"a stored quota's values are numbers: {exc}") from None
 
 
 class _Rate:

@@ -15,6 +15,8 @@ from tidelog_server.quotas import (
     QuotaManager,
     check_quota_client_id,
     check_quota_values,
+    decode_quota,
+    encode_quota,
 )
 
 
@@ -111,3 +113,15 @@ def test_a_quota_names_a_client_id_a_call_can_carry() -> None:
     assert check_quota_client_id("c" * 255) == "c" * 255
     with pytest.raises(ValueError, match=r"at most 255 characters \(MAX_CLIENT_ID_CHARS\)"):
         check_quota_client_id("c" * 256)
+
+
+@pytest.mark.parametrize("stored", [b"[1, 2]", b"3", b'{"producer_byte_rate": [1]}', b"{"])
+def test_an_unreadable_stored_quota_raises_value_error(stored: bytes) -> None:
+    # The services' security watch and the coordinator skip or refuse a key by
+    # ValueError; any other error would escape them.
+    with pytest.raises(ValueError):
+        decode_quota(stored)
+
+
+def test_a_stored_quota_reads_back() -> None:
+    assert decode_quota(encode_quota({PRODUCER_BYTE_RATE: 1024.0})) == {PRODUCER_BYTE_RATE: 1024.0}
