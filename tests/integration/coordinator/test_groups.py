@@ -288,8 +288,17 @@ def test_commit_is_one_etcd_transaction(
         await setup_topic(etcd, prefix, coordinator.address, "t", 50)
         offsets = OffsetStoreClient(coordinator.address)
         async with etcd_client(etcd.endpoint) as client:
-            before = (await client.get_prefix(f"{prefix}/none".encode())).header.revision
-            await offsets.alter("g", {TopicPartition("t", p): p for p in range(50)})
+
+            async def altered() -> bool:
+                # The coordinator learns of the new topic by its etcd watch, which may
+                # lag CreateTopics' answer under load; a refused alter writes nothing.
+                nonlocal before
+                before = (await client.get_prefix(f"{prefix}/none".encode())).header.revision
+                await offsets.alter("g", {TopicPartition("t", p): p for p in range(50)})
+                return True
+
+            before = 0
+            await eventually(altered, 30, "the coordinator knows topic t")
             listing = await client.get_prefix(f"{prefix}/offsets/".encode())
             # One transaction = one revision for all 50 keys.
             assert len(listing) == 50 and {kv.mod_revision for kv in listing} == {before + 1}
