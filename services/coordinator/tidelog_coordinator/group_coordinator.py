@@ -112,15 +112,14 @@ def next_group_state(view: GroupView, cache: GroupCache) -> GroupState | None:
 
 def pushable_assignment(view: GroupView, member_key: str) -> frozenset[TopicPartition]:
     """What a member may be given now: its target minus the partitions
-    another member still owns (they move once released; pure)."""
+    another member still owns (they move once released; pure). Costs the
+    size of its target, whatever the size of the group."""
     if view.state is None:
         return frozenset()
     target = view.state.target.get(member_key, frozenset())
-    held_elsewhere: set[TopicPartition] = set()
-    for key, other in view.members.items():
-        if key != member_key:
-            held_elsewhere |= other.owned
-    return frozenset(target - held_elsewhere)
+    member = view.members.get(member_key)
+    own = member.owned if member is not None else frozenset()
+    return frozenset(tp for tp in target if view.owners[tp] == (1 if tp in own else 0))
 
 
 @dataclass(eq=False)

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -173,8 +174,37 @@ class GroupState:
 
 @dataclass(slots=True)
 class GroupView:
+    """A group's members and state. Change `members` only through put_member
+    and remove_member, which keep `owners` current."""
+
     members: dict[str, MemberRecord] = field(default_factory=dict)
     state: GroupState | None = None
+    #: Partition -> how many members own it (more than one only while it
+    #: moves): what a push asks of every partition of a target, kept by each
+    #: member change instead of gathered from all members at every push
+    #: (members x partitions per reconcile).
+    owners: Counter[TopicPartition] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.owners = Counter()
+        for member in self.members.values():
+            self.owners.update(member.owned)
+
+    def put_member(self, member_key: str, record: MemberRecord) -> None:
+        self.remove_member(member_key)
+        self.members[member_key] = record
+        self.owners.update(record.owned)
+
+    def remove_member(self, member_key: str) -> None:
+        old = self.members.pop(member_key, None)
+        if old is None:
+            return
+        for tp in old.owned:
+            left = self.owners[tp] - 1
+            if left > 0:
+                self.owners[tp] = left
+            else:
+                del self.owners[tp]
 
     def member_by_id(self, member_id: str) -> MemberRecord | None:
         for member in self.members.values():
@@ -245,14 +275,17 @@ class GroupCache:
                     else GroupState.from_kv(change.value, change.mod_revision)
                 )
             elif change.value is None:
-                view.members.pop(member_key, None)
+                view.remove_member(member_key)
             else:
-                view.members[member_key] = MemberRecord.from_kv(
+                view.put_member(
                     member_key,
-                    change.value,
-                    change.lease,
-                    change.mod_revision,
-                    change.create_revision,
+                    MemberRecord.from_kv(
+                        member_key,
+                        change.value,
+                        change.lease,
+                        change.mod_revision,
+                        change.create_revision,
+                    ),
                 )
             if not view.members and view.state is None:
                 del self.groups[group_id]

@@ -238,8 +238,11 @@ class OffsetStore:
                 view.state = GroupState.from_kv(kv.value, kv.mod_revision)
             elif kv.key.startswith(members):
                 member_key = self.keys.tail(kv.key, members)
-                view.members[member_key] = MemberRecord.from_kv(
-                    member_key, kv.value, kv.lease, kv.mod_revision, kv.create_revision
+                view.put_member(
+                    member_key,
+                    MemberRecord.from_kv(
+                        member_key, kv.value, kv.lease, kv.mod_revision, kv.create_revision
+                    ),
                 )
         if view.state is None and not view.members:
             offsets = await self.client.get_prefix(self.keys.offsets(group_id), keys_only=True)

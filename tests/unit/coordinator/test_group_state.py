@@ -205,7 +205,7 @@ def test_a_new_target_is_the_next_generation_and_an_unchanged_one_is_none() -> N
     view.state = first
     assert next_group_state(view, cache) is None  # same members, same target
 
-    view.members["m2"] = member("m2")
+    view.put_member("m2", member("m2"))
     second = next_group_state(view, cache)
     assert second is not None and second.group_epoch == 2
     # Sticky: m1 keeps two of its four, m2 gets the other two.
@@ -225,7 +225,7 @@ def test_the_assignor_most_members_ask_for_wins_ties_go_to_the_first_name() -> N
     )
     state = next_group_state(view, cache)
     assert state is not None and state.assignor == "range"
-    view.members["m3"] = member("m3", assignor="roundrobin")
+    view.put_member("m3", member("m3", assignor="roundrobin"))
     state = next_group_state(view, cache)
     assert state is not None and state.assignor == "roundrobin"
 
@@ -243,6 +243,38 @@ def test_a_member_is_pushed_its_target_minus_what_others_still_own() -> None:
     )
     assert pushable_assignment(view, "m1") == {p0}
     assert pushable_assignment(view, "m2") == {p2}
-    view.members["m1"] = view.members["m1"].with_(owned=frozenset({p0}))  # released
+    view.put_member("m1", view.members["m1"].with_(owned=frozenset({p0})))  # released
     assert pushable_assignment(view, "m2") == {p1, p2}
     assert pushable_assignment(GroupView(view.members, None), "m1") == frozenset()
+
+
+class _UnlistableMembers(dict):
+    """Members that may be looked up by key but not walked through."""
+
+    def _walked(self, *args: object) -> None:
+        raise AssertionError("a push walked through every member of the group")
+
+    __iter__ = items = values = keys = _walked  # type: ignore[assignment]
+
+
+def test_a_push_costs_its_target_not_the_whole_group() -> None:
+    # A reconcile pushes to each member on this replica: gathering what the
+    # others own at every push cost members x partitions per reconcile.
+    p0, p1 = tp("t", 0), tp("t", 1)
+    state = GroupState(2, "cooperative-sticky", {"m1": frozenset({p0}), "m2": frozenset({p1})})
+    view = GroupView({"m1": member("m1", owned=frozenset({p0, p1})), "m2": member("m2")}, state)
+    view.members = _UnlistableMembers(view.members)
+    assert pushable_assignment(view, "m1") == {p0}
+    assert pushable_assignment(view, "m2") == frozenset()
+
+
+def test_the_owner_counts_follow_member_changes() -> None:
+    p0, p1 = tp("t", 0), tp("t", 1)
+    view = GroupView({"m1": member("m1", owned=frozenset({p0, p1}))})
+    view.put_member("m2", member("m2", owned=frozenset({p1})))
+    assert view.owners == {p0: 1, p1: 2}
+    view.put_member("m1", view.members["m1"].with_(owned=frozenset({p0})))
+    assert view.owners == {p0: 1, p1: 1}
+    view.remove_member("m2")
+    view.remove_member("gone")
+    assert dict(view.owners) == {p0: 1}
