@@ -31,6 +31,8 @@ BIG_BATCH_RECORDS = 60_000
 #: once per entry (the old code) it took MAX_LIST_OFFSETS_ENTRIES lookups,
 #: ~20 s of the broker's event loop, and every other call waited.
 NOT_STALLED_DEADLINE_S = 10.0
+#: How often the other client asks for Metadata meanwhile.
+METADATA_INTERVAL_S = 0.05
 
 
 def produce_batch(address: str, topic: str, partition: int, timestamps: list[int]) -> None:
@@ -157,12 +159,19 @@ def test_a_timestamp_repeated_in_every_entry_is_looked_up_once(
     asking.start()
     try:
         with grpc.insecure_channel(broker.address) as channel:
-            metadata = log_pb2_grpc.LogStub(channel).Metadata(
-                log_pb2.MetadataRequest(topics=[topic_name]), timeout=NOT_STALLED_DEADLINE_S
-            )
+            stub = log_pb2_grpc.LogStub(channel)
+            # Asked until the ListOffsets is answered: one asked while the
+            # broker works on it must be answered too.
+            while True:
+                metadata = stub.Metadata(
+                    log_pb2.MetadataRequest(topics=[topic_name]), timeout=NOT_STALLED_DEADLINE_S
+                )
+                assert [len(t.partitions) for t in metadata.topics] == [1]
+                if not asking.is_alive():
+                    break
+                time.sleep(METADATA_INTERVAL_S)
     finally:
         asking.join()
-    assert [len(t.partitions) for t in metadata.topics] == [1]
     assert not failures, failures
     assert answers == [[(common_pb2.NONE, BIG_BATCH_RECORDS - 1, last)] * MAX_LIST_OFFSETS_ENTRIES]
 
