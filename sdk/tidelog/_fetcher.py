@@ -42,7 +42,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,7 @@ from tidelog.errors import (
     error_from_code,
     error_from_rpc,
 )
+from tidelog.request_limits import MAX_LIST_OFFSETS_ENTRIES, in_requests_of
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, log_pb2
 
@@ -566,7 +567,8 @@ class Fetcher:
     async def _list_offsets_once(
         self, query: dict[TopicPartition, int], out: dict[TopicPartition, tuple[int, int]]
     ) -> None:
-        """One ListOffsets per leader of `query`'s partitions; each answer is
+        """ListOffsets to each leader of `query`'s partitions, in requests of
+        at most MAX_LIST_OFFSETS_ENTRIES (the brokers' limit); each answer is
         put in `out` as it comes. Raises the first partition's error."""
         by_address: dict[str, list[TopicPartition]] = {}
         for tp in query:
@@ -575,29 +577,40 @@ class Fetcher:
                 raise BrokerNotAvailableError(f"no leader for {tp.topic}-{tp.partition}")
             by_address.setdefault(address, []).append(tp)
         for address, tps in by_address.items():
-            request = log_pb2.ListOffsetsRequest(
-                partitions=[
-                    log_pb2.ListOffsetsPartition(
-                        topic=tp.topic, partition=tp.partition, timestamp_ms=query[tp]
-                    )
-                    for tp in tps
-                ]
+            for piece in in_requests_of(tps, MAX_LIST_OFFSETS_ENTRIES):
+                await self._list_offsets_of(address, piece, query, out)
+
+    async def _list_offsets_of(
+        self,
+        address: str,
+        tps: Sequence[TopicPartition],
+        query: dict[TopicPartition, int],
+        out: dict[TopicPartition, tuple[int, int]],
+    ) -> None:
+        """One ListOffsets of `tps` to the leader at `address`."""
+        request = log_pb2.ListOffsetsRequest(
+            partitions=[
+                log_pb2.ListOffsetsPartition(
+                    topic=tp.topic, partition=tp.partition, timestamp_ms=query[tp]
+                )
+                for tp in tps
+            ]
+        )
+        try:
+            response = await self.cluster.log_stub(address).ListOffsets(
+                request, timeout=self._timeout_s
             )
-            try:
-                response = await self.cluster.log_stub(address).ListOffsets(
-                    request, timeout=self._timeout_s
+        except grpc.aio.AioRpcError as exc:
+            raise error_from_rpc(exc) from exc
+        for result in response.partitions:
+            if result.error.code:
+                raise error_from_code(result.error.code, result.error.message).about(
+                    result.topic, result.partition
                 )
-            except grpc.aio.AioRpcError as exc:
-                raise error_from_rpc(exc) from exc
-            for result in response.partitions:
-                if result.error.code:
-                    raise error_from_code(result.error.code, result.error.message).about(
-                        result.topic, result.partition
-                    )
-                out[TopicPartition(result.topic, result.partition)] = (
-                    result.offset,
-                    result.timestamp_ms,
-                )
+            out[TopicPartition(result.topic, result.partition)] = (
+                result.offset,
+                result.timestamp_ms,
+            )
 
 
 def _refused_for_good(error: TidelogError) -> bool:

@@ -388,7 +388,18 @@ class ListOffsetsRequest(_message.Message):
 
     PARTITIONS_FIELD_NUMBER: _builtins.int
     @_builtins.property
-    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListOffsetsPartition]: ...
+    def partitions(self) -> _containers.RepeatedCompositeFieldContainer[Global___ListOffsetsPartition]:
+        """At most 1,000 entries (MAX_LIST_OFFSETS_ENTRIES in tidelog.request_limits):
+        a request with more is refused whole with INVALID_ARGUMENT naming the
+        limit; send one request per 1,000. A partition may be named more than
+        once (EARLIEST and LATEST of one partition in one request, say): each
+        distinct (topic, partition, timestamp_ms) is looked up once and every
+        entry naming it gets that answer, one answer per entry, in request order.
+        At most 8 distinct timestamps (>= 0) are looked up per partition
+        (MAX_TIMESTAMPS_PER_PARTITION): each entry past them is answered
+        INVALID_REQUEST naming the limit. EARLIEST and LATEST are always answered.
+        """
+
     def __init__(
         self,
         *,

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import grpc
 from tidelog.errors import InvalidRequestError, TidelogError
-from tidelog.request_limits import distinct
+from tidelog.request_limits import check_list_offsets_entries, distinct
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
@@ -28,6 +28,7 @@ from tidelog_broker.config import BrokerConfig
 from tidelog_broker.error_mapping import abort, error_proto
 from tidelog_broker.fetch_limits import FetchBudget
 from tidelog_broker.fetch_session import FetchSession
+from tidelog_broker.list_offsets import answer_list_offsets
 from tidelog_broker.metrics import BrokerMetrics
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.producer_epochs import ProducerEpochs, new_epochs
@@ -272,23 +273,11 @@ class LogServicer(log_pb2_grpc.LogServicer):
     async def ListOffsets(
         self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> log_pb2.ListOffsetsResponse:
-        response = log_pb2.ListOffsetsResponse()
-        for part in request.partitions:
-            result = response.partitions.add(topic=part.topic, partition=part.partition)
-            try:
-                offset, timestamp = self._manager.list_offset(
-                    part.topic, part.partition, part.timestamp_ms
-                )
-            except Exception as exc:
-                result.error.CopyFrom(
-                    error_proto(exc, f"listing offsets of {part.topic}-{part.partition}")
-                )
-                result.offset = -1
-                result.timestamp_ms = -1
-                continue
-            result.offset = offset
-            result.timestamp_ms = timestamp
-        return response
+        try:
+            check_list_offsets_entries(len(request.partitions))
+        except TidelogError as exc:
+            await abort(context, exc, "listing offsets")
+        return await answer_list_offsets(self._manager, request)
 
     async def Metadata(
         self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext

@@ -77,7 +77,7 @@ class CoordinatorConfig:
     etcd_auth: EtcdAuth | None = None
     #: With --metrics-port: how often the controller refreshes the cluster
     #: gauges and the groups' lag (one etcd read and one ListOffsets per
-    #: leader each time).
+    #: leader and per 1,000 of its partitions each time).
     metrics_interval_ms: int = 5_000
     #: Authentication and authorization (--allow-anonymous, --super-users, ...).
     security: SecurityOptions = field(default_factory=SecurityOptions)

@@ -29,13 +29,14 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import aetcd
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
+from tidelog.request_limits import MAX_LIST_OFFSETS_ENTRIES, in_requests_of
 from tidelog.types import TopicPartition
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.cancellation import raise_if_cancelling
@@ -260,14 +261,15 @@ class ClusterProbe:
         leader_of: dict[TopicPartition, int],
         brokers: dict[int, str],
     ) -> dict[TopicPartition, int]:
-        """ListOffsets latest of each wanted partition, one request per leader."""
+        """ListOffsets latest of each wanted partition, asked of its leader
+        in requests of at most MAX_LIST_OFFSETS_ENTRIES (the brokers' limit)."""
         by_leader: dict[int, list[TopicPartition]] = {}
         for tp in wanted:
             leader = leader_of.get(tp)
             if leader is not None:
                 by_leader.setdefault(leader, []).append(tp)
 
-        async def ask(broker_id: int, tps: list[TopicPartition]) -> list[Any]:
+        async def ask(broker_id: int, tps: Sequence[TopicPartition]) -> list[Any]:
             stub = log_pb2_grpc.LogStub(self._channels.channel(brokers[broker_id]))
             request = log_pb2.ListOffsetsRequest()
             for tp in tps:
@@ -276,7 +278,12 @@ class ClusterProbe:
             return list(response.partitions)
 
         answers = await asyncio.gather(
-            *(ask(b, tps) for b, tps in by_leader.items()), return_exceptions=True
+            *(
+                ask(b, piece)
+                for b, tps in by_leader.items()
+                for piece in in_requests_of(tps, MAX_LIST_OFFSETS_ENTRIES)
+            ),
+            return_exceptions=True,
         )
         watermarks: dict[TopicPartition, int] = {}
         for answer in answers:

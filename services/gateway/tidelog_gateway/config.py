@@ -33,6 +33,8 @@ class GatewayConfig:
     #: Streaming calls open on the whole gateway.
     max_streams: int = 4096
     #: Partitions named in one request (Produce, ListOffsets, one Fetch request).
+    #: ListOffsets is also held to the brokers' MAX_LIST_OFFSETS_ENTRIES
+    #: (tidelog.request_limits), whichever is lower.
     max_partitions_per_request: int = 10_000
     #: Partitions one Fetch stream may read at once.
     max_partitions_per_fetch: int = 10_000

@@ -3,7 +3,8 @@
 - Produce and Fetch: one proxy per client stream (produce_proxy,
   fetch_proxy), counted against the stream limits;
 - ListOffsets: split by leader, asked of each, answered in request order;
-  a partition that cannot be routed gets its typed error;
+  a partition that cannot be routed gets its typed error; a request over
+  the brokers' MAX_LIST_OFFSETS_ENTRIES is refused as they refuse it;
 - Metadata: from the etcd view. The gateway names itself as the only broker
   and as the leader of every partition that has a live leader (-1 while it
   has none, so clients wait as they would for a broker): a client pointed at
@@ -24,7 +25,7 @@ from typing import Any
 import grpc
 import grpc.aio
 from tidelog.errors import InvalidRequestError, TidelogError
-from tidelog.request_limits import distinct
+from tidelog.request_limits import check_list_offsets_entries, distinct
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
@@ -122,6 +123,12 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 ),
                 "listing offsets",
             )
+        # The brokers' limit too, refused here whole: forwarded, each leader's
+        # share could pass or fail apart. Within it, each share does too.
+        try:
+            check_list_offsets_entries(len(request.partitions))
+        except TidelogError as exc:
+            await abort(context, exc, "listing offsets")
         response = log_pb2.ListOffsetsResponse()
         by_address: dict[str, list[int]] = {}
         for index, part in enumerate(request.partitions):

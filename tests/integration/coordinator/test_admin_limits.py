@@ -1,10 +1,11 @@
 """A cluster (etcd, a coordinator, one broker) refusing what makes no sense,
 through the raw stubs as any client would: topic names no topic can have,
 CreateTopics requests over their limits, min.insync.replicas no replica set
-can satisfy, a topic named twice in one admin request. Each answer names
-what is wrong; nothing is created. A describing request (Metadata through a
-broker or the gateway, DescribeTopics) describes a name given many times
-once."""
+can satisfy, a topic named twice in one admin request, ListOffsets over its
+limits. Each answer names what is wrong; nothing is created. A describing
+request (Metadata through a broker or the gateway, DescribeTopics) describes
+a name given many times once; ListOffsets answers a partition named many
+times (earliest and latest, say) in each entry."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ import grpc
 import pytest
 from tidelog import AdminClient, NewTopic, Producer
 from tidelog.errors import ERROR_CODE_METADATA_KEY, InvalidConfigError, InvalidTopicError
-from tidelog.request_limits import MAX_PARTITIONS_PER_TOPIC, MAX_TOPICS_PER_REQUEST
+from tidelog.request_limits import (
+    MAX_LIST_OFFSETS_ENTRIES,
+    MAX_PARTITIONS_PER_TOPIC,
+    MAX_TIMESTAMPS_PER_PARTITION,
+    MAX_TOPICS_PER_REQUEST,
+)
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 
 from tests.support.admin_requests import delete_records_request, topic_request
@@ -92,6 +98,74 @@ def test_a_topic_named_many_times_in_one_metadata_is_described_once(
     reply = _metadata(address, [wide] * NAMED_TIMES + [once] + [wide])
     answers = [(t.name, t.error.code, len(t.partitions)) for t in reply.topics]
     assert answers == [(wide, common_pb2.NONE, WIDE_PARTITIONS), (once, common_pb2.NONE, 2)]
+
+
+def _list_offsets(address: str, entries: list[tuple[str, int, int]]) -> log_pb2.ListOffsetsResponse:
+    request = log_pb2.ListOffsetsRequest(
+        partitions=[
+            log_pb2.ListOffsetsPartition(topic=t, partition=p, timestamp_ms=ts)
+            for t, p, ts in entries
+        ]
+    )
+    with grpc.insecure_channel(address) as channel:
+        return log_pb2_grpc.LogStub(channel).ListOffsets(request, timeout=60)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("service", ["broker", "gateway"])
+def test_list_offsets_names_a_partition_many_times_within_the_timestamp_limit(
+    cluster: ClusterProcesses, gateway: GatewayProcess, service: str
+) -> None:
+    """Earliest, latest and timestamps of one partition in one request are
+    answered, a repeated entry as its first; distinct timestamps past
+    MAX_TIMESTAMPS_PER_PARTITION are refused per entry, naming it (the
+    reverted fix refused every entry of a partition named twice)."""
+    topic = f"offsets-many-{service}"
+    with AdminClient(cluster.bootstrap) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    start = int(time.time() * 1000) - 100_000
+    records = MAX_TIMESTAMPS_PER_PARTITION + 2
+    with Producer(cluster.bootstrap, linger_ms=0) as producer:
+        for i in range(records):
+            producer.send(topic, b"x", partition=0, timestamp_ms=start + i).get(timeout=30)
+    address = cluster.brokers[0].address if service == "broker" else gateway.address
+    deadline = time.monotonic() + VIEW_DEADLINE_S
+    while _list_offsets(address, [(topic, 0, -1)]).partitions[0].HasField("error"):
+        assert time.monotonic() < deadline, f"{address} never learned {topic}"
+        time.sleep(0.1)
+
+    timestamps = [start + i for i in range(records)]
+    entries = [(topic, 0, ts) for ts in [-2, -1, *timestamps, start, -1, -2]]
+    reply = _list_offsets(address, entries)
+    answers = [(r.partition, r.error.code, r.offset, r.timestamp_ms) for r in reply.partitions]
+    looked_up = [(0, common_pb2.NONE, i, start + i) for i in range(MAX_TIMESTAMPS_PER_PARTITION)]
+    assert answers == [
+        (0, common_pb2.NONE, 0, -1),
+        (0, common_pb2.NONE, records, -1),
+        *looked_up,
+        *[(0, common_pb2.INVALID_REQUEST, -1, -1)] * (records - MAX_TIMESTAMPS_PER_PARTITION),
+        looked_up[0],
+        (0, common_pb2.NONE, records, -1),
+        (0, common_pb2.NONE, 0, -1),
+    ]
+    refused = reply.partitions[2 + MAX_TIMESTAMPS_PER_PARTITION].error.message
+    assert "MAX_TIMESTAMPS_PER_PARTITION" in refused
+
+
+@pytest.mark.parametrize("service", ["broker", "gateway"])
+def test_list_offsets_over_the_entry_limit_is_refused_naming_it(
+    cluster: ClusterProcesses, gateway: GatewayProcess, service: str
+) -> None:
+    address = cluster.brokers[0].address if service == "broker" else gateway.address
+    entries = [("offsets-limit", 0, -1)] * (MAX_LIST_OFFSETS_ENTRIES + 1)
+    with pytest.raises(grpc.RpcError) as info:
+        _list_offsets(address, entries)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    assert error_code(info.value) == "INVALID_REQUEST"
+    assert "MAX_LIST_OFFSETS_ENTRIES" in info.value.details()  # type: ignore[attr-defined]
+    # At the limit: answered, each entry (an unknown topic here).
+    reply = _list_offsets(address, entries[1:])
+    assert len(reply.partitions) == MAX_LIST_OFFSETS_ENTRIES
+    assert {r.error.code for r in reply.partitions} == {common_pb2.UNKNOWN_TOPIC_OR_PARTITION}
 
 
 def test_a_topic_named_many_times_in_one_describe_topics_is_described_once(
