@@ -202,7 +202,7 @@ class PatternIndex:
     is the one a scan in order of arrival would have found first. Not
     thread-safe."""
 
-    __slots__ = ("literal", "prefixed", "prefix_lengths", "_length_counts")
+    __slots__ = ("_length_counts", "literal", "prefix_lengths", "prefixed")
 
     def __init__(self) -> None:
         #: Literal name (the wildcard "*" included) -> its bindings.

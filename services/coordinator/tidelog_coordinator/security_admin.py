@@ -11,8 +11,9 @@ cluster has it.
 
 What one request costs in etcd round trips does not grow with its entries:
 its writes go in transactions of up to etcd's --max-txn-ops operations
-(`_write`; security_writes for CreateAcls and AlterClientQuotas, which read
-the stored bindings or quotas with one range read). The same binding, user
+(`_write` for DeleteAcls; security_writes for CreateAcls,
+AlterClientQuotas and AlterUserCredentials, which read the stored bindings,
+quotas or users with one range read). The same binding, user
 or quota entity given twice in one request is refused in each of its entries
 with INVALID_REQUEST, as Kafka refuses a user named twice in
 AlterUserScramCredentials: there is no order between two entries of one
@@ -27,8 +28,10 @@ transactions compare what they read. DeleteAcls deletes the keys it read
 binding created after the read is not deleted, as if created after the
 DeleteAcls). AlterUserCredentials counts the stored users against
 --max-users through security_writes too (the passwords hashed first, off
-the event loop); each user's record is written whole, so of two concurrent
-requests setting one user's password the last wins, as in Kafka.
+the event loop; its removals written before its additions, so that at the
+cap a request removing one user and adding another passes); each user's
+record is written whole, so of two concurrent requests setting one user's
+password the last wins, as in Kafka.
 
 DeleteAcls matches its filters against indexes of the bindings it read, its
 work bounded per request (acl_deletions).
@@ -289,6 +292,9 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
         users = [u.user for u in request.upsertions] + list(request.deletions)
         twice = _twice(users)
         response = security_pb2.AlterUserCredentialsResponse()
+        # Removals first: at --max-users, a request that removes one user
+        # and adds another makes room for it.
+        removals: list[Entry] = []
         entries: list[Entry] = []
         for index, upsertion in enumerate(request.upsertions):
             result = response.results.add(user=upsertion.user)
@@ -309,10 +315,10 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
             if user in twice:
                 result.error.CopyFrom(_given_twice(f"user {user[:64]!r}", _ALTER_USERS))
                 continue
-            entries.append(Entry(index, self._keys.user(user), _removed_user(user)))
+            removals.append(Entry(index, self._keys.user(user), _removed_user(user)))
         cap = KeyCap(self.metadata.config.max_users, "users", "--max-users")
         writer = self._guarded_writer(self._keys.users, cap, "storing a user")
-        for index, error in (await writer.write(entries)).items():
+        for index, error in (await writer.write(removals + entries)).items():
             response.results[index].error.CopyFrom(error)
         return response
 
