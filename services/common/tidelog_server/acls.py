@@ -16,14 +16,17 @@ Kafka's model (kafka-acls, AclAuthorizer), kept to its semantics:
 Each binding is one etcd key under `<prefix>/security/acls/`, named by a
 digest of its fields, so adding the same binding twice is one key.
 `AclTable` holds the bindings a service knows (kept current by a
-PrefixWatcher in tidelog_server.security) and answers `authorize`.
+PrefixWatcher in tidelog_server.security) and answers `authorize`, reading
+only the bindings that match the resource (`PatternIndex`): what a decision
+and a change cost does not grow with the number of bindings stored.
 """
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 
 RESOURCE_TYPES = ("topic", "group", "cluster")
@@ -191,9 +194,102 @@ class Decision:
     reason: str
 
 
+class PatternIndex:
+    """The bindings of one resource type, indexed by pattern for `matching`
+    (see AclTable; the coordinator's DeleteAcls uses one for "match"
+    filters). Buckets map an etcd key to (its order of arrival, binding), so
+    that a binding is added or removed in O(1) and the deny a decision names
+    is the one a scan in order of arrival would have found first. Not
+    thread-safe."""
+
+    __slots__ = ("_length_counts", "literal", "prefix_lengths", "prefixed")
+
+    def __init__(self) -> None:
+        #: Literal name (the wildcard "*" included) -> its bindings.
+        self.literal: dict[str, dict[bytes, tuple[int, AclBinding]]] = {}
+        #: Prefix -> its prefixed bindings.
+        self.prefixed: dict[str, dict[bytes, tuple[int, AclBinding]]] = {}
+        #: The lengths of the prefixes present, ascending.
+        self.prefix_lengths: list[int] = []
+        self._length_counts: dict[int, int] = {}
+
+    def add(self, key: bytes, arrival: int, binding: AclBinding) -> None:
+        name = binding.resource_name
+        if binding.pattern_type == "prefixed":
+            bucket = self.prefixed.get(name)
+            if bucket is None:
+                bucket = self.prefixed[name] = {}
+                count = self._length_counts.get(len(name), 0)
+                if not count:
+                    bisect.insort(self.prefix_lengths, len(name))
+                self._length_counts[len(name)] = count + 1
+            bucket[key] = (arrival, binding)
+        else:
+            self.literal.setdefault(name, {})[key] = (arrival, binding)
+
+    def remove(self, key: bytes, binding: AclBinding) -> None:
+        name = binding.resource_name
+        if binding.pattern_type == "prefixed":
+            bucket = self.prefixed[name]
+            del bucket[key]
+            if not bucket:
+                del self.prefixed[name]
+                count = self._length_counts.pop(len(name))
+                if count > 1:
+                    self._length_counts[len(name)] = count - 1
+                else:
+                    self.prefix_lengths.remove(len(name))
+        else:
+            bucket = self.literal[name]
+            del bucket[key]
+            if not bucket:
+                del self.literal[name]
+
+    def matching(self, name: str) -> Iterator[tuple[bytes, int, AclBinding]]:
+        """(key, arrival, binding) of each binding whose pattern matches
+        `name` (AclBinding.matches_resource), each once."""
+        for bucket in self._buckets(name):
+            for key, (arrival, binding) in bucket.items():
+                yield key, arrival, binding
+
+    def count_matching(self, name: str) -> int:
+        """How many bindings `matching(name)` yields, without reading them."""
+        return sum(len(bucket) for bucket in self._buckets(name))
+
+    def _buckets(self, name: str) -> Iterator[dict[bytes, tuple[int, AclBinding]]]:
+        literal = self.literal.get(name)
+        if literal:
+            yield literal
+        if name != WILDCARD:
+            wildcard = self.literal.get(WILDCARD)
+            if wildcard:
+                yield wildcard
+        for length in self.prefix_lengths:
+            if length > len(name):
+                break
+            prefixed = self.prefixed.get(name[:length])
+            if prefixed:
+                yield prefixed
+
+
 class AclTable:
     """The bindings of a cluster, replaced or changed by the watcher, and the
-    decision for one request. Runs on one event loop; not thread-safe."""
+    decision for one request. Runs on one event loop; not thread-safe.
+
+    A decision reads only the bindings whose pattern matches the resource
+    (a client naming many topics must not cost names x bindings): per
+    resource type, literal bindings by name, the wildcard "*" as one more
+    literal name, and prefixed bindings by prefix with the sorted list of the
+    prefix lengths present, so that the prefixes of a name that can match
+    are looked up one dict probe each (at most one per distinct length
+    present, up to the name's length; slicing copies at most
+    MAX_NAME_CHARS characters each). A dict keyed by prefix was chosen over
+    a trie: a trie holds one node per character of every prefix, and its
+    walk is one Python step per character of the name. A change is one
+    bucket insertion or removal (plus a sorted insert or removal among the
+    distinct prefix lengths when one appears or disappears), and forgets the
+    remembered decisions.
+    """
 
     def __init__(
         self, super_users: Iterable[str] = (), allow_everyone_if_no_acl_found: bool = True
@@ -201,28 +297,48 @@ class AclTable:
         self.super_users = frozenset(super_users)
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
         self._by_key: dict[bytes, AclBinding] = {}
-        self._by_type: dict[str, list[AclBinding]] = {t: [] for t in RESOURCE_TYPES}
+        self._by_type: dict[str, PatternIndex] = {}
+        #: Order of arrival of each key (a deny is named as a scan of
+        #: `_by_key` in order would have found it first).
+        self._arrivals: dict[bytes, int] = {}
+        self._next_arrival = 0
         self._decisions: dict[tuple[str, str, str, str, str], Decision] = {}
 
     def replace(self, bindings: dict[bytes, AclBinding]) -> None:
-        self._by_key = dict(bindings)
-        self._reindex()
+        self._by_key = {}
+        self._by_type = {}
+        self._arrivals = {}
+        for key, binding in bindings.items():
+            self._add(key, binding)
+        self._decisions.clear()
 
     def put(self, key: bytes, binding: AclBinding | None) -> None:
-        if binding is None:
-            self._by_key.pop(key, None)
-        else:
-            self._by_key[key] = binding
-        self._reindex()
-
-    def _reindex(self) -> None:
-        # ACL changes are rare and reads are per call: index once per change,
-        # and remember decisions until the next change.
-        by_type: dict[str, list[AclBinding]] = {t: [] for t in RESOURCE_TYPES}
-        for binding in self._by_key.values():
-            by_type[binding.resource_type].append(binding)
-        self._by_type = by_type
+        old = self._by_key.get(key)
+        if old is not None and old == binding:
+            return  # the same binding again: no decision changes
+        if old is not None:
+            self._by_type[old.resource_type].remove(key, old)
+            if binding is None:
+                del self._by_key[key]
+                del self._arrivals[key]
+        if binding is not None:
+            self._add(key, binding)
+        # Any remembered decision may depend on the binding; changes are
+        # rare next to decisions, so all are forgotten (each was computed
+        # once, so forgetting costs no more than computing them did).
         self._decisions.clear()
+
+    def _add(self, key: bytes, binding: AclBinding) -> None:
+        # A key changed in place keeps its place, as in a dict.
+        arrival = self._arrivals.get(key)
+        if arrival is None:
+            arrival = self._arrivals[key] = self._next_arrival
+            self._next_arrival += 1
+        self._by_key[key] = binding
+        index = self._by_type.get(binding.resource_type)
+        if index is None:
+            index = self._by_type[binding.resource_type] = PatternIndex()
+        index.add(key, arrival, binding)
 
     def bindings(self) -> list[AclBinding]:
         return list(self._by_key.values())
@@ -243,18 +359,26 @@ class AclTable:
     def _decide(
         self, principal: str, host: str, operation: str, resource_type: str, name: str
     ) -> Decision:
-        matching = [
-            b for b in self._by_type[resource_type] if b.matches_resource(resource_type, name)
-        ]
-        if not matching:
+        index = self._by_type.get(resource_type)
+        matching = index.matching(name) if index is not None else iter(())
+        any_matching = False
+        allowed = False
+        first_deny: tuple[int, AclBinding] | None = None
+        for _key, arrival, binding in matching:
+            any_matching = True
+            if not binding.grants(principal, host, operation):
+                continue
+            if binding.permission != "deny":
+                allowed = True
+            elif first_deny is None or arrival < first_deny[0]:
+                first_deny = (arrival, binding)
+        if not any_matching:
             if self.allow_everyone_if_no_acl_found:
                 return Decision(True, "no ACL found for the resource")
             return Decision(False, "no ACL allows it")
-        relevant = [b for b in matching if b.grants(principal, host, operation)]
-        for binding in relevant:
-            if binding.permission == "deny":
-                return Decision(False, f"denied by the ACL {describe(binding)}")
-        if relevant:
+        if first_deny is not None:
+            return Decision(False, f"denied by the ACL {describe(first_deny[1])}")
+        if allowed:
             return Decision(True, "allowed by an ACL")
         return Decision(False, "no ACL allows it")
 

@@ -105,6 +105,13 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         help="quota entities (principal, client id) the cluster stores at most; "
         "AlterClientQuotas refuses more",
     )
+    parser.add_argument(
+        "--max-users",
+        type=int,
+        default=DEFAULTS.max_users,
+        help="users with stored credentials the cluster stores at most; "
+        "AlterUserCredentials refuses more",
+    )
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
     add_etcd_tls_arguments(parser)
@@ -136,6 +143,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
     for flag, limit in (
         ("--max-acl-bindings", args.max_acl_bindings),
         ("--max-quota-entities", args.max_quota_entities),
+        ("--max-users", args.max_users),
     ):
         if limit < 1:
             parser.error(f"{flag} must be at least 1, got {limit}")
@@ -164,6 +172,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[CoordinatorConfig, Metric
         group_max_members=args.group_max_members,
         max_acl_bindings=args.max_acl_bindings,
         max_quota_entities=args.max_quota_entities,
+        max_users=args.max_users,
         tls=tls,
         etcd_tls=etcd_tls,
         etcd_auth=etcd_auth,

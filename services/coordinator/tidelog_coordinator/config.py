@@ -63,12 +63,16 @@ class CoordinatorConfig:
     #: group_limits.GROUP_MAX_MEMBERS, the default).
     group_max_members: int = 1_000
     #: ACL bindings the cluster stores at most: past it CreateAcls refuses
-    #: new ones. Every service holds them all in memory and checks calls
-    #: against them, and a DeleteAcls costs (its filters x this) matches.
+    #: new ones. Every service holds them all in memory (indexed, so a
+    #: decision reads the matching ones only), and a DeleteAcls reads them all
+    #: and matches at most acl_deletions.MATCH_SCANS_PER_REQUEST x this.
     max_acl_bindings: int = 10_000
     #: Quota entities (principal, client id) the cluster stores at most: past
     #: it AlterClientQuotas refuses new ones. Every service holds them all.
     max_quota_entities: int = 10_000
+    #: Users with stored credentials the cluster stores at most: past it
+    #: AlterUserCredentials refuses new ones. Every service holds them all.
+    max_users: int = 10_000
     #: TLS on the listener (None: plain text).
     tls: ServerTls | None = None
     #: TLS to etcd (None: plain text).

@@ -11,8 +11,9 @@ cluster has it.
 
 What one request costs in etcd round trips does not grow with its entries:
 its writes go in transactions of up to etcd's --max-txn-ops operations
-(`_write`; security_writes for CreateAcls and AlterClientQuotas, which read
-the stored bindings or quotas with one range read). The same binding, user
+(`_write` for DeleteAcls; security_writes for CreateAcls,
+AlterClientQuotas and AlterUserCredentials, which read the stored bindings,
+quotas or users with one range read). The same binding, user
 or quota entity given twice in one request is refused in each of its entries
 with INVALID_REQUEST, as Kafka refuses a user named twice in
 AlterUserScramCredentials: there is no order between two entries of one
@@ -25,8 +26,15 @@ stored ones, and CreateAcls counts the stored bindings against
 transactions compare what they read. DeleteAcls deletes the keys it read
 (a binding's key names its content, so a key read is the binding matched; a
 binding created after the read is not deleted, as if created after the
-DeleteAcls). AlterUserCredentials writes each user's record whole, without
-reading it: the last request wins, as in Kafka.
+DeleteAcls). AlterUserCredentials counts the stored users against
+--max-users through security_writes too (the passwords hashed first, off
+the event loop; its removals written before its additions, so that at the
+cap a request removing one user and adding another passes); each user's
+record is written whole, so of two concurrent requests setting one user's
+password the last wins, as in Kafka.
+
+DeleteAcls matches its filters against indexes of the bindings it read, its
+work bounded per request (acl_deletions).
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from tidelog_server.quotas import (
     encode_quota,
 )
 
+from tidelog_coordinator.acl_deletions import claim
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.security_writes import Change, Entry, GuardedWriter, KeyCap
 
@@ -99,7 +108,7 @@ def _twice(items: Iterable[Hashable | None]) -> set[Hashable]:
 
 
 def _stored_as(value: bytes) -> Change:
-    """A key's change to `value` (a binding: nothing to write when stored)."""
+    """A key's change to `value` (nothing to write when stored already)."""
     return lambda _stored: value
 
 
@@ -112,6 +121,17 @@ def _merged_quota(given: dict[str, float]) -> Change:
         values.update(given)
         values = {k: v for k, v in values.items() if v > 0}
         return encode_quota(values) if values else None
+
+    return change
+
+
+def _removed_user(user: str) -> Change:
+    """A user's removal: refused when no such user is stored."""
+
+    def change(stored: bytes | None) -> bytes | None:
+        if stored is None:
+            raise InvalidRequestError(f"no user {user[:64]!r}")
+        return None
 
     return change
 
@@ -236,25 +256,16 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
             bindings = await self._bindings()
         except Exception as exc:
             await abort(context, exc, "listing ACLs")
-        # Each binding is deleted once, for the first filter that matches it
-        # (a later filter would find it gone); a filter given again matches
-        # nothing left, so it is not matched against the bindings again.
-        claimed: dict[bytes, int] = {}
-        seen: set[AclFilter] = set()
-        for index, proto in enumerate(request.filters):
-            wanted = _filter(proto)
-            if wanted in seen:
-                continue
-            seen.add(wanted)
-            for key, binding in bindings:
-                if key not in claimed and wanted.matches(binding):
-                    claimed[key] = index
+        claims = claim(bindings, [_filter(proto) for proto in request.filters])
+        claimed = claims.claimed
         tx = self._client.transactions
         by_key = dict(bindings)
         writes = [(index, tx.delete(key)) for key, index in claimed.items()]
         response = security_pb2.DeleteAclsResponse()
         for _ in request.filters:
             response.results.add()
+        for index, refusal in claims.refused.items():
+            response.results[index].error.CopyFrom(error_proto(refusal, "matching ACLs"))
         answers = await self._write(writes)
         for key, (index, answer) in zip(claimed, answers, strict=True):
             result = response.results[index]
@@ -281,8 +292,10 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
         users = [u.user for u in request.upsertions] + list(request.deletions)
         twice = _twice(users)
         response = security_pb2.AlterUserCredentialsResponse()
-        tx = self._client.transactions
-        writes: list[_Write] = []
+        # Removals first: at --max-users, a request that removes one user
+        # and adds another makes room for it.
+        removals: list[Entry] = []
+        entries: list[Entry] = []
         for index, upsertion in enumerate(request.upsertions):
             result = response.results.add(user=upsertion.user)
             if upsertion.user in twice:
@@ -295,21 +308,18 @@ class SecurityAdmin(admin_pb2_grpc.AdminServicer):
             except ValueError as exc:
                 result.error.CopyFrom(_invalid(str(exc)))
                 continue
-            writes.append((index, tx.put(self._keys.user(upsertion.user), record.encode())))
+            key = self._keys.user(upsertion.user)
+            entries.append(Entry(index, key, _stored_as(record.encode())))
         for index, user in enumerate(request.deletions, start=len(request.upsertions)):
             result = response.results.add(user=user)
             if user in twice:
                 result.error.CopyFrom(_given_twice(f"user {user[:64]!r}", _ALTER_USERS))
                 continue
-            writes.append((index, tx.delete(self._keys.user(user))))
-        for index, answer in await self._write(writes):
-            result = response.results[index]
-            if isinstance(answer, BaseException):
-                result.error.CopyFrom(error_proto(answer, f"storing user {result.user[:64]!r}"))
-            elif answer.WhichOneof("response") == "response_delete_range" and not (
-                answer.response_delete_range.deleted
-            ):
-                result.error.CopyFrom(_invalid(f"no user {result.user[:64]!r}"))
+            removals.append(Entry(index, self._keys.user(user), _removed_user(user)))
+        cap = KeyCap(self.metadata.config.max_users, "users", "--max-users")
+        writer = self._guarded_writer(self._keys.users, cap, "storing a user")
+        for index, error in (await writer.write(removals + entries)).items():
+            response.results[index].error.CopyFrom(error)
         return response
 
     async def DescribeUserCredentials(

@@ -1,5 +1,5 @@
 """The read-compare-write of the keys under one security prefix (ACL
-bindings, quota entities) for the security admin RPCs, and the cap on how
+bindings, quota entities, users) for the security admin RPCs, and the cap on how
 many keys that prefix holds.
 
 Each entry of a request names one key (once per request) and how its new
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aetcd
-from tidelog.errors import CoordinatorNotAvailableError, InvalidRequestError
+from tidelog.errors import CoordinatorNotAvailableError, InvalidRequestError, TidelogError
 from tidelog.v1 import common_pb2
 from tidelog_server.etcd.keys import prefix_end
 
@@ -52,7 +52,8 @@ WRITE_ATTEMPTS = 8
 
 #: The new value of a key from its stored value (None: absent; a new value
 #: of None deletes the key). Raises ValueError for a stored value it cannot
-#: read (that entry is refused).
+#: read, or a TidelogError for an entry that what is stored refuses (e.g.
+#: the removal of a user not stored): that entry is refused with it.
 Change = Callable[[bytes | None], bytes | None]
 
 
@@ -189,7 +190,7 @@ class GuardedWriter:
             old = None if current is None else current[0]
             try:
                 new = entry.change(old)
-            except ValueError as exc:
+            except (ValueError, TidelogError) as exc:
                 self._errors[entry.index] = error_proto(exc, self._what)
                 continue
             if new == old:

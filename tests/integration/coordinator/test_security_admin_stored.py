@@ -1,8 +1,8 @@
 """What the security admin RPCs store when requests race, on a real
 coordinator and etcd: no AlterClientQuotas loses another's update of the
-same quota entity, and no more ACL bindings or quota entities are stored
-than the coordinator's --max-acl-bindings and --max-quota-entities allow,
-however many requests create them at once.
+same quota entity, and no more ACL bindings, quota entities or users are
+stored than the coordinator's --max-acl-bindings, --max-quota-entities and
+--max-users allow, however many requests create them at once.
 
 The coordinator runs without TLS, so the caller is User:ANONYMOUS, allowed
 as long as no ACL names the cluster (these tests name topics only).
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.timeout(240)
 #: The coordinator's limits here: small, so that the tests reach them.
 MAX_ACL_BINDINGS = 20
 MAX_QUOTA_ENTITIES = 20
+MAX_USERS = 6
 #: Rounds of concurrent AlterClientQuotas on one entity, one request per
 #: quota key in each: a lost update shows as a value left from the round
 #: before (on the code without revision checks, most rounds lose one).
@@ -38,6 +39,10 @@ RACE_ROUNDS = 40
 CREATORS = 20
 CREATED_EACH = 2
 CREATE_ROUNDS = 10
+#: The same for users (each password costs the coordinator one scrypt, ~50
+#: ms of CPU: fewer than for bindings, and fewer rounds).
+USER_CREATORS = 6
+USER_CREATE_ROUNDS = 3
 #: A request refused as retriable (the write kept losing races) is sent again,
 #: at most this many times.
 RESENDS_MAX = 20
@@ -56,6 +61,7 @@ def coordinator(
         extra_args=(
             "--max-acl-bindings", str(MAX_ACL_BINDINGS),
             "--max-quota-entities", str(MAX_QUOTA_ENTITIES),
+            "--max-users", str(MAX_USERS),
         ),
     )  # fmt: skip
     try:
@@ -122,6 +128,42 @@ async def _create_acls(
         if not pending:
             break
     return results
+
+
+def _user(name: str) -> security_pb2.UserCredentialUpsert:
+    return security_pb2.UserCredentialUpsert(user=name, password=f"secret-{name}")
+
+
+async def _alter_users(
+    admin: admin_pb2_grpc.AdminStub, upsertions: list[security_pb2.UserCredentialUpsert]
+) -> list[common_pb2.Error]:
+    """As _alter_quotas, for the upsertions of AlterUserCredentials."""
+    results: list[common_pb2.Error] = [common_pb2.Error()] * len(upsertions)
+    pending = list(range(len(upsertions)))
+    for _ in range(RESENDS_MAX):
+        reply = await admin.AlterUserCredentials(
+            security_pb2.AlterUserCredentialsRequest(upsertions=[upsertions[i] for i in pending]),
+            timeout=60,
+        )
+        for index, result in zip(pending, reply.results, strict=True):
+            results[index] = result.error
+        pending = [i for i in pending if results[i].code == common_pb2.COORDINATOR_NOT_AVAILABLE]
+        if not pending:
+            break
+    return results
+
+
+def _stored_users(admin: admin_pb2_grpc.AdminStub) -> set[str]:
+    reply = admin.DescribeUserCredentials(security_pb2.DescribeUserCredentialsRequest(), timeout=30)
+    return {u.user for u in reply.users}
+
+
+def _remove_every_user(admin: admin_pb2_grpc.AdminStub) -> None:
+    users = sorted(_stored_users(admin))
+    if users:
+        admin.AlterUserCredentials(
+            security_pb2.AlterUserCredentialsRequest(deletions=users), timeout=30
+        )
 
 
 def _stored_quotas(admin: admin_pb2_grpc.AdminStub, principal: str) -> dict[str, dict[str, float]]:
@@ -336,3 +378,75 @@ def test_at_the_limit_what_adds_no_binding_or_entity_passes_and_a_removal_frees_
     finally:
         _remove_every_binding(admin)
         _remove_every_quota(admin)
+
+
+def test_concurrent_creates_store_no_more_users_than_the_limit(
+    admin: admin_pb2_grpc.AdminStub, coordinator: CoordinatorProcess
+) -> None:
+    _remove_every_user(admin)
+    wanted = [
+        [_user(f"creator-{c}-{i}") for i in range(CREATED_EACH)] for c in range(USER_CREATORS)
+    ]
+
+    async def create_all() -> list[list[common_pb2.Error]]:
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            stub = admin_pb2_grpc.AdminStub(channel)
+            return await asyncio.gather(*(_alter_users(stub, each) for each in wanted))
+
+    try:
+        for _ in range(USER_CREATE_ROUNDS):
+            answers = asyncio.run(create_all())
+            created = {
+                upsertion.user
+                for each, results in zip(wanted, answers, strict=True)
+                for upsertion, result in zip(each, results, strict=True)
+                if result.code == common_pb2.NONE
+            }
+            refused = [result for results in answers for result in results if result.code]
+            stored = _stored_users(admin)
+            assert len(stored) == MAX_USERS
+            assert stored == created
+            assert len(refused) == USER_CREATORS * CREATED_EACH - MAX_USERS
+            for result in refused:
+                assert _refused_by_the_limit(result, "users", MAX_USERS, "--max-users"), result
+            _remove_every_user(admin)
+    finally:
+        _remove_every_user(admin)
+
+
+def test_at_the_user_limit_a_new_password_passes_and_a_removal_frees_room(
+    admin: admin_pb2_grpc.AdminStub,
+) -> None:
+    _remove_every_user(admin)
+    full = [_user(f"full-{i}") for i in range(MAX_USERS)]
+    try:
+        reply = admin.AlterUserCredentials(
+            security_pb2.AlterUserCredentialsRequest(upsertions=full), timeout=60
+        )
+        assert [r.error.code for r in reply.results] == [common_pb2.NONE] * MAX_USERS
+        # A new user is refused; a stored user's new password is no new user.
+        reply = admin.AlterUserCredentials(
+            security_pb2.AlterUserCredentialsRequest(
+                upsertions=[_user("one-more"), _user("full-0")]
+            ),
+            timeout=60,
+        )
+        assert _refused_by_the_limit(reply.results[0].error, "users", MAX_USERS, "--max-users")
+        assert reply.results[1].error.code == common_pb2.NONE
+        assert _stored_users(admin) == {u.user for u in full}
+        # A removal in the same request makes room for a new user.
+        reply = admin.AlterUserCredentials(
+            security_pb2.AlterUserCredentialsRequest(
+                upsertions=[_user("one-more")], deletions=["full-1", "never-stored"]
+            ),
+            timeout=60,
+        )
+        assert [(r.user, r.error.code) for r in reply.results] == [
+            ("one-more", common_pb2.NONE),
+            ("full-1", common_pb2.NONE),
+            ("never-stored", common_pb2.INVALID_REQUEST),
+        ]
+        assert reply.results[2].error.message == "no user 'never-stored'"
+        assert _stored_users(admin) == {u.user for u in full} - {"full-1"} | {"one-more"}
+    finally:
+        _remove_every_user(admin)
