@@ -17,7 +17,7 @@ import hmac
 import json
 import secrets
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -118,18 +118,19 @@ class MemberRecord:
             create_revision=create_revision,
         )
 
-    def subscribed(self, topic_names: Iterable[str]) -> frozenset[str]:
-        """The topics this member consumes among those that exist."""
+    def subscribed(self, topic_names: Collection[str]) -> frozenset[str]:
+        """The topics this member consumes among those that exist
+        (`topic_names`: a set or a dict of them, looked up by name)."""
         if self.pattern:
-            try:
-                regex = compile_pattern(self.pattern)
-            except InvalidRequestError:
-                # Joins validate patterns; a record written before RE2 (a
-                # Python-only construct) subscribes to nothing until it rejoins.
-                return frozenset()
-            return frozenset(t for t in topic_names if regex.fullmatch(t))
-        existing = set(topic_names)
-        return frozenset(t for t in self.topics if t in existing)
+            return _pattern_matches(self.pattern, topic_names)
+        return frozenset(t for t in self.topics if t in topic_names)
+
+    def consumes_any(self, names: Collection[str]) -> bool:
+        """Whether this member consumes (or would consume, once it exists) a
+        topic of `names`."""
+        if self.pattern:
+            return bool(_pattern_matches(self.pattern, names))
+        return any(t in names for t in self.topics)
 
     def holds_token(self, token: str) -> bool:
         """Whether `token` is this member's (constant-time; a record without
@@ -170,6 +171,16 @@ class GroupState:
             target={m: tps_from_json(v) for m, v in d.get("target", {}).items()},
             mod_revision=mod_revision,
         )
+
+
+def _pattern_matches(pattern: str, names: Iterable[str]) -> frozenset[str]:
+    try:
+        regex = compile_pattern(pattern)
+    except InvalidRequestError:
+        # Joins validate patterns; a record written before RE2 (a
+        # Python-only construct) subscribes to nothing until it rejoins.
+        return frozenset()
+    return frozenset(name for name in names if regex.fullmatch(name))
 
 
 @dataclass(slots=True)
@@ -238,11 +249,12 @@ class GroupCache:
         #: topic -> partition count.
         self.topics: dict[str, int] = {}
         self._on_group_change = on_group_change
-        #: pattern -> the topics it matches among `topics`, forgotten when
-        #: topics change. RE2 is linear, but its Python binding costs about
-        #: 2 us a name (10k topics: 20 ms, 25x Python's `re` on simple
-        #: patterns), so each distinct pattern is matched once per topic
-        #: change instead of once per member per reconcile.
+        #: pattern -> the topics it matches among `topics`, brought up to
+        #: date with the names a topic change names. RE2 is linear, but its
+        #: Python binding costs about 2 us a name (10k topics: 20 ms, 25x
+        #: Python's `re` on simple patterns), so each distinct pattern is
+        #: matched against every topic once, and then against each topic
+        #: created or deleted, instead of once per member per reconcile.
         self._matches: dict[str, frozenset[str]] = {}
 
     def subscribed(self, member: MemberRecord) -> frozenset[str]:
@@ -292,14 +304,46 @@ class GroupCache:
         await self._on_group_change(changed)
 
     async def apply_topics(self, batch: WatchBatch) -> None:
-        self._matches.clear()
+        """Topics created, deleted or given partitions: the groups whose
+        members consume one of them are reconciled (partition counts feed
+        their targets); the others' targets cannot change. Any topic change
+        reaches every coordinator, so marking every group cost a reconcile of
+        each, assignor included, per CreateTopics anywhere in the cluster."""
         if batch.reset:
             self.topics = {}
+        counted: set[str] = set()
         for change in batch.changes:
             name = self.keys.tail(change.key, self.keys.topics)
-            if change.value is None:
+            count = None
+            if change.value is not None:
+                count = len(TopicAssignment.decode(change.value).replicas)
+            if self.topics.get(name) != count:
+                counted.add(name)
+            if count is None:
                 self.topics.pop(name, None)
             else:
-                self.topics[name] = len(TopicAssignment.decode(change.value).replicas)
-        # Partition counts feed every group's target.
-        await self._on_group_change(set(self.groups))
+                self.topics[name] = count
+        if batch.reset:
+            # What was there before is unknown: everything is matched again.
+            self._matches.clear()
+            await self._on_group_change(set(self.groups))
+            return
+        if not counted:
+            return  # replicas moved, partition counts the same: no target changes
+        self._rematch(counted)
+        affected = {
+            group_id
+            for group_id, view in self.groups.items()
+            if any(member.consumes_any(counted) for member in view.members.values())
+        }
+        await self._on_group_change(affected)
+
+    def _rematch(self, names: set[str]) -> None:
+        """Bring the remembered pattern matches up to date with `names`,
+        each created or deleted (patterns x names, not patterns x topics)."""
+        existing = {name for name in names if name in self.topics}
+        gone = names - existing
+        for pattern, found in self._matches.items():
+            matched = _pattern_matches(pattern, existing)
+            if matched or (gone & found):
+                self._matches[pattern] = (found - gone) | matched

@@ -64,7 +64,7 @@ def test_member_token_matches_only_its_own_hash() -> None:
     assert not member("").holds_token("")  # a record from before tokens accepts none
 
 
-def test_pattern_matches_are_remembered_until_topics_change() -> None:
+def test_pattern_matches_are_remembered_and_follow_topic_changes() -> None:
     import asyncio
 
     from tidelog_coordinator.group_state import GroupCache

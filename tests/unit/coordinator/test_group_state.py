@@ -180,7 +180,7 @@ def test_a_reset_replaces_every_group_and_reports_the_ones_that_went() -> None:
     assert calls.changed[-1] == {"old", "new"}
 
 
-def test_topic_changes_update_counts_and_forget_pattern_matches() -> None:
+def test_topic_changes_update_counts_and_pattern_matches() -> None:
     cache = cache_with({"orders": 3})
     by_pattern = member("m", (), pattern="orders.*")
     assert cache.subscribed(by_pattern) == {"orders"}
@@ -190,6 +190,64 @@ def test_topic_changes_update_counts_and_forget_pattern_matches() -> None:
     assert cache.subscribed(by_pattern) == {"orders", "orders-eu"}
     asyncio.run(cache.apply_topics(WatchBatch(False, [Change(KEYS.topic("orders"), None, 3)])))
     assert cache.subscribed(by_pattern) == {"orders-eu"}
+
+
+def _topic_change(name: str, partitions: int | None, revision: int = 5) -> Change:
+    value = None if partitions is None else json.dumps({"partitions": [{}] * partitions}).encode()
+    return Change(KEYS.topic(name), value, revision)
+
+
+def test_a_topic_change_reconciles_only_the_groups_that_consume_the_topic() -> None:
+    cache = cache_with({"orders": 3, "clicks": 2})
+    recorder = Recorder()
+    cache._on_group_change = recorder  # type: ignore[method-assign]
+    joined = [
+        ("by-name", member("a", ("orders",))),
+        ("not-yet", member("b", ("payments",))),  # a topic that does not exist yet
+        ("by-pattern", member("c", (), pattern="ord.*")),
+        ("other", member("d", ("clicks",))),
+    ]
+    members = [Change(KEYS.member(group, m.member_key), m.to_json(), 3) for group, m in joined]
+    asyncio.run(cache.apply_groups(WatchBatch(False, members)))
+    recorder.changed.clear()
+
+    asyncio.run(cache.apply_topics(WatchBatch(False, [_topic_change("orders", 6)])))
+    assert recorder.changed[-1] == {"by-name", "by-pattern"}
+    asyncio.run(cache.apply_topics(WatchBatch(False, [_topic_change("payments", 1)])))
+    assert recorder.changed[-1] == {"not-yet"}
+    asyncio.run(cache.apply_topics(WatchBatch(False, [_topic_change("orders-eu", 1)])))
+    assert recorder.changed[-1] == {"by-pattern"}
+    asyncio.run(cache.apply_topics(WatchBatch(False, [_topic_change("clicks", None)])))
+    assert recorder.changed[-1] == {"other"}
+    # Replicas moved, the partition count the same: no target can change.
+    calls = len(recorder.changed)
+    asyncio.run(cache.apply_topics(WatchBatch(False, [_topic_change("orders", 6)])))
+    assert len(recorder.changed) == calls
+    # A new view of every topic (a watch that started again): every group.
+    asyncio.run(cache.apply_topics(WatchBatch(True, [_topic_change("orders", 6)])))
+    assert recorder.changed[-1] == {"by-name", "not-yet", "by-pattern", "other"}
+
+
+class _UnlistableTopics(dict):  # type: ignore[type-arg]
+    """Topics that may be looked up and changed by name but not walked through."""
+
+    def _walked(self, *args: object) -> None:
+        raise AssertionError("every topic was matched again")
+
+    __iter__ = items = keys = values = _walked  # type: ignore[assignment]
+
+
+def test_a_topic_change_matches_remembered_patterns_against_the_changed_names_only() -> None:
+    # Clearing them made the next reconcile match every pattern against every
+    # topic again: patterns x topics per CreateTopics.
+    cache = cache_with({f"orders-{n}": 1 for n in range(100)} | {"clicks": 1})
+    by_pattern = member("m", (), pattern="orders-.*")
+    assert len(cache.subscribed(by_pattern)) == 100
+    cache.topics = _UnlistableTopics(cache.topics)
+    changes = [_topic_change("orders-new", 2), _topic_change("orders-7", None)]
+    asyncio.run(cache.apply_topics(WatchBatch(False, [*changes, _topic_change("other", 1)])))
+    found = cache.subscribed(by_pattern)
+    assert "orders-new" in found and "orders-7" not in found and len(found) == 100
 
 
 # ------------------------------------------------------------ generations and pushes
