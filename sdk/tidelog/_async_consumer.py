@@ -362,8 +362,7 @@ class AsyncConsumer:
         for tp in tps:
             if tp in found:
                 self._subs.seek(tp, found[tp].offset)
-            else:
-                self._subs.reset(tp, self._config.auto_offset_reset)
+        self._subs.reset([tp for tp in tps if tp not in found], self._config.auto_offset_reset)
         return {tp: found[tp].offset if tp in found else None for tp in tps}
 
     # ------------------------------------------------------------ assignment
@@ -397,8 +396,7 @@ class AsyncConsumer:
     def _seek_by(self, partitions: Sequence[TopicPartition], strategy: str) -> None:
         self._check_open()
         self._handed.reset()
-        for tp in check_partitions(partitions) or sorted(self._subs.assignment()):
-            self._subs.reset(tp, strategy)
+        self._subs.reset(check_partitions(partitions) or sorted(self._subs.assignment()), strategy)
 
     async def position(self, partition: TopicPartition) -> int:
         self._check_open()

@@ -52,6 +52,15 @@ def call_error(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:
         return error_from_rpc(exc)
     if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
         return error_from_rpc(exc)
+    if exc.code() == grpc.StatusCode.CANCELLED:
+        # Not ClosedError (what error_from_rpc makes of it): the client is
+        # open. gRPC cancels a call its server has no room to queue (past
+        # grpc.server.max_pending_requests calls waiting for the server's
+        # loop) and the calls of a server stopping; another try may pass.
+        return BrokerNotAvailableError(
+            f"{address}: the server cancelled the call before answering (too many calls "
+            "waiting for it, or it is stopping)"
+        )
     return BrokerNotAvailableError(f"{address}: {exc.code().name}: {exc.details()}")
 
 

@@ -13,7 +13,13 @@
 - the loop-side state of each assigned partition: its epoch (bumped by every
   seek, so the answers of an old position are recognised), the session that
   reads it, and `fetch_next`, where a new session must resume;
-- position resets (auto_offset_reset, seek_to_beginning/end) via ListOffsets;
+- position resets (auto_offset_reset, seek_to_beginning/end) via ListOffsets,
+  gathered as Kafka's consumer gathers them: the resets pending at one time go
+  in one round, one request per leader (split at MAX_LIST_OFFSETS_ENTRIES),
+  and resets asked while a round is under way wait for the next. One call per
+  partition instead put thousands of calls on a broker at once: past the
+  ~1,000 calls gRPC keeps waiting for a server's loop to take them
+  (grpc.server.max_pending_requests), it drops them with CANCELLED;
 - retriable partition errors (not leader, unknown partition) and dropped
   streams: refresh metadata and place the partition again after a backoff;
   a stream the broker refused with a verdict reconnecting cannot change
@@ -51,7 +57,7 @@ import grpc.aio
 
 from tidelog import _fetch_wire
 from tidelog._client_metrics import ConsumerMetrics
-from tidelog._connection import Cluster, TopicMetadata, no_such_partition
+from tidelog._connection import Cluster, TopicMetadata, call_error, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
@@ -237,6 +243,10 @@ class Fetcher:
         self._partitions: dict[TopicPartition, _Partition] = {}
         self._sessions: dict[str, FetchSession] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        #: Resets waiting for the next round: tp -> (partition, epoch, timestamp).
+        self._resets: dict[TopicPartition, tuple[_Partition, int, int]] = {}
+        #: The task sending reset rounds while resets are pending, else None.
+        self._resetter: asyncio.Task[None] | None = None
         self._backoff_s = config.retry_backoff_ms / 1000
         self._timeout_s = config.request_timeout_ms / 1000
         self._closed = False
@@ -258,14 +268,16 @@ class Fetcher:
         for tp in list(self._partitions):
             if tp not in assignment:
                 self._unplace(self._partitions.pop(tp))
+        to_reset: list[tuple[TopicPartition, int]] = []
         for tp, (epoch, offset) in assignment.items():
             if tp in self._partitions:
                 continue
             self._partitions[tp] = _Partition(tp, epoch)
             if offset is None:
-                self.reset(tp, epoch, self._config.auto_offset_reset)
+                to_reset.append((tp, epoch))
             else:
                 self.seek(tp, epoch, offset)
+        self.reset(to_reset, self._config.auto_offset_reset)
 
     def seek(self, tp: TopicPartition, epoch: int, offset: int) -> None:
         part = self._partitions.get(tp)
@@ -275,26 +287,31 @@ class Fetcher:
         part.fetch_next = offset
         self._spawn(self._place(part))
 
-    def reset(self, tp: TopicPartition, epoch: int, strategy: str) -> None:
-        """Resolve the position by `strategy` ("earliest", "latest", "none")."""
-        part = self._partitions.get(tp)
-        if part is None:
-            return
-        part.epoch = epoch
-        part.fetch_next = None
-        if strategy == "none":
-            self._emit(
-                (
-                    ERROR,
-                    tp,
-                    epoch,
-                    NoOffsetForPartitionError(
-                        f"no position for {tp.topic}-{tp.partition} and auto_offset_reset='none'"
-                    ),
+    def reset(self, partitions: Iterable[tuple[TopicPartition, int]], strategy: str) -> None:
+        """Resolve the position of each (tp, epoch) by `strategy` ("earliest",
+        "latest", "none"): all of them in the next round of ListOffsets."""
+        for tp, epoch in partitions:
+            part = self._partitions.get(tp)
+            if part is None:
+                continue
+            part.epoch = epoch
+            part.fetch_next = None
+            if strategy == "none":
+                self._resets.pop(tp, None)
+                self._emit(
+                    (
+                        ERROR,
+                        tp,
+                        epoch,
+                        NoOffsetForPartitionError(
+                            f"no position for {tp.topic}-{tp.partition} "
+                            "and auto_offset_reset='none'"
+                        ),
+                    )
                 )
-            )
-            return
-        self._spawn(self._reset(part, epoch, STRATEGY_TIMESTAMPS[strategy]))
+                continue
+            self._resets[tp] = (part, epoch, STRATEGY_TIMESTAMPS[strategy])
+        self._start_resetter()
 
     def pause(self, tp: TopicPartition) -> None:
         part = self._partitions.get(tp)
@@ -338,13 +355,14 @@ class Fetcher:
 
     # ------------------------------------------------------------ internals
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None] | None:
         if self._closed:
             coro.close()
-            return
+            return None
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        return task
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
@@ -360,27 +378,137 @@ class Fetcher:
             part.session.send(remove=[part.tp])
             part.session = None
 
-    async def _reset(self, part: _Partition, epoch: int, timestamp: int) -> None:
-        tp = part.tp
-        while not self._closed and self._partitions.get(tp) is part and part.epoch == epoch:
-            try:
-                offsets = await self.list_offsets({tp: timestamp}, retry=False)
-                offset = offsets[tp][0]
-                break
-            except TidelogError as exc:
-                if not exc.retriable:
-                    if part.epoch == epoch:
-                        self._emit((ERROR, tp, epoch, exc))
-                    return
-                log.info("resetting %s: %s; retrying", tp, exc)
-                await asyncio.sleep(self._backoff_s)
-        else:
+    def _is_current(self, part: _Partition, epoch: int) -> bool:
+        """Whether `part` is still assigned and not seeked since `epoch`."""
+        return self._partitions.get(part.tp) is part and part.epoch == epoch
+
+    def _start_resetter(self) -> None:
+        if self._resets and self._resetter is None:
+            self._resetter = self._spawn(self._send_resets())
+
+    async def _send_resets(self) -> None:
+        """Send rounds of resets while any is pending (see module doc)."""
+        try:
+            while self._resets and not self._closed:
+                pending, self._resets = self._resets, {}
+                await self._reset_round(
+                    {tp: entry for tp, entry in pending.items() if self._is_current(*entry[:2])}
+                )
+        finally:
+            self._resetter = None
+
+    async def _reset_round(self, resets: dict[TopicPartition, tuple[_Partition, int, int]]) -> None:
+        """One round: a ListOffsets per leader (and per MAX_LIST_OFFSETS_ENTRIES
+        partitions) for all of `resets` at once. Each partition's answer is its
+        own: an offset places it; a retriable error (a leader moving, a broker
+        down, a call it dropped) asks again in a later round, after the retry
+        backoff and a metadata refresh; another error is raised from poll()
+        for that partition alone."""
+        by_address: dict[str, list[TopicPartition]] = {}
+        leaderless: dict[str, list[TopicPartition]] = {}
+        for tp in resets:
+            address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
+            if address is None:
+                leaderless.setdefault(tp.topic, []).append(tp)
+            else:
+                by_address.setdefault(address, []).append(tp)
+        outcomes: dict[TopicPartition, int | TidelogError] = {}
+        for topic, tps in leaderless.items():
+            await self._without_leader(topic, tps, resets, outcomes)
+        await asyncio.gather(
+            *(self._reset_at(address, tps, resets, outcomes) for address, tps in by_address.items())
+        )
+        retry: dict[TopicPartition, tuple[_Partition, int, int]] = {}
+        for tp, outcome in outcomes.items():
+            part, epoch, _ = entry = resets[tp]
+            if not self._is_current(part, epoch):
+                continue  # seeked or unassigned meanwhile: this answer is stale
+            if isinstance(outcome, TidelogError):
+                if outcome.retriable:
+                    retry[tp] = entry
+                else:
+                    self._inbox.append((ERROR, tp, epoch, outcome))
+                continue
+            part.fetch_next = outcome
+            self._inbox.append((RESET, tp, epoch, outcome))
+            self._spawn(self._place(part))
+        self._notify()
+        if retry:
+            tp = next(iter(retry))
+            log.info("resetting %d partitions (%s: %s); retrying", len(retry), tp, outcomes[tp])
+            self._spawn(self._reset_later(retry))
+
+    async def _without_leader(
+        self,
+        topic: str,
+        tps: list[TopicPartition],
+        resets: dict[TopicPartition, tuple[_Partition, int, int]],
+        outcomes: dict[TopicPartition, int | TidelogError],
+    ) -> None:
+        """The outcome of resetting `tps`, partitions of `topic` the metadata
+        names no leader for: a partition the topic does not have is raised
+        from poll() at once (waiting cannot make it; retriable as its class
+        is, it would be asked for forever); the others wait for a leader."""
+        try:
+            meta = await self.cluster.topic(topic, timeout_s=self._timeout_s)
+            if any(not 0 <= tp.partition < meta.partition_count for tp in tps):
+                # Maybe a stale cache: ask once more before saying so.
+                meta = await self._fresh_topic(topic)
+        except TidelogError as exc:
+            outcomes.update(dict.fromkeys(tps, exc))
             return
-        if self._partitions.get(tp) is not part or part.epoch != epoch:
-            return  # seeked or unassigned meanwhile: this answer is stale
-        part.fetch_next = offset
-        self._emit((RESET, tp, epoch, offset))
-        await self._place(part)
+        for tp in tps:
+            if 0 <= tp.partition < meta.partition_count:
+                outcomes[tp] = BrokerNotAvailableError(f"no leader for {tp.topic}-{tp.partition}")
+                continue
+            part, epoch, _ = resets[tp]
+            if self._is_current(part, epoch):
+                error = no_such_partition(tp.topic, tp.partition, meta.partition_count)
+                self._inbox.append((ERROR, tp, epoch, error))
+
+    async def _reset_at(
+        self,
+        address: str,
+        tps: list[TopicPartition],
+        resets: dict[TopicPartition, tuple[_Partition, int, int]],
+        outcomes: dict[TopicPartition, int | TidelogError],
+    ) -> None:
+        """ListOffsets of `tps` to their leader at `address`, in requests of at
+        most MAX_LIST_OFFSETS_ENTRIES: each partition's offset or error."""
+        for piece in in_requests_of(tps, MAX_LIST_OFFSETS_ENTRIES):
+            unanswered = BrokerNotAvailableError(f"{address} did not answer for the partition")
+            outcomes.update(dict.fromkeys(piece, unanswered))
+            try:
+                response = await self._ask_list_offsets(
+                    address, [(tp, resets[tp][2]) for tp in piece]
+                )
+            except TidelogError as exc:
+                outcomes.update(dict.fromkeys(piece, exc))
+                continue
+            for result in response.partitions:
+                tp = TopicPartition(result.topic, result.partition)
+                if tp not in resets:
+                    continue
+                outcomes[tp] = (
+                    error_from_code(result.error.code, result.error.message).about(
+                        result.topic, result.partition
+                    )
+                    if result.error.code
+                    else result.offset
+                )
+
+    async def _reset_later(self, retry: dict[TopicPartition, tuple[_Partition, int, int]]) -> None:
+        """Ask again for `retry` in a later round, after the retry backoff and
+        a metadata refresh (a leader may have moved)."""
+        await asyncio.sleep(self._backoff_s)
+        try:
+            await self.cluster.refresh({tp.topic for tp in retry})
+        except TidelogError as exc:
+            log.info("metadata refresh failed: %s", exc)
+        for tp, entry in retry.items():
+            if tp not in self._resets and self._is_current(*entry[:2]):
+                self._resets[tp] = entry
+        self._start_resetter()
 
     async def _place(self, part: _Partition) -> None:
         """Send the partition's position to the session of its leader."""
@@ -488,7 +616,7 @@ class Fetcher:
                 )
             else:
                 log.info("%s: %s; resetting to %s", part.tp, error.message, strategy)
-                self.reset(part.tp, part.epoch, strategy)
+                self.reset([(part.tp, part.epoch)], strategy)
         elif error.retriable:
             log.info("%s: %s; retrying", part.tp, error.message)
             self._spawn(self._replace_later(part, refresh=True))
@@ -588,20 +716,7 @@ class Fetcher:
         out: dict[TopicPartition, tuple[int, int]],
     ) -> None:
         """One ListOffsets of `tps` to the leader at `address`."""
-        request = log_pb2.ListOffsetsRequest(
-            partitions=[
-                log_pb2.ListOffsetsPartition(
-                    topic=tp.topic, partition=tp.partition, timestamp_ms=query[tp]
-                )
-                for tp in tps
-            ]
-        )
-        try:
-            response = await self.cluster.log_stub(address).ListOffsets(
-                request, timeout=self._timeout_s
-            )
-        except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc) from exc
+        response = await self._ask_list_offsets(address, [(tp, query[tp]) for tp in tps])
         for result in response.partitions:
             if result.error.code:
                 raise error_from_code(result.error.code, result.error.message).about(
@@ -611,6 +726,31 @@ class Fetcher:
                 result.offset,
                 result.timestamp_ms,
             )
+
+    async def _ask_list_offsets(
+        self, address: str, entries: Sequence[tuple[TopicPartition, int]]
+    ) -> log_pb2.ListOffsetsResponse:
+        """One ListOffsets of (tp, timestamp) entries to the broker at
+        `address`. A call the server cancelled raises a retriable
+        BrokerNotAvailableError saying so (`call_error`), not the ClosedError
+        of a closed client that error_from_rpc makes of CANCELLED."""
+        request = log_pb2.ListOffsetsRequest(
+            partitions=[
+                log_pb2.ListOffsetsPartition(
+                    topic=tp.topic, partition=tp.partition, timestamp_ms=ts
+                )
+                for tp, ts in entries
+            ]
+        )
+        try:
+            response: log_pb2.ListOffsetsResponse = await self.cluster.log_stub(
+                address
+            ).ListOffsets(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() == grpc.StatusCode.CANCELLED:
+                raise call_error(exc, f"ListOffsets to {address}") from exc
+            raise error_from_rpc(exc) from exc
+        return response
 
 
 def _refused_for_good(error: TidelogError) -> bool:

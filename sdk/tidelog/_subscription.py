@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import gc
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -230,10 +230,13 @@ class SubscriptionState:
         self._restart(state, offset)
         self._commands("seek", (tp, state.epoch, offset))
 
-    def reset(self, tp: TopicPartition, strategy: str) -> None:
-        state = self.state(tp)
-        self._restart(state, None)
-        self._commands("reset", (tp, state.epoch, strategy))
+    def reset(self, tps: Iterable[TopicPartition], strategy: str) -> None:
+        """Reset each of `tps` by `strategy`: one command, so that the fetcher
+        resolves them together (one ListOffsets per leader, not per partition)."""
+        states = [self.state(tp) for tp in tps]  # all assigned, or nothing changes
+        for state in states:
+            self._restart(state, None)
+        self._commands("reset", ([(state.tp, state.epoch) for state in states], strategy))
 
     def position(self, tp: TopicPartition) -> int | None:
         """The next offset poll() returns; None while a reset is pending."""

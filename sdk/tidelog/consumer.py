@@ -368,8 +368,7 @@ class Consumer:
         for tp in tps:
             if tp in found:
                 self._subs.seek(tp, found[tp].offset)
-            else:
-                self._subs.reset(tp, self._config.auto_offset_reset)
+        self._subs.reset([tp for tp in tps if tp not in found], self._config.auto_offset_reset)
         return {tp: found[tp].offset if tp in found else None for tp in tps}
 
     # ------------------------------------------------------------ assignment
@@ -406,8 +405,7 @@ class Consumer:
     def _seek_by(self, partitions: Sequence[TopicPartition], strategy: str) -> None:
         self._check_open()
         self._handed.reset()
-        for tp in check_partitions(partitions) or sorted(self._subs.assignment()):
-            self._subs.reset(tp, strategy)
+        self._subs.reset(check_partitions(partitions) or sorted(self._subs.assignment()), strategy)
 
     def position(self, partition: TopicPartition, timeout: float | None = None) -> int:
         """The offset of the next record poll() returns for `partition`,
