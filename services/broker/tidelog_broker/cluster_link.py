@@ -144,7 +144,11 @@ class ClusterLink:
         self._local_ids: dict[str, str] = {}
         self._local_cluster_id = ""
         self._strays_checked = False
+        # Both listings, topics and partition states (two watches, in either
+        # order), come before the stray check: a replica moved away is told
+        # from one being created by its state.
         self._topics_listed = False
+        self._states_listed = False
         # Topics whose hosting failed or was refused: they may have left
         # directories the manager does not know of (see _reconcile).
         self._hosting_failed: set[str] = set()
@@ -371,6 +375,7 @@ class ClusterLink:
     async def _apply_states(self, batch: WatchBatch) -> None:
         if batch.reset:
             self.view.apply_states(batch)
+            self._states_listed = True
             await self._reconcile(full_listing=False)
             return
         changed: dict[str, set[int]] = {}
@@ -503,11 +508,14 @@ class ClusterLink:
         for name in [n for n in self._throttled if n not in self.view.topics]:
             del self._throttled[name]
         self._apply_replication()
-        # Once the topics are listed; the cluster id may come later (the
-        # registration loop fetches it), so retried on every reconcile until
-        # it is known: a check skipped at the first listing never came back.
+        # Once the topics and the states are listed; the cluster id may come
+        # later (the registration loop fetches it), so retried on every
+        # reconcile until it is known: a check skipped at the first listing
+        # never came back. Run with the topics listed but not the states, it
+        # took every moved replica for one being created and never looked
+        # again: the log stayed on disk for good.
         self._topics_listed |= full_listing
-        if self._topics_listed and not self._strays_checked:
+        if self._topics_listed and self._states_listed and not self._strays_checked:
             ids_changed |= self._delete_strays()
         if ids_changed:
             self._save_meta()
@@ -659,8 +667,9 @@ class ClusterLink:
         self.manager.replicas.throttle.configure(throttled, min(rates, default=0))
 
     def _delete_strays(self) -> bool:
-        """At the first listing: delete logs of topics deleted while we were
-        down, and of replicas reassigned to other brokers meanwhile."""
+        """At the first listing of topics and states: delete logs of topics
+        deleted while we were down, and of replicas reassigned to other
+        brokers meanwhile."""
         if not self.cluster_id or self._local_cluster_id != self.cluster_id:
             return False  # not sure this data dir is ours: keep everything
         self._strays_checked = True

@@ -171,3 +171,49 @@ def test_a_new_topics_states_arriving_a_few_at_a_time_are_each_applied_once(
             assert link._local_ids[TOPIC] == uuid.UUID(int=7).hex
 
     asyncio.run(run())
+
+
+def test_a_replica_moved_away_while_down_is_deleted_whichever_listing_comes_first(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    # The topics and the partition states come by two watches, in either
+    # order. With the topics first, the stray check ran before any state was
+    # known, took the moved replica for one being created, and never ran
+    # again: its log stayed on disk (tests/fault's reassignment test, in CI).
+    partitions = 4
+
+    async def run() -> None:
+        async with counting_link(etcd, tmp_path) as (manager, link, _):
+            keys = link.keys
+            await link._on_topics(WatchBatch(True, [topic_change(keys, partitions, 2)]))
+            states = [state_change(keys, p, ME, 0, 3) for p in range(partitions)]
+            await link._on_states(WatchBatch(True, states))
+            assert manager.logs.hosted_partitions(TOPIC) == list(range(partitions))
+        moved_away = tmp_path / f"{TOPIC}-0"
+        assert moved_away.is_dir()
+
+        # Restarted after partition 0 moved to OTHER and broker 2.
+        async with counting_link(etcd, tmp_path) as (manager, link, _):
+            link.cluster_id = link._local_cluster_id = "cluster"  # as registration finds it
+            keys = link.keys
+            record = TopicAssignment.decode(topic_change(keys, partitions, 2).value or b"")
+            moved = TopicAssignment(TOPIC, record.topic_id, ((OTHER, 2), *record.replicas[1:]), {})
+            link._local_ids[TOPIC] = record.topic_id
+            await link._on_topics(
+                WatchBatch(True, [Change(keys.topic(TOPIC), moved.encode(), 20, create_revision=2)])
+            )
+            assert moved_away.is_dir()  # no state known yet: nothing decided
+            states = [state_change(keys, p, ME, 0, 3) for p in range(1, partitions)]
+            states.append(
+                Change(
+                    keys.partition_state(TOPIC, 0),
+                    PartitionState(leader=OTHER, leader_epoch=1, isr=(OTHER, 2)).encode(),
+                    21,
+                    create_revision=3,
+                )
+            )
+            await link._on_states(WatchBatch(True, states))
+            assert not moved_away.exists()
+            assert manager.logs.hosted_partitions(TOPIC) == [1, 2, 3]
+
+    asyncio.run(run())
