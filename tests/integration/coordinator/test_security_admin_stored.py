@@ -11,8 +11,9 @@ as long as no ACL names the cluster (these tests name topics only).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Hashable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
@@ -23,6 +24,9 @@ from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 
 pytestmark = pytest.mark.timeout(240)
+
+#: An entry of a request (a binding, a quota entity, a user).
+E = TypeVar("E")
 
 #: The coordinator's limits here: small, so that the tests reach them.
 MAX_ACL_BINDINGS = 20
@@ -92,42 +96,42 @@ def _binding(principal: str, topic: str) -> security_pb2.AclBinding:
     )
 
 
-async def _alter_quotas(
-    admin: admin_pb2_grpc.AdminStub, entries: list[security_pb2.ClientQuota]
+async def _resending(
+    send: Callable[[list[E]], Awaitable[list[common_pb2.Error]]], entries: list[E]
 ) -> list[common_pb2.Error]:
-    """The results of AlterClientQuotas of `entries`, sending again those
-    refused as retriable (lost races past the coordinator's attempts)."""
+    """The result of each of `entries` sent by `send` (one request), sending
+    again those refused as retriable (lost races past the coordinator's
+    attempts)."""
     results: list[common_pb2.Error] = [common_pb2.Error()] * len(entries)
     pending = list(range(len(entries)))
     for _ in range(RESENDS_MAX):
-        reply = await admin.AlterClientQuotas(
-            security_pb2.AlterClientQuotasRequest(entries=[entries[i] for i in pending]),
-            timeout=60,
-        )
-        for index, result in zip(pending, reply.results, strict=True):
+        answered = await send([entries[i] for i in pending])
+        for index, result in zip(pending, answered, strict=True):
             results[index] = result
         pending = [i for i in pending if results[i].code == common_pb2.COORDINATOR_NOT_AVAILABLE]
         if not pending:
             break
     return results
+
+
+async def _alter_quotas(
+    admin: admin_pb2_grpc.AdminStub, entries: list[security_pb2.ClientQuota]
+) -> list[common_pb2.Error]:
+    async def send(part: list[security_pb2.ClientQuota]) -> list[common_pb2.Error]:
+        request = security_pb2.AlterClientQuotasRequest(entries=part)
+        return list((await admin.AlterClientQuotas(request, timeout=60)).results)
+
+    return await _resending(send, entries)
 
 
 async def _create_acls(
     admin: admin_pb2_grpc.AdminStub, bindings: list[security_pb2.AclBinding]
 ) -> list[common_pb2.Error]:
-    """As _alter_quotas, for CreateAcls."""
-    results: list[common_pb2.Error] = [common_pb2.Error()] * len(bindings)
-    pending = list(range(len(bindings)))
-    for _ in range(RESENDS_MAX):
-        reply = await admin.CreateAcls(
-            security_pb2.CreateAclsRequest(creations=[bindings[i] for i in pending]), timeout=60
-        )
-        for index, result in zip(pending, reply.results, strict=True):
-            results[index] = result
-        pending = [i for i in pending if results[i].code == common_pb2.COORDINATOR_NOT_AVAILABLE]
-        if not pending:
-            break
-    return results
+    async def send(part: list[security_pb2.AclBinding]) -> list[common_pb2.Error]:
+        request = security_pb2.CreateAclsRequest(creations=part)
+        return list((await admin.CreateAcls(request, timeout=60)).results)
+
+    return await _resending(send, bindings)
 
 
 def _user(name: str) -> security_pb2.UserCredentialUpsert:
@@ -137,20 +141,11 @@ def _user(name: str) -> security_pb2.UserCredentialUpsert:
 async def _alter_users(
     admin: admin_pb2_grpc.AdminStub, upsertions: list[security_pb2.UserCredentialUpsert]
 ) -> list[common_pb2.Error]:
-    """As _alter_quotas, for the upsertions of AlterUserCredentials."""
-    results: list[common_pb2.Error] = [common_pb2.Error()] * len(upsertions)
-    pending = list(range(len(upsertions)))
-    for _ in range(RESENDS_MAX):
-        reply = await admin.AlterUserCredentials(
-            security_pb2.AlterUserCredentialsRequest(upsertions=[upsertions[i] for i in pending]),
-            timeout=60,
-        )
-        for index, result in zip(pending, reply.results, strict=True):
-            results[index] = result.error
-        pending = [i for i in pending if results[i].code == common_pb2.COORDINATOR_NOT_AVAILABLE]
-        if not pending:
-            break
-    return results
+    async def send(part: list[security_pb2.UserCredentialUpsert]) -> list[common_pb2.Error]:
+        request = security_pb2.AlterUserCredentialsRequest(upsertions=part)
+        return [r.error for r in (await admin.AlterUserCredentials(request, timeout=60)).results]
+
+    return await _resending(send, upsertions)
 
 
 def _stored_users(admin: admin_pb2_grpc.AdminStub) -> set[str]:
@@ -235,81 +230,89 @@ def _refused_by_the_limit(result: common_pb2.Error, what: str, limit: int, flag:
     )
 
 
-def test_concurrent_creates_store_no_more_acl_bindings_than_the_limit(
-    admin: admin_pb2_grpc.AdminStub, coordinator: CoordinatorProcess
+def _race_to_the_limit(
+    coordinator: CoordinatorProcess,
+    create: Callable[[admin_pb2_grpc.AdminStub, list[E]], Awaitable[list[common_pb2.Error]]],
+    wanted: list[list[E]],
+    name_of: Callable[[E], Hashable],
+    stored: Callable[[], set[Hashable]],
+    remove_all: Callable[[], None],
+    rounds: int,
+    limit: tuple[int, str, str],
 ) -> None:
-    _remove_every_binding(admin)
-    wanted = [
-        [_binding(f"User:creator-{c}", f"t-{i}") for i in range(CREATED_EACH)]
-        for c in range(CREATORS)
-    ]
+    """`rounds` times from none stored: each list of `wanted` created by its
+    own request, all at once. Exactly `limit` (count, what, flag) of them are
+    stored, those answered as stored, and each other is refused naming the
+    limit."""
+    count, what, flag = limit
 
     async def create_all() -> list[list[common_pb2.Error]]:
         async with grpc.aio.insecure_channel(coordinator.address) as channel:
             stub = admin_pb2_grpc.AdminStub(channel)
-            return await asyncio.gather(*(_create_acls(stub, each) for each in wanted))
+            return await asyncio.gather(*(create(stub, each) for each in wanted))
 
+    remove_all()
     try:
-        for _ in range(CREATE_ROUNDS):
+        for _ in range(rounds):
             answers = asyncio.run(create_all())
             created = {
-                (binding.principal, binding.resource_name)
+                name_of(entry)
                 for each, results in zip(wanted, answers, strict=True)
-                for binding, result in zip(each, results, strict=True)
+                for entry, result in zip(each, results, strict=True)
                 if result.code == common_pb2.NONE
             }
             refused = [result for results in answers for result in results if result.code]
-            stored = {(b.principal, b.resource_name) for b in _stored_bindings(admin)}
-            assert len(stored) == MAX_ACL_BINDINGS
-            assert stored == created
-            assert len(refused) == CREATORS * CREATED_EACH - MAX_ACL_BINDINGS
+            assert len(stored()) == count
+            assert stored() == created
+            assert len(refused) == sum(map(len, wanted)) - count
             for result in refused:
-                assert _refused_by_the_limit(
-                    result, "ACL bindings", MAX_ACL_BINDINGS, "--max-acl-bindings"
-                ), result
-            _remove_every_binding(admin)
+                assert _refused_by_the_limit(result, what, count, flag), result
+            remove_all()
     finally:
-        _remove_every_binding(admin)
+        remove_all()
+
+
+def test_concurrent_creates_store_no_more_acl_bindings_than_the_limit(
+    admin: admin_pb2_grpc.AdminStub, coordinator: CoordinatorProcess
+) -> None:
+    _race_to_the_limit(
+        coordinator,
+        _create_acls,
+        [
+            [_binding(f"User:creator-{c}", f"t-{i}") for i in range(CREATED_EACH)]
+            for c in range(CREATORS)
+        ],
+        lambda binding: (binding.principal, binding.resource_name),
+        lambda: {(b.principal, b.resource_name) for b in _stored_bindings(admin)},
+        lambda: _remove_every_binding(admin),
+        CREATE_ROUNDS,
+        (MAX_ACL_BINDINGS, "ACL bindings", "--max-acl-bindings"),
+    )
 
 
 def test_concurrent_creates_store_no_more_quota_entities_than_the_limit(
     admin: admin_pb2_grpc.AdminStub, coordinator: CoordinatorProcess
 ) -> None:
-    _remove_every_quota(admin)
-    wanted = [
-        [_quota(f"User:creator-{c}", f"c-{i}", {"request_rate": 10.0}) for i in range(CREATED_EACH)]
-        for c in range(CREATORS)
-    ]
+    def stored() -> set[Hashable]:
+        listed = admin.DescribeClientQuotas(security_pb2.DescribeClientQuotasRequest(), timeout=30)
+        return {(e.entity.principal, e.entity.client_id) for e in listed.entries}
 
-    async def create_all() -> list[list[common_pb2.Error]]:
-        async with grpc.aio.insecure_channel(coordinator.address) as channel:
-            stub = admin_pb2_grpc.AdminStub(channel)
-            return await asyncio.gather(*(_alter_quotas(stub, each) for each in wanted))
-
-    try:
-        for _ in range(CREATE_ROUNDS):
-            answers = asyncio.run(create_all())
-            created = {
-                (quota.entity.principal, quota.entity.client_id)
-                for each, results in zip(wanted, answers, strict=True)
-                for quota, result in zip(each, results, strict=True)
-                if result.code == common_pb2.NONE
-            }
-            refused = [result for results in answers for result in results if result.code]
-            listed = admin.DescribeClientQuotas(
-                security_pb2.DescribeClientQuotasRequest(), timeout=30
-            )
-            stored = {(e.entity.principal, e.entity.client_id) for e in listed.entries}
-            assert len(stored) == MAX_QUOTA_ENTITIES
-            assert stored == created
-            assert len(refused) == CREATORS * CREATED_EACH - MAX_QUOTA_ENTITIES
-            for result in refused:
-                assert _refused_by_the_limit(
-                    result, "quota entities", MAX_QUOTA_ENTITIES, "--max-quota-entities"
-                ), result
-            _remove_every_quota(admin)
-    finally:
-        _remove_every_quota(admin)
+    _race_to_the_limit(
+        coordinator,
+        _alter_quotas,
+        [
+            [
+                _quota(f"User:creator-{c}", f"c-{i}", {"request_rate": 10.0})
+                for i in range(CREATED_EACH)
+            ]
+            for c in range(CREATORS)
+        ],
+        lambda quota: (quota.entity.principal, quota.entity.client_id),
+        stored,
+        lambda: _remove_every_quota(admin),
+        CREATE_ROUNDS,
+        (MAX_QUOTA_ENTITIES, "quota entities", "--max-quota-entities"),
+    )
 
 
 def test_at_the_limit_what_adds_no_binding_or_entity_passes_and_a_removal_frees_room(
@@ -383,35 +386,16 @@ def test_at_the_limit_what_adds_no_binding_or_entity_passes_and_a_removal_frees_
 def test_concurrent_creates_store_no_more_users_than_the_limit(
     admin: admin_pb2_grpc.AdminStub, coordinator: CoordinatorProcess
 ) -> None:
-    _remove_every_user(admin)
-    wanted = [
-        [_user(f"creator-{c}-{i}") for i in range(CREATED_EACH)] for c in range(USER_CREATORS)
-    ]
-
-    async def create_all() -> list[list[common_pb2.Error]]:
-        async with grpc.aio.insecure_channel(coordinator.address) as channel:
-            stub = admin_pb2_grpc.AdminStub(channel)
-            return await asyncio.gather(*(_alter_users(stub, each) for each in wanted))
-
-    try:
-        for _ in range(USER_CREATE_ROUNDS):
-            answers = asyncio.run(create_all())
-            created = {
-                upsertion.user
-                for each, results in zip(wanted, answers, strict=True)
-                for upsertion, result in zip(each, results, strict=True)
-                if result.code == common_pb2.NONE
-            }
-            refused = [result for results in answers for result in results if result.code]
-            stored = _stored_users(admin)
-            assert len(stored) == MAX_USERS
-            assert stored == created
-            assert len(refused) == USER_CREATORS * CREATED_EACH - MAX_USERS
-            for result in refused:
-                assert _refused_by_the_limit(result, "users", MAX_USERS, "--max-users"), result
-            _remove_every_user(admin)
-    finally:
-        _remove_every_user(admin)
+    _race_to_the_limit(
+        coordinator,
+        _alter_users,
+        [[_user(f"creator-{c}-{i}") for i in range(CREATED_EACH)] for c in range(USER_CREATORS)],
+        lambda upsertion: upsertion.user,
+        lambda: set(_stored_users(admin)),
+        lambda: _remove_every_user(admin),
+        USER_CREATE_ROUNDS,
+        (MAX_USERS, "users", "--max-users"),
+    )
 
 
 def test_at_the_user_limit_a_new_password_passes_and_a_removal_frees_room(
