@@ -8,7 +8,9 @@ import random
 
 import pytest
 from tidelog_coordinator.acl_deletions import MATCH_SCANS_PER_REQUEST, Stored, claim
-from tidelog_server.acls import CLUSTER_NAME, OPERATIONS, AclBinding, AclFilter
+from tidelog_server.acls import CLUSTER_NAME, AclBinding, AclFilter
+
+from tests.support.acl_samples import random_binding
 
 SEEDS = range(12)
 NAMES = ["a", "ab", "abc", "AB", "b", "*", "any"]
@@ -29,21 +31,7 @@ def _scanned(bindings: list[Stored], filters: list[AclFilter]) -> dict[bytes, in
 
 
 def _random_binding(rng: random.Random) -> AclBinding:
-    resource_type = rng.choice(["topic", "topic", "group", "cluster"])
-    if resource_type == "cluster":
-        name, pattern = CLUSTER_NAME, "literal"
-    else:
-        name = rng.choice(NAMES)
-        pattern = "literal" if name == "*" else rng.choice(["literal", "prefixed"])
-    return AclBinding.checked(
-        resource_type,
-        name,
-        pattern,
-        rng.choice(PRINCIPALS),
-        rng.choice(HOSTS),
-        rng.choice(OPERATIONS),
-        rng.choice(["allow", "deny"]),
-    )
+    return random_binding(rng, names=NAMES, principals=PRINCIPALS, hosts=HOSTS)
 
 
 def _random_filter(rng: random.Random) -> AclFilter:

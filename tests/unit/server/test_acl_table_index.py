@@ -17,6 +17,8 @@ from tidelog_server.acls import (
     describe,
 )
 
+from tests.support.acl_samples import random_binding
+
 SEEDS = range(12)
 #: Small alphabets, so that random bindings and requests meet often.
 NAMES = ["a", "ab", "abc", "b", "ba", "*", "", "x"]
@@ -54,20 +56,12 @@ def _scanned(
 
 
 def _random_binding(rng: random.Random) -> AclBinding:
-    resource_type = rng.choice(["topic", "topic", "group", "cluster"])
-    if resource_type == "cluster":
-        name, pattern = CLUSTER_NAME, "literal"
-    else:
-        name = rng.choice([n for n in NAMES if n])
-        pattern = "literal" if name == "*" else rng.choice(["literal", "prefixed"])
-    return AclBinding.checked(
-        resource_type,
-        name,
-        pattern,
-        rng.choice(PRINCIPALS),
-        rng.choice(HOSTS),
-        rng.choice(OPERATIONS),
-        rng.choice(["allow", "allow", "deny"]),
+    return random_binding(
+        rng,
+        names=[n for n in NAMES if n],
+        principals=PRINCIPALS,
+        hosts=HOSTS,
+        permissions=("allow", "allow", "deny"),
     )
 
 
