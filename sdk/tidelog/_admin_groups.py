@@ -24,7 +24,7 @@ from tidelog._group_client import discover_coordinators
 from tidelog.config import AdminConfig, ConsumerConfig
 from tidelog.errors import CoordinatorNotAvailableError, error_from_code, error_from_rpc
 from tidelog.group import OffsetAndMetadata, OffsetStoreClient
-from tidelog.group._channels import CoordinatorChannels, is_unavailable
+from tidelog.group._channels import CoordinatorChannels, is_unavailable, unanswered
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 
@@ -99,7 +99,7 @@ class GroupAdmin:
             except grpc.aio.AioRpcError as exc:
                 if not is_unavailable(exc):
                     raise error_from_rpc(exc) from exc
-                last = exc
+                last = unanswered(exc, channels.address)
                 await channels.rotate()
                 await asyncio.sleep(0.1)
         raise CoordinatorNotAvailableError(f"no coordinator answered: {last}")

@@ -35,6 +35,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
     error_from_code,
     error_from_rpc,
+    is_server_cancelled,
 )
 from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2_grpc, cluster_pb2_grpc, log_pb2, log_pb2_grpc
@@ -50,18 +51,20 @@ def call_error(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:
     trailing: Any = exc.trailing_metadata() or ()
     if any(key == ERROR_CODE_METADATA_KEY for key, _ in trailing):
         return error_from_rpc(exc)
-    if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return error_from_rpc(exc)
-    if exc.code() == grpc.StatusCode.CANCELLED:
-        # Not ClosedError (what error_from_rpc makes of it): the client is
-        # open. gRPC cancels a call its server has no room to queue (past
-        # grpc.server.max_pending_requests calls waiting for the server's
-        # loop) and the calls of a server stopping; another try may pass.
-        return BrokerNotAvailableError(
-            f"{address}: the server cancelled the call before answering (too many calls "
-            "waiting for it, or it is stopping)"
-        )
+    if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
+        # CANCELLED: a call the server cancelled (tidelog.errors), retriable.
+        return error_from_rpc(exc, address=address)
     return BrokerNotAvailableError(f"{address}: {exc.code().name}: {exc.details()}")
+
+
+def _not_answered(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a Metadata call failed without an answer from its server, so
+    that another server may be asked: unreachable, too slow, or it
+    cancelled the call (too many calls waiting for it, or stopping)."""
+    return exc.code() in (
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+    ) or is_server_cancelled(exc)
 
 
 def channel_options(config: CommonConfig) -> list[tuple[str, int | str]]:
@@ -231,8 +234,8 @@ class Cluster:
             try:
                 response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
-                last_error = error_from_rpc(exc)
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                last_error = error_from_rpc(exc, address=address)
+                if _not_answered(exc):
                     continue
                 raise last_error from exc
             return self._snapshot_from(response, address).topics
@@ -264,8 +267,8 @@ class Cluster:
             try:
                 response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
-                last_error = error_from_rpc(exc)
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                last_error = error_from_rpc(exc, address=address)
+                if _not_answered(exc):
                     continue
                 raise last_error from exc
             self.snapshot = self._snapshot_from(response, address)

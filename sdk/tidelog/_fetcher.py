@@ -57,7 +57,7 @@ import grpc.aio
 
 from tidelog import _fetch_wire
 from tidelog._client_metrics import ConsumerMetrics
-from tidelog._connection import Cluster, TopicMetadata, call_error, no_such_partition
+from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
@@ -203,8 +203,8 @@ class FetchSession:
                 return
             error = (
                 BrokerNotAvailableError(f"fetch stream to {self.address}: {exc.details()}")
-                if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-                else error_from_rpc(exc)
+                if exc.code() == grpc.StatusCode.UNAVAILABLE
+                else error_from_rpc(exc, address=f"fetch stream to {self.address}")
             )
         except asyncio.CancelledError:
             if self.closed:
@@ -732,8 +732,7 @@ class Fetcher:
     ) -> log_pb2.ListOffsetsResponse:
         """One ListOffsets of (tp, timestamp) entries to the broker at
         `address`. A call the server cancelled raises a retriable
-        BrokerNotAvailableError saying so (`call_error`), not the ClosedError
-        of a closed client that error_from_rpc makes of CANCELLED."""
+        BrokerNotAvailableError saying so (error_from_rpc)."""
         request = log_pb2.ListOffsetsRequest(
             partitions=[
                 log_pb2.ListOffsetsPartition(
@@ -747,9 +746,7 @@ class Fetcher:
                 address
             ).ListOffsets(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
-            if exc.code() == grpc.StatusCode.CANCELLED:
-                raise call_error(exc, f"ListOffsets to {address}") from exc
-            raise error_from_rpc(exc) from exc
+            raise error_from_rpc(exc, address=f"ListOffsets to {address}") from exc
         return response
 
 

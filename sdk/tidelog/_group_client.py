@@ -97,7 +97,7 @@ async def discover_coordinators(cluster: Cluster, timeout_s: float) -> list[str]
                     f"{address} runs standalone (no --etcd), so it has no consumer groups: "
                     "use assign() and seek(), or run a cluster (`tidelog dev`)"
                 ) from None
-            last = error_from_rpc(exc)
+            last = error_from_rpc(exc, address=address)
             continue
         # A coordinator that names no host (a gateway that does not know the
         # address its clients use) is reached where this answer came from,

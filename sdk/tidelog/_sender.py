@@ -267,7 +267,7 @@ def _count(undelivered: dict[TopicPartition, int], result: BatchResult) -> None:
 
 def _stream_error(exc: grpc.aio.AioRpcError | Exception, address: str) -> TidelogError:
     if isinstance(exc, grpc.aio.AioRpcError):
-        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED):
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:
             return BrokerNotAvailableError(f"produce stream to {address}: {exc.details()}")
         return call_error(exc, f"produce stream to {address}")
     return BrokerNotAvailableError(f"produce stream to {address}: {exc}")

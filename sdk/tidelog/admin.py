@@ -199,7 +199,10 @@ class AsyncAdminClient(AsyncSecurityAdmin):
                 return await fn(self._cluster.admin_stub(address))
             except grpc.aio.AioRpcError as exc:
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise error_from_rpc(exc) from exc
+                    # A call the server cancelled is surfaced (retriable,
+                    # naming the address), not sent again: it may have been
+                    # carried out.
+                    raise error_from_rpc(exc, address=address) from exc
                 last = exc.details() or exc.code().name
         # The reason in one line (str() of an AioRpcError is gRPC's debug dump).
         raise BrokerNotAvailableError(
@@ -477,7 +480,7 @@ class AsyncAdminClient(AsyncSecurityAdmin):
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return await self._standalone_description()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    raise error_from_rpc(exc) from exc
+                    raise error_from_rpc(exc, address=address) from exc
                 last = exc.details() or exc.code().name
                 continue
             return ClusterDescription(

@@ -11,6 +11,17 @@ between the three; it is applied:
   in the `ERROR_CODE_METADATA_KEY` trailing metadata);
 - on the client side by `error_from_code(code, message)` for per-item errors
   and `error_from_rpc(rpc_error)` for failed calls.
+
+A call the server's side cancelled (`is_server_cancelled`) is not a closed
+client: grpc.aio raises asyncio.CancelledError, never an AioRpcError, for a
+call this process cancelled (its task cancelled, `call.cancel()`, its channel
+closed), so an AioRpcError CANCELLED comes from the other side. gRPC drops a
+call a grpc.aio server has not taken yet once more than
+`grpc.server.max_pending_requests` (1,000; all past 3,000) wait for the
+server's event loop, with details "CANCELLED" and nothing else. Such a call
+decodes to a retriable error (`server_cancelled_error`: BrokerNotAvailableError,
+or CoordinatorNotAvailableError for a coordinator) naming the address;
+ClosedError is raised only by a client that is closed.
 """
 
 from __future__ import annotations
@@ -448,7 +459,6 @@ _BY_STATUS: dict[grpc.StatusCode, type[TidelogError]] = {
     grpc.StatusCode.OUT_OF_RANGE: OffsetOutOfRangeError,
     grpc.StatusCode.DATA_LOSS: CorruptRecordError,
     grpc.StatusCode.ALREADY_EXISTS: TopicAlreadyExistsError,
-    grpc.StatusCode.CANCELLED: ClosedError,
     grpc.StatusCode.PERMISSION_DENIED: AuthorizationFailedError,
     grpc.StatusCode.UNAUTHENTICATED: SaslAuthenticationError,
 }
@@ -471,13 +481,55 @@ def error_from_code(code: int | str, message: str) -> TidelogError:
     return error_class_for_code(code)(message)
 
 
-def error_from_rpc(exc: grpc.RpcError) -> TidelogError:
-    """Turn a failed gRPC call into the typed exception the server meant."""
-    status = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
-    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+def _named_error_code(exc: grpc.RpcError) -> str | None:
+    """The ErrorCode name a Tidelog server put in the call's trailing metadata."""
     trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     for key, value in trailing or ():
         if key == ERROR_CODE_METADATA_KEY:
-            return error_class_for_code(str(value))(details)
+            return str(value)
+    return None
+
+
+def is_server_cancelled(exc: BaseException) -> bool:
+    """Whether `exc` is a call the server's side cancelled (see the module
+    doc): status CANCELLED without an error code a Tidelog server named."""
+    return (
+        isinstance(exc, grpc.RpcError)
+        and hasattr(exc, "code")
+        and exc.code() == grpc.StatusCode.CANCELLED
+        and _named_error_code(exc) is None
+    )
+
+
+def server_cancelled_error(
+    address: str, unavailable: type[TidelogError] = BrokerNotAvailableError
+) -> TidelogError:
+    """The retriable error of a call the server at `address` cancelled:
+    `unavailable` (BrokerNotAvailableError, or CoordinatorNotAvailableError
+    for a coordinator), saying what happened."""
+    where = f"{address}: " if address else ""
+    return unavailable(
+        f"{where}the server cancelled the call before answering (more calls waiting for it "
+        "than gRPC queues, or it is stopping); retry"
+    )
+
+
+def error_from_rpc(
+    exc: grpc.RpcError,
+    *,
+    address: str = "",
+    unavailable: type[TidelogError] = BrokerNotAvailableError,
+) -> TidelogError:
+    """Turn a failed gRPC call into the typed exception the server meant. A
+    call the server cancelled becomes `server_cancelled_error(address,
+    unavailable)`, retriable: `unavailable` says what the server at
+    `address` is (a broker unless told)."""
+    status = exc.code() if hasattr(exc, "code") else grpc.StatusCode.UNKNOWN
+    details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
+    code_name = _named_error_code(exc)
+    if code_name is not None:
+        return error_class_for_code(code_name)(details)
+    if status == grpc.StatusCode.CANCELLED:
+        return server_cancelled_error(address, unavailable)
     cls = _BY_STATUS.get(status, UnknownServerError)
     return cls(f"{status.name}: {details}" if cls is UnknownServerError else details)

@@ -17,6 +17,12 @@ from collections.abc import Awaitable, Callable, Sequence
 import grpc
 import grpc.aio
 
+from tidelog.errors import (
+    CoordinatorNotAvailableError,
+    TidelogError,
+    error_from_rpc,
+    is_server_cancelled,
+)
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
 log = logging.getLogger(__name__)
@@ -90,13 +96,19 @@ class CoordinatorChannels:
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether a call failed because its coordinator did not answer (try
-    another). CANCELLED counts: grpc.aio raises asyncio.CancelledError for a
-    call this process cancelled, so an AioRpcError CANCELLED comes from the
-    other side, a coordinator shutting down (SIGTERM) and cancelling the
-    calls still running after its grace period (seen in CI: a commit sent
-    over the unary call to a draining replica failed instead of moving on)."""
-    return isinstance(exc, grpc.aio.AioRpcError) and exc.code() in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-        grpc.StatusCode.CANCELLED,
-    )
+    another). A call the coordinator's side cancelled counts
+    (tidelog.errors.is_server_cancelled): one it had no room to queue, or
+    one still running when it shut down (SIGTERM) after its grace period
+    (seen in CI: a commit sent over the unary call to a draining replica
+    failed instead of moving on)."""
+    return (
+        isinstance(exc, grpc.aio.AioRpcError)
+        and exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    ) or is_server_cancelled(exc)
+
+
+def unanswered(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:
+    """What a coordinator call that `is_unavailable` failed with, for the
+    message of the CoordinatorNotAvailableError raised once no replica
+    answered (str() of an AioRpcError is gRPC's multi-line debug dump)."""
+    return error_from_rpc(exc, address=address, unavailable=CoordinatorNotAvailableError)

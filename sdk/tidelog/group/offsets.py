@@ -19,7 +19,7 @@ from typing import NamedTuple
 import grpc
 
 from tidelog.errors import CoordinatorNotAvailableError, error_from_code, error_from_rpc
-from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable
+from tidelog.group._channels import CoordinatorChannels, Rediscover, is_unavailable, unanswered
 from tidelog.group._commit_stream import CommitStream, StreamEnded
 from tidelog.security import PLAINTEXT, ChannelSecurity
 from tidelog.types import TopicPartition
@@ -136,7 +136,7 @@ class OffsetStoreClient:
             except grpc.aio.AioRpcError as exc:
                 if not is_unavailable(exc):
                     raise error_from_rpc(exc) from exc
-                last = exc
+                last = unanswered(exc, self._channels.address)
                 await self._fail_over(generation)
                 await self._pause(attempt)
         raise CoordinatorNotAvailableError(

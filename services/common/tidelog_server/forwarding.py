@@ -6,10 +6,12 @@ replica that answers.
   `close` when the service stops. A channel nobody closes keeps its sockets
   and its polling until the process ends.
 - `CoordinatorForwarding`: calls a coordinator replica through the pool,
-  trying the replicas in turn while they are UNAVAILABLE. Any other failure
-  is the coordinator's answer and is raised as is (the caller passes it on
-  unchanged); with no replica reachable, CoordinatorNotAvailableError
-  (retriable).
+  trying the replicas in turn while they are UNAVAILABLE or cancel the call
+  (tidelog.errors.is_server_cancelled: too many calls waiting for that
+  replica, or it is stopping). Any other failure is the coordinator's answer
+  and is raised as is (the caller passes it on unchanged); with no replica
+  answering, CoordinatorNotAvailableError (retriable) naming the last
+  failure.
 - `LOCAL_METADATA_KEY`: set on a DescribeTopics a service (a broker, the
   gateway) sends to a broker: "answer from your own logs" instead of
   forwarding the call again.
@@ -24,7 +26,11 @@ from typing import TypeVar
 
 import grpc
 import grpc.aio
-from tidelog.errors import CoordinatorNotAvailableError
+from tidelog.errors import (
+    CoordinatorNotAvailableError,
+    is_server_cancelled,
+    server_cancelled_error,
+)
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
 T = TypeVar("T")
@@ -65,7 +71,8 @@ class CoordinatorForwarding:
         self._addresses = addresses
 
     async def call(self, invoke: Callable[[grpc.aio.Channel], Awaitable[T]], what: str) -> T:
-        """`invoke(channel)` on the first replica that is not UNAVAILABLE.
+        """`invoke(channel)` on the first replica that answers (neither
+        UNAVAILABLE nor cancelled on its side).
 
         Raises that replica's AioRpcError when it fails otherwise, and
         CoordinatorNotAvailableError naming the last failure when none answers.
@@ -75,6 +82,9 @@ class CoordinatorForwarding:
             try:
                 return await invoke(self.pool.channel(address))
             except grpc.aio.AioRpcError as exc:
+                if is_server_cancelled(exc):
+                    last = server_cancelled_error(address).message
+                    continue
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise
                 last = f"{address}: {exc.details()}"

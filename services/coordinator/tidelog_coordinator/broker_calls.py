@@ -20,7 +20,7 @@ from typing import Any
 import aetcd
 import grpc
 import grpc.aio
-from tidelog.errors import NotLeaderOrFollowerError
+from tidelog.errors import NotLeaderOrFollowerError, error_from_rpc
 from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tidelog_server.etcd.keys import Keys
@@ -110,8 +110,12 @@ class BrokerCalls:
                     metadata=((LOCAL_METADATA_KEY, "1"),),
                 )
             except grpc.aio.AioRpcError as exc:
+                # Retriable whatever the status; error_from_rpc words a call
+                # the broker cancelled (too many calls waiting for it, or
+                # stopping), whose details say only "CANCELLED".
+                reason = error_from_rpc(exc).message
                 error = NotLeaderOrFollowerError(
-                    f"leader {leader} at {addresses[leader]} did not answer: {exc.details()}"
+                    f"leader {leader} at {addresses[leader]} did not answer: {reason}"
                 )
                 for i in indexes:
                     _set_error(results[i], common_pb2.NOT_LEADER_OR_FOLLOWER, error.message)

@@ -2,9 +2,10 @@
 coordinator replica.
 
 - Unary calls go to the live coordinator replicas (from the etcd view) in
-  turn while they are UNAVAILABLE; any other failure is passed back as the
+  turn while they are UNAVAILABLE or cancel the call on their side (too
+  many calls waiting, or stopping); any other failure is passed back as the
   coordinator said it (status, details, the `tidelog-error-code` trailer).
-  With none reachable the call ends with COORDINATOR_NOT_AVAILABLE.
+  With none answering the call ends with COORDINATOR_NOT_AVAILABLE.
 - Admin DescribeTopics is then completed with what only the leaders know
   (log offsets, sizes, segments), asked of each leader with the
   `tidelog-local` metadata key, as a broker completes it.
@@ -28,7 +29,12 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from tidelog.errors import ERROR_CODE_METADATA_KEY, CoordinatorNotAvailableError
+from tidelog.errors import (
+    ERROR_CODE_METADATA_KEY,
+    CoordinatorNotAvailableError,
+    is_server_cancelled,
+    server_cancelled_error,
+)
 from tidelog.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -70,6 +76,12 @@ class Forwarder:
             try:
                 return await invoke(address)
             except grpc.aio.AioRpcError as exc:
+                if is_server_cancelled(exc):
+                    # Too many calls waiting for that replica, or it is
+                    # stopping: not its answer (passed back, the client
+                    # read CANCELLED as its own client closed).
+                    last = server_cancelled_error(address).message
+                    continue
                 if exc.code() == grpc.StatusCode.UNAVAILABLE:
                     last = f"{address}: {exc.details()}"
                     continue
@@ -236,10 +248,13 @@ class GatewayGroupServicer:
                     answered = True
                     yield answer
             except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNAVAILABLE and not answered:
+                # A stream the coordinator's side cancelled (stopping, or
+                # too many calls waiting for it) is one that went away.
+                went_away = exc.code() == grpc.StatusCode.UNAVAILABLE or is_server_cancelled(exc)
+                if went_away and not answered:
                     last = f"{address}: {exc.details()}"
                     continue
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
+                if went_away:
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE,
                         f"the coordinator at {address} went away: re-attach",

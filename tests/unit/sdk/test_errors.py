@@ -77,3 +77,22 @@ def test_an_error_says_which_partition_it_is_about() -> None:
     assert (error.topic, error.partition) == (None, None)
     assert error.about("orders", 3) is error
     assert (error.topic, error.partition) == ("orders", 3)
+
+
+def test_a_call_the_server_cancelled_is_retriable_and_names_the_server() -> None:
+    """gRPC drops a call a grpc.aio server has no room to queue with
+    CANCELLED and details "CANCELLED": not a closed client (ClosedError, as
+    this decoded before), a server to ask again."""
+    rpc = _FakeRpcError(grpc.StatusCode.CANCELLED, "CANCELLED")
+    assert errors.is_server_cancelled(rpc)
+    exc = errors.error_from_rpc(rpc, address="127.0.0.1:9092")
+    assert type(exc) is errors.BrokerNotAvailableError and exc.retriable
+    assert exc.message.startswith("127.0.0.1:9092: the server cancelled the call")
+    coordinator = errors.error_from_rpc(rpc, unavailable=errors.CoordinatorNotAvailableError)
+    assert type(coordinator) is errors.CoordinatorNotAvailableError
+    # A code the server named wins over the status, as for every status.
+    named = _FakeRpcError(
+        grpc.StatusCode.CANCELLED, "x", ((errors.ERROR_CODE_METADATA_KEY, "INVALID_REQUEST"),)
+    )
+    assert not errors.is_server_cancelled(named)
+    assert type(errors.error_from_rpc(named)) is errors.InvalidRequestError

@@ -1,0 +1,126 @@
+"""Calls a server cancels are retriable errors naming it, not ClosedError:
+against in-process stand-ins over real gRPC on loopback whose handlers end
+the call with CANCELLED and details "CANCELLED", exactly what a client gets
+when gRPC drops a call its grpc.aio server has no room to queue (past
+grpc.server.max_pending_requests; tests/integration/test_sdk_server_cancelled.py
+makes a real broker drop calls).
+
+The SDK decoded every CANCELLED as ClosedError ("the client is closed"):
+an admin call raised it, and a Metadata refresh raised it at once instead
+of asking again."""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+
+import grpc
+import grpc.aio
+import pytest
+from tidelog import AsyncAdminClient, AsyncProducer
+from tidelog.errors import BrokerNotAvailableError, ClosedError
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
+
+from tests.support.in_process_server import serving
+
+pytestmark = pytest.mark.timeout(60)
+
+TOPIC = "t"
+#: Generous: the stand-ins answer at once; this only bounds a broken test.
+DEADLINE_S = 30
+
+
+async def cancel(context: grpc.aio.ServicerContext) -> None:
+    """End the call as gRPC ends one its server had no room to queue."""
+    await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+
+
+class CancellingAdmin(admin_pb2_grpc.AdminServicer):
+    """A broker that cancels every DescribeConfigs."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def DescribeConfigs(
+        self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeConfigsResponse:
+        self.calls += 1
+        await cancel(context)
+        raise AssertionError("abort returned")
+
+
+class MetadataCancelling(log_pb2_grpc.LogServicer):
+    """A broker that cancels the next `to_cancel` Metadata calls and answers
+    the others: TOPIC, 3 partitions it leads, once asked for it."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.to_cancel = 0
+        self.cancelled = 0
+
+    async def Metadata(
+        self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.MetadataResponse:
+        if self.to_cancel:
+            self.to_cancel -= 1
+            self.cancelled += 1
+            await cancel(context)
+        if TOPIC not in request.topics:
+            return log_pb2.MetadataResponse(
+                brokers=[log_pb2.BrokerInfo(broker_id=0, host="127.0.0.1", port=self.port)]
+            )
+        return log_pb2.MetadataResponse(
+            brokers=[log_pb2.BrokerInfo(broker_id=0, host="127.0.0.1", port=self.port)],
+            topics=[
+                log_pb2.TopicMetadata(
+                    name=TOPIC,
+                    partitions=[
+                        log_pb2.PartitionMetadata(partition=p, leader_id=0, replicas=[0], isr=[0])
+                        for p in range(3)
+                    ],
+                )
+            ],
+        )
+
+
+def test_an_admin_call_the_broker_cancelled_raises_a_retriable_error_naming_it() -> None:
+    async def scenario() -> None:
+        broker = CancellingAdmin()
+        async with serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, broker)) as address:
+            admin = AsyncAdminClient(address)
+            try:
+                async with asyncio.timeout(DEADLINE_S):
+                    with pytest.raises(BrokerNotAvailableError) as raised:
+                        await admin.describe_configs([TOPIC])
+                assert raised.value.retriable
+                assert raised.value.message.startswith(
+                    f"{address}: the server cancelled the call before answering"
+                )
+                # Surfaced, not sent again: the call may have been carried out.
+                assert broker.calls == 1
+            finally:
+                await admin.close()
+            # Our own client closed: ClosedError, and nothing is sent.
+            with pytest.raises(ClosedError):
+                await admin.describe_configs([TOPIC])
+            assert broker.calls == 1
+
+    asyncio.run(scenario())
+
+
+def test_metadata_the_broker_cancelled_is_asked_again() -> None:
+    async def scenario() -> None:
+        broker = MetadataCancelling()
+        async with serving(partial(log_pb2_grpc.add_LogServicer_to_server, broker)) as address:
+            broker.port = int(address.rsplit(":", 1)[1])
+            producer = AsyncProducer(address, retry_backoff_ms=20)
+            await producer.start()
+            try:
+                broker.to_cancel = 2
+                async with asyncio.timeout(DEADLINE_S):
+                    assert await producer.partitions_for(TOPIC) == {0, 1, 2}
+            finally:
+                await producer.stop()
+        assert (broker.to_cancel, broker.cancelled) == (0, 2)
+
+    asyncio.run(scenario())
