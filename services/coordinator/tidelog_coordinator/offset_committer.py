@@ -117,10 +117,10 @@ class OffsetCommitter:
     async def submit(self, compare: Any, puts: Sequence[tuple[bytes, bytes]]) -> bool:
         """Write `puts` if `compare` (an aetcd comparison, such as
         `client.transactions.mod(key) == revision`) holds, in the next
-        transaction; True when
-        written (and durable), False when the compare failed. Raises what the
-        transaction raised, or CoordinatorNotAvailableError when the queue is
-        full or the committer is closed."""
+        transaction; True when written (and durable), False when the compare
+        failed. Raises what the transaction raised, or
+        CoordinatorNotAvailableError when the queue is full or the committer
+        is closed."""
         if self._closed:
             raise CoordinatorNotAvailableError("the coordinator is shutting down: reconnect")
         if len(self._queue) >= self.queue_max:
