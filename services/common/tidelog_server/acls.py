@@ -343,6 +343,15 @@ class AclTable:
     def bindings(self) -> list[AclBinding]:
         return list(self._by_key.values())
 
+    def allows_everything(self, principal: str) -> bool:
+        """True when every decision for `principal` is "allowed", whatever
+        the operation and resource: a super user, or no binding at all with
+        allow_everyone_if_no_acl_found (the default of a cluster without
+        ACLs). Lets a caller skip listing what a request asks for."""
+        return principal in self.super_users or (
+            not self._by_key and self.allow_everyone_if_no_acl_found
+        )
+
     def authorize(
         self, principal: str, host: str, operation: str, resource_type: str, name: str
     ) -> Decision:

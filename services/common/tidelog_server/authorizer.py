@@ -95,6 +95,10 @@ class Rule:
     checks: Callable[[Any, dict[str, str]], list[Check]]
     listing: tuple[str, str, str] | None = None  # (response field, resource type, name field)
     quota: str = ""
+    #: `checks` keeps state across a stream's requests (`_consume`: the
+    #: group named once): it runs on every request even when no check can
+    #: be refused, so that the state is right once ACLs appear.
+    stateful: bool = False
 
 
 def _consume(request: Any, state: dict[str, str]) -> list[Check]:
@@ -140,7 +144,7 @@ RULES: dict[str, Rule] = {
     "/tidelog.v1.Records/Produce": Rule(
         lambda r, s: _topics((x.topic for x in r.records), "Write"), quota="produce"
     ),
-    "/tidelog.v1.Records/Consume": Rule(_consume, quota="fetch"),
+    "/tidelog.v1.Records/Consume": Rule(_consume, quota="fetch", stateful=True),
     # Admin (coordinator; forwarded by brokers and the gateway)
     "/tidelog.v1.Admin/CreateTopics": Rule(_create_topics),
     "/tidelog.v1.Admin/DeleteTopics": Rule(lambda r, s: _topics(r.names, "Delete")),
@@ -255,7 +259,7 @@ class Interceptor(grpc.aio.ServerInterceptor):
 
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 caller = await self._admit(context)
-                await self._check(caller, rule.checks(request, {}), context)
+                await self._check(self._refused(caller, rule, request, {}), context)
                 async for response in behavior(request, context):
                     yield response
 
@@ -305,14 +309,28 @@ class Interceptor(grpc.aio.ServerInterceptor):
             )
         return None
 
+    def _refused(
+        self, caller: Caller, rule: Rule, request: Any, state: dict[str, str]
+    ) -> AuthorizationFailedError | None:
+        """What `_denied` says of the checks of `request`. Without ACLs (or
+        for a super user) every check is allowed: the checks are then not
+        listed at all (a list per request and a decision per topic: 2-7% of
+        a coordinator's CPU under offset commits, py-spy), unless the rule
+        keeps state across a stream's requests."""
+        if self.security.acls.allows_everything(caller.principal):
+            if rule.stateful:
+                rule.checks(request, state)
+            return None
+        return self._denied(caller, rule.checks(request, state))
+
     def _may_create(self, caller: Caller, topic: str) -> bool:
         """Create on the topic, or on the cluster (which covers every topic)."""
         return self._denied(caller, [("Create", "topic", topic)]) is None
 
     async def _check(
-        self, caller: Caller, checks: list[Check], context: grpc.aio.ServicerContext
+        self, denied: AuthorizationFailedError | None, context: grpc.aio.ServicerContext
     ) -> None:
-        denied = self._denied(caller, checks)
+        """End the call with `denied`, if any."""
         if denied is not None:
             log.info("denied: %s", denied.message)
             await _abort(context, denied)
@@ -363,7 +381,7 @@ class Interceptor(grpc.aio.ServerInterceptor):
     def _unary(self, behavior: Callable[..., Awaitable[Any]], rule: Rule) -> Callable[..., Any]:
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
             caller = await self._admit(context)
-            await self._check(caller, rule.checks(request, {}), context)
+            await self._check(self._refused(caller, rule, request, {}), context)
             if self._metered(caller):
                 throttle_ms = self._throttle_ms(caller, REQUEST_RATE, 1)
                 if throttle_ms:
@@ -417,7 +435,7 @@ class Interceptor(grpc.aio.ServerInterceptor):
 
                 async def checked() -> AsyncIterator[Any]:
                     async for request in request_iterator:
-                        error = self._denied(caller, rule.checks(request, state))
+                        error = self._refused(caller, rule, request, state)
                         if error is not None:
                             log.info("denied: %s", error.message)
                             denied.append(error)

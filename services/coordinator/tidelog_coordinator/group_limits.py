@@ -20,8 +20,9 @@ from collections.abc import Collection, Sized
 
 import re2
 from tidelog.errors import InvalidRequestError
-from tidelog.names import validate_topic_name
 from tidelog.v1 import common_pb2, group_pb2
+
+from tidelog_coordinator.topic_names import validate_topic_name_cached
 
 GROUP_ID_MAX_CHARS = 249
 #: Member ids are uuid4 hex (32 characters); 64 leaves room and no more.
@@ -79,7 +80,7 @@ def check_partitions(field: str, tps: Collection[common_pb2.TopicPartition]) -> 
 def _check_topic(field: str, topic: str) -> None:
     # validate_topic_name's message would repeat a long name: bound it first.
     check_chars(f"a topic name in {field}", topic, 249)
-    validate_topic_name(topic)
+    validate_topic_name_cached(topic)
 
 
 @functools.lru_cache(maxsize=1024)

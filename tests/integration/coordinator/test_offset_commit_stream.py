@@ -23,9 +23,10 @@ from tidelog.errors import (
     GroupAuthorizationFailedError,
     IllegalGenerationError,
     InvalidRequestError,
+    TopicAuthorizationFailedError,
     UnknownMemberIdError,
 )
-from tidelog.group import GroupMembership
+from tidelog.group import GroupMembership, OffsetStoreClient
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, group_pb2, group_pb2_grpc
 from tidelog_coordinator.group_limits import PARTITIONS_MAX
@@ -320,6 +321,64 @@ def test_each_request_is_authorized_as_a_commit_and_a_denied_one_ends_the_stream
                 await client.commit("denied", {T0: 6}, **credentials(member))
             await client.commit("allowed", {T0: 7}, **credentials(member))
             assert (await client.fetch("allowed", [T0]))[T0].offset == 7
+
+    asyncio.run(run())
+
+
+def test_without_acls_commits_pass_until_an_acl_refuses_them(
+    etcd: EtcdProcess, prefix: str, coordinators: StartCoordinator
+) -> None:
+    """The default: no ACL, --allow-everyone-if-no-acl-found true (the
+    coordinator then lists no checks per commit). A deny binding added
+    while it runs (Read on topic "t" for User:ANONYMOUS) refuses unary and
+    streamed commits, TOPIC_AUTHORIZATION_FAILED; once removed, commits
+    pass again."""
+    coordinator = coordinators()
+    deny = AclBinding.checked("topic", "t", "literal", "User:ANONYMOUS", "*", "Read", "deny")
+    key = Keys(prefix).acl(deny.binding_id)
+
+    async def until(
+        commits: bool, client: OffsetStoreClient, member: GroupMembership, offset: int
+    ) -> None:
+        """Commit until the outcome is `commits` (the ACL arrives by watch)."""
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    await client.commit("g", {T0: offset}, **credentials(member))
+                    if commits:
+                        return
+                except TopicAuthorizationFailedError as exc:
+                    assert "Read topic 't'" in exc.message
+                    if not commits:
+                        return
+                await asyncio.sleep(0.1)
+
+    async def streamed(member: GroupMembership, offset: int) -> group_pb2.CommitOffsetsStreamAnswer:
+        async with grpc.aio.insecure_channel(coordinator.address) as channel:
+            stream = RawStream(channel)
+            stream.send(1, _commit(member, offset))
+            return await stream.answer()
+
+    async def run() -> None:
+        await _setup(etcd, prefix, coordinator.address)
+        async with (
+            joined_member(coordinator.address, PARTITIONS, "g") as member,
+            offset_client(coordinator.address) as client,
+            etcd_client(etcd.endpoint) as etcd_kv,
+        ):
+            assert not (await streamed(member, 1)).HasField("error")
+            await client.commit("g", {T0: 2}, **credentials(member))
+            await etcd_kv.put(key, deny.encode())
+            await until(False, client, member, 3)
+            with pytest.raises(grpc.aio.AioRpcError) as denied:
+                await streamed(member, 4)
+            assert denied.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "Read topic 't'" in (denied.value.details() or "")
+            # (FetchOffsets needs Describe on "t": no ACL allows it while one names "t".)
+            await etcd_kv.delete(key)
+            await until(True, client, member, 5)
+            assert not (await streamed(member, 6)).HasField("error")
+            assert (await client.fetch("g", [T0]))[T0].offset == 6
 
     asyncio.run(run())
 

@@ -20,7 +20,12 @@ from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.group_coordinator import GroupCoordinator
 from tidelog_coordinator.group_limits import OFFSET_MAX, OFFSET_METADATA_MAX_BYTES
 from tidelog_coordinator.group_state import MemberRecord, new_member_token
-from tidelog_coordinator.offset_store import OffsetEntry, OffsetStore, validate_entries
+from tidelog_coordinator.offset_store import (
+    OffsetEntry,
+    OffsetStore,
+    offset_value,
+    validate_entries,
+)
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 
@@ -141,3 +146,27 @@ def test_a_commit_is_fenced_by_the_members_key_token_and_epoch(
             await client.close()
 
     asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("offset", "metadata", "commit_time_ms"),
+    [
+        (0, "", 0),
+        (OFFSET_MAX, "x" * OFFSET_METADATA_MAX_BYTES, 1_700_000_000_000),
+        (42, 'quote " backslash \\ slash / newline \n tab \t nul \0 del \x7f', 5),
+        (7, "é 中文 emoji \U0001f600 lone surrogate \ud800", 9),
+    ],
+)
+def test_an_offsets_value_is_the_bytes_json_wrote(
+    offset: int, metadata: str, commit_time_ms: int
+) -> None:
+    written = json.dumps(
+        {"offset": offset, "metadata": metadata, "commit_time_ms": commit_time_ms},
+        separators=(",", ":"),
+    ).encode()
+    assert offset_value(offset, metadata, commit_time_ms) == written
+    assert json.loads(offset_value(offset, metadata, commit_time_ms)) == {
+        "offset": offset,
+        "metadata": metadata,
+        "commit_time_ms": commit_time_ms,
+    }

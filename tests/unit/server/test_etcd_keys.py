@@ -22,6 +22,21 @@ def test_partition_state_keys_parse_back(prefix: str, topic: str, p: int) -> Non
     assert key.startswith(keys.partition_states(topic))
 
 
+@given(
+    prefix=st.sampled_from(["/tidelog", "/t1-x", "/a/b"]),
+    group=st.text(min_size=1, max_size=30),
+    tps=st.lists(st.tuples(topics, st.integers(0, 10**6)), max_size=5),
+)
+def test_a_commits_offset_keys_are_each_partitions_offset_key(
+    prefix: str, group: str, tps: list[tuple[str, int]]
+) -> None:
+    keys = Keys(prefix)
+    wanted = [TopicPartition(t, p) for t, p in tps]
+    assert keys.offset_keys(group, wanted) == [keys.offset(group, tp) for tp in wanted]
+    for key, tp in zip(keys.offset_keys(group, wanted), wanted, strict=True):
+        assert keys.parse_offset_key(key) == (group, tp)
+
+
 def test_other_keys_under_partitions_are_not_states() -> None:
     keys = Keys("/tidelog")
     for key in (

@@ -511,6 +511,20 @@ class EtcdClient(aetcd.Client):
 
         return await self.call(once, repeatable=True)
 
+    async def raw_txn(self, request: Any) -> Any:
+        """A transaction given as etcd's own `TxnRequest` (the TxnResponse),
+        with the fail-over and the errors of `transaction` (a write: not
+        retried on another member once it may have been sent)."""
+
+        async def once() -> Any:
+            try:
+                await self.connect()
+                return await self.kvstub.Txn(request, timeout=self._timeout, metadata=self.metadata)
+            except aetcd.rpc.AioRpcError as exc:
+                aetcd.exceptions._handle_exception(exc)
+
+        return await self.call(once, repeatable=False)
+
     async def refresh_lease(self, lease_id: int, timeout: float | None = None) -> Any:
         """One lease keep-alive, answered within `timeout` (default: the call
         timeout): a session passes less than its TTL, so that a member that
@@ -591,6 +605,22 @@ async def raw_kv(client: aetcd.Client, method: str, request: Any) -> Any:
     await client.connect()
     stub_call = getattr(client.kvstub, method)
     return await stub_call(request, timeout=ETCD_CALL_TIMEOUT_S, metadata=client.metadata)
+
+
+async def raw_txn(client: aetcd.Client, request: Any) -> Any:
+    """A transaction given as etcd's `TxnRequest` (the TxnResponse): with
+    fail-over on an `EtcdClient`. For hot paths that build the request
+    themselves: aetcd's `transaction` rebuilds every operation from its own
+    op objects on each call."""
+    if isinstance(client, EtcdClient):
+        return await client.raw_txn(request)
+    try:
+        await client.connect()
+        return await client.kvstub.Txn(
+            request, timeout=ETCD_CALL_TIMEOUT_S, metadata=client.metadata
+        )
+    except aetcd.rpc.AioRpcError as exc:
+        aetcd.exceptions._handle_exception(exc)
 
 
 def _wrap(name: str, repeatable: bool) -> Callable[..., Any]:

@@ -50,6 +50,7 @@ instance finds its old key) and `m-<member id>` otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from urllib.parse import quote, unquote
 
 from tidelog.types import TopicPartition
@@ -135,6 +136,12 @@ class Keys:
 
     def offset(self, group_id: str, tp: TopicPartition) -> bytes:
         return self._k("offsets", _q(group_id), tp.topic, str(tp.partition))
+
+    def offset_keys(self, group_id: str, tps: Iterable[TopicPartition]) -> list[bytes]:
+        """`offset(group_id, tp)` of each of `tps` (a commit's keys: the
+        group's part quoted once, not once per partition)."""
+        group = "/".join((self.prefix, "offsets", _q(group_id), ""))
+        return [f"{group}{tp.topic}/{tp.partition}".encode() for tp in tps]
 
     # Idempotent producers
     @property
