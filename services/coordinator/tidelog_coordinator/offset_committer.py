@@ -55,7 +55,7 @@ from typing import Any
 import aetcd
 from aetcd import rpc
 from tidelog.errors import CoordinatorNotAvailableError
-from tidelog_server.etcd.client import raw_txn
+from tidelog_server.etcd.client import raw_kv
 
 log = logging.getLogger("tidelog.coordinator.offsets")
 
@@ -256,7 +256,7 @@ class OffsetCommitter:
         request = rpc.TxnRequest()
         for commit in batch:
             self._add_nested(request, commit, commit.chunks)
-        responses = (await raw_txn(self.client, request)).responses
+        responses = (await raw_kv(self.client, "Txn", request, write=True)).responses
         self.transactions += 1
         self.commits += len(batch)
         results = []
@@ -282,7 +282,7 @@ class OffsetCommitter:
         for i in range(0, len(commit.chunks), per_txn):
             request = rpc.TxnRequest()
             self._add_nested(request, commit, commit.chunks[i : i + per_txn])
-            responses = (await raw_txn(self.client, request)).responses
+            responses = (await raw_kv(self.client, "Txn", request, write=True)).responses
             self.transactions += 1
             if not responses[0].response_txn.succeeded:
                 return False

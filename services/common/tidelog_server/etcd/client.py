@@ -500,30 +500,27 @@ class EtcdClient(aetcd.Client):
         text = _details(exc).strip()
         return f"etcd at {self.endpoint} refused {self.etcd_user()}: {text}"
 
-    async def raw_kv(self, method: str, request: Any, timeout: float = ETCD_CALL_TIMEOUT_S) -> Any:
-        """A read-only call on the raw KV stub (for requests aetcd cannot
-        spell: limits, sort orders, revision bounds), with fail-over."""
+    async def raw_kv(
+        self,
+        method: str,
+        request: Any,
+        timeout: float = ETCD_CALL_TIMEOUT_S,
+        *,
+        write: bool = False,
+    ) -> Any:
+        """A call on the raw KV stub, with fail-over: for requests aetcd
+        cannot spell (limits, sort orders, revision bounds), and for hot
+        paths that build etcd's request themselves (aetcd's `transaction`
+        rebuilds every operation from its own op objects on each call). A
+        `write` is not sent to another member once it may have been sent.
+        Errors are grpc.aio.AioRpcError, which is_unavailable judges."""
 
         async def once() -> Any:
             await self.connect()
             stub_call = getattr(self.kvstub, method)
             return await stub_call(request, timeout=timeout, metadata=self.metadata)
 
-        return await self.call(once, repeatable=True)
-
-    async def raw_txn(self, request: Any) -> Any:
-        """A transaction given as etcd's own `TxnRequest` (the TxnResponse),
-        with the fail-over and the errors of `transaction` (a write: not
-        retried on another member once it may have been sent)."""
-
-        async def once() -> Any:
-            try:
-                await self.connect()
-                return await self.kvstub.Txn(request, timeout=self._timeout, metadata=self.metadata)
-            except aetcd.rpc.AioRpcError as exc:
-                aetcd.exceptions._handle_exception(exc)
-
-        return await self.call(once, repeatable=False)
+        return await self.call(once, repeatable=not write)
 
     async def refresh_lease(self, lease_id: int, timeout: float | None = None) -> Any:
         """One lease keep-alive, answered within `timeout` (default: the call
@@ -598,29 +595,13 @@ async def check_access(client: EtcdClient, prefix: str) -> None:
         await asyncio.sleep(_ACCESS_RETRY_S)
 
 
-async def raw_kv(client: aetcd.Client, method: str, request: Any) -> Any:
-    """A read-only raw KV call: with fail-over on an `EtcdClient`."""
+async def raw_kv(client: aetcd.Client, method: str, request: Any, *, write: bool = False) -> Any:
+    """A raw KV call (`EtcdClient.raw_kv`): with fail-over on an `EtcdClient`."""
     if isinstance(client, EtcdClient):
-        return await client.raw_kv(method, request)
+        return await client.raw_kv(method, request, write=write)
     await client.connect()
     stub_call = getattr(client.kvstub, method)
     return await stub_call(request, timeout=ETCD_CALL_TIMEOUT_S, metadata=client.metadata)
-
-
-async def raw_txn(client: aetcd.Client, request: Any) -> Any:
-    """A transaction given as etcd's `TxnRequest` (the TxnResponse): with
-    fail-over on an `EtcdClient`. For hot paths that build the request
-    themselves: aetcd's `transaction` rebuilds every operation from its own
-    op objects on each call."""
-    if isinstance(client, EtcdClient):
-        return await client.raw_txn(request)
-    try:
-        await client.connect()
-        return await client.kvstub.Txn(
-            request, timeout=ETCD_CALL_TIMEOUT_S, metadata=client.metadata
-        )
-    except aetcd.rpc.AioRpcError as exc:
-        aetcd.exceptions._handle_exception(exc)
 
 
 def _wrap(name: str, repeatable: bool) -> Callable[..., Any]:
