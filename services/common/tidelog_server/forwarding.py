@@ -62,6 +62,18 @@ class ChannelPool:
             await channel.close(None)
 
 
+def unanswered(exc: grpc.aio.AioRpcError, address: str) -> str | None:
+    """Why the replica at `address` gave no answer of its own, so that
+    another may be asked: it was UNAVAILABLE, or the call was cancelled on
+    its side (tidelog.errors.is_server_cancelled: too many calls waiting for
+    it, or it is stopping). None when `exc` is the replica's answer."""
+    if is_server_cancelled(exc):
+        return server_cancelled_error(address).message
+    if exc.code() == grpc.StatusCode.UNAVAILABLE:
+        return f"{address}: {exc.details()}"
+    return None
+
+
 class CoordinatorForwarding:
     """Calls to coordinator replicas over a shared ChannelPool."""
 
@@ -82,10 +94,8 @@ class CoordinatorForwarding:
             try:
                 return await invoke(self.pool.channel(address))
             except grpc.aio.AioRpcError as exc:
-                if is_server_cancelled(exc):
-                    last = server_cancelled_error(address).message
-                    continue
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
+                reason = unanswered(exc, address)
+                if reason is None:
                     raise
-                last = f"{address}: {exc.details()}"
+                last = reason
         raise CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}")

@@ -29,12 +29,7 @@ from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from tidelog.errors import (
-    ERROR_CODE_METADATA_KEY,
-    CoordinatorNotAvailableError,
-    is_server_cancelled,
-    server_cancelled_error,
-)
+from tidelog.errors import ERROR_CODE_METADATA_KEY, CoordinatorNotAvailableError
 from tidelog.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -44,7 +39,7 @@ from tidelog.v1 import (
     group_pb2_grpc,
     log_pb2,
 )
-from tidelog_server.forwarding import LOCAL_METADATA_KEY
+from tidelog_server.forwarding import LOCAL_METADATA_KEY, unanswered
 from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
@@ -76,14 +71,9 @@ class Forwarder:
             try:
                 return await invoke(address)
             except grpc.aio.AioRpcError as exc:
-                if is_server_cancelled(exc):
-                    # Too many calls waiting for that replica, or it is
-                    # stopping: not its answer (passed back, the client
-                    # read CANCELLED as its own client closed).
-                    last = server_cancelled_error(address).message
-                    continue
-                if exc.code() == grpc.StatusCode.UNAVAILABLE:
-                    last = f"{address}: {exc.details()}"
+                reason = unanswered(exc, address)
+                if reason is not None:
+                    last = reason
                     continue
                 await pass_back(context, exc)
         await abort(
@@ -250,11 +240,11 @@ class GatewayGroupServicer:
             except grpc.aio.AioRpcError as exc:
                 # A stream the coordinator's side cancelled (stopping, or
                 # too many calls waiting for it) is one that went away.
-                went_away = exc.code() == grpc.StatusCode.UNAVAILABLE or is_server_cancelled(exc)
-                if went_away and not answered:
-                    last = f"{address}: {exc.details()}"
+                reason = unanswered(exc, address)
+                if reason is not None and not answered:
+                    last = reason
                     continue
-                if went_away:
+                if reason is not None:
                     await context.abort(
                         grpc.StatusCode.UNAVAILABLE,
                         f"the coordinator at {address} went away: re-attach",
