@@ -155,6 +155,11 @@ class AclBinding:
         return self.permission == "allow" and self.operation in _IMPLIES.get(operation, ())
 
 
+def names_a_value(field: str) -> bool:
+    """Whether an AclFilter field names a value: "" and "any" match every one."""
+    return field not in ("", "any")
+
+
 @dataclass(frozen=True, slots=True)
 class AclFilter:
     """Matches bindings; an empty field (or "any") matches every value.
@@ -170,7 +175,7 @@ class AclFilter:
 
     def matches(self, binding: AclBinding) -> bool:
         def eq(wanted: str, value: str) -> bool:
-            return wanted in ("", "any") or wanted.lower() == value.lower()
+            return not names_a_value(wanted) or wanted.lower() == value.lower()
 
         if not (
             eq(self.resource_type, binding.resource_type)

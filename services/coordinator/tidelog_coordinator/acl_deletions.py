@@ -34,7 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from tidelog.errors import InvalidRequestError
-from tidelog_server.acls import AclBinding, AclFilter, PatternIndex
+from tidelog_server.acls import AclBinding, AclFilter, PatternIndex, names_a_value
 
 #: What one DeleteAcls's filters may be matched against, in multiples of the
 #: bindings stored: ten filters that each match against every binding (at the
@@ -43,11 +43,6 @@ MATCH_SCANS_PER_REQUEST = 10
 
 #: (etcd key, binding) as read from etcd.
 Stored = tuple[bytes, AclBinding]
-
-
-def _named(value: str) -> bool:
-    """Whether a filter field names a value (AclFilter: "" and "any" match all)."""
-    return value not in ("", "any")
 
 
 @dataclass(slots=True)
@@ -78,9 +73,9 @@ class _Candidates:
             count = sum(index.count_matching(name) for index in indexes)
             return count, _applying(indexes, name)
         choices: list[list[Stored]] = []
-        if _named(wanted.resource_name):
+        if names_a_value(wanted.resource_name):
             choices.append(self._names().get(wanted.resource_name.lower(), []))
-        if _named(wanted.principal):
+        if names_a_value(wanted.principal):
             choices.append(self._principals().get(wanted.principal.lower(), []))
         chosen = min(choices, key=len) if choices else self._bindings
         return len(chosen), chosen
@@ -112,7 +107,7 @@ class _Candidates:
         return [
             index
             for stored_type, index in self._by_type.items()
-            if not _named(resource_type) or resource_type.lower() == stored_type.lower()
+            if not names_a_value(resource_type) or resource_type.lower() == stored_type.lower()
         ]
 
 
