@@ -14,14 +14,12 @@ The SDK raised ClosedError ("the client is closed") for every dropped call."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from tidelog import AsyncAdminClient, NewTopic
 from tidelog.errors import BrokerNotAvailableError, ClosedError
 
-from tests.support.processes import BrokerProcess, start_broker
+from tests.support.processes import BrokerProcess
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -30,15 +28,6 @@ CALLS = 5000
 TOPIC = "t"
 #: Generous: the whole flood took ~3 s here.
 FLOOD_TIMEOUT_S = 120
-
-
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    process = start_broker(tmp_path / "data")
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def test_calls_the_broker_dropped_are_retriable_and_say_so(broker: BrokerProcess) -> None:

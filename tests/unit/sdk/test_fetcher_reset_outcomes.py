@@ -22,7 +22,7 @@ from tidelog import AsyncConsumer, TopicPartition
 from tidelog.errors import TopicAuthorizationFailedError
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 
-from tests.support.in_process_server import serving
+from tests.support.in_process_server import drop_call, led_by_one_broker, serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -52,25 +52,14 @@ class CancellingFirstBroker(log_pb2_grpc.LogServicer):
     async def Metadata(
         self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
     ) -> log_pb2.MetadataResponse:
-        return log_pb2.MetadataResponse(
-            brokers=[log_pb2.BrokerInfo(broker_id=0, host="127.0.0.1", port=self.port)],
-            topics=[
-                log_pb2.TopicMetadata(
-                    name=TOPIC,
-                    partitions=[
-                        log_pb2.PartitionMetadata(partition=p, leader_id=0, replicas=[0], isr=[0])
-                        for p in range(PARTITIONS)
-                    ],
-                )
-            ],
-        )
+        return led_by_one_broker(self.port, {TOPIC: PARTITIONS})
 
     async def ListOffsets(
         self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> log_pb2.ListOffsetsResponse:
         self.requests.append([entry.partition for entry in request.partitions])
         if len(self.requests) == 1:
-            await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+            await drop_call(context)
         results = []
         for entry in request.partitions:
             result = log_pb2.ListOffsetsResult(topic=entry.topic, partition=entry.partition)

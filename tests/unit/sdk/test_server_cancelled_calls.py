@@ -21,18 +21,13 @@ from tidelog import AsyncAdminClient, AsyncProducer
 from tidelog.errors import BrokerNotAvailableError, ClosedError
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
 
-from tests.support.in_process_server import serving
+from tests.support.in_process_server import drop_call, led_by_one_broker, serving
 
 pytestmark = pytest.mark.timeout(60)
 
 TOPIC = "t"
 #: Generous: the stand-ins answer at once; this only bounds a broken test.
 DEADLINE_S = 30
-
-
-async def cancel(context: grpc.aio.ServicerContext) -> None:
-    """End the call as gRPC ends one its server had no room to queue."""
-    await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
 
 
 class CancellingAdmin(admin_pb2_grpc.AdminServicer):
@@ -45,7 +40,7 @@ class CancellingAdmin(admin_pb2_grpc.AdminServicer):
         self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeConfigsResponse:
         self.calls += 1
-        await cancel(context)
+        await drop_call(context)
         raise AssertionError("abort returned")
 
 
@@ -64,23 +59,8 @@ class MetadataCancelling(log_pb2_grpc.LogServicer):
         if self.to_cancel:
             self.to_cancel -= 1
             self.cancelled += 1
-            await cancel(context)
-        if TOPIC not in request.topics:
-            return log_pb2.MetadataResponse(
-                brokers=[log_pb2.BrokerInfo(broker_id=0, host="127.0.0.1", port=self.port)]
-            )
-        return log_pb2.MetadataResponse(
-            brokers=[log_pb2.BrokerInfo(broker_id=0, host="127.0.0.1", port=self.port)],
-            topics=[
-                log_pb2.TopicMetadata(
-                    name=TOPIC,
-                    partitions=[
-                        log_pb2.PartitionMetadata(partition=p, leader_id=0, replicas=[0], isr=[0])
-                        for p in range(3)
-                    ],
-                )
-            ],
-        )
+            await drop_call(context)
+        return led_by_one_broker(self.port, {TOPIC: 3} if TOPIC in request.topics else {})
 
 
 def test_an_admin_call_the_broker_cancelled_raises_a_retriable_error_naming_it() -> None:

@@ -20,7 +20,7 @@ from tidelog.errors import CoordinatorNotAvailableError
 from tidelog.v1 import admin_pb2, admin_pb2_grpc
 from tidelog_server.forwarding import ChannelPool, CoordinatorForwarding
 
-from tests.support.in_process_server import serving
+from tests.support.in_process_server import drop_call, serving
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -42,7 +42,7 @@ class Replica(admin_pb2_grpc.AdminServicer):
     ) -> admin_pb2.DescribeConfigsResponse:
         self.calls += 1
         if self.cancels:
-            await context.abort(grpc.StatusCode.CANCELLED, "CANCELLED")
+            await drop_call(context)
         return admin_pb2.DescribeConfigsResponse(topics=[admin_pb2.TopicConfigs(name=self.name)])
 
 
