@@ -25,6 +25,19 @@ loop of the others (a slow callback delays them) and may not make blocking
 calls of any client sharing it (RuntimeError, as for their own producer).
 `shared_loop_thread=False` gives a client a private loop thread.
 
+A loop with one user may be lent to the caller's thread (`lend`,
+`give_back`): a Consumer alone on its loop runs the loop in the thread
+that waits in poll() (`tidelog._poll_wait`), as Kafka's consumer does its
+network I/O inside poll(). A fetched answer then wakes the polling thread
+directly (gRPC's poller, then the caller) instead of the loop thread and
+then the caller: one thread hand-off less per answer, the one the consumer
+process's end-to-end latency paid for (`e2e_latency_10k_2proc`). Between
+two polls less than LINGER_S apart the loop stays with the caller, unrun,
+so a consumer polling in a loop never hands it over; past that the loop's
+thread takes it back (heartbeats, auto-commit and the fetch streams go on
+while the application works). Blocking calls made meanwhile (commit(),
+position()) run in the caller too, rather than wait for it.
+
 Thread-safe: every method may be called from any thread.
 """
 
@@ -34,6 +47,7 @@ import asyncio
 import concurrent.futures
 import os
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -42,12 +56,27 @@ from tidelog.errors import ClosedError, TidelogTimeoutError
 T = TypeVar("T")
 
 
+#: How long a loop lent to a waiting caller stays with it after the wait, when
+#: that caller is the loop's only user (see `LoopThread.lend`): a consumer
+#: polling in a loop is back within this, and so never hands the loop over.
+LINGER_S = 0.005
+
+
 class LoopThread:
-    """A daemon thread running one asyncio event loop."""
+    """A daemon thread running one asyncio event loop, which it may lend to
+    a caller's thread for a while (`lend`/`give_back`): whoever holds the
+    loop runs it, never two threads at once."""
 
     def __init__(self, name: str) -> None:
         self._loop = asyncio.new_event_loop()
         self._closed = False
+        # Guards the loop's holder: the fields below change under it, and the
+        # thread waits on it for the loop to come back.
+        self._holder = threading.Condition(threading.Lock())
+        self._running_here = False  # the thread is inside run_forever
+        self._lent_to: int | None = None  # ident of the thread the loop is lent to
+        self._linger_until = 0.0  # monotonic time the last lender keeps the loop until
+        self._users = 1  # clients using this loop (set by _SharedLoop)
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self._started = threading.Event()
         self._thread.start()
@@ -58,21 +87,92 @@ class LoopThread:
         return self._loop
 
     def in_loop_thread(self) -> bool:
-        return threading.current_thread() is self._thread
+        """Whether the calling thread is running this loop now: its own
+        thread, or a caller it is lent to, inside a callback."""
+        return asyncio._get_running_loop() is self._loop
 
     def _main(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.call_soon(self._started.set)
         try:
-            self._loop.run_forever()
+            while self._take_back():
+                self._loop.run_forever()
+                with self._holder:
+                    self._running_here = False
+                    self._holder.notify_all()
         finally:
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
+
+    def _take_back(self) -> bool:
+        """Wait until this thread may run the loop: not lent, and no sole
+        lender lingering. False once the loop is closed (and not lent)."""
+        with self._holder:
+            while True:
+                if self._lent_to is None:
+                    if self._closed:
+                        return False
+                    wait = self._linger_until - time.monotonic() if self._users == 1 else 0.0
+                    if wait <= 0:
+                        self._running_here = True
+                        return True
+                    self._holder.wait(wait)
+                else:
+                    # Woken by give_back() only when it does not linger: check
+                    # again after at most a linger.
+                    self._holder.wait(LINGER_S)
+
+    def lend(self, only_if_idle: bool = False) -> bool:
+        """Take the loop into the calling thread, to run it there (with
+        `run_until_complete`) until `give_back()`. False, and nothing taken,
+        when it cannot be: closed, lent to another thread, used by more than
+        one client (the others' work would wait on this caller), or the
+        calling thread runs an event loop already; with `only_if_idle`, also
+        when the loop's thread is running it now (rather than stop it)."""
+        if asyncio._get_running_loop() is not None:
+            return False
+        with self._holder:
+            if self._closed or self._lent_to is not None or self._users != 1:
+                return False
+            if self._running_here:
+                if only_if_idle:
+                    return False
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._lent_to = threading.get_ident()
+                while self._running_here:
+                    self._holder.wait()
+            else:
+                self._lent_to = threading.get_ident()
+        return True
+
+    def give_back(self, linger: bool = False) -> None:
+        """End a `lend()`. With `linger`, the loop's thread leaves it unrun
+        for LINGER_S while this is the loop's only user, so that a caller
+        lending it again within that time (the next poll) takes it without
+        a hand-over."""
+        with self._holder:
+            self._lent_to = None
+            if linger and self._users == 1 and not self._closed:
+                self._linger_until = time.monotonic() + LINGER_S
+            else:
+                self._linger_until = 0.0
+                self._holder.notify_all()
+
+    def set_users(self, users: int) -> None:
+        """How many clients use the loop: a loop with other users is never
+        left unrun for a lender's linger."""
+        with self._holder:
+            self._users = users
+            if users != 1:
+                self._linger_until = 0.0
+                self._holder.notify_all()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result (or its exception).
 
         On timeout the coroutine is cancelled and TidelogTimeoutError raised.
+        When the loop is idle (a lender lingering), it runs in the calling
+        thread rather than wait for the loop's thread to take it back.
         """
         if self._closed:
             coro.close()
@@ -83,12 +183,43 @@ class LoopThread:
             # while its own thread is blocked on it (for example a blocking
             # call made from a delivery callback).
             raise RuntimeError("a blocking client call was made from its own callback thread")
+        if self.lend(only_if_idle=True):
+            try:
+                return self._run_here(coro, timeout)
+            finally:
+                self.give_back()
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(timeout)
         except concurrent.futures.TimeoutError:
             future.cancel()
             raise TidelogTimeoutError(f"the operation did not finish in {timeout:.3f} s") from None
+
+    def _run_here(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        """`run` in the calling thread, the loop lent to it: the same
+        outcomes (a task cancelled by another raises
+        concurrent.futures.CancelledError, as a cancelled future does)."""
+        task = self._loop.create_task(coro)
+        timed_out = False
+
+        def expire() -> None:
+            nonlocal timed_out
+            if not task.done():
+                timed_out = True
+                task.cancel()
+
+        timer = None if timeout is None else self._loop.call_later(timeout, expire)
+        try:
+            return self._loop.run_until_complete(task)
+        except asyncio.CancelledError:
+            if timed_out:
+                raise TidelogTimeoutError(
+                    f"the operation did not finish in {timeout:.3f} s"
+                ) from None
+            raise concurrent.futures.CancelledError() from None
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     @property
     def closed(self) -> bool:
@@ -100,12 +231,19 @@ class LoopThread:
             self._loop.call_soon_threadsafe(fn, *args)
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the loop and join the thread. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if not self.in_loop_thread():
+        """Stop the loop and join the thread (after a lender gives it back).
+        Idempotent."""
+        with self._holder:
+            if self._closed:
+                return
+            self._closed = True
+            if self._running_here and self._lent_to is None:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+            else:
+                # Not running it, or a lender is taking it (its own stop is
+                # queued): the thread ends once the loop is back.
+                self._holder.notify_all()
+        if not self.in_loop_thread() and threading.current_thread() is not self._thread:
             self._thread.join(timeout)
 
 
@@ -130,6 +268,12 @@ class LoopHandle:
 
     def in_loop_thread(self) -> bool:
         return self._thread.in_loop_thread()
+
+    def lend(self) -> bool:
+        return not self._stopped and self._thread.lend()
+
+    def give_back(self, linger: bool = False) -> None:
+        self._thread.give_back(linger)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if self._stopped:
@@ -163,6 +307,7 @@ class _SharedLoop:
                 self._thread = LoopThread("tidelog-loop")
                 self._users = 0
             self._users += 1
+            self._thread.set_users(self._users)
             return LoopHandle(self._thread, self._release)
 
     def _release(self, thread: LoopThread) -> None:
@@ -171,6 +316,7 @@ class _SharedLoop:
                 return  # already replaced: cannot happen while it has users
             self._users -= 1
             if self._users:
+                thread.set_users(self._users)
                 return
             self._thread = None
         thread.stop()

@@ -7,7 +7,10 @@ tracks positions, and, in a group, a `GroupClient` (`_group_client`) that
 runs the membership, with a `GroupSide` (`_consumer_group`) that applies it on
 the calling side. The Consumer runs the fetcher and the membership on its
 own background loop (`LoopThread`) and decodes inside poll(), in the
-caller's thread, where rebalance callbacks run too (as in Kafka).
+caller's thread, where rebalance callbacks run too (as in Kafka). Alone on
+its loop, it runs the loop in the caller's thread while poll() waits
+(`PollEvent`, tidelog._poll_wait): answers are handled there, one thread
+hand-off less per answer.
 
 In a group (needs a cluster: brokers with --etcd and a coordinator)::
 
@@ -64,6 +67,7 @@ from tidelog._consumer_group import (
 from tidelog._fetcher import EARLIEST, LATEST, Fetcher
 from tidelog._group_client import GroupClient
 from tidelog._loop_thread import LoopHandle, client_loop
+from tidelog._poll_wait import PollEvent
 from tidelog._subscription import SubscriptionState
 from tidelog.errors import ClosedError, IllegalStateError, TidelogTimeoutError, WakeupError
 from tidelog.group import RebalanceListener
@@ -91,7 +95,7 @@ class _BlockingIo:
     def __init__(
         self,
         loop_thread: LoopHandle,
-        data: threading.Event,
+        data: PollEvent,
         timeout_s: float,
         run_io: Callable[[Coroutine[Any, Any, Any], float], Any],
         check_wakeup: Callable[[], None],
@@ -163,7 +167,7 @@ class Consumer:
         )
         try:
             self._inbox: deque[tuple] = deque()
-            self._data = threading.Event()
+            self._data = PollEvent(self._loop_thread)
             self._cluster = Cluster(self._config)
             self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
             self._subs = SubscriptionState(self._config, self._inbox, self._command)

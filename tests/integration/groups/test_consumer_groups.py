@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 
 import pytest
-from tidelog import AdminClient, TopicPartition
+from tidelog import AdminClient, Consumer, TopicPartition
 from tidelog.errors import InvalidConfigError, NonEmptyGroupError
 
 from tests.integration.groups.conftest import (
@@ -272,3 +273,47 @@ def test_an_assign_consumer_with_a_group_id_commits_while_the_group_is_empty(
             standalone.commit({tp: 4})
         # (The member may have committed its own position meanwhile.)
         assert standalone.committed(tp) != 4
+
+
+def test_a_member_alone_on_its_loop_keeps_its_partitions_while_the_application_works(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """A Consumer alone on its loop runs the loop inside poll() (the loop is
+    lent to it, tidelog._loop_thread); between polls the loop's thread takes
+    it back, so heartbeats go on while the application works longer than the
+    session timeout, and the member keeps its partitions."""
+    topic, group = names
+    create_topic(cluster, topic, 2)
+    produce(cluster, topic, 2, 5)
+    changes: list[str] = []
+
+    class Listener:
+        def on_partitions_revoked(self, revoked: set[TopicPartition]) -> None:
+            changes.append(f"revoked {sorted(revoked)}")
+
+        def on_partitions_assigned(self, assigned: set[TopicPartition]) -> None:
+            changes.append(f"assigned {sorted(assigned)}")
+
+        def on_partitions_lost(self, lost: set[TopicPartition]) -> None:
+            changes.append(f"lost {sorted(lost)}")
+
+    session_ms = 2000
+    with Consumer(
+        bootstrap_servers=cluster.bootstrap,
+        group_id=group,
+        session_timeout_ms=session_ms,
+        shared_loop_thread=False,  # alone on its loop, whatever else this process runs
+    ) as consumer:
+        consumer.subscribe([topic], listener=Listener())
+        seen = 0
+        deadline = time.monotonic() + 60
+        while seen < 10:
+            assert time.monotonic() < deadline, f"10 records not polled within 60 s: {changes}"
+            seen += sum(len(r) for r in consumer.poll(timeout_ms=200).values())
+        assert len(consumer.assignment()) == 2
+        joined = list(changes)
+        for _ in range(2):
+            time.sleep(3 * session_ms / 1000)  # the application at work, not polling
+            consumer.poll(timeout_ms=200)
+        assert changes == joined, "the member lost its session while the application worked"
+        assert len(consumer.assignment()) == 2
