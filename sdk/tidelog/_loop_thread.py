@@ -196,30 +196,28 @@ class LoopThread:
             raise TidelogTimeoutError(f"the operation did not finish in {timeout:.3f} s") from None
 
     def _run_here(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
-        """`run` in the calling thread, the loop lent to it: the same
-        outcomes (a task cancelled by another raises
-        concurrent.futures.CancelledError, as a cancelled future does)."""
-        task = self._loop.create_task(coro)
-        timed_out = False
+        """`run` in the calling thread, the loop lent to it. Submitted as
+        from another thread (after the callbacks already queued, such as a
+        commit_async() just spawned, which must start first), and with the
+        same outcomes."""
+        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        settled = self._loop.create_future()
 
-        def expire() -> None:
-            nonlocal timed_out
-            if not task.done():
-                timed_out = True
-                task.cancel()
+        def settle(*_: object) -> None:
+            if not settled.done():
+                settled.set_result(None)
 
-        timer = None if timeout is None else self._loop.call_later(timeout, expire)
+        future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(settle))
+        timer = None if timeout is None else self._loop.call_later(timeout, settle)
         try:
-            return self._loop.run_until_complete(task)
-        except asyncio.CancelledError:
-            if timed_out:
-                raise TidelogTimeoutError(
-                    f"the operation did not finish in {timeout:.3f} s"
-                ) from None
-            raise concurrent.futures.CancelledError() from None
+            self._loop.run_until_complete(settled)
         finally:
             if timer is not None:
                 timer.cancel()
+        if not future.done():
+            future.cancel()
+            raise TidelogTimeoutError(f"the operation did not finish in {timeout:.3f} s")
+        return future.result()
 
     @property
     def closed(self) -> bool:

@@ -299,3 +299,25 @@ def test_stop_ends_the_thread_whether_lent_or_lingering() -> None:
     stopper.join(30)
     assert not lent.thread._thread.is_alive()
     lent.stop()
+
+
+@pytest.mark.usefixtures("long_linger")
+def test_run_in_the_caller_starts_after_coroutines_submitted_before_it() -> None:
+    # commit_async() then close(): the commit, submitted first, must start
+    # first, as it does when the loop's thread runs the loop (found in CI:
+    # close() left the group before the commit it should have waited for).
+    handle = client_loop("tidelog-order", shared=False)
+    started: list[str] = []
+
+    async def note(name: str) -> None:
+        started.append(name)
+
+    try:
+        assert handle.lend()
+        handle.give_back(linger=True)
+        spawned = asyncio.run_coroutine_threadsafe(note("submitted first"), handle.loop)
+        handle.run(note("run"), timeout=30)
+        spawned.result(30)
+        assert started == ["submitted first", "run"]
+    finally:
+        handle.stop()
