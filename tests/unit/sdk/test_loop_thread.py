@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 from tidelog import _loop_thread
-from tidelog._loop_thread import client_loop, shared_loop_users
+from tidelog._loop_thread import LoopHandle, client_loop, shared_loop_users
 from tidelog.errors import ClosedError, TidelogTimeoutError
 
 pytestmark = pytest.mark.timeout(60)
@@ -63,20 +63,22 @@ def test_a_private_handle_has_a_thread_of_its_own() -> None:
     assert not private.thread._thread.is_alive()
 
 
+async def _blocking_run_refusal(handle: LoopHandle) -> str:
+    """What a blocking `handle.run()` made on the loop (as from a callback)
+    raises: it must refuse rather than deadlock."""
+    coro = _thread_name()
+    try:
+        handle.run(coro, timeout=30)
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
 def test_a_blocking_call_from_the_shared_loop_thread_raises_instead_of_deadlocking() -> None:
     first = client_loop("a", shared=True)
     second = client_loop("b", shared=True)
-
-    async def call_other() -> str:
-        coro = _thread_name()
-        try:
-            second.run(coro, timeout=30)
-        except RuntimeError as exc:
-            return str(exc)
-        return "no error"
-
     try:
-        assert "callback thread" in first.run(call_other(), timeout=30)
+        assert "callback thread" in first.run(_blocking_run_refusal(second), timeout=30)
     finally:
         first.stop()
         second.stop()
@@ -237,19 +239,11 @@ def test_a_second_user_ends_the_linger() -> None:
 
 def test_a_blocking_call_from_a_callback_of_a_lent_loop_raises_instead_of_deadlocking() -> None:
     handle = client_loop("tidelog-lent-callback", shared=False)
-
-    async def call_back_in() -> str:
-        coro = _thread_name()
-        try:
-            handle.run(coro, timeout=30)
-        except RuntimeError as exc:
-            return str(exc)
-        return "no error"
-
     try:
         assert handle.lend()
         try:
-            assert "callback thread" in handle.loop.run_until_complete(call_back_in())
+            refusal = handle.loop.run_until_complete(_blocking_run_refusal(handle))
+            assert "callback thread" in refusal
         finally:
             handle.give_back()
     finally:
