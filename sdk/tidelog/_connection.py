@@ -35,7 +35,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
     error_from_code,
     error_from_rpc,
-    is_server_cancelled,
+    is_unanswered,
 )
 from tidelog.names import validate_topic_name
 from tidelog.v1 import admin_pb2_grpc, cluster_pb2_grpc, log_pb2, log_pb2_grpc
@@ -55,16 +55,6 @@ def call_error(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:
         # CANCELLED: a call the server cancelled (tidelog.errors), retriable.
         return error_from_rpc(exc, address=address)
     return BrokerNotAvailableError(f"{address}: {exc.code().name}: {exc.details()}")
-
-
-def _not_answered(exc: grpc.aio.AioRpcError) -> bool:
-    """Whether a Metadata call failed without an answer from its server, so
-    that another server may be asked: unreachable, too slow, or it
-    cancelled the call (too many calls waiting for it, or stopping)."""
-    return exc.code() in (
-        grpc.StatusCode.UNAVAILABLE,
-        grpc.StatusCode.DEADLINE_EXCEEDED,
-    ) or is_server_cancelled(exc)
 
 
 def channel_options(config: CommonConfig) -> list[tuple[str, int | str]]:
@@ -235,7 +225,7 @@ class Cluster:
                 response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
                 last_error = error_from_rpc(exc, address=address)
-                if _not_answered(exc):
+                if is_unanswered(exc):
                     continue
                 raise last_error from exc
             return self._snapshot_from(response, address).topics
@@ -268,7 +258,7 @@ class Cluster:
                 response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
                 last_error = error_from_rpc(exc, address=address)
-                if _not_answered(exc):
+                if is_unanswered(exc):
                     continue
                 raise last_error from exc
             self.snapshot = self._snapshot_from(response, address)

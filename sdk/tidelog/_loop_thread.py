@@ -62,6 +62,12 @@ T = TypeVar("T")
 LINGER_S = 0.005
 
 
+def settle(future: asyncio.Future[None]) -> None:
+    """Resolve `future` (on its loop) unless it is done already."""
+    if not future.done():
+        future.set_result(None)
+
+
 class LoopThread:
     """A daemon thread running one asyncio event loop, which it may lend to
     a caller's thread for a while (`lend`/`give_back`): whoever holds the
@@ -201,23 +207,24 @@ class LoopThread:
         commit_async() just spawned, which must start first), and with the
         same outcomes."""
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        settled = self._loop.create_future()
-
-        def settle(*_: object) -> None:
-            if not settled.done():
-                settled.set_result(None)
-
-        future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(settle))
-        timer = None if timeout is None else self._loop.call_later(timeout, settle)
-        try:
-            self._loop.run_until_complete(settled)
-        finally:
-            if timer is not None:
-                timer.cancel()
+        finished = self._loop.create_future()
+        future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(settle, finished))
+        self.run_lent(finished, timeout)
         if not future.done():
             future.cancel()
             raise TidelogTimeoutError(f"the operation did not finish in {timeout:.3f} s")
         return future.result()
+
+    def run_lent(self, until: asyncio.Future[None], timeout: float | None) -> None:
+        """Run the loop in the calling thread, which holds it (`lend`), until
+        `until` is done, or `timeout` seconds have passed (it is settled
+        then)."""
+        timer = None if timeout is None else self._loop.call_later(timeout, settle, until)
+        try:
+            self._loop.run_until_complete(until)
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     @property
     def closed(self) -> bool:
@@ -272,6 +279,9 @@ class LoopHandle:
 
     def give_back(self, linger: bool = False) -> None:
         self._thread.give_back(linger)
+
+    def run_lent(self, until: asyncio.Future[None], timeout: float | None) -> None:
+        self._thread.run_lent(until, timeout)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         if self._stopped:

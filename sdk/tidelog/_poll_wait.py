@@ -15,12 +15,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from tidelog._loop_thread import LoopHandle
-
-
-def _resolve(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
+from tidelog._loop_thread import LoopHandle, settle
 
 
 class PollEvent:
@@ -47,9 +42,9 @@ class PollEvent:
         if waiter is None:
             return
         if asyncio._get_running_loop() is self._loop:
-            _resolve(waiter)  # on the loop: the fetcher's or group's callback
+            settle(waiter)  # on the loop: the fetcher's or group's callback
         else:
-            self._loop.call_soon_threadsafe(_resolve, waiter)  # wakeup(), close()
+            self._loop.call_soon_threadsafe(settle, waiter)  # wakeup(), close()
 
     def wait(self, timeout: float) -> None:
         """Return when the event is set or `timeout` seconds have passed."""
@@ -58,18 +53,12 @@ class PollEvent:
         if not self._loop_handle.lend():
             self._event.wait(timeout)
             return
-        loop = self._loop
         try:
-            waiter = loop.create_future()
+            waiter = self._loop.create_future()
             self._waiter = waiter
             # set() before the line above saw no waiter: look again.
-            if self._event.is_set():
-                return
-            timer = loop.call_later(timeout, _resolve, waiter)
-            try:
-                loop.run_until_complete(waiter)
-            finally:
-                timer.cancel()
+            if not self._event.is_set():
+                self._loop_handle.run_lent(waiter, timeout)
         finally:
             self._waiter = None
             self._loop_handle.give_back(linger=True)

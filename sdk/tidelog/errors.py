@@ -501,6 +501,17 @@ def is_server_cancelled(exc: BaseException) -> bool:
     )
 
 
+def is_unanswered(exc: BaseException) -> bool:
+    """Whether a call failed without an answer of its server's own, so that
+    another server may be asked: unreachable (UNAVAILABLE), too slow
+    (DEADLINE_EXCEEDED), or cancelled on its side (`is_server_cancelled`)."""
+    return (
+        isinstance(exc, grpc.RpcError)
+        and hasattr(exc, "code")
+        and exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+    ) or is_server_cancelled(exc)
+
+
 def server_cancelled_error(
     address: str, unavailable: type[TidelogError] = BrokerNotAvailableError
 ) -> TidelogError:

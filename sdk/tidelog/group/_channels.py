@@ -21,7 +21,7 @@ from tidelog.errors import (
     CoordinatorNotAvailableError,
     TidelogError,
     error_from_rpc,
-    is_server_cancelled,
+    is_unanswered,
 )
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
@@ -96,15 +96,12 @@ class CoordinatorChannels:
 
 def is_unavailable(exc: BaseException) -> bool:
     """Whether a call failed because its coordinator did not answer (try
-    another). A call the coordinator's side cancelled counts
-    (tidelog.errors.is_server_cancelled): one it had no room to queue, or
+    another: tidelog.errors.is_unanswered). A call the coordinator's side
+    cancelled counts: one it had no room to queue, or
     one still running when it shut down (SIGTERM) after its grace period
     (seen in CI: a commit sent over the unary call to a draining replica
     failed instead of moving on)."""
-    return (
-        isinstance(exc, grpc.aio.AioRpcError)
-        and exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
-    ) or is_server_cancelled(exc)
+    return is_unanswered(exc)
 
 
 def unanswered(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:

@@ -96,3 +96,16 @@ def test_a_call_the_server_cancelled_is_retriable_and_names_the_server() -> None
     )
     assert not errors.is_server_cancelled(named)
     assert type(errors.error_from_rpc(named)) is errors.InvalidRequestError
+
+
+def test_a_call_without_an_answer_of_its_servers_own_may_go_to_another() -> None:
+    """The one rule the metadata refresh and the group clients fail over by."""
+    for status in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        assert errors.is_unanswered(_FakeRpcError(status, "x"))
+    assert errors.is_unanswered(_FakeRpcError(grpc.StatusCode.CANCELLED, "CANCELLED"))
+    named = _FakeRpcError(
+        grpc.StatusCode.CANCELLED, "x", ((errors.ERROR_CODE_METADATA_KEY, "INVALID_REQUEST"),)
+    )
+    assert not errors.is_unanswered(named)
+    assert not errors.is_unanswered(_FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no"))
+    assert not errors.is_unanswered(ValueError("not a call"))

@@ -151,6 +151,17 @@ def long_linger(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(_loop_thread, "LINGER_S", 600.0)
 
 
+def _lingering(name: str) -> LoopHandle:
+    """A private loop lent to this thread and given back with a linger: with
+    `long_linger`, nobody runs it until this thread does."""
+    handle = client_loop(name, shared=False)
+    if not handle.lend():
+        handle.stop()
+        raise AssertionError(f"a private loop with one user was not lent: {name}")
+    handle.give_back(linger=True)
+    return handle
+
+
 def _when(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -194,10 +205,8 @@ def test_a_loop_with_more_than_one_user_is_never_lent() -> None:
 
 @pytest.mark.usefixtures("long_linger")
 def test_while_the_loop_lingers_run_goes_in_the_calling_thread() -> None:
-    handle = client_loop("tidelog-lingering", shared=False)
+    handle = _lingering("tidelog-lingering")
     try:
-        assert handle.lend()
-        handle.give_back(linger=True)
         # Nobody runs the loop now: run() does not wait for the linger.
         assert handle.run(_thread_name(), timeout=30) == threading.current_thread().name
 
@@ -223,10 +232,8 @@ def test_while_the_loop_lingers_run_goes_in_the_calling_thread() -> None:
 
 @pytest.mark.usefixtures("long_linger")
 def test_a_second_user_ends_the_linger() -> None:
-    handle = client_loop("tidelog-second-user", shared=False)
+    handle = _lingering("tidelog-second-user")
     try:
-        assert handle.lend()
-        handle.give_back(linger=True)
         ran = threading.Event()
         handle.call_soon(ran.set)
         assert not ran.wait(0.2)  # lingering: nobody runs the loop
@@ -276,9 +283,7 @@ def test_another_threads_run_is_served_by_the_borrower() -> None:
 
 @pytest.mark.usefixtures("long_linger")
 def test_stop_ends_the_thread_whether_lent_or_lingering() -> None:
-    lingering = client_loop("tidelog-stop-lingering", shared=False)
-    assert lingering.lend()
-    lingering.give_back(linger=True)
+    lingering = _lingering("tidelog-stop-lingering")
     lingering.stop()
     assert not lingering.thread._thread.is_alive()
 
@@ -300,15 +305,13 @@ def test_run_in_the_caller_starts_after_coroutines_submitted_before_it() -> None
     # commit_async() then close(): the commit, submitted first, must start
     # first, as it does when the loop's thread runs the loop (found in CI:
     # close() left the group before the commit it should have waited for).
-    handle = client_loop("tidelog-order", shared=False)
+    handle = _lingering("tidelog-order")
     started: list[str] = []
 
     async def note(name: str) -> None:
         started.append(name)
 
     try:
-        assert handle.lend()
-        handle.give_back(linger=True)
         spawned = asyncio.run_coroutine_threadsafe(note("submitted first"), handle.loop)
         handle.run(note("run"), timeout=30)
         spawned.result(30)
