@@ -5,11 +5,11 @@ Starts one broker (tests/support) and writes the logs of the three consume workl
 ``python -m bench`` (5M x 100 B, 2M x 1 KiB, 10M x 200 B; ``--scale`` shrinks them). Then, per
 workload, `bench.workloads.consume_arrow` (same fetch sizes as the bench: 1 MiB, 1 MiB,
 200 KB) runs in a fresh process per run, alternately with the SDK of git ref `--base`
-(exported with `git archive`, first on its PYTHONPATH) and with this work tree's, one warm-up
-round and `--repeat` measured ones. Prints per side the medians of records/s and of the
-client's CPU seconds per million records (user + system of that process): on a loaded machine
-the figure to trust. Every run checks what it read (offsets dense from 0, a CRC32C of every
-value: see consume_arrow).
+(exported by bench._checkout with its own C extensions, first on its PYTHONPATH) and with this
+work tree's, one warm-up round and `--repeat` measured ones. Prints per side the medians of
+records/s and of the client's CPU seconds per million records (user + system of that process):
+on a loaded machine the figure to trust. Every run checks what it read (offsets dense from 0, a
+CRC32C of every value: see consume_arrow).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import workloads  # noqa: E402
+from bench import _checkout, workloads  # noqa: E402
 from bench._processes import tidelog_broker, tmpdir  # noqa: E402
 
 #: (record bytes, records, fetch bytes or None for the consumer's default 1 MiB)
@@ -38,15 +38,6 @@ WORKLOADS: dict[str, Spec] = {
     "consume_1KB_2GB_arrow": (1024, 2_000_000, None),
     "paper_consume_10M_arrow": (200, 10_000_000, 204_800),
 }
-
-
-def _export(ref: str, into: Path) -> Path:
-    """The SDK of git ref `ref`, unpacked under `into`; its import root."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", ref, "sdk"], check=True, capture_output=True
-    ).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "sdk"
 
 
 def _child(args: list[str]) -> None:
@@ -66,10 +57,10 @@ def _child(args: list[str]) -> None:
     print(json.dumps(result))
 
 
-def _run(side: Path | None, address: str, pid: int, topic: str, spec: Spec, name: str) -> Any:
+def _run(side: str | None, address: str, pid: int, topic: str, spec: Spec, name: str) -> Any:
     size, count, fetch = spec
     env = dict(os.environ)
-    env["PYTHONPATH"] = "" if side is None else str(side)
+    env["PYTHONPATH"] = "" if side is None else side
     out = subprocess.run(
         [sys.executable, "-m", "bench.columnar_ab", "--child",
          address, str(pid), topic, str(count), str(size), str(fetch or 0), name],
@@ -95,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with tmpdir("tidelog-columnar-ab-") as export, tidelog_broker() as broker:
-        sides: dict[str, Path | None] = {args.base: _export(args.base, export), "this": None}
+        base = _checkout.export(args.base, export)
+        sides: dict[str, str | None] = {args.base: base, "this": None}
         for name, spec in chosen.items():
             size, count, _fetch = spec
             topic = f"{name}-log"

@@ -3,8 +3,8 @@
 
 Starts etcd, a coordinator and one broker (tests/support), and two gateways
 in front of them: one running the SDK and gateway code of git ref `--base`
-(exported with `git archive` and put first on its PYTHONPATH), one running
-this work tree's. Then the Go client's record-level produce
+(exported by bench._checkout, its own C extensions built, and put first on
+its PYTHONPATH), one running this work tree's. Then the Go client's record-level produce
 (`tidelog-go-example bench -produce-only`, examples/go/build.sh) runs
 against each in turn, alternating which goes first, one warm-up round and
 `--repeat` measured ones, and prints per gateway the medians of:
@@ -36,23 +36,13 @@ sys.path.insert(0, str(ROOT))
 import psutil  # noqa: E402
 from tidelog import AdminClient, NewTopic  # noqa: E402
 
+from bench import _checkout  # noqa: E402
 from bench._processes import tidelog_cluster, tmpdir  # noqa: E402
 from bench.go_example import go_example  # noqa: E402
 from tests.support.gateway import GatewayProcess, start_gateway  # noqa: E402
 
+
 #: Where each distribution's package lives, relative to the repository.
-PACKAGE_DIRS = ("sdk", "services/gateway", "services/common")
-
-
-def export(ref: str, into: Path) -> str:
-    """`ref`'s SDK and services under `into`; the PYTHONPATH that runs them."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", ref, "sdk", "services"], capture_output=True, check=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return os.pathsep.join(str(into / d) for d in PACKAGE_DIRS)
-
-
 def start(etcd: str, prefix: str, logs: Path, pythonpath: str | None) -> GatewayProcess:
     saved = os.environ.get("PYTHONPATH")
     if pythonpath:
@@ -84,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         tidelog_cluster(brokers=1) as cluster,
         tmpdir("tidelog-ab-") as logs,
     ):
-        paths = {args.base: export(args.base, Path(base_dir)), "work tree": None}
+        paths = {args.base: _checkout.export(args.base, Path(base_dir)), "work tree": None}
         gateways = {
             name: start(cluster.etcd.endpoint, cluster.prefix, Path(logs) / str(i), path)
             for i, (name, path) in enumerate(paths.items())

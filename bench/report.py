@@ -453,6 +453,7 @@ def write_markdown(
         "make bench-kafka    # the full comparison: python -m bench --with-kafka (repeat 3)",
         "python -m bench --with-kafka --repeat 1 --big --replication   # + 5 GB log, 3 brokers",
         "python -m bench --quick --output /tmp/b   # smoke test, seconds",
+        "python -m bench.e2e_ab --base main   # e2e latency: main vs this tree, alternated",
         "```",
         "",
         "Kafka 4.x comes from Maven Central into `~/.cache/tidelog/kafka-<version>` on first "
