@@ -63,14 +63,18 @@ class DroppingBroker(log_pb2_grpc.LogServicer):
         self.produce_calls = 0
 
     async def Produce(
-        self, request_iterator: AsyncIterator[log_pb2.ProduceRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[log_pb2.ProduceRequest],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[log_pb2.ProduceResponse]:
         self.produce_calls += 1
         await drop_call(context)
         yield log_pb2.ProduceResponse()  # pragma: no cover (a generator)
 
     async def Fetch(
-        self, request_iterator: AsyncIterator[log_pb2.FetchRequest], context: grpc.aio.ServicerContext
+        self,
+        request_iterator: AsyncIterator[log_pb2.FetchRequest],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[log_pb2.FetchResponse]:
         await drop_call(context)
         yield log_pb2.FetchResponse()  # pragma: no cover (a generator)
