@@ -3,10 +3,11 @@
 In cluster mode a broker answers some calls (Admin, InitProducerId) by
 asking a coordinator through the broker's one `CoordinatorForwarding`
 (tidelog_server.forwarding: a shared channel pool, replicas tried in turn
-while they are UNAVAILABLE). Any other failure is passed back to the client
-unchanged (status, details and the `tidelog-error-code` trailer), so the
-client sees exactly what the coordinator said. With no replica reachable the
-call ends with COORDINATOR_NOT_AVAILABLE (retriable).
+while they are UNAVAILABLE or drop the call). Any other failure is passed
+back to the client unchanged (status, details and the `tidelog-error-code`
+trailer), so the client sees exactly what the coordinator said. With no
+replica answering, or one past the deadline, the call ends with
+COORDINATOR_NOT_AVAILABLE (retriable) naming the replica and what happened.
 """
 
 from __future__ import annotations

@@ -5,13 +5,18 @@ replica that answers.
   reused (a channel multiplexes every call to its peer), all closed by
   `close` when the service stops. A channel nobody closes keeps its sockets
   and its polling until the process ends.
+- `unanswered` and `may_ask_another`: the rule for a call a peer gave no
+  answer of its own to (dropped on its side, UNAVAILABLE, or past its
+  deadline), worded for the client the failure is passed back to, and
+  whether the call may go to another replica; `failure_of` words any failed
+  call the same way.
 - `CoordinatorForwarding`: calls a coordinator replica through the pool,
   trying the replicas in turn while they are UNAVAILABLE or cancel the call
   (tidelog.errors.is_server_cancelled: too many calls waiting for that
-  replica, or it is stopping). Any other failure is the coordinator's answer
-  and is raised as is (the caller passes it on unchanged); with no replica
-  answering, CoordinatorNotAvailableError (retriable) naming the last
-  failure.
+  replica, or it is stopping). A replica past the deadline, or with no
+  replica answering, gives CoordinatorNotAvailableError (retriable) naming
+  the replica and what happened. Any other failure is the coordinator's
+  answer and is raised as is (the caller passes it on unchanged).
 - `LOCAL_METADATA_KEY`: set on a DescribeTopics a service (a broker, the
   gateway) sends to a broker: "answer from your own logs" instead of
   forwarding the call again.
@@ -22,14 +27,14 @@ Not thread-safe: used from one service's event loop.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
 from tidelog.errors import (
+    ERROR_CODE_METADATA_KEY,
     CoordinatorNotAvailableError,
     is_server_cancelled,
-    server_cancelled_error,
 )
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
@@ -62,16 +67,49 @@ class ChannelPool:
             await channel.close(None)
 
 
-def unanswered(exc: grpc.aio.AioRpcError, address: str) -> str | None:
-    """Why the replica at `address` gave no answer of its own, so that
-    another may be asked: it was UNAVAILABLE, or the call was cancelled on
-    its side (tidelog.errors.is_server_cancelled: too many calls waiting for
-    it, or it is stopping). None when `exc` is the replica's answer."""
+def unanswered(exc: grpc.aio.AioRpcError, upstream: str) -> str | None:
+    """What happened to a call `upstream` (its role and address: "broker
+    127.0.0.1:9092") gave no answer of its own to, in words for the client
+    the failure is passed back to (the caller adds what to do: "; retry"):
+
+    - it dropped the call (tidelog.errors.is_server_cancelled: more calls
+      waiting for it than gRPC queues, or it is stopping);
+    - it was UNAVAILABLE (unreachable, or it said so);
+    - the call ran out of time: DEADLINE_EXCEEDED without the error code a
+      Tidelog server names (so gRPC's deadline, not the upstream's answer).
+
+    None when `exc` is the upstream's own answer."""
     if is_server_cancelled(exc):
-        return server_cancelled_error(address).message
-    if exc.code() == grpc.StatusCode.UNAVAILABLE:
-        return f"{address}: {exc.details()}"
+        return f"{upstream} dropped the call (CANCELLED: overloaded or stopping)"
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return f"{upstream} is unavailable (UNAVAILABLE: {exc.details()})"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED and not _names_an_error_code(exc):
+        return f"{upstream} did not answer in time (DEADLINE_EXCEEDED)"
     return None
+
+
+def may_ask_another(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a call `unanswered` words may be sent to another replica:
+    one dropped or unreachable. Not one past its deadline: the replica may
+    still carry it out, and another would do it twice (a topic created,
+    then TOPIC_ALREADY_EXISTS)."""
+    return exc.code() == grpc.StatusCode.UNAVAILABLE or is_server_cancelled(exc)
+
+
+def failure_of(exc: grpc.aio.AioRpcError, upstream: str) -> str:
+    """`unanswered`'s words for `exc`, or, for the upstream's own answer,
+    its status and details, naming it the same way."""
+    reason = unanswered(exc, upstream)
+    if reason is None:
+        reason = f"{upstream} failed the call ({exc.code().name}: {exc.details()})"
+    return reason
+
+
+def _names_an_error_code(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether a Tidelog server named the call's error (its trailer)."""
+    trailing: Any = exc.trailing_metadata() or ()
+    return any(key == ERROR_CODE_METADATA_KEY for key, _ in trailing)
 
 
 class CoordinatorForwarding:
@@ -87,15 +125,20 @@ class CoordinatorForwarding:
         UNAVAILABLE nor cancelled on its side).
 
         Raises that replica's AioRpcError when it fails otherwise, and
-        CoordinatorNotAvailableError naming the last failure when none answers.
+        CoordinatorNotAvailableError naming the replica and what happened
+        when one runs out of time or none answers.
         """
         last = "no coordinator is registered in etcd"
         for address in self._addresses():
             try:
                 return await invoke(self.pool.channel(address))
             except grpc.aio.AioRpcError as exc:
-                reason = unanswered(exc, address)
+                reason = unanswered(exc, f"coordinator {address}")
                 if reason is None:
                     raise
+                if not may_ask_another(exc):
+                    raise CoordinatorNotAvailableError(
+                        f"cannot forward {what} to a coordinator: {reason}; retry"
+                    ) from exc
                 last = reason
-        raise CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}")
+        raise CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}; retry")

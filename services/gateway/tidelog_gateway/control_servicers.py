@@ -5,14 +5,17 @@ coordinator replica.
   turn while they are UNAVAILABLE or cancel the call on their side (too
   many calls waiting, or stopping); any other failure is passed back as the
   coordinator said it (status, details, the `tidelog-error-code` trailer).
-  With none answering the call ends with COORDINATOR_NOT_AVAILABLE.
+  With none answering, or one past the forwarding deadline, the call ends
+  with COORDINATOR_NOT_AVAILABLE (UNAVAILABLE) naming the replica and what
+  happened (tidelog_server.forwarding.unanswered).
 - Admin DescribeTopics is then completed with what only the leaders know
   (log offsets, sizes, segments), asked of each leader with the
   `tidelog-local` metadata key, as a broker completes it.
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
-  later, the client's stream ends with UNAVAILABLE and the member re-attaches
+  later, the client's stream ends with UNAVAILABLE naming the replica and
+  what happened, and the member re-attaches
   (through the gateway, to a replica that answers): the membership lives in
   etcd, not here.
 - Cluster DescribeCluster names the gateway as the only broker and the only
@@ -25,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
@@ -39,7 +42,7 @@ from tidelog.v1 import (
     group_pb2_grpc,
     log_pb2,
 )
-from tidelog_server.forwarding import LOCAL_METADATA_KEY, unanswered
+from tidelog_server.forwarding import LOCAL_METADATA_KEY, may_ask_another, unanswered
 from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
@@ -71,19 +74,20 @@ class Forwarder:
             try:
                 return await invoke(address)
             except grpc.aio.AioRpcError as exc:
-                reason = unanswered(exc, address)
-                if reason is not None:
-                    last = reason
-                    continue
-                await pass_back(context, exc)
+                reason = unanswered(exc, f"coordinator {address}")
+                if reason is None:
+                    await pass_back(context, exc)
+                last = reason
+                if not may_ask_another(exc):
+                    break  # it may still carry the call out (see may_ask_another)
         await abort(
             context,
-            CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}"),
+            CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}; retry"),
             f"forwarding {what}",
         )
 
 
-async def pass_back(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> None:
+async def pass_back(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> NoReturn:
     """End the call with the upstream's status, details and error code."""
     trailing: Any = exc.trailing_metadata() or ()
     code = next((v for k, v in trailing if k == ERROR_CODE_METADATA_KEY), "")
@@ -92,6 +96,7 @@ async def pass_back(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError
         exc.details() or "",
         trailing_metadata=((ERROR_CODE_METADATA_KEY, code),) if code else (),
     )
+    raise AssertionError("context.abort returns only by raising")  # pragma: no cover
 
 
 def _forwarding(service: str, method: str) -> Any:
@@ -240,16 +245,13 @@ class GatewayGroupServicer:
             except grpc.aio.AioRpcError as exc:
                 # A stream the coordinator's side cancelled (stopping, or
                 # too many calls waiting for it) is one that went away.
-                reason = unanswered(exc, address)
-                if reason is not None and not answered:
+                reason = unanswered(exc, f"coordinator {address}")
+                if reason is None:
+                    await pass_back(context, exc)
+                if not answered and may_ask_another(exc):
                     last = reason
                     continue
-                if reason is not None:
-                    await context.abort(
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"the coordinator at {address} went away: re-attach",
-                    )
-                await pass_back(context, exc)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{reason}; re-attach")
             finally:
                 drained.cancel()
                 pump.cancel()

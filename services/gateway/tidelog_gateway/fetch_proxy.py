@@ -30,8 +30,9 @@ answered in-band with its typed error, as a broker answers a partition it
 cannot read: the client sends a new position to retry. When a broker's
 stream breaks, each partition it was reading is answered with
 NOT_LEADER_OR_FOLLOWER at the position the client has reached (after the
-data already queued), which the SDK answers by sending the position again;
-the gateway then routes it to the new leader. `min_bytes` and `max_wait_ms`
+data already queued), its message naming the broker and what happened
+(tidelog_server.forwarding.failure_of), which the SDK answers by sending the
+position again; the gateway then routes it to the (new) leader. `min_bytes` and `max_wait_ms`
 apply per broker, and so does `max_answers_per_message`: a broker's message
 of several answers reaches the client as it came (its answers in order, a
 partition's positions advanced answer by answer).
@@ -54,6 +55,7 @@ import grpc.aio
 from tidelog.config import MAX_FETCH_ANSWERS_PER_MESSAGE
 from tidelog.errors import InvalidRequestError, NotLeaderOrFollowerError, TidelogError
 from tidelog.v1 import common_pb2, log_pb2
+from tidelog_server.forwarding import failure_of
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
@@ -104,11 +106,11 @@ class _Upstream:
         try:
             async for response in self._call:
                 self._proxy.on_response(self, response)
-            reason = f"{self.address} ended the fetch stream"
+            reason = f"broker {self.address} ended the fetch stream"
         except grpc.aio.AioRpcError as exc:
             if self.closed:
                 return
-            reason = f"{self.address}: {exc.code().name}: {exc.details()}"
+            reason = failure_of(exc, f"broker {self.address}")
         self._proxy.on_upstream_failed(self, reason)
 
     def close(self) -> None:
@@ -457,8 +459,8 @@ class FetchProxy:
         log.info("fetch stream to %s failed: %s", upstream.address, reason)
         error = error_proto(
             NotLeaderOrFollowerError(
-                f"the gateway lost its fetch stream to the leader at {upstream.address} "
-                f"({reason}): send the position again"
+                f"{reason}; the gateway lost its fetch stream to the leader: "
+                "send the position again"
             ),
             "fetching",
         )

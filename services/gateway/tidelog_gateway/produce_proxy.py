@@ -12,9 +12,13 @@ error: an invalid name INVALID_TOPIC, an unknown topic or partition
 UNKNOWN_TOPIC_OR_PARTITION, a partition without a live leader
 NOT_LEADER_OR_FOLLOWER (retriable). A broker's own per-partition errors are
 passed through. When a broker's stream breaks, the partitions of every
-request still waiting on it get NOT_LEADER_OR_FOLLOWER: the leader is gone
-or moving, and the client retries (an idempotent producer's retry is never
-written twice).
+request still waiting on it get NOT_LEADER_OR_FOLLOWER, whose message names
+the broker and what happened (tidelog_server.forwarding.failure_of: it
+dropped the stream, overloaded or stopping; it was unavailable; ...): the
+leader is gone, moving or overloaded, and the client retries (an idempotent
+producer's retry is never written twice). The gateway does not send such a
+request again itself: the broker may have appended it, and only the client
+knows whether a second copy is acceptable.
 
 Ordering per partition holds because one client stream maps to one stream
 per broker, and a broker appends and answers in arrival order.
@@ -43,6 +47,7 @@ import grpc
 import grpc.aio
 from tidelog.errors import InvalidRequestError, NotLeaderOrFollowerError, TidelogError
 from tidelog.v1 import log_pb2
+from tidelog_server.forwarding import failure_of
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
@@ -90,10 +95,12 @@ class _Upstream:
         async with self._write_lock:
             try:
                 if self.broken:
-                    raise UpstreamLostError("the stream is closed")
+                    raise UpstreamLostError(f"broker {self.address}: the stream is closed")
                 await self._call.write(request)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, UpstreamLostError) as exc:
-                self._fail(UpstreamLostError(f"writing to {self.address}: {exc}"))
+            except grpc.aio.AioRpcError as exc:
+                self._fail(UpstreamLostError(failure_of(exc, f"broker {self.address}")))
+            except (asyncio.InvalidStateError, UpstreamLostError) as exc:
+                self._fail(UpstreamLostError(f"broker {self.address}: writing failed: {exc}"))
         return answer
 
     async def _read_loop(self) -> None:
@@ -102,16 +109,18 @@ class _Upstream:
             while True:
                 response = await self._call.read()
                 if response is _EOF:
-                    error = UpstreamLostError(f"{self.address} ended the produce stream")
+                    error = UpstreamLostError(f"broker {self.address} ended the produce stream")
                     break
                 if not self._waiting:
-                    error = UpstreamLostError(f"{self.address} answered a request never sent")
+                    error = UpstreamLostError(
+                        f"broker {self.address} answered a request never sent"
+                    )
                     break
                 answer = self._waiting.popleft()
                 if not answer.done():
                     answer.set_result(response)
         except grpc.aio.AioRpcError as exc:
-            error = UpstreamLostError(f"{self.address}: {exc.code().name}: {exc.details()}")
+            error = UpstreamLostError(failure_of(exc, f"broker {self.address}"))
         except asyncio.CancelledError:
             self._fail(UpstreamLostError("the gateway closed the stream"))
             raise
@@ -285,14 +294,17 @@ async def _gather(
     response: log_pb2.ProduceResponse, parts: list[tuple[str, _Part]]
 ) -> log_pb2.ProduceResponse:
     """The client's answer, once every broker has answered its part."""
-    for address, part in parts:
+    for _, part in parts:
         try:
             answer = await part.answer
         except UpstreamLostError as exc:
+            # Not sent again from here (not even when the broker dropped the
+            # stream unread): the broker may have appended the records, and
+            # a resend the client does not know of could write them twice.
             error = error_proto(
                 NotLeaderOrFollowerError(
-                    f"the gateway lost its produce stream to the leader at {address} ({exc}): "
-                    "the records may not be written; retry"
+                    f"{exc}; the gateway lost its produce stream to the leader, "
+                    "the records may or may not be written: retry"
                 ),
                 "producing",
             )

@@ -6,7 +6,9 @@ with CANCELLED and details "CANCELLED", what gRPC answers for a call its
 grpc.aio server has no room to queue.
 
 It raised that CANCELLED for the broker to pass back unchanged, which the
-SDK decoded as ClosedError ("the client is closed")."""
+SDK decoded as ClosedError ("the client is closed"). A replica past the
+call's deadline is named too, and not followed by another (it passed the
+DEADLINE_EXCEEDED back unnamed)."""
 
 from __future__ import annotations
 
@@ -32,9 +34,11 @@ class Replica(admin_pb2_grpc.AdminServicer):
     """A coordinator replica that cancels DescribeConfigs (`cancels`) or
     answers it with one topic named after the replica."""
 
-    def __init__(self, name: str, cancels: bool) -> None:
+    def __init__(self, name: str, cancels: bool, hangs: bool = False) -> None:
         self.name = name
         self.cancels = cancels
+        #: Never answers: the caller's deadline ends the call.
+        self.hangs = hangs
         self.calls = 0
 
     async def DescribeConfigs(
@@ -43,17 +47,21 @@ class Replica(admin_pb2_grpc.AdminServicer):
         self.calls += 1
         if self.cancels:
             await drop_call(context)
+        if self.hangs:
+            await asyncio.Event().wait()
         return admin_pb2.DescribeConfigsResponse(topics=[admin_pb2.TopicConfigs(name=self.name)])
 
 
-async def forward(addresses: list[str]) -> admin_pb2.DescribeConfigsResponse:
+async def forward(
+    addresses: list[str], timeout_s: float = DEADLINE_S
+) -> admin_pb2.DescribeConfigsResponse:
     pool = ChannelPool()
     forwarding = CoordinatorForwarding(pool, lambda: addresses)
     try:
         async with asyncio.timeout(DEADLINE_S):
             answer: admin_pb2.DescribeConfigsResponse = await forwarding.call(
                 lambda channel: admin_pb2_grpc.AdminStub(channel).DescribeConfigs(
-                    admin_pb2.DescribeConfigsRequest(), timeout=DEADLINE_S
+                    admin_pb2.DescribeConfigsRequest(), timeout=timeout_s
                 ),
                 "DescribeConfigs",
             )
@@ -83,6 +91,30 @@ def test_every_replica_cancelling_is_coordinator_not_available_naming_it() -> No
             with pytest.raises(CoordinatorNotAvailableError) as raised:
                 await forward([a1])
         assert raised.value.retriable
-        assert f"{a1}: the server cancelled the call before answering" in raised.value.message
+        assert raised.value.message == (
+            f"cannot forward DescribeConfigs to a coordinator: coordinator {a1} dropped the "
+            "call (CANCELLED: overloaded or stopping); retry"
+        )
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_past_the_deadline_is_named_and_the_next_not_asked() -> None:
+    """It may still carry the call out: asking another could do it twice."""
+
+    async def scenario() -> None:
+        first = Replica("first", cancels=False, hangs=True)
+        second = Replica("second", cancels=False)
+        async with (
+            serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, first)) as a1,
+            serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, second)) as a2,
+        ):
+            with pytest.raises(CoordinatorNotAvailableError) as raised:
+                await forward([a1, a2], timeout_s=1.0)
+        assert raised.value.message == (
+            f"cannot forward DescribeConfigs to a coordinator: coordinator {a1} did not answer "
+            "in time (DEADLINE_EXCEEDED); retry"
+        )
+        assert (first.calls, second.calls) == (1, 0)
 
     asyncio.run(scenario())

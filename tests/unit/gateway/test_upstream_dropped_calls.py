@@ -1,0 +1,337 @@
+"""What the gateway's clients see when a broker or coordinator behind it
+drops their call, is unreachable or runs out of time: a retriable answer
+that names the upstream and says what happened, worded the same way on
+every path (Log Produce, Fetch and ListOffsets to a broker; unary calls to
+a coordinator).
+
+The real gateway (GatewayServer, its ClusterView on a real etcd) runs in
+the test's process in front of in-process stand-ins over real gRPC on
+loopback, registered in etcd as the cluster's broker and coordinators.
+A stand-in drops a call as gRPC drops one its grpc.aio server has no room
+to queue (past grpc.server.max_pending_requests): CANCELLED, details
+"CANCELLED", no Tidelog error code. The client calls the gateway with the
+generated stubs alone, as a client in another language does.
+
+The gateway answered a dropped produce stream "<address>: CANCELLED:
+CANCELLED", a dropped fetch stream likewise, a dropped ListOffsets with the
+status name only, and passed a coordinator's DEADLINE_EXCEEDED back as
+"Deadline Exceeded", naming no one."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from functools import partial
+
+import grpc
+import grpc.aio
+import pytest
+from tidelog.errors import ERROR_CODE_METADATA_KEY
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
+from tidelog_gateway.config import GatewayConfig
+from tidelog_gateway.server import GatewayServer
+from tidelog_server.etcd import connect
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import (
+    BrokerRegistration,
+    CoordinatorRegistration,
+    PartitionState,
+    TopicAssignment,
+)
+
+from tests.support.etcd import EtcdProcess
+from tests.support.in_process_server import drop_call, serving
+from tests.support.ports import free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+TOPIC = "t"
+#: Generous: the stand-ins answer at once; this only bounds a broken test.
+DEADLINE_S = 30
+#: The gateway's deadline on a forwarded unary call, short so that a
+#: coordinator that never answers runs it out.
+FORWARD_TIMEOUT_S = 1.0
+DROPPED = "dropped the call (CANCELLED: overloaded or stopping)"
+
+
+class DroppingBroker(log_pb2_grpc.LogServicer):
+    """A leader that drops every Produce, Fetch and ListOffsets call."""
+
+    def __init__(self) -> None:
+        self.produce_calls = 0
+
+    async def Produce(
+        self,
+        request_iterator: AsyncIterator[log_pb2.ProduceRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[log_pb2.ProduceResponse]:
+        self.produce_calls += 1
+        await drop_call(context)
+        yield log_pb2.ProduceResponse()  # pragma: no cover (a generator)
+
+    async def Fetch(
+        self,
+        request_iterator: AsyncIterator[log_pb2.FetchRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[log_pb2.FetchResponse]:
+        await drop_call(context)
+        yield log_pb2.FetchResponse()  # pragma: no cover (a generator)
+
+    async def ListOffsets(
+        self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.ListOffsetsResponse:
+        await drop_call(context)
+        raise AssertionError("abort returned")
+
+
+class Coordinator(admin_pb2_grpc.AdminServicer):
+    """A coordinator replica whose DescribeConfigs `drops` the call,
+    `hangs` (never answers), or answers with one topic named after it."""
+
+    def __init__(self, name: str, behaviour: str = "answers") -> None:
+        self.name = name
+        self.behaviour = behaviour
+        self.calls = 0
+
+    async def DescribeConfigs(
+        self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeConfigsResponse:
+        self.calls += 1
+        if self.behaviour == "drops":
+            await drop_call(context)
+        if self.behaviour == "hangs":
+            await asyncio.Event().wait()  # until the gateway's deadline cancels it
+        return admin_pb2.DescribeConfigsResponse(topics=[admin_pb2.TopicConfigs(name=self.name)])
+
+
+def _port(address: str) -> int:
+    return int(address.rpartition(":")[2])
+
+
+@contextlib.asynccontextmanager
+async def gateway_in_front_of(
+    etcd: EtcdProcess, broker: str, coordinators: Sequence[str] = ()
+) -> AsyncIterator[grpc.aio.Channel]:
+    """A channel to a gateway for a cluster whose one broker (at `broker`)
+    leads TOPIC's one partition and whose coordinator replicas are at
+    `coordinators`, in that order: their records written to etcd under a
+    fresh prefix, as the brokers and the coordinators write them."""
+    prefix = f"/gw-{uuid.uuid4().hex}"
+    keys = Keys(prefix)
+    client = connect(etcd.endpoint)
+    try:
+        await client.put(keys.broker(0), BrokerRegistration(0, "127.0.0.1", _port(broker)).encode())
+        for n, address in enumerate(coordinators):
+            registration = CoordinatorRegistration(f"c{n}", "127.0.0.1", _port(address))
+            await client.put(keys.coordinator(f"c{n}"), registration.encode())
+        topic = TopicAssignment(TOPIC, uuid.uuid4().hex, ((0,),), {})
+        await client.put(keys.topic(TOPIC), topic.encode())
+        state = PartitionState(leader=0, leader_epoch=1, isr=(0,))
+        await client.put(keys.partition_state(TOPIC, 0), state.encode())
+    finally:
+        await client.close()
+    gateway = GatewayServer(
+        GatewayConfig(
+            listen_address="127.0.0.1:0",
+            etcd_endpoint=etcd.endpoint,
+            etcd_prefix=prefix,
+            forward_timeout_s=FORWARD_TIMEOUT_S,
+        )
+    )
+    await gateway.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.bound_port}")
+    try:
+        yield channel
+    finally:
+        await channel.close(None)
+        await gateway.stop()
+
+
+def unreachable() -> str:
+    """An address nobody listens on (a broker or coordinator that is down)."""
+    return f"127.0.0.1:{free_port()}"
+
+
+def run(scenario: Callable[[], Awaitable[None]]) -> None:
+    async def bounded() -> None:
+        async with asyncio.timeout(DEADLINE_S * 2):
+            await scenario()
+
+    asyncio.run(bounded())
+
+
+def produce_request() -> log_pb2.ProduceRequest:
+    request = log_pb2.ProduceRequest(correlation_id=1, acks=1, timeout_ms=5000)
+    request.partitions.add(topic=TOPIC, partition=0, records=b"batch bytes, unread")
+    return request
+
+
+async def produce_through(channel: grpc.aio.Channel) -> log_pb2.PartitionProduceResult:
+    call = log_pb2_grpc.LogStub(channel).Produce()
+    try:
+        await call.write(produce_request())
+        response: log_pb2.ProduceResponse = await call.read()
+        return response.partitions[0]
+    finally:
+        call.cancel()
+
+
+@pytest.mark.parametrize("leader", ["drops", "down"])
+def test_a_produce_stream_the_leader_lost_is_retriable_naming_it(
+    etcd: EtcdProcess, leader: str
+) -> None:
+    async def scenario() -> None:
+        broker = DroppingBroker()
+        async with contextlib.AsyncExitStack() as stack:
+            if leader == "drops":
+                address = await stack.enter_async_context(
+                    serving(partial(log_pb2_grpc.add_LogServicer_to_server, broker))
+                )
+                happened = DROPPED
+            else:
+                address = unreachable()
+                happened = "is unavailable (UNAVAILABLE: "
+            channel = await stack.enter_async_context(gateway_in_front_of(etcd, address))
+            result = await produce_through(channel)
+        assert result.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, result
+        assert result.error.message.startswith(f"broker {address} {happened}"), result.error
+        assert "the records may or may not be written: retry" in result.error.message
+        assert result.base_offset == -1
+        if leader == "drops":
+            # Answered, not sent again: the broker may have appended it.
+            assert broker.produce_calls == 1
+
+    run(scenario)
+
+
+def test_a_fetch_stream_the_leader_dropped_is_retriable_naming_it(etcd: EtcdProcess) -> None:
+    async def scenario() -> None:
+        broker = DroppingBroker()
+        async with (
+            serving(partial(log_pb2_grpc.add_LogServicer_to_server, broker)) as address,
+            gateway_in_front_of(etcd, address) as channel,
+        ):
+            call = log_pb2_grpc.LogStub(channel).Fetch()
+            try:
+                await call.write(
+                    log_pb2.FetchRequest(
+                        positions=[log_pb2.FetchPosition(topic=TOPIC, partition=0, fetch_offset=7)],
+                        credit_bytes=1 << 20,
+                    )
+                )
+                response: log_pb2.FetchResponse = await call.read()
+            finally:
+                call.cancel()
+        data = response.partitions[0]
+        assert data.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, data
+        assert data.error.message == (
+            f"broker {address} {DROPPED}; the gateway lost its fetch stream to the leader: "
+            "send the position again"
+        )
+        assert (data.fetch_offset, data.next_offset) == (7, 7)
+
+    run(scenario)
+
+
+def test_list_offsets_the_leader_dropped_is_retriable_naming_it(etcd: EtcdProcess) -> None:
+    async def scenario() -> None:
+        broker = DroppingBroker()
+        async with (
+            serving(partial(log_pb2_grpc.add_LogServicer_to_server, broker)) as address,
+            gateway_in_front_of(etcd, address) as channel,
+        ):
+            request = log_pb2.ListOffsetsRequest()
+            request.partitions.add(topic=TOPIC, partition=0, timestamp_ms=-1)
+            response = await log_pb2_grpc.LogStub(channel).ListOffsets(request, timeout=DEADLINE_S)
+        result = response.partitions[0]
+        assert result.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, result
+        assert result.error.message == f"broker {address} {DROPPED}; retry"
+
+    run(scenario)
+
+
+async def describe_configs(channel: grpc.aio.Channel) -> admin_pb2.DescribeConfigsResponse:
+    answer: admin_pb2.DescribeConfigsResponse = await admin_pb2_grpc.AdminStub(
+        channel
+    ).DescribeConfigs(admin_pb2.DescribeConfigsRequest(), timeout=DEADLINE_S)
+    return answer
+
+
+def coordinator_not_available(exc: grpc.aio.AioRpcError) -> bool:
+    trailing = exc.trailing_metadata() or ()
+    return exc.code() == grpc.StatusCode.UNAVAILABLE and (
+        ERROR_CODE_METADATA_KEY,
+        "COORDINATOR_NOT_AVAILABLE",
+    ) in tuple(trailing)
+
+
+def test_a_coordinator_that_dropped_the_call_is_moved_on_from(etcd: EtcdProcess) -> None:
+    async def scenario() -> None:
+        first, second = Coordinator("first", "drops"), Coordinator("second")
+        async with (
+            serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, first)) as a1,
+            serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, second)) as a2,
+            gateway_in_front_of(etcd, unreachable(), [a1, a2]) as channel,
+        ):
+            answer = await describe_configs(channel)
+        assert [t.name for t in answer.topics] == ["second"]
+        assert (first.calls, second.calls) == (1, 1)
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("coordinators", ["drop", "are down"])
+def test_no_coordinator_answering_is_coordinator_not_available_naming_the_last(
+    etcd: EtcdProcess, coordinators: str
+) -> None:
+    async def scenario() -> None:
+        replica = Coordinator("only", "drops")
+        async with contextlib.AsyncExitStack() as stack:
+            if coordinators == "drop":
+                addresses = [
+                    await stack.enter_async_context(
+                        serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, replica))
+                    )
+                ]
+                happened = DROPPED
+            else:
+                addresses = [unreachable(), unreachable()]
+                happened = "is unavailable (UNAVAILABLE: "
+            channel = await stack.enter_async_context(
+                gateway_in_front_of(etcd, unreachable(), addresses)
+            )
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await describe_configs(channel)
+        assert coordinator_not_available(raised.value), raised.value
+        assert (raised.value.details() or "").startswith(
+            f"cannot forward DescribeConfigs to a coordinator: coordinator {addresses[-1]} "
+            f"{happened}"
+        ), raised.value.details()
+        assert (raised.value.details() or "").endswith("; retry")
+
+    run(scenario)
+
+
+def test_a_coordinator_past_the_deadline_is_named_and_not_asked_again(
+    etcd: EtcdProcess,
+) -> None:
+    async def scenario() -> None:
+        first, second = Coordinator("first", "hangs"), Coordinator("second")
+        async with (
+            serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, first)) as a1,
+            serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, second)) as a2,
+            gateway_in_front_of(etcd, unreachable(), [a1, a2]) as channel,
+        ):
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await describe_configs(channel)
+        assert coordinator_not_available(raised.value), raised.value
+        assert raised.value.details() == (
+            f"cannot forward DescribeConfigs to a coordinator: coordinator {a1} did not "
+            "answer in time (DEADLINE_EXCEEDED); retry"
+        )
+        # The first may still carry the call out: the second is not asked.
+        assert (first.calls, second.calls) == (1, 0)
+
+    run(scenario)
