@@ -3,9 +3,11 @@
 - Produce and Fetch: one proxy per client stream (produce_proxy,
   fetch_proxy), counted against the stream limits;
 - ListOffsets: split by leader, asked of each, answered in request order;
-  a partition that cannot be routed gets its typed error, one whose leader
-  failed the call NOT_LEADER_OR_FOLLOWER naming it and what happened
-  (tidelog_server.forwarding.failure_of); a request over
+  a partition that cannot be routed gets its typed error; one whose leader
+  gave no answer (dropped the call, unavailable, past the deadline) gets
+  NOT_LEADER_OR_FOLLOWER naming it and what happened
+  (tidelog_server.forwarding.unanswered), one whose leader refused the call
+  whole gets that refusal's own typed error, naming the leader; a request over
   the brokers' MAX_LIST_OFFSETS_ENTRIES is refused as they refuse it;
 - Metadata: from the etcd view. The gateway names itself as the only broker
   and as the leader of every partition that has a live leader (-1 while it
@@ -26,11 +28,11 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.errors import InvalidRequestError, TidelogError, error_from_rpc
 from tidelog.request_limits import check_list_offsets_entries, distinct
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
-from tidelog_server.forwarding import failure_of
+from tidelog_server.forwarding import unanswered
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
 
 from tidelog_gateway.channels import Channels
@@ -152,12 +154,21 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                     sub, timeout=self._config.forward_timeout_s
                 )
             except grpc.aio.AioRpcError as exc:
-                # Retriable whatever happened: the leader is asked again
-                # once the client retries (a read, safe to repeat).
-                error = common_pb2.Error(
-                    code=common_pb2.NOT_LEADER_OR_FOLLOWER,
-                    message=f"{failure_of(exc, f'broker {address}')}; retry",
-                )
+                upstream = f"broker {address}"
+                reason = unanswered(exc, upstream)
+                if reason is None:
+                    # The leader's own refusal of the whole share (invalid,
+                    # not authorized, over a quota): its meaning, which a
+                    # "retry" would only repeat.
+                    refusal = error_from_rpc(exc, address=address)
+                    error = error_proto(refusal, "listing offsets")
+                    error.message = f"{upstream} refused the request: {error.message}"
+                else:
+                    # No answer of its own: the leader is asked again once
+                    # the client retries (a read, safe to repeat).
+                    error = common_pb2.Error(
+                        code=common_pb2.NOT_LEADER_OR_FOLLOWER, message=f"{reason}; retry"
+                    )
                 for i in indexes:
                     result = response.partitions[i]
                     result.error.CopyFrom(error)
