@@ -159,9 +159,11 @@ def test_log_append_time_gives_every_record_the_append_time(search: str) -> None
 def _lengths_at(header: BatchHeader, body: bytes) -> int:
     """Where the key lengths start in an uncompressed body."""
     flags = body[0]
-    return 1 + (4 if flags & 1 else 0) * header.record_count + (
-        8 if flags & 2 else 0
-    ) * header.record_count
+    return (
+        1
+        + (4 if flags & 1 else 0) * header.record_count
+        + (8 if flags & 2 else 0) * header.record_count
+    )
 
 
 def _plain(count: int = 4, **kwargs: object) -> tuple[BatchHeader, bytes]:
