@@ -19,6 +19,7 @@ from __future__ import annotations
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from tidelog.compression import CODEC_MASK, CompressionType, decompress, require_available
@@ -91,11 +92,11 @@ def main() -> None:
                             header.last_offset_delta,
                             target,
                         )
-                        lookup = _best_ms(lambda: segment.find_offset_for_timestamp(target), 20)
+                        lookup = _best_ms(partial(segment.find_offset_for_timestamp, target), 20)
                     finally:
                         segment.close()
                 body = batch[HEADER_SIZE:]
-                floor = _best_ms(lambda: decompress(header.attributes & CODEC_MASK, body), 20)
+                floor = _best_ms(partial(decompress, header.attributes & CODEC_MASK, body), 20)
                 name = f"{codec.name.lower()} {value_bytes} B{' +header' if headers else ''}"
                 print(f"{name:<28} {header.record_count:>8} {lookup:>9.3f} {floor:>11.3f}")
 

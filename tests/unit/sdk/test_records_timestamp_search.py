@@ -6,6 +6,7 @@ gives the same index either way."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 import struct
@@ -35,10 +36,8 @@ SEARCHES = {"python": records._first_at_or_after_py, "c": records._first_at_or_a
 def _codecs() -> list[CompressionType]:
     out = []
     for codec in CompressionType:
-        try:
+        with contextlib.suppress(UnsupportedCodecError):
             out.append(require_available(codec))
-        except UnsupportedCodecError:
-            pass
     return out
 
 
