@@ -4,7 +4,9 @@
  * What it owns: turning the checked columns of one batch body into record
  * tuples, one C loop per batch; the columnar read's column pass over the
  * bodies of one fetch answer (arrow_columns, see its section below) and the
- * hand-over of its buffers to pyarrow (export_struct, the same); and
+ * hand-over of its buffers to pyarrow (export_struct, the same); the
+ * broker's search of a timestamp column for ListOffsets (first_at_or_after,
+ * see records.py `first_record_at_or_after`); and
  * keeping the arenas those records free for the next ones
  * (keep_freed_arenas, which tidelog/_memory_reuse.py decides to call).
  * Nothing else: the format, its checks and the pure-Python twin of the
@@ -958,6 +960,55 @@ cached_arena_free(void *ctx, void *ptr, size_t size)
     arenas_underneath.free(arenas_underneath.ctx, ptr, size);
 }
 
+PyDoc_STRVAR(first_at_or_after_doc,
+"first_at_or_after(timestamps, target) -> int\n"
+"\n"
+"The index of the first item of `timestamps` (a buffer of native int64,\n"
+"array('q')) that is >= target, or -1 if none is. A ListOffsets lookup of\n"
+"a batch of small records spent ~40 ns per record on this search in Python\n"
+"(each item boxed into an int); here it is a plain loop over the buffer.");
+
+static PyObject *
+first_at_or_after(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "first_at_or_after(timestamps, target)");
+        return NULL;
+    }
+    /* A target outside int64 compares as Python compares it: above every
+     * item, or below every one. */
+    int overflow;
+    long long target = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (target == -1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    Column col;
+    if (args[0] == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "first_at_or_after: timestamps is a buffer");
+        return NULL;
+    }
+    if (column_get(args[0], &col, 8, "timestamps") < 0) {
+        column_release(&col);
+        return NULL;
+    }
+    const char *p = col.view.buf;
+    Py_ssize_t n = col.view.len / 8;
+    Py_ssize_t found = -1;
+    if (overflow < 0) {
+        found = n > 0 ? 0 : -1;
+    }
+    else if (overflow == 0) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i64_in(p, i) >= target) {
+                found = i;
+                break;
+            }
+        }
+    }
+    column_release(&col);
+    return PyLong_FromSsize_t(found);
+}
+
 PyDoc_STRVAR(keep_freed_arenas_doc,
 "keep_freed_arenas(max_bytes) -> int\n"
 "\n"
@@ -999,6 +1050,8 @@ static PyMethodDef crecords_methods[] = {
      arrow_columns_doc},
     {"export_struct", (PyCFunction)(void (*)(void))export_struct, METH_FASTCALL,
      export_struct_doc},
+    {"first_at_or_after", (PyCFunction)(void (*)(void))first_at_or_after, METH_FASTCALL,
+     first_at_or_after_doc},
     {"keep_freed_arenas", keep_freed_arenas, METH_O, keep_freed_arenas_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -1006,7 +1059,8 @@ static PyMethodDef crecords_methods[] = {
 static struct PyModuleDef crecords_module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "tidelog._crecords",
-    .m_doc = "The consumer's per-record loop and the columnar read's column pass in C; "
+    .m_doc = "The consumer's per-record loop, the columnar read's column pass and the "
+              "broker's timestamp search in C; "
               "see tidelog.records and tidelog.columnar.",
     .m_size = 0,
     .m_methods = crecords_methods,

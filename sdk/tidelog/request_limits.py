@@ -38,7 +38,8 @@ MAX_PARTITIONS_PER_REQUEST = 10_000
 #: requests at this size (`in_requests_of`).
 MAX_LIST_OFFSETS_ENTRIES = 1000
 #: Distinct timestamps (timestamp_ms >= 0) one ListOffsets request may look
-#: up in one partition: each decodes a batch of it (up to max.message.bytes).
+#: up in one partition: each reads and checks a batch of it (up to
+#: max.message.bytes).
 #: Entries past it are answered INVALID_REQUEST; a timestamp repeated is
 #: looked up once, and latest (-1) and earliest (-2) are not counted.
 MAX_TIMESTAMPS_PER_PARTITION = 8

@@ -2,17 +2,20 @@
 partition may be named more than once (earliest and latest in one request),
 each distinct entry is looked up once, at most MAX_TIMESTAMPS_PER_PARTITION
 distinct timestamps per partition and MAX_LIST_OFFSETS_ENTRIES entries per
-request; the SDK splits its requests so that it never meets that limit.
+request; the SDK splits its requests so that it never meets that limit. A
+timestamp lookup answers the first record reaching it, wherever it is.
 (Through a cluster's broker and the gateway: coordinator/test_admin_limits.py.)"""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
 import grpc
 import pytest
 from tidelog import AdminClient, Consumer, NewTopic, OffsetSpec, Producer, TopicPartition
+from tidelog.compression import CompressionType
 from tidelog.errors import ERROR_CODE_METADATA_KEY
 from tidelog.records import encode_batch
 from tidelog.request_limits import MAX_LIST_OFFSETS_ENTRIES, MAX_TIMESTAMPS_PER_PARTITION
@@ -37,10 +40,16 @@ METADATA_INTERVAL_S = 0.05
 
 def produce_batch(address: str, topic: str, partition: int, timestamps: list[int]) -> None:
     """One batch of one-byte records with these timestamps, from offset 0."""
-    batch = encode_batch([b"x"] * len(timestamps), timestamps=timestamps)
+    produce_records(
+        address, topic, partition, encode_batch([b"x"] * len(timestamps), timestamps=timestamps)
+    )
+
+
+def produce_records(address: str, topic: str, partition: int, batches: bytes) -> None:
+    """Batches (encoded, back to back) in one produce request, from offset 0."""
     request = log_pb2.ProduceRequest(
         acks=1,
-        partitions=[log_pb2.PartitionRecords(topic=topic, partition=partition, records=batch)],
+        partitions=[log_pb2.PartitionRecords(topic=topic, partition=partition, records=batches)],
     )
     with grpc.insecure_channel(address) as channel:
         (answer,) = list(log_pb2_grpc.LogStub(channel).Produce(iter([request]), timeout=30))
@@ -92,6 +101,37 @@ def test_earliest_latest_and_a_timestamp_of_one_partition_in_one_request(
         (common_pb2.NONE, 3, start + 30),
         # After the last record: none found.
         (common_pb2.NONE, -1, -1),
+    ]
+
+
+def test_a_timestamp_finds_the_first_record_reaching_it_in_any_batch(
+    broker: BrokerProcess, topic_name: str
+) -> None:
+    """Timestamps out of order within batches (CreateTime is the
+    producers'), batches compressed or not: each lookup answers the first
+    record, in offset order, whose timestamp reaches the target (as Kafka
+    does), not the nearest one; past every record, none."""
+    with AdminClient(broker.address) as admin:
+        admin.create_topics([NewTopic(topic_name, 1, 1)])
+    start = int(time.time() * 1000) - 100_000
+    rng = random.Random(1128)
+    timestamps: list[int] = []
+    batches = []
+    for codec in (CompressionType.NONE, CompressionType.GZIP, CompressionType.NONE):
+        # Rising from batch to batch, shuffled within each.
+        stamps = [start + len(timestamps) * 10 + rng.randrange(3_000) for _ in range(300)]
+        batches.append(encode_batch([b"x"] * len(stamps), timestamps=stamps, codec=codec))
+        timestamps += stamps
+    produce_records(broker.address, topic_name, 0, b"".join(batches))
+    asked = sorted(rng.sample(range(start - 5, max(timestamps) + 5), MAX_TIMESTAMPS_PER_PARTITION))
+    expected = []
+    for target in asked:
+        found = next((i for i, t in enumerate(timestamps) if t >= target), None)
+        answer = (-1, -1) if found is None else (found, timestamps[found])
+        expected.append((common_pb2.NONE, *answer))
+    assert list_offsets(broker.address, [(topic_name, 0, t) for t in asked]) == expected
+    assert list_offsets(broker.address, [(topic_name, 0, max(timestamps) + 1)]) == [
+        (common_pb2.NONE, -1, -1)
     ]
 
 

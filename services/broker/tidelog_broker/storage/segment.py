@@ -37,7 +37,7 @@ from tidelog.records import (
     HEADER_SIZE,
     LOG_OVERHEAD,
     BatchHeader,
-    decode_body,
+    first_record_at_or_after,
     read_header,
     validate_batch,
 )
@@ -507,7 +507,9 @@ class LogSegment:
 
     def find_offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record whose timestamp is >=
-        `timestamp_ms`, or None. Decodes only the batch that holds it."""
+        `timestamp_ms`, or None. Reads only the batches whose max timestamp
+        reaches it, and of those only the timestamp column (after the checks
+        a decode makes): no record is built."""
         if self._max_timestamp < timestamp_ms:
             return None
         position = self.offset_index.lookup(self.time_index.scan_start(timestamp_ms))
@@ -519,10 +521,9 @@ class LogSegment:
                 body = os.pread(self._log_fd, body_bytes, position + HEADER_SIZE)
                 if len(body) < body_bytes:
                     raise OSError(errno.EIO, f"{self.log_path}: short read at {position}")
-                batch = decode_body(header, body)
-                for offset, timestamp in zip(batch.offsets, batch.timestamps, strict=True):
-                    if timestamp >= timestamp_ms:
-                        return offset, timestamp
+                found = first_record_at_or_after(header, body, timestamp_ms)
+                if found is not None:
+                    return found
             position += header.size
         return None
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import struct
+import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
 
+import crc32c
 import pytest
-from tidelog.records import iter_batches, set_base_offset
+from tidelog.compression import CompressionType
+from tidelog.errors import InvalidRecordError
+from tidelog.records import CRC_START, HEADER_SIZE, encode_batch, iter_batches, set_base_offset
 from tidelog_broker.storage import segment as segment_module
 from tidelog_broker.storage.segment import AppendedBatch, LogSegment
 
@@ -95,6 +100,64 @@ def test_time_lookup_decodes_only_the_holding_batch(segment: LogSegment) -> None
     assert segment.find_offset_for_timestamp(41) == (1010, 50)
     assert segment.find_offset_for_timestamp(90) == (1018, 90)
     assert segment.find_offset_for_timestamp(91) is None
+
+
+def test_time_lookup_answers_the_first_record_reaching_the_target(segment: LogSegment) -> None:
+    """Timestamps out of order within a batch (CreateTime is the
+    producers'): the first record in offset order at or above the target,
+    not the nearest, as Kafka answers; compressed batches alike."""
+    _append(
+        segment,
+        [
+            bytearray(encode_batch([b"a"] * 4, timestamps=[50, 10, 70, 30])),
+            bytearray(
+                encode_batch([b"b"] * 3, timestamps=[90, 60, 95], codec=CompressionType.GZIP)
+            ),
+        ],
+    )
+    assert segment.find_offset_for_timestamp(20) == (1000, 50)
+    assert segment.find_offset_for_timestamp(55) == (1002, 70)
+    assert segment.find_offset_for_timestamp(71) == (1004, 90)
+    assert segment.find_offset_for_timestamp(91) == (1006, 95)
+    assert segment.find_offset_for_timestamp(96) is None
+
+
+#: Records of 10-byte values in the memory test's batch: a body of ~1 MiB.
+_SMALL_RECORDS = 40_000
+
+
+def test_time_lookup_builds_no_record(segment: LogSegment) -> None:
+    """Invariant 1: the broker builds no per-record objects. A lookup in a
+    batch of ~1 MiB of small records holds the body and its number columns
+    (~2x the body at its peak); decoding it built ~8x (every value, offset
+    and timestamp as an object)."""
+    count = _SMALL_RECORDS
+    batch = encode_batch([b"0123456789"] * count, timestamps=list(range(count)))
+    _append(segment, [bytearray(batch)])
+    assert segment.find_offset_for_timestamp(count - 1) == (1000 + count - 1, count - 1)
+    tracemalloc.start()
+    try:
+        assert segment.find_offset_for_timestamp(count - 1) == (1000 + count - 1, count - 1)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 3 * len(batch), f"peak {peak} bytes for a batch of {len(batch)}"
+
+
+def test_time_lookup_refuses_a_stored_body_that_lies(segment: LogSegment) -> None:
+    """A stored batch whose value length claims more than its body holds
+    (stored before brokers checked bodies): the lookup that reaches it is
+    refused as decoding it was, with InvalidRecordError, and lookups
+    answered by the batches before it still are."""
+    good = make_batch(2, timestamp_ms=10)
+    bad = bytearray(encode_batch([b"x" * 10] * 2, timestamps=[20, 30]))
+    value_lengths_at = HEADER_SIZE + 1 + 8 * 2 + 4 * 2  # flags, timestamps, key lengths
+    struct.pack_into("<i", bad, value_lengths_at, 2**31 - 1)
+    struct.pack_into(">I", bad, 17, crc32c.crc32c(bad[CRC_START:]))  # a CRC that agrees
+    _append(segment, [good, bad])
+    assert segment.find_offset_for_timestamp(5) == (1000, 10)
+    with pytest.raises(InvalidRecordError, match="add up to"):
+        segment.find_offset_for_timestamp(15)
 
 
 # ---------------------------------------------------------------- all or nothing
