@@ -3,8 +3,9 @@
 A timestamp lookup reads, checks and searches a batch of the partition, on
 the event loop (its timestamp column only, no record built: ~1.5 ms for a
 1 MiB batch of 10-byte records, `python -m bench.timestamp_lookup`; a full
-decode took ~10 ms). Answered entry by entry, one partition named thousands of times with a
-timestamp kept the broker busy for seconds and every other client waiting.
+decode took ~10 ms). Answered entry by entry, one partition named thousands
+of times with a timestamp kept the broker busy for seconds and every other
+client waiting.
 So, within one request:
 - each distinct (topic, partition, timestamp_ms) is looked up once, and an
   entry repeating it gets the same answer (one answer per entry, in request
