@@ -31,6 +31,7 @@ from tidelog.config import GRPC_MAX_MESSAGE_BYTES, CommonConfig
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     BrokerNotAvailableError,
+    ClosedError,
     TidelogError,
     UnknownTopicOrPartitionError,
     error_from_code,
@@ -160,7 +161,9 @@ class Cluster:
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if self._closed:
-            raise BrokerNotAvailableError("the client is closed")
+            # Not BrokerNotAvailableError: retrying cannot make a closed
+            # client reach anything (and retry loops stop at ClosedError).
+            raise ClosedError("the client is closed")
         channel = self._channels.get(address)
         if channel is None:
             channel = self._config.security.aio_channel(address, options=self._options)
