@@ -22,7 +22,6 @@ from tidelog._fetch_wire import FetchedPartition
 from tidelog._fetcher import DATA
 from tidelog._subscription import _EMPTY, SubscriptionState
 from tidelog.columnar import decode_fetch, records_to_arrow
-from tidelog.errors import TidelogError
 from tidelog.types import TopicPartition
 
 ArrowBatches = dict[TopicPartition, list[pa.RecordBatch]]
@@ -32,9 +31,7 @@ def collect_arrow(subs: SubscriptionState, include_headers: bool) -> ArrowBatche
     """Everything fetched so far, without waiting, as RecordBatches per
     partition (in offset order). Raises a partition error only when nothing
     is returned with it (otherwise on the next call), as collect() does."""
-    if subs._pending_error is not None:
-        error, subs._pending_error = subs._pending_error, None
-        raise error
+    subs._raise_unraised()
     subs._raise_undecodable()
     out: ArrowBatches = {}
     for state in list(subs._ready):
@@ -50,6 +47,8 @@ def collect_arrow(subs: SubscriptionState, include_headers: bool) -> ArrowBatche
             item = inbox.popleft()
             if item[0] != DATA:
                 subs._take(item)
+                if subs._unraised:
+                    break  # an error comes after the records before it
                 continue
             _, session, tp, data = item
             size = data.records_size
@@ -59,14 +58,11 @@ def collect_arrow(subs: SubscriptionState, include_headers: bool) -> ArrowBatche
             batch = _take_arrow(subs, tp, data, include_headers)
             if batch is not None and batch.num_rows:
                 out.setdefault(tp, []).append(batch)
-    except TidelogError as exc:
-        if not out:
-            raise
-        subs._pending_error = exc
     finally:
         if subs._credit_total >= subs._grant_threshold:
             subs.flush_credit()
     if not out:
+        subs._raise_unraised()
         subs._raise_undecodable()
     return out
 

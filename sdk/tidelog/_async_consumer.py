@@ -399,15 +399,13 @@ class AsyncConsumer:
         self._subs.reset(check_partitions(partitions) or sorted(self._subs.assignment()), strategy)
 
     async def position(self, partition: TopicPartition) -> int:
+        """The offset of the next record for `partition` (see Consumer.position)."""
         self._check_open()
         tp = TopicPartition(*partition)
         deadline = time.monotonic() + self._timeout_s
         while True:
             self._data.clear()
-            position = self._subs.position(tp)
-            if position is None:
-                self._subs.absorb()
-                position = self._subs.position(tp)
+            position = self._subs.position_now(tp)
             if position is not None:
                 return position
             remaining = deadline - time.monotonic()

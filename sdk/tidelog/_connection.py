@@ -5,9 +5,10 @@
 - one grpc.aio channel per broker address (created on first use, with the
   message size and keepalive options every Tidelog client uses);
 - bootstrap: the first Metadata call goes to the configured servers in turn
-  until one answers; while none can be reached, a call that waits for
-  metadata gives up after socket_connection_setup_timeout_ms, naming the
-  addresses, instead of waiting out its whole timeout in silence;
+  until one answers; while none can be reached (one that cancels the call
+  was reached), a call that waits for metadata gives up after
+  socket_connection_setup_timeout_ms, naming the addresses, instead of
+  waiting out its whole timeout in silence;
 - the metadata cache: an immutable `MetadataSnapshot` replaced as a whole on
   each refresh, so other threads (the producer's send()) may read it without
   a lock; refreshes are coalesced (concurrent callers share one RPC).
@@ -31,10 +32,12 @@ from tidelog.config import GRPC_MAX_MESSAGE_BYTES, CommonConfig
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     BrokerNotAvailableError,
+    ClosedError,
     TidelogError,
     UnknownTopicOrPartitionError,
     error_from_code,
     error_from_rpc,
+    is_server_cancelled,
     is_unanswered,
 )
 from tidelog.names import validate_topic_name
@@ -153,14 +156,16 @@ class Cluster:
         self._refreshing: asyncio.Future[MetadataSnapshot] | None = None
         self._closed = False
         # time.monotonic() since when no server could be reached (None: the
-        # last refresh was answered).
+        # last refresh reached one, answered or not).
         self._unreachable_since: float | None = None
 
     # ------------------------------------------------------------ channels
 
     def channel(self, address: str) -> grpc.aio.Channel:
         if self._closed:
-            raise BrokerNotAvailableError("the client is closed")
+            # Not BrokerNotAvailableError: retrying cannot make a closed
+            # client reach anything (and retry loops stop at ClosedError).
+            raise ClosedError("the client is closed")
         channel = self._channels.get(address)
         if channel is None:
             channel = self._config.security.aio_channel(address, options=self._options)
@@ -253,18 +258,26 @@ class Cluster:
         )
         timeout_s = self._config.request_timeout_ms / 1000
         last_error: Exception | None = None
+        reached = False
         for address in self.any_address():
             try:
                 response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
             except grpc.aio.AioRpcError as exc:
                 last_error = error_from_rpc(exc, address=address)
                 if is_unanswered(exc):
+                    # A server that cancelled the call was reached (busy, or
+                    # stopping): callers retry it for their whole timeout.
+                    # socket_connection_setup_timeout_ms bounds only the
+                    # wait for a server that cannot be reached at all.
+                    reached = reached or is_server_cancelled(exc)
                     continue
                 raise last_error from exc
             self.snapshot = self._snapshot_from(response, address)
             self._unreachable_since = None
             return self.snapshot
-        if self._unreachable_since is None:
+        if reached:
+            self._unreachable_since = None
+        elif self._unreachable_since is None:
             self._unreachable_since = time.monotonic()
         raise BrokerNotAvailableError(
             f"no broker answered Metadata at {', '.join(self.any_address())}: {last_error}"

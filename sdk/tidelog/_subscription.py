@@ -20,6 +20,13 @@ out in offset order. Per partition it keeps:
   before it are returned first; then every poll raises it (an
   UndecodableBatchError naming the partition and offset) until the
   application seeks, as Kafka's consumer does with a corrupt record;
+- `stopped_by`: the fetcher's error about the current position (no offset
+  to reset to, access denied, no such partition, ...): the fetcher stopped
+  reading the partition until the application seeks. poll() raises each
+  such error once, in the order they came, whatever partition it concerns;
+  a read of named partitions raises theirs only; and position(tp), while
+  tp's position is unknown, raises tp's (never another partition's), as
+  Kafka's consumer does;
 - `paused`: pause() stops the fetcher reading the partition and keeps its
   decoded records out of poll() until resume(); the position holds. A
   partition that leaves the assignment (a rebalance revoking it) forgets
@@ -113,6 +120,7 @@ class _PartitionState:
         "index",
         "paused",
         "records",
+        "stopped_by",
         "tp",
     )
 
@@ -124,6 +132,7 @@ class _PartitionState:
         self.index = 0
         self.highwater: int | None = None
         self.error: UndecodableBatchError | None = None
+        self.stopped_by: TidelogError | None = None
         self.paused = False
 
     def position(self) -> int | None:
@@ -151,7 +160,9 @@ class SubscriptionState:
         self._states: dict[TopicPartition, _PartitionState] = {}
         # Partitions holding decoded records not yet returned, in arrival order.
         self._ready: deque[_PartitionState] = deque()
-        self._pending_error: BaseException | None = None
+        # Partition errors taken from the inbox that poll() has not raised
+        # yet, oldest first, with the epoch each is about: (state, epoch, error).
+        self._unraised: deque[tuple[_PartitionState, int, TidelogError]] = deque()
         # Consumed bytes not yet granted back, per fetch session id.
         self._credit: dict[int, int] = {}
         self._credit_total = 0
@@ -219,6 +230,7 @@ class SubscriptionState:
         state.records = _EMPTY
         state.index = 0
         state.error = None
+        state.stopped_by = None
         self._failed.pop(state.tp, None)
         if state in self._ready:
             self._ready.remove(state)
@@ -241,6 +253,20 @@ class SubscriptionState:
     def position(self, tp: TopicPartition) -> int | None:
         """The next offset poll() returns; None while a reset is pending."""
         return self.state(tp).position()
+
+    def position_now(self, tp: TopicPartition) -> int | None:
+        """Consumer.position(): the position, taking what the fetcher sent
+        when it is not known yet; None while tp's reset is under way. Raises
+        the error that keeps tp's position unknown (until a seek), and no
+        other partition's: those wait for poll()."""
+        state = self.state(tp)
+        position = state.position()
+        if position is None:
+            self.absorb()
+            position = state.position()
+            if position is None and state.stopped_by is not None:
+                raise state.stopped_by
+        return position
 
     def highwater(self, tp: TopicPartition) -> int | None:
         return self.state(tp).highwater
@@ -297,9 +323,7 @@ class SubscriptionState:
         on the next call)."""
         if only is not None:
             return self._collect_only(max_records, only)
-        if self._pending_error is not None:
-            error, self._pending_error = self._pending_error, None
-            raise error
+        self._raise_unraised()
         self._raise_undecodable()
         out: dict[TopicPartition, list[ConsumerRecord]] = {}
         count = 0
@@ -325,17 +349,14 @@ class SubscriptionState:
                         got.extend(taken)
                     count += end - start
                     continue
-                if not inbox:
-                    break
+                if not inbox or self._unraised:
+                    break  # an error comes after the records before it
                 self._take(inbox.popleft())
-        except TidelogError as exc:
-            if not out:
-                raise
-            self._pending_error = exc
         finally:
             if self._credit_total >= self._grant_threshold:
                 self.flush_credit()
         if not out:
+            self._raise_unraised()
             self._raise_undecodable()
         return out
 
@@ -364,11 +385,30 @@ class SubscriptionState:
                 state.index = 0
                 self._ready.remove(state)
         if not out:
+            self._raise_unraised(only)
             for tp in only:
                 state = self._states[tp]
                 if state.error is not None and state.index >= len(state.records):
                     raise state.error
         return out
+
+    def _raise_unraised(self, only: frozenset[TopicPartition] | None = None) -> None:
+        """Raise the oldest partition error poll() has not raised (of the
+        partitions in `only` when given; the others keep waiting). An error
+        about a position since abandoned (a seek, a revoke) is dropped."""
+        kept: list[tuple[_PartitionState, int, TidelogError]] = []
+        try:
+            while self._unraised:
+                entry = self._unraised.popleft()
+                state, epoch, error = entry
+                if self._states.get(state.tp) is not state or state.epoch != epoch:
+                    continue
+                if only is not None and state.tp not in only:
+                    kept.append(entry)
+                    continue
+                raise error
+        finally:
+            self._unraised.extendleft(reversed(kept))
 
     def _raise_undecodable(self) -> None:
         """Raise the error of a partition stopped at a batch it cannot decode,
@@ -379,7 +419,7 @@ class SubscriptionState:
 
     def absorb(self) -> None:
         """Take every inbox item (resets, errors, data) without returning
-        records: position() uses it while waiting for a reset."""
+        records or raising: position() uses it while waiting for a reset."""
         inbox = self._inbox
         try:
             while inbox:
@@ -417,9 +457,12 @@ class SubscriptionState:
             # Records fetched before the reset point stay: they were valid.
             state.fetched_to = payload
             return
-        if isinstance(payload, TidelogError) and payload.topic is None:
+        # An error: kept for poll() and for position(tp), not raised here
+        # (absorb() takes every partition's, for a caller asking about one).
+        if payload.topic is None:
             payload.about(tp.topic, tp.partition)
-        raise payload
+        state.stopped_by = payload
+        self._unraised.append((state, epoch, payload))
 
     def _take_data(self, tp: TopicPartition, data: FetchedPartition) -> None:
         state = self._states.get(tp)

@@ -35,6 +35,7 @@ from tidelog._admin_security import (
     ClientQuota,
     SecurityAdmin,
 )
+from tidelog._closing_calls import RunningCalls, ended_by_close
 from tidelog._connection import Cluster
 from tidelog._loop_thread import LoopThread
 from tidelog.config import AdminConfig
@@ -178,14 +179,19 @@ _SOURCES = {
 }
 
 
+@ended_by_close
 class AsyncAdminClient(AsyncSecurityAdmin):
-    """Topic administration on asyncio. Options: see `tidelog.config.AdminConfig`."""
+    """Topic administration on asyncio. Options: see `tidelog.config.AdminConfig`.
+
+    A call running when close() is called, or made after it, raises
+    ClosedError (`_closing_calls`)."""
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
         self._config = AdminConfig(bootstrap_servers=bootstrap_servers, **options)
         self._cluster = Cluster(self._config)
         self._timeout_s = self._config.request_timeout_ms / 1000
         self._closed = False
+        self._running = RunningCalls("admin client")
         # Consumer groups live on the coordinator (found through the brokers).
         self._groups = GroupAdmin(self._cluster, self._config)
 
@@ -549,6 +555,8 @@ class AsyncAdminClient(AsyncSecurityAdmin):
     async def close(self) -> None:
         if not self._closed:
             self._closed = True
+            # The calls end first: none goes on to open a channel again.
+            await self._running.end()
             await self._groups.close()
             await self._cluster.close()
 

@@ -413,17 +413,17 @@ class Consumer:
 
     def position(self, partition: TopicPartition, timeout: float | None = None) -> int:
         """The offset of the next record poll() returns for `partition`,
-        waiting (up to `timeout`, default request_timeout_ms) for a reset."""
+        waiting (up to `timeout`, default request_timeout_ms) for a reset.
+        Raises the error that keeps this partition's position unknown (such
+        as NoOffsetForPartitionError), until a seek; another partition's
+        errors are left to poll()."""
         self._check_open()
         tp = TopicPartition(*partition)
         deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
         while True:
             self._data.clear()
             self._check_wakeup_outside_poll()
-            position = self._subs.position(tp)
-            if position is None:
-                self._subs.absorb()
-                position = self._subs.position(tp)
+            position = self._subs.position_now(tp)
             if position is not None:
                 return position
             remaining = deadline - time.monotonic()

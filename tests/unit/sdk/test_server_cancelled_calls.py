@@ -18,6 +18,8 @@ import grpc
 import grpc.aio
 import pytest
 from tidelog import AsyncAdminClient, AsyncProducer
+from tidelog._connection import Cluster
+from tidelog.config import AdminConfig
 from tidelog.errors import BrokerNotAvailableError, ClosedError
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
 
@@ -102,5 +104,41 @@ def test_metadata_the_broker_cancelled_is_asked_again() -> None:
             finally:
                 await producer.stop()
         assert (broker.to_cancel, broker.cancelled) == (0, 2)
+
+    asyncio.run(scenario())
+
+
+#: Metadata calls the stand-in cancels before it answers: the client backs
+#: off retry_backoff_ms between two, so they last at least
+#: (CANCELLED_CALLS - 1) * BACKOFF_MS, far past SETUP_TIMEOUT_MS.
+CANCELLED_CALLS = 30
+BACKOFF_MS = 20
+SETUP_TIMEOUT_MS = 100
+
+
+def test_metadata_servers_cancelling_are_waited_for_the_whole_timeout() -> None:
+    """A server that cancels calls was reached: socket_connection_setup_timeout_ms
+    (the bound for a cluster that cannot be reached at all) does not apply.
+    The old Cluster.topic() gave up after it, as if the server did not exist."""
+
+    async def scenario() -> None:
+        broker = MetadataCancelling()
+        async with serving(partial(log_pb2_grpc.add_LogServicer_to_server, broker)) as address:
+            broker.port = int(address.rsplit(":", 1)[1])
+            broker.to_cancel = CANCELLED_CALLS
+            cluster = Cluster(
+                AdminConfig(
+                    bootstrap_servers=address,
+                    retry_backoff_ms=BACKOFF_MS,
+                    socket_connection_setup_timeout_ms=SETUP_TIMEOUT_MS,
+                )
+            )
+            try:
+                async with asyncio.timeout(DEADLINE_S):
+                    meta = await cluster.topic(TOPIC, timeout_s=DEADLINE_S)
+                assert meta.partition_count == 3
+            finally:
+                await cluster.close()
+        assert broker.cancelled == CANCELLED_CALLS
 
     asyncio.run(scenario())
