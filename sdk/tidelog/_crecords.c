@@ -1009,6 +1009,135 @@ first_at_or_after(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     return PyLong_FromSsize_t(found);
 }
 
+PyDoc_STRVAR(check_header_blocks_doc,
+"check_header_blocks(blocks, lengths, check_utf8) -> None or tuple\n"
+"\n"
+"records.py `_check_header_blocks` in one C loop: walk every header block\n"
+"(blocks: the body's tail where they are concatenated; lengths: int32, one\n"
+"per record, <= 0 for none) without building a header. Each block is a\n"
+"little-endian u16 count, then per header a u16 key length, the key (UTF-8,\n"
+"checked when check_utf8), an i32 value length and the value (none for a\n"
+"length <= 0). None when every block holds exactly its declared headers;\n"
+"else ('mismatch', declared, taken) for a block whose headers do not fill\n"
+"exactly its bytes, or ('malformed', why) for a read past the blocks' end\n"
+"or a key that is not UTF-8: the caller raises the error. The Python walk\n"
+"took ~0.3 us per header, on every produced batch that carries headers.");
+
+static inline uint32_t
+u16_le(const unsigned char *p)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8);
+}
+
+static inline int32_t
+i32_le(const unsigned char *p)
+{
+    return (int32_t)((uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
+                     ((uint32_t)p[3] << 24));
+}
+
+static PyObject *
+malformed_at(const char *what, Py_ssize_t at, Py_ssize_t size)
+{
+    return Py_BuildValue("(sN)", "malformed",
+                         PyUnicode_FromFormat("a %s at byte %zd runs past the blocks' end (%zd bytes)",
+                                              what, at, size));
+}
+
+static PyObject *
+check_header_blocks(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "check_header_blocks(blocks, lengths, check_utf8)");
+        return NULL;
+    }
+    int check_utf8 = PyObject_IsTrue(args[2]);
+    if (check_utf8 < 0) {
+        return NULL;
+    }
+    Column blocks_col, lengths_col;
+    if (column_get(args[0], &blocks_col, 1, "blocks") < 0 || args[0] == Py_None) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "check_header_blocks: blocks is a buffer");
+        }
+        column_release(&blocks_col);
+        return NULL;
+    }
+    if (column_get(args[1], &lengths_col, 4, "lengths") < 0 || args[1] == Py_None) {
+        if (!PyErr_Occurred()) {
+            PyErr_SetString(PyExc_TypeError, "check_header_blocks: lengths is a buffer");
+        }
+        column_release(&lengths_col);
+        column_release(&blocks_col);
+        return NULL;
+    }
+    const unsigned char *b = blocks_col.view.buf;
+    Py_ssize_t size = blocks_col.view.len;
+    Py_ssize_t n = lengths_col.view.len / 4;
+    Py_ssize_t pos = 0;
+    PyObject *problem = NULL;
+    for (Py_ssize_t i = 0; i < n && problem == NULL; i++) {
+        int32_t length = i32_at(&lengths_col, i);
+        if (length <= 0) {
+            continue;
+        }
+        Py_ssize_t end = pos + length;
+        if (pos + 2 > size) {
+            problem = malformed_at("header count", pos, size);
+            break;
+        }
+        uint32_t count = u16_le(b + pos);
+        Py_ssize_t at = pos + 2;
+        for (uint32_t h = 0; h < count; h++) {
+            if (at + 2 > size) {
+                problem = malformed_at("header key length", at, size);
+                break;
+            }
+            Py_ssize_t klen = (Py_ssize_t)u16_le(b + at);
+            if (check_utf8) {
+                /* As the Python walk: the key as far as the blocks reach. */
+                Py_ssize_t have = size - (at + 2) < klen ? size - (at + 2) : klen;
+                PyObject *key = PyUnicode_DecodeUTF8((const char *)b + at + 2, have, "strict");
+                if (key == NULL) {
+                    if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                        break; /* memory: raised as it is */
+                    }
+                    PyErr_Clear();
+                    problem = Py_BuildValue("(ss)", "malformed", "a header key is not UTF-8");
+                    break;
+                }
+                Py_DECREF(key);
+            }
+            if (at + 2 + klen + 4 > size) {
+                problem = malformed_at("header value length", at + 2 + klen, size);
+                break;
+            }
+            int32_t vlen = i32_le(b + at + 2 + klen);
+            at += 6 + klen + (vlen > 0 ? vlen : 0);
+            if (at > end) {
+                break;
+            }
+        }
+        if (problem == NULL && !PyErr_Occurred() && at != end) {
+            problem = Py_BuildValue("(snn)", "mismatch", (Py_ssize_t)length, at - pos);
+        }
+        if (PyErr_Occurred()) {
+            break;
+        }
+        pos = end;
+    }
+    column_release(&lengths_col);
+    column_release(&blocks_col);
+    if (PyErr_Occurred()) {
+        Py_XDECREF(problem);
+        return NULL;
+    }
+    if (problem == NULL) {
+        Py_RETURN_NONE;
+    }
+    return problem;
+}
+
 PyDoc_STRVAR(keep_freed_arenas_doc,
 "keep_freed_arenas(max_bytes) -> int\n"
 "\n"
@@ -1052,6 +1181,8 @@ static PyMethodDef crecords_methods[] = {
      export_struct_doc},
     {"first_at_or_after", (PyCFunction)(void (*)(void))first_at_or_after, METH_FASTCALL,
      first_at_or_after_doc},
+    {"check_header_blocks", (PyCFunction)(void (*)(void))check_header_blocks, METH_FASTCALL,
+     check_header_blocks_doc},
     {"keep_freed_arenas", keep_freed_arenas, METH_O, keep_freed_arenas_doc},
     {NULL, NULL, 0, NULL},
 };
