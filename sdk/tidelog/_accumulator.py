@@ -90,14 +90,6 @@ RECORD_OVERHEAD = 8
 BATCH_OVERHEAD = HEADER_SIZE + 1
 
 
-def record_size(key: bytes | None, value: bytes | None, headers: Sequence[Header] | None) -> int:
-    """Bytes a record adds to an uncompressed batch."""
-    size = RECORD_OVERHEAD + (0 if value is None else len(value)) + (0 if key is None else len(key))
-    if headers:
-        size += 4 + sum(8 + len(k) + len(v or b"") for k, v in headers)
-    return size
-
-
 class Placement(NamedTuple):
     """Where a run of appended records went: records `first` to
     `first + length - 1` of the batch whose outcome is `result` (so record
@@ -110,6 +102,18 @@ class Placement(NamedTuple):
 
 class BufferFullError(Exception):
     """Internal: the buffer is full and the caller asked not to block."""
+
+
+def record_size(key: bytes | None, value: bytes | None, headers: Sequence[Header] | None) -> int:
+    """Bytes a record adds to an uncompressed batch, as the accumulator counts
+    them (keys of headers by their UTF-8 bytes). producer._check_headers
+    counts headers the same way inside its check, the pass send() pays."""
+    size = RECORD_OVERHEAD + (0 if value is None else len(value)) + (0 if key is None else len(key))
+    if headers:
+        size += 4
+        for k, v in headers:
+            size += 8 + (len(k) if k.isascii() else len(k.encode())) + (0 if v is None else len(v))
+    return size
 
 
 class ProducerBatch:

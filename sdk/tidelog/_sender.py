@@ -53,6 +53,7 @@ from tidelog.errors import (
     BrokerNotAvailableError,
     ClosedError,
     InvalidProducerEpochError,
+    InvalidRecordError,
     NotLeaderOrFollowerError,
     OutOfOrderSequenceError,
     RequestTimedOutError,
@@ -415,7 +416,19 @@ class Sender:
             out.append((partitions, _InFlight(0, 0.0, dict(current))))
 
         for batch in batches:
-            size = len(batch.encode(codec))
+            try:
+                size = len(batch.encode(codec))
+            except Exception as exc:
+                # A record send() should have refused (the format cannot hold
+                # it): its batch fails; the sender, and every other batch,
+                # go on. Left to propagate, it stopped the sender for good.
+                self._fail(
+                    batch,
+                    InvalidRecordError(
+                        f"{batch.topic}-{batch.partition}: the batch cannot be encoded: {exc!r}"
+                    ),
+                )
+                continue
             key = (batch.topic, batch.partition)
             if current and (current_bytes + size > limit or (one_per_partition and key in current)):
                 finish()

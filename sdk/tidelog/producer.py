@@ -33,7 +33,6 @@ from tidelog._accumulator import (
     BufferFullError,
     Placement,
     RecordAccumulator,
-    record_size,
 )
 from tidelog._client_metrics import Metrics, ProducerMetrics
 from tidelog._connection import Cluster
@@ -49,7 +48,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
 )
 from tidelog.partitioner import partition_for_key
-from tidelog.records import Header
+from tidelog.records import MAX_HEADER_KEY_BYTES, MAX_HEADERS_PER_RECORD, Header
 from tidelog.types import RecordMetadata, TopicPartition
 
 _T = TypeVar("_T")
@@ -97,25 +96,57 @@ def _column_sizes(
             raise ValueError(f"send_batch: {len(headers)} header lists for {len(values)} values")
         for i, record_headers in enumerate(headers):
             if record_headers:
-                checked = _check_headers(record_headers)
-                sizes[i] += record_size(None, None, checked) - RECORD_OVERHEAD
+                sizes[i] += _check_headers(record_headers)[1]
     return sizes
 
 
 _BYTES_OR_NONE = {bytes, type(None)}
 
 
-def _check_headers(headers: Sequence[Header]) -> list[Header]:
+def _check_headers(headers: Sequence[Header]) -> tuple[list[Header], int]:
+    """`headers` as a list, checked, and the bytes they add to a record
+    (what `_accumulator.record_size` counts for them), in one pass: send() pays it per
+    record.
+
+    Raises TypeError for an item that is not a (str, bytes | None) tuple, and
+    ValueError past what a header block can hold (MAX_HEADERS_PER_RECORD
+    headers, keys of MAX_HEADER_KEY_BYTES in UTF-8): caught here, such a
+    record would otherwise fail its whole batch when the sender encodes it."""
     out = list(headers)
+    if len(out) > MAX_HEADERS_PER_RECORD:
+        raise ValueError(
+            f"a record has {len(out)} headers, over the limit of {MAX_HEADERS_PER_RECORD} "
+            "(MAX_HEADERS_PER_RECORD)"
+        )
+    size = 4
     for item in out:
         if (
-            not isinstance(item, tuple)
+            type(item) is not tuple
             or len(item) != 2
-            or not isinstance(item[0], str)
-            or not (item[1] is None or isinstance(item[1], bytes))
-        ):
+            or type(item[0]) is not str
+            or not (item[1] is None or type(item[1]) is bytes)
+        ) and not _is_header(item):
             raise TypeError(f"a header must be a (str, bytes | None) tuple, got {item!r}")
-    return out
+        key, value = item
+        key_bytes = len(key) if key.isascii() else len(key.encode())
+        if key_bytes > MAX_HEADER_KEY_BYTES:
+            raise ValueError(
+                f"a header key is {key_bytes} bytes in UTF-8, over the limit of "
+                f"{MAX_HEADER_KEY_BYTES} (MAX_HEADER_KEY_BYTES)"
+            )
+        size += 8 + key_bytes + (0 if value is None else len(value))
+    return out, size
+
+
+def _is_header(item: object) -> bool:
+    """A (str, bytes | None) tuple, subclasses allowed (the exact-type test
+    of `_check_headers` is the fast path)."""
+    return (
+        isinstance(item, tuple)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and (item[1] is None or isinstance(item[1], bytes))
+    )
 
 
 class _ProducerCore:
@@ -169,8 +200,12 @@ class _ProducerCore:
         if key is not None and type(key) is not bytes:
             key = _as_bytes(key, "key")
         if headers:
-            checked = _check_headers(headers)
-            size = record_size(key, value, checked)
+            checked, size = _check_headers(headers)
+            size += (
+                RECORD_OVERHEAD
+                + (0 if value is None else len(value))
+                + (0 if key is None else len(key))
+            )
         else:
             checked = None
             size = (

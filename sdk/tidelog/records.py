@@ -102,6 +102,11 @@ _FLAG_TIMESTAMPS = 0x02
 _FLAG_HEADERS = 0x04
 _KNOWN_FLAGS = _FLAG_OFFSET_DELTAS | _FLAG_TIMESTAMPS | _FLAG_HEADERS
 
+#: What one record's header block can hold (docs/record-batch.md): a u16
+#: count of headers, and each key's UTF-8 bytes behind a u16 length.
+MAX_HEADERS_PER_RECORD = 0xFFFF
+MAX_HEADER_KEY_BYTES = 0xFFFF
+
 _HEADER = struct.Struct(">qiibIhiqqqhii")
 _BASE_OFFSET = struct.Struct(">q")
 _LENGTH_PREFIX = struct.Struct(">qi")
