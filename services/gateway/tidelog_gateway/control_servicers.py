@@ -10,7 +10,12 @@ coordinator replica.
   happened (tidelog_server.forwarding.unanswered).
 - Admin DescribeTopics is then completed with what only the leaders know
   (log offsets, sizes, segments), asked of each leader with the
-  `tidelog-local` metadata key, as a broker completes it.
+  `tidelog-local` metadata key, as a broker completes it. A partition whose
+  leader failed that call keeps those figures at 0, and its topic carries
+  the error (a PartitionDescription has no error of its own):
+  NOT_LEADER_OR_FOLLOWER naming the leader and what happened when it gave
+  no answer of its own, its refusal's typed error otherwise
+  (errors.broker_call_error). The other topics are answered as they were.
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
@@ -38,6 +43,7 @@ from tidelog.v1 import (
     admin_pb2_grpc,
     cluster_pb2,
     cluster_pb2_grpc,
+    common_pb2,
     group_pb2,
     group_pb2_grpc,
     log_pb2,
@@ -48,7 +54,7 @@ from tidelog_server.stream_refusal import refuse_stream
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
 from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
-from tidelog_gateway.errors import abort
+from tidelog_gateway.errors import abort, broker_call_error
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import _open_stream
 
@@ -134,13 +140,20 @@ class GatewayAdminServicer:
             "DescribeTopics",
         )
         names_by_leader: dict[str, set[str]] = {}
+        # Each partition's leader as asked (the view may change meanwhile).
+        leader_of: dict[tuple[str, int], str] = {}
         for topic in response.topics:
             for partition in topic.partitions:
                 address = forwarder.view.broker_address(partition.leader_id)
                 if address is not None:
                     names_by_leader.setdefault(address, set()).add(topic.name)
+                    leader_of[(topic.name, partition.partition)] = address
 
-        async def ask(address: str, names: set[str]) -> admin_pb2.DescribeTopicsResponse | None:
+        local: dict[tuple[str, int], admin_pb2.PartitionDescription] = {}
+        # The leaders that failed the call: address -> the in-band error.
+        failed: dict[str, common_pb2.Error] = {}
+
+        async def ask(address: str, names: set[str]) -> None:
             try:
                 answer: admin_pb2.DescribeTopicsResponse = await forwarder.channels.admin(
                     address
@@ -149,18 +162,23 @@ class GatewayAdminServicer:
                     timeout=5,
                     metadata=((LOCAL_METADATA_KEY, "1"),),
                 )
-                return answer
-            except grpc.aio.AioRpcError:
-                return None  # leader down: its partitions keep zeros
-
-        local: dict[tuple[str, int], admin_pb2.PartitionDescription] = {}
-        answers = await asyncio.gather(*(ask(a, n) for a, n in names_by_leader.items()))
-        for answer in answers:
-            for topic in answer.topics if answer is not None else ():
+            except grpc.aio.AioRpcError as exc:
+                failed[address] = broker_call_error(
+                    exc, address, common_pb2.NOT_LEADER_OR_FOLLOWER, "describing topics"
+                )
+                return
+            for topic in answer.topics:
                 for partition in topic.partitions:
                     local[(topic.name, partition.partition)] = partition
+
+        await asyncio.gather(*(ask(a, n) for a, n in names_by_leader.items()))
         for topic in response.topics:
+            unfilled: dict[str, list[int]] = {}
             for partition in topic.partitions:
+                address = leader_of.get((topic.name, partition.partition))
+                if address in failed:
+                    unfilled.setdefault(address, []).append(partition.partition)
+                    continue
                 found = local.get((topic.name, partition.partition))
                 if found is not None and found.leader_id == partition.leader_id:
                     partition.log_start_offset = found.log_start_offset
@@ -168,7 +186,32 @@ class GatewayAdminServicer:
                     partition.high_watermark = found.high_watermark
                     partition.size_bytes = found.size_bytes
                     partition.segment_count = found.segment_count
+            if unfilled and not topic.error.code:
+                _missing_from_leaders(topic, unfilled, failed)
         return response
+
+
+def _missing_from_leaders(
+    topic: admin_pb2.TopicDescription,
+    unfilled: dict[str, list[int]],
+    failed: dict[str, common_pb2.Error],
+) -> None:
+    """Set the topic's error: the partitions (by leader address) whose log
+    figures are left 0 because their leader failed the call, and why.
+    There is no per-partition error in a PartitionDescription; the topic's
+    takes the code of the first such leader's error (retriable when it gave
+    no answer of its own), its message names every one."""
+    reasons = [
+        (
+            f"partition {partitions[0]} has"
+            if len(partitions) == 1
+            else f"partitions {', '.join(map(str, partitions))} have"
+        )
+        + f" no log offsets or sizes (left 0): {failed[address].message}"
+        for address, partitions in unfilled.items()
+    ]
+    topic.error.code = failed[next(iter(unfilled))].code
+    topic.error.message = "; ".join(reasons)
 
 
 class GatewayGroupServicer:

@@ -2,7 +2,8 @@
 drops their call, is unreachable or runs out of time: a retriable answer
 that names the upstream and says what happened, worded the same way on
 every path (Log Produce, Fetch and ListOffsets to a broker; unary calls to
-a coordinator).
+a coordinator; DescribeTopics completed from the leaders; Metadata's
+auto-creation asked of a broker). A broker's own refusal keeps its meaning.
 
 The real gateway (GatewayServer, its ClusterView on a real etcd) runs in
 the test's process in front of in-process stand-ins over real gRPC on
@@ -30,7 +31,7 @@ import grpc.aio
 import pytest
 from tidelog.errors import ERROR_CODE_METADATA_KEY
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
-from tidelog_gateway.config import GatewayConfig
+from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
 from tidelog_gateway.server import GatewayServer
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
@@ -116,17 +117,23 @@ def _port(address: str) -> int:
 
 @contextlib.asynccontextmanager
 async def gateway_in_front_of(
-    etcd: EtcdProcess, broker: str, coordinators: Sequence[str] = ()
+    etcd: EtcdProcess,
+    broker: str,
+    coordinators: Sequence[str] = (),
+    other_brokers: Sequence[str] = (),
 ) -> AsyncIterator[grpc.aio.Channel]:
-    """A channel to a gateway for a cluster whose one broker (at `broker`)
-    leads TOPIC's one partition and whose coordinator replicas are at
-    `coordinators`, in that order: their records written to etcd under a
-    fresh prefix, as the brokers and the coordinators write them."""
+    """A channel to a gateway for a cluster whose broker 0 (at `broker`)
+    leads TOPIC's one partition, whose brokers 1, 2, ... are at
+    `other_brokers` and whose coordinator replicas are at `coordinators`, in
+    that order: their records written to etcd under a fresh prefix, as the
+    brokers and the coordinators write them."""
     prefix = f"/gw-{uuid.uuid4().hex}"
     keys = Keys(prefix)
     client = connect(etcd.endpoint)
     try:
-        await client.put(keys.broker(0), BrokerRegistration(0, "127.0.0.1", _port(broker)).encode())
+        for broker_id, address in enumerate([broker, *other_brokers]):
+            registration = BrokerRegistration(broker_id, "127.0.0.1", _port(address))
+            await client.put(keys.broker(broker_id), registration.encode())
         for n, address in enumerate(coordinators):
             registration = CoordinatorRegistration(f"c{n}", "127.0.0.1", _port(address))
             await client.put(keys.coordinator(f"c{n}"), registration.encode())
@@ -373,6 +380,241 @@ def test_a_coordinator_past_the_deadline_is_named_and_not_asked_again(
             "answer in time (DEADLINE_EXCEEDED); retry"
         )
         # The first may still carry the call out: the second is not asked.
+        assert (first.calls, second.calls) == (1, 0)
+
+    run(scenario)
+
+
+class RefusingLeader(admin_pb2_grpc.AdminServicer, log_pb2_grpc.LogServicer):
+    """A broker that `drops`, `refuses` (as RefusingBroker) or `hangs`
+    (never answers) every DescribeTopics and Metadata, counting them."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.calls = 0
+
+    async def _fail(self, context: grpc.aio.ServicerContext) -> None:
+        self.calls += 1
+        if self.behaviour == "drops":
+            await drop_call(context)
+        if self.behaviour == "hangs":
+            await asyncio.Event().wait()  # until the gateway's deadline cancels it
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "the request is invalid for a reason of the broker's",
+            trailing_metadata=((ERROR_CODE_METADATA_KEY, "INVALID_REQUEST"),),
+        )
+
+    async def DescribeTopics(
+        self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeTopicsResponse:
+        await self._fail(context)
+        raise AssertionError("abort returned")
+
+    async def Metadata(
+        self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.MetadataResponse:
+        await self._fail(context)
+        raise AssertionError("abort returned")
+
+
+def _local(context: grpc.aio.ServicerContext) -> bool:
+    return ("tidelog-local", "1") in tuple(context.invocation_metadata() or ())
+
+
+class DescribingCoordinator(admin_pb2_grpc.AdminServicer):
+    """A coordinator whose DescribeTopics answers TOPIC (partition 0 led by
+    broker 0, partition 1 by broker 1) and "u" (one partition led by broker
+    1), with no log figures: the brokers' to fill in."""
+
+    async def DescribeTopics(
+        self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeTopicsResponse:
+        assert not _local(context)
+        return admin_pb2.DescribeTopicsResponse(
+            topics=[
+                admin_pb2.TopicDescription(
+                    name=TOPIC,
+                    partitions=[
+                        admin_pb2.PartitionDescription(
+                            partition=p, leader_id=p, replicas=[p], isr=[p]
+                        )
+                        for p in (0, 1)
+                    ],
+                ),
+                admin_pb2.TopicDescription(
+                    name="u",
+                    partitions=[
+                        admin_pb2.PartitionDescription(
+                            partition=0, leader_id=1, replicas=[1], isr=[1]
+                        )
+                    ],
+                ),
+            ]
+        )
+
+
+#: What broker 1 reports of each partition it leads.
+LOCAL_FIGURES = {
+    "log_start_offset": 3,
+    "log_end_offset": 10,
+    "high_watermark": 9,
+    "size_bytes": 4096,
+    "segment_count": 2,
+}
+
+
+class AnsweringLeader(admin_pb2_grpc.AdminServicer):
+    """Broker 1: answers a local DescribeTopics for TOPIC-1 and u-0."""
+
+    async def DescribeTopics(
+        self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeTopicsResponse:
+        assert _local(context)
+        led = {TOPIC: 1, "u": 0}
+        return admin_pb2.DescribeTopicsResponse(
+            topics=[
+                admin_pb2.TopicDescription(
+                    name=name,
+                    partitions=[
+                        admin_pb2.PartitionDescription(
+                            partition=led[name], leader_id=1, **LOCAL_FIGURES
+                        )
+                    ],
+                )
+                for name in request.names
+            ]
+        )
+
+
+def _figures(partition: admin_pb2.PartitionDescription) -> dict[str, int]:
+    return {name: getattr(partition, name) for name in LOCAL_FIGURES}
+
+
+@pytest.mark.parametrize("leader", ["drops", "down", "refuses"])
+def test_describe_topics_names_the_leader_that_failed_and_keeps_the_rest(
+    etcd: EtcdProcess, leader: str
+) -> None:
+    # The gateway left the failed leader's partitions at 0, silently: a
+    # partition that looked empty.
+    async def scenario() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+
+            async def started(*servicers: object) -> str:
+                adds = [
+                    partial(admin_pb2_grpc.add_AdminServicer_to_server, s)  # type: ignore[arg-type]
+                    for s in servicers
+                ]
+                return await stack.enter_async_context(serving(*adds))
+
+            if leader == "down":
+                failing = unreachable()
+            else:
+                failing = await started(RefusingLeader(leader))
+            channel = await stack.enter_async_context(
+                gateway_in_front_of(
+                    etcd,
+                    failing,
+                    [await started(DescribingCoordinator())],
+                    other_brokers=[await started(AnsweringLeader())],
+                )
+            )
+            response = await admin_pb2_grpc.AdminStub(channel).DescribeTopics(
+                admin_pb2.DescribeTopicsRequest(), timeout=DEADLINE_S
+            )
+        t, u = response.topics
+        happened = {
+            "drops": f"broker {failing} {DROPPED}; retry",
+            "down": f"broker {failing} is unavailable (UNAVAILABLE: ",
+            "refuses": f"broker {failing} refused the request: "
+            "the request is invalid for a reason of the broker's",
+        }[leader]
+        code = (
+            common_pb2.INVALID_REQUEST if leader == "refuses" else common_pb2.NOT_LEADER_OR_FOLLOWER
+        )
+        assert t.error.code == code, t
+        assert t.error.message.startswith(
+            f"partition 0 has no log offsets or sizes (left 0): {happened}"
+        ), t.error.message
+        # The rest of the answer as it was: what the coordinator said, and
+        # what the leader that answered knows.
+        assert [(p.partition, p.leader_id, list(p.replicas)) for p in t.partitions] == [
+            (0, 0, [0]),
+            (1, 1, [1]),
+        ]
+        assert _figures(t.partitions[0]) == dict.fromkeys(LOCAL_FIGURES, 0)
+        assert _figures(t.partitions[1]) == LOCAL_FIGURES
+        assert not u.HasField("error"), u
+        assert _figures(u.partitions[0]) == LOCAL_FIGURES
+
+    run(scenario)
+
+
+def _metadata_for(names: Sequence[str]) -> log_pb2.MetadataRequest:
+    return log_pb2.MetadataRequest(topics=names, allow_auto_topic_creation=True)
+
+
+@pytest.mark.parametrize("broker", ["drops", "down", "refuses", "hangs"])
+def test_a_topic_the_broker_failed_to_auto_create_says_why(etcd: EtcdProcess, broker: str) -> None:
+    # The gateway answered "topic 'new' does not exist", as if nothing had
+    # been tried.
+    async def scenario() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if broker == "down":
+                address = unreachable()
+            else:
+                address = await stack.enter_async_context(
+                    serving(partial(log_pb2_grpc.add_LogServicer_to_server, RefusingLeader(broker)))
+                )
+            channel = await stack.enter_async_context(gateway_in_front_of(etcd, address))
+            response = await log_pb2_grpc.LogStub(channel).Metadata(
+                _metadata_for([TOPIC, "new"]), timeout=DEADLINE_S
+            )
+        known, new = response.topics
+        happened = {
+            "drops": f"broker {address} {DROPPED}; retry",
+            "down": f"broker {address} is unavailable (UNAVAILABLE: ",
+            "refuses": f"broker {address} refused the request: "
+            "the request is invalid for a reason of the broker's",
+            "hangs": f"broker {address} did not answer in time (DEADLINE_EXCEEDED); retry",
+        }[broker]
+        code = (
+            common_pb2.INVALID_REQUEST
+            if broker == "refuses"
+            else common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+        )
+        assert new.error.code == code, new
+        assert new.error.message.startswith(
+            f"topic 'new' does not exist and was not auto-created: {happened}"
+        ), new.error.message
+        # The known topic is described as ever.
+        assert not known.HasField("error"), known
+        assert [(p.partition, p.leader_id) for p in known.partitions] == [(0, GATEWAY_NODE_ID)]
+
+    run(scenario)
+
+
+def test_auto_creation_past_the_deadline_is_not_asked_of_another_broker(
+    etcd: EtcdProcess,
+) -> None:
+    # The gateway asked the next broker too, while the first may still be
+    # creating the topic, and answered "does not exist" naming neither.
+    async def scenario() -> None:
+        first, second = RefusingLeader("hangs"), RefusingLeader("drops")
+        async with (
+            serving(partial(log_pb2_grpc.add_LogServicer_to_server, first)) as a0,
+            serving(partial(log_pb2_grpc.add_LogServicer_to_server, second)) as a1,
+            gateway_in_front_of(etcd, a0, other_brokers=[a1]) as channel,
+        ):
+            response = await log_pb2_grpc.LogStub(channel).Metadata(
+                _metadata_for(["new"]), timeout=DEADLINE_S
+            )
+        (new,) = response.topics
+        assert new.error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION, new
+        assert new.error.message == (
+            f"topic 'new' does not exist and was not auto-created: broker {a0} did not "
+            "answer in time (DEADLINE_EXCEEDED); retry"
+        )
         assert (first.calls, second.calls) == (1, 0)
 
     run(scenario)
