@@ -7,7 +7,8 @@
   gave no answer (dropped the call, unavailable, past the deadline) gets
   NOT_LEADER_OR_FOLLOWER naming it and what happened
   (tidelog_server.forwarding.unanswered), one whose leader refused the call
-  whole gets that refusal's own typed error, naming the leader; a request over
+  whole gets that refusal's own typed error, naming the leader
+  (errors.broker_call_error); a request over
   the brokers' MAX_LIST_OFFSETS_ENTRIES is refused as they refuse it;
 - Metadata: from the etcd view. The gateway names itself as the only broker
   and as the leader of every partition that has a live leader (-1 while it
@@ -15,8 +16,12 @@
   the gateway, the SDK unchanged, sends everything through it. Replicas and
   ISR are the brokers' real ids. With allow_auto_topic_creation, unknown
   topics are asked of a broker (which creates them if its
-  auto.create.topics.enable allows) and awaited in the view. A topic named
-  more than once is described once, as on the brokers.
+  auto.create.topics.enable allows) and awaited in the view; the next broker
+  only when one dropped the call or is unavailable. When none answered, or
+  one refused, the topics not created answer UNKNOWN_TOPIC_OR_PARTITION (as
+  a broker answers a topic it could not create) naming the broker and what
+  happened, or the broker's refusal. A topic named more than once is
+  described once, as on the brokers.
 """
 
 from __future__ import annotations
@@ -28,17 +33,17 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import InvalidRequestError, TidelogError, error_from_rpc
+from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.request_limits import check_list_offsets_entries, distinct
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
-from tidelog_server.forwarding import unanswered
+from tidelog_server.forwarding import may_ask_another
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView, invalid_topic_error
 from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
-from tidelog_gateway.errors import abort, error_proto
+from tidelog_gateway.errors import abort, broker_call_error, error_proto
 from tidelog_gateway.fetch_proxy import FetchProxy
 from tidelog_gateway.limits import ByteBudget, FetchBudget, StreamCounter
 from tidelog_gateway.produce_proxy import ProduceProxy
@@ -154,21 +159,11 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                     sub, timeout=self._config.forward_timeout_s
                 )
             except grpc.aio.AioRpcError as exc:
-                upstream = f"broker {address}"
-                reason = unanswered(exc, upstream)
-                if reason is None:
-                    # The leader's own refusal of the whole share (invalid,
-                    # not authorized, over a quota): its meaning, which a
-                    # "retry" would only repeat.
-                    refusal = error_from_rpc(exc, address=address)
-                    error = error_proto(refusal, "listing offsets")
-                    error.message = f"{upstream} refused the request: {error.message}"
-                else:
-                    # No answer of its own: the leader is asked again once
-                    # the client retries (a read, safe to repeat).
-                    error = common_pb2.Error(
-                        code=common_pb2.NOT_LEADER_OR_FOLLOWER, message=f"{reason}; retry"
-                    )
+                # With no answer of its own, the leader is asked again once
+                # the client retries (a read, safe to repeat).
+                error = broker_call_error(
+                    exc, address, common_pb2.NOT_LEADER_OR_FOLLOWER, "listing offsets"
+                )
                 for i in indexes:
                     result = response.partitions[i]
                     result.error.CopyFrom(error)
@@ -198,6 +193,9 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         # partitions named thousands of times would be described that many
         # times over, on the event loop.
         names = distinct(request.topics)
+        # Why the topics to be auto-created were not, when the broker asked
+        # failed the call: their answer says so, not just "does not exist".
+        not_created: dict[str, common_pb2.Error] = {}
         if request.allow_auto_topic_creation:
             missing = [
                 n
@@ -207,8 +205,9 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 # Created as the gateway: only what the caller may Create.
                 and may_auto_create(n)
             ]
-            if missing:
-                await self._auto_create(missing)
+            failed = await self._auto_create(missing) if missing else None
+            if failed is not None:
+                not_created = dict.fromkeys(missing, failed)
         host, port = self._config.advertised
         response = log_pb2.MetadataResponse(responder_id=GATEWAY_NODE_ID)
         response.brokers.add(broker_id=GATEWAY_NODE_ID, host=host, port=port)
@@ -217,7 +216,14 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
             try:
                 topic = view.topic(name)
             except TidelogError as exc:
-                topic_md.error.CopyFrom(error_proto(exc, "describing a topic"))
+                failed = not_created.get(name)
+                if failed is None:
+                    topic_md.error.CopyFrom(error_proto(exc, "describing a topic"))
+                else:
+                    topic_md.error.code = failed.code
+                    topic_md.error.message = (
+                        f"topic {name!r} does not exist and was not auto-created: {failed.message}"
+                    )
                 continue
             for partition, replicas in enumerate(topic.replicas):
                 state = view.state(topic, partition)
@@ -231,21 +237,37 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 )
         return response
 
-    async def _auto_create(self, names: list[str]) -> None:
+    async def _auto_create(self, names: list[str]) -> common_pb2.Error | None:
         """Ask a broker for the topics with creation allowed (it creates
-        them when its config says so), then wait for them in the view."""
+        them when its config says so), then wait for them in the view.
+
+        When no broker answered the call, or one refused it, the error for
+        the topics (broker_call_error: UNKNOWN_TOPIC_OR_PARTITION, retriable
+        as on a broker that could not create them, naming the broker and
+        what happened; or the broker's refusal); None otherwise."""
         request = log_pb2.MetadataRequest(topics=names, allow_auto_topic_creation=True)
+        failed = common_pb2.Error(
+            code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+            message="no broker is registered in etcd; retry",
+        )
         for address in self._view.broker_addresses():
             try:
                 stub: Any = self._channels.log(address)
                 answer = await stub.Metadata(request, timeout=AUTO_CREATE_TIMEOUT_S)
-            except grpc.aio.AioRpcError:
-                continue
+            except grpc.aio.AioRpcError as exc:
+                failed = broker_call_error(
+                    exc, address, common_pb2.UNKNOWN_TOPIC_OR_PARTITION, "auto-creating topics"
+                )
+                if may_ask_another(exc):
+                    continue
+                # Past the deadline, the broker may still create them: they
+                # are not asked of another too. Refused: another would refuse.
+                return failed
             # Not created (auto-creation off): the answer says so, no wait.
             names = [t.name for t in answer.topics if not t.error.code and t.name in names]
             break
         else:
-            return
+            return failed
         loop = asyncio.get_running_loop()
         deadline = loop.time() + AUTO_CREATE_TIMEOUT_S
         while loop.time() < deadline:
@@ -255,8 +277,9 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 for n in names
             )
             if ready:
-                return
+                return None
             await self._view.wait_changed(max(0.0, deadline - loop.time()))
+        return None
 
 
 async def _open_stream(

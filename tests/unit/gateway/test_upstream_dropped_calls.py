@@ -2,7 +2,8 @@
 drops their call, is unreachable or runs out of time: a retriable answer
 that names the upstream and says what happened, worded the same way on
 every path (Log Produce, Fetch and ListOffsets to a broker; unary calls to
-a coordinator).
+a coordinator; Metadata's auto-creation asked of a broker). A broker's own
+refusal keeps its meaning.
 
 The real gateway (GatewayServer, its ClusterView on a real etcd) runs in
 the test's process in front of in-process stand-ins over real gRPC on
@@ -30,7 +31,7 @@ import grpc.aio
 import pytest
 from tidelog.errors import ERROR_CODE_METADATA_KEY
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
-from tidelog_gateway.config import GatewayConfig
+from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
 from tidelog_gateway.server import GatewayServer
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
@@ -116,17 +117,23 @@ def _port(address: str) -> int:
 
 @contextlib.asynccontextmanager
 async def gateway_in_front_of(
-    etcd: EtcdProcess, broker: str, coordinators: Sequence[str] = ()
+    etcd: EtcdProcess,
+    broker: str,
+    coordinators: Sequence[str] = (),
+    other_brokers: Sequence[str] = (),
 ) -> AsyncIterator[grpc.aio.Channel]:
-    """A channel to a gateway for a cluster whose one broker (at `broker`)
-    leads TOPIC's one partition and whose coordinator replicas are at
-    `coordinators`, in that order: their records written to etcd under a
-    fresh prefix, as the brokers and the coordinators write them."""
+    """A channel to a gateway for a cluster whose broker 0 (at `broker`)
+    leads TOPIC's one partition, whose brokers 1, 2, ... are at
+    `other_brokers` and whose coordinator replicas are at `coordinators`, in
+    that order: their records written to etcd under a fresh prefix, as the
+    brokers and the coordinators write them."""
     prefix = f"/gw-{uuid.uuid4().hex}"
     keys = Keys(prefix)
     client = connect(etcd.endpoint)
     try:
-        await client.put(keys.broker(0), BrokerRegistration(0, "127.0.0.1", _port(broker)).encode())
+        for broker_id, address in enumerate([broker, *other_brokers]):
+            registration = BrokerRegistration(broker_id, "127.0.0.1", _port(address))
+            await client.put(keys.broker(broker_id), registration.encode())
         for n, address in enumerate(coordinators):
             registration = CoordinatorRegistration(f"c{n}", "127.0.0.1", _port(address))
             await client.put(keys.coordinator(f"c{n}"), registration.encode())
@@ -373,6 +380,103 @@ def test_a_coordinator_past_the_deadline_is_named_and_not_asked_again(
             "answer in time (DEADLINE_EXCEEDED); retry"
         )
         # The first may still carry the call out: the second is not asked.
+        assert (first.calls, second.calls) == (1, 0)
+
+    run(scenario)
+
+
+class RefusingLeader(log_pb2_grpc.LogServicer):
+    """A broker that `drops`, `refuses` (as RefusingBroker) or `hangs`
+    (never answers) every Metadata, counting them."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.calls = 0
+
+    async def _fail(self, context: grpc.aio.ServicerContext) -> None:
+        self.calls += 1
+        if self.behaviour == "drops":
+            await drop_call(context)
+        if self.behaviour == "hangs":
+            await asyncio.Event().wait()  # until the gateway's deadline cancels it
+        await context.abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "the request is invalid for a reason of the broker's",
+            trailing_metadata=((ERROR_CODE_METADATA_KEY, "INVALID_REQUEST"),),
+        )
+
+    async def Metadata(
+        self, request: log_pb2.MetadataRequest, context: grpc.aio.ServicerContext
+    ) -> log_pb2.MetadataResponse:
+        await self._fail(context)
+        raise AssertionError("abort returned")
+
+
+def _metadata_for(names: Sequence[str]) -> log_pb2.MetadataRequest:
+    return log_pb2.MetadataRequest(topics=names, allow_auto_topic_creation=True)
+
+
+@pytest.mark.parametrize("broker", ["drops", "down", "refuses", "hangs"])
+def test_a_topic_the_broker_failed_to_auto_create_says_why(etcd: EtcdProcess, broker: str) -> None:
+    # The gateway answered "topic 'new' does not exist", as if nothing had
+    # been tried.
+    async def scenario() -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            if broker == "down":
+                address = unreachable()
+            else:
+                address = await stack.enter_async_context(
+                    serving(partial(log_pb2_grpc.add_LogServicer_to_server, RefusingLeader(broker)))
+                )
+            channel = await stack.enter_async_context(gateway_in_front_of(etcd, address))
+            response = await log_pb2_grpc.LogStub(channel).Metadata(
+                _metadata_for([TOPIC, "new"]), timeout=DEADLINE_S
+            )
+        known, new = response.topics
+        happened = {
+            "drops": f"broker {address} {DROPPED}; retry",
+            "down": f"broker {address} is unavailable (UNAVAILABLE: ",
+            "refuses": f"broker {address} refused the request: "
+            "the request is invalid for a reason of the broker's",
+            "hangs": f"broker {address} did not answer in time (DEADLINE_EXCEEDED); retry",
+        }[broker]
+        code = (
+            common_pb2.INVALID_REQUEST
+            if broker == "refuses"
+            else common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+        )
+        assert new.error.code == code, new
+        assert new.error.message.startswith(
+            f"topic 'new' does not exist and was not auto-created: {happened}"
+        ), new.error.message
+        # The known topic is described as ever.
+        assert not known.HasField("error"), known
+        assert [(p.partition, p.leader_id) for p in known.partitions] == [(0, GATEWAY_NODE_ID)]
+
+    run(scenario)
+
+
+def test_auto_creation_past_the_deadline_is_not_asked_of_another_broker(
+    etcd: EtcdProcess,
+) -> None:
+    # The gateway asked the next broker too, while the first may still be
+    # creating the topic, and answered "does not exist" naming neither.
+    async def scenario() -> None:
+        first, second = RefusingLeader("hangs"), RefusingLeader("drops")
+        async with (
+            serving(partial(log_pb2_grpc.add_LogServicer_to_server, first)) as a0,
+            serving(partial(log_pb2_grpc.add_LogServicer_to_server, second)) as a1,
+            gateway_in_front_of(etcd, a0, other_brokers=[a1]) as channel,
+        ):
+            response = await log_pb2_grpc.LogStub(channel).Metadata(
+                _metadata_for(["new"]), timeout=DEADLINE_S
+            )
+        (new,) = response.topics
+        assert new.error.code == common_pb2.UNKNOWN_TOPIC_OR_PARTITION, new
+        assert new.error.message == (
+            f"topic 'new' does not exist and was not auto-created: broker {a0} did not "
+            "answer in time (DEADLINE_EXCEEDED); retry"
+        )
         assert (first.calls, second.calls) == (1, 0)
 
     run(scenario)
