@@ -24,8 +24,13 @@ e2e_latency_10k_async (AsyncProducer and AsyncConsumer on one event loop).
 Each child reports which SDK and compiled modules it imported; a run that did not use its
 side's code stops the tool with an error rather than compare a side with itself.
 
-Not part of ``make bench``: it needs a quiet machine and takes about 30 s per run at the
-defaults (two brokers, 3 layouts x 4 rounds x 2 sides: ~12 minutes).
+How large a move is noise: the same code on both sides (``--base HEAD``, 4 rounds, a quiet
+2-core machine) gave this / base ratios of 0.92-1.01x for the p99 and 0.87-1.05x for the
+p99.9 across the three layouts. At 4 rounds a move under ~10% is not a finding; more rounds
+narrow it.
+
+Not part of ``make bench``: it needs a quiet machine and takes about 15 s per run at the
+defaults (two brokers, 3 layouts x 4 rounds x 2 sides: ~6 minutes).
 """
 
 from __future__ import annotations
