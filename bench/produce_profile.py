@@ -16,6 +16,9 @@ that arrive while the sender waits for its last write to complete (one write per
 a time, completed through gRPC's poller thread) go in the next request together; the
 records per request it prints say how many (~3.4 at 10,000/s on a quiet 2-core machine).
 
+``--headers N``: each record carries N headers (16-byte values): what records with headers
+cost each thread and the broker (its check of every header block).
+
 ``--send-only``: send() alone, against an accumulator nobody drains (huge buffer_memory; no
 broker I/O), to price the calling thread's per-record work by itself: the locked append, and
 send()'s path through the lanes of tidelog._cproduce (when built).
@@ -26,6 +29,7 @@ Not part of `make bench`.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import threading
 import time
@@ -85,10 +89,12 @@ def run(
     records: int,
     record_bytes: int,
     rate: int | None = None,
+    headers: int = 0,
 ) -> None:
     """One run: `records` sends as fast as they go (linger 5 ms) or, with `rate`, at that
-    many per second (linger 0)."""
+    many per second (linger 0); each record with `headers` headers (16-byte values)."""
     value = os.urandom(record_bytes)
+    record_headers = [(f"header-{i}", os.urandom(16)) for i in range(headers)] or None
     main_tid = threading.get_native_id()
     linger_ms = 5 if rate is None else 0
     with Producer(bootstrap_servers=address, acks=1, linger_ms=linger_ms) as producer:
@@ -99,6 +105,8 @@ def run(
         broker0 = _process_cpu_ns(broker_pid)
         t0 = time.perf_counter()
         send = producer.send
+        if record_headers is not None:
+            send = functools.partial(send, headers=record_headers)
         if rate is None:
             for _ in range(records):
                 send(topic, value)
@@ -183,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--send-only", action="store_true")
     parser.add_argument("--rate", type=int, help="records/s, linger 0 (default: flat out)")
     parser.add_argument("--seconds", type=float, default=10.0, help="with --rate")
+    parser.add_argument("--headers", type=int, default=0, help="headers per record")
     args = parser.parse_args(argv)
     records = args.records if args.rate is None else int(args.rate * args.seconds)
     if args.send_only:
@@ -192,7 +201,15 @@ def main(argv: list[str] | None = None) -> None:
         for r in range(args.repeat):
             topic = f"produce-profile-{r}"
             workloads.create_topic(broker.address, topic)
-            run(broker.address, broker.pid, topic, records, args.record_bytes, args.rate)
+            run(
+                broker.address,
+                broker.pid,
+                topic,
+                records,
+                args.record_bytes,
+                args.rate,
+                args.headers,
+            )
             workloads.delete_topic(broker.address, topic)
 
 

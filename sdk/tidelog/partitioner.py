@@ -12,13 +12,23 @@
 from __future__ import annotations
 
 import random
+from types import ModuleType
+
+_cproduce: ModuleType | None
+try:
+    from tidelog import _cproduce
+except ImportError:  # built without a C compiler: the Python twins below
+    _cproduce = None
+
+#: Kafka's partition counts are int32.
+MAX_PARTITION_COUNT = 0x7FFFFFFF
 
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK32 = 0xFFFFFFFF
 
 
-def murmur2(data: bytes) -> int:
+def murmur2_py(data: bytes) -> int:
     """Kafka's murmur2 of `data`, as a signed 32-bit int (Utils.murmur2)."""
     length = len(data)
     h = (_SEED ^ length) & _MASK32
@@ -44,9 +54,22 @@ def murmur2(data: bytes) -> int:
     return h - (1 << 32) if h & 0x80000000 else h
 
 
-def partition_for_key(key: bytes, partition_count: int) -> int:
-    """The partition Kafka's default partitioner picks for `key`."""
-    return (murmur2(key) & 0x7FFFFFFF) % partition_count
+def partition_for_key_py(key: bytes, partition_count: int) -> int:
+    """The partition Kafka's default partitioner picks for `key`. ValueError
+    for a count outside 1..MAX_PARTITION_COUNT."""
+    if not 0 < partition_count <= MAX_PARTITION_COUNT:
+        raise ValueError(f"a partition count is 1..{MAX_PARTITION_COUNT}")
+    return (murmur2_py(key) & 0x7FFFFFFF) % partition_count
+
+
+# One C call where compiled (tidelog._cproduce): the Python murmur2 took
+# ~1.4 us for an 8-byte key, ~10 us for 100 bytes, on every keyed send().
+if _cproduce is None:
+    murmur2 = murmur2_py
+    partition_for_key = partition_for_key_py
+else:
+    murmur2 = _cproduce.murmur2
+    partition_for_key = _cproduce.partition_for_key
 
 
 class StickyPartitioner:

@@ -411,9 +411,19 @@ def _body(
     header_blob = b""
     if headers is not None:
         flags |= _FLAG_HEADERS
-        blocks = [_encode_headers(h) for h in headers]
-        parts.append(_le_bytes(array("i", map(len, blocks))))
-        header_blob = b"".join(blocks)
+        # One C pass where compiled (None: a type it leaves to the Python path).
+        columns = (
+            _cproduce.header_blocks(headers)
+            if _cproduce is not None and type(headers) is list
+            else None
+        )
+        if columns is None:
+            blocks = [_encode_headers(h) for h in headers]
+            parts.append(_le_bytes(array("i", map(len, blocks))))
+            header_blob = b"".join(blocks)
+        else:
+            lengths, header_blob = columns
+            parts.append(lengths)
     return b"".join([bytes((flags,)), *parts, key_blob, value_blob, header_blob])
 
 
