@@ -333,14 +333,14 @@ class Producer:
         core = self._core
         if (
             type(value) is bytes
-            and key is None
+            and (key is None or type(key) is bytes)
             and not headers
             and timestamp_ms is None
             and core.plain_bytes
         ):
-            # The common case, checked in one expression: a keyless bytes
-            # value with nothing to serialize (saves a call per record).
-            size = RECORD_OVERHEAD + len(value)
+            # The common cases, checked in one expression: a bytes value, a
+            # bytes key or none, nothing to serialize (saves a call per record).
+            size = RECORD_OVERHEAD + len(value) + (0 if key is None else len(key))
             timestamp_ms = _now_ns() // 1_000_000
         else:
             key, value, headers, size, timestamp_ms = core.prepare(
