@@ -15,9 +15,11 @@ paths, which run at about half the speed and would make any A/B meaningless.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,23 +54,49 @@ def export(ref: str, into: Path) -> str:
     return os.pathsep.join(str(into / d) for d in PACKAGE_DIRS)
 
 
-def compiled_here() -> list[str]:
-    """Which of C_EXTENSIONS this work tree's SDK has built (none without a C compiler)."""
+def compiled_modules() -> dict[str, str]:
+    """The files of C_EXTENSIONS this interpreter imports (none without a C compiler), by
+    module name: which side's compiled code a run uses."""
     import importlib
 
-    found = []
+    found = {}
     for name in C_EXTENSIONS:
         try:
-            importlib.import_module(f"tidelog.{name}")
+            module = importlib.import_module(f"tidelog.{name}")
         except ImportError:
-            continue
-        found.append(name)
+            continue  # not built: that side runs the pure-Python twin
+        found[name] = str(module.__file__)
     return found
+
+
+def environment(pythonpath: str | None) -> dict[str, str]:
+    """This process's environment with PYTHONPATH `pythonpath` (none for None): a child's
+    environment that runs that side's code (None: this work tree's)."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+@contextlib.contextmanager
+def children_run(pythonpath: str | None) -> Iterator[None]:
+    """While open, os.environ is `environment(pythonpath)`: a process started meanwhile
+    that inherits this process's environment (tests/support starts the services so) runs
+    that side's code."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(environment(pythonpath))
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def _build_extensions(sdk: Path, ref: str) -> None:
     # An older ref may not have every module this tree has: build what its sources define.
-    wanted = [n for n in compiled_here() if (sdk / "tidelog" / f"{n}.c").exists()]
+    wanted = [n for n in compiled_modules() if (sdk / "tidelog" / f"{n}.c").exists()]
     if not wanted:
         return  # the work tree runs pure Python too: both sides alike
     build = subprocess.run(

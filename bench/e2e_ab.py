@@ -38,12 +38,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,41 +84,11 @@ def _child(argv: list[str]) -> None:
         )
     import tidelog
 
-    result["code"] = {"sdk": str(Path(tidelog.__file__).parent), "compiled": _compiled_files()}
+    result["code"] = {
+        "sdk": str(Path(tidelog.__file__).parent),
+        "compiled": list(_checkout.compiled_modules().values()),
+    }
     print(json.dumps(result))
-
-
-def _compiled_files() -> list[str]:
-    import importlib
-
-    files = []
-    for name in _checkout.C_EXTENSIONS:
-        with contextlib.suppress(ImportError):
-            files.append(str(importlib.import_module(f"tidelog.{name}").__file__))
-    return files
-
-
-def _environment(pythonpath: str | None) -> dict[str, str]:
-    """This process's environment with PYTHONPATH `pythonpath` (none for None)."""
-    env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = pythonpath
-    return env
-
-
-@contextlib.contextmanager
-def _spawning_with(env: dict[str, str]) -> Iterator[None]:
-    """os.environ is `env` while open: a process started meanwhile (tests/support's brokers
-    inherit this process's environment) runs `env`'s side."""
-    saved = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
 
 
 def _check_code(label: str, code: dict[str, Any], export_root: Path | None) -> None:
@@ -233,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.ExitStack() as stack:
             sides: dict[str, tuple[dict[str, str], Any, Path | None]] = {}
             for label, pythonpath in ((args.base, base_path), (THIS, None)):
-                env = _environment(pythonpath)
-                with _spawning_with(env):
+                env = _checkout.environment(pythonpath)
+                with _checkout.children_run(pythonpath):
                     broker = stack.enter_context(tidelog_broker())
                 _check_broker(label, broker.pid, pythonpath)
                 sides[label] = (env, broker, export_dir if pythonpath else None)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -44,16 +43,8 @@ from tests.support.gateway import GatewayProcess, start_gateway  # noqa: E402
 
 #: Where each distribution's package lives, relative to the repository.
 def start(etcd: str, prefix: str, logs: Path, pythonpath: str | None) -> GatewayProcess:
-    saved = os.environ.get("PYTHONPATH")
-    if pythonpath:
-        os.environ["PYTHONPATH"] = pythonpath
-    try:
+    with _checkout.children_run(pythonpath):
         return start_gateway(etcd, logs, prefix=prefix)
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
 
 
 def main(argv: list[str] | None = None) -> int:

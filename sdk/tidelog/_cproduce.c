@@ -381,6 +381,10 @@ PyDoc_STRVAR(header_blocks_doc,
 "Python path then handles it, with its own errors. In Python the blocks cost\n"
 "~1 us per record with one header, on the producer's event loop.");
 
+/* A header block's u16 fields: a key's UTF-8 bytes and the headers of one
+ * record (records.py MAX_HEADER_KEY_BYTES, MAX_HEADERS_PER_RECORD). */
+#define HEADER_U16_MAX 0xFFFF
+
 /* The UTF-8 of a header key, or NULL (no error set) when it is not an exact
  * str, cannot be encoded, or is too long for a block. */
 static const char *
@@ -394,7 +398,7 @@ header_key(PyObject *key, Py_ssize_t *size)
         PyErr_Clear();
         return NULL;
     }
-    return *size > 0xFFFF ? NULL : utf8;
+    return *size > HEADER_U16_MAX ? NULL : utf8;
 }
 
 /* Bytes of one record's header block, or -1 when the caller's Python path
@@ -412,7 +416,7 @@ header_block_size(PyObject *record)
     if (n == 0) {
         return 0;
     }
-    if (n > 0xFFFF) {
+    if (n > HEADER_U16_MAX) {
         return -1;
     }
     Py_ssize_t size = 2;

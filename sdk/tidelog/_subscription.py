@@ -396,6 +396,8 @@ class SubscriptionState:
         """Raise the oldest partition error poll() has not raised (of the
         partitions in `only` when given; the others keep waiting). An error
         about a position since abandoned (a seek, a revoke) is dropped."""
+        if not self._unraised:
+            return  # every poll() asks: nothing to allocate then
         kept: list[tuple[_PartitionState, int, TidelogError]] = []
         try:
             while self._unraised:

@@ -779,6 +779,21 @@ def _check_header_blocks_c(blocks: bytes, lengths: array) -> None:
 _check_header_blocks = _check_header_blocks_py if _crecords is None else _check_header_blocks_c
 
 
+def _checked_columns(
+    header: BatchHeader, raw_body: bytes | memoryview, max_uncompressed_bytes: int
+) -> tuple[bytes | memoryview, _Columns]:
+    """The uncompressed body and its columns, checked as a decode checks
+    them (header blocks included) without building a record: what
+    check_body and first_record_at_or_after share."""
+    body = decompress(header.attributes & CODEC_MASK, raw_body, max_uncompressed_bytes)
+    columns = _read_columns(header, body)
+    lengths = columns.header_lengths
+    if lengths is not None:
+        # Header blocks come last: their bytes are the body's tail.
+        _check_header_blocks(bytes(body[len(body) - columns.header_bytes :]), lengths)
+    return body, columns
+
+
 def check_body(
     header: BatchHeader,
     raw_body: bytes | memoryview,
@@ -791,13 +806,7 @@ def check_body(
     Raises InvalidRecordError naming the field that lies, or
     MessageTooLargeError when the uncompressed body passes the limit.
     """
-    body = decompress(header.attributes & CODEC_MASK, raw_body, max_uncompressed_bytes)
-    columns = _read_columns(header, body)
-    lengths = columns.header_lengths
-    if lengths is not None:
-        # Header blocks come last: their bytes are the body's tail.
-        _check_header_blocks(bytes(body[len(body) - columns.header_bytes :]), lengths)
-    return len(body)
+    return len(_checked_columns(header, raw_body, max_uncompressed_bytes)[0])
 
 
 def _first_at_or_after_py(timestamps: array, target: int) -> int:
@@ -840,12 +849,7 @@ def first_record_at_or_after(
     timestamp column is searched. Raises InvalidRecordError or
     MessageTooLargeError.
     """
-    body = decompress(header.attributes & CODEC_MASK, raw_body, max_uncompressed_bytes)
-    columns = _read_columns(header, body)
-    lengths = columns.header_lengths
-    if lengths is not None:
-        # Header blocks come last: their bytes are the body's tail.
-        _check_header_blocks(bytes(body[len(body) - columns.header_bytes :]), lengths)
+    _body, columns = _checked_columns(header, raw_body, max_uncompressed_bytes)
     log_append_time = header.attributes & TIMESTAMP_TYPE_BIT
     timestamps = columns.timestamps
     if log_append_time or timestamps is None:

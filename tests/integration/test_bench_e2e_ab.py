@@ -42,7 +42,7 @@ def test_an_exported_ref_runs_its_own_compiled_modules(tmp_path: Path) -> None:
     )
     imported = json.loads(out.stdout)
     assert Path(imported[0]).is_relative_to(tmp_path), imported
-    compiled = _checkout.compiled_here()
+    compiled = _checkout.compiled_modules()
     for name, path in zip(("_crecords", "_cproduce"), imported[1:], strict=True):
         if name in compiled:
             assert path is not None and Path(path).is_relative_to(tmp_path), imported
