@@ -14,8 +14,9 @@ coordinator replica.
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
-  later, the client's stream ends with UNAVAILABLE naming the replica and
-  what happened, and the member re-attaches
+  later, the client's stream ends with COORDINATOR_NOT_AVAILABLE
+  (UNAVAILABLE, with the error code in the trailer, as the unary calls)
+  naming the replica and what happened, and the member re-attaches
   (through the gateway, to a replica that answers): the membership lives in
   etcd, not here.
 - Cluster DescribeCluster names the gateway as the only broker and the only
@@ -251,7 +252,16 @@ class GatewayGroupServicer:
                 if not answered and may_ask_another(exc):
                     last = reason
                     continue
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{reason}; re-attach")
+                # With the error code the forwarded unary calls carry, so
+                # that any client can tell "find the coordinator again"
+                # from the gateway's own failure.
+                await abort(
+                    context,
+                    CoordinatorNotAvailableError(
+                        f"cannot relay the heartbeat to a coordinator: {reason}; re-attach"
+                    ),
+                    "relaying a heartbeat",
+                )
             finally:
                 drained.cancel()
                 pump.cancel()
