@@ -38,6 +38,7 @@ import grpc.aio
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     CoordinatorNotAvailableError,
+    dropped_the_call,
     is_server_cancelled,
 )
 from tidelog.security import PLAINTEXT, ChannelSecurity
@@ -84,7 +85,7 @@ def unanswered(exc: grpc.aio.AioRpcError, upstream: str) -> str | None:
 
     None when `exc` is the upstream's own answer."""
     if is_server_cancelled(exc):
-        return f"{upstream} dropped the call (CANCELLED: overloaded or stopping)"
+        return dropped_the_call(upstream)
     code = exc.code()
     if code == grpc.StatusCode.UNAVAILABLE:
         return f"{upstream} is unavailable (UNAVAILABLE: {exc.details()})"
