@@ -204,7 +204,7 @@ class FetchSession:
             error = (
                 BrokerNotAvailableError(f"fetch stream to {self.address}: {exc.details()}")
                 if exc.code() == grpc.StatusCode.UNAVAILABLE
-                else error_from_rpc(exc, address=f"fetch stream to {self.address}")
+                else error_from_rpc(exc, address=self.address)
             )
         except asyncio.CancelledError:
             if self.closed:
@@ -746,7 +746,7 @@ class Fetcher:
                 address
             ).ListOffsets(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc, address=f"ListOffsets to {address}") from exc
+            raise error_from_rpc(exc, address=address) from exc
         return response
 
 

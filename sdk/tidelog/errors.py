@@ -512,17 +512,24 @@ def is_unanswered(exc: BaseException) -> bool:
     ) or is_server_cancelled(exc)
 
 
+def dropped_the_call(upstream: str) -> str:
+    """What happened to a call `upstream` (its role and address: "broker
+    127.0.0.1:9092") cancelled on its side, in the words the SDK and the
+    services both use."""
+    return f"{upstream} dropped the call (CANCELLED: overloaded or stopping)"
+
+
 def server_cancelled_error(
     address: str, unavailable: type[TidelogError] = BrokerNotAvailableError
 ) -> TidelogError:
     """The retriable error of a call the server at `address` cancelled:
     `unavailable` (BrokerNotAvailableError, or CoordinatorNotAvailableError
-    for a coordinator), saying what happened."""
-    where = f"{address}: " if address else ""
-    return unavailable(
-        f"{where}the server cancelled the call before answering (more calls waiting for it "
-        "than gRPC queues, or it is stopping); retry"
-    )
+    for a coordinator), naming the server by that role:
+    "broker 127.0.0.1:9092 dropped the call (CANCELLED: overloaded or
+    stopping); retry"."""
+    role = "coordinator" if issubclass(unavailable, CoordinatorNotAvailableError) else "broker"
+    upstream = f"{role} {address}" if address else f"the {role}"
+    return unavailable(f"{dropped_the_call(upstream)}; retry")
 
 
 def error_from_rpc(

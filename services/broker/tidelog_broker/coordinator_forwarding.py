@@ -13,12 +13,12 @@ COORDINATOR_NOT_AVAILABLE (retriable) naming the replica and what happened.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import grpc
 import grpc.aio
-from tidelog.errors import ERROR_CODE_METADATA_KEY, CoordinatorNotAvailableError
-from tidelog_server.forwarding import CoordinatorForwarding
+from tidelog.errors import CoordinatorNotAvailableError
+from tidelog_server.forwarding import CoordinatorForwarding, pass_back
 
 from tidelog_broker.error_mapping import abort
 
@@ -39,12 +39,6 @@ async def forward_to_coordinator(
     try:
         return await forwarding.call(invoke, what)
     except grpc.aio.AioRpcError as exc:
-        trailing: Any = exc.trailing_metadata() or ()
-        code = next((v for k, v in trailing if k == ERROR_CODE_METADATA_KEY), "")
-        await context.abort(
-            exc.code(),
-            exc.details() or "",
-            trailing_metadata=((ERROR_CODE_METADATA_KEY, code),) if code else (),
-        )
+        await pass_back(context, exc)
     except CoordinatorNotAvailableError as exc:
         await abort(context, exc, f"forwarding {what}")

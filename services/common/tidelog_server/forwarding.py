@@ -10,13 +10,17 @@ replica that answers.
   deadline), worded for the client the failure is passed back to, and
   whether the call may go to another replica; `failure_of` words any failed
   call the same way.
-- `CoordinatorForwarding`: calls a coordinator replica through the pool,
-  trying the replicas in turn while they are UNAVAILABLE or cancel the call
-  (tidelog.errors.is_server_cancelled: too many calls waiting for that
-  replica, or it is stopping). A replica past the deadline, or with no
-  replica answering, gives CoordinatorNotAvailableError (retriable) naming
-  the replica and what happened. Any other failure is the coordinator's
-  answer and is raised as is (the caller passes it on unchanged).
+- `ask_coordinators`: a call on coordinator replicas in turn while they are
+  UNAVAILABLE or cancel the call (tidelog.errors.is_server_cancelled: too
+  many calls waiting for that replica, or it is stopping). A replica past
+  the deadline, or with no replica answering, gives
+  CoordinatorNotAvailableError (retriable) naming the replica and what
+  happened. Any other failure is the coordinator's answer and is raised as
+  is, for the caller to `pass_back` unchanged (status, details and the
+  `tidelog-error-code` trailer). A broker and the gateway both forward
+  with it, each through its own channels.
+- `CoordinatorForwarding`: `ask_coordinators` over a ChannelPool (the
+  broker's).
 - `LOCAL_METADATA_KEY`: set on a DescribeTopics a service (a broker, the
   gateway) sends to a broker: "answer from your own logs" instead of
   forwarding the call again.
@@ -27,13 +31,14 @@ Not thread-safe: used from one service's event loop.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import grpc
 import grpc.aio
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     CoordinatorNotAvailableError,
+    dropped_the_call,
     is_server_cancelled,
 )
 from tidelog.security import PLAINTEXT, ChannelSecurity
@@ -80,7 +85,7 @@ def unanswered(exc: grpc.aio.AioRpcError, upstream: str) -> str | None:
 
     None when `exc` is the upstream's own answer."""
     if is_server_cancelled(exc):
-        return f"{upstream} dropped the call (CANCELLED: overloaded or stopping)"
+        return dropped_the_call(upstream)
     code = exc.code()
     if code == grpc.StatusCode.UNAVAILABLE:
         return f"{upstream} is unavailable (UNAVAILABLE: {exc.details()})"
@@ -112,6 +117,47 @@ def _names_an_error_code(exc: grpc.aio.AioRpcError) -> bool:
     return any(key == ERROR_CODE_METADATA_KEY for key, _ in trailing)
 
 
+async def ask_coordinators(
+    addresses: Iterable[str], invoke: Callable[[str], Awaitable[T]], what: str
+) -> T:
+    """`invoke(address)` on the first of `addresses` (the live coordinator
+    replicas, in the order to try them) that answers: neither UNAVAILABLE
+    nor cancelled on its side.
+
+    Raises that replica's AioRpcError when it fails otherwise, and
+    CoordinatorNotAvailableError naming the replica and what happened when
+    one runs out of time (it may still carry the call out: see
+    `may_ask_another`) or none answers.
+    """
+    last = "no coordinator is registered in etcd"
+    for address in addresses:
+        try:
+            return await invoke(address)
+        except grpc.aio.AioRpcError as exc:
+            reason = unanswered(exc, f"coordinator {address}")
+            if reason is None:
+                raise
+            if not may_ask_another(exc):
+                raise CoordinatorNotAvailableError(
+                    f"cannot forward {what} to a coordinator: {reason}; retry"
+                ) from exc
+            last = reason
+    raise CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}; retry")
+
+
+async def pass_back(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> NoReturn:
+    """End the client's call with the upstream's own answer `exc`: its
+    status, details and error code (the `tidelog-error-code` trailer)."""
+    trailing: Any = exc.trailing_metadata() or ()
+    code = next((v for k, v in trailing if k == ERROR_CODE_METADATA_KEY), "")
+    await context.abort(
+        exc.code(),
+        exc.details() or "",
+        trailing_metadata=((ERROR_CODE_METADATA_KEY, code),) if code else (),
+    )
+    raise AssertionError("context.abort returns only by raising")  # pragma: no cover
+
+
 class CoordinatorForwarding:
     """Calls to coordinator replicas over a shared ChannelPool."""
 
@@ -121,24 +167,8 @@ class CoordinatorForwarding:
         self._addresses = addresses
 
     async def call(self, invoke: Callable[[grpc.aio.Channel], Awaitable[T]], what: str) -> T:
-        """`invoke(channel)` on the first replica that answers (neither
-        UNAVAILABLE nor cancelled on its side).
-
-        Raises that replica's AioRpcError when it fails otherwise, and
-        CoordinatorNotAvailableError naming the replica and what happened
-        when one runs out of time or none answers.
-        """
-        last = "no coordinator is registered in etcd"
-        for address in self._addresses():
-            try:
-                return await invoke(self.pool.channel(address))
-            except grpc.aio.AioRpcError as exc:
-                reason = unanswered(exc, f"coordinator {address}")
-                if reason is None:
-                    raise
-                if not may_ask_another(exc):
-                    raise CoordinatorNotAvailableError(
-                        f"cannot forward {what} to a coordinator: {reason}; retry"
-                    ) from exc
-                last = reason
-        raise CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}; retry")
+        """`invoke(channel)` on the first replica that answers, as
+        `ask_coordinators` (which says what it raises)."""
+        return await ask_coordinators(
+            self._addresses(), lambda address: invoke(self.pool.channel(address)), what
+        )

@@ -14,8 +14,9 @@ coordinator replica.
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
-  later, the client's stream ends with UNAVAILABLE naming the replica and
-  what happened, and the member re-attaches
+  later, the client's stream ends with COORDINATOR_NOT_AVAILABLE
+  (UNAVAILABLE, with the error code in the trailer, as the unary calls)
+  naming the replica and what happened, and the member re-attaches
   (through the gateway, to a replica that answers): the membership lives in
   etcd, not here.
 - Cluster DescribeCluster names the gateway as the only broker and the only
@@ -28,11 +29,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from typing import Any, NoReturn, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 import grpc.aio
-from tidelog.errors import ERROR_CODE_METADATA_KEY, CoordinatorNotAvailableError
+from tidelog.errors import CoordinatorNotAvailableError
 from tidelog.v1 import (
     admin_pb2,
     admin_pb2_grpc,
@@ -42,7 +43,13 @@ from tidelog.v1 import (
     group_pb2_grpc,
     log_pb2,
 )
-from tidelog_server.forwarding import LOCAL_METADATA_KEY, may_ask_another, unanswered
+from tidelog_server.forwarding import (
+    LOCAL_METADATA_KEY,
+    ask_coordinators,
+    may_ask_another,
+    pass_back,
+    unanswered,
+)
 from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
@@ -69,34 +76,15 @@ class Forwarder:
         context: grpc.aio.ServicerContext,
         what: str,
     ) -> T:
-        last = "no coordinator is registered in etcd"
-        for address in self.view.coordinator_addresses():
-            try:
-                return await invoke(address)
-            except grpc.aio.AioRpcError as exc:
-                reason = unanswered(exc, f"coordinator {address}")
-                if reason is None:
-                    await pass_back(context, exc)
-                last = reason
-                if not may_ask_another(exc):
-                    break  # it may still carry the call out (see may_ask_another)
-        await abort(
-            context,
-            CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}; retry"),
-            f"forwarding {what}",
-        )
-
-
-async def pass_back(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> NoReturn:
-    """End the call with the upstream's status, details and error code."""
-    trailing: Any = exc.trailing_metadata() or ()
-    code = next((v for k, v in trailing if k == ERROR_CODE_METADATA_KEY), "")
-    await context.abort(
-        exc.code(),
-        exc.details() or "",
-        trailing_metadata=((ERROR_CODE_METADATA_KEY, code),) if code else (),
-    )
-    raise AssertionError("context.abort returns only by raising")  # pragma: no cover
+        """`invoke(address)` on the first coordinator replica that answers
+        (tidelog_server.forwarding.ask_coordinators); its failure, or
+        COORDINATOR_NOT_AVAILABLE, ends the client's call."""
+        try:
+            return await ask_coordinators(self.view.coordinator_addresses(), invoke, what)
+        except grpc.aio.AioRpcError as exc:
+            await pass_back(context, exc)
+        except CoordinatorNotAvailableError as exc:
+            await abort(context, exc, f"forwarding {what}")
 
 
 def _forwarding(service: str, method: str) -> Any:
@@ -251,7 +239,16 @@ class GatewayGroupServicer:
                 if not answered and may_ask_another(exc):
                     last = reason
                     continue
-                await context.abort(grpc.StatusCode.UNAVAILABLE, f"{reason}; re-attach")
+                # With the error code the forwarded unary calls carry, so
+                # that any client can tell "find the coordinator again"
+                # from the gateway's own failure.
+                await abort(
+                    context,
+                    CoordinatorNotAvailableError(
+                        f"cannot relay the heartbeat to a coordinator: {reason}; re-attach"
+                    ),
+                    "relaying a heartbeat",
+                )
             finally:
                 drained.cancel()
                 pump.cancel()

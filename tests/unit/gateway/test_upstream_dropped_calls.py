@@ -16,7 +16,9 @@ generated stubs alone, as a client in another language does.
 The gateway answered a dropped produce stream "<address>: CANCELLED:
 CANCELLED", a dropped fetch stream likewise, a dropped ListOffsets with the
 status name only, and passed a coordinator's DEADLINE_EXCEEDED back as
-"Deadline Exceeded", naming no one."""
+"Deadline Exceeded", naming no one; it ended a Heartbeat stream whose
+coordinator went away after answering with UNAVAILABLE alone, without the
+COORDINATOR_NOT_AVAILABLE code its unary calls carry."""
 
 from __future__ import annotations
 
@@ -30,7 +32,15 @@ import grpc
 import grpc.aio
 import pytest
 from tidelog.errors import ERROR_CODE_METADATA_KEY
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
+from tidelog.v1 import (
+    admin_pb2,
+    admin_pb2_grpc,
+    common_pb2,
+    group_pb2,
+    group_pb2_grpc,
+    log_pb2,
+    log_pb2_grpc,
+)
 from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
 from tidelog_gateway.server import GatewayServer
 from tidelog_server.etcd import connect
@@ -478,5 +488,71 @@ def test_auto_creation_past_the_deadline_is_not_asked_of_another_broker(
             "answer in time (DEADLINE_EXCEEDED); retry"
         )
         assert (first.calls, second.calls) == (1, 0)
+
+    run(scenario)
+
+
+class HeartbeatCoordinator(group_pb2_grpc.GroupServicer):
+    """A coordinator replica that answers each heartbeat of a stream, and
+    after the first answer either `drops` the stream at the next heartbeat
+    or waits (`stops`: the test stops the server under it)."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+        self.answered = asyncio.Event()
+
+    async def Heartbeat(
+        self,
+        request_iterator: AsyncIterator[group_pb2.GroupHeartbeatRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[group_pb2.GroupHeartbeatResponse]:
+        async for _request in request_iterator:
+            if self.answered.is_set() and self.behaviour == "drops":
+                await drop_call(context)
+            yield group_pb2.GroupHeartbeatResponse(
+                member_id="m1", member_epoch=1, heartbeat_interval_ms=1000
+            )
+            self.answered.set()
+
+
+@pytest.mark.parametrize("coordinator", ["drops", "stops"])
+def test_a_heartbeat_stream_its_coordinator_lost_midway_is_coordinator_not_available(
+    etcd: EtcdProcess, coordinator: str
+) -> None:
+    # The gateway ended it UNAVAILABLE without the error code: a client in
+    # another language could not tell it from the gateway itself failing.
+    async def scenario() -> None:
+        replica = HeartbeatCoordinator(coordinator)
+        async with contextlib.AsyncExitStack() as stack:
+            upstream = contextlib.AsyncExitStack()
+            stack.push_async_callback(upstream.aclose)
+            address = await upstream.enter_async_context(
+                serving(partial(group_pb2_grpc.add_GroupServicer_to_server, replica))
+            )
+            channel = await stack.enter_async_context(
+                gateway_in_front_of(etcd, unreachable(), [address])
+            )
+            call = group_pb2_grpc.GroupStub(channel).Heartbeat(timeout=DEADLINE_S)
+            stack.callback(call.cancel)
+            await call.write(group_pb2.GroupHeartbeatRequest(group_id="g", member_epoch=0))
+            first: group_pb2.GroupHeartbeatResponse = await call.read()
+            assert first.member_id == "m1"
+            if coordinator == "drops":
+                await call.write(group_pb2.GroupHeartbeatRequest(group_id="g", member_id="m1"))
+            else:
+                await upstream.aclose()
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call.read()
+        assert coordinator_not_available(raised.value), raised.value
+        details = raised.value.details() or ""
+        assert details.startswith(
+            f"cannot relay the heartbeat to a coordinator: coordinator {address} "
+        ), details
+        if coordinator == "drops":
+            assert details == (
+                f"cannot relay the heartbeat to a coordinator: coordinator {address} "
+                f"{DROPPED}; re-attach"
+            )
+        assert details.endswith("; re-attach")
 
     run(scenario)

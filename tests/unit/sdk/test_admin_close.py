@@ -76,6 +76,11 @@ def test_an_async_admin_call_running_at_close_raises_closed_error() -> None:
                         await admin.describe_configs(["t"])
                     with pytest.raises(ClosedError):
                         await admin.list_consumer_groups()
+                    # The cluster call, and one its security base class adds.
+                    with pytest.raises(ClosedError, match="the admin client is closed"):
+                        await admin.describe_cluster()
+                    with pytest.raises(ClosedError, match="the admin client is closed"):
+                        await admin.describe_acls()
             finally:
                 broker.release.set()
                 await admin.close()

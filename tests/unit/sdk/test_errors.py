@@ -87,9 +87,22 @@ def test_a_call_the_server_cancelled_is_retriable_and_names_the_server() -> None
     assert errors.is_server_cancelled(rpc)
     exc = errors.error_from_rpc(rpc, address="127.0.0.1:9092")
     assert type(exc) is errors.BrokerNotAvailableError and exc.retriable
-    assert exc.message.startswith("127.0.0.1:9092: the server cancelled the call")
-    coordinator = errors.error_from_rpc(rpc, unavailable=errors.CoordinatorNotAvailableError)
+    # Worded as the services word a call dropped upstream
+    # (tidelog_server.forwarding.unanswered).
+    assert exc.message == (
+        "broker 127.0.0.1:9092 dropped the call (CANCELLED: overloaded or stopping); retry"
+    )
+    coordinator = errors.error_from_rpc(
+        rpc, address="127.0.0.1:9290", unavailable=errors.CoordinatorNotAvailableError
+    )
     assert type(coordinator) is errors.CoordinatorNotAvailableError
+    assert coordinator.message == (
+        "coordinator 127.0.0.1:9290 dropped the call (CANCELLED: overloaded or stopping); retry"
+    )
+    unnamed = errors.error_from_rpc(rpc)
+    assert unnamed.message == (
+        "the broker dropped the call (CANCELLED: overloaded or stopping); retry"
+    )
     # A code the server named wins over the status, as for every status.
     named = _FakeRpcError(
         grpc.StatusCode.CANCELLED, "x", ((errors.ERROR_CODE_METADATA_KEY, "INVALID_REQUEST"),)
