@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -95,6 +97,16 @@ def test_a_stopped_leader_s_partition_is_described_with_an_error_naming_it(
                 assert re.search(r"broker 1\b|replicas 1\b", p1.error.message), p1.error.message
                 assert p1.error.message.endswith("its log figures are unknown; retry")
                 assert _figures(p1) == (-1, -1, -1, -1, -1)
+        # The CLI: "?" for the unknown figures, and why, under the table.
+        shown = subprocess.run(
+            [sys.executable, "-m", "tidelog.cli", "topics", "describe", TOPIC,
+             "--bootstrap-server", cluster.brokers[0].address],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert shown.returncode == 0, shown.stderr
+        rows = {line.split()[0]: line.split() for line in shown.stdout.splitlines()[2:4]}
+        assert rows["0"][4:6] == ["0", "3"] and rows["1"][4:] == ["?"] * 4, shown.stdout
+        assert f"partition 1: ? = unknown: {TOPIC}-1" in shown.stdout, shown.stdout
 
 
 def _described_without(
