@@ -149,6 +149,7 @@ def _description(topic: admin_pb2.TopicDescription) -> TopicDescription:
                 segment_count=p.segment_count,
                 adding_replicas=list(p.adding_replicas),
                 removing_replicas=list(p.removing_replicas),
+                error=(error_from_code(p.error.code, p.error.message) if p.error.code else None),
             )
             for p in sorted(topic.partitions, key=lambda p: p.partition)
         ],
@@ -271,7 +272,9 @@ class AsyncAdminClient(AsyncSecurityAdmin):
         return _topic_results(response.topics, raise_errors)
 
     async def describe_topics(self, names: Iterable[str] | None = None) -> list[TopicDescription]:
-        """Describe the named topics (every topic when None)."""
+        """Describe the named topics (every topic when None). Raises a
+        topic's error (an unknown topic, say); a partition whose leader's
+        figures could not be had has its own `error` instead (PartitionInfo)."""
         request = admin_pb2.DescribeTopicsRequest(names=list(names or ()))
         response: admin_pb2.DescribeTopicsResponse = await self._call(
             lambda s: s.DescribeTopics(request, timeout=self._timeout_s)
@@ -594,7 +597,9 @@ class AdminClient(SecurityAdmin):
         )
 
     def describe_topics(self, names: Iterable[str] | None = None) -> list[TopicDescription]:
-        """Describe the named topics (every topic when None)."""
+        """Describe the named topics (every topic when None). Raises a
+        topic's error (an unknown topic, say); a partition whose leader's
+        figures could not be had has its own `error` instead (PartitionInfo)."""
         names = None if names is None else list(names)
         return self._loop_thread.run(self._async.describe_topics(names), self._timeout_s)
 

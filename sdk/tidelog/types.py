@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, NamedTuple, cast
 
+from tidelog.errors import TidelogError
 from tidelog.records import Header
 
 
@@ -199,7 +200,15 @@ class PartitionReassignment:
 
 @dataclass(frozen=True)
 class PartitionInfo:
-    """One partition of a topic as AdminClient.describe_topics shows it."""
+    """One partition of a topic as AdminClient.describe_topics shows it.
+
+    The log figures (offsets, size, segments) are its leader's. When they
+    could not be had (no leader, or its leader is down, did not answer in
+    time, or refused), `error` holds the typed exception saying so, naming
+    the leader (NotLeaderOrFollowerError or RequestTimedOutError, both
+    retriable; or what the leader refused with), and the figures are -1
+    (unknown). describe_topics does not raise for it: the other partitions
+    are described as usual."""
 
     partition: int
     leader: int
@@ -214,6 +223,9 @@ class PartitionInfo:
     #: of the move): the replicas being added, and those leaving.
     adding_replicas: list[int] = field(default_factory=list)
     removing_replicas: list[int] = field(default_factory=list)
+    #: Why the figures are unknown (-1); None when they are the leader's
+    #: (and from a broker older than this field, which never says).
+    error: TidelogError | None = None
 
 
 @dataclass(frozen=True)

@@ -222,10 +222,18 @@ def _describe(args: argparse.Namespace) -> int:
                 str(p.leader),
                 ",".join(map(str, p.replicas)),
                 ",".join(map(str, p.isr)),
-                str(p.log_start_offset),
-                str(p.log_end_offset),
-                _human_bytes(p.size_bytes),
-                str(p.segment_count),
+                # Unknown (-1) when its leader could not tell: the
+                # reason is printed under the table.
+                *(
+                    ("?",) * 4
+                    if p.error is not None
+                    else (
+                        str(p.log_start_offset),
+                        str(p.log_end_offset),
+                        _human_bytes(p.size_bytes),
+                        str(p.segment_count),
+                    )
+                ),
             )
             for p in topic.partitions
         ]
@@ -243,6 +251,9 @@ def _describe(args: argparse.Namespace) -> int:
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
+        for p in topic.partitions:
+            if p.error is not None:
+                print(f"  partition {p.partition}: ? = unknown: {p.error.message}")
         if args.configs:
             entries = configs.get(topic.name, {})
             print("  configs (* = topic override):")

@@ -366,6 +366,11 @@ Global___TopicDescription: _TypeAlias = TopicDescription  # noqa: Y015
 
 @_typing.final
 class PartitionDescription(_message.Message):
+    """One partition of a topic. Its placement (leader, replicas, ISR) comes
+    from the cluster's metadata; its log figures (offsets, size, segments)
+    from its leader, which the broker or the gateway answering asks.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     PARTITION_FIELD_NUMBER: _builtins.int
@@ -379,10 +384,15 @@ class PartitionDescription(_message.Message):
     SEGMENT_COUNT_FIELD_NUMBER: _builtins.int
     ADDING_REPLICAS_FIELD_NUMBER: _builtins.int
     REMOVING_REPLICAS_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_id: _builtins.int
+    """-1 while the partition has no leader."""
     log_start_offset: _builtins.int
-    """First offset still in the log."""
+    """The log figures below are the leader's; all -1 (unknown, as Kafka
+    says it) when `error` is set.
+    First offset still in the log.
+    """
     log_end_offset: _builtins.int
     """Offset the next record will get."""
     high_watermark: _builtins.int
@@ -403,6 +413,18 @@ class PartitionDescription(_message.Message):
 
     @_builtins.property
     def removing_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Set when the leader's figures could not be had: the partition has no
+        leader, or its leader is not live, did not answer in time, or refused
+        (NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT, retriable; or the code
+        the leader refused with). The message names the leader (its id and
+        address) and what happened. The figures are then -1; the rest of the
+        answer, and the topic, stay good: one partition's outage does not fail
+        the description. Unset (code NONE) when the figures are the leader's,
+        and from servers older than this field.
+        """
+
     def __init__(
         self,
         *,
@@ -417,10 +439,11 @@ class PartitionDescription(_message.Message):
         segment_count: _builtins.int = ...,
         adding_replicas: _abc.Iterable[_builtins.int] | None = ...,
         removing_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        error: _common_pb2.Error | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "error", b"error", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,9 +7,11 @@
   is then completed with what only brokers know (log offsets, sizes,
   segments): from this broker's logs, and from each other leader, asked with
   the `tidelog-local` metadata key so that it answers from its own logs
-  instead of forwarding again. DeleteRecords goes to the coordinator too,
-  which asks each partition's leader with that key: the leader then deletes
-  in its own logs (delete_records).
+  instead of forwarding again; a partition whose leader cannot tell gets
+  an error naming it and -1 figures (tidelog_server.leader_figures).
+  DeleteRecords goes to the coordinator too, which asks each partition's
+  leader with that key: the leader then deletes in its own logs
+  (delete_records).
 - `BrokerClusterServicer` (`tidelog.v1.Cluster`): DescribeCluster from the
   broker's etcd view, so that a client given only a broker address learns
   the coordinator endpoints (the consumer's group membership needs them);
@@ -32,7 +34,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import CoordinatorNotAvailableError, InvalidTopicError
+from tidelog.errors import CoordinatorNotAvailableError, InvalidTopicError, error_from_rpc
 from tidelog.names import validate_topic_name
 from tidelog.request_limits import distinct
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2
@@ -40,6 +42,7 @@ from tidelog_server.authorizer import may_auto_create
 from tidelog_server.etcd import Election
 from tidelog_server.etcd.records import BrokerRegistration, CoordinatorRegistration
 from tidelog_server.forwarding import LOCAL_METADATA_KEY, CoordinatorForwarding
+from tidelog_server.leader_figures import complete_from_leaders
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
@@ -51,6 +54,9 @@ log = logging.getLogger("tidelog.broker.cluster")
 
 #: How long a Metadata request may wait for a topic it auto-creates.
 AUTO_CREATE_TIMEOUT_S = 5.0
+#: How long DescribeTopics waits for another leader's figures; past it, that
+#: leader's partitions are described with REQUEST_TIMED_OUT.
+LEADER_CALL_TIMEOUT_S = 5.0
 
 
 class AdminForwarder:
@@ -93,37 +99,25 @@ class AdminForwarder:
         response: admin_pb2.DescribeTopicsResponse = await self.forward(
             "DescribeTopics", request, context
         )
-        names_by_leader: dict[int, set[str]] = {}
-        for topic in response.topics:
-            for partition in topic.partitions:
-                names_by_leader.setdefault(partition.leader_id, set()).add(topic.name)
-        local: dict[tuple[str, int], admin_pb2.PartitionDescription] = {}
-        for leader, names in names_by_leader.items():
-            sub = admin_pb2.DescribeTopicsRequest(names=sorted(names))
-            try:
-                if leader == self._link.broker.broker_id:
-                    answer = self._describe_local(sub)
-                else:
-                    address = self._link.view.broker_address(leader)
-                    if address is None:
-                        continue  # leader down: its partitions keep zeros
-                    answer = await self._stub(address).DescribeTopics(
-                        sub, timeout=5, metadata=((LOCAL_METADATA_KEY, "1"),)
-                    )
-            except grpc.aio.AioRpcError:
-                continue
-            for topic in answer.topics:
-                for partition in topic.partitions:
-                    local[(topic.name, partition.partition)] = partition
-        for topic in response.topics:
-            for partition in topic.partitions:
-                found = local.get((topic.name, partition.partition))
-                if found is not None:
-                    partition.log_start_offset = found.log_start_offset
-                    partition.log_end_offset = found.log_end_offset
-                    partition.high_watermark = found.high_watermark
-                    partition.size_bytes = found.size_bytes
-                    partition.segment_count = found.segment_count
+        me = self._link.broker.broker_id
+
+        def address_of(broker_id: int) -> str | None:
+            # Itself even while not (yet) registered: it answers from its logs.
+            if broker_id == me:
+                return f"{self._link.host}:{self._link.port}"
+            return self._link.view.broker_address(broker_id)
+
+        async def ask(
+            leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
+        ) -> admin_pb2.DescribeTopicsResponse:
+            if leader == me:
+                return self._describe_local(sub)
+            answer: admin_pb2.DescribeTopicsResponse = await self._stub(address).DescribeTopics(
+                sub, timeout=LEADER_CALL_TIMEOUT_S, metadata=((LOCAL_METADATA_KEY, "1"),)
+            )
+            return answer
+
+        await complete_from_leaders(response, address_of, ask)
         return response
 
     def _describe_local(
@@ -254,12 +248,15 @@ class ClusterMetadata:
         # broker) busy for minutes, building tens of millions of entries.
         names = distinct(request.topics)
         invalid = _invalid_names(names)
+        # Why topics to be auto-created were not: their answer says so, not
+        # just "does not exist".
+        not_created: dict[str, common_pb2.Error] = {}
         if request.allow_auto_topic_creation and self._link.broker.auto_create_topics:
             missing = [
                 n for n in names if n not in view.topics and n not in invalid and may_auto_create(n)
             ]
             if missing:
-                await self._auto_create(missing)
+                not_created = await self._auto_create(missing)
         response = log_pb2.MetadataResponse(responder_id=self._link.broker.broker_id)
         brokers = self.live_brokers()
         for _, registration in sorted(brokers.items()):
@@ -273,8 +270,15 @@ class ClusterMetadata:
                 continue
             topic = view.topics.get(name)
             if topic is None:
-                topic_md.error.code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
-                topic_md.error.message = f"topic {name!r} does not exist"
+                failed = not_created.get(name)
+                if failed is None:
+                    topic_md.error.code = common_pb2.UNKNOWN_TOPIC_OR_PARTITION
+                    topic_md.error.message = f"topic {name!r} does not exist"
+                else:
+                    topic_md.error.code = failed.code
+                    topic_md.error.message = (
+                        f"topic {name!r} does not exist and was not auto-created: {failed.message}"
+                    )
                 continue
             for partition, replicas in enumerate(topic.replicas):
                 state = view.state(topic, partition)
@@ -288,27 +292,61 @@ class ClusterMetadata:
                 )
         return response
 
-    async def _auto_create(self, names: list[str]) -> None:
+    async def _auto_create(self, names: list[str]) -> dict[str, common_pb2.Error]:
         """CreateTopics on a coordinator with the broker's defaults, then wait
-        (briefly) until the watches have delivered the new topics."""
+        (briefly) until the watches have delivered the new topics.
+
+        Returns why topics were not created, by name, as the gateway words
+        it (tidelog_gateway.errors.broker_call_error): with no coordinator
+        answering, UNKNOWN_TOPIC_OR_PARTITION (retriable, as for a topic
+        not there yet) naming the replica and what happened; a
+        coordinator's refusal of the whole call, the code it refused with;
+        its refusal of a topic, UNKNOWN_TOPIC_OR_PARTITION naming the code
+        and its words."""
         request = admin_pb2.CreateTopicsRequest(
             topics=[
                 admin_pb2.NewTopic(name=n, partitions=self._link.broker.num_partitions)
                 for n in names
             ]
         )
+        failed: dict[str, common_pb2.Error] = {}
         try:
-            await self._link.forwarding.call(
+            answer: admin_pb2.CreateTopicsResponse = await self._link.forwarding.call(
                 lambda channel: admin_pb2_grpc.AdminStub(channel).CreateTopics(
                     request, timeout=AUTO_CREATE_TIMEOUT_S
                 ),
                 "CreateTopics",
             )
-        except (grpc.aio.AioRpcError, CoordinatorNotAvailableError) as exc:
+        except CoordinatorNotAvailableError as exc:
+            log.info("auto-creating %s failed: %s", names, exc.message)
+            return dict.fromkeys(
+                names,
+                common_pb2.Error(code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION, message=exc.message),
+            )
+        except grpc.aio.AioRpcError as exc:
+            refusal = error_from_rpc(exc, unavailable=CoordinatorNotAvailableError)
+            log.info("auto-creating %s failed: %s", names, refusal.message)
+            return dict.fromkeys(
+                names,
+                common_pb2.Error(
+                    code=common_pb2.ErrorCode.Value(refusal.code_name),
+                    message=f"the coordinator refused CreateTopics ({refusal.code_name}: "
+                    f"{refusal.message})",
+                ),
+            )
+        for result in answer.topics:
             # Already created by a concurrent request, say: the wait below
-            # finds it. Anything else: the topic stays unknown to the client.
-            details = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else exc.message
-            log.info("auto-creating %s failed: %s", names, details)
+            # finds it. A topic refused (a replication factor over the live
+            # brokers, say) stays UNKNOWN_TOPIC_OR_PARTITION, retriable, as
+            # before: it may be created once brokers return; the words say why.
+            if result.error.code not in (common_pb2.NONE, common_pb2.TOPIC_ALREADY_EXISTS):
+                code = common_pb2.ErrorCode.Name(result.error.code)
+                failed[result.name] = common_pb2.Error(
+                    code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
+                    message=f"the coordinator refused to create it ({code}: "
+                    f"{result.error.message})",
+                )
+        names = [n for n in names if n not in failed]
         view = self._link.view
         loop = asyncio.get_running_loop()
         deadline = loop.time() + AUTO_CREATE_TIMEOUT_S
@@ -320,8 +358,9 @@ class ClusterMetadata:
                 and all(view.state(t, p) is not None for p in range(len(t.replicas)))
             ]
             if len(ready) == len(names):
-                return
+                break
             await asyncio.sleep(0.02)
+        return failed
 
 
 def _invalid_names(names: Iterable[str]) -> dict[str, str]:

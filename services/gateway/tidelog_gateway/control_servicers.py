@@ -10,7 +10,9 @@ coordinator replica.
   happened (tidelog_server.forwarding.unanswered).
 - Admin DescribeTopics is then completed with what only the leaders know
   (log offsets, sizes, segments), asked of each leader with the
-  `tidelog-local` metadata key, as a broker completes it.
+  `tidelog-local` metadata key within the forwarding deadline, as a broker
+  completes it: a partition whose leader cannot tell gets an error naming
+  it and -1 figures (tidelog_server.leader_figures).
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
@@ -50,6 +52,7 @@ from tidelog_server.forwarding import (
     pass_back,
     unanswered,
 )
+from tidelog_server.leader_figures import complete_from_leaders
 from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
@@ -121,41 +124,16 @@ class GatewayAdminServicer:
             context,
             "DescribeTopics",
         )
-        names_by_leader: dict[str, set[str]] = {}
-        for topic in response.topics:
-            for partition in topic.partitions:
-                address = forwarder.view.broker_address(partition.leader_id)
-                if address is not None:
-                    names_by_leader.setdefault(address, set()).add(topic.name)
 
-        async def ask(address: str, names: set[str]) -> admin_pb2.DescribeTopicsResponse | None:
-            try:
-                answer: admin_pb2.DescribeTopicsResponse = await forwarder.channels.admin(
-                    address
-                ).DescribeTopics(
-                    admin_pb2.DescribeTopicsRequest(names=sorted(names)),
-                    timeout=5,
-                    metadata=((LOCAL_METADATA_KEY, "1"),),
-                )
-                return answer
-            except grpc.aio.AioRpcError:
-                return None  # leader down: its partitions keep zeros
+        async def ask(
+            leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
+        ) -> admin_pb2.DescribeTopicsResponse:
+            answer: admin_pb2.DescribeTopicsResponse = await forwarder.channels.admin(
+                address
+            ).DescribeTopics(sub, timeout=timeout, metadata=((LOCAL_METADATA_KEY, "1"),))
+            return answer
 
-        local: dict[tuple[str, int], admin_pb2.PartitionDescription] = {}
-        answers = await asyncio.gather(*(ask(a, n) for a, n in names_by_leader.items()))
-        for answer in answers:
-            for topic in answer.topics if answer is not None else ():
-                for partition in topic.partitions:
-                    local[(topic.name, partition.partition)] = partition
-        for topic in response.topics:
-            for partition in topic.partitions:
-                found = local.get((topic.name, partition.partition))
-                if found is not None and found.leader_id == partition.leader_id:
-                    partition.log_start_offset = found.log_start_offset
-                    partition.log_end_offset = found.log_end_offset
-                    partition.high_watermark = found.high_watermark
-                    partition.size_bytes = found.size_bytes
-                    partition.segment_count = found.segment_count
+        await complete_from_leaders(response, forwarder.view.broker_address, ask)
         return response
 
 

@@ -193,8 +193,9 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         # partitions named thousands of times would be described that many
         # times over, on the event loop.
         names = distinct(request.topics)
-        # Why the topics to be auto-created were not, when the broker asked
-        # failed the call: their answer says so, not just "does not exist".
+        # Why the topics to be auto-created were not (the broker asked
+        # failed the call, or could not create them): their answer says so,
+        # not just "does not exist".
         not_created: dict[str, common_pb2.Error] = {}
         if request.allow_auto_topic_creation:
             missing = [
@@ -205,9 +206,8 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 # Created as the gateway: only what the caller may Create.
                 and may_auto_create(n)
             ]
-            failed = await self._auto_create(missing) if missing else None
-            if failed is not None:
-                not_created = dict.fromkeys(missing, failed)
+            if missing:
+                not_created = await self._auto_create(missing)
         host, port = self._config.advertised
         response = log_pb2.MetadataResponse(responder_id=GATEWAY_NODE_ID)
         response.brokers.add(broker_id=GATEWAY_NODE_ID, host=host, port=port)
@@ -220,10 +220,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 if failed is None:
                     topic_md.error.CopyFrom(error_proto(exc, "describing a topic"))
                 else:
-                    topic_md.error.code = failed.code
-                    topic_md.error.message = (
-                        f"topic {name!r} does not exist and was not auto-created: {failed.message}"
-                    )
+                    topic_md.error.CopyFrom(failed)
                 continue
             for partition, replicas in enumerate(topic.replicas):
                 state = view.state(topic, partition)
@@ -237,14 +234,17 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 )
         return response
 
-    async def _auto_create(self, names: list[str]) -> common_pb2.Error | None:
+    async def _auto_create(self, names: list[str]) -> dict[str, common_pb2.Error]:
         """Ask a broker for the topics with creation allowed (it creates
         them when its config says so), then wait for them in the view.
 
-        When no broker answered the call, or one refused it, the error for
-        the topics (broker_call_error: UNKNOWN_TOPIC_OR_PARTITION, retriable
-        as on a broker that could not create them, naming the broker and
-        what happened; or the broker's refusal); None otherwise."""
+        Returns the error of each topic that was not created: when no
+        broker answered the call, or one refused it, "does not exist and was
+        not auto-created" and why (broker_call_error: UNKNOWN_TOPIC_OR_PARTITION,
+        retriable as on a broker that could not create them, naming the
+        broker and what happened; or the broker's refusal); when the broker
+        answered, the error it gave the topic (a broker that tried and
+        could not says why)."""
         request = log_pb2.MetadataRequest(topics=names, allow_auto_topic_creation=True)
         failed = common_pb2.Error(
             code=common_pb2.UNKNOWN_TOPIC_OR_PARTITION,
@@ -262,12 +262,14 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                     continue
                 # Past the deadline, the broker may still create them: they
                 # are not asked of another too. Refused: another would refuse.
-                return failed
-            # Not created (auto-creation off): the answer says so, no wait.
+                return _not_created(names, failed)
+            # Not created (auto-creation off, or the broker could not): the
+            # answer says so, no wait.
+            refused = {t.name: t.error for t in answer.topics if t.error.code and t.name in names}
             names = [t.name for t in answer.topics if not t.error.code and t.name in names]
             break
         else:
-            return failed
+            return _not_created(names, failed)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + AUTO_CREATE_TIMEOUT_S
         while loop.time() < deadline:
@@ -277,9 +279,21 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                 for n in names
             )
             if ready:
-                return None
+                break
             await self._view.wait_changed(max(0.0, deadline - loop.time()))
-        return None
+        return refused
+
+
+def _not_created(names: list[str], failed: common_pb2.Error) -> dict[str, common_pb2.Error]:
+    """Each of `names` "does not exist and was not auto-created", for the
+    reason `failed` gives, with its code."""
+    return {
+        name: common_pb2.Error(
+            code=failed.code,
+            message=f"topic {name!r} does not exist and was not auto-created: {failed.message}",
+        )
+        for name in names
+    }
 
 
 async def _open_stream(

@@ -556,3 +556,131 @@ def test_a_heartbeat_stream_its_coordinator_lost_midway_is_coordinator_not_avail
         assert details.endswith("; re-attach")
 
     run(scenario)
+
+
+class DescribingCoordinator(admin_pb2_grpc.AdminServicer):
+    """A coordinator whose DescribeTopics answers TOPIC's placement, as a
+    coordinator does (figures 0): partition 0 led by broker 0, partition 1
+    by broker 1, partition 2 with no leader."""
+
+    async def DescribeTopics(
+        self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeTopicsResponse:
+        return admin_pb2.DescribeTopicsResponse(
+            topics=[
+                admin_pb2.TopicDescription(
+                    name=TOPIC,
+                    partitions=[
+                        admin_pb2.PartitionDescription(
+                            partition=p, leader_id=leader, replicas=[max(leader, 0)], isr=[]
+                        )
+                        for p, leader in enumerate((0, 1, -1))
+                    ],
+                )
+            ]
+        )
+
+
+class FiguresLeader(admin_pb2_grpc.AdminServicer):
+    """Broker `broker_id` answering DescribeTopics from "its own logs"
+    (asked with tidelog-local): partition `partition` of TOPIC, end offset
+    42; or, as `behaviour` says, dropping the call, refusing it
+    (TOPIC_AUTHORIZATION_FAILED) or never answering."""
+
+    def __init__(self, broker_id: int, partition: int, behaviour: str = "answers") -> None:
+        self.broker_id = broker_id
+        self.partition = partition
+        self.behaviour = behaviour
+        self.local_calls = 0
+
+    async def DescribeTopics(
+        self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.DescribeTopicsResponse:
+        metadata = context.invocation_metadata() or ()
+        self.local_calls += any(key == "tidelog-local" for key, _ in metadata)
+        if self.behaviour == "drops":
+            await drop_call(context)
+        if self.behaviour == "hangs":
+            await asyncio.Event().wait()  # until the gateway's deadline cancels it
+        if self.behaviour == "refuses":
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"not authorized to describe {TOPIC!r}",
+                trailing_metadata=((ERROR_CODE_METADATA_KEY, "TOPIC_AUTHORIZATION_FAILED"),),
+            )
+        answer = admin_pb2.DescribeTopicsResponse()
+        answer.topics.add(name=TOPIC).partitions.add(
+            partition=self.partition,
+            leader_id=self.broker_id,
+            log_start_offset=2,
+            log_end_offset=42,
+            high_watermark=40,
+            size_bytes=4096,
+            segment_count=1,
+        )
+        return answer
+
+
+@pytest.mark.parametrize("leader", ["drops", "down", "refuses", "hangs"])
+def test_describe_topics_names_a_leader_that_could_not_tell(etcd: EtcdProcess, leader: str) -> None:
+    # The gateway left such a partition's figures at 0, as if its log were
+    # empty, and waited 5 s for a leader that never answers, whatever its
+    # forwarding deadline.
+    async def scenario() -> None:
+        healthy = FiguresLeader(1, partition=1)
+        async with contextlib.AsyncExitStack() as stack:
+
+            async def serve(servicer: admin_pb2_grpc.AdminServicer) -> str:
+                return await stack.enter_async_context(
+                    serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, servicer))
+                )
+
+            address = (
+                unreachable() if leader == "down" else await serve(FiguresLeader(0, 0, leader))
+            )
+            other = await serve(healthy)
+            coordinator = await serve(DescribingCoordinator())
+            channel = await stack.enter_async_context(
+                gateway_in_front_of(etcd, address, [coordinator], other_brokers=[other])
+            )
+            # Generous, yet short of the 5 s the gateway waited for a leader
+            # whatever its forwarding deadline (FORWARD_TIMEOUT_S, 1 s).
+            response = await admin_pb2_grpc.AdminStub(channel).DescribeTopics(
+                admin_pb2.DescribeTopicsRequest(names=[TOPIC]), timeout=4 * FORWARD_TIMEOUT_S
+            )
+        (topic,) = response.topics
+        assert not topic.HasField("error"), topic
+        failed, answered, leaderless = topic.partitions
+        happened = {
+            "drops": (common_pb2.NOT_LEADER_OR_FOLLOWER, f"{DROPPED}: "),
+            "down": (common_pb2.NOT_LEADER_OR_FOLLOWER, "is unavailable (UNAVAILABLE: "),
+            "refuses": (
+                common_pb2.TOPIC_AUTHORIZATION_FAILED,
+                "refused the call (TOPIC_AUTHORIZATION_FAILED: "
+                f"not authorized to describe {TOPIC!r}): its log figures are unknown",
+            ),
+            "hangs": (
+                common_pb2.REQUEST_TIMED_OUT,
+                "did not answer in time (DEADLINE_EXCEEDED): its log figures are unknown; retry",
+            ),
+        }[leader]
+        assert failed.error.code == happened[0], failed
+        assert failed.error.message.startswith(
+            f"{TOPIC}-0: leader broker 0 at {address} {happened[1]}"
+        ), failed.error.message
+        assert _figures(failed) == (-1, -1, -1, -1, -1)
+        # The other leader's partition has its figures, and no error.
+        assert not answered.HasField("error"), answered
+        assert _figures(answered) == (2, 42, 40, 4096, 1)
+        assert healthy.local_calls == 1
+        assert leaderless.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, leaderless
+        assert leaderless.error.message == (
+            f"{TOPIC}-2 has no leader right now (replicas 0): its log figures are unknown; retry"
+        )
+        assert _figures(leaderless) == (-1, -1, -1, -1, -1)
+
+    run(scenario)
+
+
+def _figures(p: admin_pb2.PartitionDescription) -> tuple[int, ...]:
+    return (p.log_start_offset, p.log_end_offset, p.high_watermark, p.size_bytes, p.segment_count)

@@ -1,0 +1,150 @@
+"""A DescribeTopics answer completed with what only each partition's leader
+knows: its log figures (log start and end offsets, high watermark, size on
+disk, segment count), for the services that answer DescribeTopics from the
+coordinator's placement (a broker in cluster mode, the gateway).
+
+`complete_from_leaders` asks every leader once, all at the same time, for
+the topics it leads (the caller's `ask`: a broker answers for itself from its
+own logs, any other leader is called with `tidelog-local`). A partition whose
+figures could not be had keeps them at -1 (unknown, as Kafka says it) and
+gets `PartitionDescription.error` naming its leader and what happened:
+
+- no leader (-1): NOT_LEADER_OR_FOLLOWER, retriable;
+- a leader that is not live (no registration, so no address):
+  NOT_LEADER_OR_FOLLOWER, retriable;
+- a leader that gave no answer of its own (tidelog_server.forwarding.
+  unanswered: dropped the call, unavailable, past the deadline):
+  NOT_LEADER_OR_FOLLOWER, or REQUEST_TIMED_OUT past the deadline, retriable;
+- a leader that refused the call: the code it refused with;
+- a leader whose answer leaves the partition out (it does not host it, or
+  not yet): NOT_LEADER_OR_FOLLOWER, retriable.
+
+The topic stays good: one leader's outage does not fail the description of
+the other partitions, nor of the topic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+
+import grpc
+import grpc.aio
+from tidelog.errors import error_from_rpc
+from tidelog.v1 import admin_pb2, common_pb2
+
+from tidelog_server.forwarding import unanswered
+
+#: What a PartitionDescription takes from its leader; -1 when unknown.
+FIGURES = ("log_start_offset", "log_end_offset", "high_watermark", "size_bytes", "segment_count")
+
+#: `ask(leader_id, address, request)`: the leader's own DescribeTopics answer
+#: for `request.names` (raises grpc.aio.AioRpcError when the call fails).
+AskLeader = Callable[
+    [int, str, admin_pb2.DescribeTopicsRequest], Awaitable[admin_pb2.DescribeTopicsResponse]
+]
+
+
+async def complete_from_leaders(
+    response: admin_pb2.DescribeTopicsResponse,
+    address_of: Callable[[int], str | None],
+    ask: AskLeader,
+) -> None:
+    """Fill each partition of `response` with its leader's figures, or with
+    -1 and the error saying why they are unknown (module doc). `address_of`
+    gives a live broker's address (None when it is not live)."""
+    names_by_leader: dict[int, set[str]] = {}
+    for topic in response.topics:
+        for partition in topic.partitions:
+            if partition.leader_id >= 0:
+                names_by_leader.setdefault(partition.leader_id, set()).add(topic.name)
+    addresses = {leader: address_of(leader) for leader in names_by_leader}
+    asked = [(leader, address) for leader, address in addresses.items() if address is not None]
+    outcomes = await asyncio.gather(
+        *(_ask_one(ask, leader, address, names_by_leader[leader]) for leader, address in asked)
+    )
+    answers: dict[int, dict[tuple[str, int], admin_pb2.PartitionDescription]] = {}
+    failures: dict[int, common_pb2.Error] = {}
+    for (leader, address), outcome in zip(asked, outcomes, strict=True):
+        if isinstance(outcome, grpc.aio.AioRpcError):
+            failures[leader] = _call_error(outcome, leader, address)
+        else:
+            answers[leader] = {
+                (topic.name, p.partition): p for topic in outcome.topics for p in topic.partitions
+            }
+    for topic in response.topics:
+        for partition in topic.partitions:
+            leader = partition.leader_id
+            found = answers.get(leader, {}).get((topic.name, partition.partition))
+            if found is not None:
+                for name in FIGURES:
+                    setattr(partition, name, getattr(found, name))
+                partition.ClearField("error")
+                continue
+            where = f"{topic.name}-{partition.partition}"
+            if leader < 0:
+                error = _error(
+                    common_pb2.NOT_LEADER_OR_FOLLOWER,
+                    f"{where} has no leader right now (replicas {_ids(partition.replicas)}): "
+                    "its log figures are unknown; retry",
+                )
+            elif (at := addresses[leader]) is None:
+                error = _error(
+                    common_pb2.NOT_LEADER_OR_FOLLOWER,
+                    f"{where}: its leader, broker {leader}, is not live (not registered): "
+                    "its log figures are unknown; retry",
+                )
+            elif leader in failures:
+                failure = failures[leader]
+                error = _error(failure.code, f"{where}: {failure.message}")
+            else:
+                error = _error(
+                    common_pb2.NOT_LEADER_OR_FOLLOWER,
+                    f"{where}: its leader, broker {leader} at {at}, answered without it "
+                    "(it does not host it, or not yet): its log figures are unknown; retry",
+                )
+            unknown(partition, error)
+
+
+def unknown(partition: admin_pb2.PartitionDescription, error: common_pb2.Error) -> None:
+    """The partition's figures are unknown (-1), for the reason `error` gives."""
+    for name in FIGURES:
+        setattr(partition, name, -1)
+    partition.error.CopyFrom(error)
+
+
+async def _ask_one(
+    ask: AskLeader, leader: int, address: str, names: set[str]
+) -> admin_pb2.DescribeTopicsResponse | grpc.aio.AioRpcError:
+    try:
+        return await ask(leader, address, admin_pb2.DescribeTopicsRequest(names=sorted(names)))
+    except grpc.aio.AioRpcError as exc:
+        return exc
+
+
+def _call_error(exc: grpc.aio.AioRpcError, leader: int, address: str) -> common_pb2.Error:
+    """The error for every partition whose leader failed the call."""
+    upstream = f"leader broker {leader} at {address}"
+    reason = unanswered(exc, upstream)
+    if reason is None:
+        # Its own refusal (not authorized, say): a retry would only repeat it.
+        refusal = error_from_rpc(exc, address=address)
+        return _error(
+            common_pb2.ErrorCode.Value(refusal.code_name),
+            f"{upstream} refused the call ({refusal.code_name}: {refusal.message}): "
+            "its log figures are unknown",
+        )
+    code = (
+        common_pb2.REQUEST_TIMED_OUT
+        if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        else common_pb2.NOT_LEADER_OR_FOLLOWER
+    )
+    return _error(code, f"{reason}: its log figures are unknown; retry")
+
+
+def _error(code: common_pb2.ErrorCode.ValueType, message: str) -> common_pb2.Error:
+    return common_pb2.Error(code=code, message=message)
+
+
+def _ids(ids: Sequence[int]) -> str:
+    return ", ".join(map(str, ids)) or "none"
