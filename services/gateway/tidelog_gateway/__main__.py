@@ -36,6 +36,13 @@ def _positive(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     return parse_all(argv)[0]
 
@@ -79,6 +86,13 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         parser.add_argument(
             flag, dest=field, type=_positive, default=getattr(defaults, field), help=doc
         )
+    parser.add_argument(
+        "--forward-timeout-s",
+        type=_positive_seconds,
+        default=defaults.forward_timeout_s,
+        help="deadline of a call forwarded to a coordinator or asked of a leader "
+        "(DescribeTopics' figures)",
+    )
     parser.add_argument("--drain-timeout-s", type=float, default=defaults.drain_timeout_s)
     parser.add_argument("--log-level", default="INFO")
     add_tls_arguments(parser)
@@ -124,6 +138,7 @@ def parse_all(argv: list[str] | None = None) -> tuple[GatewayConfig, MetricsOpti
         produce_buffer_max_bytes=args.produce_buffer_max_bytes,
         upstream_connections=args.upstream_connections,
         producer_request_timeout_ms=args.producer_request_timeout_ms,
+        forward_timeout_s=args.forward_timeout_s,
         drain_timeout_s=args.drain_timeout_s,
         tls=tls,
         etcd_tls=etcd_tls,

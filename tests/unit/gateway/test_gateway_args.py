@@ -1,5 +1,6 @@
-"""`tidelog-gateway --producer-request-timeout-ms`: reaches the config, and a
-value the record-level producer could not run with is refused at start."""
+"""`tidelog-gateway --producer-request-timeout-ms` and `--forward-timeout-s`:
+reach the config, and a value the gateway could not run with is refused at
+start."""
 
 from __future__ import annotations
 
@@ -24,3 +25,17 @@ def test_a_producer_request_timeout_over_the_delivery_timeout_is_refused(
     with pytest.raises(SystemExit):
         parse_all(["--producer-request-timeout-ms", str(MAX_PRODUCER_REQUEST_TIMEOUT_MS + 1)])
     assert "--producer-request-timeout-ms must be at most" in capsys.readouterr().err
+
+
+def test_forward_timeout_reaches_the_config() -> None:
+    assert parse_all(["--forward-timeout-s", "2.5"])[0].forward_timeout_s == 2.5
+    assert parse_all([])[0].forward_timeout_s == 30.0
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf"])
+def test_a_forward_timeout_that_is_not_a_positive_time_is_refused(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_all(["--forward-timeout-s", value])
+    assert "--forward-timeout-s: must be a positive number of seconds" in capsys.readouterr().err
