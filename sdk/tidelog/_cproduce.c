@@ -4,8 +4,12 @@
  * What it owns: `Lane`, a grant of room in one open producer batch that
  * send() may fill without the accumulator's lock. A lane appends a keyless,
  * header-less bytes record to the batch's value and timestamp lists (its
- * create time read here, as time.time_ns() // 1_000_000 would) and returns
- * the record's FutureRecordMetadata; the append that leaves no room for any
+ * create time read here, as time.time_ns() // 1_000_000 would), or, a keyed
+ * lane, a record with a bytes key to its value, key and timestamp lists, and
+ * returns the record's FutureRecordMetadata; `keyed_append` does a keyed
+ * send() in one call: the key's partition (murmur2), the lane in that slot
+ * of the topic's table (a list, one slot per partition, refused when its
+ * length is not the partition count send() read), the append; the append that leaves no room for any
  * further record (less than `overhead` bytes) then calls the lane's `on_full`
  * once, so that the accumulator seals the batch and wakes its sender at once
  * rather than when the next record or the linger comes. Nothing else: which
@@ -22,7 +26,10 @@
  *
  * Why no lock: an append is one C call that does not release the GIL between
  * its check (the lane is open and has room) and its last change to the lists,
- * and `close` runs under the GIL too. So every append either lands before the
+ * and `close` runs under the GIL too. keyed_append adds to that check only
+ * reads of a list and a hash: the accumulator changes a table's slots and
+ * closes their lanes under the GIL as well, so the lane it finds is open or
+ * refuses, whatever the order. So every append either lands before the
  * close, and the closer sees it (`used`, the lists' lengths), or is refused
  * after it (None: the caller takes the locked path). Objects are created only
  * where a collection they may start cannot let another thread in between the
