@@ -435,6 +435,7 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
     count = 20_000
     keys = [b"%08d" % i for i in range(1000)]
     sent: list = []  # type: ignore[type-arg]
+    misplaced: list[int] = []
     done = threading.Event()
 
     def produce() -> None:
@@ -450,7 +451,11 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
                 # lane it closes meanwhile must refuse.
                 time.sleep(0)
             future = None if table is None else keyed_append(table, partitions, key, value)
-            sent.append((future or locked(acc, key, value, partitions), key, value))
+            future = future or locked(acc, key, value, partitions)
+            # The key's partition for the count this send read, lane or not.
+            if future[0].partition != partition_for_key(key, partitions):
+                misplaced.append(i)
+            sent.append((future, key, value))
         done.set()
 
     drained = []
@@ -465,6 +470,7 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
             drained.append(batch)
             acc.resolved(batch)
     thread.join()
+    assert not misplaced
     decoded = {id(b.result): records_of(b) for b in drained}
     assert sum(len(r) for r in decoded.values()) == count
     for p in range(COUNT + 2):
