@@ -19,6 +19,14 @@ records per request it prints say how many (~3.4 at 10,000/s on a quiet 2-core m
 ``--headers N``: each record carries N headers (16-byte values): what records with headers
 cost each thread and the broker (its check of every header block).
 
+``--keys N``: each record has one of N distinct 8-byte keys (in turn), so it goes to its key's
+murmur2 partition (``--partitions P`` of them; default 1), the way most Kafka users send.
+``--linger-ms``, ``--batch-size`` and ``--buffer-memory`` change the producer's (e.g. linger
+60,000 and 32 MiB batches: no request runs while the records are sent, so the calling thread's
+cost is send()'s alone). Every run also prints the calling thread's CPU during the sends
+alone (``send us/rec``: time.thread_time, the flush not included) and the share of the run's
+wall time the sends took (``wall``: the rest is the flush).
+
 ``--send-only``: send() alone, against an accumulator nobody drains (huge buffer_memory; no
 broker I/O), to price the calling thread's per-record work by itself: the locked append, and
 send()'s path through the lanes of tidelog._cproduce (when built).
@@ -90,15 +98,24 @@ def run(
     record_bytes: int,
     rate: int | None = None,
     headers: int = 0,
+    keys: int = 0,
+    linger_ms: int | None = None,
+    producer_options: dict[str, int] | None = None,
 ) -> None:
     """One run: `records` sends as fast as they go (linger 5 ms) or, with `rate`, at that
-    many per second (linger 0); each record with `headers` headers (16-byte values)."""
+    many per second (linger 0); each record with `headers` headers (16-byte values) and,
+    with `keys`, one of that many 8-byte keys in turn."""
     value = os.urandom(record_bytes)
     record_headers = [(f"header-{i}", os.urandom(16)) for i in range(headers)] or None
+    key_list = [b"%08d" % i for i in range(keys)]
     main_tid = threading.get_native_id()
-    linger_ms = 5 if rate is None else 0
-    with Producer(bootstrap_servers=address, acks=1, linger_ms=linger_ms) as producer:
-        producer.send(topic, value).get(30)
+    if linger_ms is None:
+        linger_ms = 5 if rate is None else 0
+    with Producer(
+        bootstrap_servers=address, acks=1, linger_ms=linger_ms, **(producer_options or {})
+    ) as producer:
+        producer.send(topic, value)
+        producer.flush(timeout=30)  # the topic's metadata and connection, without the linger
         metrics0 = producer.metrics()["producer-metrics"]
         cpu0 = _thread_cpu_s()
         switches0 = _switches()
@@ -107,7 +124,12 @@ def run(
         send = producer.send
         if record_headers is not None:
             send = functools.partial(send, headers=record_headers)
-        if rate is None:
+        send_cpu0 = time.thread_time()
+        if rate is None and key_list:
+            # Keys in turn: precomputed, so the loop costs what send() costs.
+            for key in (key_list * (records // len(key_list) + 1))[:records]:
+                send(topic, value, key)
+        elif rate is None:
             for _ in range(records):
                 send(topic, value)
         else:
@@ -116,6 +138,8 @@ def run(
                 for _ in pacer.due():
                     send(topic, value)
                 time.sleep(PACER_SLEEP_S)
+        send_cpu = time.thread_time() - send_cpu0
+        send_s = time.perf_counter() - t0
         producer.flush(timeout=600)
         seconds = time.perf_counter() - t0
         broker_s = (_process_cpu_ns(broker_pid) - broker0) / 1e9
@@ -139,7 +163,8 @@ def run(
         return
     per_m = 1e6 / records
     print(
-        f"{records / seconds:>11,.0f} rec/s  CPU s/M: main {by_kind['main'] * per_m:.3f} "
+        f"{records / seconds:>11,.0f} rec/s  send us/rec {send_cpu / records * 1e6:.3f} "
+        f"(wall {send_s / seconds:.0%})  CPU s/M: main {by_kind['main'] * per_m:.3f} "
         f"loop {by_kind['loop'] * per_m:.3f} other {by_kind['other'] * per_m:.3f} "
         f"broker {broker_s * per_m:.3f}  requests {requests:,.0f} "
         f"({records / max(requests, 1):,.0f} rec/request, "
@@ -192,6 +217,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=int, help="records/s, linger 0 (default: flat out)")
     parser.add_argument("--seconds", type=float, default=10.0, help="with --rate")
     parser.add_argument("--headers", type=int, default=0, help="headers per record")
+    parser.add_argument("--keys", type=int, default=0, help="distinct 8-byte keys (0: none)")
+    parser.add_argument("--partitions", type=int, default=1, help="the topic's partitions")
+    parser.add_argument("--linger-ms", type=int, help="default 5 (0 with --rate)")
+    parser.add_argument("--batch-size", type=int, help="bytes (default the producer's)")
+    parser.add_argument("--buffer-memory", type=int, help="bytes (default the producer's)")
     args = parser.parse_args(argv)
     records = args.records if args.rate is None else int(args.rate * args.seconds)
     if args.send_only:
@@ -200,7 +230,12 @@ def main(argv: list[str] | None = None) -> None:
     with tidelog_broker() as broker:
         for r in range(args.repeat):
             topic = f"produce-profile-{r}"
-            workloads.create_topic(broker.address, topic)
+            workloads.create_topic(broker.address, topic, args.partitions)
+            options = {
+                name: getattr(args, name)
+                for name in ("batch_size", "buffer_memory")
+                if getattr(args, name) is not None
+            }
             run(
                 broker.address,
                 broker.pid,
@@ -209,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
                 args.record_bytes,
                 args.rate,
                 args.headers,
+                args.keys,
+                args.linger_ms,
+                options,
             )
             workloads.delete_topic(broker.address, topic)
 

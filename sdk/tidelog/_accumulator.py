@@ -42,7 +42,28 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   columns and size are whole whenever the lock is held and the batch has no
   lane. A batch whose lane was closed by a record it had room for (a keyed
   one, headers, a bytearray...) gets no other lane: mixed sends keep the
-  locked path rather than open and close a lane per record.
+  locked path rather than open and close a lane per record;
+- the *keyed lanes* (`keyed_lanes`): the same for records with a bytes key,
+  per partition. A topic's table is a list with a slot per partition, made
+  for the partition count its length is; a locked append of a keyed record
+  without headers gives its partition's open batch a keyed lane (one that
+  also appends to the batch's keys), in that slot. send() computes the key's
+  partition from the count of the metadata snapshot, as the locked path
+  does, and `_cproduce.keyed_append` finds the lane and appends in one C
+  call, refusing when the table's length is not that count (the metadata
+  changed: the next locked keyed append closes the table's lanes and makes
+  a table for the new count). The rules of the keyless lane hold for each
+  keyed lane: it closes, under the lock, before a locked append, seal, drain
+  or close reaches its batch (`_settle`: the locked path closes the lane of
+  any batch it is about to look at, whichever partition it is for), so a
+  batch never has two lanes and a keyless lane is only ever on a batch with
+  no keys. Sequence numbers of idempotent producers are given when the
+  sender drains a batch, after its lane is closed: lanes never see them.
+  Many partitions' lanes together may reserve most of the free buffer
+  memory (each is granted at most half of what is free): a locked append
+  that would wait for memory first closes every lane (`_reclaim_lanes`), so
+  reserved room never blocks a send, and waits only for memory that records
+  fill.
 
 Thread-safe: every public method takes `_lock`. The sender is woken through
 the `wake` callable (a hop to the event loop) only when a batch is created or
@@ -82,6 +103,18 @@ except ImportError:  # pragma: no cover - depends on the install
 
 if TYPE_CHECKING:
     from tidelog._cproduce import Lane
+
+
+def _no_keyed_append(
+    table: list[Lane | None], partition_count: object, key: object, value: object
+) -> FutureRecordMetadata | None:
+    """keyed_append without tidelog._cproduce (never called: no lanes open then)."""
+    return None
+
+
+#: Producer.send's keyed fast path: _cproduce.keyed_append (see _cproduce.c).
+keyed_append: Callable[[list[Lane | None], object, object, object], FutureRecordMetadata | None]
+keyed_append = _no_keyed_append if _cproduce is None else _cproduce.keyed_append
 
 #: Per-record body bytes besides key and value (the two length slots);
 #: BatchBuilder.RECORD_OVERHEAD.
@@ -167,7 +200,8 @@ class ProducerBatch:
         self.producer_id = -1
         self.producer_epoch = -1
         self.base_sequence = -1
-        #: The open Lane into this batch, if any (the accumulator's, under its lock).
+        #: The open Lane into this batch, if any, keyless or keyed (the
+        #: accumulator's, under its lock).
         self.lane: Lane | None = None
         #: A locked append closed a lane that had room for it: no more lanes.
         self.lane_refused = False
@@ -253,6 +287,11 @@ class RecordAccumulator:
         #: topic -> the Lane into its sticky batch (read without the lock by
         #: Producer.send; changed only under it).
         self.lanes: dict[str, Lane] = {}
+        #: topic -> its keyed lanes, one slot per partition (None: no lane),
+        #: for the partition count the list is as long as (read without the
+        #: lock by Producer.send through _cproduce.keyed_append; changed only
+        #: under it; replaced, its lanes closed, for another count).
+        self.keyed_lanes: dict[str, list[Lane | None]] = {}
         #: The largest record a lane takes (-1: no lanes).
         self._lane_max_record = (
             -1 if _cproduce is None or lane_max_record is None else lane_max_record
@@ -286,9 +325,17 @@ class RecordAccumulator:
                 self._close_topic_lane(topic, size)
             if self._buffered + size > self._buffer_memory or self.closed:
                 self._wait_for_space(size, max_block_s)
+            if key is not None and self._lane_max_record >= 0:
+                table = self.keyed_lanes.get(topic)
+                if table is not None and len(table) != partition_count:
+                    # The metadata changed: this record's partition is of the
+                    # new count, the table's lanes of the old one.
+                    self._end_keyed_lanes(topic)
             by_partition = self._open.get(topic)
             chosen = self._sticky_current.get(topic, -1) if partition < 0 else partition
             batch = None if by_partition is None else by_partition.get(chosen)
+            if batch is not None and batch.lane is not None and not self._settle(batch, size):
+                batch = None
             if batch is None or batch.size + size > self._batch_size:
                 batch = self._batch_for(topic, partition, partition_count, size)
             values = batch.values
@@ -309,26 +356,30 @@ class RecordAccumulator:
                 self._seal(batch)
                 self._wake_sender()
             elif (
-                partition < 0
-                and size <= self._lane_max_record
-                and key is None
+                size <= self._lane_max_record
                 and not headers
-                and batch.keys is None
                 and batch.headers is None
                 and not batch.lane_refused
             ):
-                self._open_lane(batch, size)
+                if partition < 0 and key is None and batch.keys is None:
+                    self._open_lane(batch, size)
+                elif partition >= 0 and key is not None:
+                    self._open_keyed_lane(batch, size, partition_count)
         finally:
             self._release()
         return FutureRecordMetadata((batch.result, index))
 
+    def _lane_room(self, batch: ProducerBatch) -> int:
+        """The room a lane into `batch` is granted (see the module doc)."""
+        return min(self._batch_size - batch.size, (self._buffer_memory - self._buffered) // 2)
+
     def _open_lane(self, batch: ProducerBatch, size: int) -> None:
         """Give the open sticky `batch` a lane (under the lock), when the
         room it can be granted takes at least one more record of `size`."""
-        room = min(self._batch_size - batch.size, (self._buffer_memory - self._buffered) // 2)
+        room = self._lane_room(batch)
         if room < size or self.closed:
             return
-        assert _cproduce is not None
+        assert _cproduce is not None and batch.lane is None
         batch.lane = self.lanes[batch.topic] = _cproduce.Lane(
             batch.values,
             batch.timestamps,
@@ -341,6 +392,79 @@ class RecordAccumulator:
         )
         self._buffered += room
 
+    def _open_keyed_lane(self, batch: ProducerBatch, size: int, partition_count: int) -> None:
+        """Give `batch`, whose last record was keyed, a keyed lane (under the
+        lock) in its topic's table for `partition_count`, when the room it
+        can be granted takes at least one more record of `size`."""
+        room = self._lane_room(batch)
+        if room < size or self.closed or not 0 <= batch.partition < partition_count:
+            return
+        assert _cproduce is not None and batch.lane is None and batch.keys is not None
+        table = self.keyed_lanes.get(batch.topic)
+        if table is None or len(table) != partition_count:
+            if table is not None:
+                self._end_keyed_lanes(batch.topic)
+            table = self.keyed_lanes[batch.topic] = [None] * partition_count
+        # One open batch per partition, and a lane leaves its slot when it
+        # closes: the slot of a batch without a lane is empty.
+        assert table[batch.partition] is None
+        batch.lane = table[batch.partition] = _cproduce.Lane(
+            batch.values,
+            batch.timestamps,
+            batch.result,
+            FutureRecordMetadata,
+            room,
+            self._lane_max_record,
+            RECORD_OVERHEAD,
+            partial(self._lane_filled, batch),
+            batch.keys,
+        )
+        self._buffered += room
+
+    def _end_keyed_lanes(self, topic: str) -> None:
+        """Close every keyed lane of `topic` and drop its table (under the
+        lock): the partition count changed."""
+        for batch in list(self._open.get(topic, {}).values()):
+            if batch.lane is not None and batch.lane.keyed:
+                self._end_lane(batch)
+        self.keyed_lanes.pop(topic, None)
+
+    def _end_lane(self, batch: ProducerBatch) -> bool:
+        """Close `batch`'s lane (under the lock) and seal the batch if the
+        lane left it full; whether the batch is still open."""
+        self._close_lane(batch)
+        if batch.size > self._full_above:
+            # The lane filled the batch and this came before its on_full
+            # (which will find the lane closed): the batch must not wait
+            # for the linger.
+            self._seal(batch)
+            self._wake_sender()
+            return False
+        return True
+
+    def _settle(self, batch: ProducerBatch, size: int) -> bool:
+        """Close `batch`'s lane before a locked append of a record of `size`
+        bytes may reach the batch (under the lock): `_end_lane`, and when
+        the lane had room for that record (it is one a lane does not take),
+        the batch gets no other lane. Whether the batch is still open."""
+        lane = batch.lane
+        assert lane is not None
+        if not self._end_lane(batch):
+            return False
+        if lane.room - lane.used >= size:
+            batch.lane_refused = True
+        return True
+
+    def _reclaim_lanes(self) -> None:
+        """Close every lane (under the lock), giving back the room they were
+        granted and did not use: before a locked append waits for buffer
+        memory, which lanes must not hold from it (the keyed lanes of many
+        partitions together may hold most of what is free)."""
+        for by_partition in list(self._open.values()):
+            for batch in list(by_partition.values()):
+                if batch.lane is not None:
+                    self._end_lane(batch)
+
     def _lane_filled(self, batch: ProducerBatch, lane: Lane) -> None:
         """`lane`'s on_full: an append left it less room than any record needs
         (called by that append in send()'s thread, after its record is in,
@@ -350,12 +474,8 @@ class RecordAccumulator:
         that took its batch, or by a locked append that sealed it if full."""
         self._acquire()
         try:
-            if batch.lane is not lane:
-                return
-            self._close_lane(batch)
-            if batch.size > self._full_above:
-                self._seal(batch)
-                self._wake_sender()
+            if batch.lane is lane:
+                self._end_lane(batch)
         finally:
             self._release()
 
@@ -366,17 +486,10 @@ class RecordAccumulator:
         sticky batch's: it opens on that batch, and the sticky partition
         only moves in a locked append."""
         batch = self._open[topic][self._sticky_current[topic]]
-        lane = batch.lane
-        assert lane is not None and lane is self.lanes[topic]
-        self._close_lane(batch)
-        if batch.size > self._full_above:
-            # The lane filled the batch and this came before its on_full
-            # (which will find the lane closed): a record for another
-            # partition must not leave it waiting for the linger.
-            self._seal(batch)
-            self._wake_sender()
-        elif lane.room - lane.used >= size:
-            batch.lane_refused = True
+        assert batch.lane is not None and batch.lane is self.lanes[topic]
+        # A full batch is sealed even when the record goes to another
+        # partition: it must not wait for the linger.
+        self._settle(batch, size)
 
     def _close_lane(self, batch: ProducerBatch) -> None:
         """End `batch`'s lane (under the lock): the records appended through
@@ -386,6 +499,14 @@ class RecordAccumulator:
         batch.lane = None
         if self.lanes.get(batch.topic) is lane:
             del self.lanes[batch.topic]
+        else:
+            table = self.keyed_lanes.get(batch.topic)
+            if (
+                table is not None
+                and batch.partition < len(table)
+                and table[batch.partition] is lane
+            ):
+                table[batch.partition] = None
         used = lane.close()
         batch.size += used
         self._buffered -= lane.room - used
@@ -431,6 +552,12 @@ class RecordAccumulator:
                 by_partition = self._open.get(topic)
                 chosen = self._sticky_current.get(topic, -1) if partition < 0 else partition
                 batch = None if by_partition is None else by_partition.get(chosen)
+                if (
+                    batch is not None
+                    and batch.lane is not None
+                    and not self._settle(batch, sizes[pos])
+                ):
+                    batch = None
                 if batch is None or batch.size + sizes[pos] > self._batch_size:
                     batch = self._batch_for(topic, partition, partition_count, sizes[pos])
                 # As many records as fit the batch's room (at least one: a
@@ -503,6 +630,8 @@ class RecordAccumulator:
             partition = self._sticky.partition(topic, partition_count)
             self._sticky_current[topic] = partition
             batch = by_partition.get(partition)
+            if batch is not None and batch.lane is not None and not self._settle(batch, size):
+                batch = None  # a keyed lane had filled it
             if batch is not None and batch.size + size <= self._batch_size:
                 return batch
         old = by_partition.get(partition)
@@ -532,10 +661,17 @@ class RecordAccumulator:
             raise ClosedError("the producer is closed")
         if not self._buffered:
             return  # one record larger than the whole buffer still goes
+        self._reclaim_lanes()
+        if self._buffered + size <= self._buffer_memory:
+            return
         if max_block_s is None:
             raise BufferFullError()
         deadline = self._clock() + max_block_s
         while self._buffered + size > self._buffer_memory and self._buffered and not self.closed:
+            # Lanes opened meanwhile hold room this record may need.
+            self._reclaim_lanes()
+            if self._buffered + size <= self._buffer_memory:
+                break
             remaining = deadline - self._clock()
             if remaining <= 0:
                 raise TidelogTimeoutError(
@@ -706,5 +842,6 @@ class RecordAccumulator:
             for batches in self._retries.values():
                 out.extend(batches)
             self._retries.clear()
+            self.keyed_lanes.clear()  # every slot is empty by now
             self._space.notify_all()
             return out

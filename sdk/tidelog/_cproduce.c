@@ -4,8 +4,12 @@
  * What it owns: `Lane`, a grant of room in one open producer batch that
  * send() may fill without the accumulator's lock. A lane appends a keyless,
  * header-less bytes record to the batch's value and timestamp lists (its
- * create time read here, as time.time_ns() // 1_000_000 would) and returns
- * the record's FutureRecordMetadata; the append that leaves no room for any
+ * create time read here, as time.time_ns() // 1_000_000 would), or, a keyed
+ * lane, a record with a bytes key to its value, key and timestamp lists, and
+ * returns the record's FutureRecordMetadata; `keyed_append` does a keyed
+ * send() in one call: the key's partition (murmur2), the lane in that slot
+ * of the topic's table (a list, one slot per partition, refused when its
+ * length is not the partition count send() read), the append; the append that leaves no room for any
  * further record (less than `overhead` bytes) then calls the lane's `on_full`
  * once, so that the accumulator seals the batch and wakes its sender at once
  * rather than when the next record or the linger comes. Nothing else: which
@@ -22,7 +26,10 @@
  *
  * Why no lock: an append is one C call that does not release the GIL between
  * its check (the lane is open and has room) and its last change to the lists,
- * and `close` runs under the GIL too. So every append either lands before the
+ * and `close` runs under the GIL too. keyed_append adds to that check only
+ * reads of a list and a hash: the accumulator changes a table's slots and
+ * closes their lanes under the GIL as well, so the lane it finds is open or
+ * refuses, whatever the order. So every append either lands before the
  * close, and the closer sees it (`used`, the lists' lengths), or is refused
  * after it (None: the caller takes the locked path). Objects are created only
  * where a collection they may start cannot let another thread in between the
@@ -45,6 +52,7 @@
 typedef struct {
     PyObject_HEAD
     PyObject *values;     /* the batch's list of values */
+    PyObject *keys;       /* the batch's list of keys (a keyed lane), or NULL */
     PyObject *timestamps; /* the batch's list of create times (ms) */
     PyObject *result;     /* the batch's BatchResult */
     PyTypeObject *future_type; /* FutureRecordMetadata: a 2-tuple subclass */
@@ -60,12 +68,22 @@ static int
 lane_init(Lane *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"values", "timestamps", "result", "future_type", "room",
-                             "max_record", "overhead", "on_full", NULL};
-    PyObject *values, *timestamps, *result, *future_type, *on_full = Py_None;
+                             "max_record", "overhead", "on_full", "keys", NULL};
+    PyObject *values, *timestamps, *result, *future_type, *on_full = Py_None, *keys = Py_None;
     Py_ssize_t room, max_record, overhead;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn|O", kwlist, &PyList_Type, &values,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn|OO", kwlist, &PyList_Type, &values,
                                      &PyList_Type, &timestamps, &result, &PyType_Type,
-                                     &future_type, &room, &max_record, &overhead, &on_full)) {
+                                     &future_type, &room, &max_record, &overhead, &on_full,
+                                     &keys)) {
+        return -1;
+    }
+    if (keys != Py_None && !PyList_CheckExact(keys)) {
+        PyErr_SetString(PyExc_TypeError, "keys must be a list or None");
+        return -1;
+    }
+    /* The columns of a keyed lane grow together: they must start equal. */
+    if (keys != Py_None && PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)) {
+        PyErr_SetString(PyExc_ValueError, "keys and values must be as long as each other");
         return -1;
     }
     if (on_full != Py_None && !PyCallable_Check(on_full)) {
@@ -88,6 +106,12 @@ lane_init(Lane *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->values, values);
     Py_INCREF(timestamps);
     Py_XSETREF(self->timestamps, timestamps);
+    if (keys == Py_None) {
+        Py_CLEAR(self->keys);
+    } else {
+        Py_INCREF(keys);
+        Py_XSETREF(self->keys, keys);
+    }
     Py_INCREF(result);
     Py_XSETREF(self->result, result);
     Py_INCREF(future_type);
@@ -110,6 +134,7 @@ static int
 lane_traverse(Lane *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->values);
+    Py_VISIT(self->keys);
     Py_VISIT(self->timestamps);
     Py_VISIT(self->result);
     Py_VISIT(self->future_type);
@@ -121,6 +146,7 @@ static int
 lane_clear(Lane *self)
 {
     Py_CLEAR(self->values);
+    Py_CLEAR(self->keys);
     Py_CLEAR(self->timestamps);
     Py_CLEAR(self->result);
     Py_CLEAR(self->future_type);
@@ -139,19 +165,35 @@ lane_dealloc(Lane *self)
 PyDoc_STRVAR(lane_append_doc,
 "append(value) -> FutureRecordMetadata | None\n\n"
 "Add one record with this bytes value (no key, no headers, created now) to the\n"
-"batch; None when the lane is closed, the value is not exactly bytes, or the\n"
-"record does not fit the room left or max_record (the caller's locked path\n"
-"decides then). When the record leaves less room than `overhead` (no further\n"
-"record fits), on_full(lane) is called before returning; what it raises is\n"
-"reported as unraisable, since the record is in and its future is owed.");
+"batch; None when the lane is closed or keyed, the value is not exactly bytes,\n"
+"or the record does not fit the room left or max_record (the caller's locked\n"
+"path decides then). When the record leaves less room than `overhead` (no\n"
+"further record fits), on_full(lane) is called before returning; what it raises\n"
+"is reported as unraisable, since the record is in and its future is owed.");
 
+PyDoc_STRVAR(lane_append_keyed_doc,
+"append_keyed(key, value) -> FutureRecordMetadata | None\n\n"
+"append() for a keyed lane: one record with this bytes key and bytes value;\n"
+"None when the lane is not keyed or as append() refuses. The record counts\n"
+"`overhead` + len(key) + len(value) bytes.");
+
+/* Add the record (key NULL: keyless) or return None (see lane_append_doc).
+ * Nothing between the first check and the last list change can run Python
+ * code or let another thread in (see the module comment). */
 static PyObject *
-lane_append(Lane *self, PyObject *value)
+lane_put(Lane *self, PyObject *key, PyObject *value)
 {
-    if (self->closed || self->values == NULL || !PyBytes_CheckExact(value)) {
+    if (self->closed || self->values == NULL || !PyBytes_CheckExact(value) ||
+        (key == NULL) != (self->keys == NULL)) {
         Py_RETURN_NONE;
     }
     Py_ssize_t size = self->overhead + PyBytes_GET_SIZE(value);
+    if (key != NULL) {
+        if (!PyBytes_CheckExact(key)) {
+            Py_RETURN_NONE;
+        }
+        size += PyBytes_GET_SIZE(key);
+    }
     if (size > self->max_record || self->used + size > self->room) {
         Py_RETURN_NONE;
     }
@@ -170,15 +212,24 @@ lane_append(Lane *self, PyObject *value)
         Py_DECREF(timestamp);
         return NULL;
     }
-    /* Both lists grow together or not at all (a failed second append takes
-     * the first back), so the batch's columns always agree. */
+    /* The lists grow together or not at all (a failed later append takes
+     * the earlier ones back), so the batch's columns always agree. */
     if (PyList_Append(self->values, value) < 0) {
+        Py_DECREF(timestamp);
+        Py_DECREF(position);
+        return NULL;
+    }
+    if (key != NULL && PyList_Append(self->keys, key) < 0) {
+        PyList_SetSlice(self->values, index, index + 1, NULL);
         Py_DECREF(timestamp);
         Py_DECREF(position);
         return NULL;
     }
     if (PyList_Append(self->timestamps, timestamp) < 0) {
         PyList_SetSlice(self->values, index, index + 1, NULL);
+        if (key != NULL) {
+            PyList_SetSlice(self->keys, index, index + 1, NULL);
+        }
         Py_DECREF(timestamp);
         Py_DECREF(position);
         return NULL;
@@ -214,6 +265,25 @@ lane_append(Lane *self, PyObject *value)
         Py_XDECREF(done);
     }
     return future;
+}
+
+static PyObject *
+lane_append(Lane *self, PyObject *value)
+{
+    return lane_put(self, NULL, value);
+}
+
+static PyObject *
+lane_append_keyed(Lane *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "append_keyed(key, value)");
+        return NULL;
+    }
+    if (args[0] == Py_None) {
+        Py_RETURN_NONE;
+    }
+    return lane_put(self, args[0], args[1]);
 }
 
 PyDoc_STRVAR(lane_close_doc,
@@ -252,8 +322,16 @@ lane_get_closed(Lane *self, void *Py_UNUSED(closure))
     return PyBool_FromLong(self->closed);
 }
 
+static PyObject *
+lane_get_keyed(Lane *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->keys != NULL);
+}
+
 static PyMethodDef lane_methods[] = {
     {"append", (PyCFunction)lane_append, METH_O, lane_append_doc},
+    {"append_keyed", (PyCFunction)(void (*)(void))lane_append_keyed, METH_FASTCALL,
+     lane_append_keyed_doc},
     {"close", (PyCFunction)lane_close, METH_NOARGS, lane_close_doc},
     {NULL, NULL, 0, NULL},
 };
@@ -262,17 +340,19 @@ static PyGetSetDef lane_getset[] = {
     {"used", (getter)lane_get_used, NULL, "bytes appended so far", NULL},
     {"room", (getter)lane_get_room, NULL, "bytes granted", NULL},
     {"closed", (getter)lane_get_closed, NULL, "whether close() was called", NULL},
+    {"keyed", (getter)lane_get_keyed, NULL, "whether the lane takes keyed records", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 PyDoc_STRVAR(lane_doc,
 "Lane(values, timestamps, result, future_type, room, max_record, overhead,\n"
-"     on_full=None)\n\n"
+"     on_full=None, keys=None)\n\n"
 "A grant of `room` bytes in one open batch (its `values` and `timestamps`\n"
-"lists and its BatchResult) for records of no key and no headers, each\n"
-"counted `overhead` + len(value) bytes; on_full(lane) is called by the\n"
-"append that leaves less than `overhead` bytes of room; see\n"
-"tidelog._accumulator.");
+"lists and its BatchResult) for records of no headers, each counted\n"
+"`overhead` + len(value) bytes: records of no key (append) or, given the\n"
+"batch's `keys` list, records with a bytes key (append_keyed, keyed_append),\n"
+"which also count len(key). on_full(lane) is called by the append that leaves\n"
+"less than `overhead` bytes of room; see tidelog._accumulator.");
 
 static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -596,12 +676,54 @@ partition_for_key(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
     return PyLong_FromLong((long)((h & 0x7fffffffu) % (uint32_t)count));
 }
 
+PyDoc_STRVAR(keyed_append_doc,
+"keyed_append(table, partition_count, key, value) -> FutureRecordMetadata | None\n\n"
+"send() of a bytes key and a bytes value in one call: the key's partition p\n"
+"(partition_for_key(key, partition_count)), then table[p].append_keyed(key,\n"
+"value). `table` is a topic's list of keyed lanes, one slot per partition\n"
+"(None: no lane). None, for the caller's locked path, when the table's\n"
+"length is not `partition_count` (it was made for another count: the\n"
+"metadata changed), `partition_count` is not an int, the key is not exactly\n"
+"bytes, the slot holds no lane, or the lane refuses.");
+
+static PyObject *
+keyed_append(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "keyed_append(table, partition_count, key, value)");
+        return NULL;
+    }
+    PyObject *table = args[0];
+    PyObject *key = args[2];
+    if (!PyList_CheckExact(table) || !PyLong_CheckExact(args[1]) || !PyBytes_CheckExact(key)) {
+        Py_RETURN_NONE;
+    }
+    int overflow;
+    long long count = PyLong_AsLongLongAndOverflow(args[1], &overflow);
+    if (overflow || count < 1 || count != (long long)PyList_GET_SIZE(table)) {
+        Py_RETURN_NONE;
+    }
+    uint32_t h = kafka_murmur2((const unsigned char *)PyBytes_AS_STRING(key),
+                               PyBytes_GET_SIZE(key));
+    PyObject *lane = PyList_GET_ITEM(table, (Py_ssize_t)((h & 0x7fffffffu) % (uint32_t)count));
+    if (Py_TYPE(lane) != &LaneType) {
+        Py_RETURN_NONE;
+    }
+    /* The table's slot may be emptied by on_full, which the append may call:
+     * hold the lane while it runs. */
+    Py_INCREF(lane);
+    PyObject *future = lane_put((Lane *)lane, key, args[3]);
+    Py_DECREF(lane);
+    return future;
+}
+
 static PyMethodDef cproduce_methods[] = {
     {"plain_body", (PyCFunction)(void (*)(void))plain_body, METH_FASTCALL, plain_body_doc},
     {"header_blocks", (PyCFunction)header_blocks, METH_O, header_blocks_doc},
     {"murmur2", (PyCFunction)murmur2, METH_O, murmur2_doc},
     {"partition_for_key", (PyCFunction)(void (*)(void))partition_for_key, METH_FASTCALL,
      partition_for_key_doc},
+    {"keyed_append", (PyCFunction)(void (*)(void))keyed_append, METH_FASTCALL, keyed_append_doc},
     {NULL, NULL, 0, NULL},
 };
 

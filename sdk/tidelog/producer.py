@@ -33,6 +33,7 @@ from tidelog._accumulator import (
     BufferFullError,
     Placement,
     RecordAccumulator,
+    keyed_append,
 )
 from tidelog._client_metrics import Metrics, ProducerMetrics
 from tidelog._connection import Cluster
@@ -279,6 +280,8 @@ class Producer:
             self._core = _ProducerCore(self._config, self._wake_sender)
             self._acc = self._core.accumulator
             self._lanes = self._acc.lanes
+            self._keyed_lanes = self._acc.keyed_lanes
+            self._cluster = self._core.cluster
             self._max_block_s = self._config.max_block_ms / 1000
             self._closed = False
             self._loop_thread.run(self._start())
@@ -322,14 +325,25 @@ class Producer:
         delivery are reported through the future; usage errors (wrong types,
         closed producer) raise here.
         """
-        if key is None and headers is None and partition is None and timestamp_ms is None:
-            # The topic's lane (tidelog._accumulator): one C call, no lock,
-            # for a bytes value that fits; None sends it the long way.
-            lane = self._lanes.get(topic)
-            if lane is not None:
-                future = lane.append(value)
-                if future is not None:
-                    return future
+        if headers is None and partition is None and timestamp_ms is None:
+            if key is None:
+                # The topic's lane (tidelog._accumulator): one C call, no lock,
+                # for a bytes value that fits; None sends it the long way.
+                lane = self._lanes.get(topic)
+                if lane is not None:
+                    future = lane.append(value)
+                    if future is not None:
+                        return future
+            else:
+                # A keyed record: its partition's lane, found and filled in one
+                # C call for the partition count the long path would read.
+                table = self._keyed_lanes.get(topic)
+                if table is not None:
+                    future = keyed_append(
+                        table, self._cluster.snapshot.partition_counts.get(topic), key, value
+                    )
+                    if future is not None:
+                        return future
         core = self._core
         if (
             type(value) is bytes
@@ -440,6 +454,7 @@ class AsyncProducer:
         self._core = _ProducerCore(self._config, self._wake_sender)
         self._acc = self._core.accumulator
         self._lanes = self._acc.lanes
+        self._keyed_lanes = self._acc.keyed_lanes
         self._max_block_s = self._config.max_block_ms / 1000
         self._started = False
         self._closed = False
@@ -473,13 +488,22 @@ class AsyncProducer:
                 if not self._closed
                 else "the producer is closed"
             )
-        if key is None and headers is None and partition is None and timestamp_ms is None:
-            # As in Producer.send: the topic's lane first.
-            lane = self._lanes.get(topic)
-            if lane is not None:
-                future = lane.append(value)
-                if future is not None:
-                    return future
+        if headers is None and partition is None and timestamp_ms is None:
+            # As in Producer.send: the topic's lane (keyed: its partition's) first.
+            if key is None:
+                lane = self._lanes.get(topic)
+                if lane is not None:
+                    future = lane.append(value)
+                    if future is not None:
+                        return future
+            else:
+                table = self._keyed_lanes.get(topic)
+                if table is not None:
+                    future = keyed_append(
+                        table, self._core.cluster.snapshot.partition_counts.get(topic), key, value
+                    )
+                    if future is not None:
+                        return future
         key, value, headers, size, timestamp_ms = self._core.prepare(
             topic, value, key, headers, timestamp_ms
         )

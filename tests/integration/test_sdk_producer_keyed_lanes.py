@@ -1,0 +1,149 @@
+"""Keyed records through send()'s keyed lanes (tidelog._cproduce), against a real
+broker: every record lands on its key's murmur2 partition, each partition's in
+send order at the offset its future reports, mixed with records the lanes do
+not take (headers, explicit partitions, keyless), by Producer (plain and
+idempotent) and AsyncProducer; and a batch keyed records fill is sent without
+waiting for the linger. Also without tidelog._cproduce (every record takes the
+accumulator's lock), which must deliver the same."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from tidelog import (
+    AdminClient,
+    AsyncProducer,
+    Consumer,
+    NewTopic,
+    Producer,
+    TopicPartition,
+    _accumulator,
+)
+from tidelog._accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD
+from tidelog.partitioner import partition_for_key
+
+pytestmark = pytest.mark.timeout(120)
+
+PARTITIONS = 4
+KEYS = [b"%08d" % i for i in range(100)]
+
+
+def _create(address: str, topic: str, partitions: int = PARTITIONS) -> None:
+    with AdminClient(address) as admin:
+        admin.create_topics([NewTopic(topic, num_partitions=partitions)])
+
+
+@pytest.fixture(params=["c-lanes", "python"])
+def lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bool:
+    if request.param == "python":
+        monkeypatch.setattr(_accumulator, "_cproduce", None)
+        return False
+    if _accumulator._cproduce is None:
+        pytest.skip("tidelog._cproduce is not built (needs a C compiler: `make install`)")
+    return True
+
+
+def _plan(
+    count: int,
+) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]] | None, int | None]]:
+    """(key, value, headers, partition) per record: keyed mostly, some not for the lanes."""
+    out = []
+    for i in range(count):
+        key: bytes | None = KEYS[i % len(KEYS)]
+        headers = None
+        partition = None
+        if i % 97 == 5:
+            headers = [("h", b"%d" % i)]
+        elif i % 89 == 7:
+            partition = i % PARTITIONS
+        elif i % 83 == 11:
+            key = None
+        out.append((key, b"value-%06d" % i, headers, partition))
+    return out
+
+
+def _check(address: str, topic: str, plan, metadata) -> None:  # type: ignore[no-untyped-def]
+    for (key, _, _, partition), md in zip(plan, metadata, strict=True):
+        if partition is not None:
+            assert md.partition == partition
+        elif key is not None:
+            assert md.partition == partition_for_key(key, PARTITIONS)
+    with Consumer(bootstrap_servers=address) as consumer:
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        consumer.assign(tps)
+        consumer.seek_to_beginning()
+        got = []
+        deadline = time.monotonic() + 60
+        while len(got) < len(plan) and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=200).values():
+                got.extend(records)
+    assert len(got) == len(plan)
+    by_offset = {(r.partition, r.offset): r for r in got}
+    for (key, value, headers, _), md in zip(plan, metadata, strict=True):
+        record = by_offset[(md.partition, md.offset)]
+        assert (record.key, record.value) == (key, value)
+        assert list(record.headers or []) == list(headers or [])
+    # Each partition's records in send order: offsets grow with the send order.
+    for p in range(PARTITIONS):
+        offsets = [md.offset for md in metadata if md.partition == p]
+        assert offsets == sorted(offsets) == list(range(len(offsets)))
+
+
+@pytest.mark.parametrize("acks", [1, "all"], ids=["acks-1", "idempotent"])
+def test_keyed_records_land_on_their_partitions_in_send_order(
+    broker_address: str, topic_name: str, lanes: bool, acks: int | str
+) -> None:
+    _create(broker_address, topic_name)
+    plan = _plan(20_000)
+    with Producer(broker_address, linger_ms=5, acks=acks) as producer:
+        futures = []
+        used_lane = False
+        for key, value, headers, partition in plan:
+            futures.append(
+                producer.send(topic_name, value, key=key, headers=headers, partition=partition)
+            )
+            used_lane = used_lane or any(producer._acc.keyed_lanes.get(topic_name) or [])
+        assert used_lane == lanes
+        metadata = [f.get(60) for f in futures]
+    _check(broker_address, topic_name, plan, metadata)
+
+
+def test_the_async_producer_sends_keyed_records_through_its_lanes(
+    broker_address: str, topic_name: str, lanes: bool
+) -> None:
+    _create(broker_address, topic_name)
+    plan = _plan(5_000)
+
+    async def run() -> list:  # type: ignore[type-arg]
+        async with AsyncProducer(broker_address, linger_ms=5) as producer:
+            futures = []
+            used_lane = False
+            for key, value, headers, partition in plan:
+                futures.append(
+                    await producer.send(
+                        topic_name, value, key=key, headers=headers, partition=partition
+                    )
+                )
+                used_lane = used_lane or any(producer._acc.keyed_lanes.get(topic_name) or [])
+            assert used_lane == lanes
+            return [await f for f in futures]
+
+    metadata = asyncio.run(run())
+    _check(broker_address, topic_name, plan, metadata)
+
+
+def test_a_batch_keyed_records_fill_is_sent_without_waiting_for_linger(
+    broker_address: str, topic_name: str, lanes: bool
+) -> None:
+    _create(broker_address, topic_name, partitions=2)
+    key = KEYS[0]
+    value = b"v" * 100
+    per_batch = 50
+    batch_size = BATCH_OVERHEAD + per_batch * (RECORD_OVERHEAD + len(key) + len(value))
+    with Producer(broker_address, linger_ms=60_000, batch_size=batch_size) as producer:
+        futures = [producer.send(topic_name, value, key=key) for _ in range(2 * per_batch)]
+        # Two full batches: no flush, no close, no further send().
+        offsets = [f.get(30).offset for f in futures]
+        assert offsets == list(range(2 * per_batch))
