@@ -257,9 +257,11 @@ class Fetcher:
         self._resets: dict[TopicPartition, tuple[_Partition, int, int]] = {}
         #: The task sending reset rounds while resets are pending, else None.
         self._resetter: asyncio.Task[None] | None = None
-        #: Partitions to place in their leaders' sessions at the next turn
-        #: of the loop, all together (`_place_pending`).
+        #: Partitions to place in their leaders' sessions, and partitions to
+        #: remove from sessions, at the next turn of the loop, all together
+        #: (`_place_pending`).
         self._placing: dict[TopicPartition, _Partition] = {}
+        self._removing: dict[FetchSession, list[TopicPartition]] = {}
         self._place_scheduled = False
         self._backoff_s = config.retry_backoff_ms / 1000
         self._timeout_s = config.request_timeout_ms / 1000
@@ -388,9 +390,14 @@ class Fetcher:
         self._notify()
 
     def _unplace(self, part: _Partition) -> None:
+        """Stop reading the partition: at once here (answers its session
+        still sends are dropped, their credit returned), and in its session
+        at the next turn of the loop, with the other removals and placements
+        (`_place_pending`)."""
         if part.session is not None:
-            part.session.send(remove=[part.tp])
+            self._removing.setdefault(part.session, []).append(part.tp)
             part.session = None
+            self._schedule_placing()
 
     def _is_current(self, part: _Partition, epoch: int) -> bool:
         """Whether `part` is still assigned and not seeked since `epoch`."""
@@ -531,6 +538,9 @@ class Fetcher:
         meanwhile is not placed, and one seeked again is placed once, at
         its last position."""
         self._placing[part.tp] = part
+        self._schedule_placing()
+
+    def _schedule_placing(self) -> None:
         if not self._place_scheduled and not self._closed:
             self._place_scheduled = True
             asyncio.get_running_loop().call_soon(self._place_pending)
@@ -539,13 +549,13 @@ class Fetcher:
         """Send the positions of the partitions `_place_soon` was given to
         their leaders' sessions: one FetchRequest per session (and per
         MAX_FETCH_PARTITIONS_PER_REQUEST partitions), after one removing
-        those that move from another session."""
+        those unplaced or moving to another session."""
         self._place_scheduled = False
         pending, self._placing = self._placing, {}
+        removals, self._removing = self._removing, {}
         if self._closed:
             return
         positions: dict[FetchSession, list[tuple[TopicPartition, int]]] = {}
-        removals: dict[FetchSession, list[TopicPartition]] = {}
         leaderless: list[_Partition] = []
         for tp, part in pending.items():
             if self._partitions.get(tp) is not part or part.fetch_next is None or part.paused:
@@ -563,7 +573,8 @@ class Fetcher:
             part.sent_position = part.fetch_next
             positions.setdefault(session, []).append((tp, part.fetch_next))
         # Removals first: a partition leaving a session stops being read
-        # there before its new session reads it (as one at a time did).
+        # there before its new session reads it, and a partition paused
+        # and resumed (unassigned and assigned) meanwhile is read again.
         for session, tps in removals.items():
             for piece in in_requests_of(tps, MAX_FETCH_PARTITIONS_PER_REQUEST):
                 session.send(remove=piece)
