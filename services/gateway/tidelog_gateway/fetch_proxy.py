@@ -260,8 +260,23 @@ class FetchProxy:
             key = (tp.topic, tp.partition)
             self._unroute(key)
             self._positions.pop(key, None)
+        # The positions of one request go on to each broker in one request:
+        # a broker's session looks over all of its partitions after each
+        # request, so one request per position cost it time quadratic in the
+        # partitions placed at once (~4.5 s of broker CPU for 1,200 sent
+        # straight from a consumer, bench.reset_placement_ab).
+        placing: dict[str, list[log_pb2.FetchPosition]] = {}
         for position in request.positions:
-            self._place(position)
+            self._place(position, placing)
+        for address, positions in placing.items():
+            forwarded = log_pb2.FetchRequest(positions=positions)
+            known = self._upstreams.get(address)
+            if known is None:
+                known = _Upstream(self, address, self._settings(forwarded))
+                self._upstreams[address] = known
+            else:
+                known.send(forwarded)
+            known.partitions.update((p.topic, p.partition) for p in positions)
         if len(self._positions) > config.max_partitions_per_fetch:
             raise InvalidRequestError(
                 f"the stream would read {len(self._positions)} partitions, over the limit of "
@@ -277,7 +292,11 @@ class FetchProxy:
         request.max_answers_per_message = self._answers_per_message
         return request
 
-    def _place(self, position: log_pb2.FetchPosition) -> None:
+    def _place(
+        self, position: log_pb2.FetchPosition, placing: dict[str, list[log_pb2.FetchPosition]]
+    ) -> None:
+        """Route the position to its leader: add it to `placing[address]`,
+        for the caller to send."""
         key = (position.topic, position.partition)
         self._positions[key] = position.fetch_offset
         self._partition_max_bytes[key] = position.partition_max_bytes
@@ -291,13 +310,7 @@ class FetchProxy:
         if previous is not None and previous != address:
             self._unroute(key)
         self._routes[key] = address
-        upstream = self._upstreams.get(address)
-        request = log_pb2.FetchRequest(positions=[position])
-        if upstream is None:
-            self._upstreams[address] = upstream = _Upstream(self, address, self._settings(request))
-        else:
-            upstream.send(request)
-        upstream.partitions.add(key)
+        placing.setdefault(address, []).append(position)
 
     def _unroute(self, key: TopicPartitionKey) -> None:
         address = self._routes.pop(key, None)
