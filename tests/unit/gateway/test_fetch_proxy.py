@@ -317,10 +317,10 @@ class OneBroker(Brokers):
         return "broker-0"
 
 
-def test_the_positions_of_one_request_reach_their_broker_in_one_request() -> None:
-    """A consumer placing 1,200 partitions in one request (after a reset):
-    the gateway passes them on in one request, not one per partition (a
-    broker's session looks over all its partitions after every request)."""
+def test_the_partitions_of_one_request_reach_their_broker_in_one_request() -> None:
+    """A consumer placing (removing) 1,200 partitions in one request: the
+    gateway passes them on in one request, not one per partition (a broker's
+    session looks over all its partitions after every request)."""
 
     async def scenario() -> None:
         brokers = OneBroker()
@@ -355,6 +355,16 @@ def test_the_positions_of_one_request_reach_their_broker_in_one_request() -> Non
         assert [(p.partition, p.fetch_offset) for p in placing[1].positions] == [
             (p, p) for p in range(0, 1200, 2)
         ]
+        # So do removals (a consumer pausing every partition).
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(
+                remove=[common_pb2.TopicPartition(topic=TOPIC, partition=p) for p in range(1200)]
+            )
+        )
+        await settle()
+        removing = [r for r in call.sent if r.remove]
+        assert len(removing) == 1
+        assert [tp.partition for tp in removing[0].remove] == list(range(1200))
         await client.close()
 
     asyncio.run(scenario())
