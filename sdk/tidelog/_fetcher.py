@@ -13,6 +13,12 @@
 - the loop-side state of each assigned partition: its epoch (bumped by every
   seek, so the answers of an old position are recognised), the session that
   reads it, and `fetch_next`, where a new session must resume;
+- placing partitions in their leader's session: the partitions placed at one
+  time (a reset round, an assignment, the seeks and resumes of one turn of
+  the loop, the partitions a leader change or a dropped stream moved) go in
+  one FetchRequest per session (split at MAX_FETCH_PARTITIONS_PER_REQUEST),
+  each with its own position. One request per partition put 1,200 messages
+  (and as many tasks) on the stream after a reset of 1,200 partitions;
 - position resets (auto_offset_reset, seek_to_beginning/end) via ListOffsets,
   gathered as Kafka's consumer gathers them: the resets pending at one time go
   in one round, one request per leader (split at MAX_LIST_OFFSETS_ENTRIES),
@@ -69,7 +75,11 @@ from tidelog.errors import (
     error_from_code,
     error_from_rpc,
 )
-from tidelog.request_limits import MAX_LIST_OFFSETS_ENTRIES, in_requests_of
+from tidelog.request_limits import (
+    MAX_FETCH_PARTITIONS_PER_REQUEST,
+    MAX_LIST_OFFSETS_ENTRIES,
+    in_requests_of,
+)
 from tidelog.types import TopicPartition
 from tidelog.v1 import common_pb2, log_pb2
 
@@ -247,6 +257,12 @@ class Fetcher:
         self._resets: dict[TopicPartition, tuple[_Partition, int, int]] = {}
         #: The task sending reset rounds while resets are pending, else None.
         self._resetter: asyncio.Task[None] | None = None
+        #: Partitions to place in their leaders' sessions, and partitions to
+        #: remove from sessions, at the next turn of the loop, all together
+        #: (`_place_pending`).
+        self._placing: dict[TopicPartition, _Partition] = {}
+        self._removing: dict[FetchSession, list[TopicPartition]] = {}
+        self._place_scheduled = False
         self._backoff_s = config.retry_backoff_ms / 1000
         self._timeout_s = config.request_timeout_ms / 1000
         self._closed = False
@@ -285,7 +301,7 @@ class Fetcher:
             return
         part.epoch = epoch
         part.fetch_next = offset
-        self._spawn(self._place(part))
+        self._place_soon(part)
 
     def reset(self, partitions: Iterable[tuple[TopicPartition, int]], strategy: str) -> None:
         """Resolve the position of each (tp, epoch) by `strategy` ("earliest",
@@ -326,7 +342,7 @@ class Fetcher:
         if part is not None and part.paused:
             part.paused = False
             if part.fetch_next is not None:
-                self._spawn(self._place(part))
+                self._place_soon(part)
             # else a reset is under way; it places the partition when done.
 
     def set_window(self, window_bytes: int) -> None:
@@ -374,9 +390,14 @@ class Fetcher:
         self._notify()
 
     def _unplace(self, part: _Partition) -> None:
+        """Stop reading the partition: at once here (answers its session
+        still sends are dropped, their credit returned), and in its session
+        at the next turn of the loop, with the other removals and placements
+        (`_place_pending`)."""
         if part.session is not None:
-            part.session.send(remove=[part.tp])
+            self._removing.setdefault(part.session, []).append(part.tp)
             part.session = None
+            self._schedule_placing()
 
     def _is_current(self, part: _Partition, epoch: int) -> bool:
         """Whether `part` is still assigned and not seeked since `epoch`."""
@@ -431,7 +452,7 @@ class Fetcher:
                 continue
             part.fetch_next = outcome
             self._inbox.append((RESET, tp, epoch, outcome))
-            self._spawn(self._place(part))
+            self._place_soon(part)
         self._notify()
         if retry:
             tp = next(iter(retry))
@@ -510,54 +531,99 @@ class Fetcher:
                 self._resets[tp] = entry
         self._start_resetter()
 
-    async def _place(self, part: _Partition) -> None:
-        """Send the partition's position to the session of its leader."""
-        tp = part.tp
-        while not self._closed and self._partitions.get(tp) is part:
-            if part.fetch_next is None or part.paused:
-                return
+    def _place_soon(self, part: _Partition) -> None:
+        """Place the partition in its leader's session at the next turn of
+        the loop, with every partition placed meanwhile (see module doc).
+        Its state is read then: a partition paused, unassigned or reset
+        meanwhile is not placed, and one seeked again is placed once, at
+        its last position."""
+        self._placing[part.tp] = part
+        self._schedule_placing()
+
+    def _schedule_placing(self) -> None:
+        if not self._place_scheduled and not self._closed:
+            self._place_scheduled = True
+            asyncio.get_running_loop().call_soon(self._place_pending)
+
+    def _place_pending(self) -> None:
+        """Send the positions of the partitions `_place_soon` was given to
+        their leaders' sessions: one FetchRequest per session (and per
+        MAX_FETCH_PARTITIONS_PER_REQUEST partitions), after one removing
+        those unplaced or moving to another session."""
+        self._place_scheduled = False
+        pending, self._placing = self._placing, {}
+        removals, self._removing = self._removing, {}
+        if self._closed:
+            return
+        positions: dict[FetchSession, list[tuple[TopicPartition, int]]] = {}
+        leaderless: list[_Partition] = []
+        for tp, part in pending.items():
+            if self._partitions.get(tp) is not part or part.fetch_next is None or part.paused:
+                continue  # unassigned, being reset or paused since
             address = self.cluster.snapshot.leader_address(tp.topic, tp.partition)
             if address is None:
-                # Every way through here waits before the next look: the
-                # cached answer does not change by itself, so asking it
-                # again at once would spin.
-                try:
-                    meta = await self.cluster.topic(tp.topic, timeout_s=self._timeout_s)
-                    if not 0 <= tp.partition < meta.partition_count:
-                        # Maybe a stale cache: ask once more before saying so.
-                        meta = await self._fresh_topic(tp.topic)
-                    if not 0 <= tp.partition < meta.partition_count:
-                        # The topic exists without this partition: waiting
-                        # cannot help; poll() raises it.
-                        self._emit(
-                            (
-                                ERROR,
-                                tp,
-                                part.epoch,
-                                no_such_partition(tp.topic, tp.partition, meta.partition_count),
-                            )
-                        )
-                        return
-                    # Known partition, no live leader right now (a broker is
-                    # down or the partition is being created).
-                    await asyncio.sleep(self._backoff_s)
-                    await self.cluster.refresh([tp.topic])
-                except TidelogError as exc:
-                    if not exc.retriable:
-                        self._emit((ERROR, tp, part.epoch, exc))
-                        return
-                    log.info("no leader for %s yet: %s", tp, exc)
-                    await asyncio.sleep(self._backoff_s)
+                leaderless.append(part)
                 continue
             session = self._sessions.get(address)
             if session is None or session.closed:
                 session = self._sessions[address] = FetchSession(self, address, self._config)
             if part.session is not None and part.session is not session:
-                part.session.send(remove=[tp])
+                removals.setdefault(part.session, []).append(tp)
             part.session = session
             part.sent_position = part.fetch_next
-            session.send(positions=[(tp, part.fetch_next)])
-            return
+            positions.setdefault(session, []).append((tp, part.fetch_next))
+        # Removals first: a partition leaving a session stops being read
+        # there before its new session reads it, and a partition paused
+        # and resumed (unassigned and assigned) meanwhile is read again.
+        for session, tps in removals.items():
+            for piece in in_requests_of(tps, MAX_FETCH_PARTITIONS_PER_REQUEST):
+                session.send(remove=piece)
+        for session, entries in positions.items():
+            for chunk in in_requests_of(entries, MAX_FETCH_PARTITIONS_PER_REQUEST):
+                session.send(positions=chunk)
+        if leaderless:
+            self._spawn(self._place_when_led(leaderless))
+
+    async def _place_when_led(self, parts: list[_Partition]) -> None:
+        """Place again, after the retry backoff and a metadata refresh,
+        partitions the metadata names no leader for; a partition its topic
+        does not have is raised from poll() instead (waiting cannot make it),
+        as is an error of the topic that is not retriable. Every way through
+        here waits before the next look: the cached answer does not change by
+        itself, so asking it again at once would spin."""
+        by_topic: dict[str, list[_Partition]] = {}
+        for part in parts:
+            by_topic.setdefault(part.tp.topic, []).append(part)
+        waiting: list[_Partition] = []
+        for topic, led in by_topic.items():
+            try:
+                meta = await self.cluster.topic(topic, timeout_s=self._timeout_s)
+                if any(not 0 <= part.tp.partition < meta.partition_count for part in led):
+                    # Maybe a stale cache: ask once more before saying so.
+                    meta = await self._fresh_topic(topic)
+            except TidelogError as exc:
+                if exc.retriable:
+                    log.info("no leader for %s yet: %s", led[0].tp, exc)
+                    waiting += led
+                else:
+                    self._raise_for(led, exc)
+                continue
+            for part in led:
+                if 0 <= part.tp.partition < meta.partition_count:
+                    # Known partition, no live leader right now (a broker
+                    # is down or the partition is being created).
+                    waiting.append(part)
+                else:
+                    error = no_such_partition(topic, part.tp.partition, meta.partition_count)
+                    self._raise_for([part], error)
+        if waiting:
+            await self._place_later(waiting, grow=False)
+
+    def _raise_for(self, parts: Iterable[_Partition], error: TidelogError) -> None:
+        """poll() raises `error` for each of `parts` still assigned."""
+        for part in parts:
+            if self._partitions.get(part.tp) is part:
+                self._emit((ERROR, part.tp, part.epoch, error))
 
     async def _fresh_topic(self, topic: str) -> TopicMetadata:
         """The topic's metadata from a new Metadata answer, not the cache."""
@@ -567,21 +633,32 @@ class Fetcher:
             return await self.cluster.topic(topic, timeout_s=self._timeout_s)
         return meta
 
-    async def _replace_later(self, part: _Partition, refresh: bool) -> None:
-        delay = self._backoff_s * (2 ** min(self._failures, 16))
-        await asyncio.sleep(min(delay, max(_MAX_RECONNECT_BACKOFF_S, self._backoff_s)))
-        if refresh:
-            try:
-                await self.cluster.refresh([part.tp.topic])
-            except TidelogError as exc:
-                log.info("metadata refresh failed: %s", exc)
-        await self._place(part)
+    async def _place_later(self, parts: list[_Partition], *, grow: bool = True) -> None:
+        """Place `parts` again, all together, after a backoff and a metadata
+        refresh (a leader may have moved). `grow`: the backoff grows with the
+        session failures since the last response (a broker down), else it is
+        the retry backoff."""
+        delay = self._backoff_s
+        if grow:
+            delay = min(
+                delay * (2 ** min(self._failures, 16)),
+                max(_MAX_RECONNECT_BACKOFF_S, self._backoff_s),
+            )
+        await asyncio.sleep(delay)
+        try:
+            await self.cluster.refresh({part.tp.topic for part in parts})
+        except TidelogError as exc:
+            log.info("metadata refresh failed: %s", exc)
+        for part in parts:
+            self._place_soon(part)
 
     # ------------------------------------------------------------ answers
 
     def on_response(self, session: FetchSession, response: _fetch_wire.FetchedResponse) -> None:
         self._failures = 0
         returned = 0
+        # Partitions answered a retriable error: placed again together.
+        retry: list[_Partition] = []
         for data in response.partitions:
             # A plain tuple finds the TopicPartition key (equal hash and
             # value) without building a TopicPartition per answer.
@@ -592,7 +669,7 @@ class Fetcher:
                 returned += data.records_size
                 continue
             if data.error.code:
-                self._on_partition_error(part, data)
+                self._on_partition_error(part, data, retry)
                 continue
             fetch_next = part.fetch_next
             if fetch_next is not None and data.fetch_offset <= fetch_next < data.next_offset:
@@ -600,9 +677,15 @@ class Fetcher:
             self._inbox.append((DATA, session, part.tp, data))
         if returned:
             session.send(credit_bytes=returned)
+        if retry:
+            self._spawn(self._place_later(retry))
         self._notify()
 
-    def _on_partition_error(self, part: _Partition, data: _fetch_wire.FetchedPartition) -> None:
+    def _on_partition_error(
+        self, part: _Partition, data: _fetch_wire.FetchedPartition, retry: list[_Partition]
+    ) -> None:
+        """Act on a partition's error answer; a retriable one (the leader
+        moved, say) adds the partition to `retry`."""
         if data.fetch_offset not in (part.fetch_next, part.sent_position):
             return  # the answer to a position we have since moved away from
         error = error_from_code(data.error.code, data.error.message)
@@ -619,7 +702,7 @@ class Fetcher:
                 self.reset([(part.tp, part.epoch)], strategy)
         elif error.retriable:
             log.info("%s: %s; retrying", part.tp, error.message)
-            self._spawn(self._replace_later(part, refresh=True))
+            retry.append(part)
         else:
             self._inbox.append((ERROR, part.tp, part.epoch, error))
 
@@ -642,10 +725,11 @@ class Fetcher:
         level = logging.WARNING if self._failures == 0 else logging.DEBUG
         log.log(level, "fetch session to %s failed: %s; reconnecting", session.address, error)
         self._failures += 1
-        for part in self._partitions.values():
-            if part.session is session:
-                part.session = None
-                self._spawn(self._replace_later(part, refresh=True))
+        orphans = [part for part in self._partitions.values() if part.session is session]
+        for part in orphans:
+            part.session = None
+        if orphans:
+            self._spawn(self._place_later(orphans))
 
     # ------------------------------------------------------------ unary calls
 

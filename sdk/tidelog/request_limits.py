@@ -37,6 +37,12 @@ MAX_PARTITIONS_PER_REQUEST = 10_000
 #: The SDK, the coordinator's lag metrics and the gateway split their
 #: requests at this size (`in_requests_of`).
 MAX_LIST_OFFSETS_ENTRIES = 1000
+#: Partitions (positions and removals) one FetchRequest of a Fetch stream
+#: names. A broker sets no such limit; the gateway's default
+#: --max-partitions-per-request is this, and the SDK puts the partitions it
+#: places in a session at one time (after a reset, an assignment, a leader
+#: change) in requests of at most this many.
+MAX_FETCH_PARTITIONS_PER_REQUEST = 10_000
 #: Distinct timestamps (timestamp_ms >= 0) one ListOffsets request may look
 #: up in one partition: each reads and checks a batch of it (up to
 #: max.message.bytes).
@@ -74,7 +80,8 @@ def too_many_timestamps_error(topic: str, partition: int) -> InvalidRequestError
 
 def in_requests_of(items: Sequence[S], size: int) -> Iterator[Sequence[S]]:
     """`items` in consecutive pieces of at most `size`, one per request: how
-    a client keeps each request within a count limit (MAX_LIST_OFFSETS_ENTRIES)."""
+    a client keeps each request within a count limit (MAX_LIST_OFFSETS_ENTRIES,
+    MAX_FETCH_PARTITIONS_PER_REQUEST)."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
 

@@ -34,7 +34,9 @@ class GatewayConfig:
     max_streams: int = 4096
     #: Partitions named in one request (Produce, ListOffsets, one Fetch request).
     #: ListOffsets is also held to the brokers' MAX_LIST_OFFSETS_ENTRIES
-    #: (tidelog.request_limits), whichever is lower.
+    #: (tidelog.request_limits), whichever is lower. The SDK places a Fetch
+    #: stream's partitions in requests of up to MAX_FETCH_PARTITIONS_PER_REQUEST
+    #: (10,000): a lower value here refuses a consumer placing more at once.
     max_partitions_per_request: int = 10_000
     #: Partitions one Fetch stream may read at once.
     max_partitions_per_fetch: int = 10_000

@@ -308,3 +308,63 @@ def test_a_message_of_several_answers_moves_the_position_answer_by_answer() -> N
         await client.close()
 
     asyncio.run(scenario())
+
+
+class OneBroker(Brokers):
+    """Broker 0 leads every partition."""
+
+    def leader_address(self, topic: str, partition: int) -> str:
+        return "broker-0"
+
+
+def test_the_partitions_of_one_request_reach_their_broker_in_one_request() -> None:
+    """A consumer placing (removing) 1,200 partitions in one request: the
+    gateway passes them on in one request, not one per partition (a broker's
+    session looks over all its partitions after every request)."""
+
+    async def scenario() -> None:
+        brokers = OneBroker()
+        proxy = FetchProxy(
+            brokers,  # type: ignore[arg-type]
+            brokers,  # type: ignore[arg-type]
+            GatewayConfig(),
+            FetchBudget(1 << 30, 1 << 30),
+            "peer",
+            asyncio.Event(),
+        )
+        client = Client(proxy)
+        client.grant(10_000, *range(1200))
+        await settle()
+        (call,) = brokers.calls["broker-0"]
+        placing = [r for r in call.sent if r.positions]
+        assert len(placing) == 1
+        assert [p.partition for p in placing[0].positions] == list(range(1200))
+        # The next placement, of some of them, goes on in one request too,
+        # each at its own position.
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(
+                positions=[
+                    log_pb2.FetchPosition(topic=TOPIC, partition=p, fetch_offset=p)
+                    for p in range(0, 1200, 2)
+                ]
+            )
+        )
+        await settle()
+        placing = [r for r in call.sent if r.positions]
+        assert len(placing) == 2
+        assert [(p.partition, p.fetch_offset) for p in placing[1].positions] == [
+            (p, p) for p in range(0, 1200, 2)
+        ]
+        # So do removals (a consumer pausing every partition).
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(
+                remove=[common_pb2.TopicPartition(topic=TOPIC, partition=p) for p in range(1200)]
+            )
+        )
+        await settle()
+        removing = [r for r in call.sent if r.remove]
+        assert len(removing) == 1
+        assert [tp.partition for tp in removing[0].remove] == list(range(1200))
+        await client.close()
+
+    asyncio.run(scenario())
