@@ -6,10 +6,11 @@ replica that answers.
   `close` when the service stops. A channel nobody closes keeps its sockets
   and its polling until the process ends.
 - `unanswered` and `may_ask_another`: the rule for a call a peer gave no
-  answer of its own to (dropped on its side, UNAVAILABLE, or past its
-  deadline), worded for the client the failure is passed back to, and
-  whether the call may go to another replica; `failure_of` words any failed
-  call the same way.
+  answer of its own to (dropped on its side, UNAVAILABLE, past its
+  deadline, or ended as this process wrote to it, its status lost:
+  `is_status_lost`), worded for the client the failure is passed back to,
+  and whether the call may go to another replica; `failure_of` words any
+  failed call the same way.
 - `ask_coordinators`: a call on coordinator replicas in turn while they are
   UNAVAILABLE or cancel the call (tidelog.errors.is_server_cancelled: too
   many calls waiting for that replica, or it is stopping). A replica past
@@ -47,6 +48,9 @@ T = TypeVar("T")
 
 #: Invocation metadata key: "answer DescribeTopics from your own logs".
 LOCAL_METADATA_KEY = "tidelog-local"
+#: grpc.aio's details for a call whose status a failed write replaced
+#: (`is_status_lost`).
+_STATUS_LOST_DETAILS = "Internal error from Core"
 
 
 class ChannelPool:
@@ -81,11 +85,18 @@ def unanswered(exc: grpc.aio.AioRpcError, upstream: str) -> str | None:
       waiting for it than gRPC queues, or it is stopping);
     - it was UNAVAILABLE (unreachable, or it said so);
     - the call ran out of time: DEADLINE_EXCEEDED without the error code a
-      Tidelog server names (so gRPC's deadline, not the upstream's answer).
+      Tidelog server names (so gRPC's deadline, not the upstream's answer);
+    - it ended a streaming call as this process was writing to it, and
+      gRPC lost its status (`is_status_lost`).
 
     None when `exc` is the upstream's own answer."""
     if is_server_cancelled(exc):
         return dropped_the_call(upstream)
+    if is_status_lost(exc):
+        return (
+            f"{upstream} dropped the call while a request was being written to it "
+            f"(its status was lost: INTERNAL: {_STATUS_LOST_DETAILS})"
+        )
     code = exc.code()
     if code == grpc.StatusCode.UNAVAILABLE:
         return f"{upstream} is unavailable (UNAVAILABLE: {exc.details()})"
@@ -94,11 +105,28 @@ def unanswered(exc: grpc.aio.AioRpcError, upstream: str) -> str | None:
     return None
 
 
+def is_status_lost(exc: grpc.aio.AioRpcError) -> bool:
+    """Whether `exc` is grpc.aio's INTERNAL "Internal error from Core" in
+    place of the status the upstream ended the call with.
+
+    A server may end a streaming call while the client still writes (it
+    aborts, returns, is stopping, or gRPC drops the call it has no room
+    for). A write of the client's that reaches gRPC as the call ends fails,
+    and grpc.aio then replaces the call's status, even one already
+    received, with INTERNAL, details "Internal error from Core": the reader
+    of the call sees that instead of the server's (grpc/grpc#36066, open in
+    grpcio 1.85). The server's own status cannot be had back. No Tidelog
+    server sends those details: it is the upstream ending the call, not an
+    answer of its own."""
+    return exc.code() == grpc.StatusCode.INTERNAL and exc.details() == _STATUS_LOST_DETAILS
+
+
 def may_ask_another(exc: grpc.aio.AioRpcError) -> bool:
     """Whether a call `unanswered` words may be sent to another replica:
     one dropped or unreachable. Not one past its deadline: the replica may
     still carry it out, and another would do it twice (a topic created,
-    then TOPIC_ALREADY_EXISTS)."""
+    then TOPIC_ALREADY_EXISTS); nor one whose status was lost
+    (`is_status_lost`), which the replica may have carried out too."""
     return exc.code() == grpc.StatusCode.UNAVAILABLE or is_server_cancelled(exc)
 
 
