@@ -512,6 +512,41 @@ def is_unanswered(exc: BaseException) -> bool:
     ) or is_server_cancelled(exc)
 
 
+#: grpc.aio's details for a call whose status a failed write replaced
+#: (`is_status_lost`).
+STATUS_LOST_DETAILS = "Internal error from Core"
+
+
+def is_status_lost(exc: BaseException) -> bool:
+    """Whether `exc` is grpc.aio's INTERNAL "Internal error from Core" in
+    place of the status the server ended the call with.
+
+    A server may end a streaming call while the client still writes (it
+    aborts, returns, is stopping, or gRPC drops the call it has no room
+    for). A write of the client's that reaches gRPC as the call ends fails,
+    and grpc.aio then replaces the call's status, even one already
+    received, with INTERNAL, details "Internal error from Core": the reader
+    of the call sees that instead of the server's (grpc/grpc#36066, open in
+    grpcio 1.85). The server's own status cannot be had back. No Tidelog
+    server sends those details: it is the server ending the call, not an
+    answer of its own."""
+    return (
+        isinstance(exc, grpc.RpcError)
+        and hasattr(exc, "code")
+        and exc.code() == grpc.StatusCode.INTERNAL
+        and exc.details() == STATUS_LOST_DETAILS
+    )
+
+
+def dropped_while_written(upstream: str) -> str:
+    """What happened to a call `upstream` (its role and address) ended as
+    this process wrote to it, its status lost (`is_status_lost`)."""
+    return (
+        f"{upstream} dropped the call while a request was being written to it "
+        f"(its status was lost: INTERNAL: {STATUS_LOST_DETAILS})"
+    )
+
+
 def dropped_the_call(upstream: str) -> str:
     """What happened to a call `upstream` (its role and address: "broker
     127.0.0.1:9092") cancelled on its side, in the words the SDK and the
@@ -527,9 +562,14 @@ def server_cancelled_error(
     for a coordinator), naming the server by that role:
     "broker 127.0.0.1:9092 dropped the call (CANCELLED: overloaded or
     stopping); retry"."""
+    return unavailable(f"{dropped_the_call(_named(address, unavailable))}; retry")
+
+
+def _named(address: str, unavailable: type[TidelogError]) -> str:
+    """The server at `address` by its role: "broker 127.0.0.1:9092", or
+    "coordinator ..." when `unavailable` is CoordinatorNotAvailableError."""
     role = "coordinator" if issubclass(unavailable, CoordinatorNotAvailableError) else "broker"
-    upstream = f"{role} {address}" if address else f"the {role}"
-    return unavailable(f"{dropped_the_call(upstream)}; retry")
+    return f"{role} {address}" if address else f"the {role}"
 
 
 def error_from_rpc(
@@ -549,5 +589,9 @@ def error_from_rpc(
         return error_class_for_code(code_name)(details)
     if status == grpc.StatusCode.CANCELLED:
         return server_cancelled_error(address, unavailable)
+    if is_status_lost(exc):
+        # The server ended the call (a broker stopping, say): retriable as a
+        # drop, not the UnknownServerError an INTERNAL would be.
+        return unavailable(f"{dropped_while_written(_named(address, unavailable))}; retry")
     cls = _BY_STATUS.get(status, UnknownServerError)
     return cls(f"{status.name}: {details}" if cls is UnknownServerError else details)

@@ -40,7 +40,9 @@ from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     CoordinatorNotAvailableError,
     dropped_the_call,
+    dropped_while_written,
     is_server_cancelled,
+    is_status_lost,
 )
 from tidelog.security import PLAINTEXT, ChannelSecurity
 
@@ -48,9 +50,6 @@ T = TypeVar("T")
 
 #: Invocation metadata key: "answer DescribeTopics from your own logs".
 LOCAL_METADATA_KEY = "tidelog-local"
-#: grpc.aio's details for a call whose status a failed write replaced
-#: (`is_status_lost`).
-_STATUS_LOST_DETAILS = "Internal error from Core"
 
 
 class ChannelPool:
@@ -93,32 +92,13 @@ def unanswered(exc: grpc.aio.AioRpcError, upstream: str) -> str | None:
     if is_server_cancelled(exc):
         return dropped_the_call(upstream)
     if is_status_lost(exc):
-        return (
-            f"{upstream} dropped the call while a request was being written to it "
-            f"(its status was lost: INTERNAL: {_STATUS_LOST_DETAILS})"
-        )
+        return dropped_while_written(upstream)
     code = exc.code()
     if code == grpc.StatusCode.UNAVAILABLE:
         return f"{upstream} is unavailable (UNAVAILABLE: {exc.details()})"
     if code == grpc.StatusCode.DEADLINE_EXCEEDED and not _names_an_error_code(exc):
         return f"{upstream} did not answer in time (DEADLINE_EXCEEDED)"
     return None
-
-
-def is_status_lost(exc: grpc.aio.AioRpcError) -> bool:
-    """Whether `exc` is grpc.aio's INTERNAL "Internal error from Core" in
-    place of the status the upstream ended the call with.
-
-    A server may end a streaming call while the client still writes (it
-    aborts, returns, is stopping, or gRPC drops the call it has no room
-    for). A write of the client's that reaches gRPC as the call ends fails,
-    and grpc.aio then replaces the call's status, even one already
-    received, with INTERNAL, details "Internal error from Core": the reader
-    of the call sees that instead of the server's (grpc/grpc#36066, open in
-    grpcio 1.85). The server's own status cannot be had back. No Tidelog
-    server sends those details: it is the upstream ending the call, not an
-    answer of its own."""
-    return exc.code() == grpc.StatusCode.INTERNAL and exc.details() == _STATUS_LOST_DETAILS
 
 
 def may_ask_another(exc: grpc.aio.AioRpcError) -> bool:

@@ -98,7 +98,7 @@ class DroppingBroker(log_pb2_grpc.LogServicer):
     ) -> AsyncIterator[log_pb2.FetchResponse]:
         # Dropped while a write of the gateway's is in flight, the call ends
         # INTERNAL "Internal error from Core" on the gateway's side, its
-        # status lost (tidelog_server.forwarding.is_status_lost): the
+        # status lost (tidelog.errors.is_status_lost): the
         # gateway then cannot tell that it was CANCELLED.
         async for request in request_iterator:
             if self.fetch_drop_at_once or request.credit_bytes:
@@ -273,10 +273,11 @@ def test_a_fetch_stream_the_leader_dropped_is_retriable_naming_it(etcd: EtcdProc
 def test_a_fetch_stream_dropped_while_the_gateway_writes_is_retriable_naming_it(
     etcd: EtcdProcess,
 ) -> None:
-    # One position per request to the leader: the gateway is still writing
-    # them when the leader drops the stream after the first. The gateway
-    # answered "broker ... failed the call (INTERNAL: Internal error from
-    # Core)", as if the broker had failed, every time.
+    # One position per client request, so one request per position to the
+    # leader: the gateway is still writing them when the leader drops the
+    # stream after the first. The gateway answered "broker ... failed the
+    # call (INTERNAL: Internal error from Core)", as if the broker had
+    # failed, nearly every time.
     partitions = 500
 
     async def scenario() -> None:
@@ -288,15 +289,16 @@ def test_a_fetch_stream_dropped_while_the_gateway_writes_is_retriable_naming_it(
             call = log_pb2_grpc.LogStub(channel).Fetch()
             answered: dict[int, log_pb2.PartitionData] = {}
             try:
-                await call.write(
-                    log_pb2.FetchRequest(
-                        positions=[
-                            log_pb2.FetchPosition(topic=TOPIC, partition=p, fetch_offset=7)
-                            for p in range(partitions)
-                        ],
-                        credit_bytes=1 << 20,
+                # (The gateway forwards the positions of one request in one.)
+                for p in range(partitions):
+                    await call.write(
+                        log_pb2.FetchRequest(
+                            positions=[
+                                log_pb2.FetchPosition(topic=TOPIC, partition=p, fetch_offset=7)
+                            ],
+                            credit_bytes=(1 << 20) if p == 0 else 0,
+                        )
                     )
-                )
                 while len(answered) < partitions:
                     response: log_pb2.FetchResponse = await call.read()
                     answered.update((data.partition, data) for data in response.partitions)

@@ -122,3 +122,33 @@ def test_a_call_without_an_answer_of_its_servers_own_may_go_to_another() -> None
     assert not errors.is_unanswered(named)
     assert not errors.is_unanswered(_FakeRpcError(grpc.StatusCode.PERMISSION_DENIED, "no"))
     assert not errors.is_unanswered(ValueError("not a call"))
+
+
+def test_a_call_whose_status_grpc_lost_is_retriable_and_names_the_server() -> None:
+    """A server that ends a stream while the client writes to it (a broker
+    stopping) reaches grpc.aio's reader as INTERNAL "Internal error from
+    Core" (grpc/grpc#36066): a server to ask again, not the
+    UnknownServerError an INTERNAL of the server's own is."""
+    rpc = _FakeRpcError(grpc.StatusCode.INTERNAL, "Internal error from Core")
+    assert errors.is_status_lost(rpc)
+    exc = errors.error_from_rpc(rpc, address="127.0.0.1:9092")
+    assert type(exc) is errors.BrokerNotAvailableError and exc.retriable
+    assert exc.message == (
+        "broker 127.0.0.1:9092 dropped the call while a request was being written to it "
+        "(its status was lost: INTERNAL: Internal error from Core); retry"
+    )
+    coordinator = errors.error_from_rpc(
+        rpc, address="127.0.0.1:9290", unavailable=errors.CoordinatorNotAvailableError
+    )
+    assert type(coordinator) is errors.CoordinatorNotAvailableError
+    # Any other INTERNAL is the server's own failure.
+    other = _FakeRpcError(grpc.StatusCode.INTERNAL, "boom")
+    assert not errors.is_status_lost(other)
+    assert type(errors.error_from_rpc(other)) is errors.UnknownServerError
+    # A code the server named wins, as for every status.
+    named = _FakeRpcError(
+        grpc.StatusCode.INTERNAL,
+        "Internal error from Core",
+        ((errors.ERROR_CODE_METADATA_KEY, "CORRUPT_MESSAGE"),),
+    )
+    assert type(errors.error_from_rpc(named)) is errors.CorruptRecordError
