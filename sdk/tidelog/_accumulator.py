@@ -379,18 +379,7 @@ class RecordAccumulator:
         room = self._lane_room(batch)
         if room < size or self.closed:
             return
-        assert _cproduce is not None and batch.lane is None
-        batch.lane = self.lanes[batch.topic] = _cproduce.Lane(
-            batch.values,
-            batch.timestamps,
-            batch.result,
-            FutureRecordMetadata,
-            room,
-            self._lane_max_record,
-            RECORD_OVERHEAD,
-            partial(self._lane_filled, batch),
-        )
-        self._buffered += room
+        self.lanes[batch.topic] = self._new_lane(batch, room, keyed=False)
 
     def _open_keyed_lane(self, batch: ProducerBatch, size: int, partition_count: int) -> None:
         """Give `batch`, whose last record was keyed, a keyed lane (under the
@@ -399,7 +388,7 @@ class RecordAccumulator:
         room = self._lane_room(batch)
         if room < size or self.closed or not 0 <= batch.partition < partition_count:
             return
-        assert _cproduce is not None and batch.lane is None and batch.keys is not None
+        assert batch.keys is not None
         table = self.keyed_lanes.get(batch.topic)
         if table is None or len(table) != partition_count:
             if table is not None:
@@ -408,7 +397,13 @@ class RecordAccumulator:
         # One open batch per partition, and a lane leaves its slot when it
         # closes: the slot of a batch without a lane is empty.
         assert table[batch.partition] is None
-        batch.lane = table[batch.partition] = _cproduce.Lane(
+        table[batch.partition] = self._new_lane(batch, room, keyed=True)
+
+    def _new_lane(self, batch: ProducerBatch, room: int, keyed: bool) -> Lane:
+        """A lane of `room` bytes into `batch` (under the lock), keyed or not;
+        the room counts as buffered from now on."""
+        assert _cproduce is not None and batch.lane is None
+        batch.lane = _cproduce.Lane(
             batch.values,
             batch.timestamps,
             batch.result,
@@ -417,9 +412,10 @@ class RecordAccumulator:
             self._lane_max_record,
             RECORD_OVERHEAD,
             partial(self._lane_filled, batch),
-            batch.keys,
+            batch.keys if keyed else None,
         )
         self._buffered += room
+        return batch.lane
 
     def _end_keyed_lanes(self, topic: str) -> None:
         """Close every keyed lane of `topic` and drop its table (under the
