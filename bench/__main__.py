@@ -111,11 +111,13 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
 
 - **Produce, 100 B**: the client, on one GIL. `Producer.send` of a keyless bytes record is one
   C call into the topic's lane (`tidelog._cproduce`: no lock, the clock read in C), ~0.17 CPU s
-  per million records in the caller's thread; the loop thread encodes each batch body in one C
-  pass and writes each request's bytes by hand (`_produce_wire`), ~0.09 s; the broker ~0.12 s
-  (`python -m bench.produce_profile`). Unthrottled, the producer fills buffer_memory, so the
-  p50 here is time queued in the buffer. Kafka's own figure moves between runs (0.6-1.3M
-  records/s on this machine).
+  per million records in the caller's thread; so is a record with a bytes key (its partition's
+  lane, the key's murmur2 in the same call: ~0.3 CPU s per million against ~1.2 through the
+  accumulator's lock, `python -m bench.produce_profile --keys 1000`); the loop thread encodes
+  each batch body in one C pass and writes each request's bytes by hand (`_produce_wire`),
+  ~0.09 s; the broker ~0.12 s (`python -m bench.produce_profile`). Unthrottled, the producer
+  fills buffer_memory, so the p50 here is time queued in the buffer. Kafka's own figure moves
+  between runs (0.6-1.3M records/s on this machine).
 - **Consume per record (`poll()`)**: the records' life. A C loop (`tidelog._crecords`) builds
   the ConsumerRecord tuples from checked columns (~70 ns each at 100 B) and freeing them costs
   about as much; the SDK keeps freed memory for reuse (`freed_memory_kept_bytes`: without it a
@@ -139,11 +141,18 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   of page faults per thousand records, and now set their thresholds at start (the broker's
   `--malloc-tuning`, docs/operations.md; the SDK's, docs/python-sdk.md).
 - **End-to-end latency** (per hop: each record timed at send, the sender's drain, the gRPC
-  write, the broker's append, its fetch answer, the consumer loop's arrival and poll()). The
-  broker adds no wait: an append resolves the long-poll in the same call. The asyncio clients
-  on one loop pass each record through no other thread and have the lowest p99. The blocking
-  clients of one process share one loop thread (`shared_loop_thread`; with a loop each, every
-  gRPC completion woke both loops), so a record crosses three Python threads (the
+  write, the broker's Produce handler taking the request, its append, its fetch answer, the
+  consumer loop's arrival and poll()). An append resolves the long-poll in the same call, but
+  the broker's receive is where the tail starts: the poller thread reads a request within
+  ~0.1 ms, and in episodes of 10-230 ms the loop thread takes it 1-3 ms later (5-10% of the
+  records at 2,000/s, with one core mostly idle). In those episodes the loop thread runs
+  behind, preempted by client threads the kernel places on its core (it wakes them there:
+  each gRPC write of the broker wakes its own poller thread and a client's), per perf's
+  scheduler and syscall tracepoints. At 10,000/s with the consumer in its own process, both
+  cores are ~94% busy (vmstat; Kafka's run as well) and that hop's p50 is ~1 ms. The asyncio
+  clients on one loop pass each record through no other thread and have the lowest p99. The
+  blocking clients of one process share one loop thread (`shared_loop_thread`; with a loop
+  each, every gRPC completion woke both loops), so a record crosses three Python threads (the
   application's, the loop thread, the one in poll()), each woken and each waiting for the GIL.
   Two processes: the same threads per record plus grpc.aio's poller hop in each process, and
   three processes to be scheduled on 2 cores; Kafka's consumer reads its socket in poll()
@@ -151,7 +160,11 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   request, ~40% of it in gRPC's wake-up of its completion-queue poller (an eventfd write for
   every write and read it starts) and ~15% in the TCP send; the broker ~50 us, a third of it
   in context switches (the services run gRPC's long-standing transport, which saves one
-  thread hop per message read: docs/operations.md). p99.9 is below Kafka's in every layout.
+  thread hop per message read: docs/operations.md). Scheduling gRPC's poller threads
+  differently made it worse (4 alternated runs each, two processes): SCHED_BATCH, which never
+  preempts on wake-up, took the p99 from ~7 to ~46 ms; a higher priority (nice -10) to ~11 ms,
+  likely as a poller that preempts its loop thread then waits for the GIL that thread holds
+  (not traced). p99.9 is below Kafka's in every layout.
 - **Single-fetch latency** (`fetch_latency_*`): one gRPC stream round trip with Python on
   both ends, ~0.4-0.6 ms against Kafka's ~0.1-0.2 ms at p50.
 """
