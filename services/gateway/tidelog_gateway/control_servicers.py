@@ -8,11 +8,13 @@ coordinator replica.
   With none answering, or one past the forwarding deadline, the call ends
   with COORDINATOR_NOT_AVAILABLE (UNAVAILABLE) naming the replica and what
   happened (tidelog_server.forwarding.unanswered).
-- Admin DescribeTopics is then completed with what only the leaders know
-  (log offsets, sizes, segments), asked of each leader with the
-  `tidelog-local` metadata key within the forwarding deadline, as a broker
-  completes it: a partition whose leader cannot tell gets an error naming
-  it and -1 figures (tidelog_server.leader_figures).
+- Admin DescribeTopics goes to the coordinator with the `tidelog-local`
+  metadata key (its placement alone: the gateway asks the leaders, not the
+  coordinator too), and is then completed with what only the leaders know
+  (log offsets, sizes, segments), asked of each leader with that key within
+  the forwarding deadline, as a broker completes it: a partition whose
+  leader cannot tell gets an error naming it and -1 figures
+  (tidelog_server.leader_figures).
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
@@ -46,7 +48,7 @@ from tidelog.v1 import (
     log_pb2,
 )
 from tidelog_server.forwarding import (
-    LOCAL_METADATA_KEY,
+    LOCAL_METADATA,
     ask_coordinators,
     may_ask_another,
     pass_back,
@@ -119,7 +121,7 @@ class GatewayAdminServicer:
         timeout = forwarder.config.forward_timeout_s
         response: admin_pb2.DescribeTopicsResponse = await forwarder.call(
             lambda address: forwarder.channels.admin(address).DescribeTopics(
-                request, timeout=timeout
+                request, timeout=timeout, metadata=LOCAL_METADATA
             ),
             context,
             "DescribeTopics",
@@ -130,7 +132,7 @@ class GatewayAdminServicer:
         ) -> admin_pb2.DescribeTopicsResponse:
             answer: admin_pb2.DescribeTopicsResponse = await forwarder.channels.admin(
                 address
-            ).DescribeTopics(sub, timeout=timeout, metadata=((LOCAL_METADATA_KEY, "1"),))
+            ).DescribeTopics(sub, timeout=timeout, metadata=LOCAL_METADATA)
             return answer
 
         await complete_from_leaders(response, forwarder.view.broker_address, ask)
