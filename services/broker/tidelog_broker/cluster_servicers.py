@@ -44,7 +44,7 @@ from tidelog_server.authorizer import may_auto_create
 from tidelog_server.etcd import Election
 from tidelog_server.etcd.records import BrokerRegistration, CoordinatorRegistration
 from tidelog_server.forwarding import LOCAL_METADATA, CoordinatorForwarding, is_local
-from tidelog_server.leader_figures import complete_from_leaders
+from tidelog_server.leader_figures import complete_from_leaders, leader_call_timeout
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
@@ -56,8 +56,9 @@ log = logging.getLogger("tidelog.broker.cluster")
 
 #: How long a Metadata request may wait for a topic it auto-creates.
 AUTO_CREATE_TIMEOUT_S = 5.0
-#: How long DescribeTopics waits for another leader's figures; past it, that
-#: leader's partitions are described with REQUEST_TIMED_OUT.
+#: How long DescribeTopics waits for another leader's figures at most (less
+#: when the client's call has less time left: leader_call_timeout); past it,
+#: that leader's partitions are described with REQUEST_TIMED_OUT.
 LEADER_CALL_TIMEOUT_S = 5.0
 
 
@@ -108,6 +109,8 @@ class AdminForwarder:
             "DescribeTopics", request, context, LOCAL_METADATA
         )
         me = self._link.broker.broker_id
+        # What is left of the client's time once the coordinator answered.
+        timeout = leader_call_timeout(context, LEADER_CALL_TIMEOUT_S)
 
         def address_of(broker_id: int) -> str | None:
             # Itself even while not (yet) registered: it answers from its logs.
@@ -121,7 +124,7 @@ class AdminForwarder:
             if leader == me:
                 return self._describe_local(sub)
             answer: admin_pb2.DescribeTopicsResponse = await self._stub(address).DescribeTopics(
-                sub, timeout=LEADER_CALL_TIMEOUT_S, metadata=LOCAL_METADATA
+                sub, timeout=timeout, metadata=LOCAL_METADATA
             )
             return answer
 

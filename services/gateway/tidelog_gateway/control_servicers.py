@@ -12,9 +12,9 @@ coordinator replica.
   metadata key (its placement alone: the gateway asks the leaders, not the
   coordinator too), and is then completed with what only the leaders know
   (log offsets, sizes, segments), asked of each leader with that key within
-  the forwarding deadline, as a broker completes it: a partition whose
-  leader cannot tell gets an error naming it and -1 figures
-  (tidelog_server.leader_figures).
+  the forwarding deadline (or the client's remaining time, when shorter),
+  as a broker completes it: a partition whose leader cannot tell gets an
+  error naming it and -1 figures (tidelog_server.leader_figures).
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
@@ -54,7 +54,7 @@ from tidelog_server.forwarding import (
     pass_back,
     unanswered,
 )
-from tidelog_server.leader_figures import complete_from_leaders
+from tidelog_server.leader_figures import complete_from_leaders, leader_call_timeout
 from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
@@ -126,13 +126,15 @@ class GatewayAdminServicer:
             context,
             "DescribeTopics",
         )
+        # What is left of the client's time once the coordinator answered.
+        leader_timeout = leader_call_timeout(context, timeout)
 
         async def ask(
             leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
         ) -> admin_pb2.DescribeTopicsResponse:
             answer: admin_pb2.DescribeTopicsResponse = await forwarder.channels.admin(
                 address
-            ).DescribeTopics(sub, timeout=timeout, metadata=LOCAL_METADATA)
+            ).DescribeTopics(sub, timeout=leader_timeout, metadata=LOCAL_METADATA)
             return answer
 
         await complete_from_leaders(response, forwarder.view.broker_address, ask)

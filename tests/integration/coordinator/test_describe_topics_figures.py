@@ -204,3 +204,32 @@ def test_each_leader_is_asked_once_per_call_whoever_is_called(
                     assert _figures(p1) == STAND_IN_FIGURES, (entry, p1)
 
         asyncio.run(scenario())
+
+
+#: A client's deadline shorter than a broker's 5 s for each leader (and the
+#: coordinator's 10 s, the gateway's 30 s).
+SHORT_DEADLINE_S = 2.0
+
+
+def test_a_hanging_leader_costs_its_partitions_within_the_client_s_deadline(
+    etcd: EtcdProcess, prefix: str, tmp_path: Path
+) -> None:
+    # A broker waited 5 s for the leader whatever the client's deadline: a
+    # client with 2 s got DEADLINE_EXCEEDED for the whole call.
+    with running_cluster(tmp_path, etcd=etcd, prefix=prefix, brokers=1, gateway_args=[]) as cluster:
+        leader = CountingLeader()
+
+        async def scenario() -> None:
+            async with stand_in_leads_partition_1(cluster, etcd, prefix, leader) as address:
+                leader.hangs = True
+                for entry in _entries(cluster):
+                    p0, p1 = await _describe(entry, timeout_s=SHORT_DEADLINE_S)
+                    assert not p0.HasField("error") and p0.segment_count >= 1, (entry, p0)
+                    assert p1.error.code == common_pb2.REQUEST_TIMED_OUT, (entry, p1)
+                    assert p1.error.message == (
+                        f"{TOPIC}-1: leader broker {STAND_IN} at {address} did not answer in "
+                        "time (DEADLINE_EXCEEDED): its log figures are unknown; retry"
+                    ), entry
+                    assert _figures(p1) == (-1, -1, -1, -1, -1), entry
+
+        asyncio.run(scenario())
