@@ -22,7 +22,10 @@ coordinator replica.
   (UNAVAILABLE, with the error code in the trailer, as the unary calls)
   naming the replica and what happened, and the member re-attaches
   (through the gateway, to a replica that answers): the membership lives in
-  etcd, not here.
+  etcd, not here. With no replica answering the first request, it ends so
+  too, ending "; retry" as the unary calls do. While the gateway stops
+  (draining), each stream ends likewise: "the gateway is shutting down:
+  re-attach through another gateway".
 - Cluster DescribeCluster names the gateway as the only broker and the only
   coordinator, so that a client bootstrapped from it sends Group calls to it
   too; InitProducerId is forwarded.
@@ -203,9 +206,17 @@ class GatewayGroupServicer:
                     await asyncio.wait((read, drained), return_when=asyncio.FIRST_COMPLETED)
                     if not read.done():
                         read.cancel()
-                        await context.abort(
-                            grpc.StatusCode.UNAVAILABLE,
-                            "the gateway is shutting down: re-attach through another replica",
+                        # As the gateway ends its Produce and Fetch streams
+                        # when it stops ("the gateway is shutting down: ..."),
+                        # with the code the relay's other ends carry: the
+                        # membership lives in etcd, another gateway (or a
+                        # coordinator) takes the member back.
+                        await abort(
+                            context,
+                            CoordinatorNotAvailableError(
+                                "the gateway is shutting down: re-attach through another gateway"
+                            ),
+                            "relaying a heartbeat",
                         )
                     answer = read.result()
                     if answer is grpc.aio.EOF:  # type: ignore[attr-defined]
@@ -237,7 +248,9 @@ class GatewayGroupServicer:
                 call.cancel()
         await abort(
             context,
-            CoordinatorNotAvailableError(f"cannot relay the heartbeat to a coordinator: {last}"),
+            CoordinatorNotAvailableError(
+                f"cannot relay the heartbeat to a coordinator: {last}; retry"
+            ),
             "relaying a heartbeat",
         )
 
