@@ -4,11 +4,13 @@
   coordinator in cluster mode, but clients bootstrap from brokers; each call
   is forwarded unchanged to a live coordinator replica (the next one on
   UNAVAILABLE), and its answer or error is passed back as is. DescribeTopics
-  is then completed with what only brokers know (log offsets, sizes,
+  goes to the coordinator with the `tidelog-local` metadata key (its
+  placement alone: the broker asks the leaders, not the coordinator too)
+  and is then completed with what only brokers know (log offsets, sizes,
   segments): from this broker's logs, and from each other leader, asked with
-  the `tidelog-local` metadata key so that it answers from its own logs
-  instead of forwarding again; a partition whose leader cannot tell gets
-  an error naming it and -1 figures (tidelog_server.leader_figures).
+  that key so that it answers from its own logs instead of forwarding
+  again; a partition whose leader cannot tell gets an error naming it and
+  -1 figures (tidelog_server.leader_figures).
   DeleteRecords goes to the coordinator too, which asks each partition's
   leader with that key: the leader then deletes in its own logs
   (delete_records).
@@ -41,8 +43,8 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc,
 from tidelog_server.authorizer import may_auto_create
 from tidelog_server.etcd import Election
 from tidelog_server.etcd.records import BrokerRegistration, CoordinatorRegistration
-from tidelog_server.forwarding import LOCAL_METADATA_KEY, CoordinatorForwarding
-from tidelog_server.leader_figures import complete_from_leaders
+from tidelog_server.forwarding import LOCAL_METADATA, CoordinatorForwarding, is_local
+from tidelog_server.leader_figures import complete_from_leaders, leader_call_timeout
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
@@ -54,8 +56,9 @@ log = logging.getLogger("tidelog.broker.cluster")
 
 #: How long a Metadata request may wait for a topic it auto-creates.
 AUTO_CREATE_TIMEOUT_S = 5.0
-#: How long DescribeTopics waits for another leader's figures; past it, that
-#: leader's partitions are described with REQUEST_TIMED_OUT.
+#: How long DescribeTopics waits for another leader's figures at most (less
+#: when the client's call has less time left: leader_call_timeout); past it,
+#: that leader's partitions are described with REQUEST_TIMED_OUT.
 LEADER_CALL_TIMEOUT_S = 5.0
 
 
@@ -71,11 +74,17 @@ class AdminForwarder:
     def _stub(self, address: str) -> Any:
         return admin_pb2_grpc.AdminStub(self._forwarding.pool.channel(address))
 
-    async def forward(self, method: str, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def forward(
+        self,
+        method: str,
+        request: Any,
+        context: grpc.aio.ServicerContext,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> Any:
         return await forward_to_coordinator(
             self._forwarding,
             lambda channel: getattr(admin_pb2_grpc.AdminStub(channel), method)(
-                request, timeout=FORWARD_TIMEOUT_S
+                request, timeout=FORWARD_TIMEOUT_S, metadata=metadata
             ),
             context,
             method,
@@ -84,7 +93,7 @@ class AdminForwarder:
     async def DeleteRecords(
         self, request: admin_pb2.DeleteRecordsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DeleteRecordsResponse:
-        if not _is_local(context):
+        if not is_local(context):
             return await self.forward("DeleteRecords", request, context)
         try:
             return await delete_records(self._link.manager, request)
@@ -94,12 +103,14 @@ class AdminForwarder:
     async def DescribeTopics(
         self, request: admin_pb2.DescribeTopicsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeTopicsResponse:
-        if _is_local(context):
+        if is_local(context):
             return self._describe_local(request)
         response: admin_pb2.DescribeTopicsResponse = await self.forward(
-            "DescribeTopics", request, context
+            "DescribeTopics", request, context, LOCAL_METADATA
         )
         me = self._link.broker.broker_id
+        # What is left of the client's time once the coordinator answered.
+        timeout = leader_call_timeout(context, LEADER_CALL_TIMEOUT_S)
 
         def address_of(broker_id: int) -> str | None:
             # Itself even while not (yet) registered: it answers from its logs.
@@ -113,7 +124,7 @@ class AdminForwarder:
             if leader == me:
                 return self._describe_local(sub)
             answer: admin_pb2.DescribeTopicsResponse = await self._stub(address).DescribeTopics(
-                sub, timeout=LEADER_CALL_TIMEOUT_S, metadata=((LOCAL_METADATA_KEY, "1"),)
+                sub, timeout=timeout, metadata=LOCAL_METADATA
             )
             return answer
 
@@ -143,11 +154,6 @@ class AdminForwarder:
                     segment_count=view.segment_count,
                 )
         return response
-
-
-def _is_local(context: grpc.aio.ServicerContext) -> bool:
-    """The call carries `tidelog-local`: answer from this broker's own logs."""
-    return any(k == LOCAL_METADATA_KEY for k, _ in context.invocation_metadata() or ())
 
 
 def _forwarding_method(name: str) -> Any:

@@ -22,9 +22,14 @@ replica that answers.
   with it, each through its own channels.
 - `CoordinatorForwarding`: `ask_coordinators` over a ChannelPool (the
   broker's).
-- `LOCAL_METADATA_KEY`: set on a DescribeTopics a service (a broker, the
-  gateway) sends to a broker: "answer from your own logs" instead of
-  forwarding the call again.
+- `LOCAL_METADATA_KEY` (`tidelog-local`): set on a call one service sends
+  another, "answer from what you hold yourself, call no one": a broker
+  asked DescribeTopics (or DeleteRecords) answers from its own logs instead
+  of forwarding the call to a coordinator; a coordinator asked
+  DescribeTopics answers with its placement alone, without asking each
+  leader for its figures, since the broker or gateway that forwarded the
+  call asks them itself (so the leaders are asked once per call). `is_local`
+  tells a servicer whether its call carries it.
 
 Not thread-safe: used from one service's event loop.
 """
@@ -48,8 +53,15 @@ from tidelog.security import PLAINTEXT, ChannelSecurity
 
 T = TypeVar("T")
 
-#: Invocation metadata key: "answer DescribeTopics from your own logs".
+#: Invocation metadata key: "answer from what you hold yourself" (module doc).
 LOCAL_METADATA_KEY = "tidelog-local"
+#: The metadata that carries it.
+LOCAL_METADATA = ((LOCAL_METADATA_KEY, "1"),)
+
+
+def is_local(context: grpc.aio.ServicerContext) -> bool:
+    """Whether the call carries `tidelog-local` (module doc)."""
+    return any(k == LOCAL_METADATA_KEY for k, _ in context.invocation_metadata() or ())
 
 
 class ChannelPool:

@@ -21,6 +21,11 @@ gets `PartitionDescription.error` naming its leader and what happened:
 
 The topic stays good: one leader's outage does not fail the description of
 the other partitions, nor of the topic.
+
+`leader_call_timeout` is how long each leader may take: the service's own
+cap, or less when the client's call has less time left, so that a leader
+past it costs its partitions (REQUEST_TIMED_OUT) and not the whole answer
+(the client's DEADLINE_EXCEEDED).
 """
 
 from __future__ import annotations
@@ -38,11 +43,26 @@ from tidelog_server.forwarding import unanswered
 #: What a PartitionDescription takes from its leader; -1 when unknown.
 FIGURES = ("log_start_offset", "log_end_offset", "high_watermark", "size_bytes", "segment_count")
 
+#: What `leader_call_timeout` leaves of the client's time for the answer to
+#: be completed and reach it once the leaders' calls have ended.
+ANSWER_MARGIN_S = 0.25
+
 #: `ask(leader_id, address, request)`: the leader's own DescribeTopics answer
 #: for `request.names` (raises grpc.aio.AioRpcError when the call fails).
 AskLeader = Callable[
     [int, str, admin_pb2.DescribeTopicsRequest], Awaitable[admin_pb2.DescribeTopicsResponse]
 ]
+
+
+def leader_call_timeout(context: grpc.aio.ServicerContext, cap_s: float) -> float:
+    """The deadline of each leader's call for the client call of `context`:
+    `cap_s`, or the client's remaining time less ANSWER_MARGIN_S when that
+    is shorter (never less than half the remaining time: a client with a
+    very short deadline still gives its leaders some)."""
+    remaining = context.time_remaining()
+    if remaining is None:  # the client set no deadline
+        return cap_s
+    return max(0.0, min(cap_s, max(remaining - ANSWER_MARGIN_S, remaining / 2)))
 
 
 async def complete_from_leaders(

@@ -4,9 +4,14 @@ Validates and maps errors; MetadataManager (topics, configs) and
 PartitionAdmin (partitions added, leaders elected, reassignments) do the
 work. Each topic or partition of a request succeeds or fails alone, with its
 error in-band; one named twice fails in each of its entries
-(request_limits.repeated). Log offsets and sizes in DescribeTopics are the
-brokers' to report; here they are zero. DeleteRecords and the progress of
-reassignments are asked of the brokers (BrokerCalls).
+(request_limits.repeated). DescribeTopics answers the placement from etcd;
+the log figures of each partition (offsets, size, segments) are its
+leader's to report: asked of each leader (BrokerCalls.complete_figures)
+when a client calls the coordinator directly, but not when the call
+carries `tidelog-local`, as a broker's or the gateway's forwarded call
+does (they ask the leaders themselves: asked here too, each leader would
+be asked twice per call). DeleteRecords and the progress of reassignments
+are asked of the brokers (BrokerCalls).
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ from tidelog.request_limits import (
 )
 from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, cluster_pb2, cluster_pb2_grpc, log_pb2
+from tidelog_server.forwarding import is_local
+from tidelog_server.leader_figures import leader_call_timeout
 
-from tidelog_coordinator.broker_calls import BrokerCalls
+from tidelog_coordinator.broker_calls import BROKER_CALL_TIMEOUT_S, BrokerCalls
 from tidelog_coordinator.errors import abort, error_proto
 from tidelog_coordinator.metadata import MetadataManager, TopicReads, TopicRecord
 from tidelog_coordinator.partition_admin import ElectionResult, PartitionAdmin, ReassignmentReads
@@ -140,7 +147,15 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                         name=name or "", error=error_proto(item, "describing topics")
                     )
                 )
-        return admin_pb2.DescribeTopicsResponse(topics=out)
+        response = admin_pb2.DescribeTopicsResponse(topics=out)
+        if not is_local(context):
+            try:
+                await self.brokers.complete_figures(
+                    response, leader_call_timeout(context, BROKER_CALL_TIMEOUT_S)
+                )
+            except Exception as exc:  # etcd unreachable for the brokers' addresses
+                await abort(context, exc, "describing topics")
+        return response
 
     async def DescribeConfigs(
         self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext

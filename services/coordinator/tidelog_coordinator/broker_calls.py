@@ -1,7 +1,9 @@
 """Calls from the coordinator to brokers, for the admin answers that only
 brokers can give: deleting records (each partition's leader moves its log
-start offset) and the progress of reassignments (log end offsets and sizes
-of the leader and of each adding replica).
+start offset), the progress of reassignments (log end offsets and sizes
+of the leader and of each adding replica), and the log figures of a
+DescribeTopics a client asked the coordinator directly
+(tidelog_server.leader_figures, as a broker and the gateway complete it).
 
 Each call carries the `tidelog-local` metadata key, so that the broker
 answers from its own logs instead of forwarding the call back here. Channels
@@ -25,7 +27,8 @@ from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState
-from tidelog_server.forwarding import LOCAL_METADATA_KEY, ChannelPool
+from tidelog_server.forwarding import LOCAL_METADATA, ChannelPool
+from tidelog_server.leader_figures import complete_from_leaders
 
 #: Deadline of one call to a broker.
 BROKER_CALL_TIMEOUT_S = 10.0
@@ -107,7 +110,7 @@ class BrokerCalls:
                 answer = await self._stub(addresses[leader]).DeleteRecords(
                     request,
                     timeout=BROKER_CALL_TIMEOUT_S,
-                    metadata=((LOCAL_METADATA_KEY, "1"),),
+                    metadata=LOCAL_METADATA,
                 )
             except grpc.aio.AioRpcError as exc:
                 # Retriable whatever the status; error_from_rpc words a call
@@ -122,6 +125,25 @@ class BrokerCalls:
                 continue
             fill_from_leader(results, indexes, answer, leader)
         return results
+
+    async def complete_figures(
+        self, response: admin_pb2.DescribeTopicsResponse, timeout_s: float
+    ) -> None:
+        """Fill each partition of `response` with its leader's log figures,
+        each leader asked once within `timeout_s`; a partition whose leader
+        cannot tell gets -1 and an error saying why
+        (tidelog_server.leader_figures)."""
+        addresses = await self._addresses()
+
+        async def ask(
+            leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
+        ) -> admin_pb2.DescribeTopicsResponse:
+            answer: admin_pb2.DescribeTopicsResponse = await self._stub(address).DescribeTopics(
+                sub, timeout=timeout_s, metadata=LOCAL_METADATA
+            )
+            return answer
+
+        await complete_from_leaders(response, addresses.get, ask)
 
     async def local_logs(
         self, brokers: Iterable[int], topics: Iterable[str]
@@ -139,7 +161,7 @@ class BrokerCalls:
                 answer = await self._stub(address).DescribeTopics(
                     admin_pb2.DescribeTopicsRequest(names=names),
                     timeout=BROKER_CALL_TIMEOUT_S,
-                    metadata=((LOCAL_METADATA_KEY, "1"),),
+                    metadata=LOCAL_METADATA,
                 )
             except grpc.aio.AioRpcError:
                 continue

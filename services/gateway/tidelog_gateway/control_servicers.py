@@ -8,11 +8,13 @@ coordinator replica.
   With none answering, or one past the forwarding deadline, the call ends
   with COORDINATOR_NOT_AVAILABLE (UNAVAILABLE) naming the replica and what
   happened (tidelog_server.forwarding.unanswered).
-- Admin DescribeTopics is then completed with what only the leaders know
-  (log offsets, sizes, segments), asked of each leader with the
-  `tidelog-local` metadata key within the forwarding deadline, as a broker
-  completes it: a partition whose leader cannot tell gets an error naming
-  it and -1 figures (tidelog_server.leader_figures).
+- Admin DescribeTopics goes to the coordinator with the `tidelog-local`
+  metadata key (its placement alone: the gateway asks the leaders, not the
+  coordinator too), and is then completed with what only the leaders know
+  (log offsets, sizes, segments), asked of each leader with that key within
+  the forwarding deadline (or the client's remaining time, when shorter),
+  as a broker completes it: a partition whose leader cannot tell gets an
+  error naming it and -1 figures (tidelog_server.leader_figures).
 - Group Heartbeat, a member's stream, is relayed both ways to one
   coordinator replica; when that replica fails before answering, the first
   request (a join or a re-attach) is sent to the next one. When it fails
@@ -20,7 +22,10 @@ coordinator replica.
   (UNAVAILABLE, with the error code in the trailer, as the unary calls)
   naming the replica and what happened, and the member re-attaches
   (through the gateway, to a replica that answers): the membership lives in
-  etcd, not here.
+  etcd, not here. With no replica answering the first request, it ends so
+  too, ending "; retry" as the unary calls do. While the gateway stops
+  (draining), each stream ends likewise: "the gateway is shutting down:
+  re-attach through another gateway".
 - Cluster DescribeCluster names the gateway as the only broker and the only
   coordinator, so that a client bootstrapped from it sends Group calls to it
   too; InitProducerId is forwarded.
@@ -46,13 +51,13 @@ from tidelog.v1 import (
     log_pb2,
 )
 from tidelog_server.forwarding import (
-    LOCAL_METADATA_KEY,
+    LOCAL_METADATA,
     ask_coordinators,
     may_ask_another,
     pass_back,
     unanswered,
 )
-from tidelog_server.leader_figures import complete_from_leaders
+from tidelog_server.leader_figures import complete_from_leaders, leader_call_timeout
 from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
@@ -119,18 +124,20 @@ class GatewayAdminServicer:
         timeout = forwarder.config.forward_timeout_s
         response: admin_pb2.DescribeTopicsResponse = await forwarder.call(
             lambda address: forwarder.channels.admin(address).DescribeTopics(
-                request, timeout=timeout
+                request, timeout=timeout, metadata=LOCAL_METADATA
             ),
             context,
             "DescribeTopics",
         )
+        # What is left of the client's time once the coordinator answered.
+        leader_timeout = leader_call_timeout(context, timeout)
 
         async def ask(
             leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
         ) -> admin_pb2.DescribeTopicsResponse:
             answer: admin_pb2.DescribeTopicsResponse = await forwarder.channels.admin(
                 address
-            ).DescribeTopics(sub, timeout=timeout, metadata=((LOCAL_METADATA_KEY, "1"),))
+            ).DescribeTopics(sub, timeout=leader_timeout, metadata=LOCAL_METADATA)
             return answer
 
         await complete_from_leaders(response, forwarder.view.broker_address, ask)
@@ -199,9 +206,17 @@ class GatewayGroupServicer:
                     await asyncio.wait((read, drained), return_when=asyncio.FIRST_COMPLETED)
                     if not read.done():
                         read.cancel()
-                        await context.abort(
-                            grpc.StatusCode.UNAVAILABLE,
-                            "the gateway is shutting down: re-attach through another replica",
+                        # As the gateway ends its Produce and Fetch streams
+                        # when it stops ("the gateway is shutting down: ..."),
+                        # with the code the relay's other ends carry: the
+                        # membership lives in etcd, another gateway (or a
+                        # coordinator) takes the member back.
+                        await abort(
+                            context,
+                            CoordinatorNotAvailableError(
+                                "the gateway is shutting down: re-attach through another gateway"
+                            ),
+                            "relaying a heartbeat",
                         )
                     answer = read.result()
                     if answer is grpc.aio.EOF:  # type: ignore[attr-defined]
@@ -233,7 +248,9 @@ class GatewayGroupServicer:
                 call.cancel()
         await abort(
             context,
-            CoordinatorNotAvailableError(f"cannot relay the heartbeat to a coordinator: {last}"),
+            CoordinatorNotAvailableError(
+                f"cannot relay the heartbeat to a coordinator: {last}; retry"
+            ),
             "relaying a heartbeat",
         )
 

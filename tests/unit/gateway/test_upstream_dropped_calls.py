@@ -18,7 +18,9 @@ CANCELLED", a dropped fetch stream likewise, a dropped ListOffsets with the
 status name only, and passed a coordinator's DEADLINE_EXCEEDED back as
 "Deadline Exceeded", naming no one; it ended a Heartbeat stream whose
 coordinator went away after answering with UNAVAILABLE alone, without the
-COORDINATOR_NOT_AVAILABLE code its unary calls carry. A fetch stream
+COORDINATOR_NOT_AVAILABLE code its unary calls carry, and likewise when
+it stopped, and ended one no coordinator took without the "; retry" its
+unary calls end with. A fetch stream
 dropped while the gateway was writing to it was answered "failed the call
 (INTERNAL: Internal error from Core)": grpc.aio's word for the status it
 lost, passed on as the broker's."""
@@ -150,6 +152,23 @@ async def gateway_in_front_of(
     `other_brokers` and whose coordinator replicas are at `coordinators`, in
     that order: their records written to etcd under a fresh prefix, as the
     brokers and the coordinators write them."""
+    async with serving_gateway(etcd, broker, coordinators, other_brokers, partitions) as (
+        _gateway,
+        channel,
+    ):
+        yield channel
+
+
+@contextlib.asynccontextmanager
+async def serving_gateway(
+    etcd: EtcdProcess,
+    broker: str,
+    coordinators: Sequence[str] = (),
+    other_brokers: Sequence[str] = (),
+    partitions: int = 1,
+) -> AsyncIterator[tuple[GatewayServer, grpc.aio.Channel]]:
+    """`gateway_in_front_of`, with the gateway itself, for a test that stops
+    it (stopped after the block unless the test did)."""
     prefix = f"/gw-{uuid.uuid4().hex}"
     keys = Keys(prefix)
     client = connect(etcd.endpoint)
@@ -178,10 +197,11 @@ async def gateway_in_front_of(
     await gateway.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{gateway.bound_port}")
     try:
-        yield channel
+        yield gateway, channel
     finally:
         await channel.close(None)
-        await gateway.stop()
+        if not gateway.draining.is_set():
+            await gateway.stop()
 
 
 def unreachable() -> str:
@@ -615,6 +635,66 @@ def test_a_heartbeat_stream_its_coordinator_lost_midway_is_coordinator_not_avail
                 f"{DROPPED}; re-attach"
             )
         assert details.endswith("; re-attach")
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("coordinators", ["none is registered", "are down"])
+def test_a_heartbeat_no_coordinator_answers_is_coordinator_not_available_to_retry(
+    etcd: EtcdProcess, coordinators: str
+) -> None:
+    # It ended "...: coordinator <address> is unavailable (...)", without
+    # the "; retry" the forwarded unary calls end with.
+    async def scenario() -> None:
+        addresses = [] if coordinators == "none is registered" else [unreachable(), unreachable()]
+        async with gateway_in_front_of(etcd, unreachable(), addresses) as channel:
+            call = group_pb2_grpc.GroupStub(channel).Heartbeat(timeout=DEADLINE_S)
+            await call.write(group_pb2.GroupHeartbeatRequest(group_id="g", member_epoch=0))
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call.read()
+        assert coordinator_not_available(raised.value), raised.value
+        details = raised.value.details() or ""
+        happened = (
+            "no coordinator is registered in etcd"
+            if not addresses
+            else f"coordinator {addresses[-1]} is unavailable (UNAVAILABLE: "
+        )
+        assert details.startswith(f"cannot relay the heartbeat to a coordinator: {happened}"), (
+            details
+        )
+        assert details.endswith("; retry"), details
+
+    run(scenario)
+
+
+def test_a_heartbeat_stream_the_stopping_gateway_ends_is_coordinator_not_available(
+    etcd: EtcdProcess,
+) -> None:
+    # The gateway ended it UNAVAILABLE without the error code, which a
+    # client in another language reads to find its coordinator again.
+    async def scenario() -> None:
+        replica = HeartbeatCoordinator("stops")
+        async with contextlib.AsyncExitStack() as stack:
+            address = await stack.enter_async_context(
+                serving(partial(group_pb2_grpc.add_GroupServicer_to_server, replica))
+            )
+            gateway, channel = await stack.enter_async_context(
+                serving_gateway(etcd, unreachable(), [address])
+            )
+            call = group_pb2_grpc.GroupStub(channel).Heartbeat(timeout=DEADLINE_S)
+            stack.callback(call.cancel)
+            await call.write(group_pb2.GroupHeartbeatRequest(group_id="g", member_epoch=0))
+            first: group_pb2.GroupHeartbeatResponse = await call.read()
+            assert first.member_id == "m1"
+            # As on SIGTERM: the gateway drains, then stops.
+            stopping = asyncio.ensure_future(gateway.stop())
+            with pytest.raises(grpc.aio.AioRpcError) as raised:
+                await call.read()
+            await stopping
+        assert coordinator_not_available(raised.value), raised.value
+        assert raised.value.details() == (
+            "the gateway is shutting down: re-attach through another gateway"
+        )
 
     run(scenario)
 
