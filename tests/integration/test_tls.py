@@ -358,3 +358,26 @@ def test_services_reach_an_etcd_that_requires_client_certificates(tmp_path: Path
         if cluster is not None:
             cluster.stop()
         etcd.stop()
+
+
+def test_the_coordinator_reaches_tls_brokers_for_what_only_they_know(cluster: TlsCluster) -> None:
+    # The coordinator asks brokers for DeleteRecords and for the log figures
+    # of a DescribeTopics sent to it directly. Its calls went out in plain
+    # text: refused by every TLS broker, so DeleteRecords failed and each
+    # partition's figures were unknown.
+    options = cluster.client_options()
+    with AdminClient(bootstrap_servers=cluster.bootstrap, **options) as admin:
+        admin.create_topics([NewTopic("coordinated", 1, 2)])
+    with Producer(bootstrap_servers=cluster.bootstrap, acks="all", **options) as producer:
+        for i in range(5):
+            producer.send("coordinated", b"v%d" % i)
+        producer.flush(timeout=60)
+    tp = TopicPartition("coordinated", 0)
+    with AdminClient(bootstrap_servers=cluster.coordinator.address, **options) as admin:
+        (described,) = admin.describe_topics(["coordinated"])
+        (partition,) = described.partitions
+        assert partition.error is None, partition.error
+        assert partition.log_end_offset == 5
+        assert admin.delete_records({tp: 2}) == {tp: 2}
+        (described,) = admin.describe_topics(["coordinated"])
+        assert described.partitions[0].log_start_offset == 2

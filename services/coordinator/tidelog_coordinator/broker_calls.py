@@ -23,6 +23,7 @@ import aetcd
 import grpc
 import grpc.aio
 from tidelog.errors import NotLeaderOrFollowerError, error_from_rpc
+from tidelog.security import PLAINTEXT, ChannelSecurity
 from tidelog.types import TopicPartition
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tidelog_server.etcd.keys import Keys
@@ -46,10 +47,14 @@ class LocalLog:
 class BrokerCalls:
     """The coordinator's calls to brokers (module doc)."""
 
-    def __init__(self, client: aetcd.Client, keys: Keys) -> None:
+    def __init__(
+        self, client: aetcd.Client, keys: Keys, security: ChannelSecurity = PLAINTEXT
+    ) -> None:
         self.client = client
         self.keys = keys
-        self.pool = ChannelPool()
+        # The coordinator's own TLS identity when the cluster runs TLS
+        # (tidelog_server.tls.channel_security_of): brokers serve only TLS then.
+        self.pool = ChannelPool(security)
 
     async def close(self) -> None:
         await self.pool.close()

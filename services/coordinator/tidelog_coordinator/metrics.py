@@ -37,6 +37,7 @@ import aetcd
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.core import GaugeMetricFamily, Metric
 from tidelog.request_limits import MAX_LIST_OFFSETS_ENTRIES, in_requests_of
+from tidelog.security import PLAINTEXT, ChannelSecurity
 from tidelog.types import TopicPartition
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.cancellation import raise_if_cancelling
@@ -184,6 +185,7 @@ class ClusterProbe:
         metadata: MetadataManager,
         is_controller: Callable[[], bool],
         interval_ms: int,
+        security: ChannelSecurity = PLAINTEXT,
     ) -> None:
         self._metrics = metrics
         self._client = client
@@ -191,7 +193,8 @@ class ClusterProbe:
         self._metadata = metadata
         self._is_controller = is_controller
         self._interval_s = max(0.1, interval_ms / 1000)
-        self._channels = ChannelPool()
+        # As BrokerCalls': the coordinator's own TLS identity with TLS on.
+        self._channels = ChannelPool(security)
 
     async def run(self) -> None:
         try:

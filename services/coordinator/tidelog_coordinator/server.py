@@ -39,7 +39,7 @@ from tidelog_server.etcd.keys import Keys
 from tidelog_server.grpc_options import KEEPALIVE_OPTIONS
 from tidelog_server.metrics import MetricsEndpoint, MetricsOptions
 from tidelog_server.security import Security
-from tidelog_server.tls import add_port
+from tidelog_server.tls import add_port, channel_security_of
 
 from tidelog_coordinator.admin_servicer import (
     AdminServicer,
@@ -73,7 +73,7 @@ class CoordinatorServer:
         self.client = connect(config.etcd_endpoint, config.etcd_tls, config.etcd_auth)
         self.metadata = MetadataManager(self.client, self.keys, config)
         #: Channels to brokers (DeleteRecords, reassignment progress).
-        self.brokers = BrokerCalls(self.client, self.keys)
+        self.brokers = BrokerCalls(self.client, self.keys, channel_security_of(config.tls))
         self.lifecycle: ReplicaLifecycle | None = None
         self.groups = GroupCoordinator(
             self.client,
@@ -155,6 +155,7 @@ class CoordinatorServer:
                 self.metadata,
                 lambda: lifecycle.is_controller,
                 self.config.metrics_interval_ms,
+                channel_security_of(self.config.tls),
             )
             self._tasks.append(asyncio.create_task(probe.run(), name="metrics"))
             self.metrics_endpoint = MetricsEndpoint(
