@@ -56,8 +56,13 @@ async def delete_records(
                     f"cannot delete records of {name} below offset {part.offset}: use -1 (the "
                     f"high watermark) or an offset from 0 to the high watermark {high_watermark}"
                 )
+            before = partition_log.log_start_offset
             doomed.extend(partition_log.delete_records_before(offset))
             result.low_watermark = partition_log.log_start_offset
+            if partition_log.log_start_offset != before:
+                # Positions below the new start read OFFSET_OUT_OF_RANGE now
+                # (fetch sessions skip idle partitions until a wake).
+                manager.logs.wake((part.topic, part.partition))
         except Exception as exc:
             result.error.CopyFrom(error_proto(exc, f"deleting records of {name}"))
     if doomed:

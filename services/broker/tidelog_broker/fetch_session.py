@@ -15,6 +15,17 @@ what it finds, so a consumer catching up receives fewer, larger messages
 keeps `max_bytes`; answers are put together only while the message stays
 within MAX_BUNDLED_MESSAGE_BYTES (plus one batch).
 
+Idle partitions: a partition whose read at its position found nothing
+(no record, no error) is idle, and is not read again until something can
+change that answer: the log manager wakes it (an append, a high watermark
+move, a new role, a log start move, a truncation, the log closing: see
+LogManager.wake) or the consumer gives it a new position. The session
+watches its partitions once (LogManager.watch), for as long as `responses`
+runs, not at every wait; so an answer costs the partitions with something
+to read, not all of them: a consumer of thousands of partitions at the
+tail, where a few receive records, cost the broker a read of each per
+answer and two passes over all of them per wait.
+
 Memory (fetch_limits): a session has at most one response in flight, and
 every response reserves its bytes from the broker-wide FetchBudget until
 gRPC has taken it, whatever credit the consumer granted. Once taken, no
@@ -79,6 +90,13 @@ class FetchSession:
         # The connection this stream came on (its share of the budget).
         self._peer = peer
         self._positions: dict[TopicPartitionKey, _Position] = {}
+        # The positions to read: all but the idle ones (module doc), in the
+        # order they became readable.
+        self._ready: dict[TopicPartitionKey, None] = {}
+        # Set by a wake of any of the positions (`_on_wake`).
+        self._woken = asyncio.Event()
+        # Whether the positions are watched (while `responses` runs).
+        self._watching = False
         self._credit_bytes = 0
         self._max_bytes = DEFAULT_MAX_BYTES
         self._min_bytes = DEFAULT_MIN_BYTES
@@ -121,19 +139,36 @@ class FetchSession:
             )
         if answers:
             self._answers_per_message = answers
+        removed = []
         for tp in request.remove:
-            self._positions.pop((tp.topic, tp.partition), None)
-        for position in request.positions:
-            if position.fetch_offset < 0:
-                raise InvalidRequestError(
-                    f"fetch_offset must be >= 0 for {position.topic}-{position.partition}, "
-                    f"got {position.fetch_offset}"
+            key = (tp.topic, tp.partition)
+            if self._positions.pop(key, None) is not None:
+                self._ready.pop(key, None)
+                removed.append(key)
+        if removed and self._watching:
+            self._manager.logs.unwatch(removed, self._on_wake)
+        added = []
+        try:
+            for position in request.positions:
+                if position.fetch_offset < 0:
+                    raise InvalidRequestError(
+                        f"fetch_offset must be >= 0 for {position.topic}-{position.partition}, "
+                        f"got {position.fetch_offset}"
+                    )
+                if position.partition_max_bytes < 0:
+                    raise InvalidRequestError("partition_max_bytes must be >= 0")
+                key = (position.topic, position.partition)
+                if key not in self._positions:
+                    added.append(key)
+                self._positions[key] = _Position(
+                    position.fetch_offset, position.partition_max_bytes
                 )
-            if position.partition_max_bytes < 0:
-                raise InvalidRequestError("partition_max_bytes must be >= 0")
-            self._positions[(position.topic, position.partition)] = _Position(
-                position.fetch_offset, position.partition_max_bytes
-            )
+                # A new position may have records (or an error) where the
+                # old one had none.
+                self._ready[key] = None
+        finally:
+            if added and self._watching:
+                self._manager.logs.watch(added, self._on_wake)
         max_credit = self._budget.limits.max_credit_bytes
         if self._credit_bytes + request.credit_bytes > max_credit:
             raise InvalidRequestError(
@@ -158,53 +193,74 @@ class FetchSession:
         """Yield responses (serialized FetchResponses, see fetch_wire) until
         the consumer's side ends and its credit is spent; raise what `fail`
         was given."""
-        loop = asyncio.get_running_loop()
-        while True:
-            if self._failure is not None:
-                raise self._failure
-            if self._credit_bytes <= 0 or not self._positions:
-                if self._input_closed:
-                    return
-                self._changed.clear()
-                await self._changed.wait()
-                continue
-            self._changed.clear()
-            if self._budget.available(self._peer) <= 0:
-                # Other streams' responses fill the broker's buffer: wait
-                # until gRPC has taken some (or this stream changed).
-                await self._wait_for(self._budget.wait_released(), None)
-                continue
-            deadline = loop.time() + self._max_wait_ms / 1000
+        self._watch()
+        try:
+            loop = asyncio.get_running_loop()
             while True:
-                batch = self._collect()
-                if batch.failed or batch.size >= self._min_bytes:
-                    break
-                remaining = deadline - loop.time()
-                if batch.size > 0 and remaining <= 0:
-                    break
-                # Nothing at all: wait for data with no deadline (no empty
-                # responses). Some, but under min_bytes: wait until the deadline.
-                await self._wait_for_data_or_change(remaining if batch.size > 0 else None)
+                if self._failure is not None:
+                    raise self._failure
+                if self._credit_bytes <= 0 or not self._positions:
+                    if self._input_closed:
+                        return
+                    self._changed.clear()
+                    await self._changed.wait()
+                    continue
+                self._changed.clear()
+                if self._budget.available(self._peer) <= 0:
+                    # Other streams' responses fill the broker's buffer: wait
+                    # until gRPC has taken some (or this stream changed).
+                    await self._wait_for(self._budget.wait_released(), None)
+                    continue
+                deadline = loop.time() + self._max_wait_ms / 1000
+                while True:
+                    batch = self._collect()
+                    if batch.failed or batch.size >= self._min_bytes:
+                        break
+                    remaining = deadline - loop.time()
+                    if batch.size > 0 and remaining <= 0:
+                        break
+                    # Nothing at all: wait for data with no deadline (no empty
+                    # responses). Some, but under min_bytes: wait until the deadline.
+                    await self._wait_for_data_or_change(remaining if batch.size > 0 else None)
+                    if self._changed.is_set():
+                        break
                 if self._changed.is_set():
-                    break
-            if self._changed.is_set():
-                # Positions or credit moved while waiting: what was collected
-                # may be stale, so start over (positions were not advanced).
-                continue
-            # Collected and reserved without an await in between, so the
-            # budget cannot be overdrawn by streams racing for it. The
-            # generator resumes only once gRPC has written the response (or
-            # is closed), which is when its bytes leave the budget.
-            pieces, size = self._take_answers(batch)
-            try:
-                yield b"".join(pieces)
-            finally:
-                self._budget.release(self._peer, size)
-            # The response's record bytes leave memory with the budget: a
-            # stream that caught up waits next, maybe for hours, and must not
-            # keep its last response alive meanwhile (`pieces` is the list
-            # `batch` holds).
-            del batch, pieces
+                    # Positions or credit moved while waiting: what was collected
+                    # may be stale, so start over (positions were not advanced).
+                    continue
+                # Collected and reserved without an await in between, so the
+                # budget cannot be overdrawn by streams racing for it. The
+                # generator resumes only once gRPC has written the response (or
+                # is closed), which is when its bytes leave the budget.
+                pieces, size = self._take_answers(batch)
+                try:
+                    yield b"".join(pieces)
+                finally:
+                    self._budget.release(self._peer, size)
+                # The response's record bytes leave memory with the budget: a
+                # stream that caught up waits next, maybe for hours, and must not
+                # keep its last response alive meanwhile (`pieces` is the list
+                # `batch` holds).
+                del batch, pieces
+        finally:
+            self._unwatch()
+
+    def _watch(self) -> None:
+        self._manager.logs.watch(self._positions, self._on_wake)
+        self._watching = True
+        # Idle partitions were found idle while watched only.
+        self._ready = dict.fromkeys(self._positions)
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._manager.logs.unwatch(self._positions, self._on_wake)
+
+    def _on_wake(self, key: TopicPartitionKey) -> None:
+        """LogManager.wake: a read of `key` may answer differently now."""
+        if key in self._positions:
+            self._ready[key] = None
+        self._woken.set()
 
     def _take_answers(self, first: _Collected) -> tuple[list[bytes | memoryview], int]:
         """Commit `first` and the answers that follow it at once (up to
@@ -232,13 +288,11 @@ class FetchSession:
         return pieces, size
 
     async def _wait_for_data_or_change(self, timeout_s: float | None) -> None:
-        # Registered before the first await: see register_append_waiter.
-        keys = list(self._positions)
-        appended = self._manager.logs.register_append_waiter(keys)
-        try:
-            await self._wait_for(appended, timeout_s)
-        finally:
-            self._manager.logs.discard_append_waiter(keys, appended)
+        # Cleared right after a _collect, with no await in between: a wake
+        # before it made its partition ready for that _collect, and one
+        # after it sets the event again.
+        self._woken.clear()
+        await self._wait_for(self._woken.wait(), timeout_s)
 
     async def _wait_for(self, event: Awaitable[object], timeout_s: float | None) -> None:
         """Until `event`, a change of this session, or the timeout."""
@@ -254,11 +308,14 @@ class FetchSession:
                 waited.cancel()
 
     def _collect(self) -> _Collected:
-        """Read what is available for every position, within the credit,
-        without moving the positions (see _advance)."""
+        """Read what is available for every position not idle, within the
+        credit, without moving the positions (see _advance); positions that
+        read nothing become idle."""
         collected = _Collected()
         budget = min(self._max_bytes, self._credit_bytes, self._budget.available(self._peer))
-        keys = list(self._positions)
+        keys = list(self._ready)
+        if not keys:
+            return collected
         start = self._next_start % len(keys)
         for key in keys[start:] + keys[:start]:
             if collected.size >= budget:
@@ -285,6 +342,8 @@ class FetchSession:
                 collected.failed.append(key)
                 continue
             if not data:
+                # Read again after a wake of it or a new position (module doc).
+                del self._ready[key]
                 continue
             collected.pieces += partition_entry(
                 log_pb2.PartitionData(
@@ -309,6 +368,9 @@ class FetchSession:
             self._positions[key].offset = next_offset
         for key in collected.failed:
             del self._positions[key]
+            self._ready.pop(key, None)
+        if collected.failed and self._watching:
+            self._manager.logs.unwatch(collected.failed, self._on_wake)
         self._credit_bytes -= collected.size
         self._next_start += 1
         if self._metrics is not None:

@@ -162,6 +162,9 @@ class LogManager:
         self.cluster_partition_count: Callable[[str], int | None] = lambda _name: None
         # Futures of long-polling fetches, woken when their partitions grow.
         self._append_waiters: dict[TopicPartitionKey, set[asyncio.Future[None]]] = {}
+        # Callbacks called on every wake of their partitions, registered once
+        # for as long as they care (consumer fetch sessions: `watch`).
+        self._watchers: dict[TopicPartitionKey, set[Callable[[TopicPartitionKey], None]]] = {}
         # Set at close: a cleaner round in a worker thread stops at its next batch.
         self._cleaner_cancel = threading.Event()
         #: Called when a hosted partition's log closes or goes (cluster mode):
@@ -599,12 +602,39 @@ class LogManager:
                 if not waiters:
                     del self._append_waiters[key]
 
+    def watch(
+        self, keys: Iterable[TopicPartitionKey], callback: Callable[[TopicPartitionKey], None]
+    ) -> None:
+        """Call `callback(key)` on every wake of each of `keys` until
+        `unwatch`: for a long-lived reader of many partitions, which would
+        otherwise register a waiter on each of them for every wait. The
+        callback runs inside `wake`: it must be quick and must not raise."""
+        for key in keys:
+            self._watchers.setdefault(key, set()).add(callback)
+
+    def unwatch(
+        self, keys: Iterable[TopicPartitionKey], callback: Callable[[TopicPartitionKey], None]
+    ) -> None:
+        for key in keys:
+            watchers = self._watchers.get(key)
+            if watchers is not None:
+                watchers.discard(callback)
+                if not watchers:
+                    del self._watchers[key]
+
     def wake(self, key: TopicPartitionKey) -> None:
-        """Wake the long-polls and acks=all waits of `key` (new data, a new role)."""
+        """Wake the long-polls, acks=all waits and watchers of `key`: called
+        whenever a read of it may answer differently than before (new data,
+        a high watermark move, a new role, a log start move, a truncation,
+        the log closing). A missed call stalls a consumer at the tail."""
         waiters = self._append_waiters.pop(key, None)
         for waiter in waiters or ():
             if not waiter.done():
                 waiter.set_result(None)
+        watchers = self._watchers.get(key)
+        if watchers:
+            for callback in tuple(watchers):
+                callback(key)
 
     # ------------------------------------------------------------ background
 
@@ -638,9 +668,15 @@ class LogManager:
         for topic in list(self._topics.values()):
             for partition_log in topic.logs:
                 try:
-                    doomed.extend(partition_log.delete_old_segments())
+                    deleted = partition_log.delete_old_segments()
                 except TidelogError:
                     flood.exception("retention of %s failed", partition_log.name)
+                    continue
+                if deleted:
+                    doomed.extend(deleted)
+                    # The log start moved: a position below it now reads
+                    # OFFSET_OUT_OF_RANGE (fetch sessions skip idle partitions).
+                    self.wake((partition_log.topic, partition_log.partition))
         if not doomed:
             return 0
         return await asyncio.to_thread(unlink_files, doomed)

@@ -282,6 +282,10 @@ class ReplicaManager:
         if offset <= partition_log.log_start_offset:
             return
         doomed = partition_log.delete_records_before(offset)
+        # Every change to what a read of the log answers wakes its readers
+        # (LogManager.wake), the follower's too: cheap, and nothing then
+        # depends on followers never being read.
+        self._logs.wake((topic, partition))
         if doomed:
             # Unreachable once renamed; a failed unlink is retried by the next open.
             asyncio.get_running_loop().run_in_executor(None, unlink_files, doomed)
@@ -295,6 +299,7 @@ class ReplicaManager:
         # (this broker led it briefly) must leave the history, or the next
         # fetch names it again and diverges again.
         partition_log.leader_epochs.truncate_from_end(offset)
+        self._logs.wake((topic, partition))  # see follow_log_start
         log.warning(
             "%s-%d: truncated divergent records from offset %d (log end was %d, now %d)",
             topic,
@@ -313,6 +318,7 @@ class ReplicaManager:
         before_start = partition_log.log_start_offset
         before_end = partition_log.log_end_offset
         partition_log.reset_to(offset)
+        self._logs.wake((topic, partition))  # see follow_log_start
         log.warning(
             "%s-%d: log (offsets %d to %d) is behind the leader's log start offset %d: "
             "reset to an empty log at offset %d",
