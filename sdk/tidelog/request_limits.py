@@ -1,6 +1,6 @@
-"""Limits on the shape of one admin or ListOffsets request, shared by every
-server that answers it (the coordinator, a broker, the gateway) and by clients
-(fail early, or split a request so that it stays within them).
+"""Limits on the shape of one admin, ListOffsets or Fetch request, shared by
+every server that answers it (the coordinator, a broker, the gateway) and by
+clients (fail early, or split a request so that it stays within them).
 
 A request over a limit is refused whole, before any of it is carried out,
 with INVALID_REQUEST naming the limit: the cost of one call stays bounded
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Hashable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from tidelog.errors import InvalidRequestError
 
@@ -58,6 +58,31 @@ def check_partitions_per_request(count: int, what: str) -> None:
             f"{count} partitions in one {what} request: MAX_PARTITIONS_PER_REQUEST is "
             f"{MAX_PARTITIONS_PER_REQUEST}; send them in several requests"
         )
+
+
+class FetchPositionLike(Protocol):
+    """What `check_fetch_positions` reads of a tidelog.v1.FetchPosition."""
+
+    topic: str
+    partition: int
+    fetch_offset: int
+    partition_max_bytes: int
+
+
+def check_fetch_positions(positions: Iterable[FetchPositionLike]) -> None:
+    """Refuse a Fetch request whose positions a stream cannot read from: a
+    negative fetch_offset or partition_max_bytes (0: no per-partition
+    limit). Checked whole before any of it is applied."""
+    for position in positions:
+        where = f"{position.topic}-{position.partition}"
+        if position.fetch_offset < 0:
+            raise InvalidRequestError(
+                f"fetch_offset must be >= 0 for {where}, got {position.fetch_offset}"
+            )
+        if position.partition_max_bytes < 0:
+            raise InvalidRequestError(
+                f"partition_max_bytes must be >= 0 for {where}, got {position.partition_max_bytes}"
+            )
 
 
 def check_list_offsets_entries(count: int) -> None:

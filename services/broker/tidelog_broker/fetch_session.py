@@ -43,6 +43,7 @@ from collections.abc import AsyncGenerator, Awaitable
 from dataclasses import dataclass, field
 
 from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.request_limits import check_fetch_positions
 from tidelog.v1 import log_pb2
 
 from tidelog_broker.error_mapping import error_proto
@@ -113,7 +114,8 @@ class FetchSession:
         self._failure: BaseException | None = None
 
     def apply(self, request: log_pb2.FetchRequest) -> None:
-        """Take in one request from the consumer. Raises InvalidRequestError."""
+        """Take in one request from the consumer. Raises InvalidRequestError,
+        having changed nothing: the whole request is checked first."""
         if request.credit_bytes < 0:
             raise InvalidRequestError(f"credit_bytes must be >= 0, got {request.credit_bytes}")
         for name, value in (
@@ -125,18 +127,26 @@ class FetchSession:
                 raise InvalidRequestError(
                     f"{name} must be >= 0 (0 keeps the current value), got {value}"
                 )
-        if request.max_bytes:
-            self._max_bytes = min(request.max_bytes, MAX_RESPONSE_BYTES)
-        if request.min_bytes:
-            self._min_bytes = request.min_bytes
-        if request.max_wait_ms:
-            self._max_wait_ms = request.max_wait_ms
         answers = request.max_answers_per_message
         if not 0 <= answers <= MAX_ANSWERS_PER_MESSAGE:
             raise InvalidRequestError(
                 f"max_answers_per_message must be between 0 and {MAX_ANSWERS_PER_MESSAGE} "
                 f"(0 keeps the current value), got {answers}"
             )
+        check_fetch_positions(request.positions)
+        max_credit = self._budget.limits.max_credit_bytes
+        if self._credit_bytes + request.credit_bytes > max_credit:
+            raise InvalidRequestError(
+                f"credit_bytes would reach {self._credit_bytes + request.credit_bytes} "
+                f"outstanding, over the limit of {max_credit} bytes: grant credit as "
+                "responses are consumed"
+            )
+        if request.max_bytes:
+            self._max_bytes = min(request.max_bytes, MAX_RESPONSE_BYTES)
+        if request.min_bytes:
+            self._min_bytes = request.min_bytes
+        if request.max_wait_ms:
+            self._max_wait_ms = request.max_wait_ms
         if answers:
             self._answers_per_message = answers
         removed = []
@@ -148,34 +158,16 @@ class FetchSession:
         if removed and self._watching:
             self._manager.logs.unwatch(removed, self._on_wake)
         added = []
-        try:
-            for position in request.positions:
-                if position.fetch_offset < 0:
-                    raise InvalidRequestError(
-                        f"fetch_offset must be >= 0 for {position.topic}-{position.partition}, "
-                        f"got {position.fetch_offset}"
-                    )
-                if position.partition_max_bytes < 0:
-                    raise InvalidRequestError("partition_max_bytes must be >= 0")
-                key = (position.topic, position.partition)
-                if key not in self._positions:
-                    added.append(key)
-                self._positions[key] = _Position(
-                    position.fetch_offset, position.partition_max_bytes
-                )
-                # A new position may have records (or an error) where the
-                # old one had none.
-                self._ready[key] = None
-        finally:
-            if added and self._watching:
-                self._manager.logs.watch(added, self._on_wake)
-        max_credit = self._budget.limits.max_credit_bytes
-        if self._credit_bytes + request.credit_bytes > max_credit:
-            raise InvalidRequestError(
-                f"credit_bytes would reach {self._credit_bytes + request.credit_bytes} "
-                f"outstanding, over the limit of {max_credit} bytes: grant credit as "
-                "responses are consumed"
-            )
+        for position in request.positions:
+            key = (position.topic, position.partition)
+            if key not in self._positions:
+                added.append(key)
+            self._positions[key] = _Position(position.fetch_offset, position.partition_max_bytes)
+            # A new position may have records (or an error) where the old
+            # one had none.
+            self._ready[key] = None
+        if added and self._watching:
+            self._manager.logs.watch(added, self._on_wake)
         self._credit_bytes += request.credit_bytes
         self._changed.set()
 

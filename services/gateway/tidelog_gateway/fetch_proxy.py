@@ -54,6 +54,7 @@ import grpc
 import grpc.aio
 from tidelog.config import MAX_FETCH_ANSWERS_PER_MESSAGE
 from tidelog.errors import InvalidRequestError, NotLeaderOrFollowerError, TidelogError
+from tidelog.request_limits import check_fetch_positions
 from tidelog.v1 import common_pb2, log_pb2
 from tidelog_server.forwarding import failure_of
 
@@ -238,14 +239,7 @@ class FetchProxy:
                 f"outstanding, over the limit of {config.fetch_max_credit_bytes} bytes: grant "
                 "credit as responses are consumed"
             )
-        for position in request.positions:
-            if position.fetch_offset < 0:
-                raise InvalidRequestError(
-                    f"fetch_offset must be >= 0 for {position.topic}-{position.partition}, "
-                    f"got {position.fetch_offset}"
-                )
-            if position.partition_max_bytes < 0:
-                raise InvalidRequestError("partition_max_bytes must be >= 0")
+        check_fetch_positions(request.positions)
         settings_changed = bool(
             request.max_bytes or request.min_bytes or request.max_wait_ms or answers
         )

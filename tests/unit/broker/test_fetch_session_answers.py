@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tidelog.errors import InvalidRequestError
 from tidelog.records import encode_batch
-from tidelog.v1 import log_pb2
+from tidelog.v1 import common_pb2, log_pb2
 from tidelog_broker import fetch_session
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.fetch_limits import FetchBudget, FetchLimits
@@ -177,3 +177,26 @@ def test_answers_are_put_together_only_within_the_bundled_message_bytes(
     first, second = _first_messages(session, 2)
     assert first == [_answer(0), _answer(1)]
     assert second == [_answer(2), _answer(3)]
+
+
+def test_a_refused_request_changes_nothing(manager: PartitionManager) -> None:
+    # The session checked positions one by one while applying them: a bad one
+    # after good ones left the request half applied (the positions before it
+    # moved, the partitions it removed gone, its settings taken).
+    session = FetchSession(manager)
+    session.apply(_request(credit=1 << 20, answers=3))
+    refused = log_pb2.FetchRequest(
+        remove=[common_pb2.TopicPartition(topic="t", partition=0)],
+        positions=[
+            log_pb2.FetchPosition(topic="t", partition=0, fetch_offset=5 * RECORDS_PER_BATCH),
+            log_pb2.FetchPosition(topic="t", partition=1, fetch_offset=0, partition_max_bytes=-1),
+        ],
+        max_answers_per_message=1,
+    )
+    with pytest.raises(
+        InvalidRequestError, match="partition_max_bytes must be >= 0 for t-1, got -1"
+    ):
+        session.apply(refused)
+    # Still at offset 0, still three answers a message.
+    (first,) = _first_messages(session, 1)
+    assert first == [_answer(0), _answer(1), _answer(2)]
