@@ -116,8 +116,11 @@ def rss_mb(pid: int) -> float | None:
     return None if kb is None else round(kb / 1024, 1)
 
 
-def _cpu_s(proc: psutil.Process) -> float:
+def cpu_s(process: psutil.Process | int) -> float:
+    """CPU seconds (user + system) a process (or PID) has used so far; 0.0
+    once it is gone."""
     try:
+        proc = process if isinstance(process, psutil.Process) else psutil.Process(process)
         t = proc.cpu_times()
     except psutil.Error:
         return 0.0
@@ -132,15 +135,15 @@ class Meter:
         self.server = psutil.Process(server_pid) if server_pid else None
         self.client = psutil.Process()
         self.server_pid = server_pid
-        self.server0 = _cpu_s(self.server) if self.server else 0.0
-        self.client0 = _cpu_s(self.client)
+        self.server0 = cpu_s(self.server) if self.server else 0.0
+        self.client0 = cpu_s(self.client)
         self.t0 = time.perf_counter()
 
     def done(self) -> dict[str, float | None]:
         return {
             "wall_s": time.perf_counter() - self.t0,
-            "server_cpu_s": (_cpu_s(self.server) - self.server0) if self.server else None,
-            "client_cpu_s": _cpu_s(self.client) - self.client0,
+            "server_cpu_s": (cpu_s(self.server) - self.server0) if self.server else None,
+            "client_cpu_s": cpu_s(self.client) - self.client0,
             "rss_mb": hwm_mb(self.server_pid) if self.server_pid else None,
         }
 

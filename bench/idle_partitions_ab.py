@@ -17,27 +17,21 @@ Not part of ``make bench``: it needs a quiet machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import threading
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import _checkout  # noqa: E402
-from bench._processes import tidelog_broker, tmpdir  # noqa: E402
+from bench._processes import cpu_s, tidelog_broker, tmpdir  # noqa: E402
 
 THIS = "this"
 TOPIC = "idle-partitions"
-
-
-def _cpu_s(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
 
 
 def _run(
@@ -45,10 +39,10 @@ def _run(
 ) -> dict[str, float]:
     from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 
-    with _checkout.children_run(pythonpath):
-        broker_context = tidelog_broker()
-        broker = broker_context.__enter__()
-    try:
+    with contextlib.ExitStack() as stack:
+        # Only the broker gets the side's PYTHONPATH; the clients are this tree's.
+        with _checkout.children_run(pythonpath):
+            broker = stack.enter_context(tidelog_broker())
         with AdminClient(broker.address) as admin:
             admin.create_topics([NewTopic(TOPIC, partitions, 1)])
         tps = [TopicPartition(TOPIC, p) for p in range(partitions)]
@@ -79,9 +73,9 @@ def _run(
                 while True:
                     now = time.monotonic()
                     if cpu0 is None and now - start >= warm_s:
-                        cpu0, t0, counted = _cpu_s(broker.pid), now, 0
+                        cpu0, t0, counted = cpu_s(broker.pid), now, 0
                     if cpu0 is not None and now - t0 >= seconds:
-                        cpu1, t1 = _cpu_s(broker.pid), now
+                        cpu1, t1 = cpu_s(broker.pid), now
                         break
                     for records in consumer.poll(timeout_ms=100).values():
                         counted += len(records)
@@ -95,8 +89,6 @@ def _run(
             "ms_per_record": 1000 * cpu / max(1, counted),
             "cpu_share": cpu / (t1 - t0),
         }
-    finally:
-        broker_context.__exit__(None, None, None)
 
 
 def main(argv: list[str] | None = None) -> int:

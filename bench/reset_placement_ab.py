@@ -36,13 +36,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import _checkout  # noqa: E402
-from bench._processes import tidelog_broker, tmpdir  # noqa: E402
+from bench._processes import cpu_s, tidelog_broker, tmpdir  # noqa: E402
 
 THIS = "this"
 TOPIC = "reset-placement"
@@ -156,11 +154,9 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.pairs):
                 for label in order if r % 2 == 0 else order[::-1]:
                     env, root = sides[label]
-                    before = sum(psutil.Process(broker.pid).cpu_times()[:2])
+                    before = cpu_s(broker.pid)
                     result = _run(label, env, broker.address, args.partitions, produce)
-                    result["broker_cpu_s"] = (
-                        sum(psutil.Process(broker.pid).cpu_times()[:2]) - before
-                    )
+                    result["broker_cpu_s"] = cpu_s(broker.pid) - before
                     if not Path(result["sdk"]).is_relative_to(root):
                         raise RuntimeError(f"the {label} run imported {result['sdk']}")
                     runs[label].append(result)
