@@ -44,7 +44,11 @@ from tidelog_server.authorizer import may_auto_create
 from tidelog_server.etcd import Election
 from tidelog_server.etcd.records import BrokerRegistration, CoordinatorRegistration
 from tidelog_server.forwarding import LOCAL_METADATA, CoordinatorForwarding, is_local
-from tidelog_server.leader_figures import complete_from_leaders, leader_call_timeout
+from tidelog_server.leader_figures import (
+    ask_over_grpc,
+    complete_from_leaders,
+    leader_call_timeout,
+)
 
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
@@ -118,15 +122,13 @@ class AdminForwarder:
                 return f"{self._link.host}:{self._link.port}"
             return self._link.view.broker_address(broker_id)
 
+        remote = ask_over_grpc(self._stub, timeout)
+
         async def ask(
             leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
         ) -> admin_pb2.DescribeTopicsResponse:
-            if leader == me:
-                return self._describe_local(sub)
-            answer: admin_pb2.DescribeTopicsResponse = await self._stub(address).DescribeTopics(
-                sub, timeout=timeout, metadata=LOCAL_METADATA
-            )
-            return answer
+            # Itself from its own logs, without a call.
+            return self._describe_local(sub) if leader == me else await remote(leader, address, sub)
 
         await complete_from_leaders(response, address_of, ask)
         return response

@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
 from tidelog.errors import error_from_rpc
 from tidelog.v1 import admin_pb2, common_pb2
 
-from tidelog_server.forwarding import unanswered
+from tidelog_server.forwarding import LOCAL_METADATA, unanswered
 
 #: What a PartitionDescription takes from its leader; -1 when unknown.
 FIGURES = ("log_start_offset", "log_end_offset", "high_watermark", "size_bytes", "segment_count")
@@ -52,6 +53,22 @@ ANSWER_MARGIN_S = 0.25
 AskLeader = Callable[
     [int, str, admin_pb2.DescribeTopicsRequest], Awaitable[admin_pb2.DescribeTopicsResponse]
 ]
+
+
+def ask_over_grpc(stub_of: Callable[[str], Any], timeout_s: float) -> AskLeader:
+    """The `ask` of a service that calls each leader: its DescribeTopics,
+    through `stub_of(address)` (an AdminStub), with `tidelog-local` so that
+    the leader answers from its own logs, within `timeout_s`."""
+
+    async def ask(
+        leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
+    ) -> admin_pb2.DescribeTopicsResponse:
+        answer: admin_pb2.DescribeTopicsResponse = await stub_of(address).DescribeTopics(
+            sub, timeout=timeout_s, metadata=LOCAL_METADATA
+        )
+        return answer
+
+    return ask
 
 
 def leader_call_timeout(context: grpc.aio.ServicerContext, cap_s: float) -> float:

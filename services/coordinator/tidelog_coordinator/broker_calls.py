@@ -29,7 +29,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState
 from tidelog_server.forwarding import LOCAL_METADATA, ChannelPool
-from tidelog_server.leader_figures import complete_from_leaders
+from tidelog_server.leader_figures import ask_over_grpc, complete_from_leaders
 
 #: Deadline of one call to a broker.
 BROKER_CALL_TIMEOUT_S = 10.0
@@ -139,16 +139,7 @@ class BrokerCalls:
         cannot tell gets -1 and an error saying why
         (tidelog_server.leader_figures)."""
         addresses = await self._addresses()
-
-        async def ask(
-            leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
-        ) -> admin_pb2.DescribeTopicsResponse:
-            answer: admin_pb2.DescribeTopicsResponse = await self._stub(address).DescribeTopics(
-                sub, timeout=timeout_s, metadata=LOCAL_METADATA
-            )
-            return answer
-
-        await complete_from_leaders(response, addresses.get, ask)
+        await complete_from_leaders(response, addresses.get, ask_over_grpc(self._stub, timeout_s))
 
     async def local_logs(
         self, brokers: Iterable[int], topics: Iterable[str]

@@ -57,7 +57,11 @@ from tidelog_server.forwarding import (
     pass_back,
     unanswered,
 )
-from tidelog_server.leader_figures import complete_from_leaders, leader_call_timeout
+from tidelog_server.leader_figures import (
+    ask_over_grpc,
+    complete_from_leaders,
+    leader_call_timeout,
+)
 from tidelog_server.stream_refusal import refuse_stream
 
 from tidelog_gateway.channels import Channels
@@ -129,17 +133,8 @@ class GatewayAdminServicer:
             context,
             "DescribeTopics",
         )
-        # What is left of the client's time once the coordinator answered.
-        leader_timeout = leader_call_timeout(context, timeout)
-
-        async def ask(
-            leader: int, address: str, sub: admin_pb2.DescribeTopicsRequest
-        ) -> admin_pb2.DescribeTopicsResponse:
-            answer: admin_pb2.DescribeTopicsResponse = await forwarder.channels.admin(
-                address
-            ).DescribeTopics(sub, timeout=leader_timeout, metadata=LOCAL_METADATA)
-            return answer
-
+        # Within what is left of the client's time once the coordinator answered.
+        ask = ask_over_grpc(forwarder.channels.admin, leader_call_timeout(context, timeout))
         await complete_from_leaders(response, forwarder.view.broker_address, ask)
         return response
 
