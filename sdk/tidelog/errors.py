@@ -237,14 +237,24 @@ class InvalidRequestError(TidelogError):
     grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
-class IllegalGenerationError(TidelogError):
+class CommitFailedError(TidelogError):
+    """An offset commit was refused because this consumer is no longer a
+    member of the group's current generation: it was fenced (its session
+    ended, or the group rebalanced without it). Retrying cannot succeed;
+    poll() rejoins the group, and the partitions it then owns are committed
+    from there. Kafka's CommitFailedException; the class raised is one of
+    its subclasses, which names why (IllegalGenerationError,
+    UnknownMemberIdError)."""
+
+
+class IllegalGenerationError(CommitFailedError):
     """The consumer group generation is stale."""
 
     code_name = "ILLEGAL_GENERATION"
     grpc_status = grpc.StatusCode.FAILED_PRECONDITION
 
 
-class UnknownMemberIdError(TidelogError):
+class UnknownMemberIdError(CommitFailedError):
     """The member is not known to the group."""
 
     code_name = "UNKNOWN_MEMBER_ID"
