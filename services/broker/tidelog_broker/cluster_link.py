@@ -737,8 +737,10 @@ class ClusterLink:
         written = dataclasses.replace(
             current_state, isr=tuple(isr), version=current_state.version + 1
         )
-        if replication.proposed_isr != isr:
-            return False  # a newer state ended the proposal meanwhile
+        if replication.proposed_isr is not isr:
+            # A newer state ended the proposal meanwhile; the next one, even
+            # with an equal ISR, is its own writer's to write.
+            return False
         # Written against `known`: states up to it (set_role may not have
         # applied it yet) do not end the proposal; any later one does.
         replication.proposal_base_revision = known.mod_revision
