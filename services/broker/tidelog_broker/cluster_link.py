@@ -696,6 +696,37 @@ class ClusterLink:
 
     # ------------------------------------------------------------ replication
 
+    async def _settle_isr_write(
+        self,
+        key: bytes,
+        base: aetcd.rtypes.Get,
+        replication: PartitionReplication,
+        isr: list[int],
+    ) -> bool:
+        """Settle an ISR write of unknown outcome, made against `base` (the
+        state key as read before it): True when it may be in etcd, False
+        when it surely is not. Reading the key back would not do: etcd may
+        still apply the write after the read. Instead, put the same value
+        again fenced by the same revision: if that lands, the write never
+        can (its fence is gone); if it is refused, the state moved past
+        `base` and the watch, bringing it, ends the proposal (set_role).
+        Retried while the proposal stands: till then the HW waits for the
+        replicas it adds."""
+        tx = self.client.transactions
+        while replication.proposed_isr is isr:
+            try:
+                fenced, _ = await self.client.transaction(
+                    compare=[tx.mod(key) == base.mod_revision, tx.value(key) == base.value],
+                    success=[tx.put(key, base.value)],
+                    failure=[],
+                )
+            except Exception as exc:
+                flood.warning("settling the ISR write of %r failed (%s); retrying", key, exc)
+                await asyncio.sleep(RETRY_DELAY_S)
+                continue
+            return not fenced
+        return False  # a newer state ended it: its outcome no longer matters
+
     def lease_valid(self) -> bool:
         """Registered, and the session lease surely alive: may lead."""
         session = self._session
@@ -704,8 +735,10 @@ class ClusterLink:
     async def write_isr(self, replication: PartitionReplication, isr: list[int]) -> bool:
         """As leader: write a new ISR, fenced by the state key's mod revision
         and value (leader, leader epoch), as last seen by the watch. True
-        when written: the proposal then stands until the watch brings a
-        state newer than the one written against (replica_state)."""
+        when written, or perhaps written (the transaction failed after the
+        state moved on): the proposal then stands until the watch brings a
+        state newer than the one written against (replica_state). False
+        only when surely not written."""
         topic = self.view.topics.get(replication.topic)
         known = None if topic is None else self.view.state(topic, replication.partition)
         if (
@@ -737,21 +770,36 @@ class ClusterLink:
         written = dataclasses.replace(
             current_state, isr=tuple(isr), version=current_state.version + 1
         )
-        if replication.proposed_isr != isr:
-            return False  # a newer state ended the proposal meanwhile
+        if replication.proposed_isr is not isr:
+            # A newer state ended the proposal meanwhile; the next one, even
+            # with an equal ISR, is its own writer's to write.
+            return False
         # Written against `known`: states up to it (set_role may not have
         # applied it yet) do not end the proposal; any later one does.
         replication.proposal_base_revision = known.mod_revision
         tx = self.client.transactions
-        ok, _ = await self.client.transaction(
-            compare=[
-                tx.mod(key) == known.mod_revision,
-                tx.value(key) == current.value,
-                *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
-            ],
-            success=[tx.put(key, written.encode())],
-            failure=[],
-        )
+        try:
+            ok, _ = await self.client.transaction(
+                compare=[
+                    tx.mod(key) == known.mod_revision,
+                    tx.value(key) == current.value,
+                    *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
+                ],
+                success=[tx.put(key, written.encode())],
+                failure=[],
+            )
+        except Exception:
+            # Sent, and perhaps applied (a deadline or a connection lost
+            # after etcd committed it, or to be applied yet): ending the
+            # proposal now could let the HW pass a replica that etcd's ISR
+            # names.
+            flood.exception(
+                "%s-%d: writing ISR %s failed; settling whether it was written",
+                replication.topic,
+                replication.partition,
+                isr,
+            )
+            ok = await self._settle_isr_write(key, current, replication, isr)
         log.info(
             "%s-%d: ISR %s -> %s %s",
             replication.topic,

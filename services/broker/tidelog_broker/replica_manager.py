@@ -56,7 +56,9 @@ class ReplicaManager:
         #: and ISR expansion are bound to it.
         self.registration_of: RegistrationOf = lambda _broker_id: None
         #: Cluster mode: writes a proposed ISR to etcd (fenced), True when
-        #: written and False when refused; set by ClusterLink.
+        #: written and False when refused; set by ClusterLink. The list it
+        #: gets is the proposal itself (PartitionReplication.propose_isr): once
+        #: `proposed_isr` is another object, the proposal has ended.
         self.isr_writer: Callable[[PartitionReplication, list[int]], Awaitable[bool]] | None = None
         self._isr_tasks: set[asyncio.Task[None]] = set()
         #: Called with (old ISR, new ISR) when the ISR of a partition led
@@ -141,8 +143,8 @@ class ReplicaManager:
                 if old.is_leader:
                     self.on_isr_change(old.isr, isr)
                 old.isr = list(isr)
-            moved = old.is_leader and old.advance_high_watermark(me, partition_log.log_end_offset)
-            if changed or moved:
+            moved = old.is_leader and self._advance_high_watermark(old, partition_log)
+            if changed and not moved:  # a move has woken them already
                 self._logs.wake(key)
             return old
         state = PartitionReplication(
@@ -238,12 +240,10 @@ class ReplicaManager:
         replication = self.leader_replication(topic, partition, write=False)
         assert replication is not None
         registration = self.follower_registration(replication, follower)
-        me = self._config.broker_id
         leo = partition_log.log_end_offset
         now_ms = self._clock.monotonic_ms()
         replication.on_follower_fetch(follower, fetch_offset, leo, now_ms, registration)
-        if replication.advance_high_watermark(me, leo):
-            self._logs.wake((topic, partition))
+        self._advance_high_watermark(replication, partition_log)
         expanded = replication.isr_to_expand(
             now_ms, self._config.replica_lag_time_max_ms, self.registration_of
         )
@@ -330,29 +330,59 @@ class ReplicaManager:
             offset,
         )
 
+    def _advance_high_watermark(
+        self, replication: PartitionReplication, partition_log: PartitionLog
+    ) -> bool:
+        """Leader: recompute the HW over the ISR (maximal while a change is
+        proposed) and, when it moved, wake everything that waits on it:
+        acks=all produces, consumer long-polls and fetch sessions, and
+        followers' long-polls (they learn the HW from the answer). Every
+        event that may move the HW comes through here. True when it moved."""
+        if not replication.advance_high_watermark(
+            self._config.broker_id, partition_log.log_end_offset
+        ):
+            return False
+        self._logs.wake((replication.topic, replication.partition))
+        return True
+
     def _propose_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
         if self.isr_writer is None or replication.isr_change_pending:
             return
-        replication.propose_isr(isr)
-        task = asyncio.ensure_future(self._write_isr(replication, isr))
+        proposal = replication.propose_isr(isr)
+        task = asyncio.ensure_future(self._write_isr(replication, proposal))
         self._isr_tasks.add(task)
         task.add_done_callback(self._isr_tasks.discard)
 
-    async def _write_isr(self, replication: PartitionReplication, isr: list[int]) -> None:
+    async def _write_isr(self, replication: PartitionReplication, proposal: list[int]) -> None:
         assert self.isr_writer is not None
         written = False
         try:
-            written = await self.isr_writer(replication, isr)
+            written = await self.isr_writer(replication, proposal)
         except Exception:
             flood.exception(
-                "writing ISR %s of %s-%d failed", isr, replication.topic, replication.partition
+                "writing ISR %s of %s-%d failed",
+                proposal,
+                replication.topic,
+                replication.partition,
             )
         finally:
-            if not written:
-                # Nothing changed in etcd: a later check may propose again.
-                # A written change stays proposed until the watch brings it
-                # back (set_role): till then the HW counts its replicas.
-                replication.end_isr_proposal()
+            # Nothing changed in etcd: a later check may propose again. A
+            # written change stays proposed until the watch brings it back
+            # (set_role): till then the HW counts its replicas.
+            if not written and replication.end_isr_proposal(proposal):
+                self._proposal_ended(replication)
+
+    def _proposal_ended(self, replication: PartitionReplication) -> None:
+        """A proposal that was not written ended: the HW no longer waits for
+        the replicas it would have added, and may move over the ISR alone at
+        once. Nothing else may come to move it (no appends, no follower
+        fetching: the joining replica may be the one that just stopped), and
+        acks=all produces and long-polls would wait for nothing."""
+        key = (replication.topic, replication.partition)
+        # A state replaced meanwhile (a new role or epoch; the partition
+        # closed) is no one's any more: its successor keeps its own HW.
+        if self._replication.get(key) is replication and replication.is_leader:
+            self._advance_high_watermark(replication, self._logs.partition_log(*key))
 
     async def run_isr_checks(self) -> None:
         """Leader: shrink the ISR of followers lagging for replica.lag.time.max.ms."""

@@ -123,15 +123,27 @@ class PartitionReplication:
     def isr_change_pending(self) -> bool:
         return self.proposed_isr is not None
 
-    def propose_isr(self, isr: list[int]) -> None:
+    def propose_isr(self, isr: list[int]) -> list[int]:
         """An ISR change is about to be written: the HW waits for the
-        replicas it adds from now on (see the module doc)."""
+        replicas it adds from now on (see the module doc). Returns the
+        proposal: a new list, `proposed_isr` itself, which names this
+        proposal (by identity) to its writer and to `end_isr_proposal`."""
         self.proposed_isr = list(isr)
         self.proposal_base_revision = self.state_revision
+        return self.proposed_isr
 
-    def end_isr_proposal(self) -> None:
-        """The change was refused, failed, or its outcome applied."""
+    def end_isr_proposal(self, proposal: list[int] | None = None) -> bool:
+        """The change was refused, failed, or its outcome applied: True when
+        a proposal ended. `proposal`: end only that one, if it is still
+        outstanding (None: whichever is). A writer that learns late that its
+        proposal was not written must not end the next one, which a newer
+        state may have let begin meanwhile: that one may be in etcd already."""
+        if self.proposed_isr is None or (
+            proposal is not None and self.proposed_isr is not proposal
+        ):
+            return False
         self.proposed_isr = None
+        return True
 
     def maximal_isr(self) -> list[int]:
         """The ISR, plus the replicas an outstanding proposal adds."""
