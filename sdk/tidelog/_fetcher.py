@@ -74,6 +74,7 @@ from tidelog.errors import (
     UnknownTopicOrPartitionError,
     error_from_code,
     error_from_rpc,
+    names_error_code,
 )
 from tidelog.request_limits import (
     MAX_FETCH_PARTITIONS_PER_REQUEST,
@@ -211,9 +212,11 @@ class FetchSession:
         except grpc.aio.AioRpcError as exc:
             if exc.code() == grpc.StatusCode.CANCELLED and self.closed:
                 return
+            # A code the server named wins (a gateway stopping names
+            # NOT_LEADER_OR_FOLLOWER); a bare UNAVAILABLE is the transport's.
             error = (
                 BrokerNotAvailableError(f"fetch stream to {self.address}: {exc.details()}")
-                if exc.code() == grpc.StatusCode.UNAVAILABLE
+                if exc.code() == grpc.StatusCode.UNAVAILABLE and not names_error_code(exc)
                 else error_from_rpc(exc, address=self.address)
             )
         except asyncio.CancelledError:

@@ -500,6 +500,13 @@ def _named_error_code(exc: grpc.RpcError) -> str | None:
     return None
 
 
+def names_error_code(exc: grpc.RpcError) -> bool:
+    """Whether a Tidelog server named the failed call's ErrorCode (in the
+    `ERROR_CODE_METADATA_KEY` trailer): its status is then an answer of the
+    server's own, not one gRPC made up for a broken transport."""
+    return _named_error_code(exc) is not None
+
+
 def is_server_cancelled(exc: BaseException) -> bool:
     """Whether `exc` is a call the server's side cancelled (see the module
     doc): status CANCELLED without an error code a Tidelog server named."""

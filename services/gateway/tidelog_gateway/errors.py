@@ -1,14 +1,17 @@
 """The gateway's exception-to-wire-error mapping: the shared ErrorMapper
 (tidelog_server.service_errors documents the two shapes, in-band per item and
-whole-call) with the gateway's logger, and `broker_call_error`, the in-band
-error for the items of a call a broker failed."""
+whole-call) with the gateway's logger; `broker_call_error`, the in-band
+error for the items of a call a broker failed; and `abort_shutting_down`,
+how a data stream ends while the gateway stops."""
 
 from __future__ import annotations
 
 import logging
+from typing import NoReturn
 
+import grpc
 import grpc.aio
-from tidelog.errors import error_from_rpc
+from tidelog.errors import ERROR_CODE_METADATA_KEY, NotLeaderOrFollowerError, error_from_rpc
 from tidelog.v1 import common_pb2
 from tidelog_server.forwarding import unanswered
 from tidelog_server.service_errors import ErrorMapper
@@ -42,3 +45,25 @@ def broker_call_error(
         error.message = f"{upstream} refused the request: {error.message}"
         return error
     return common_pb2.Error(code=retriable_code, message=f"{reason}; retry")
+
+
+async def abort_shutting_down(context: grpc.aio.ServicerContext, what_to_do: str) -> NoReturn:
+    """End a client's data stream (Log Produce and Fetch, Records Produce and
+    Consume) because the gateway is stopping: "the gateway is shutting down:
+    `what_to_do`".
+
+    With the status a broker's own drain ends them with (UNAVAILABLE: gRPC
+    cancels the calls left after its grace), and, in the trailer, the code
+    any client reads as "this partition is not served here any more: refresh
+    metadata and go where it is", NOT_LEADER_OR_FOLLOWER, retriable. It is
+    what a Kafka client sees of a broker that goes away in a controlled
+    shutdown, and what the gateway already answers for a partition whose
+    broker dropped its stream: the gateway names itself the leader of every
+    partition, and it is about to lead none. (COORDINATOR_NOT_AVAILABLE,
+    which the Heartbeat relay ends with, is the control plane's.)"""
+    await context.abort(
+        grpc.StatusCode.UNAVAILABLE,
+        f"the gateway is shutting down: {what_to_do}",
+        trailing_metadata=((ERROR_CODE_METADATA_KEY, NotLeaderOrFollowerError.code_name),),
+    )
+    raise AssertionError("context.abort returns only by raising")  # pragma: no cover

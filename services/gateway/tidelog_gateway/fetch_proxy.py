@@ -37,8 +37,9 @@ apply per broker, and so does `max_answers_per_message`: a broker's message
 of several answers reaches the client as it came (its answers in order, a
 partition's positions advanced answer by answer).
 
-Drain (SIGTERM): the stream ends with UNAVAILABLE; the client reconnects
-(to another replica) and resumes from its positions.
+Drain (SIGTERM): the stream ends with UNAVAILABLE and NOT_LEADER_OR_FOLLOWER
+in the trailer (log_servicer, errors.abort_shutting_down); the client
+reconnects (to another gateway) and resumes from its positions.
 
 Not thread-safe: one event loop.
 """

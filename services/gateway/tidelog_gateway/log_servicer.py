@@ -43,7 +43,7 @@ from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView, invalid_topic_error
 from tidelog_gateway.config import GATEWAY_NODE_ID, GatewayConfig
-from tidelog_gateway.errors import abort, broker_call_error, error_proto
+from tidelog_gateway.errors import abort, abort_shutting_down, broker_call_error, error_proto
 from tidelog_gateway.fetch_proxy import FetchProxy
 from tidelog_gateway.limits import ByteBudget, FetchBudget, StreamCounter
 from tidelog_gateway.produce_proxy import ProduceProxy
@@ -113,10 +113,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
             except TidelogError as exc:
                 await abort(context, exc, "fetching through the gateway")
             if self._draining.is_set():
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "the gateway is shutting down: fetch again from your positions",
-                )
+                await abort_shutting_down(context, "fetch again from your positions")
         finally:
             self._streams.release(peer)
 

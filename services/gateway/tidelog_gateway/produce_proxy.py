@@ -29,8 +29,9 @@ the gateway-wide produce budget until then; at most `max_pending_produce`
 answers may be owed (then it stops reading, which pushes back on the client).
 
 Drain (SIGTERM): the stream stops reading requests, answers every request it
-has forwarded, then ends with UNAVAILABLE; the SDK retries what was not
-answered on a new stream.
+has forwarded, then ends with UNAVAILABLE and NOT_LEADER_OR_FOLLOWER in the
+trailer (errors.abort_shutting_down); the SDK retries what was not answered
+on a new stream, through another gateway.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from tidelog_server.forwarding import failure_of
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
 from tidelog_gateway.config import GatewayConfig
-from tidelog_gateway.errors import abort, error_proto
+from tidelog_gateway.errors import abort, abort_shutting_down, error_proto
 from tidelog_gateway.limits import ByteBudget
 
 log = logging.getLogger("tidelog.gateway.produce")
@@ -177,10 +178,7 @@ class ProduceProxy:
             if failure:
                 await abort(context, failure[0], "producing through the gateway")
             if self._draining.is_set():
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "the gateway is shutting down: send unanswered requests again",
-                )
+                await abort_shutting_down(context, "send unanswered requests again")
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -52,7 +52,7 @@ from tidelog_server.tls import client_options
 
 from tidelog_gateway.cluster_view import ClusterView
 from tidelog_gateway.config import GatewayConfig
-from tidelog_gateway.errors import abort, error_proto
+from tidelog_gateway.errors import abort, abort_shutting_down, error_proto
 from tidelog_gateway.limits import StreamCounter
 from tidelog_gateway.log_servicer import _open_stream
 from tidelog_gateway.records_common import (
@@ -170,9 +170,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
             if failure:
                 await abort(context, failure[0], "producing records")
             if self._draining.is_set():
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE, "the gateway is shutting down: send again"
-                )
+                await abort_shutting_down(context, "send again")
         finally:
             reader.cancel()
             self._streams.release(peer)
@@ -341,10 +339,7 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
             finally:
                 await session.close()
             if self._draining.is_set():
-                await context.abort(
-                    grpc.StatusCode.UNAVAILABLE,
-                    "the gateway is shutting down: consume again from your positions",
-                )
+                await abort_shutting_down(context, "consume again from your positions")
         finally:
             self._streams.release(peer)
 

@@ -62,6 +62,20 @@ def test_error_from_rpc_prefers_the_precise_code_in_trailing_metadata() -> None:
     assert type(errors.error_from_rpc(rpc)) is errors.InvalidTopicError
 
 
+def test_a_stopping_gateway_names_its_code_under_unavailable() -> None:
+    # How a draining gateway ends its Produce and Fetch streams: the SDK's
+    # sender and fetcher take the named code over the bare status.
+    rpc = _FakeRpcError(
+        grpc.StatusCode.UNAVAILABLE,
+        "the gateway is shutting down: fetch again from your positions",
+        ((errors.ERROR_CODE_METADATA_KEY, "NOT_LEADER_OR_FOLLOWER"),),
+    )
+    assert errors.names_error_code(rpc)
+    assert not errors.names_error_code(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "gone"))
+    exc = errors.error_from_rpc(rpc)
+    assert type(exc) is errors.NotLeaderOrFollowerError and exc.retriable
+
+
 def test_error_from_rpc_falls_back_to_the_status() -> None:
     exc = errors.error_from_rpc(_FakeRpcError(grpc.StatusCode.UNAVAILABLE, "down"))
     assert isinstance(exc, errors.BrokerNotAvailableError) and exc.retriable
