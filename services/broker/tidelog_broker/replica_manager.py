@@ -266,6 +266,9 @@ class ReplicaManager:
                 # this replica was reset there or is new): start it at the
                 # batch instead, as Kafka's follower does; the leader's log
                 # start offset (follow_log_start) then hides what is below.
+                # Below our end, and our segments may still hold records
+                # below it: reset_to is crash-safe for that too (a crash
+                # leaves this empty log or the reset one, never those records).
                 partition_log.reset_to(first)
             partition_log.append_replicated(data, batches)
         replication = self._replication.get((topic, partition))

@@ -17,8 +17,15 @@ do to it decides how durably:
   writes it before renaming the segments it drops; open deletes segments
   that lie wholly below it (a retention pass cut short by a crash). A lost
   update is harmless: the first segment's base offset is a lower bound.
-  `reset_to` writes it durably before dropping every segment; open empties
-  a log that lies wholly below it (a reset cut short by a crash).
+  DeleteRecords and `reset_to` write it durably.
+- `reset-offset`: the offset a `PartitionLog.reset_to` in flight restarts
+  the log at, ASCII decimal; present only from the reset's first durable
+  step to its last. Written durably before the reset changes anything, and
+  removed durably once every change is on disk: it is the reset's commit
+  point. An open that finds it finishes the reset (`log_loader`): every
+  segment, snapshot and epoch entry goes, the log is empty at that offset.
+  Unreadable, it refuses the open: the old log and the empty one cannot be
+  told apart.
 - `cleaner-checkpoint`: two offsets, `clean_offset gap_limit`, then, while
   a swap is in flight, one `base-end` pair per cleaned group: the offsets
   [base, end) whose segments the group replaces (`cleaning_swap.py`).
@@ -95,6 +102,32 @@ def write_log_start_offset(directory: Path, offset: int, durable: bool = False) 
         f"{offset}\n".encode("ascii"),
         Durability.DURABLE if durable else Durability.NONE,
     )
+
+
+def read_reset_offset(directory: Path) -> int | None:
+    """The offset a reset in flight restarts the log at, or None when no
+    reset is in flight. Raises OSError when the file cannot be read."""
+    path = directory / files.RESET_OFFSET_FILE
+    try:
+        return int(path.read_text(encoding="ascii").strip())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        # Written durably by rename, so this is damage from outside: neither
+        # keeping the old log nor finishing the reset would be a safe guess.
+        raise OSError(f"{path} unreadable ({exc}): cannot tell whether the log was reset") from exc
+
+
+def write_reset_offset(directory: Path, offset: int) -> None:
+    """Durably: from the moment this returns, open finishes the reset."""
+    write_atomically(directory / files.RESET_OFFSET_FILE, f"{offset}\n".encode("ascii"))
+
+
+def remove_reset_offset(directory: Path) -> None:
+    """Durably, once everything the reset changed is on disk: anything
+    appended afterwards would be dropped by an open that found the file."""
+    (directory / files.RESET_OFFSET_FILE).unlink()
+    fsync_directory(directory)
 
 
 def read_cleaner_checkpoint(directory: Path) -> tuple[int, int, dict[int, int]]:

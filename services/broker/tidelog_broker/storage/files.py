@@ -12,6 +12,7 @@ A broker's data directory holds one directory per partition::
         clean-shutdown                  present only from a clean close to the next open
         log-start-offset                first offset still readable (retention moves it)
         cleaner-checkpoint              compaction's clean offset and gap limit
+        reset-offset                    present only while a reset is in flight
         00000000000000004096.snapshot   idempotent producers' state below that offset
                                         (producer_state.py)
 
@@ -26,8 +27,9 @@ lists segments in offset order. Topic names may contain '-' and '.', so the
 partition is what follows the last '-'.
 
 Besides the names, the few operations on a segment's files as a whole that
-open, retention, reset and the cleaning swap share: delete them, rename them
-`.deleted`, unlink what was renamed.
+open, retention, reset and the cleaning swap share: delete them (one
+segment's, or every segment's), rename them `.deleted`, unlink what was
+renamed.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ RECOVERY_POINT_FILE = "recovery-point"
 CLEAN_SHUTDOWN_FILE = "clean-shutdown"
 LOG_START_OFFSET_FILE = "log-start-offset"
 CLEANER_CHECKPOINT_FILE = "cleaner-checkpoint"
+#: The offset a `PartitionLog.reset_to` in flight restarts the log at (checkpoints.py).
+RESET_OFFSET_FILE = "reset-offset"
 LEADER_EPOCH_CHECKPOINT_FILE = "leader-epoch-checkpoint"
 #: Appended to a segment file's name: renamed away, to be unlinked off the event loop.
 DELETED_SUFFIX = ".deleted"
@@ -121,6 +125,15 @@ def delete_segment_files(directory: Path, base_offset: int) -> None:
     """Unlink a segment's .log and indexes, whichever exist."""
     for suffix in SEGMENT_SUFFIXES:
         segment_path(directory, base_offset, suffix).unlink(missing_ok=True)
+
+
+def delete_every_segment(directory: Path) -> None:
+    """Unlink every segment file in `directory`, committed swaps (`.swap`)
+    included: a reset finished by open keeps nothing of the old log."""
+    for entry in os.scandir(directory):
+        name = entry.name.removesuffix(SWAP_SUFFIX)
+        if parse_segment_file_name(name) is not None:
+            os.unlink(entry.path)
 
 
 def rename_deleted(paths: Sequence[Path]) -> list[Path]:

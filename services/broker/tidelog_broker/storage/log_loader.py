@@ -1,12 +1,15 @@
 """Opening a partition log's directory: finishing what a crash interrupted,
 loading the segments, and recovering those that need it.
 
-`load` first puts the directory in order: leftover temporary, `.deleted` and
-`.cleaned` files are removed, committed swaps of cleaned segments completed
+`load` first puts the directory in order. A `reset_to` cut short (its
+`reset-offset` file is there) is finished: every segment file goes, the log
+start is that offset, and the cleaner checkpoint says nothing above it; the
+epoch history and the producer state go in `PartitionLog.open`, which then
+removes the file. Then leftover temporary, `.deleted` and `.cleaned` files
+are removed, committed swaps of cleaned segments completed
 (`cleaning_swap.complete_interrupted`), index files without a .log removed
-(a crash mid-roll or mid-deletion), segments wholly below the log start
-deleted (a retention pass cut short), and a log wholly below the log start
-emptied there (a `reset_to` cut short).
+(a crash mid-roll or mid-deletion), and segments wholly below the log start
+deleted (a retention pass cut short).
 
 It then loads every segment cheaply (indexes plus a walk of the last few
 batch headers). Unless the `clean-shutdown` marker says the log was closed
@@ -64,7 +67,8 @@ class LoadedLog:
     #: or a later one.
     recovered_from: int | None
     #: A `reset_to` cut short was finished: the log is empty at its start
-    #: offset, and its epoch history and producer state must go too.
+    #: offset; its epoch history and producer state must go too, and then
+    #: the `reset-offset` file (`PartitionLog.open` does both).
     reset: bool
 
 
@@ -78,6 +82,12 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
     recovery_point = checkpoints.read_recovery_point(directory)
     log_start_offset = checkpoints.read_log_start_offset(directory) or 0
     clean_offset, gap_limit, swap_ends = checkpoints.read_cleaner_checkpoint(directory)
+    reset_offset = checkpoints.read_reset_offset(directory)
+    if reset_offset is not None:
+        log_start_offset, clean_offset, gap_limit = _finish_reset(
+            directory, name, reset_offset, clean_offset, gap_limit, swap_ends
+        )
+        swap_ends = {}
     base_offsets = _segment_base_offsets(directory, swap_ends)
     # Segments wholly below the log start: a retention pass was cut short.
     while len(base_offsets) > 1 and base_offsets[1] <= log_start_offset:
@@ -86,17 +96,6 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
         LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
         for base_offset in base_offsets
     ]
-    # The whole log lies below the log start: a `reset_to` was cut short
-    # after it wrote the new start. Finish it: the log is empty there.
-    reset = (
-        bool(segments)
-        and segments[-1].base_offset < log_start_offset
-        and segments[-1].next_offset <= log_start_offset
-    )
-    if reset:
-        for segment in segments:
-            segment.delete()
-        segments = []
     if not segments:
         segments = [LogSegment.create(directory, log_start_offset)]
     # Without a recovery point, every segment is recovered.
@@ -137,8 +136,31 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
         gap_limit=gap_limit,
         directory_dirty=len(kept) < len(segments),
         recovered_from=recovered_from,
-        reset=reset,
+        reset=reset_offset is not None,
     )
+
+
+def _finish_reset(
+    directory: Path,
+    name: str,
+    offset: int,
+    clean_offset: int,
+    gap_limit: int,
+    swap_ends: dict[int, int],
+) -> tuple[int, int, int]:
+    """Finish a `reset_to` cut short: drop every segment file, start the log
+    at `offset`, and lower the cleaner checkpoint to it (nothing above it is
+    clean or gapped any more). Each change is durable before the caller
+    removes the `reset-offset` file. Returns the log start, clean offset and
+    gap limit."""
+    logger.warning("%s: finishing a reset to offset %d cut short by a crash", name, offset)
+    files.delete_every_segment(directory)
+    # Durably, with the deletions above (the directory's fsync).
+    checkpoints.write_log_start_offset(directory, offset, durable=True)
+    if clean_offset > offset or gap_limit > offset or swap_ends:
+        clean_offset, gap_limit = min(clean_offset, offset), min(gap_limit, offset)
+        checkpoints.write_cleaner_checkpoint(directory, clean_offset, gap_limit)
+    return offset, clean_offset, gap_limit
 
 
 def _recover(

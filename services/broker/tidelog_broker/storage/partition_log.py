@@ -4,15 +4,26 @@ compaction round's hand-over.
 
 Its neighbours own the rest of the directory: file names are in `files.py`;
 the small files beside the segments (recovery point, clean-shutdown marker,
-log start offset, cleaner checkpoint) in `checkpoints.py`; opening, crash
-completion and recovery in `log_loader.py`; the crash-safe swap of cleaned
-segments in `cleaning_swap.py`.
+log start offset, cleaner checkpoint, reset offset) in `checkpoints.py`;
+opening, crash completion and recovery in `log_loader.py`; the crash-safe
+swap of cleaned segments in `cleaning_swap.py`.
 
 Retention (`delete_old_segments`, cleanup.policy with delete): whole closed
 segments past retention.ms (their largest timestamp) or beyond retention.bytes
 are dropped from the front, never the active one. They are renamed to
 `.deleted` on the event loop (cheap) and unlinked by the caller in a worker
 thread (`unlink_files`); open removes leftovers.
+
+Truncation (`truncate_to`) cuts the log's end and is durable when it
+returns. Reset (`reset_to`, Kafka's truncateFullyAndStartAt) drops every
+record, the epoch history and the producer state, and restarts the log
+empty at any offset, below, inside or above the old log. Its commit point
+is the `reset-offset` file (`checkpoints`): written durably before
+anything else changes, removed durably after everything else is on disk,
+and finished by any open that finds it. So a crash anywhere in a reset
+leaves the old log whole or an empty one at the new offset; never old
+records under a new log start, nor old epochs or producers beside an
+empty log.
 
 Compaction (`plan_cleaning`, `cleaner.clean` in a worker thread,
 `finish_cleaning`): the cleaner writes each group of cleaned segments as
@@ -200,8 +211,11 @@ class PartitionLog:
         )
         log._directory_dirty = loaded.directory_dirty
         if loaded.reset:
+            # The rest of a reset cut short (`log_loader` did the segments),
+            # durably, and then its commit point can go (see `reset_to`).
             log._forget_history()
             fsync_directory(directory)
+            checkpoints.remove_reset_offset(directory)
         log._rebuild_epoch_history(loaded.recovered_from)
         log.producer_state.rebuild(log._segments, log.log_end_offset)
         log._release_inactive_descriptors()
@@ -792,17 +806,28 @@ class PartitionLog:
         For a follower whose log ends below the leader's log start offset
         (retention deleted what it still needed while it was away): it can
         never fetch those records, so it starts over where the leader's log
-        starts (Kafka's truncateFullyAndStartAt).
+        starts (Kafka's truncateFullyAndStartAt). And for an empty follower
+        log that starts inside the leader's first batch: it restarts at the
+        batch's base offset, below its old end.
 
-        Crash-safe for `offset` >= the old log end (the follower's case): the
-        new log start is written durably first, so a crash part-way leaves a
-        log wholly below it, which `open` empties at `offset`.
+        Crash-safe for any `offset`, below, inside or above the old log: an
+        open after a crash anywhere in here gives the old log unchanged
+        (records, log start, epoch history, producer state) or an empty log
+        at `offset`, never a mix. The `reset-offset` file, written durably
+        before anything else changes, is the commit point: an open that
+        finds it finishes the reset (`log_loader`), whatever else of it
+        reached the disk; it is removed, durably, only once everything else
+        is on disk, before anything can be appended at `offset`.
         """
         if offset < 0:
             raise ValueError(f"cannot reset {self.name} to negative offset {offset}")
         with _storage_errors(f"resetting {self.name} to offset {offset}"):
             directory = self.directory
-            checkpoints.write_log_start_offset(directory, offset, durable=True)
+            # 1. The commit point. Before it nothing has changed; after it,
+            # the steps below may reach the disk in any order and any part.
+            checkpoints.write_reset_offset(directory, offset)
+            # 2. Everything of the old log goes: its history (durably), its
+            # segments; a new, empty segment and new offsets come.
             self._forget_history()
             deleted: list[Path] = []
             for segment in self._segments:
@@ -811,17 +836,27 @@ class PartitionLog:
             self._segments = [LogSegment.create(directory, offset)]
             self._base_offsets = [offset]
             self._segments[0].flush()
-            fsync_directory(directory)
-            self._directory_dirty = False
             self._log_start_offset = offset
-            self._clean_offset = offset
-            # Durably when it goes down (see the module docstring); a crash
-            # before this leaves it above the end, which open lowers.
+            checkpoints.write_log_start_offset(directory, offset, durable=True)
+            # Durably when it goes down (see the module docstring): before
+            # the commit point goes, so before anything is appended above it.
             lowered = offset < self._recovery_point
             self._recovery_point = offset
+            checkpoints.write_recovery_point(directory, offset, durable=lowered)
+            if self._clean_offset > offset or self._gap_limit > offset:
+                # Only a reset below the old end: nothing above it is clean
+                # any more, nor rewritten by the cleaner.
+                self._gap_limit = min(self._gap_limit, offset)
+                checkpoints.write_cleaner_checkpoint(directory, offset, self._gap_limit)
+            self._clean_offset = offset
             self._unflushed_records = 0
             self._first_unflushed_monotonic_ms = None
-            checkpoints.write_recovery_point(directory, offset, durable=lowered)
+            # The renames, the new segment and the snapshot deletions.
+            fsync_directory(directory)
+            self._directory_dirty = False
+            # 3. Done: the commit point goes, before anything is appended at
+            # `offset` (an open that found it would drop that).
+            checkpoints.remove_reset_offset(directory)
         # The renamed files are unreachable now; a failed unlink is retried
         # by the next open.
         unlink_files(deleted)

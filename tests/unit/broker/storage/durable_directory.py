@@ -53,6 +53,11 @@ class DurableDirectory:
         elif path.parent == self.directory and path.is_file():
             self._contents[os.fstat(fd).st_ino] = path.read_bytes()
 
+    @property
+    def names(self) -> set[str]:
+        """The names the directory's last fsync saw."""
+        return set(self._inodes)
+
     def bring_back(self, name: str) -> None:
         """Put under `name` what the disk holds there after a crash that lost
         every write to it not yet made durable: the file the name pointed to

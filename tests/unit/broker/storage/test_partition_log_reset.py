@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tidelog.errors import OffsetOutOfRangeError
+from tidelog.errors import OffsetOutOfRangeError, StorageError
 from tidelog.records import encode_batch
-from tidelog_broker.storage import PartitionLog, files
+from tidelog_broker.storage import PartitionLog, checkpoints, files
 
+from tests.unit.broker.storage.compaction_helpers import clean, put
 from tests.unit.broker.storage.storage_helpers import OpenLog, append, crash, make_batch, read_all
 
 RESET_AT = 1_000
@@ -89,18 +90,59 @@ def test_reset_survives_a_crash(open_log: OpenLog) -> None:
     assert (log.log_start_offset, log.log_end_offset) == (RESET_AT, RESET_AT + 1)
 
 
-def test_a_reset_cut_short_after_the_log_start_is_written_completes_at_open(
+def test_a_reset_cut_short_after_its_commit_point_completes_at_open(
     open_log: OpenLog, log_dir: Path
 ) -> None:
-    # The first step of reset_to: the new log start, durably; then a crash.
+    # The first step of reset_to: the reset offset, durably; then a crash.
     log = _filled_log(open_log)
     log.producer_state.take_snapshot(log.log_end_offset)
-    (log_dir / files.LOG_START_OFFSET_FILE).write_text(f"{RESET_AT}\n", encoding="ascii")
+    checkpoints.write_reset_offset(log_dir, RESET_AT)
     crash(log)
     log = open_log(segment_bytes=400)
     _assert_empty_at(log, RESET_AT)
     assert log.producer_state.snapshot_offsets() == []
+    assert not (log_dir / files.RESET_OFFSET_FILE).exists()
+    assert (log_dir / files.LOG_START_OFFSET_FILE).read_text(encoding="ascii") == f"{RESET_AT}\n"
     assert append(log, make_batch(tag=99))[0] == RESET_AT
+
+
+def test_a_reset_below_the_end_cut_short_completes_at_open(
+    open_log: OpenLog, log_dir: Path
+) -> None:
+    log = _filled_log(open_log)
+    inside = log.segments[1].base_offset + 1
+    checkpoints.write_reset_offset(log_dir, inside)
+    # As if the new log start had reached the disk and nothing else had.
+    (log_dir / files.LOG_START_OFFSET_FILE).write_text(f"{inside}\n", encoding="ascii")
+    crash(log)
+    log = open_log(segment_bytes=400)
+    _assert_empty_at(log, inside)
+    assert _segment_logs(log_dir) == [files.segment_file_name(inside, files.LOG_SUFFIX)]
+
+
+def test_an_unreadable_reset_offset_refuses_the_open(open_log: OpenLog, log_dir: Path) -> None:
+    log = _filled_log(open_log)
+    crash(log)
+    (log_dir / files.RESET_OFFSET_FILE).write_bytes(b"\xff garbage")
+    with pytest.raises(StorageError, match=files.RESET_OFFSET_FILE):
+        open_log(segment_bytes=400)
+
+
+def test_records_deleted_up_to_the_end_keep_their_history_across_a_restart(
+    open_log: OpenLog,
+) -> None:
+    # DeleteRecords (or a follower's follow_log_start) up to the log end
+    # leaves a log wholly below its start; open once took it for a reset
+    # cut short and forgot the epoch history and the producer state.
+    log = _filled_log(open_log)
+    log.delete_records_before(log.log_end_offset)
+    end, epochs = log.log_end_offset, log.leader_epochs.entries
+    producers = log.producer_state.producers
+    log.close()
+    log = open_log(segment_bytes=400)
+    assert (log.log_start_offset, log.log_end_offset) == (end, end)
+    assert log.leader_epochs.entries == epochs
+    assert log.producer_state.producers == producers
 
 
 def test_reset_to_a_negative_offset_is_refused(open_log: OpenLog) -> None:
@@ -109,3 +151,31 @@ def test_reset_to_a_negative_offset_is_refused(open_log: OpenLog) -> None:
     with pytest.raises(ValueError):
         log.reset_to(-1)
     assert log.log_end_offset == end
+
+
+def _compacted_log(open_log: OpenLog) -> PartitionLog:
+    log = open_log(cleanup_policy="compact", segment_bytes=300)
+    for i in range(60):
+        put(log, b"k%d" % (i % 4), b"v%d" % i, timestamp_ms=1_000)
+    assert clean(log) is not None
+    assert log.clean_offset > 20
+    return log
+
+
+@pytest.mark.parametrize("crashed", [False, True])
+def test_a_reset_below_the_clean_offset_lowers_the_cleaner_checkpoint(
+    open_log: OpenLog, log_dir: Path, crashed: bool
+) -> None:
+    # Nothing above the offset is clean or rewritten by the cleaner any more:
+    # a checkpoint left above it would keep the cleaner off the new records
+    # there and let gaps between them pass for compaction's.
+    log = _compacted_log(open_log)
+    if crashed:
+        checkpoints.write_reset_offset(log_dir, 10)
+        crash(log)
+    else:
+        log.reset_to(10)
+        log.close()
+    log = open_log(cleanup_policy="compact", segment_bytes=300)
+    assert (log.log_start_offset, log.log_end_offset, log.clean_offset) == (10, 10, 10)
+    assert checkpoints.read_cleaner_checkpoint(log_dir) == (10, 10, {})
