@@ -126,7 +126,8 @@ def write_reset_offset(directory: Path, offset: int) -> None:
 def remove_reset_offset(directory: Path) -> None:
     """Durably, once everything the reset changed is on disk: anything
     appended afterwards would be dropped by an open that found the file."""
-    (directory / files.RESET_OFFSET_FILE).unlink()
+    # Missing: a reset an older broker cut short, which had no such file.
+    (directory / files.RESET_OFFSET_FILE).unlink(missing_ok=True)
     fsync_directory(directory)
 
 

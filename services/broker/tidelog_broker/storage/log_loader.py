@@ -5,7 +5,9 @@ loading the segments, and recovering those that need it.
 `reset-offset` file is there) is finished: every segment file goes, the log
 start is that offset, and the cleaner checkpoint says nothing above it; the
 epoch history and the producer state go in `PartitionLog.open`, which then
-removes the file. Then leftover temporary, `.deleted` and `.cleaned` files
+removes the file. (A log that ends below its start, with no such file, is
+what an older broker left of a reset cut short: it is finished the same
+way.) Then leftover temporary, `.deleted` and `.cleaned` files
 are removed, committed swaps of cleaned segments completed
 (`cleaning_swap.complete_interrupted`), index files without a .log removed
 (a crash mid-roll or mid-deletion), and segments wholly below the log start
@@ -96,6 +98,25 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
         LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
         for base_offset in base_offsets
     ]
+    # A log ending below its start (a gap between them) can only be what a
+    # broker from before the reset-offset file left of a reset cut short: it
+    # wrote the new start first. Finish that reset too. (A log ending AT its
+    # start is DeleteRecords or retention up to the end, and keeps its
+    # history.)
+    legacy_reset = (
+        reset_offset is None and bool(segments) and segments[-1].next_offset < log_start_offset
+    )
+    if legacy_reset:
+        logger.warning(
+            "%s: the log ends at %d, below its start %d: finishing a reset cut short by a "
+            "crash (written by an older broker)",
+            name,
+            segments[-1].next_offset,
+            log_start_offset,
+        )
+        for segment in segments:
+            segment.delete()
+        segments = []
     if not segments:
         segments = [LogSegment.create(directory, log_start_offset)]
     # Without a recovery point, every segment is recovered.
@@ -136,7 +157,7 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
         gap_limit=gap_limit,
         directory_dirty=len(kept) < len(segments),
         recovered_from=recovered_from,
-        reset=reset_offset is not None,
+        reset=reset_offset is not None or legacy_reset,
     )
 
 

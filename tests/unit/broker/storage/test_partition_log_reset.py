@@ -179,3 +179,18 @@ def test_a_reset_below_the_clean_offset_lowers_the_cleaner_checkpoint(
     log = open_log(cleanup_policy="compact", segment_bytes=300)
     assert (log.log_start_offset, log.log_end_offset, log.clean_offset) == (10, 10, 10)
     assert checkpoints.read_cleaner_checkpoint(log_dir) == (10, 10, {})
+
+
+def test_a_reset_an_older_broker_cut_short_completes_at_open(
+    open_log: OpenLog, log_dir: Path
+) -> None:
+    # A broker from before the reset-offset file wrote the new log start
+    # first, then dropped the segments: a crash between the two left a log
+    # ending below its start, with no reset-offset file.
+    log = _filled_log(open_log)
+    assert log.log_end_offset < RESET_AT
+    log.flush()
+    crash(log)
+    checkpoints.write_log_start_offset(log_dir, RESET_AT, durable=True)
+    assert not (log_dir / files.RESET_OFFSET_FILE).exists()
+    _assert_empty_at(open_log(segment_bytes=400), RESET_AT)
