@@ -30,6 +30,7 @@ from tidelog import (
     TopicPartition,
 )
 from tidelog.errors import MAX_PARTITIONS_METADATA_KEY
+from tidelog.records import encode_batch
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tests.support.cluster import ClusterProcesses
@@ -142,6 +143,64 @@ def test_the_gateway_names_its_limit_when_a_stream_opens_and_when_it_refuses(
         assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert f"limit of {LIMIT} (--max-partitions-per-request)" in ended.value.details()
         assert (MAX_PARTITIONS_METADATA_KEY, str(LIMIT)) in ended.value.trailing_metadata()
+
+
+def test_a_produce_request_over_the_limit_is_refused_whole_and_nothing_after_it_is_read(
+    cluster: ClusterProcesses, limited: GatewayProcess
+) -> None:
+    """What makes sending it again safe: the requests before it are
+    answered, then the stream ends; none of it, nor of what followed it on
+    the stream, is written."""
+    topic = "limited-refused-produce"
+    create(limited, topic)
+    # Every partition's log open (the producer retries until it is).
+    with Producer(cluster.brokers[0].address) as producer:
+        for p in range(PARTITIONS):
+            producer.send(topic, f"warm-{p}".encode(), partition=p)
+        producer.flush()
+
+    def request(correlation_id: int, partitions: range, tag: str) -> log_pb2.ProduceRequest:
+        return log_pb2.ProduceRequest(
+            correlation_id=correlation_id,
+            acks=-1,
+            timeout_ms=30_000,
+            partitions=[
+                log_pb2.PartitionRecords(
+                    topic=topic, partition=p, records=encode_batch([f"{tag}-{p}".encode()])
+                )
+                for p in partitions
+            ],
+        )
+
+    requests = [
+        request(1, range(LIMIT), "before"),
+        request(2, range(LIMIT + 1), "refused"),
+        request(3, range(1), "after"),
+    ]
+    with grpc.insecure_channel(limited.address) as channel:
+        call = log_pb2_grpc.LogStub(channel).Produce(iter(requests), timeout=DEADLINE_S)
+        assert (MAX_PARTITIONS_METADATA_KEY, str(LIMIT)) in call.initial_metadata()
+        answers = []
+        with pytest.raises(grpc.RpcError) as ended:
+            for answer in call:
+                answers.append(answer)
+    assert [a.correlation_id for a in answers] == [1]
+    assert [p.error for p in answers[0].partitions if p.error.code] == []
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        f"names {LIMIT + 1} partitions, over the limit of {LIMIT} (--max-partitions-per-request)"
+        in ended.value.details()
+    )
+    assert (MAX_PARTITIONS_METADATA_KEY, str(LIMIT)) in ended.value.trailing_metadata()
+    with Consumer(
+        bootstrap_servers=cluster.brokers[0].address, auto_offset_reset="earliest"
+    ) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(PARTITIONS)])
+        got = drain(consumer, PARTITIONS + LIMIT)
+    assert {p: [v for _, v in records] for p, records in got.items()} == {
+        p: [f"warm-{p}".encode()] + ([f"before-{p}".encode()] if p < LIMIT else [])
+        for p in range(PARTITIONS)
+    }
 
 
 def test_consumer_places_more_partitions_than_the_limit(
