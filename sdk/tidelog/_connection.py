@@ -11,7 +11,9 @@
   waiting out its whole timeout in silence;
 - the metadata cache: an immutable `MetadataSnapshot` replaced as a whole on
   each refresh, so other threads (the producer's send()) may read it without
-  a lock; refreshes are coalesced (concurrent callers share one RPC).
+  a lock; refreshes are coalesced (concurrent callers share one RPC);
+- what each server said of the partitions one request may name
+  (`partition_limits`, tidelog._partition_limits).
 
 Everything except reading `snapshot` must run on the client's event loop.
 """
@@ -28,6 +30,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tidelog._partition_limits import PartitionLimits
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, CommonConfig
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
@@ -150,6 +153,8 @@ class Cluster:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._options = channel_options(config)
         self.snapshot = MetadataSnapshot()
+        #: What each server said of the partitions one request may name.
+        self.partition_limits = PartitionLimits()
         # Topics the client cares about: a refresh asks for all of them so
         # that one answer updates every user of the cache.
         self._interest: set[str] = set()

@@ -16,12 +16,18 @@
 - placing partitions in their leader's session: the partitions placed at one
   time (a reset round, an assignment, the seeks and resumes of one turn of
   the loop, the partitions a leader change or a dropped stream moved) go in
-  one FetchRequest per session (split at MAX_FETCH_PARTITIONS_PER_REQUEST),
-  each with its own position. One request per partition put 1,200 messages
-  (and as many tasks) on the stream after a reset of 1,200 partitions;
+  one FetchRequest per session, each with its own position, split as it is
+  written into requests of at most MAX_FETCH_PARTITIONS_PER_REQUEST
+  partitions, or of the lower limit the server named
+  (tidelog._partition_limits: a gateway's --max-partitions-per-request; a
+  stream it refused for that limit before the SDK knew it is reopened and
+  its partitions placed again, split). One request per partition put 1,200
+  messages (and as many tasks) on the stream after a reset of 1,200
+  partitions;
 - position resets (auto_offset_reset, seek_to_beginning/end) via ListOffsets,
   gathered as Kafka's consumer gathers them: the resets pending at one time go
-  in one round, one request per leader (split at MAX_LIST_OFFSETS_ENTRIES),
+  in one round, one request per leader (split at MAX_LIST_OFFSETS_ENTRIES, or
+  at the server's lower limit, learned up front or from its refusal),
   and resets asked while a round is under way wait for the next. One call per
   partition instead put thousands of calls on a broker at once: past the
   ~1,000 calls gRPC keeps waiting for a server's loop to take them
@@ -127,6 +133,12 @@ class FetchSession:
         self.closed = False
         self._requests: asyncio.Queue[log_pb2.FetchRequest | None] = asyncio.Queue()
         self._first = True
+        #: The most partitions one request written on the stream named: a
+        #: refusal for the server's limit is told apart by it.
+        self._largest_request = 0
+        #: The stream ended as the server refused a request over its limit:
+        #: its partitions are placed again, in requests within it.
+        self.refused_for_size = False
         # When the stream last sent or received: a response's fetch latency
         # is the wait since then (ConsumerMetrics).
         self._last_event = time.monotonic()
@@ -145,11 +157,18 @@ class FetchSession:
         self._reader = asyncio.ensure_future(self._read_loop())
 
     async def _request_iterator(self) -> AsyncIterator[log_pb2.FetchRequest]:
+        limits = self._fetcher.cluster.partition_limits
         while True:
             request = await self._requests.get()
             if request is None:
                 return
-            yield request
+            # Split as it is written, not as it is queued: the server's limit
+            # may have arrived (the stream's initial metadata) in between.
+            limit = min(MAX_FETCH_PARTITIONS_PER_REQUEST, limits.of(self.address))
+            for piece in _split(request, limit):
+                named = len(piece.positions) + len(piece.remove)
+                self._largest_request = max(self._largest_request, named)
+                yield piece
 
     def send(
         self,
@@ -202,7 +221,12 @@ class FetchSession:
 
     async def _read_loop(self) -> None:
         error: TidelogError | None = None
+        limits = self._fetcher.cluster.partition_limits
         try:
+            # A gateway names its limit before it reads the first request
+            # (tidelog._partition_limits); a broker sends its headers with
+            # its first response, which the loop below waits for anyway.
+            limits.learn(self.address, await self._call.initial_metadata())
             async for response in self._call:
                 now = time.monotonic()
                 self._fetcher.metrics.fetch_latency_ms.record((now - self._last_event) * 1000)
@@ -219,6 +243,16 @@ class FetchSession:
                 if exc.code() == grpc.StatusCode.UNAVAILABLE and not names_error_code(exc)
                 else error_from_rpc(exc, address=self.address)
             )
+            limits.learn_from(self.address, exc)
+            if limits.refused_for_size(self.address, error, self._largest_request):
+                # Refused whole, before any of it was applied, and the stream
+                # with it: its partitions are placed again on a new one.
+                self.refused_for_size = True
+                error = BrokerNotAvailableError(
+                    f"{self.address} refused a fetch request of {self._largest_request} "
+                    f"partitions ({error.message}); placing them again in requests of at "
+                    f"most {limits.of(self.address)}"
+                )
         except asyncio.CancelledError:
             if self.closed:
                 raise
@@ -499,7 +533,7 @@ class Fetcher:
     ) -> None:
         """ListOffsets of `tps` to their leader at `address`, in requests of at
         most MAX_LIST_OFFSETS_ENTRIES: each partition's offset or error."""
-        for piece in in_requests_of(tps, MAX_LIST_OFFSETS_ENTRIES):
+        for piece in in_requests_of(tps, self._list_offsets_size(address)):
             unanswered = BrokerNotAvailableError(f"{address} did not answer for the partition")
             outcomes.update(dict.fromkeys(piece, unanswered))
             try:
@@ -550,9 +584,9 @@ class Fetcher:
 
     def _place_pending(self) -> None:
         """Send the positions of the partitions `_place_soon` was given to
-        their leaders' sessions: one FetchRequest per session (and per
-        MAX_FETCH_PARTITIONS_PER_REQUEST partitions), after one removing
-        those unplaced or moving to another session."""
+        their leaders' sessions: one FetchRequest per session (which the
+        session splits by its server's limit as it writes it), after one
+        removing those unplaced or moving to another session."""
         self._place_scheduled = False
         pending, self._placing = self._placing, {}
         removals, self._removing = self._removing, {}
@@ -578,12 +612,11 @@ class Fetcher:
         # Removals first: a partition leaving a session stops being read
         # there before its new session reads it, and a partition paused
         # and resumed (unassigned and assigned) meanwhile is read again.
+        # Each session splits what it writes by its server's limit.
         for session, tps in removals.items():
-            for piece in in_requests_of(tps, MAX_FETCH_PARTITIONS_PER_REQUEST):
-                session.send(remove=piece)
+            session.send(remove=tps)
         for session, entries in positions.items():
-            for chunk in in_requests_of(entries, MAX_FETCH_PARTITIONS_PER_REQUEST):
-                session.send(positions=chunk)
+            session.send(positions=entries)
         if leaderless:
             self._spawn(self._place_when_led(leaderless))
 
@@ -714,6 +747,16 @@ class Fetcher:
             del self._sessions[session.address]
         if self._closed:
             return
+        if session.refused_for_size:
+            # Expected once per stream a gateway with a lower limit refused
+            # before its limit was known: not an outage.
+            log.info("%s", error.message)
+            orphans = [part for part in self._partitions.values() if part.session is session]
+            for part in orphans:
+                part.session = None
+            if orphans:
+                self._spawn(self._place_later(orphans, grow=False))
+            return
         if _refused_for_good(error):
             # Reconnecting cannot help (until an operator grants access, or
             # the broker has room for the stream): poll() raises it, for
@@ -792,7 +835,7 @@ class Fetcher:
                 raise BrokerNotAvailableError(f"no leader for {tp.topic}-{tp.partition}")
             by_address.setdefault(address, []).append(tp)
         for address, tps in by_address.items():
-            for piece in in_requests_of(tps, MAX_LIST_OFFSETS_ENTRIES):
+            for piece in in_requests_of(tps, self._list_offsets_size(address)):
                 await self._list_offsets_of(address, piece, query, out)
 
     async def _list_offsets_of(
@@ -814,12 +857,21 @@ class Fetcher:
                 result.timestamp_ms,
             )
 
+    def _list_offsets_size(self, address: str) -> int:
+        """The most entries one ListOffsets to `address` may have: the
+        brokers' MAX_LIST_OFFSETS_ENTRIES, or the server's own lower limit
+        (tidelog._partition_limits)."""
+        return min(MAX_LIST_OFFSETS_ENTRIES, self.cluster.partition_limits.of(address))
+
     async def _ask_list_offsets(
         self, address: str, entries: Sequence[tuple[TopicPartition, int]]
     ) -> log_pb2.ListOffsetsResponse:
-        """One ListOffsets of (tp, timestamp) entries to the broker at
-        `address`. A call the server cancelled raises a retriable
-        BrokerNotAvailableError saying so (error_from_rpc)."""
+        """ListOffsets of (tp, timestamp) entries to the broker at `address`:
+        one call, or several when the server refuses the entries for its
+        limit on partitions per request (a gateway's; then the later calls
+        are split by it at once), answered as one. A call the server
+        cancelled raises a retriable BrokerNotAvailableError saying so
+        (error_from_rpc)."""
         request = log_pb2.ListOffsetsRequest(
             partitions=[
                 log_pb2.ListOffsetsPartition(
@@ -833,8 +885,37 @@ class Fetcher:
                 address
             ).ListOffsets(request, timeout=self._timeout_s)
         except grpc.aio.AioRpcError as exc:
-            raise error_from_rpc(exc, address=address) from exc
+            error = error_from_rpc(exc, address=address)
+            limits = self.cluster.partition_limits
+            limits.learn_from(address, exc)
+            if not limits.refused_for_size(address, error, len(entries)):
+                raise error from exc
+            # A read: asked again in pieces within the limit; each piece is
+            # smaller than this call, so this ends.
+            response = log_pb2.ListOffsetsResponse()
+            for piece in in_requests_of(entries, limits.of(address)):
+                answer = await self._ask_list_offsets(address, piece)
+                response.partitions.extend(answer.partitions)
         return response
+
+
+def _split(request: log_pb2.FetchRequest, limit: int) -> list[log_pb2.FetchRequest]:
+    """`request` as requests of at most `limit` partitions (positions and
+    removals): its removals, then its positions, in order; the first one
+    carries its credit and settings."""
+    if len(request.positions) + len(request.remove) <= limit:
+        return [request]
+    pieces = [log_pb2.FetchRequest(remove=piece) for piece in in_requests_of(request.remove, limit)]
+    pieces += [
+        log_pb2.FetchRequest(positions=piece) for piece in in_requests_of(request.positions, limit)
+    ]
+    first = pieces[0]
+    first.credit_bytes = request.credit_bytes
+    first.max_bytes = request.max_bytes
+    first.min_bytes = request.min_bytes
+    first.max_wait_ms = request.max_wait_ms
+    first.max_answers_per_message = request.max_answers_per_message
+    return pieces
 
 
 def _refused_for_good(error: TidelogError) -> bool:

@@ -4,7 +4,12 @@ One `Sender` task per producer, on the producer's event loop. It:
 
 - drains batches that are ready (full, lingered, flushed, or due for retry),
   encodes them (`records.encode_batch`, compressed once), groups them by
-  leader, and packs them into ProduceRequests of at most max_request_size;
+  leader, and packs them into ProduceRequests of at most max_request_size
+  and of at most as many partitions as the server takes in one request
+  (tidelog._partition_limits: MAX_FETCH_PARTITIONS_PER_REQUEST, or a
+  gateway's lower --max-partitions-per-request, which it names when the
+  stream opens; a request it refused for that limit before the SDK knew it
+  was not written, and is sent again, split);
 - keeps one `ProduceStream` (a bidi Produce call) per broker address and
   pipelines up to max_in_flight_requests requests on it, matching answers by
   correlation_id (the broker answers in order); requests go out as bytes
@@ -94,6 +99,7 @@ class ProduceStream:
         self.address = address
         self._sender = sender
         self._config = config
+        self._limits = cluster.partition_limits
         self._call = open_stream(cluster.channel(address))
         self._inflight: deque[_InFlight] = deque()
         self._slots = asyncio.Semaphore(config.max_in_flight_requests)
@@ -164,13 +170,20 @@ class ProduceStream:
                 # request holds one record).
                 async with asyncio.timeout(None) as overdue:
                     self._watch_oldest(overdue, timeout_s)
+                    # A gateway names its limit on partitions per request
+                    # before it reads the first request
+                    # (tidelog._partition_limits); a broker sends its headers
+                    # with its first answer, which this loop waits for anyway
+                    # (the watchdog runs meanwhile). Requests are packed by
+                    # it from then on.
+                    self._limits.learn(self.address, await self._call.initial_metadata())
                     error = await self._read_answers()
             except TimeoutError:
                 error = RequestTimedOutError(
                     f"no produce answer from {self.address} in {timeout_s:.1f} s"
                 )
         except grpc.aio.AioRpcError as exc:
-            error = _stream_error(exc, self.address)
+            error = self._refusal_error(exc)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._closed or (task is not None and task.cancelling()):
@@ -189,6 +202,34 @@ class ProduceStream:
             for entry in failed:
                 self._slots.release()
                 self._sender.on_request_failed(entry, error or ClosedError("stream closed"))
+
+    def _refusal_error(self, exc: grpc.aio.AioRpcError) -> TidelogError:
+        """The error to fail the requests in flight with when the stream
+        ended with `exc`. A refusal of a request over the server's limit on
+        partitions per request (a gateway's, named in the refusal or in the
+        stream's initial metadata) is retriable: the gateway refused it
+        whole before forwarding any of it, answered the requests before it
+        and read none after it, so none of those in flight was written, and
+        their batches are sent again (idempotently, with their sequence
+        numbers) in requests packed within the limit."""
+        error = _stream_error(exc, self.address)
+        self._limits.learn_from(self.address, exc)
+        largest = max((len(entry.batches) for entry in self._inflight), default=0)
+        if not self._limits.refused_for_size(self.address, error, largest):
+            return error
+        log.info(
+            "%s refused a produce request of %d partitions (%s); sending again in requests "
+            "of at most %d",
+            self.address,
+            largest,
+            error.message,
+            self._limits.of(self.address),
+        )
+        return BrokerNotAvailableError(
+            f"{self.address} refused a produce request of {largest} partitions "
+            f"({error.message}); sending it again in requests of at most "
+            f"{self._limits.of(self.address)} partitions"
+        )
 
     def _watch_oldest(self, overdue: asyncio.Timeout, timeout_s: float) -> None:
         """Start a timer (`self._watchdog`) that fires `overdue` once the
@@ -394,14 +435,17 @@ class Sender:
                 stream = self._streams[address] = ProduceStream(
                     self, self._cluster, address, self._config
                 )
-            for partitions, entry in self._requests(batches):
+            limit = self._cluster.partition_limits.of(address)
+            for partitions, entry in self._requests(batches, limit):
                 await stream.send(partitions, entry)
 
     def _requests(
-        self, batches: list[ProducerBatch]
+        self, batches: list[ProducerBatch], max_partitions: int
     ) -> list[tuple[list[PartitionBatches], _InFlight]]:
-        """Pack batches into requests of at most max_request_size bytes: each
-        request's partitions with their encoded batches, and its entry."""
+        """Pack batches into requests of at most max_request_size bytes and
+        `max_partitions` partitions (what the server takes in one request,
+        tidelog._partition_limits): each request's partitions with their
+        encoded batches, and its entry."""
         out: list[tuple[list[PartitionBatches], _InFlight]] = []
         limit = self._config.max_request_size
         codec = self._codec
@@ -433,7 +477,11 @@ class Sender:
                 )
                 continue
             key = (batch.topic, batch.partition)
-            if current and (current_bytes + size > limit or (one_per_partition and key in current)):
+            if current and (
+                current_bytes + size > limit
+                or (one_per_partition and key in current)
+                or (key not in current and len(current) >= max_partitions)
+            ):
                 finish()
                 current = {}
                 current_bytes = 0

@@ -237,6 +237,19 @@ class InvalidRequestError(TidelogError):
     grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
+class PartitionsPerRequestError(InvalidRequestError):
+    """A request names more partitions than the server takes in one (the
+    gateway's --max-partitions-per-request). `limit` is that number; a
+    server refusing with it also names it, as digits, in the trailing
+    metadata key MAX_PARTITIONS_METADATA_KEY, so that a client can split
+    the request and send it again (the SDK does). Decodes, on the client,
+    to InvalidRequestError: the message and the key say the rest."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class CommitFailedError(TidelogError):
     """An offset commit was refused because this consumer is no longer a
     member of the group's current generation: it was fenced (its session
@@ -475,6 +488,12 @@ _BY_STATUS: dict[grpc.StatusCode, type[TidelogError]] = {
 
 # Metadata key in which a service names the precise ErrorCode of a failed call.
 ERROR_CODE_METADATA_KEY = "tidelog-error-code"
+
+#: Metadata key in which the gateway names its --max-partitions-per-request:
+#: in the initial metadata of each Produce and Fetch stream it accepts, and in
+#: the trailing metadata of a refusal for it (PartitionsPerRequestError).
+#: tidelog._partition_limits reads it.
+MAX_PARTITIONS_METADATA_KEY = "tidelog-max-partitions-per-request"
 
 
 def error_class_for_code(code_name: str) -> type[TidelogError]:

@@ -41,7 +41,8 @@ MAX_LIST_OFFSETS_ENTRIES = 1000
 #: names. A broker sets no such limit; the gateway's default
 #: --max-partitions-per-request is this, and the SDK puts the partitions it
 #: places in a session at one time (after a reset, an assignment, a leader
-#: change) in requests of at most this many.
+#: change), and those of one produce request, in requests of at most this
+#: many, or of the lower limit a server names (tidelog._partition_limits).
 MAX_FETCH_PARTITIONS_PER_REQUEST = 10_000
 #: Distinct timestamps (timestamp_ms >= 0) one ListOffsets request may look
 #: up in one partition: each reads and checks a batch of it (up to

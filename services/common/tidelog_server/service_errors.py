@@ -9,7 +9,9 @@ side, in two shapes:
   rest;
 - whole-call errors (a malformed request) end the call with the error's gRPC
   status, its message, and the precise ErrorCode in the trailing metadata key
-  `tidelog-error-code`, which the SDK turns back into the same exception.
+  `tidelog-error-code`, which the SDK turns back into the same exception (a
+  PartitionsPerRequestError also names its limit, in the key
+  `tidelog-max-partitions-per-request`).
 
 An exception that is not a TidelogError (and that the service's `translate`
 hook does not recognise) is a bug: it is logged with its traceback, reported
@@ -23,7 +25,13 @@ from collections.abc import Callable
 from typing import NoReturn
 
 import grpc
-from tidelog.errors import ERROR_CODE_METADATA_KEY, TidelogError, UnknownServerError
+from tidelog.errors import (
+    ERROR_CODE_METADATA_KEY,
+    MAX_PARTITIONS_METADATA_KEY,
+    PartitionsPerRequestError,
+    TidelogError,
+    UnknownServerError,
+)
 from tidelog.v1 import common_pb2
 
 #: A service's own translation of foreign exceptions (e.g. an etcd outage),
@@ -62,9 +70,10 @@ class ErrorMapper:
     ) -> NoReturn:
         """End the call with the gRPC status of `exc`."""
         error = self.as_tidelog_error(exc, what)
-        await context.abort(
-            error.grpc_status,
-            error.message,
-            trailing_metadata=((ERROR_CODE_METADATA_KEY, error.code_name),),
-        )
+        trailing: tuple[tuple[str, str], ...] = ((ERROR_CODE_METADATA_KEY, error.code_name),)
+        if isinstance(error, PartitionsPerRequestError):
+            # The limit, for a client to split the request by (in words too,
+            # in the message, for a person).
+            trailing += ((MAX_PARTITIONS_METADATA_KEY, str(error.limit)),)
+        await context.abort(error.grpc_status, error.message, trailing_metadata=trailing)
         raise AssertionError("context.abort returns only by raising")  # pragma: no cover

@@ -32,11 +32,15 @@ class GatewayConfig:
     max_streams_per_connection: int = 512
     #: Streaming calls open on the whole gateway.
     max_streams: int = 4096
-    #: Partitions named in one request (Produce, ListOffsets, one Fetch request).
-    #: ListOffsets is also held to the brokers' MAX_LIST_OFFSETS_ENTRIES
-    #: (tidelog.request_limits), whichever is lower. The SDK places a Fetch
-    #: stream's partitions in requests of up to MAX_FETCH_PARTITIONS_PER_REQUEST
-    #: (10,000): a lower value here refuses a consumer placing more at once.
+    #: Partitions named in one request (Produce, ListOffsets, one Fetch request;
+    #: topics in one Metadata request). ListOffsets is also held to the
+    #: brokers' MAX_LIST_OFFSETS_ENTRIES (tidelog.request_limits), whichever is
+    #: lower. Named to clients (tidelog.errors.MAX_PARTITIONS_METADATA_KEY) in
+    #: each Produce and Fetch stream's initial metadata and in a refusal's
+    #: trailing metadata; the SDK splits its requests by it
+    #: (tidelog._partition_limits), so a value below the SDK's own
+    #: MAX_FETCH_PARTITIONS_PER_REQUEST (10,000) costs a client at most one
+    #: refused request, sent again split.
     max_partitions_per_request: int = 10_000
     #: Partitions one Fetch stream may read at once.
     max_partitions_per_fetch: int = 10_000

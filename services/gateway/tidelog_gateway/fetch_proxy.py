@@ -37,6 +37,13 @@ apply per broker, and so does `max_answers_per_message`: a broker's message
 of several answers reaches the client as it came (its answers in order, a
 partition's positions advanced answer by answer).
 
+A request naming more partitions (positions and removals) than
+--max-partitions-per-request is refused whole, before any of it is applied:
+the stream ends INVALID_ARGUMENT naming the limit, in words and in the
+trailing metadata key `tidelog-max-partitions-per-request` (which the
+stream's initial metadata also carries, log_servicer); the SDK places its
+partitions again, on a new stream, in requests within it.
+
 Drain (SIGTERM): the stream ends with UNAVAILABLE and NOT_LEADER_OR_FOLLOWER
 in the trailer (log_servicer, errors.abort_shutting_down); the client
 reconnects (to another gateway) and resumes from its positions.
@@ -54,7 +61,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 import grpc
 import grpc.aio
 from tidelog.config import MAX_FETCH_ANSWERS_PER_MESSAGE
-from tidelog.errors import InvalidRequestError, NotLeaderOrFollowerError, TidelogError
+from tidelog.errors import (
+    InvalidRequestError,
+    NotLeaderOrFollowerError,
+    PartitionsPerRequestError,
+    TidelogError,
+)
 from tidelog.request_limits import check_fetch_positions
 from tidelog.v1 import common_pb2, log_pb2
 from tidelog_server.forwarding import failure_of
@@ -209,7 +221,10 @@ class FetchProxy:
         self._wake.set()
 
     def apply(self, request: log_pb2.FetchRequest) -> None:
-        """Take in one client request. Raises InvalidRequestError."""
+        """Take in one client request. Raises InvalidRequestError, which
+        ends the stream; a request over --max-partitions-per-request
+        (PartitionsPerRequestError, naming it) or with a bad field is
+        refused before any of it is applied."""
         config = self._config
         if request.credit_bytes < 0:
             raise InvalidRequestError(f"credit_bytes must be >= 0, got {request.credit_bytes}")
@@ -230,9 +245,10 @@ class FetchProxy:
             )
         named = len(request.positions) + len(request.remove)
         if named > config.max_partitions_per_request:
-            raise InvalidRequestError(
+            raise PartitionsPerRequestError(
                 f"a fetch request names {named} partitions, over the limit of "
-                f"{config.max_partitions_per_request} (--max-partitions-per-request)"
+                f"{config.max_partitions_per_request} (--max-partitions-per-request)",
+                config.max_partitions_per_request,
             )
         if self._client_credit + request.credit_bytes > config.fetch_max_credit_bytes:
             raise InvalidRequestError(

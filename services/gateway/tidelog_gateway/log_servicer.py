@@ -1,7 +1,10 @@
 """`tidelog.v1.Log` for every partition of the cluster.
 
 - Produce and Fetch: one proxy per client stream (produce_proxy,
-  fetch_proxy), counted against the stream limits;
+  fetch_proxy), counted against the stream limits; each stream's initial
+  metadata names --max-partitions-per-request
+  (`tidelog-max-partitions-per-request`), sent before its first request is
+  read, so that clients split their requests by it;
 - ListOffsets: split by leader, asked of each, answered in request order;
   a partition that cannot be routed gets its typed error; one whose leader
   gave no answer (dropped the call, unavailable, past the deadline) gets
@@ -33,7 +36,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import InvalidRequestError, TidelogError
+from tidelog.errors import MAX_PARTITIONS_METADATA_KEY, PartitionsPerRequestError, TidelogError
 from tidelog.request_limits import check_list_offsets_entries, distinct
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
@@ -82,6 +85,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
     ) -> AsyncIterator[log_pb2.ProduceResponse]:
         peer = await _open_stream(self._streams, request_iterator, context)
         try:
+            await self._advertise_limit(context)
             proxy = ProduceProxy(
                 self._view, self._channels, self._config, self._produce_budget, self._draining
             )
@@ -98,6 +102,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
     ) -> AsyncIterator[log_pb2.FetchResponse]:
         peer = await _open_stream(self._streams, request_iterator, context)
         try:
+            await self._advertise_limit(context)
             proxy = FetchProxy(
                 self._view,
                 self._channels,
@@ -117,6 +122,17 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         finally:
             self._streams.release(peer)
 
+    async def _advertise_limit(self, context: grpc.aio.ServicerContext) -> None:
+        """Name --max-partitions-per-request in the stream's initial metadata,
+        sent now, before any request is read: the client learns it while its
+        first request is on the way and splits the next ones by it, with no
+        round trip of its own (tidelog._partition_limits). A client that
+        sent more at once before it knew is refused whole and told the limit
+        again (PartitionsPerRequestError)."""
+        await context.send_initial_metadata(
+            ((MAX_PARTITIONS_METADATA_KEY, str(self._config.max_partitions_per_request)),)
+        )
+
     async def ListOffsets(
         self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
     ) -> log_pb2.ListOffsetsResponse:
@@ -124,9 +140,10 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         if len(request.partitions) > limit:
             await abort(
                 context,
-                InvalidRequestError(
+                PartitionsPerRequestError(
                     f"ListOffsets names {len(request.partitions)} partitions, over the limit "
-                    f"of {limit} (--max-partitions-per-request)"
+                    f"of {limit} (--max-partitions-per-request)",
+                    limit,
                 ),
                 "listing offsets",
             )
@@ -180,9 +197,10 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         if len(request.topics) > self._config.max_partitions_per_request:
             await abort(
                 context,
-                InvalidRequestError(
+                PartitionsPerRequestError(
                     f"Metadata names {len(request.topics)} topics, over the limit of "
-                    f"{self._config.max_partitions_per_request} (--max-partitions-per-request)"
+                    f"{self._config.max_partitions_per_request} (--max-partitions-per-request)",
+                    self._config.max_partitions_per_request,
                 ),
                 "describing topics",
             )

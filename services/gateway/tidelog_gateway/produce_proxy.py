@@ -28,6 +28,14 @@ has been handed to the brokers' streams, and its record bytes count against
 the gateway-wide produce budget until then; at most `max_pending_produce`
 answers may be owed (then it stops reading, which pushes back on the client).
 
+A request naming more partitions than --max-partitions-per-request is
+refused before any of it is forwarded: the stream answers the requests
+before it, then ends INVALID_ARGUMENT naming the limit, in words and in the
+trailing metadata key `tidelog-max-partitions-per-request` (which the
+stream's initial metadata also carries, log_servicer); the requests after
+it are not read. None of the refused request is written, so the SDK sends
+it (and those after it) again in requests within the limit.
+
 Drain (SIGTERM): the stream stops reading requests, answers every request it
 has forwarded, then ends with UNAVAILABLE and NOT_LEADER_OR_FOLLOWER in the
 trailer (errors.abort_shutting_down); the SDK retries what was not answered
@@ -46,7 +54,12 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import InvalidRequestError, NotLeaderOrFollowerError, TidelogError
+from tidelog.errors import (
+    InvalidRequestError,
+    NotLeaderOrFollowerError,
+    PartitionsPerRequestError,
+    TidelogError,
+)
 from tidelog.v1 import log_pb2
 from tidelog_server.forwarding import failure_of
 
@@ -234,9 +247,12 @@ class ProduceProxy:
             raise InvalidRequestError(f"acks must be -1 (all), 0 or 1, got {request.acks}")
         limit = self._config.max_partitions_per_request
         if len(request.partitions) > limit:
-            raise InvalidRequestError(
+            # Before any of it is routed: refused whole, so the client may
+            # split it and send it again without writing anything twice.
+            raise PartitionsPerRequestError(
                 f"a produce request names {len(request.partitions)} partitions, over the "
-                f"limit of {limit} (--max-partitions-per-request): split it"
+                f"limit of {limit} (--max-partitions-per-request): split it",
+                limit,
             )
         if request.timeout_ms < 0:
             raise InvalidRequestError(f"timeout_ms must be >= 0, got {request.timeout_ms}")

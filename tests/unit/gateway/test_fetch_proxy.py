@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from tidelog.errors import InvalidRequestError
+from tidelog.errors import InvalidRequestError, PartitionsPerRequestError
 from tidelog.v1 import common_pb2, log_pb2
 from tidelog_gateway import fetch_proxy
 from tidelog_gateway.config import GatewayConfig
@@ -366,5 +366,52 @@ def test_the_partitions_of_one_request_reach_their_broker_in_one_request() -> No
         assert len(removing) == 1
         assert [tp.partition for tp in removing[0].remove] == list(range(1200))
         await client.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_over_the_partition_limit_is_refused_before_any_of_it_is_applied() -> None:
+    """Refused whole, naming the limit (in words, and as `limit` for the
+    trailing metadata): nothing of it reaches a broker and the positions
+    stay as they were, so the client may place the partitions again, split
+    (tidelog._partition_limits)."""
+
+    async def scenario() -> None:
+        brokers = Brokers()
+        proxy = FetchProxy(
+            brokers,  # type: ignore[arg-type]
+            brokers,  # type: ignore[arg-type]
+            GatewayConfig(max_partitions_per_request=3),
+            FetchBudget(1 << 30, 1 << 30),
+            "peer",
+            asyncio.Event(),
+        )
+        client = Client(proxy)
+        client.grant(1000, 0, 1)
+        await settle()
+        sent = {address: [list(c.sent) for c in calls] for address, calls in brokers.calls.items()}
+        # One removal and three positions: four partitions named.
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(
+                remove=[common_pb2.TopicPartition(topic=TOPIC, partition=0)],
+                positions=[
+                    log_pb2.FetchPosition(topic=TOPIC, partition=p, fetch_offset=5)
+                    for p in (1, 2, 3)
+                ],
+                credit_bytes=1000,
+                max_bytes=77,
+            )
+        )
+        with pytest.raises(PartitionsPerRequestError) as refused:
+            await asyncio.wait_for(client._reader, 10)
+        assert refused.value.limit == 3
+        assert "names 4 partitions, over the limit of 3 (--max-partitions-per-request)" in str(
+            refused.value
+        )
+        # Nothing of it applied: no broker got a request it did not have
+        # before (broker 2 and 3 not even a stream), no position moved.
+        assert {a: [list(c.sent) for c in calls] for a, calls in brokers.calls.items()} == sent
+        assert proxy._positions == {(TOPIC, 0): 0, (TOPIC, 1): 0}
+        assert proxy._max_bytes == 0
 
     asyncio.run(scenario())
