@@ -44,6 +44,7 @@ from tidelog.errors import (
     is_unanswered,
 )
 from tidelog.names import validate_topic_name
+from tidelog.request_limits import in_requests_of
 from tidelog.v1 import admin_pb2_grpc, cluster_pb2_grpc, log_pb2, log_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -258,15 +259,13 @@ class Cluster:
             waiter.exception()
 
     async def _refresh_once(self) -> MetadataSnapshot:
-        request = log_pb2.MetadataRequest(
-            topics=sorted(self._interest), allow_auto_topic_creation=self._auto_create
-        )
+        topics = sorted(self._interest)
         timeout_s = self._config.request_timeout_ms / 1000
         last_error: Exception | None = None
         reached = False
         for address in self.any_address():
             try:
-                response = await self.log_stub(address).Metadata(request, timeout=timeout_s)
+                response = await self._metadata_of(address, topics, timeout_s)
             except grpc.aio.AioRpcError as exc:
                 last_error = error_from_rpc(exc, address=address)
                 if is_unanswered(exc):
@@ -287,6 +286,38 @@ class Cluster:
         raise BrokerNotAvailableError(
             f"no broker answered Metadata at {', '.join(self.any_address())}: {last_error}"
         )
+
+    async def _metadata_of(
+        self, address: str, topics: Sequence[str], timeout_s: float
+    ) -> log_pb2.MetadataResponse:
+        """Metadata of `topics` from the server at `address`, as one answer:
+        one call, or several when the server takes fewer topics in one (a
+        gateway's --max-partitions-per-request, tidelog._partition_limits,
+        learned up front or from its refusal of a larger call, which is then
+        asked again in pieces; each is smaller, so this ends). Raises the
+        call's AioRpcError otherwise."""
+        limits = self.partition_limits
+        merged: log_pb2.MetadataResponse | None = None
+        # No topics is one call too (the brokers' list).
+        for piece in in_requests_of(topics, limits.of(address)) if topics else [topics]:
+            request = log_pb2.MetadataRequest(
+                topics=piece, allow_auto_topic_creation=self._auto_create
+            )
+            try:
+                answer = await self.log_stub(address).Metadata(request, timeout=timeout_s)
+            except grpc.aio.AioRpcError as exc:
+                limits.learn_from(address, exc)
+                if not limits.refused_for_size(
+                    address, error_from_rpc(exc, address=address), len(piece)
+                ):
+                    raise
+                answer = await self._metadata_of(address, piece, timeout_s)
+            if merged is None:
+                merged = answer
+            else:
+                merged.topics.extend(answer.topics)
+        assert merged is not None
+        return merged
 
     def _snapshot_from(
         self, response: log_pb2.MetadataResponse, answered_by: str

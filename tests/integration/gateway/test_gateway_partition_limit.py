@@ -302,3 +302,27 @@ def test_async_producer_sends_more_ready_partitions_than_the_limit(
 
     assert asyncio.run(produce()) == [[i] * PARTITIONS for i in range(RECORDS)]
     assert stored(cluster, topic) == expected()
+
+
+def test_a_consumer_of_more_topics_than_the_limit_reads_them_all(
+    cluster: ClusterProcesses, limited: GatewayProcess
+) -> None:
+    """The gateway takes at most LIMIT topics in one Metadata request too: the
+    SDK's refresh of every topic it follows is asked in pieces (before, the
+    refusal reached the application as InvalidRequestError)."""
+    topics = [f"limited-many-{i:03d}" for i in range(LIMIT + 10)]
+    with AdminClient(cluster.brokers[0].address) as admin:
+        admin.create_topics([NewTopic(t, 1, 1) for t in topics])
+    with Producer(cluster.brokers[0].address) as producer:
+        futures = [producer.send(t, t.encode(), partition=0) for t in topics]
+        producer.flush()
+        for future in futures:
+            future.get(timeout=DEADLINE_S)
+    with Consumer(bootstrap_servers=limited.address, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(t, 0) for t in topics])
+        got: dict[str, list[bytes]] = {}
+        deadline = time.monotonic() + DEADLINE_S
+        while sum(map(len, got.values())) < len(topics) and time.monotonic() < deadline:
+            for tp, records in consumer.poll(timeout_ms=500).items():
+                got.setdefault(tp.topic, []).extend(r.value for r in records)
+    assert got == {t: [t.encode()] for t in topics}
