@@ -231,9 +231,17 @@ class LoopThread:
         return self._closed
 
     def call_soon(self, fn: Callable[..., object], *args: object) -> None:
-        """Schedule `fn(*args)` on the loop without waiting."""
-        if not self._closed:
+        """Schedule `fn(*args)` on the loop without waiting; dropped once
+        the loop is closed."""
+        if self._closed:
+            return
+        try:
             self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            # stop() from another thread, between the check above and here,
+            # closed the loop ("Event loop is closed"): dropped, as after it.
+            if not self._loop.is_closed():
+                raise
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the loop and join the thread (after a lender gives it back).

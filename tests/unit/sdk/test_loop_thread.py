@@ -63,6 +63,20 @@ def test_a_private_handle_has_a_thread_of_its_own() -> None:
     assert not private.thread._thread.is_alive()
 
 
+def test_call_soon_racing_stop_is_dropped_not_raised() -> None:
+    """A wake-up scheduled from another thread (send(), a credit grant) just
+    as the client closes: it saw the loop open, then stop() closed it. It is
+    dropped, as one made after close, rather than raise "Event loop is
+    closed" in the application's thread."""
+    thread = client_loop("tidelog-race", shared=False).thread
+    thread.stop()
+    assert thread.loop.is_closed()
+    thread._closed = False  # the state call_soon saw before stop() ran
+    ran: list[int] = []
+    thread.call_soon(ran.append, 1)
+    assert ran == []
+
+
 async def _blocking_run_refusal(handle: LoopHandle) -> str:
     """What a blocking `handle.run()` made on the loop (as from a callback)
     raises: it must refuse rather than deadlock."""
