@@ -22,8 +22,9 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   appears or goes, reconciles that topic; a fresh listing, every topic;
 - as leader, ISR changes the PartitionManager proposes: written to the state
   key in a transaction that compares its mod revision and its value (so its
-  leader and leader epoch): a deposed leader's write fails, and the watch
-  then tells it who leads. A replica joining the ISR must also still hold
+  leader and leader epoch) with the state the change was computed from: a
+  deposed leader's write fails, and the watch then tells it who leads; so
+  does a change computed before the watch applied the latest state. A replica joining the ISR must also still hold
   the registration its fetches were bound to (its key's create revision), so
   a broker whose lease expired meanwhile does not join;
 - which brokers and coordinators are live, which topics and partition
@@ -734,17 +735,25 @@ class ClusterLink:
 
     async def write_isr(self, replication: PartitionReplication, isr: list[int]) -> bool:
         """As leader: write a new ISR, fenced by the state key's mod revision
-        and value (leader, leader epoch), as last seen by the watch. True
-        when written, or perhaps written (the transaction failed after the
-        state moved on): the proposal then stands until the watch brings a
-        state newer than the one written against (replica_state). False
-        only when surely not written."""
+        and value (leader, leader epoch) as they were when the change was
+        proposed (the state set_role had applied then; a state the watch
+        brought since refuses the write). True when written, or perhaps
+        written (the transaction failed after the state moved on): the
+        proposal then stands until the watch brings a state newer than the
+        one written against (replica_state). False only when surely not
+        written."""
         topic = self.view.topics.get(replication.topic)
         known = None if topic is None else self.view.state(topic, replication.partition)
         if (
             known is None
             or known.leader != self.broker.broker_id
             or known.leader_epoch != replication.leader_epoch
+            # Only against the state the proposal was computed from: the
+            # view may be ahead of what set_role applied (the watch awaits
+            # between the two), and a proposal from an older ISR would undo
+            # what changed since, such as the controller removing a replica
+            # that restarted with a torn log (replica_state's module doc).
+            or known.mod_revision != replication.proposal_base_revision
             or not self.lease_valid()
         ):
             return False
@@ -774,9 +783,6 @@ class ClusterLink:
             # A newer state ended the proposal meanwhile; the next one, even
             # with an equal ISR, is its own writer's to write.
             return False
-        # Written against `known`: states up to it (set_role may not have
-        # applied it yet) do not end the proposal; any later one does.
-        replication.proposal_base_revision = known.mod_revision
         tx = self.client.transactions
         try:
             ok, _ = await self.client.transaction(
