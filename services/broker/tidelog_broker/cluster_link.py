@@ -24,9 +24,12 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   key in a transaction that compares its mod revision and its value (so its
   leader and leader epoch) with the state the change was computed from: a
   deposed leader's write fails, and the watch then tells it who leads; so
-  does a change computed before the watch applied the latest state. A replica joining the ISR must also still hold
-  the registration its fetches were bound to (its key's create revision), so
-  a broker whose lease expired meanwhile does not join;
+  does a change computed before the watch applied the latest state. A
+  replica joining the ISR must also still hold the registration its fetches
+  were bound to (its key's create revision), so a broker whose lease expired
+  meanwhile does not join, and so must the leader (no write lands after its
+  registration is gone); writes under way when the broker stops are
+  cancelled before it deregisters;
 - which brokers and coordinators are live, which topics and partition
   states exist: the watches keep one typed view of them (`view`,
   tidelog_server.etcd.cluster_view); replica fetches and ISR expansion are bound to
@@ -221,6 +224,9 @@ class ClusterLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.fetchers.close()
+        # Before the registration goes: an ISR write left running would
+        # retry against a closed client, logging errors till the loop ends.
+        await self.manager.replicas.stop_isr_writes()
         if self._session is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -744,6 +750,7 @@ class ClusterLink:
         written."""
         topic = self.view.topics.get(replication.topic)
         known = None if topic is None else self.view.state(topic, replication.partition)
+        registration = self.registration_revision
         if (
             known is None
             or known.leader != self.broker.broker_id
@@ -789,6 +796,9 @@ class ClusterLink:
                 compare=[
                     tx.mod(key) == known.mod_revision,
                     tx.value(key) == current.value,
+                    # We still hold the registration we lead under: no write
+                    # lands after our lease is revoked or expired.
+                    tx.create(self.keys.broker(self.broker.broker_id)) == registration,
                     *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
                 ],
                 success=[tx.put(key, written.encode())],

@@ -16,6 +16,7 @@ Not thread-safe: everything runs on the broker's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -360,6 +361,11 @@ class ReplicaManager:
         written = False
         try:
             written = await self.isr_writer(replication, proposal)
+        except asyncio.CancelledError:
+            # stop_isr_writes: the write may have reached etcd, and nothing
+            # will settle it now. The proposal stands, so the HW keeps
+            # waiting for its replicas while the broker stops.
+            raise
         except Exception:
             flood.exception(
                 "writing ISR %s of %s-%d failed",
@@ -367,12 +373,23 @@ class ReplicaManager:
                 replication.topic,
                 replication.partition,
             )
-        finally:
-            # Nothing changed in etcd: a later check may propose again. A
-            # written change stays proposed until the watch brings it back
-            # (set_role): till then the HW counts its replicas.
-            if not written and replication.end_isr_proposal(proposal):
-                self._proposal_ended(replication)
+        # Nothing changed in etcd: a later check may propose again. A
+        # written change stays proposed until the watch brings it back
+        # (set_role): till then the HW counts its replicas.
+        if not written and replication.end_isr_proposal(proposal):
+            self._proposal_ended(replication)
+
+    async def stop_isr_writes(self) -> None:
+        """The broker stops: cancel the ISR writes under way (before its
+        registration goes, so that none is sent after it) and wait for them
+        to end. Their proposals stand (see _write_isr); writes proposed
+        later are refused by the writer, whose lease is no longer valid."""
+        tasks = list(self._isr_tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _proposal_ended(self, replication: PartitionReplication) -> None:
         """A proposal that was not written ended: the HW no longer waits for
