@@ -718,12 +718,20 @@ class ClusterLink:
         can (its fence is gone); if it is refused, the state moved past
         `base` and the watch, bringing it, ends the proposal (set_role).
         Retried while the proposal stands: till then the HW waits for the
-        replicas it adds."""
+        replicas it adds. The same value in a newer state would hide from
+        the controller that a member registered again since (see write_isr):
+        then it is not put, and the controller's removal of that member, a
+        newer state, ends the proposal."""
         tx = self.client.transactions
+        members = [r for r in PartitionState.decode(base.value).isr if r != self.broker.broker_id]
         while replication.proposed_isr is isr:
             try:
                 fenced, _ = await self.client.transaction(
-                    compare=[tx.mod(key) == base.mod_revision, tx.value(key) == base.value],
+                    compare=[
+                        tx.mod(key) == base.mod_revision,
+                        tx.value(key) == base.value,
+                        *(tx.create(self.keys.broker(r)) < base.mod_revision for r in members),
+                    ],
                     success=[tx.put(key, base.value)],
                     failure=[],
                 )
@@ -783,6 +791,7 @@ class ClusterLink:
             if progress is None or progress.registration != self.view.registration_of(r):
                 return False
             registrations[r] = progress.registration
+        staying = [r for r in isr if r in known.isr and r != self.broker.broker_id]
         written = dataclasses.replace(
             current_state, isr=tuple(isr), version=current_state.version + 1
         )
@@ -800,6 +809,11 @@ class ClusterLink:
                     # lands after our lease is revoked or expired.
                     tx.create(self.keys.broker(self.broker.broker_id)) == registration,
                     *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
+                    # A member that registered again since the state (it
+                    # restarted, maybe with a torn log) is the controller's
+                    # to remove (leader_election): written in a newer state,
+                    # it would no longer look restarted, and could be elected.
+                    *(tx.create(self.keys.broker(r)) < known.mod_revision for r in staying),
                 ],
                 success=[tx.put(key, written.encode())],
                 failure=[],

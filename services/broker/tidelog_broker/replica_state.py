@@ -35,7 +35,10 @@ etcd holds, and:
 - a leader writes only in its epoch, against the state its proposal was
   computed from (ClusterLink.write_isr): a proposal from an ISR applied
   before a shrink would put the removed replica back (a broker that
-  restarted with a torn log, removed by the controller).
+  restarted with a torn log, removed by the controller). Nor does it write
+  while a member it keeps registered again after that state: the
+  controller tells a restarted member by its registration being newer than
+  the state, and removes it; a newer state would hide that.
 A shrink by the controller is safe for the HW: until the watch brings it,
 the leader counts over the larger ISR it applied. A new epoch starts a new
 PartitionReplication from the ISR etcd has. tests/unit/coordinator/

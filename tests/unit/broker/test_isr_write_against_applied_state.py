@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +56,14 @@ async def eventually(check: Callable[[], bool], what: str) -> None:
     assert check(), what
 
 
-def test_an_isr_change_is_written_only_against_the_state_it_was_computed_from(
-    etcd: EtcdProcess, tmp_path: Path
+def run_leader(
+    etcd: EtcdProcess,
+    tmp_path: Path,
+    scenario: Callable[[PartitionManager, ClusterLink, PartitionReplication], Awaitable[None]],
 ) -> None:
+    """Broker 0 leading t-0 through a started ClusterLink (`restarted_follower`
+    done), stopped after."""
+
     async def run() -> None:
         config = BrokerConfig(data_dir=tmp_path, broker_id=0)
         manager = PartitionManager(config, cluster_mode=True)
@@ -73,7 +78,8 @@ def test_an_isr_change_is_written_only_against_the_state_it_was_computed_from(
             await link.start(port=1)
             await asyncio.wait_for(link.registered.wait(), WAIT_S)
             await link.wait_synced(WAIT_S)
-            await scenario(manager, link)
+            leader = await restarted_follower(manager, link)
+            await scenario(manager, link, leader)
         finally:
             await link.stop()
             manager.close()
@@ -81,36 +87,37 @@ def test_an_isr_change_is_written_only_against_the_state_it_was_computed_from(
     asyncio.run(run())
 
 
-async def scenario(manager: PartitionManager, link: ClusterLink) -> None:
+async def register(link: ClusterLink, broker_id: int) -> None:
+    await link.client.put(
+        link.keys.broker(broker_id),
+        BrokerRegistration(broker_id=broker_id, host="127.0.0.1", port=2).encode(),
+    )
+
+
+async def etcd_isr(link: ClusterLink) -> tuple[int, ...]:
+    got = await link.client.get(link.keys.partition_state(TOPIC, 0))
+    assert got is not None
+    return PartitionState.decode(got.value).isr
+
+
+async def restarted_follower(manager: PartitionManager, link: ClusterLink) -> PartitionReplication:
+    """Broker 0 leads t-0 (replicas 0, 1, 2; ISR 0, 1) with LEO records, all
+    acknowledged; then broker 1 restarts with an empty log (a new
+    registration; its first fetch under it is from offset 0)."""
     client, keys = link.client, link.keys
-    state_key = keys.partition_state(TOPIC, 0)
-
-    async def register(broker_id: int) -> None:
-        await client.put(
-            keys.broker(broker_id),
-            BrokerRegistration(broker_id=broker_id, host="127.0.0.1", port=2).encode(),
-        )
-
-    async def etcd_isr() -> tuple[int, ...]:
-        got = await client.get(state_key)
-        assert got is not None
-        return PartitionState.decode(got.value).isr
-
-    await register(1)
-    await register(2)
+    await register(link, 1)
+    await register(link, 2)
     topic = TopicAssignment(TOPIC, uuid.uuid4().hex, ((0, 1, 2),), {})
     await client.put(keys.topic(TOPIC), topic.encode())
-    await client.put(state_key, PartitionState(leader=0, leader_epoch=1, isr=(0, 1)).encode())
-
-    def replication() -> PartitionReplication | None:
-        return manager.replicas.replication(TOPIC, 0)
+    state = PartitionState(leader=0, leader_epoch=1, isr=(0, 1))
+    await client.put(keys.partition_state(TOPIC, 0), state.encode())
 
     def leading() -> bool:
-        r = replication()
+        r = manager.replicas.replication(TOPIC, 0)
         return r is not None and r.is_leader and link.view.registration_of(2) is not None
 
     await eventually(leading, "broker 0 leads t-0")
-    leader = replication()
+    leader = manager.replicas.replication(TOPIC, 0)
     assert leader is not None
     data = bytearray(encode_batch([b"v%d" % i for i in range(LEO)]))
     manager.partition_log(TOPIC, 0).append(data, list(iter_batches(data)))
@@ -118,18 +125,19 @@ async def scenario(manager: PartitionManager, link: ClusterLink) -> None:
     manager.replicas.on_follower_fetch(TOPIC, 0, 1, LEO)
     assert leader.high_watermark == LEO
 
-    # Broker 1 restarts with an empty log: a new registration, and its
-    # first fetch under it is from offset 0.
     first_registration = link.view.registration_of(1)
     await client.delete(keys.broker(1))
-    await register(1)
+    await register(link, 1)
     await eventually(
         lambda: link.view.registration_of(1) not in (None, first_registration),
         "the link sees broker 1's new registration",
     )
     manager.replicas.on_follower_fetch(TOPIC, 0, 1, 0)
+    return leader
 
-    # The ISR writer's answers, as the ReplicaManager gets them.
+
+def answers_of_isr_writer(manager: PartitionManager) -> list[bool]:
+    """The ISR writer's answers from now on, as the ReplicaManager gets them."""
     answers: list[bool] = []
     write_isr = manager.replicas.isr_writer
     assert write_isr is not None
@@ -139,38 +147,87 @@ async def scenario(manager: PartitionManager, link: ClusterLink) -> None:
         return answers[-1]
 
     manager.replicas.isr_writer = answered_write_isr
+    return answers
 
-    # The link's application of new states to t-0 waits, from here.
-    held: list[dict[str, Any]] = []
-    set_role = manager.replicas.set_role
 
-    def held_set_role(topic: str, partition: int, **kwargs: Any) -> Any:
-        held.append({"topic": topic, "partition": partition, **kwargs})
-        return replication()
+def controller(link: ClusterLink) -> LeaderElector:
+    """The coordinator's election passes (elect_once), unfenced."""
+    return LeaderElector(link.client, link.keys, preferred_interval_ms=0)
 
-    manager.replicas.set_role = held_set_role  # type: ignore[method-assign]
 
-    # The controller's pass: broker 1 registered after the state was
-    # written, so it leaves the ISR, in the same epoch.
-    elector = LeaderElector(client, keys, preferred_interval_ms=0)
-    assert await elector.elect_once(None, preferred=False) == 1
-    assert await etcd_isr() == (0,)
-    await eventually(lambda: bool(held), "the link's view has ISR [0]")
-    view_state = link.view.state(link.view.topics[TOPIC], 0)
-    assert view_state is not None and view_state.isr == [0]
-    assert leader.isr == [0, 1]
+def test_an_isr_change_is_written_only_against_the_state_it_was_computed_from(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    async def scenario(
+        manager: PartitionManager, link: ClusterLink, leader: PartitionReplication
+    ) -> None:
+        answers = answers_of_isr_writer(manager)
+        # The link's application of new states to t-0 waits, from here.
+        held: list[dict[str, Any]] = []
+        set_role = manager.replicas.set_role
 
-    # Broker 2 catches up now: it is proposed for the ISR.
-    manager.replicas.on_follower_fetch(TOPIC, 0, 2, LEO)
-    await eventually(lambda: bool(answers), "the ISR writer answers")
-    # etcd's ISR must not name broker 1 again: its log is empty.
-    assert 1 not in await etcd_isr(), "the leader's write put broker 1 back into the ISR"
+        def held_set_role(topic: str, partition: int, **kwargs: Any) -> Any:
+            held.append({"topic": topic, "partition": partition, **kwargs})
+            return leader
 
-    # Once the state is applied, broker 2's next fetch joins it.
-    manager.replicas.set_role = set_role  # type: ignore[method-assign]
-    for call in held:
-        set_role(**call)
-    assert leader.isr == [0]
-    manager.replicas.on_follower_fetch(TOPIC, 0, 2, LEO)
-    await eventually(lambda: leader.isr == [0, 2], "broker 2 joins the ISR")
-    assert await etcd_isr() == (0, 2)
+        manager.replicas.set_role = held_set_role  # type: ignore[method-assign]
+
+        # The controller's pass: broker 1 registered after the state was
+        # written, so it leaves the ISR, in the same epoch.
+        assert await controller(link).elect_once(None, preferred=False) == 1
+        assert await etcd_isr(link) == (0,)
+        await eventually(lambda: bool(held), "the link's view has ISR [0]")
+        view_state = link.view.state(link.view.topics[TOPIC], 0)
+        assert view_state is not None and view_state.isr == [0]
+        assert leader.isr == [0, 1]
+
+        # Broker 2 catches up now: it is proposed for the ISR.
+        manager.replicas.on_follower_fetch(TOPIC, 0, 2, LEO)
+        await eventually(lambda: bool(answers), "the ISR writer answers")
+        # etcd's ISR must not name broker 1 again: its log is empty.
+        assert 1 not in await etcd_isr(link), "the leader's write put broker 1 back into the ISR"
+
+        # Once the state is applied, broker 2's next fetch joins it.
+        manager.replicas.set_role = set_role  # type: ignore[method-assign]
+        for call in held:
+            set_role(**call)
+        assert leader.isr == [0]
+        manager.replicas.on_follower_fetch(TOPIC, 0, 2, LEO)
+        await eventually(lambda: leader.isr == [0, 2], "broker 2 joins the ISR")
+        assert await etcd_isr(link) == (0, 2)
+
+    run_leader(etcd, tmp_path, scenario)
+
+
+def test_an_isr_change_does_not_keep_a_member_that_restarted_since_the_state(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """The leader's write comes before the controller's pass: it must not
+    keep broker 1 (registered after the state it writes against), or the
+    ISR would name broker 1 in a state newer than its registration, and the
+    controller would no longer see that it restarted."""
+
+    async def scenario(
+        manager: PartitionManager, link: ClusterLink, leader: PartitionReplication
+    ) -> None:
+        answers = answers_of_isr_writer(manager)
+        # Broker 2 catches up: it is proposed for the ISR, [0, 1, 2].
+        manager.replicas.on_follower_fetch(TOPIC, 0, 2, LEO)
+        await eventually(lambda: bool(answers), "the ISR writer answers")
+        # Refused: the state is still older than broker 1's registration.
+        state = await link.client.get(link.keys.partition_state(TOPIC, 0))
+        broker_1 = await link.client.get(link.keys.broker(1))
+        assert state is not None and broker_1 is not None
+        assert state.mod_revision < broker_1.create_revision, (
+            f"the leader's write kept broker 1 in ISR {await etcd_isr(link)}: it no longer "
+            "looks restarted to the controller"
+        )
+        assert answers == [False]
+        # The controller's pass removes broker 1; then broker 2 joins.
+        assert await controller(link).elect_once(None, preferred=False) == 1
+        await eventually(lambda: leader.isr == [0], "the watch brings ISR [0]")
+        manager.replicas.on_follower_fetch(TOPIC, 0, 2, LEO)
+        await eventually(lambda: leader.isr == [0, 2], "broker 2 joins the ISR")
+        assert await etcd_isr(link) == (0, 2)
+
+    run_leader(etcd, tmp_path, scenario)
