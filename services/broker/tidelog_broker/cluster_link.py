@@ -838,6 +838,6 @@ class ClusterLink:
             isr,
             "written"
             if ok
-            else "not written (the state or a joining replica's registration changed)",
+            else "not written (the state, or a registration it depends on, changed)",
         )
         return bool(ok)
