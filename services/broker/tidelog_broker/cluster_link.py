@@ -22,10 +22,14 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   appears or goes, reconciles that topic; a fresh listing, every topic;
 - as leader, ISR changes the PartitionManager proposes: written to the state
   key in a transaction that compares its mod revision and its value (so its
-  leader and leader epoch): a deposed leader's write fails, and the watch
-  then tells it who leads. A replica joining the ISR must also still hold
-  the registration its fetches were bound to (its key's create revision), so
-  a broker whose lease expired meanwhile does not join;
+  leader and leader epoch) with the state the change was computed from: a
+  deposed leader's write fails, and the watch then tells it who leads; so
+  does a change computed before the watch applied the latest state. A
+  replica joining the ISR must also still hold the registration its fetches
+  were bound to (its key's create revision), so a broker whose lease expired
+  meanwhile does not join, and so must the leader (no write lands after its
+  registration is gone); writes under way when the broker stops are
+  cancelled before it deregisters;
 - which brokers and coordinators are live, which topics and partition
   states exist: the watches keep one typed view of them (`view`,
   tidelog_server.etcd.cluster_view); replica fetches and ISR expansion are bound to
@@ -220,6 +224,9 @@ class ClusterLink:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.fetchers.close()
+        # Before the registration goes: an ISR write left running would
+        # retry against a closed client, logging errors till the loop ends.
+        await self.manager.replicas.stop_isr_writes()
         if self._session is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(2):
@@ -711,12 +718,20 @@ class ClusterLink:
         can (its fence is gone); if it is refused, the state moved past
         `base` and the watch, bringing it, ends the proposal (set_role).
         Retried while the proposal stands: till then the HW waits for the
-        replicas it adds."""
+        replicas it adds. The same value in a newer state would hide from
+        the controller that a member registered again since (see write_isr):
+        then it is not put, and the controller's removal of that member, a
+        newer state, ends the proposal."""
         tx = self.client.transactions
+        members = [r for r in PartitionState.decode(base.value).isr if r != self.broker.broker_id]
         while replication.proposed_isr is isr:
             try:
                 fenced, _ = await self.client.transaction(
-                    compare=[tx.mod(key) == base.mod_revision, tx.value(key) == base.value],
+                    compare=[
+                        tx.mod(key) == base.mod_revision,
+                        tx.value(key) == base.value,
+                        *(tx.create(self.keys.broker(r)) < base.mod_revision for r in members),
+                    ],
                     success=[tx.put(key, base.value)],
                     failure=[],
                 )
@@ -734,17 +749,26 @@ class ClusterLink:
 
     async def write_isr(self, replication: PartitionReplication, isr: list[int]) -> bool:
         """As leader: write a new ISR, fenced by the state key's mod revision
-        and value (leader, leader epoch), as last seen by the watch. True
-        when written, or perhaps written (the transaction failed after the
-        state moved on): the proposal then stands until the watch brings a
-        state newer than the one written against (replica_state). False
-        only when surely not written."""
+        and value (leader, leader epoch) as they were when the change was
+        proposed (the state set_role had applied then; a state the watch
+        brought since refuses the write). True when written, or perhaps
+        written (the transaction failed after the state moved on): the
+        proposal then stands until the watch brings a state newer than the
+        one written against (replica_state). False only when surely not
+        written."""
         topic = self.view.topics.get(replication.topic)
         known = None if topic is None else self.view.state(topic, replication.partition)
+        registration = self.registration_revision
         if (
             known is None
             or known.leader != self.broker.broker_id
             or known.leader_epoch != replication.leader_epoch
+            # Only against the state the proposal was computed from: the
+            # view may be ahead of what set_role applied (the watch awaits
+            # between the two), and a proposal from an older ISR would undo
+            # what changed since, such as the controller removing a replica
+            # that restarted with a torn log (replica_state's module doc).
+            or known.mod_revision != replication.proposal_base_revision
             or not self.lease_valid()
         ):
             return False
@@ -767,6 +791,7 @@ class ClusterLink:
             if progress is None or progress.registration != self.view.registration_of(r):
                 return False
             registrations[r] = progress.registration
+        staying = [r for r in isr if r in known.isr and r != self.broker.broker_id]
         written = dataclasses.replace(
             current_state, isr=tuple(isr), version=current_state.version + 1
         )
@@ -774,16 +799,21 @@ class ClusterLink:
             # A newer state ended the proposal meanwhile; the next one, even
             # with an equal ISR, is its own writer's to write.
             return False
-        # Written against `known`: states up to it (set_role may not have
-        # applied it yet) do not end the proposal; any later one does.
-        replication.proposal_base_revision = known.mod_revision
         tx = self.client.transactions
         try:
             ok, _ = await self.client.transaction(
                 compare=[
                     tx.mod(key) == known.mod_revision,
                     tx.value(key) == current.value,
+                    # We still hold the registration we lead under: no write
+                    # lands after our lease is revoked or expired.
+                    tx.create(self.keys.broker(self.broker.broker_id)) == registration,
                     *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
+                    # A member that registered again since the state (it
+                    # restarted, maybe with a torn log) is the controller's
+                    # to remove (leader_election): written in a newer state,
+                    # it would no longer look restarted, and could be elected.
+                    *(tx.create(self.keys.broker(r)) < known.mod_revision for r in staying),
                 ],
                 success=[tx.put(key, written.encode())],
                 failure=[],
@@ -808,6 +838,6 @@ class ClusterLink:
             isr,
             "written"
             if ok
-            else "not written (the state or a joining replica's registration changed)",
+            else "not written (the state, or a registration it depends on, changed)",
         )
         return bool(ok)

@@ -16,6 +16,7 @@ Not thread-safe: everything runs on the broker's event loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -116,11 +117,12 @@ class ReplicaManager:
         leader_epoch: int,
         replicas: list[int],
         isr: list[int],
-        revision: int | None = None,
+        revision: int,
     ) -> PartitionReplication:
         """Cluster mode: apply a hosted partition's state from etcd (its mod
-        revision `revision`; None: not known, taken as newer than any).
-        Idempotent: the same state again changes nothing. A new epoch or
+        revision `revision`: required, because a state of unknown revision
+        would have to count as newer than any and end an ISR proposal before
+        its outcome is applied). Idempotent: the same state again changes nothing. A new epoch or
         role starts afresh (a new leader records its epoch in the log's
         epoch history at its log end offset); an ISR change alone keeps the
         followers' progress and may move the HW, as may the end of an ISR
@@ -131,13 +133,11 @@ class ReplicaManager:
         old = self._replication.get(key)
         if old is not None and old.role is role and old.leader_epoch == leader_epoch:
             old.replicas = list(replicas)
-            newer = revision is None or revision > old.proposal_base_revision
-            if old.isr_change_pending and newer:
+            if old.isr_change_pending and revision > old.proposal_base_revision:
                 # The state moved past what the proposal was written
                 # against: it is the proposal's outcome, or supersedes it.
                 old.end_isr_proposal()
-            if revision is not None:
-                old.state_revision = revision
+            old.state_revision = revision
             changed = old.isr != isr
             if changed:
                 if old.is_leader:
@@ -158,7 +158,7 @@ class ReplicaManager:
             since_ms=self._clock.monotonic_ms(),
             # A HW learnt as follower is kept: it never moves backwards here.
             high_watermark=0 if old is None else old.high_watermark,
-            state_revision=revision or 0,
+            state_revision=revision,
         )
         if role is Role.LEADER:
             partition_log.leader_epochs.assign(leader_epoch, partition_log.log_end_offset)
@@ -361,6 +361,11 @@ class ReplicaManager:
         written = False
         try:
             written = await self.isr_writer(replication, proposal)
+        except asyncio.CancelledError:
+            # stop_isr_writes: the write may have reached etcd, and nothing
+            # will settle it now. The proposal stands, so the HW keeps
+            # waiting for its replicas while the broker stops.
+            raise
         except Exception:
             flood.exception(
                 "writing ISR %s of %s-%d failed",
@@ -368,12 +373,23 @@ class ReplicaManager:
                 replication.topic,
                 replication.partition,
             )
-        finally:
-            # Nothing changed in etcd: a later check may propose again. A
-            # written change stays proposed until the watch brings it back
-            # (set_role): till then the HW counts its replicas.
-            if not written and replication.end_isr_proposal(proposal):
-                self._proposal_ended(replication)
+        # Nothing changed in etcd: a later check may propose again. A
+        # written change stays proposed until the watch brings it back
+        # (set_role): till then the HW counts its replicas.
+        if not written and replication.end_isr_proposal(proposal):
+            self._proposal_ended(replication)
+
+    async def stop_isr_writes(self) -> None:
+        """The broker stops: cancel the ISR writes under way (before its
+        registration goes, so that none is sent after it) and wait for them
+        to end. Their proposals stand (see _write_isr); writes proposed
+        later are refused by the writer, whose lease is no longer valid."""
+        tasks = list(self._isr_tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     def _proposal_ended(self, replication: PartitionReplication) -> None:
         """A proposal that was not written ended: the HW no longer waits for

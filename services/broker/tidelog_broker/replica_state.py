@@ -20,6 +20,30 @@ elect it. (One fault run lost 250 acknowledged records so, in a
 reassignment: the HW rose on one follower's fetches while the joining
 replica, proposed at the old HW, was not yet applied; it then led.)
 
+That is enough only because, within a leader epoch, nobody but the leader
+adds a replica to the ISR in etcd (Kafka's rule: the leader expands, the
+controller shrinks or starts a new epoch). Every writer of the partition
+state compares the mod revision of the state it read, so it changes what
+etcd holds, and:
+- the controller's elections (tidelog_coordinator.leader_election.decide)
+  drop dead or restarted members in the same epoch; a new leader (failed,
+  preferred, unclean) or no leader means a new epoch;
+- reassignment start, cancel and completion (reassignment.state_for_replicas)
+  cut the ISR to the new replicas, in a new epoch if the leader leaves;
+- topic creation and CreatePartitions write the first state of a
+  partition, which has no leader yet;
+- a leader writes only in its epoch, against the state its proposal was
+  computed from (ClusterLink.write_isr): a proposal from an ISR applied
+  before a shrink would put the removed replica back (a broker that
+  restarted with a torn log, removed by the controller). Nor does it write
+  while a member it keeps registered again after that state: the
+  controller tells a restarted member by its registration being newer than
+  the state, and removes it; a newer state would hide that.
+A shrink by the controller is safe for the HW: until the watch brings it,
+the leader counts over the larger ISR it applied. A new epoch starts a new
+PartitionReplication from the ISR etcd has. tests/unit/coordinator/
+test_isr_only_shrinks_within_an_epoch.py guards the controller's rules.
+
 A follower joins the ISR only by the rule of `may_join_isr`: it is
 registered live in etcd (its broker key exists, with the registration its
 last fetch was made under) and it fetched up to the HW (and this epoch's

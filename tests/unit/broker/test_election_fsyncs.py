@@ -49,6 +49,7 @@ def set_role(manager: PartitionManager, p: int, role: Role, leader: int, epoch: 
         leader_epoch=epoch,
         replicas=[ME, DEAD],
         isr=[ME] if role is Role.LEADER else [DEAD, ME],
+        revision=epoch + 1,  # a new epoch is a newer state
     )
 
 

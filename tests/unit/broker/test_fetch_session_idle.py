@@ -236,6 +236,7 @@ def set_role(manager: PartitionManager, role: Role, leader_id: int, epoch: int) 
         leader_epoch=epoch,
         replicas=[ME, FOLLOWER],
         isr=[ME, FOLLOWER],
+        revision=epoch + 1,  # a new epoch is a newer state
     )
 
 

@@ -23,7 +23,14 @@ def _leader(tmp_path: Path) -> tuple[PartitionManager, PartitionReplication]:
     manager.open()
     manager.logs.host_partitions(TopicSpec("t", 1, {}), [0])
     replication = manager.replicas.set_role(
-        "t", 0, role=Role.LEADER, leader_id=0, leader_epoch=1, replicas=[0, 1, 2], isr=[0, 1]
+        "t",
+        0,
+        role=Role.LEADER,
+        leader_id=0,
+        leader_epoch=1,
+        replicas=[0, 1, 2],
+        isr=[0, 1],
+        revision=1,
     )
     manager.replicas.registration_of = {0: 5, 1: 7}.get  # broker 2 is not registered
     return manager, replication
