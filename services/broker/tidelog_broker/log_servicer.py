@@ -21,6 +21,8 @@ from tidelog.errors import InvalidRequestError, TidelogError
 from tidelog.request_limits import check_list_offsets_entries, distinct
 from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
+from tidelog_server.draining import abort_draining
+from tidelog_server.owed_answers import OwedAnswers
 from tidelog_server.stream_refusal import StreamLimitError, refuse_stream_with
 
 from tidelog_broker import fetch_wire
@@ -45,6 +47,10 @@ MAX_PENDING_RESPONSES = 1024
 #: perf_counter at its arrival, 0.0 without metrics). A tuple, not a class:
 #: one is made per request, and a tuple costs ~10x less to build.
 _Pending = tuple[asyncio.Future[log_pb2.ProduceResponse], int, float]
+
+
+class _Drained(Exception):
+    """A Fetch stream's session ended because the broker drains."""
 
 
 @dataclass
@@ -77,6 +83,10 @@ class LogServicer(log_pb2_grpc.LogServicer):
         self._producer_epochs = producer_epochs
         # Cluster mode: Metadata comes from the broker's etcd view (ClusterLink).
         self._cluster_metadata = metadata
+        # Set by `drain`, with the time by which a Produce stream stops
+        # waiting for acks=all answers (loop time).
+        self._draining = asyncio.Event()
+        self._drain_deadline = 0.0
 
     async def Produce(
         self,
@@ -84,25 +94,23 @@ class LogServicer(log_pb2_grpc.LogServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[log_pb2.ProduceResponse]:
         # Requests are appended in arrival order by one task; answers leave in
-        # the same order through a FIFO of futures, so several acks=all
-        # requests can wait for their HW at once without reordering answers.
+        # the same order (OwedAnswers), so several acks=all requests can wait
+        # for their HW at once without reordering answers.
         loop = asyncio.get_running_loop()
-        pending: asyncio.Queue[_Pending | None] = asyncio.Queue(MAX_PENDING_RESPONSES)
+        owed: OwedAnswers[_Pending] = OwedAnswers(MAX_PENDING_RESPONSES)
         metrics = self._metrics
 
         async def read_requests() -> None:
+            # Cancelled on drain (see _drain_watch): only at an await, and
+            # every await is either before a request is appended (nothing
+            # done, the client sends it again) or after its answer is owed.
             try:
                 async for request in request_iterator:
                     arrived = time.perf_counter() if metrics is not None else 0.0
                     if request.acks not in _VALID_ACKS:
-                        failed: asyncio.Future[log_pb2.ProduceResponse] = loop.create_future()
-                        failed.set_exception(
-                            InvalidRequestError(
-                                f"acks must be -1 (all), 0 or 1, got {request.acks}"
-                            )
+                        raise InvalidRequestError(
+                            f"acks must be -1 (all), 0 or 1, got {request.acks}"
                         )
-                        await pending.put((failed, 0, arrived))
-                        return
                     # Read once: each access to a bytes field copies it.
                     payloads = [part.records for part in request.partitions]
                     if self._producer_epochs is not None:
@@ -121,33 +129,75 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     else:
                         answer = loop.create_future()
                         answer.set_result(response)
-                    await pending.put((answer, request.acks, arrived))
+                    owed.push((answer, request.acks, arrived))
+                    # MAX_PENDING_RESPONSES answers owed: read no more until
+                    # the client takes some (back-pressure).
+                    await owed.room()
+            except Exception as exc:
+                owed.end(exc)
             finally:
-                with contextlib.suppress(asyncio.QueueFull):
-                    pending.put_nowait(None)
+                owed.end()
 
         reader = asyncio.ensure_future(read_requests())
+        drain_watch = self._drain_watch(reader)
         try:
-            while True:
-                waiting = await pending.get()
-                if waiting is None:
-                    if reader.done() and not reader.cancelled() and reader.exception():
-                        raise reader.exception()  # type: ignore[misc]
-                    return
+            while (waiting := await owed.get()) is not None:
                 answer, acks, arrived = waiting
+                if not answer.done() and not await self._answered_in_drain(answer, drain_watch):
+                    break  # unanswered: sent again elsewhere, never acknowledged
                 try:
-                    response = await answer
+                    response = answer.result()
                 except TidelogError as exc:
                     await abort(context, exc, "producing")
                 if metrics is not None:
                     metrics.produce_duration[acks].observe(time.perf_counter() - arrived)
                 yield response
+            if owed.error is not None:
+                if isinstance(owed.error, TidelogError):
+                    await abort(context, owed.error, "producing")
+                raise owed.error
+            if self._draining.is_set():
+                await abort_draining(
+                    context,
+                    f"broker {self._config.broker_id}",
+                    "send unanswered requests again",
+                )
         finally:
+            drain_watch.cancel()
             reader.cancel()
-            while not pending.empty():
-                left = pending.get_nowait()
-                if left is not None:
-                    left[0].cancel()
+            for left in owed.take_all():
+                left[0].cancel()
+
+    def _drain_watch(self, reader: asyncio.Future[None]) -> asyncio.Future[object]:
+        """A future done once the broker drains, which then stops `reader`
+        (a stream's reading of its client's requests)."""
+        drained: asyncio.Future[object] = asyncio.ensure_future(self._draining.wait())
+        drained.add_done_callback(lambda done: done.cancelled() or reader.cancel())
+        return drained
+
+    async def _answered_in_drain(
+        self, answer: asyncio.Future[log_pb2.ProduceResponse], drained: asyncio.Future[object]
+    ) -> bool:
+        """Wait for `answer` (an acks=all one); once the broker drains, for
+        at most what is left of `drain_answer_s` since it began: False if it
+        is not answered by then, and the stream ends without it (so that it
+        ends with its code within gRPC's grace)."""
+        if not drained.done():
+            await asyncio.wait((answer, drained), return_when=asyncio.FIRST_COMPLETED)
+        if not answer.done():
+            remaining = self._drain_deadline - asyncio.get_running_loop().time()
+            if remaining > 0:
+                await asyncio.wait((answer,), timeout=remaining)
+        return answer.done()
+
+    def drain(self, answer_within_s: float) -> None:
+        """The broker is stopping: every Produce stream stops reading and
+        answers what it has appended (an acks=all answer waited for at most
+        `answer_within_s` from now), every Fetch stream ends after the
+        message it is sending, each with `abort_draining`; a stream opened
+        from now on ends at once."""
+        self._drain_deadline = asyncio.get_running_loop().time() + answer_within_s
+        self._draining.set()
 
     def _append_request(
         self, request: log_pb2.ProduceRequest, payloads: list[bytes]
@@ -256,6 +306,15 @@ class LogServicer(log_pb2_grpc.LogServicer):
                 session.close_input()
 
         reader = asyncio.ensure_future(read_requests())
+        # On drain the session ends between two messages (FetchSession.fail
+        # is seen before the next one is collected), waking from any wait.
+        drain_watch = self._drain_watch(reader)
+
+        def end_session(done: asyncio.Future[object]) -> None:
+            if not done.cancelled():
+                session.fail(_Drained("the broker drains"))
+
+        drain_watch.add_done_callback(end_session)
         try:
             async with contextlib.aclosing(session.responses()) as responses:
                 async for response in responses:
@@ -265,9 +324,16 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     # Resumed once gRPC wrote it: gRPC and the interceptors
                     # still refer to it while this stream waits (fetch_wire).
                     outgoing.release()
+        except _Drained:
+            await abort_draining(
+                context,
+                f"broker {self._config.broker_id}",
+                "fetch again from your positions",
+            )
         except TidelogError as exc:
             await abort(context, exc, "fetching")
         finally:
+            drain_watch.cancel()
             reader.cancel()
 
     async def ListOffsets(

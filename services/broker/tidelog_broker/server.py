@@ -5,7 +5,12 @@ Serves `tidelog.v1.Log` and `tidelog.v1.Admin`, plus gRPC health checking
 server reflection, so that generic tools such as grpcurl work.
 
 Shutdown (SIGTERM or SIGINT): health goes NOT_SERVING, new calls are
-refused, calls in flight get a grace period, then every log is flushed and
+refused, and the data streams drain (LogServicer.drain): a Produce stream
+stops reading, answers every request it has appended, a Fetch stream
+finishes the message it is sending, and each ends with UNAVAILABLE and
+NOT_LEADER_OR_FOLLOWER in its trailer (tidelog_server.draining), all within
+a grace period, after which gRPC cancels what is left. Then the broker
+leaves the cluster (below) and stops replicating; every log is flushed and
 closed so the next start skips recovery.
 
 Cluster mode (`--etcd`): topics come from etcd (ClusterLink) instead of
@@ -13,8 +18,12 @@ topics.json, Admin calls are forwarded to a coordinator, and the broker also
 serves `tidelog.v1.Cluster` (DescribeCluster) so that clients bootstrapped
 from it find the coordinators. Replication (`tidelog.internal.Replica`) has
 a listener of its own, `--internal-port`, advertised in the broker's etcd
-registration: it is never served on the client port. On shutdown its registration is revoked first,
-so it leaves the cluster at once rather than after its session TTL.
+registration: it is never served on the client port. On shutdown its
+registration is revoked once the client streams have drained (they need
+it: see `BrokerServer.stop`), before replication stops, so it leaves the
+cluster at once rather than after its session TTL. Replication streams end
+without a code: a follower learns where a partition went from etcd, not
+from the stream (replica_fetcher).
 """
 
 from __future__ import annotations
@@ -69,6 +78,11 @@ log = logging.getLogger("tidelog.broker")
 # them. An append runs without an await, so a cancel never tears one; clients
 # see the stream end and reconnect.
 SHUTDOWN_GRACE_S = 1.0
+#: How long, of that grace, a draining Produce stream waits for the acks=all
+#: answers it owes (the others are ready): it then ends with its code and
+#: leaves the rest unanswered, to be sent again, rather than have the
+#: grace's cancel end it with none.
+DRAIN_ANSWER_S = SHUTDOWN_GRACE_S / 2
 
 #: Health service name that is SERVING while this broker is in the ISR of
 #: every partition it hosts (cluster mode; `ClusterLink.in_sync`): the Helm
@@ -107,6 +121,7 @@ class BrokerServer:
             config.security or SecurityOptions(), config.tls, quotas_enabled=True
         )
         self._health = HealthServicer()
+        self._log: LogServicer | None = None
         self._background: list[asyncio.Task[None]] = []
         self.bound_port: int | None = None
 
@@ -135,7 +150,8 @@ class BrokerServer:
             producer_ids = LocalProducerIds(self.config.data_dir)
             self.manager.highest_producer_epoch = LocalEpochs(producer_ids).highest_epoch
             # No `confirm` needed: the allocator is in this process.
-            add_log_servicer(LogServicer(self.manager, self.config, metrics=metrics), server)
+            self._log = LogServicer(self.manager, self.config, metrics=metrics)
+            add_log_servicer(self._log, server)
             # (ACL, user and quota RPCs stay UNIMPLEMENTED: they need etcd.)
             admin_pb2_grpc.add_AdminServicer_to_server(
                 AdminServicer(self.manager, self.config),  # type: ignore[abstract]
@@ -149,12 +165,10 @@ class BrokerServer:
         else:
             epochs = EtcdEpochs(self.link.client, self.link.keys)
             self.manager.highest_producer_epoch = epochs.highest_epoch
-            add_log_servicer(
-                LogServicer(
-                    self.manager, self.config, ClusterMetadata(self.link).metadata, epochs, metrics
-                ),
-                server,
+            self._log = LogServicer(
+                self.manager, self.config, ClusterMetadata(self.link).metadata, epochs, metrics
             )
+            add_log_servicer(self._log, server)
             add_admin_forwarder(AdminForwarder(self.link, self.link.forwarding), server)
             cluster_pb2_grpc.add_ClusterServicer_to_server(
                 BrokerClusterServicer(self.link, self.link.forwarding), server
@@ -227,13 +241,23 @@ class BrokerServer:
         return server
 
     async def stop(self) -> None:
+        """Drain (see module doc), then close everything."""
         await self._health.enter_graceful_shutdown()
+        # Clients first, while this broker still leads and its followers
+        # still replicate: what a Produce stream appended is answered
+        # (acks=all ones need the followers), then the streams end with
+        # NOT_LEADER_OR_FOLLOWER. Only then does the broker leave the
+        # cluster: revoking its registration first would leave its acks=all
+        # answers to time out (no follower may fetch from a broker without a
+        # live registration).
+        if self._log is not None:
+            self._log.drain(DRAIN_ANSWER_S)
+        if self._server is not None:
+            await self._server.stop(SHUTDOWN_GRACE_S)
         if self.link is not None:
             await self.link.stop()
         if self._internal_server is not None:
             await self._internal_server.stop(SHUTDOWN_GRACE_S)
-        if self._server is not None:
-            await self._server.stop(SHUTDOWN_GRACE_S)
         if self.metrics_endpoint is not None:
             self.metrics_endpoint.close()
         # After the server: no call in flight opens a channel any more.

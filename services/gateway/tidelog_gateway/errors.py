@@ -9,10 +9,10 @@ from __future__ import annotations
 import logging
 from typing import NoReturn
 
-import grpc
 import grpc.aio
-from tidelog.errors import ERROR_CODE_METADATA_KEY, NotLeaderOrFollowerError, error_from_rpc
+from tidelog.errors import error_from_rpc
 from tidelog.v1 import common_pb2
+from tidelog_server.draining import abort_draining
 from tidelog_server.forwarding import unanswered
 from tidelog_server.service_errors import ErrorMapper
 
@@ -50,20 +50,6 @@ def broker_call_error(
 async def abort_shutting_down(context: grpc.aio.ServicerContext, what_to_do: str) -> NoReturn:
     """End a client's data stream (Log Produce and Fetch, Records Produce and
     Consume) because the gateway is stopping: "the gateway is shutting down:
-    `what_to_do`".
-
-    With the status a broker's own drain ends them with (UNAVAILABLE: gRPC
-    cancels the calls left after its grace), and, in the trailer, the code
-    any client reads as "this partition is not served here any more: refresh
-    metadata and go where it is", NOT_LEADER_OR_FOLLOWER, retriable. It is
-    what a Kafka client sees of a broker that goes away in a controlled
-    shutdown, and what the gateway already answers for a partition whose
-    broker dropped its stream: the gateway names itself the leader of every
-    partition, and it is about to lead none. (COORDINATOR_NOT_AVAILABLE,
-    which the Heartbeat relay ends with, is the control plane's.)"""
-    await context.abort(
-        grpc.StatusCode.UNAVAILABLE,
-        f"the gateway is shutting down: {what_to_do}",
-        trailing_metadata=((ERROR_CODE_METADATA_KEY, NotLeaderOrFollowerError.code_name),),
-    )
-    raise AssertionError("context.abort returns only by raising")  # pragma: no cover
+    `what_to_do`", UNAVAILABLE with NOT_LEADER_OR_FOLLOWER in the trailer, as
+    a broker's drain ends them (tidelog_server.draining says why that code)."""
+    await abort_draining(context, "the gateway", what_to_do)

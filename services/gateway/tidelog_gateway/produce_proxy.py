@@ -27,6 +27,10 @@ Memory: the stream reads the next client request only once the previous one
 has been handed to the brokers' streams, and its record bytes count against
 the gateway-wide produce budget until then; at most `max_pending_produce`
 answers may be owed (then it stops reading, which pushes back on the client).
+The end of the reading (the client's half-close, a refusal, the drain)
+reaches the writer however many answers are owed
+(tidelog_server.owed_answers): a client that pipelines without reading gets
+its refusal, or the end of its stream, once it reads.
 
 A request naming more partitions than --max-partitions-per-request is
 refused before any of it is forwarded: the stream answers the requests
@@ -50,7 +54,6 @@ import logging
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import grpc
 import grpc.aio
@@ -61,7 +64,9 @@ from tidelog.errors import (
     TidelogError,
 )
 from tidelog.v1 import log_pb2
+from tidelog_server.draining import next_unless_drained
 from tidelog_server.forwarding import failure_of
+from tidelog_server.owed_answers import OwedAnswers
 
 from tidelog_gateway.channels import Channels
 from tidelog_gateway.cluster_view import ClusterView
@@ -177,65 +182,53 @@ class ProduceProxy:
         request_iterator: AsyncIterator[log_pb2.ProduceRequest],
         context: grpc.aio.ServicerContext,
     ) -> AsyncGenerator[log_pb2.ProduceResponse, None]:
-        pending: asyncio.Queue[asyncio.Future[log_pb2.ProduceResponse] | None] = asyncio.Queue(
+        owed: OwedAnswers[asyncio.Future[log_pb2.ProduceResponse]] = OwedAnswers(
             self._config.max_pending_produce
         )
-        failure: list[BaseException] = []
-        reader = asyncio.ensure_future(self._read_requests(request_iterator, pending, failure))
+        reader = asyncio.ensure_future(self._read_requests(request_iterator, owed))
         try:
-            while True:
-                answer = await pending.get()
-                if answer is None:
-                    break
+            while (answer := await owed.get()) is not None:
                 yield await answer
-            if failure:
-                await abort(context, failure[0], "producing through the gateway")
+            if owed.error is not None:
+                await abort(context, owed.error, "producing through the gateway")
             if self._draining.is_set():
                 await abort_shutting_down(context, "send unanswered requests again")
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
-            while not pending.empty():
-                left = pending.get_nowait()
-                if left is not None:
-                    left.cancel()
+            for left in owed.take_all():
+                left.cancel()
             for upstream in self._upstreams.values():
                 await upstream.close()
 
     async def _read_requests(
         self,
         requests: AsyncIterator[log_pb2.ProduceRequest],
-        pending: asyncio.Queue[asyncio.Future[log_pb2.ProduceResponse] | None],
-        failure: list[BaseException],
+        owed: OwedAnswers[asyncio.Future[log_pb2.ProduceResponse]],
     ) -> None:
+        """Read, forward and owe the client's requests until its side ends, a
+        request is refused (TidelogError, the stream's end) or the gateway
+        drains; whatever ends it, `owed.end` tells the writer."""
         iterator = aiter(requests)
         drained = asyncio.ensure_future(self._draining.wait())
         try:
-            while True:
-                # Stop reading at once on drain; a request already read is
-                # always forwarded whole (never half its partitions).
-                next_request = asyncio.ensure_future(anext(iterator))
-                next_request.add_done_callback(_retrieve)
-                await asyncio.wait((next_request, drained), return_when=asyncio.FIRST_COMPLETED)
-                if not next_request.done():
-                    next_request.cancel()
-                    return
-                try:
-                    request = next_request.result()
-                except StopAsyncIteration:
-                    return
+            # Stop reading at once on drain; a request already read is
+            # always forwarded whole (never half its partitions).
+            while (request := await next_unless_drained(iterator, drained)) is not None:
                 answer = await asyncio.shield(self._forward(request))
                 if answer is not None:
-                    await pending.put(answer)
+                    owed.push(answer)
+                    # max_pending_produce answers owed: read no more until
+                    # the client takes some (back-pressure).
+                    await owed.room()
         except TidelogError as exc:
-            failure.append(exc)
+            owed.end(exc)
         except grpc.aio.AioRpcError:
             return  # the client went away
         finally:
             drained.cancel()
-            with contextlib.suppress(asyncio.QueueFull):
-                pending.put_nowait(None)
+            owed.end()
 
     async def _forward(
         self, request: log_pb2.ProduceRequest
@@ -328,13 +321,6 @@ async def _gather(
         for index, result in zip(part.indexes, answer.partitions, strict=False):
             response.partitions[index].CopyFrom(result)
     return response
-
-
-def _retrieve(task: asyncio.Future[Any]) -> None:
-    """Mark a read's outcome as seen (the end of the stream, or an error
-    after the stream was given up), so asyncio does not log it."""
-    if not task.cancelled():
-        task.exception()
 
 
 def _fail_result(result: log_pb2.PartitionProduceResult, error: object) -> None:

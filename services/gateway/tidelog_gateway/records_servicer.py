@@ -48,6 +48,8 @@ from tidelog.errors import (
 from tidelog.partitioner import partition_for_key
 from tidelog.producer import Placement
 from tidelog.v1 import log_pb2, records_pb2, records_pb2_grpc
+from tidelog_server.draining import next_unless_drained
+from tidelog_server.owed_answers import OwedAnswers
 from tidelog_server.tls import client_options
 
 from tidelog_gateway.cluster_view import ClusterView
@@ -131,15 +133,18 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[records_pb2.RecordsProduceResponse]:
         peer = await _open_stream(self._streams, request_iterator, context)
-        pending: asyncio.Queue[asyncio.Future[records_pb2.RecordsProduceResponse] | None] = (
-            asyncio.Queue(self._config.max_pending_produce)
+        owed: OwedAnswers[asyncio.Future[records_pb2.RecordsProduceResponse]] = OwedAnswers(
+            self._config.max_pending_produce
         )
-        failure: list[BaseException] = []
 
         async def read() -> None:
             producer: AsyncProducer | None = None
+            requests = aiter(request_iterator)
+            drained = asyncio.ensure_future(self._draining.wait())
             try:
-                async for request in request_iterator:
+                # Stop reading at once on drain (an idle stream too); a
+                # request already read is always sent whole.
+                while (request := await next_unless_drained(requests, drained)) is not None:
                     if producer is None:
                         if request.acks not in _ACKS:
                             raise InvalidRequestError(
@@ -152,27 +157,30 @@ class RecordsServicer(records_pb2_grpc.RecordsServicer):
                             f"a produce request holds {len(request.records)} records, over the "
                             f"limit of {RECORDS_PER_REQUEST}: split it"
                         )
-                    await pending.put(await self._send(producer, request))
-                    if self._draining.is_set():
-                        return
+                    owed.push(await self._send(producer, request))
+                    # max_pending_produce answers owed: read no more until
+                    # the client takes some (back-pressure).
+                    await owed.room()
             except TidelogError as exc:
-                failure.append(exc)
+                owed.end(exc)
             except grpc.aio.AioRpcError:
-                pass
+                pass  # the client went away
             finally:
-                with contextlib.suppress(asyncio.QueueFull):
-                    pending.put_nowait(None)
+                drained.cancel()
+                owed.end()
 
         reader = asyncio.ensure_future(read())
         try:
-            while (answer := await pending.get()) is not None:
+            while (answer := await owed.get()) is not None:
                 yield await answer
-            if failure:
-                await abort(context, failure[0], "producing records")
+            if owed.error is not None:
+                await abort(context, owed.error, "producing records")
             if self._draining.is_set():
                 await abort_shutting_down(context, "send again")
         finally:
             reader.cancel()
+            for left in owed.take_all():
+                left.cancel()
             self._streams.release(peer)
 
     async def _send(
