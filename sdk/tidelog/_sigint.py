@@ -55,6 +55,7 @@ lock; the open-consumer count does (consumers open in any thread).
 
 from __future__ import annotations
 
+import importlib
 import signal
 import threading
 from collections.abc import Callable
@@ -62,6 +63,12 @@ from types import FrameType
 
 #: The main thread's ident: the only thread guarded calls defer SIGINT in.
 MAIN_IDENT = threading.main_thread().ident
+
+#: SIGINT's handler, read per guarded call: the C function under
+#: signal.getsignal, which maps each answer to a Handlers enum by trying
+#: (a ValueError for any function): 5 us a call against 0.16 us, and a
+#: poll costs about 2 us.
+_getsignal: Callable[[int], object] = importlib.import_module("_signal").getsignal
 
 
 class _State:
@@ -97,7 +104,7 @@ def enter() -> bool:
     it; False elsewhere (`leave(False)` is a no-op)."""
     if threading.get_ident() != MAIN_IDENT:
         return False
-    handler = signal.getsignal(signal.SIGINT)
+    handler = _getsignal(signal.SIGINT)
     if handler is not _on_sigint:
         if handler is not signal.default_int_handler:
             return False  # the application's (or nobody's): left alone
