@@ -38,6 +38,12 @@ thread takes it back (heartbeats, auto-commit and the fetch streams go on
 while the application works). Blocking calls made meanwhile (commit(),
 position()) run in the caller too, rather than wait for it.
 
+Ctrl-C: a loop lent to the main thread would take a KeyboardInterrupt inside
+whatever callback or task step it runs (asyncio lets a BaseException end the
+task and leave run_forever). This module does not handle it: the Consumer's
+blocking calls defer SIGINT around all their work, lent loop included, and
+raise it at a safe point (tidelog._sigint). The Producer never lends.
+
 Thread-safe: every method may be called from any thread.
 """
 

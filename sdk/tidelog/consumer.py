@@ -12,6 +12,12 @@ its loop, it runs the loop in the caller's thread while poll() waits
 (`PollEvent`, tidelog._poll_wait): answers are handled there, one thread
 hand-off less per answer.
 
+Ctrl-C: in the main thread, a blocking call (poll(), iteration, commit(),
+close(), ...) defers SIGINT and raises KeyboardInterrupt itself at a safe
+point, never inside the SDK's loop or half-way through taking records
+(tidelog._sigint): the consumer stays usable, and close() still commits and
+leaves the group.
+
 In a group (needs a cluster: brokers with --etcd and a coordinator)::
 
     with Consumer("orders", group_id="billing", bootstrap_servers="127.0.0.1:9392",
@@ -39,14 +45,16 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from tidelog import _sigint
 from tidelog._async_consumer import AsyncConsumer
 from tidelog._client_metrics import Metrics
 from tidelog._connection import Cluster
@@ -77,6 +85,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 log = logging.getLogger("tidelog.consumer")
 
@@ -85,6 +94,24 @@ __all__ = ["AsyncConsumer", "CommitCallback", "Consumer", "Offsets"]
 #: What a membership change (join, leave) may take beyond request_timeout_ms
 #: before the caller's thread stops waiting for it (see _BlockingIo.run).
 MEMBERSHIP_MARGIN_S = 5.0
+
+
+def _guarded(
+    method: Callable[Concatenate[Consumer, P], T],
+) -> Callable[Concatenate[Consumer, P], T]:
+    """A blocking method that defers Ctrl-C in the main thread and raises
+    it as it returns (tidelog._sigint). poll() does the same inline (its
+    hot path takes no wrapper)."""
+
+    @functools.wraps(method)
+    def call(self: Consumer, *args: P.args, **kwargs: P.kwargs) -> T:
+        guarded = _sigint.enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _sigint.leave(guarded)
+
+    return call
 
 
 class _BlockingIo:
@@ -162,9 +189,17 @@ class Consumer:
         **options: Any,
     ) -> None:
         self._config = make_config(topics, bootstrap_servers, options)
-        self._loop_thread = client_loop(
-            f"tidelog-consumer-{self._config.client_id}", self._config.shared_loop_thread
-        )
+        # Counted open until close() (or a failed construction): the last
+        # to close puts SIGINT's default handler back (tidelog._sigint).
+        _sigint.opened()
+        self._sigint_open = True
+        try:
+            self._loop_thread = client_loop(
+                f"tidelog-consumer-{self._config.client_id}", self._config.shared_loop_thread
+            )
+        except BaseException:
+            self._release_sigint()
+            raise
         try:
             self._inbox: deque[tuple] = deque()
             self._data = PollEvent(self._loop_thread)
@@ -203,6 +238,7 @@ class Consumer:
         except BaseException:
             # The loop thread may be shared: give back this client's use of it.
             self._loop_thread.stop()
+            self._release_sigint()
             raise
         if topics:
             try:
@@ -280,9 +316,11 @@ class Consumer:
 
     def _check_wakeup(self) -> None:
         """In a poll, once per wake-up: ClosedError after a close() from
-        another thread, WakeupError after wakeup()."""
+        another thread, KeyboardInterrupt after a Ctrl-C (tidelog._sigint),
+        WakeupError after wakeup()."""
         if self._closing:
             raise ClosedError("the consumer was closed while polling")
+        _sigint.check()
         if self._woken:
             # Not atomic with wakeup()'s store: a wakeup() that races this
             # one is folded into it, as two wakeup() calls before a poll are.
@@ -290,12 +328,14 @@ class Consumer:
             raise WakeupError("Consumer.wakeup() was called")
 
     def _check_wakeup_outside_poll(self) -> None:
+        _sigint.check()
         if self._woken and not self._in_poll:
             self._woken = False
             raise WakeupError("Consumer.wakeup() was called")
 
     # ------------------------------------------------------------ groups
 
+    @_guarded
     def subscribe(
         self,
         topics: Sequence[str] | str = (),
@@ -327,12 +367,14 @@ class Consumer:
         """The subscribed topics (or the pattern), empty when not subscribed."""
         return self._side.subscription()
 
+    @_guarded
     def unsubscribe(self) -> None:
         """Leave the group (its partitions are revoked first)."""
         self._check_open()
         if self._side.subscribed:
             run_blocking(self._side.leave(leave=True))
 
+    @_guarded
     def commit(self, offsets: Offsets | None = None) -> None:
         """Commit and wait: `offsets` (partition -> next offset to consume),
         or the position of every owned partition (what poll() and iteration
@@ -351,12 +393,14 @@ class Consumer:
         future: concurrent.futures.Future[None] = self._side.commit_async(offsets, callback)
         return future
 
+    @_guarded
     def committed(self, partition: TopicPartition, metadata: bool = False) -> Any:
         """The group's committed offset of `partition` (an OffsetAndMetadata
         with `metadata=True`); None when nothing is committed."""
         self._check_open()
         return self._run_wakeable(self._side.committed(partition, metadata))
 
+    @_guarded
     def seek_to_committed(self, *partitions: TopicPartition) -> dict[TopicPartition, int | None]:
         """Move to the group's committed offsets (all assigned partitions
         when none given); a partition with none committed is reset by
@@ -377,6 +421,7 @@ class Consumer:
 
     # ------------------------------------------------------------ assignment
 
+    @_guarded
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """Read exactly these partitions (replacing any earlier assignment).
         New partitions start at auto_offset_reset until seek() says otherwise.
@@ -411,6 +456,7 @@ class Consumer:
         self._handed.reset()
         self._subs.reset(check_partitions(partitions) or sorted(self._subs.assignment()), strategy)
 
+    @_guarded
     def position(self, partition: TopicPartition, timeout: float | None = None) -> int:
         """The offset of the next record poll() returns for `partition`,
         waiting (up to `timeout`, default request_timeout_ms) for a reset.
@@ -462,12 +508,22 @@ class Consumer:
         called meanwhile (from another thread); in a group, the error of a
         join the coordinator refused (a full group: InvalidRequestError),
         and the next poll() joins again."""
-        with self._polling:
-            outer, self._in_poll = self._in_poll, True
-            try:
-                return self._poll(timeout_ms, max_records)
-            finally:
-                self._in_poll = outer
+        guarded = _sigint.enter()
+        try:
+            with self._polling:
+                outer, self._in_poll = self._in_poll, True
+                try:
+                    records = self._poll(timeout_ms, max_records)
+                finally:
+                    self._in_poll = outer
+                if records and guarded and _sigint.pending():
+                    # A Ctrl-C while these were taken: raised below, and
+                    # they come again from the next poll.
+                    self._subs.unread(records)
+                    return {}
+                return records
+        finally:
+            _sigint.leave(guarded)
 
     def _poll(
         self, timeout_ms: float, max_records: int | None
@@ -509,12 +565,24 @@ class Consumer:
         max_records: a fetch answer is the unit. Returns {} when nothing came
         within `timeout_ms`. `pyarrow.Table.from_batches(batches)` joins a
         partition's batches without copying. Woken and closed as poll()."""
-        with self._polling:
-            outer, self._in_poll = self._in_poll, True
-            try:
-                return self._poll_arrow(timeout_ms, include_headers)
-            finally:
-                self._in_poll = outer
+        guarded = _sigint.enter()
+        try:
+            with self._polling:
+                outer, self._in_poll = self._in_poll, True
+                try:
+                    batches = self._poll_arrow(timeout_ms, include_headers)
+                finally:
+                    self._in_poll = outer
+                if batches and guarded and _sigint.pending():
+                    # A Ctrl-C while these were taken: raised below; the
+                    # next poll fetches them again (a batch cannot be put back).
+                    self._handed.reset()
+                    for tp, taken in batches.items():
+                        self._subs.seek(tp, taken[0].column("offset")[0].as_py())
+                    return {}
+                return batches
+        finally:
+            _sigint.leave(guarded)
 
     def _poll_arrow(
         self, timeout_ms: float, include_headers: bool
@@ -580,6 +648,7 @@ class Consumer:
 
     # ------------------------------------------------------------ offsets
 
+    @_guarded
     def _list_offsets(
         self, query: dict[TopicPartition, int]
     ) -> dict[TopicPartition, tuple[int, int]]:
@@ -606,12 +675,14 @@ class Consumer:
         query = {TopicPartition(*tp): ts for tp, ts in timestamps.items()}
         return offsets_and_times(self._list_offsets(query))
 
+    @_guarded
     def topics(self) -> set[str]:
         """Every topic in the cluster (that this client may see)."""
         self._check_open()
         found = self._loop_thread.run(self._cluster.all_topics(), timeout=self._timeout_s)
         return {name for name, meta in found.items() if meta.error is None}
 
+    @_guarded
     def partitions_for_topic(self, topic: str) -> set[int] | None:
         """Partition numbers of `topic`, None when it does not exist."""
         self._check_open()
@@ -633,6 +704,22 @@ class Consumer:
         for one dropped). Idempotent."""
         if self._closed:
             return
+        guarded = _sigint.enter()
+        try:
+            self._close_guarded(autocommit, timeout_ms)
+        finally:
+            try:
+                _sigint.leave(guarded)
+            finally:
+                if self._closed:
+                    self._release_sigint()
+
+    def _release_sigint(self) -> None:
+        if self._sigint_open:
+            self._sigint_open = False
+            _sigint.closed()
+
+    def _close_guarded(self, autocommit: bool, timeout_ms: float | None) -> None:
         if timeout_ms is not None:
             if timeout_ms < 0:
                 raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms}")
