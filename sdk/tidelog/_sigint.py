@@ -134,7 +134,7 @@ def check() -> None:
 
 def pending() -> bool:
     """Whether the calling thread's guarded call has an interrupt pending
-    (what a poll that took records gives back before `leave` raises it)."""
+    (a wait it ends early, for `leave` to raise)."""
     return STATE.pending and threading.get_ident() == MAIN_IDENT
 
 

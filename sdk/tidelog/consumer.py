@@ -509,6 +509,7 @@ class Consumer:
         join the coordinator refused (a full group: InvalidRequestError),
         and the next poll() joins again."""
         guarded = _sigint.enter()
+        records: dict[TopicPartition, list[ConsumerRecord]] = {}
         try:
             with self._polling:
                 outer, self._in_poll = self._in_poll, True
@@ -516,14 +517,16 @@ class Consumer:
                     records = self._poll(timeout_ms, max_records)
                 finally:
                     self._in_poll = outer
-                if records and guarded and _sigint.pending():
-                    # A Ctrl-C while these were taken: raised below, and
-                    # they come again from the next poll.
-                    self._subs.unread(records)
-                    return {}
-                return records
         finally:
-            _sigint.leave(guarded)
+            try:
+                _sigint.leave(guarded)
+            except KeyboardInterrupt:
+                # A Ctrl-C while these were taken (up to leave() itself, whose
+                # own entry may take it): they come again from the next poll.
+                if records:
+                    self._subs.unread(records)
+                raise
+        return records
 
     def _poll(
         self, timeout_ms: float, max_records: int | None
@@ -566,6 +569,7 @@ class Consumer:
         within `timeout_ms`. `pyarrow.Table.from_batches(batches)` joins a
         partition's batches without copying. Woken and closed as poll()."""
         guarded = _sigint.enter()
+        batches: dict[TopicPartition, list[pa.RecordBatch]] = {}
         try:
             with self._polling:
                 outer, self._in_poll = self._in_poll, True
@@ -573,16 +577,18 @@ class Consumer:
                     batches = self._poll_arrow(timeout_ms, include_headers)
                 finally:
                     self._in_poll = outer
-                if batches and guarded and _sigint.pending():
-                    # A Ctrl-C while these were taken: raised below; the
-                    # next poll fetches them again (a batch cannot be put back).
+        finally:
+            try:
+                _sigint.leave(guarded)
+            except KeyboardInterrupt:
+                # A Ctrl-C while these were taken (up to leave() itself): the
+                # next poll fetches them again (a batch cannot be put back).
+                if batches:
                     self._handed.reset()
                     for tp, taken in batches.items():
                         self._subs.seek(tp, taken[0].column("offset")[0].as_py())
-                    return {}
-                return batches
-        finally:
-            _sigint.leave(guarded)
+                raise
+        return batches
 
     def _poll_arrow(
         self, timeout_ms: float, include_headers: bool

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tidelog import Producer
+from tidelog import Consumer, Producer, TopicPartition, _sigint
 
 from tests.integration.groups.conftest import committed_offsets, create_topic
 from tests.support.cluster import ClusterProcesses
@@ -134,3 +134,50 @@ def test_ctrl_c_during_poll_is_raised_by_poll_and_costs_nothing(
         child.kill()
         log = child.log_path.read_text(errors="replace")[-4000:]
         print(f"--- child log (last 4000 chars)\n{log}")
+
+
+def test_a_ctrl_c_taken_as_poll_ends_gives_its_records_back(
+    cluster: ClusterProcesses, names: tuple[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGINT that Python handles at the very end of poll() (at the entry of
+    _sigint.leave, after poll() took its records): poll() raises
+    KeyboardInterrupt and the records come again from the next poll (they
+    were lost once: poll() had looked for a pending interrupt just before)."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are set in the main thread only")
+    before = signal.getsignal(signal.SIGINT)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    topic, _ = names
+    create_topic(cluster, topic, 1)
+    tp = TopicPartition(topic, 0)
+    try:
+        with Producer(cluster.bootstrap) as producer:
+            for i in range(10):
+                producer.send(topic, b"%d" % i, partition=0)
+            producer.flush()
+        with Consumer(
+            bootstrap_servers=cluster.bootstrap,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+        ) as consumer:
+            consumer.assign([tp])
+            first: list[int] = []
+            deadline = time.monotonic() + READY_S
+            while not first and time.monotonic() < deadline:
+                first = [r.offset for r in consumer.poll(timeout_ms=200, max_records=1).get(tp, [])]
+            assert first == [0]
+            leave = _sigint.leave
+
+            def signalled_at_leave(guarded: bool) -> None:
+                if guarded:
+                    _sigint.STATE.pending = True  # the handler ran here, deferred
+                leave(guarded)
+
+            monkeypatch.setattr(_sigint, "leave", signalled_at_leave)
+            with pytest.raises(KeyboardInterrupt):
+                consumer.poll(timeout_ms=200, max_records=5)
+            monkeypatch.setattr(_sigint, "leave", leave)
+            again = [r.offset for r in consumer.poll(timeout_ms=2000, max_records=5).get(tp, [])]
+            assert again == [1, 2, 3, 4, 5]
+    finally:
+        signal.signal(signal.SIGINT, before)
