@@ -6,8 +6,9 @@ streams, and a `Cluster` for connections and metadata. The synchronous
 Producer runs the sender on its own background event loop (`LoopThread`);
 `send()` only appends to the accumulator in the calling thread, so the cost
 of a record is an append under one lock plus a tuple-sized future; for a
-keyless bytes record with nothing to serialize, one C call into the topic's
-lane (tidelog._accumulator, _cproduce.c) without the lock.
+bytes record (keyless, keyed or a tombstone, with headers or not) with
+nothing to serialize, one C call into its lane (tidelog._accumulator,
+_cproduce.c) without the lock.
 
 Usage, as with kafka-python and aiokafka::
 
@@ -325,13 +326,14 @@ class Producer:
         delivery are reported through the future; usage errors (wrong types,
         closed producer) raise here.
         """
-        if headers is None and partition is None and timestamp_ms is None:
+        if partition is None and timestamp_ms is None:
             if key is None:
                 # The topic's lane (tidelog._accumulator): one C call, no lock,
-                # for a bytes value that fits; None sends it the long way.
+                # for a bytes value (or None) and headers it takes that fit;
+                # None sends it the long way.
                 lane = self._lanes.get(topic)
                 if lane is not None:
-                    future = lane.append(value)
+                    future = lane.append(value, headers)
                     if future is not None:
                         return future
             else:
@@ -340,7 +342,11 @@ class Producer:
                 table = self._keyed_lanes.get(topic)
                 if table is not None:
                     future = keyed_append(
-                        table, self._cluster.snapshot.partition_counts.get(topic), key, value
+                        table,
+                        self._cluster.snapshot.partition_counts.get(topic),
+                        key,
+                        value,
+                        headers,
                     )
                     if future is not None:
                         return future
@@ -488,19 +494,23 @@ class AsyncProducer:
                 if not self._closed
                 else "the producer is closed"
             )
-        if headers is None and partition is None and timestamp_ms is None:
+        if partition is None and timestamp_ms is None:
             # As in Producer.send: the topic's lane (keyed: its partition's) first.
             if key is None:
                 lane = self._lanes.get(topic)
                 if lane is not None:
-                    future = lane.append(value)
+                    future = lane.append(value, headers)
                     if future is not None:
                         return future
             else:
                 table = self._keyed_lanes.get(topic)
                 if table is not None:
                     future = keyed_append(
-                        table, self._core.cluster.snapshot.partition_counts.get(topic), key, value
+                        table,
+                        self._core.cluster.snapshot.partition_counts.get(topic),
+                        key,
+                        value,
+                        headers,
                     )
                     if future is not None:
                         return future
