@@ -79,9 +79,12 @@ def _plan(count: int, kind: str = "keyed") -> Plan:
 
 
 def _lane_took_headers(producer: Producer | AsyncProducer, topic: str) -> bool:
-    """Whether a lane of the topic takes records with headers now."""
+    """Whether a lane of the topic has taken records into a batch with headers
+    (False where lanes have no headers column, as before they took headers)."""
     lanes = [*(producer._acc.keyed_lanes.get(topic) or []), producer._acc.lanes.get(topic)]
-    return any(lane is not None and lane.with_headers and lane.used for lane in lanes)
+    return any(
+        lane is not None and getattr(lane, "with_headers", False) and lane.used for lane in lanes
+    )
 
 
 def _check(address: str, topic: str, plan, metadata) -> None:  # type: ignore[no-untyped-def]

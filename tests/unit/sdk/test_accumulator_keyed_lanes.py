@@ -493,7 +493,12 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
                 # Let the drainer in between finding the table and using it: a
                 # lane it closes meanwhile must refuse.
                 time.sleep(0)
-            future = None if table is None else keyed_append(table, partitions, key, value, headers)
+            if table is None:
+                future = None
+            elif headers is None:  # the call of send() before lanes took headers
+                future = keyed_append(table, partitions, key, value)
+            else:
+                future = keyed_append(table, partitions, key, value, headers)
             if future is None:
                 future = locked(acc, key, value, partitions, headers=headers)
             else:
