@@ -67,8 +67,8 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   fill;
 - records with headers, in both kinds of lane: a lane opened on a batch
   that has a headers column (a record with headers is in it) is given that
-  list and appends each record's headers to it (a copy, as the locked path
-  stores `list(headers)`; None for a record without), counted as
+  list and appends each record's headers to it (a tuple, as the locked path
+  stores `tuple(headers)`; None for a record without), counted as
   `record_size` counts them. A lane opened before the batch had one refuses
   records with headers; the first such record takes the locked path, which
   gives the batch its column, and the batch's next lane has it (`_settle`

@@ -7,7 +7,7 @@
  * timestamp lists (its create time read here, as time.time_ns() // 1_000_000
  * would), or, a keyed lane, a record with a bytes key to its value, key and
  * timestamp lists (a null value: a tombstone); a lane given the batch's
- * headers list also takes records with headers (a copy of them in that list,
+ * headers list also takes records with headers (a tuple of them in that list,
  * None for a record without), counted as the locked path counts them; and
  * returns the record's FutureRecordMetadata; `keyed_append` does a keyed
  * send() in one call: the key's partition (murmur2), the lane in that slot
@@ -36,7 +36,7 @@
  * close, and the closer sees it (`used`, the lists' lengths), or is refused
  * after it (None: the caller takes the locked path). Objects are created only
  * where a collection they may start cannot let another thread in between the
- * check and the change: the copy of a record's headers (a list, tracked by the
+ * check and the change: the copy of a record's headers (a tuple, tracked by the
  * garbage collector) is made and checked before the lane is, the timestamp int
  * and the index int are not tracked, and the future (a tuple, which is) is
  * made after the record is in the lists. `on_full` runs after that too, without the
@@ -203,11 +203,12 @@ PyDoc_STRVAR(lane_append_doc,
 "append(value, headers=None) -> FutureRecordMetadata | None\n\n"
 "Add one record with this value (bytes, or None: a null value), no key and\n"
 "these headers (None or empty: none; else a list or tuple of (str, bytes |\n"
-"None) tuples, copied as send() copies them), created now, to the batch; None\n"
-"when the lane is closed or keyed, the value is not exactly bytes or None, the\n"
-"headers are not exactly of those types or do not fit a header block, the\n"
-"record has headers and the lane no headers column, or the record does not\n"
-"fit the room left or max_record (the caller's locked path decides then).\n"
+"None) tuples, stored as a tuple as send() stores them), created now, to the\n"
+"batch; None when the lane is closed or keyed, the value is not exactly bytes\n"
+"or None, the headers are not exactly of those types or do not fit a header\n"
+"block, the record has headers and the lane no headers column, or the record\n"
+"does not fit the room left or max_record (the caller's locked path decides\n"
+"then).\n"
 "When the record leaves less room than `overhead` (no further record fits),\n"
 "on_full(lane) is called before returning; what it raises is reported as\n"
 "unraisable, since the record is in and its future is owed.");
@@ -225,19 +226,24 @@ PyDoc_STRVAR(lane_append_keyed_doc,
 #define RECORD_HEADERS_SIZE 4
 #define RECORD_HEADER_SIZE 8
 
-/* A record's headers as a lane takes them: *copy a new list of the headers
+/* A record's headers as a lane takes them: *copy a tuple of the headers
  * (NULL: the record has none: None, or an empty list or tuple) and *size the
  * bytes they add to the record. 1 then; 0 (nothing owned) when the lane must
  * refuse them: not an exact list or tuple of exact (str, bytes | None)
  * tuples, or what the locked path refuses with an error (over 65,535 headers,
  * a key over 65,535 UTF-8 bytes or not encodable); -1 with an error set.
  *
- * The copy, because the locked path stores list(headers): the caller's list
- * may change after send() returns. Made first and checked after: the caller's
- * list is not ours, the copy is, and its items (tuples of str and bytes) cannot
- * change. And made before the lane's checks: a new list is tracked by the
- * garbage collector, whose collection it may start could let another thread
- * in, which must come before those checks, not between them and the appends. */
+ * A tuple, as the locked path stores tuple(headers): a list the caller passed
+ * may change after send() returns, so it is copied (and checked in the copy,
+ * which is ours); a tuple of such tuples cannot change, so it is kept as it
+ * is, as tuple() keeps it. And a tuple rather than a list because the garbage
+ * collector stops tracking a tuple of untracked objects (str, bytes, such
+ * tuples) at its first collection: a list per record would stay tracked while
+ * its batch waits, and every collection would walk them all (records with a
+ * header took ~3 times longer in send() so). The copy is made before the
+ * lane's checks: a new tuple is tracked, and the collection it may start
+ * could let another thread in, which must come before those checks, not
+ * between them and the appends. */
 static int
 lane_headers(PyObject *headers, PyObject **copy, Py_ssize_t *size)
 {
@@ -246,49 +252,61 @@ lane_headers(PyObject *headers, PyObject **copy, Py_ssize_t *size)
     if (headers == NULL || headers == Py_None) {
         return 1;
     }
-    if (!PyList_CheckExact(headers) && !PyTuple_CheckExact(headers)) {
+    PyObject *tuple;
+    if (PyTuple_CheckExact(headers)) {
+        if (PyTuple_GET_SIZE(headers) == 0) {
+            return 1;
+        }
+        tuple = Py_NewRef(headers);
+    } else if (PyList_CheckExact(headers)) {
+        Py_ssize_t n = PyList_GET_SIZE(headers);
+        if (n == 0) {
+            return 1;
+        }
+        tuple = PyTuple_New(n);
+        if (tuple == NULL) {
+            return -1;
+        }
+        /* Made before the list's items are read: a collection it started
+         * that let another thread change the list is seen here. */
+        if (PyList_GET_SIZE(headers) != n) {
+            Py_DECREF(tuple);
+            return 0;
+        }
+        for (Py_ssize_t h = 0; h < n; h++) {
+            PyTuple_SET_ITEM(tuple, h, Py_NewRef(PyList_GET_ITEM(headers, h)));
+        }
+    } else {
         return 0;
     }
-    if (PySequence_Fast_GET_SIZE(headers) == 0) {
-        return 1;
-    }
-    PyObject *list = PySequence_List(headers);
-    if (list == NULL) {
-        return -1;
-    }
-    Py_ssize_t n = PyList_GET_SIZE(list);
-    if (n == 0) {
-        /* Emptied by another thread while the copy was made. */
-        Py_DECREF(list);
-        return 1;
-    }
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
     if (n > HEADER_U16_MAX) {
-        Py_DECREF(list);
+        Py_DECREF(tuple);
         return 0;
     }
     Py_ssize_t total = RECORD_HEADERS_SIZE;
     for (Py_ssize_t h = 0; h < n; h++) {
-        PyObject *item = PyList_GET_ITEM(list, h);
+        PyObject *item = PyTuple_GET_ITEM(tuple, h);
         if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) {
-            Py_DECREF(list);
+            Py_DECREF(tuple);
             return 0;
         }
         PyObject *value = PyTuple_GET_ITEM(item, 1);
         Py_ssize_t klen;
         if (header_key(PyTuple_GET_ITEM(item, 0), &klen) == NULL ||
             (value != Py_None && !PyBytes_CheckExact(value))) {
-            Py_DECREF(list);
+            Py_DECREF(tuple);
             return 0;
         }
         Py_ssize_t vlen = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
         /* Far above any max_record: refused, and no sum can overflow. */
         if (vlen > INT32_MAX || total > INT32_MAX) {
-            Py_DECREF(list);
+            Py_DECREF(tuple);
             return 0;
         }
         total += RECORD_HEADER_SIZE + klen + vlen;
     }
-    *copy = list;
+    *copy = tuple;
     *size = total;
     return 1;
 }
@@ -500,8 +518,8 @@ PyDoc_STRVAR(lane_doc,
 "lists and its BatchResult) for records each counted `overhead` + len(value)\n"
 "bytes: records of no key (append) or, given the batch's `keys` list, records\n"
 "with a bytes key (append_keyed, keyed_append), which also count len(key).\n"
-"Given the batch's `headers` list, records with headers too (each header list\n"
-"a copy, or None for none), which also count their headers as\n"
+"Given the batch's `headers` list, records with headers too (each record's\n"
+"a tuple, or None for none), which also count their headers as\n"
 "tidelog._accumulator.record_size does; without it, only records without.\n"
 "on_full(lane) is called by the append that leaves less than `overhead`\n"
 "bytes of room; see tidelog._accumulator.");

@@ -105,16 +105,19 @@ def _column_sizes(
 _BYTES_OR_NONE = {bytes, type(None)}
 
 
-def _check_headers(headers: Sequence[Header]) -> tuple[list[Header], int]:
-    """`headers` as a list, checked, and the bytes they add to a record
+def _check_headers(headers: Sequence[Header]) -> tuple[tuple[Header, ...], int]:
+    """`headers` as a tuple, checked, and the bytes they add to a record
     (what `_accumulator.record_size` counts for them), in one pass: send() pays it per
-    record.
+    record. A tuple, as send()'s lanes store them too (_cproduce.c `lane_headers`): a
+    tuple passed in is kept as it is, and the garbage collector stops tracking a tuple
+    of str, bytes and such tuples, where a list per record waiting in its batch would
+    be walked by every collection.
 
     Raises TypeError for an item that is not a (str, bytes | None) tuple, and
     ValueError past what a header block can hold (MAX_HEADERS_PER_RECORD
     headers, keys of MAX_HEADER_KEY_BYTES in UTF-8): caught here, such a
     record would otherwise fail its whole batch when the sender encodes it."""
-    out = list(headers)
+    out = tuple(headers)
     if len(out) > MAX_HEADERS_PER_RECORD:
         raise ValueError(
             f"a record has {len(out)} headers, over the limit of {MAX_HEADERS_PER_RECORD} "
@@ -191,7 +194,7 @@ class _ProducerCore:
         key: Any,
         headers: Sequence[Header] | None,
         timestamp_ms: int | None,
-    ) -> tuple[bytes | None, bytes | None, list[Header] | None, int, int]:
+    ) -> tuple[bytes | None, bytes | None, tuple[Header, ...] | None, int, int]:
         """Serialize and check one record: (key, value, headers, size, timestamp)."""
         if self.key_serializer is not None:
             key = self.key_serializer(key)

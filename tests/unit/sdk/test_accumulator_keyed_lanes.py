@@ -86,8 +86,8 @@ def locked(  # type: ignore[no-untyped-def]
     max_block_s: float | None = 1.0,
 ):
     """What Producer.send does with a keyed record no lane takes (its headers
-    checked into a list, none when empty)."""
-    checked = list(headers) if headers else None
+    checked into a tuple, none when empty)."""
+    checked = tuple(headers) if headers else None
     return acc.append(
         "t",
         partition_for_key(key, count),
@@ -614,7 +614,7 @@ def producer_send(  # type: ignore[no-untyped-def]
             future = None if table is None else keyed_append(table, COUNT, key, value, headers)
         if future is not None:
             return future, True
-    checked = list(headers) if headers else None
+    checked = tuple(headers) if headers else None
     future = acc.append(
         "t",
         -1 if key is None else partition_for_key(key, COUNT),
@@ -731,7 +731,7 @@ def test_a_keyed_lane_takes_headers_once_its_batch_has_a_headers_column() -> Non
     _, via_lane = producer_send(acc, k0, b"c", trace)
     assert not via_lane and lane.closed
     batch = acc._open["t"][0]
-    assert batch.headers == [None, None, None, [("trace", b"1")]]
+    assert batch.headers == [None, None, None, (("trace", b"1"),)]
     # The record with headers gave the batch its column: the next lane has it.
     lane = table[0]
     assert lane is not None and lane.with_headers and not batch.lane_refused
@@ -745,10 +745,10 @@ def test_a_keyed_lane_takes_headers_once_its_batch_has_a_headers_column() -> Non
     for value, h in sent:
         assert keyed_append(table, COUNT, k0, value, h) is not None
     # The caller's list changes after send(): the record does not (a copy, as
-    # the locked path's list(headers)).
+    # the locked path's tuple(headers)); a tuple is kept as it is, as tuple() does.
     headers.append(("late", b"x"))
-    assert batch.headers[-3:] == [[("trace", b"2"), ("ü", None)], [("t", b"3")], None]
-    assert type(batch.headers[-2]) is list
+    assert batch.headers[-3:] == [(("trace", b"2"), ("ü", None)), (("t", b"3"),), None]
+    assert type(batch.headers[-3]) is tuple and batch.headers[-2] is sent[1][1]
     assert lane.used == sum(sizes)
     (ready,) = drain_all(acc)
     assert rows_of(ready) == [
