@@ -327,14 +327,17 @@ truncate_list(PyObject *list, Py_ssize_t length)
 static PyObject *
 lane_put(Lane *self, PyObject *key, PyObject *value, PyObject *headers)
 {
-    PyObject *copy;
-    Py_ssize_t size;
-    int taken = lane_headers(headers, &copy, &size);
-    if (taken <= 0) {
-        if (taken < 0) {
-            return NULL;
+    PyObject *copy = NULL;
+    Py_ssize_t size = 0;
+    /* Most records have no headers: they pay one comparison for them. */
+    if (headers != NULL && headers != Py_None) {
+        int taken = lane_headers(headers, &copy, &size);
+        if (taken <= 0) {
+            if (taken < 0) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
         }
-        Py_RETURN_NONE;
     }
     /* From here until the record is in, no object the garbage collector
      * tracks is made. Dropping `copy` when refusing runs no Python code: the
