@@ -479,35 +479,41 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
     sent: list = []  # type: ignore[type-arg]
     misplaced: list[int] = []
     taken: list[int] = []
+    failed: list[BaseException] = []
     done = threading.Event()
 
     def produce() -> None:
-        partitions = COUNT
-        for i in range(count):
-            if change_count and i == count // 2:
-                partitions = COUNT + 2
-            key = keys[i % len(keys)]
-            value, headers = concurrent_record(kind, i)
-            table = acc.keyed_lanes.get("t")
-            if i % 25 == 0:
-                # Let the drainer in between finding the table and using it: a
-                # lane it closes meanwhile must refuse.
-                time.sleep(0)
-            if table is None:
-                future = None
-            elif headers is None:  # the call of send() before lanes took headers
-                future = keyed_append(table, partitions, key, value)
-            else:
-                future = keyed_append(table, partitions, key, value, headers)
-            if future is None:
-                future = locked(acc, key, value, partitions, headers=headers)
-            else:
-                taken.append(i)
-            # The key's partition for the count this send read, lane or not.
-            if future[0].partition != partition_for_key(key, partitions):
-                misplaced.append(i)
-            sent.append((future, key, value, headers or []))
-        done.set()
+        try:
+            partitions = COUNT
+            for i in range(count):
+                if change_count and i == count // 2:
+                    partitions = COUNT + 2
+                key = keys[i % len(keys)]
+                value, headers = concurrent_record(kind, i)
+                table = acc.keyed_lanes.get("t")
+                if i % 25 == 0:
+                    # Let the drainer in between finding the table and using it: a
+                    # lane it closes meanwhile must refuse.
+                    time.sleep(0)
+                if table is None:
+                    future = None
+                elif headers is None:  # the call of send() before lanes took headers
+                    future = keyed_append(table, partitions, key, value)
+                else:
+                    future = keyed_append(table, partitions, key, value, headers)
+                if future is None:
+                    future = locked(acc, key, value, partitions, headers=headers)
+                else:
+                    taken.append(i)
+                # The key's partition for the count this send read, lane or not.
+                if future[0].partition != partition_for_key(key, partitions):
+                    misplaced.append(i)
+                sent.append((future, key, value, headers or []))
+        except BaseException as exc:  # reported below, not lost with the thread
+            failed.append(exc)
+        finally:
+            # The drainer stops waiting whatever happened here.
+            done.set()
 
     drained = []
     thread = threading.Thread(target=produce)
@@ -521,6 +527,7 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
             drained.append(batch)
             acc.resolved(batch)
     thread.join()
+    assert not failed, failed
     assert not misplaced
     # Most records took a lane, those with headers too.
     assert len(taken) > count // 2
