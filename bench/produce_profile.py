@@ -33,6 +33,17 @@ wall time the sends took (``wall``: the rest is the flush).
 broker I/O), to price the calling thread's per-record work by itself: the locked append, and
 send()'s path through the lanes of tidelog._cproduce (when built).
 
+A/B against another git ref: ``bench._checkout.export("main", Path(d))`` unpacks that ref's SDK
+and services into ``d``, builds its own C modules there and returns the PYTHONPATH that runs
+them; run this module with that PYTHONPATH (the bench code stays this tree's; the broker it
+starts inherits it) and without, alternately, and compare the medians of ``send us/rec``::
+
+    PP=$(python -c 'from pathlib import Path; from bench import _checkout
+    print(_checkout.export("main", Path("/tmp/ab")))')
+    PYTHONPATH=$PP python -m bench.produce_profile --keys 1000 --partitions 4 --headers 1 \
+        --linger-ms 60000 --batch-size 33554432 --buffer-memory 1073741824
+    python -m bench.produce_profile --keys 1000 --partitions 4 --headers 1 ...
+
 Not part of `make bench`.
 """
 

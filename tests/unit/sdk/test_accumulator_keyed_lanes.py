@@ -613,12 +613,14 @@ def producer_send(  # type: ignore[no-untyped-def]
     (keyless: the topic's; keyed: its partition's), else the locked append.
     (future, whether a lane took it)."""
     if lanes:
+        # (Without headers, the calls of send() before lanes took them.)
+        more = () if headers is None else (headers,)
         if key is None:
             lane = acc.lanes.get("t")
-            future = None if lane is None else lane.append(value, headers)
+            future = None if lane is None else lane.append(value, *more)
         else:
             table = acc.keyed_lanes.get("t")
-            future = None if table is None else keyed_append(table, COUNT, key, value, headers)
+            future = None if table is None else keyed_append(table, COUNT, key, value, *more)
         if future is not None:
             return future, True
     checked = tuple(headers) if headers else None
