@@ -239,11 +239,12 @@ PyDoc_STRVAR(lane_append_keyed_doc,
  * is, as tuple() keeps it. And a tuple rather than a list because the garbage
  * collector stops tracking a tuple of untracked objects (str, bytes, such
  * tuples) at its first collection: a list per record would stay tracked while
- * its batch waits, and every collection would walk them all (records with a
- * header took ~3 times longer in send() so). The copy is made before the
- * lane's checks: a new tuple is tracked, and the collection it may start
- * could let another thread in, which must come before those checks, not
- * between them and the appends. */
+ * its batch waits, and every collection would walk them all (a lane took a
+ * record with one header in ~0.6-1.1 us so, ~0.3 with a tuple copy of a list,
+ * ~0.2 with the caller's tuple). The copy is made before the lane's checks:
+ * a new tuple is tracked, and the collection it may start could let another
+ * thread in, which must come before those checks, not between them and the
+ * appends. */
 static int
 lane_headers(PyObject *headers, PyObject **copy, Py_ssize_t *size)
 {
