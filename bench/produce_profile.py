@@ -21,6 +21,8 @@ cost each thread and the broker (its check of every header block).
 
 ``--keys N``: each record has one of N distinct 8-byte keys (in turn), so it goes to its key's
 murmur2 partition (``--partitions P`` of them; default 1), the way most Kafka users send.
+``--tombstones K`` (with ``--keys``): every K-th record is a tombstone (its value None, a
+compacted topic's delete; 1: every record).
 ``--linger-ms``, ``--batch-size`` and ``--buffer-memory`` change the producer's (e.g. linger
 60,000 and 32 MiB batches: no request runs while the records are sent, so the calling thread's
 cost is send()'s alone). Every run also prints the calling thread's CPU during the sends
@@ -30,6 +32,17 @@ wall time the sends took (``wall``: the rest is the flush).
 ``--send-only``: send() alone, against an accumulator nobody drains (huge buffer_memory; no
 broker I/O), to price the calling thread's per-record work by itself: the locked append, and
 send()'s path through the lanes of tidelog._cproduce (when built).
+
+A/B against another git ref: ``bench._checkout.export("main", Path(d))`` unpacks that ref's SDK
+and services into ``d``, builds its own C modules there and returns the PYTHONPATH that runs
+them; run this module with that PYTHONPATH (the bench code stays this tree's; the broker it
+starts inherits it) and without, alternately, and compare the medians of ``send us/rec``::
+
+    PP=$(python -c 'from pathlib import Path; from bench import _checkout
+    print(_checkout.export("main", Path("/tmp/ab")))')
+    PYTHONPATH=$PP python -m bench.produce_profile --keys 1000 --partitions 4 --headers 1 \
+        --linger-ms 60000 --batch-size 33554432 --buffer-memory 1073741824
+    python -m bench.produce_profile --keys 1000 --partitions 4 --headers 1 ...
 
 Not part of `make bench`.
 """
@@ -101,10 +114,12 @@ def run(
     keys: int = 0,
     linger_ms: int | None = None,
     producer_options: dict[str, int] | None = None,
+    tombstones: int = 0,
 ) -> None:
     """One run: `records` sends as fast as they go (linger 5 ms) or, with `rate`, at that
     many per second (linger 0); each record with `headers` headers (16-byte values) and,
-    with `keys`, one of that many 8-byte keys in turn."""
+    with `keys`, one of that many 8-byte keys in turn; with `tombstones` K, every K-th of
+    those a tombstone (no value)."""
     value = os.urandom(record_bytes)
     record_headers = [(f"header-{i}", os.urandom(16)) for i in range(headers)] or None
     key_list = [b"%08d" % i for i in range(keys)]
@@ -125,7 +140,13 @@ def run(
         if record_headers is not None:
             send = functools.partial(send, headers=record_headers)
         send_cpu0 = time.thread_time()
-        if rate is None and key_list:
+        if rate is None and key_list and tombstones:
+            # Keys in turn, every tombstones-th value None: precomputed, as below.
+            in_turn = (key_list * (records // len(key_list) + 1))[:records]
+            values = [None if i % tombstones == tombstones - 1 else value for i in range(records)]
+            for key, record_value in zip(in_turn, values, strict=True):
+                send(topic, record_value, key)
+        elif rate is None and key_list:
             # Keys in turn: precomputed, so the loop costs what send() costs.
             for key in (key_list * (records // len(key_list) + 1))[:records]:
                 send(topic, value, key)
@@ -218,11 +239,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="with --rate")
     parser.add_argument("--headers", type=int, default=0, help="headers per record")
     parser.add_argument("--keys", type=int, default=0, help="distinct 8-byte keys (0: none)")
+    parser.add_argument(
+        "--tombstones", type=int, default=0, help="every K-th keyed record a tombstone (1: all)"
+    )
     parser.add_argument("--partitions", type=int, default=1, help="the topic's partitions")
     parser.add_argument("--linger-ms", type=int, help="default 5 (0 with --rate)")
     parser.add_argument("--batch-size", type=int, help="bytes (default the producer's)")
     parser.add_argument("--buffer-memory", type=int, help="bytes (default the producer's)")
     args = parser.parse_args(argv)
+    if args.tombstones and (args.keys <= 0 or args.rate is not None or args.tombstones < 0):
+        parser.error("--tombstones K needs --keys N and no --rate (a tombstone has a key)")
     records = args.records if args.rate is None else int(args.rate * args.seconds)
     if args.send_only:
         send_only(args.records, args.record_bytes)
@@ -247,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.keys,
                 args.linger_ms,
                 options,
+                args.tombstones,
             )
             workloads.delete_topic(broker.address, topic)
 

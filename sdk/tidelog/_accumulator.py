@@ -29,9 +29,9 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
 - the *lanes* (`lanes`, when tidelog._cproduce was compiled and the producer
   has no serializer and no partitioner): the sticky batch of a topic may hold
   a `Lane`, a grant of room that the producers' send() fills without this
-  lock, one C call per keyless, header-less bytes record (see _cproduce.c
-  for why that is safe). The room is reserved in the buffer memory when the
-  lane opens (the batch's room, at most half of what is free, so that lanes
+  lock, one C call per keyless record with a bytes value or none (see
+  _cproduce.c for why that is safe). The room is reserved in the buffer
+  memory when the lane opens (the batch's room, at most half of what is free, so that lanes
   of many topics leave room for each other and for locked appends) and what
   was not used is given back when it closes. A lane opens after a locked
   append of such a record to the sticky batch, and closes, under the lock,
@@ -41,18 +41,19 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   lock, which `_lane_filled` takes) to seal a batch left full. So a batch's
   columns and size are whole whenever the lock is held and the batch has no
   lane. A batch whose lane was closed by a record it had room for (a keyed
-  one, headers, a bytearray...) gets no other lane: mixed sends keep the
-  locked path rather than open and close a lane per record;
+  one, a bytearray, an explicit partition or timestamp...) gets no other
+  lane: mixed sends keep the locked path rather than open and close a lane
+  per record;
 - the *keyed lanes* (`keyed_lanes`): the same for records with a bytes key,
-  per partition. A topic's table is a list with a slot per partition, made
-  for the partition count its length is; a locked append of a keyed record
-  without headers gives its partition's open batch a keyed lane (one that
-  also appends to the batch's keys), in that slot. send() computes the key's
-  partition from the count of the metadata snapshot, as the locked path
-  does, and `_cproduce.keyed_append` finds the lane and appends in one C
-  call, refusing when the table's length is not that count (the metadata
-  changed: the next locked keyed append closes the table's lanes and makes
-  a table for the new count). The rules of the keyless lane hold for each
+  per partition, tombstones (a null value) included. A topic's table is a
+  list with a slot per partition, made for the partition count its length
+  is; a locked append of a keyed record gives its partition's open batch a
+  keyed lane (one that also appends to the batch's keys), in that slot.
+  send() computes the key's partition from the count of the metadata
+  snapshot, as the locked path does, and `_cproduce.keyed_append` finds the
+  lane and appends in one C call, refusing when the table's length is not
+  that count (the metadata changed: the next locked keyed append closes the
+  table's lanes and makes a table for the new count). The rules of the keyless lane hold for each
   keyed lane: it closes, under the lock, before a locked append, seal, drain
   or close reaches its batch (`_settle`: the locked path closes the lane of
   any batch it is about to look at, whichever partition it is for), so a
@@ -63,7 +64,17 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   memory (each is granted at most half of what is free): a locked append
   that would wait for memory first closes every lane (`_reclaim_lanes`), so
   reserved room never blocks a send, and waits only for memory that records
-  fill.
+  fill;
+- records with headers, in both kinds of lane: a lane opened on a batch
+  that has a headers column (a record with headers is in it) is given that
+  list and appends each record's headers to it (a tuple, as the locked path
+  stores `tuple(headers)`; None for a record without), counted as
+  `record_size` counts them. A lane opened before the batch had one refuses
+  records with headers; the first such record takes the locked path, which
+  gives the batch its column, and the batch's next lane has it (`_settle`
+  does not count that record as one the lane had room for but bypassed). So
+  a batch without headers never gets a headers column from a lane: a
+  keyless one keeps the one-pass body of _cproduce.plain_body.
 
 Thread-safe: every public method takes `_lock`. The sender is woken through
 the `wake` callable (a hop to the event loop) only when a batch is created or
@@ -106,14 +117,20 @@ if TYPE_CHECKING:
 
 
 def _no_keyed_append(
-    table: list[Lane | None], partition_count: object, key: object, value: object
+    table: list[Lane | None],
+    partition_count: object,
+    key: object,
+    value: object,
+    headers: object = None,
 ) -> FutureRecordMetadata | None:
     """keyed_append without tidelog._cproduce (never called: no lanes open then)."""
     return None
 
 
 #: Producer.send's keyed fast path: _cproduce.keyed_append (see _cproduce.c).
-keyed_append: Callable[[list[Lane | None], object, object, object], FutureRecordMetadata | None]
+keyed_append: Callable[
+    [list[Lane | None], object, object, object, object], FutureRecordMetadata | None
+]
 keyed_append = _no_keyed_append if _cproduce is None else _cproduce.keyed_append
 
 #: Per-record body bytes besides key and value (the two length slots);
@@ -322,7 +339,7 @@ class RecordAccumulator:
         self._acquire()
         try:
             if topic in self.lanes:
-                self._close_topic_lane(topic, size)
+                self._close_topic_lane(topic, size, bool(headers))
             if self._buffered + size > self._buffer_memory or self.closed:
                 self._wait_for_space(size, max_block_s)
             if key is not None and self._lane_max_record >= 0:
@@ -334,10 +351,14 @@ class RecordAccumulator:
             by_partition = self._open.get(topic)
             chosen = self._sticky_current.get(topic, -1) if partition < 0 else partition
             batch = None if by_partition is None else by_partition.get(chosen)
-            if batch is not None and batch.lane is not None and not self._settle(batch, size):
+            if (
+                batch is not None
+                and batch.lane is not None
+                and not self._settle(batch, size, bool(headers))
+            ):
                 batch = None
             if batch is None or batch.size + size > self._batch_size:
-                batch = self._batch_for(topic, partition, partition_count, size)
+                batch = self._batch_for(topic, partition, partition_count, size, bool(headers))
             values = batch.values
             index = len(values)
             values.append(value)
@@ -355,12 +376,7 @@ class RecordAccumulator:
             if batch.size > self._full_above:
                 self._seal(batch)
                 self._wake_sender()
-            elif (
-                size <= self._lane_max_record
-                and not headers
-                and batch.headers is None
-                and not batch.lane_refused
-            ):
+            elif size <= self._lane_max_record and not batch.lane_refused:
                 if partition < 0 and key is None and batch.keys is None:
                     self._open_lane(batch, size)
                 elif partition >= 0 and key is not None:
@@ -413,6 +429,7 @@ class RecordAccumulator:
             RECORD_OVERHEAD,
             partial(self._lane_filled, batch),
             batch.keys if keyed else None,
+            batch.headers,
         )
         self._buffered += room
         return batch.lane
@@ -438,16 +455,21 @@ class RecordAccumulator:
             return False
         return True
 
-    def _settle(self, batch: ProducerBatch, size: int) -> bool:
+    def _settle(self, batch: ProducerBatch, size: int, headers: bool = False) -> bool:
         """Close `batch`'s lane before a locked append of a record of `size`
         bytes may reach the batch (under the lock): `_end_lane`, and when
         the lane had room for that record (it is one a lane does not take),
-        the batch gets no other lane. Whether the batch is still open."""
+        the batch gets no other lane. Whether the batch is still open.
+
+        Except for a record with `headers` while the batch has no headers
+        column (so its lane had none): the lane could not take it for that
+        alone, and once the record is in, the batch's next lane has that
+        column and takes such records (once per batch)."""
         lane = batch.lane
         assert lane is not None
         if not self._end_lane(batch):
             return False
-        if lane.room - lane.used >= size:
+        if lane.room - lane.used >= size and not (headers and batch.headers is None):
             batch.lane_refused = True
         return True
 
@@ -475,17 +497,17 @@ class RecordAccumulator:
         finally:
             self._release()
 
-    def _close_topic_lane(self, topic: str, size: int) -> None:
+    def _close_topic_lane(self, topic: str, size: int, headers: bool = False) -> None:
         """End the lane of `topic` before a locked append of a record of
-        `size` bytes to the topic (any of its partitions: simpler than
-        knowing which batch it will reach). A topic's lane is always its open
-        sticky batch's: it opens on that batch, and the sticky partition
-        only moves in a locked append."""
+        `size` bytes (with `headers`, as for `_settle`) to the topic (any of
+        its partitions: simpler than knowing which batch it will reach). A
+        topic's lane is always its open sticky batch's: it opens on that
+        batch, and the sticky partition only moves in a locked append."""
         batch = self._open[topic][self._sticky_current[topic]]
         assert batch.lane is not None and batch.lane is self.lanes[topic]
         # A full batch is sealed even when the record goes to another
         # partition: it must not wait for the linger.
-        self._settle(batch, size)
+        self._settle(batch, size, headers)
 
     def _close_lane(self, batch: ProducerBatch) -> None:
         """End `batch`'s lane (under the lock): the records appended through
@@ -604,9 +626,10 @@ class RecordAccumulator:
             )
 
     def _batch_for(
-        self, topic: str, partition: int, partition_count: int, size: int
+        self, topic: str, partition: int, partition_count: int, size: int, headers: bool = False
     ) -> ProducerBatch:
-        """The slow path of append: the open batch is missing or full."""
+        """The slow path of append: the open batch is missing or full
+        (`headers`: the record has some, as for `_settle`)."""
         by_partition = self._open.get(topic)
         if by_partition is None:
             by_partition = self._open[topic] = {}
@@ -626,7 +649,11 @@ class RecordAccumulator:
             partition = self._sticky.partition(topic, partition_count)
             self._sticky_current[topic] = partition
             batch = by_partition.get(partition)
-            if batch is not None and batch.lane is not None and not self._settle(batch, size):
+            if (
+                batch is not None
+                and batch.lane is not None
+                and not self._settle(batch, size, headers)
+            ):
                 batch = None  # a keyed lane had filled it
             if batch is not None and batch.size + size <= self._batch_size:
                 return batch

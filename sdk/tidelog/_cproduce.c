@@ -2,10 +2,13 @@
  * tidelog._cproduce: the blocking Producer's send() fast lane in C (optional).
  *
  * What it owns: `Lane`, a grant of room in one open producer batch that
- * send() may fill without the accumulator's lock. A lane appends a keyless,
- * header-less bytes record to the batch's value and timestamp lists (its
- * create time read here, as time.time_ns() // 1_000_000 would), or, a keyed
- * lane, a record with a bytes key to its value, key and timestamp lists, and
+ * send() may fill without the accumulator's lock. A lane appends a keyless
+ * record with a bytes value (or a null one) to the batch's value and
+ * timestamp lists (its create time read here, as time.time_ns() // 1_000_000
+ * would), or, a keyed lane, a record with a bytes key to its value, key and
+ * timestamp lists (a null value: a tombstone); a lane given the batch's
+ * headers list also takes records with headers (a tuple of them in that list,
+ * None for a record without), counted as the locked path counts them; and
  * returns the record's FutureRecordMetadata; `keyed_append` does a keyed
  * send() in one call: the key's partition (murmur2), the lane in that slot
  * of the topic's table (a list, one slot per partition, refused when its
@@ -33,9 +36,10 @@
  * close, and the closer sees it (`used`, the lists' lengths), or is refused
  * after it (None: the caller takes the locked path). Objects are created only
  * where a collection they may start cannot let another thread in between the
- * check and the change: the timestamp int and the index int are not tracked
- * by the garbage collector, and the future (a tuple, which is) is made after
- * the record is in the lists. `on_full` runs after that too, without the
+ * check and the change: the copy of a record's headers (a tuple, tracked by the
+ * garbage collector) is made and checked before the lane is, the timestamp int
+ * and the index int are not tracked, and the future (a tuple, which is) is
+ * made after the record is in the lists. `on_full` runs after that too, without the
  * accumulator's lock (which it takes itself): by then the lane refuses every
  * other record, and a thread that closed it meanwhile has dealt with its
  * batch, which `on_full` finds out under the lock.
@@ -49,10 +53,31 @@
 #include <string.h>
 #include <time.h>
 
+/* A header block's u16 fields: a key's UTF-8 bytes and the headers of one
+ * record (records.py MAX_HEADER_KEY_BYTES, MAX_HEADERS_PER_RECORD). */
+#define HEADER_U16_MAX 0xFFFF
+
+/* The UTF-8 of a header key, or NULL (no error set) when it is not an exact
+ * str, cannot be encoded, or is too long for a block. */
+static const char *
+header_key(PyObject *key, Py_ssize_t *size)
+{
+    if (!PyUnicode_CheckExact(key)) {
+        return NULL;
+    }
+    const char *utf8 = PyUnicode_AsUTF8AndSize(key, size);
+    if (utf8 == NULL) {
+        PyErr_Clear();
+        return NULL;
+    }
+    return *size > HEADER_U16_MAX ? NULL : utf8;
+}
+
 typedef struct {
     PyObject_HEAD
     PyObject *values;     /* the batch's list of values */
     PyObject *keys;       /* the batch's list of keys (a keyed lane), or NULL */
+    PyObject *headers;    /* the batch's list of header lists, or NULL: no headers taken */
     PyObject *timestamps; /* the batch's list of create times (ms) */
     PyObject *result;     /* the batch's BatchResult */
     PyTypeObject *future_type; /* FutureRecordMetadata: a 2-tuple subclass */
@@ -68,22 +93,26 @@ static int
 lane_init(Lane *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"values", "timestamps", "result", "future_type", "room",
-                             "max_record", "overhead", "on_full", "keys", NULL};
+                             "max_record", "overhead", "on_full", "keys", "headers", NULL};
     PyObject *values, *timestamps, *result, *future_type, *on_full = Py_None, *keys = Py_None;
+    PyObject *headers = Py_None;
     Py_ssize_t room, max_record, overhead;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn|OO", kwlist, &PyList_Type, &values,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn|OOO", kwlist, &PyList_Type, &values,
                                      &PyList_Type, &timestamps, &result, &PyType_Type,
                                      &future_type, &room, &max_record, &overhead, &on_full,
-                                     &keys)) {
+                                     &keys, &headers)) {
         return -1;
     }
-    if (keys != Py_None && !PyList_CheckExact(keys)) {
-        PyErr_SetString(PyExc_TypeError, "keys must be a list or None");
+    if ((keys != Py_None && !PyList_CheckExact(keys)) ||
+        (headers != Py_None && !PyList_CheckExact(headers))) {
+        PyErr_SetString(PyExc_TypeError, "keys and headers must each be a list or None");
         return -1;
     }
-    /* The columns of a keyed lane grow together: they must start equal. */
-    if (keys != Py_None && PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)) {
-        PyErr_SetString(PyExc_ValueError, "keys and values must be as long as each other");
+    /* The columns of a lane grow together: they must start equal. */
+    if ((keys != Py_None && PyList_GET_SIZE(keys) != PyList_GET_SIZE(values)) ||
+        (headers != Py_None && PyList_GET_SIZE(headers) != PyList_GET_SIZE(values))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "keys, headers and values must be as long as each other");
         return -1;
     }
     if (on_full != Py_None && !PyCallable_Check(on_full)) {
@@ -112,6 +141,12 @@ lane_init(Lane *self, PyObject *args, PyObject *kwds)
         Py_INCREF(keys);
         Py_XSETREF(self->keys, keys);
     }
+    if (headers == Py_None) {
+        Py_CLEAR(self->headers);
+    } else {
+        Py_INCREF(headers);
+        Py_XSETREF(self->headers, headers);
+    }
     Py_INCREF(result);
     Py_XSETREF(self->result, result);
     Py_INCREF(future_type);
@@ -135,6 +170,7 @@ lane_traverse(Lane *self, visitproc visit, void *arg)
 {
     Py_VISIT(self->values);
     Py_VISIT(self->keys);
+    Py_VISIT(self->headers);
     Py_VISIT(self->timestamps);
     Py_VISIT(self->result);
     Py_VISIT(self->future_type);
@@ -147,6 +183,7 @@ lane_clear(Lane *self)
 {
     Py_CLEAR(self->values);
     Py_CLEAR(self->keys);
+    Py_CLEAR(self->headers);
     Py_CLEAR(self->timestamps);
     Py_CLEAR(self->result);
     Py_CLEAR(self->future_type);
@@ -163,78 +200,200 @@ lane_dealloc(Lane *self)
 }
 
 PyDoc_STRVAR(lane_append_doc,
-"append(value) -> FutureRecordMetadata | None\n\n"
-"Add one record with this bytes value (no key, no headers, created now) to the\n"
-"batch; None when the lane is closed or keyed, the value is not exactly bytes,\n"
-"or the record does not fit the room left or max_record (the caller's locked\n"
-"path decides then). When the record leaves less room than `overhead` (no\n"
-"further record fits), on_full(lane) is called before returning; what it raises\n"
-"is reported as unraisable, since the record is in and its future is owed.");
+"append(value, headers=None) -> FutureRecordMetadata | None\n\n"
+"Add one record with this value (bytes, or None: a null value), no key and\n"
+"these headers (None or empty: none; else a list or tuple of (str, bytes |\n"
+"None) tuples, stored as a tuple as send() stores them), created now, to the\n"
+"batch; None when the lane is closed or keyed, the value is not exactly bytes\n"
+"or None, the headers are not exactly of those types or do not fit a header\n"
+"block, the record has headers and the lane no headers column, or the record\n"
+"does not fit the room left or max_record (the caller's locked path decides\n"
+"then).\n"
+"When the record leaves less room than `overhead` (no further record fits),\n"
+"on_full(lane) is called before returning; what it raises is reported as\n"
+"unraisable, since the record is in and its future is owed.");
 
 PyDoc_STRVAR(lane_append_keyed_doc,
-"append_keyed(key, value) -> FutureRecordMetadata | None\n\n"
-"append() for a keyed lane: one record with this bytes key and bytes value;\n"
-"None when the lane is not keyed or as append() refuses. The record counts\n"
-"`overhead` + len(key) + len(value) bytes.");
+"append_keyed(key, value, headers=None) -> FutureRecordMetadata | None\n\n"
+"append() for a keyed lane: one record with this bytes key (a None value: a\n"
+"tombstone); None when the lane is not keyed or as append() refuses. The\n"
+"record counts `overhead` + len(key) + len(value) bytes, and its headers'.");
 
-/* Add the record (key NULL: keyless) or return None (see lane_append_doc).
- * Nothing between the first check and the last list change can run Python
- * code or let another thread in (see the module comment). */
-static PyObject *
-lane_put(Lane *self, PyObject *key, PyObject *value)
+/* The bytes a record's headers add to it, as tidelog._accumulator.record_size
+ * counts them (not as a header block is written): 4 for the headers, 8 per
+ * header besides its key's UTF-8 and its value. The batches a lane fills must
+ * end where the locked path's end, record for record. */
+#define RECORD_HEADERS_SIZE 4
+#define RECORD_HEADER_SIZE 8
+
+/* A record's headers as a lane takes them: *copy a tuple of the headers
+ * (NULL: the record has none: None, or an empty list or tuple) and *size the
+ * bytes they add to the record. 1 then; 0 (nothing owned) when the lane must
+ * refuse them: not an exact list or tuple of exact (str, bytes | None)
+ * tuples, or what the locked path refuses with an error (over 65,535 headers,
+ * a key over 65,535 UTF-8 bytes or not encodable); -1 with an error set.
+ *
+ * A tuple, as the locked path stores tuple(headers): a list the caller passed
+ * may change after send() returns, so it is copied (and checked in the copy,
+ * which is ours); a tuple of such tuples cannot change, so it is kept as it
+ * is, as tuple() keeps it. And a tuple rather than a list because the garbage
+ * collector stops tracking a tuple of untracked objects (str, bytes, such
+ * tuples) at its first collection: a list per record would stay tracked while
+ * its batch waits, and every collection would walk them all (a lane took a
+ * record with one header in ~0.6-1.1 us so, ~0.3 with a tuple copy of a list,
+ * ~0.2 with the caller's tuple). The copy is made before the lane's checks:
+ * a new tuple is tracked, and the collection it may start could let another
+ * thread in, which must come before those checks, not between them and the
+ * appends. */
+static int
+lane_headers(PyObject *headers, PyObject **copy, Py_ssize_t *size)
 {
-    if (self->closed || self->values == NULL || !PyBytes_CheckExact(value) ||
-        (key == NULL) != (self->keys == NULL)) {
+    *copy = NULL;
+    *size = 0;
+    if (headers == NULL || headers == Py_None) {
+        return 1;
+    }
+    PyObject *tuple;
+    if (PyTuple_CheckExact(headers)) {
+        if (PyTuple_GET_SIZE(headers) == 0) {
+            return 1;
+        }
+        tuple = Py_NewRef(headers);
+    } else if (PyList_CheckExact(headers)) {
+        Py_ssize_t n = PyList_GET_SIZE(headers);
+        if (n == 0) {
+            return 1;
+        }
+        tuple = PyTuple_New(n);
+        if (tuple == NULL) {
+            return -1;
+        }
+        /* Made before the list's items are read: a collection it started
+         * that let another thread change the list is seen here. */
+        if (PyList_GET_SIZE(headers) != n) {
+            Py_DECREF(tuple);
+            return 0;
+        }
+        for (Py_ssize_t h = 0; h < n; h++) {
+            PyTuple_SET_ITEM(tuple, h, Py_NewRef(PyList_GET_ITEM(headers, h)));
+        }
+    } else {
+        return 0;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(tuple);
+    if (n > HEADER_U16_MAX) {
+        Py_DECREF(tuple);
+        return 0;
+    }
+    Py_ssize_t total = RECORD_HEADERS_SIZE;
+    for (Py_ssize_t h = 0; h < n; h++) {
+        PyObject *item = PyTuple_GET_ITEM(tuple, h);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2) {
+            Py_DECREF(tuple);
+            return 0;
+        }
+        PyObject *value = PyTuple_GET_ITEM(item, 1);
+        Py_ssize_t klen;
+        if (header_key(PyTuple_GET_ITEM(item, 0), &klen) == NULL ||
+            (value != Py_None && !PyBytes_CheckExact(value))) {
+            Py_DECREF(tuple);
+            return 0;
+        }
+        Py_ssize_t vlen = value == Py_None ? 0 : PyBytes_GET_SIZE(value);
+        /* Far above any max_record: refused, and no sum can overflow. */
+        if (vlen > INT32_MAX || total > INT32_MAX) {
+            Py_DECREF(tuple);
+            return 0;
+        }
+        total += RECORD_HEADER_SIZE + klen + vlen;
+    }
+    *copy = tuple;
+    *size = total;
+    return 1;
+}
+
+/* Take `list` back to its first `length` items (undoing this append). */
+static void
+truncate_list(PyObject *list, Py_ssize_t length)
+{
+    if (list != NULL && PyList_GET_SIZE(list) > length) {
+        PyList_SetSlice(list, length, PyList_GET_SIZE(list), NULL);
+    }
+}
+
+/* Add the record (key NULL: keyless; headers NULL or None: none) or return
+ * None (see lane_append_doc). Nothing between the first check of the lane and
+ * the last list change can run Python code or let another thread in (see the
+ * module comment). */
+static PyObject *
+lane_put(Lane *self, PyObject *key, PyObject *value, PyObject *headers)
+{
+    PyObject *copy = NULL;
+    Py_ssize_t size = 0;
+    /* Most records have no headers: they pay one comparison for them. */
+    if (headers != NULL && headers != Py_None) {
+        int taken = lane_headers(headers, &copy, &size);
+        if (taken <= 0) {
+            if (taken < 0) {
+                return NULL;
+            }
+            Py_RETURN_NONE;
+        }
+    }
+    /* From here until the record is in, no object the garbage collector
+     * tracks is made. Dropping `copy` when refusing runs no Python code: the
+     * caller's headers still hold its items. */
+    if (self->closed || self->values == NULL || (value != Py_None && !PyBytes_CheckExact(value)) ||
+        (key == NULL) != (self->keys == NULL) || (copy != NULL && self->headers == NULL)) {
+        Py_XDECREF(copy);
         Py_RETURN_NONE;
     }
-    Py_ssize_t size = self->overhead + PyBytes_GET_SIZE(value);
+    size += self->overhead + (value == Py_None ? 0 : PyBytes_GET_SIZE(value));
     if (key != NULL) {
         if (!PyBytes_CheckExact(key)) {
+            Py_XDECREF(copy);
             Py_RETURN_NONE;
         }
         size += PyBytes_GET_SIZE(key);
     }
     if (size > self->max_record || self->used + size > self->room) {
+        Py_XDECREF(copy);
         Py_RETURN_NONE;
     }
     struct timespec now;
     if (clock_gettime(CLOCK_REALTIME, &now) != 0) {
+        Py_XDECREF(copy);
         return PyErr_SetFromErrno(PyExc_OSError);
     }
     long long ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
     PyObject *timestamp = PyLong_FromLongLong(ms);
     if (timestamp == NULL) {
+        Py_XDECREF(copy);
         return NULL;
     }
     Py_ssize_t index = PyList_GET_SIZE(self->values);
     PyObject *position = PyLong_FromSsize_t(index);
     if (position == NULL) {
         Py_DECREF(timestamp);
+        Py_XDECREF(copy);
         return NULL;
     }
     /* The lists grow together or not at all (a failed later append takes
      * the earlier ones back), so the batch's columns always agree. */
-    if (PyList_Append(self->values, value) < 0) {
+    if (PyList_Append(self->values, value) < 0 ||
+        (key != NULL && PyList_Append(self->keys, key) < 0) ||
+        (self->headers != NULL && PyList_Append(self->headers, copy ? copy : Py_None) < 0) ||
+        PyList_Append(self->timestamps, timestamp) < 0) {
+        truncate_list(self->values, index);
+        truncate_list(self->keys, index);
+        truncate_list(self->headers, index);
         Py_DECREF(timestamp);
         Py_DECREF(position);
-        return NULL;
-    }
-    if (key != NULL && PyList_Append(self->keys, key) < 0) {
-        PyList_SetSlice(self->values, index, index + 1, NULL);
-        Py_DECREF(timestamp);
-        Py_DECREF(position);
-        return NULL;
-    }
-    if (PyList_Append(self->timestamps, timestamp) < 0) {
-        PyList_SetSlice(self->values, index, index + 1, NULL);
-        if (key != NULL) {
-            PyList_SetSlice(self->keys, index, index + 1, NULL);
-        }
-        Py_DECREF(timestamp);
-        Py_DECREF(position);
+        Py_XDECREF(copy);
         return NULL;
     }
     Py_DECREF(timestamp);
+    Py_XDECREF(copy);
     self->used += size;
     /* The record is in: from here a collection letting another thread in is
      * harmless. Whether it filled the lane is decided before that: one
@@ -268,22 +427,26 @@ lane_put(Lane *self, PyObject *key, PyObject *value)
 }
 
 static PyObject *
-lane_append(Lane *self, PyObject *value)
+lane_append(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    return lane_put(self, NULL, value);
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "append(value, headers=None)");
+        return NULL;
+    }
+    return lane_put(self, NULL, args[0], nargs == 2 ? args[1] : NULL);
 }
 
 static PyObject *
 lane_append_keyed(Lane *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "append_keyed(key, value)");
+    if (nargs < 2 || nargs > 3) {
+        PyErr_SetString(PyExc_TypeError, "append_keyed(key, value, headers=None)");
         return NULL;
     }
     if (args[0] == Py_None) {
         Py_RETURN_NONE;
     }
-    return lane_put(self, args[0], args[1]);
+    return lane_put(self, args[0], args[1], nargs == 3 ? args[2] : NULL);
 }
 
 PyDoc_STRVAR(lane_close_doc,
@@ -328,8 +491,14 @@ lane_get_keyed(Lane *self, void *Py_UNUSED(closure))
     return PyBool_FromLong(self->keys != NULL);
 }
 
+static PyObject *
+lane_get_with_headers(Lane *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->headers != NULL);
+}
+
 static PyMethodDef lane_methods[] = {
-    {"append", (PyCFunction)lane_append, METH_O, lane_append_doc},
+    {"append", (PyCFunction)(void (*)(void))lane_append, METH_FASTCALL, lane_append_doc},
     {"append_keyed", (PyCFunction)(void (*)(void))lane_append_keyed, METH_FASTCALL,
      lane_append_keyed_doc},
     {"close", (PyCFunction)lane_close, METH_NOARGS, lane_close_doc},
@@ -341,18 +510,23 @@ static PyGetSetDef lane_getset[] = {
     {"room", (getter)lane_get_room, NULL, "bytes granted", NULL},
     {"closed", (getter)lane_get_closed, NULL, "whether close() was called", NULL},
     {"keyed", (getter)lane_get_keyed, NULL, "whether the lane takes keyed records", NULL},
+    {"with_headers", (getter)lane_get_with_headers, NULL,
+     "whether the lane takes records with headers (it has the batch's headers list)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
 PyDoc_STRVAR(lane_doc,
 "Lane(values, timestamps, result, future_type, room, max_record, overhead,\n"
-"     on_full=None, keys=None)\n\n"
+"     on_full=None, keys=None, headers=None)\n\n"
 "A grant of `room` bytes in one open batch (its `values` and `timestamps`\n"
-"lists and its BatchResult) for records of no headers, each counted\n"
-"`overhead` + len(value) bytes: records of no key (append) or, given the\n"
-"batch's `keys` list, records with a bytes key (append_keyed, keyed_append),\n"
-"which also count len(key). on_full(lane) is called by the append that leaves\n"
-"less than `overhead` bytes of room; see tidelog._accumulator.");
+"lists and its BatchResult) for records each counted `overhead` + len(value)\n"
+"bytes: records of no key (append) or, given the batch's `keys` list, records\n"
+"with a bytes key (append_keyed, keyed_append), which also count len(key).\n"
+"Given the batch's `headers` list, records with headers too (each record's\n"
+"a tuple, or None for none), which also count their headers as\n"
+"tidelog._accumulator.record_size does; without it, only records without.\n"
+"on_full(lane) is called by the append that leaves less than `overhead`\n"
+"bytes of room; see tidelog._accumulator.");
 
 static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -460,26 +634,6 @@ PyDoc_STRVAR(header_blocks_doc,
 "block (a key over 65,535 UTF-8 bytes, over 65,535 headers): the caller's\n"
 "Python path then handles it, with its own errors. In Python the blocks cost\n"
 "~1 us per record with one header, on the producer's event loop.");
-
-/* A header block's u16 fields: a key's UTF-8 bytes and the headers of one
- * record (records.py MAX_HEADER_KEY_BYTES, MAX_HEADERS_PER_RECORD). */
-#define HEADER_U16_MAX 0xFFFF
-
-/* The UTF-8 of a header key, or NULL (no error set) when it is not an exact
- * str, cannot be encoded, or is too long for a block. */
-static const char *
-header_key(PyObject *key, Py_ssize_t *size)
-{
-    if (!PyUnicode_CheckExact(key)) {
-        return NULL;
-    }
-    const char *utf8 = PyUnicode_AsUTF8AndSize(key, size);
-    if (utf8 == NULL) {
-        PyErr_Clear();
-        return NULL;
-    }
-    return *size > HEADER_U16_MAX ? NULL : utf8;
-}
 
 /* Bytes of one record's header block, or -1 when the caller's Python path
  * must take the batch (see header_blocks_doc). */
@@ -677,10 +831,12 @@ partition_for_key(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
 }
 
 PyDoc_STRVAR(keyed_append_doc,
-"keyed_append(table, partition_count, key, value) -> FutureRecordMetadata | None\n\n"
-"send() of a bytes key and a bytes value in one call: the key's partition p\n"
-"(partition_for_key(key, partition_count)), then table[p].append_keyed(key,\n"
-"value). `table` is a topic's list of keyed lanes, one slot per partition\n"
+"keyed_append(table, partition_count, key, value, headers=None)\n"
+"    -> FutureRecordMetadata | None\n\n"
+"send() of a bytes key and a bytes value (or None: a tombstone) in one call:\n"
+"the key's partition p (partition_for_key(key, partition_count)), then\n"
+"table[p].append_keyed(key, value, headers). `table` is a topic's list of\n"
+"keyed lanes, one slot per partition\n"
 "(None: no lane). None, for the caller's locked path, when the table's\n"
 "length is not `partition_count` (it was made for another count: the\n"
 "metadata changed), `partition_count` is not an int, the key is not exactly\n"
@@ -689,8 +845,9 @@ PyDoc_STRVAR(keyed_append_doc,
 static PyObject *
 keyed_append(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4) {
-        PyErr_SetString(PyExc_TypeError, "keyed_append(table, partition_count, key, value)");
+    if (nargs < 4 || nargs > 5) {
+        PyErr_SetString(PyExc_TypeError,
+                        "keyed_append(table, partition_count, key, value, headers=None)");
         return NULL;
     }
     PyObject *table = args[0];
@@ -712,7 +869,7 @@ keyed_append(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t narg
     /* The table's slot may be emptied by on_full, which the append may call:
      * hold the lane while it runs. */
     Py_INCREF(lane);
-    PyObject *future = lane_put((Lane *)lane, key, args[3]);
+    PyObject *future = lane_put((Lane *)lane, key, args[3], nargs == 5 ? args[4] : NULL);
     Py_DECREF(lane);
     return future;
 }

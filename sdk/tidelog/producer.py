@@ -6,8 +6,9 @@ streams, and a `Cluster` for connections and metadata. The synchronous
 Producer runs the sender on its own background event loop (`LoopThread`);
 `send()` only appends to the accumulator in the calling thread, so the cost
 of a record is an append under one lock plus a tuple-sized future; for a
-keyless bytes record with nothing to serialize, one C call into the topic's
-lane (tidelog._accumulator, _cproduce.c) without the lock.
+bytes record (keyless, keyed or a tombstone, with headers or not) with
+nothing to serialize, one C call into its lane (tidelog._accumulator,
+_cproduce.c) without the lock.
 
 Usage, as with kafka-python and aiokafka::
 
@@ -104,16 +105,19 @@ def _column_sizes(
 _BYTES_OR_NONE = {bytes, type(None)}
 
 
-def _check_headers(headers: Sequence[Header]) -> tuple[list[Header], int]:
-    """`headers` as a list, checked, and the bytes they add to a record
+def _check_headers(headers: Sequence[Header]) -> tuple[tuple[Header, ...], int]:
+    """`headers` as a tuple, checked, and the bytes they add to a record
     (what `_accumulator.record_size` counts for them), in one pass: send() pays it per
-    record.
+    record. A tuple, as send()'s lanes store them too (_cproduce.c `lane_headers`): a
+    tuple passed in is kept as it is, and the garbage collector stops tracking a tuple
+    of str, bytes and such tuples, where a list per record waiting in its batch would
+    be walked by every collection.
 
     Raises TypeError for an item that is not a (str, bytes | None) tuple, and
     ValueError past what a header block can hold (MAX_HEADERS_PER_RECORD
     headers, keys of MAX_HEADER_KEY_BYTES in UTF-8): caught here, such a
     record would otherwise fail its whole batch when the sender encodes it."""
-    out = list(headers)
+    out = tuple(headers)
     if len(out) > MAX_HEADERS_PER_RECORD:
         raise ValueError(
             f"a record has {len(out)} headers, over the limit of {MAX_HEADERS_PER_RECORD} "
@@ -190,7 +194,7 @@ class _ProducerCore:
         key: Any,
         headers: Sequence[Header] | None,
         timestamp_ms: int | None,
-    ) -> tuple[bytes | None, bytes | None, list[Header] | None, int, int]:
+    ) -> tuple[bytes | None, bytes | None, tuple[Header, ...] | None, int, int]:
         """Serialize and check one record: (key, value, headers, size, timestamp)."""
         if self.key_serializer is not None:
             key = self.key_serializer(key)
@@ -325,13 +329,14 @@ class Producer:
         delivery are reported through the future; usage errors (wrong types,
         closed producer) raise here.
         """
-        if headers is None and partition is None and timestamp_ms is None:
+        if partition is None and timestamp_ms is None:
             if key is None:
                 # The topic's lane (tidelog._accumulator): one C call, no lock,
-                # for a bytes value that fits; None sends it the long way.
+                # for a bytes value (or None) and headers it takes that fit;
+                # None sends it the long way.
                 lane = self._lanes.get(topic)
                 if lane is not None:
-                    future = lane.append(value)
+                    future = lane.append(value, headers)
                     if future is not None:
                         return future
             else:
@@ -340,7 +345,11 @@ class Producer:
                 table = self._keyed_lanes.get(topic)
                 if table is not None:
                     future = keyed_append(
-                        table, self._cluster.snapshot.partition_counts.get(topic), key, value
+                        table,
+                        self._cluster.snapshot.partition_counts.get(topic),
+                        key,
+                        value,
+                        headers,
                     )
                     if future is not None:
                         return future
@@ -488,19 +497,23 @@ class AsyncProducer:
                 if not self._closed
                 else "the producer is closed"
             )
-        if headers is None and partition is None and timestamp_ms is None:
+        if partition is None and timestamp_ms is None:
             # As in Producer.send: the topic's lane (keyed: its partition's) first.
             if key is None:
                 lane = self._lanes.get(topic)
                 if lane is not None:
-                    future = lane.append(value)
+                    future = lane.append(value, headers)
                     if future is not None:
                         return future
             else:
                 table = self._keyed_lanes.get(topic)
                 if table is not None:
                     future = keyed_append(
-                        table, self._core.cluster.snapshot.partition_counts.get(topic), key, value
+                        table,
+                        self._core.cluster.snapshot.partition_counts.get(topic),
+                        key,
+                        value,
+                        headers,
                     )
                     if future is not None:
                         return future

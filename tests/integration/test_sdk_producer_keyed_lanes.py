@@ -1,10 +1,11 @@
 """Keyed records through send()'s keyed lanes (tidelog._cproduce), against a real
 broker: every record lands on its key's murmur2 partition, each partition's in
 send order at the offset its future reports, mixed with records the lanes do
-not take (headers, explicit partitions, keyless), by Producer (plain and
-idempotent) and AsyncProducer; and a batch keyed records fill is sent without
-waiting for the linger. Also without tidelog._cproduce (every record takes the
-accumulator's lock), which must deliver the same."""
+not take (explicit partitions) and keyless ones, by Producer (plain and
+idempotent) and AsyncProducer; records with headers and tombstones too, which
+the lanes take as well, read back exactly; and a batch keyed records fill is
+sent without waiting for the linger. Also without tidelog._cproduce (every
+record takes the accumulator's lock), which must deliver the same."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tidelog import (
     TopicPartition,
     _accumulator,
 )
-from tidelog._accumulator import BATCH_OVERHEAD, RECORD_OVERHEAD
+from tidelog._accumulator import BATCH_OVERHEAD, record_size
 from tidelog.partitioner import partition_for_key
 
 pytestmark = pytest.mark.timeout(120)
@@ -45,23 +46,45 @@ def lanes(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> bo
     return True
 
 
-def _plan(
-    count: int,
-) -> list[tuple[bytes | None, bytes, list[tuple[str, bytes]] | None, int | None]]:
-    """(key, value, headers, partition) per record: keyed mostly, some not for the lanes."""
-    out = []
+Plan = list[tuple[bytes | None, bytes | None, list[tuple[str, bytes | None]] | None, int | None]]
+
+
+def _plan(count: int, kind: str = "keyed") -> Plan:
+    """(key, value, headers, partition) per record. "keyed": keyed mostly, a few
+    with headers, explicit partitions (not for the lanes) or keyless. "headers":
+    as an application that traces sends them: every record with a trace id and
+    some with more headers (a null value, a non-ASCII key), every fifth a
+    tombstone, a few keyless, a few explicit partitions."""
+    out: Plan = []
     for i in range(count):
         key: bytes | None = KEYS[i % len(KEYS)]
-        headers = None
+        value: bytes | None = b"value-%06d" % i
+        headers: list[tuple[str, bytes | None]] | None = None
         partition = None
-        if i % 97 == 5:
+        if kind == "headers":
+            headers = [("trace-id", b"%016x" % i)]
+            if i % 3 == 0:
+                headers += [("span", None), ("clé", b"\x00" * (i % 7))]
+            if i % 5 == 0:
+                value = None
+        if i % 97 == 5 and kind == "keyed":
             headers = [("h", b"%d" % i)]
         elif i % 89 == 7:
             partition = i % PARTITIONS
         elif i % 83 == 11:
             key = None
-        out.append((key, b"value-%06d" % i, headers, partition))
+            value = value or b"keyless-%06d" % i
+        out.append((key, value, headers, partition))
     return out
+
+
+def _lane_took_headers(producer: Producer | AsyncProducer, topic: str) -> bool:
+    """Whether a lane of the topic has taken records into a batch with headers
+    (False where lanes have no headers column, as before they took headers)."""
+    lanes = [*(producer._acc.keyed_lanes.get(topic) or []), producer._acc.lanes.get(topic)]
+    return any(
+        lane is not None and getattr(lane, "with_headers", False) and lane.used for lane in lanes
+    )
 
 
 def _check(address: str, topic: str, plan, metadata) -> None:  # type: ignore[no-untyped-def]
@@ -91,35 +114,40 @@ def _check(address: str, topic: str, plan, metadata) -> None:  # type: ignore[no
         assert offsets == sorted(offsets) == list(range(len(offsets)))
 
 
+@pytest.mark.parametrize("kind", ["keyed", "headers"])
 @pytest.mark.parametrize("acks", [1, "all"], ids=["acks-1", "idempotent"])
 def test_keyed_records_land_on_their_partitions_in_send_order(
-    broker_address: str, topic_name: str, lanes: bool, acks: int | str
+    broker_address: str, topic_name: str, lanes: bool, acks: int | str, kind: str
 ) -> None:
     _create(broker_address, topic_name)
-    plan = _plan(20_000)
+    plan = _plan(20_000, kind)
     with Producer(broker_address, linger_ms=5, acks=acks) as producer:
         futures = []
-        used_lane = False
+        used_lane = took_headers = False
         for key, value, headers, partition in plan:
             futures.append(
                 producer.send(topic_name, value, key=key, headers=headers, partition=partition)
             )
             used_lane = used_lane or any(producer._acc.keyed_lanes.get(topic_name) or [])
+            took_headers = took_headers or _lane_took_headers(producer, topic_name)
         assert used_lane == lanes
+        # (The "keyed" plan's few records with headers give lanes a headers column too.)
+        assert took_headers == lanes or kind == "keyed"
         metadata = [f.get(60) for f in futures]
     _check(broker_address, topic_name, plan, metadata)
 
 
+@pytest.mark.parametrize("kind", ["keyed", "headers"])
 def test_the_async_producer_sends_keyed_records_through_its_lanes(
-    broker_address: str, topic_name: str, lanes: bool
+    broker_address: str, topic_name: str, lanes: bool, kind: str
 ) -> None:
     _create(broker_address, topic_name)
-    plan = _plan(5_000)
+    plan = _plan(5_000, kind)
 
     async def run() -> list:  # type: ignore[type-arg]
         async with AsyncProducer(broker_address, linger_ms=5) as producer:
             futures = []
-            used_lane = False
+            used_lane = took_headers = False
             for key, value, headers, partition in plan:
                 futures.append(
                     await producer.send(
@@ -127,23 +155,29 @@ def test_the_async_producer_sends_keyed_records_through_its_lanes(
                     )
                 )
                 used_lane = used_lane or any(producer._acc.keyed_lanes.get(topic_name) or [])
+                took_headers = took_headers or _lane_took_headers(producer, topic_name)
             assert used_lane == lanes
+            assert took_headers == lanes or kind == "keyed"
             return [await f for f in futures]
 
     metadata = asyncio.run(run())
     _check(broker_address, topic_name, plan, metadata)
 
 
+@pytest.mark.parametrize("kind", ["plain", "headers", "tombstones"])
 def test_a_batch_keyed_records_fill_is_sent_without_waiting_for_linger(
-    broker_address: str, topic_name: str, lanes: bool
+    broker_address: str, topic_name: str, lanes: bool, kind: str
 ) -> None:
     _create(broker_address, topic_name, partitions=2)
     key = KEYS[0]
-    value = b"v" * 100
+    value = None if kind == "tombstones" else b"v" * 100
+    headers = [("trace-id", b"t" * 16)] if kind != "plain" else None
     per_batch = 50
-    batch_size = BATCH_OVERHEAD + per_batch * (RECORD_OVERHEAD + len(key) + len(value))
+    batch_size = BATCH_OVERHEAD + per_batch * record_size(key, value, headers)
     with Producer(broker_address, linger_ms=60_000, batch_size=batch_size) as producer:
-        futures = [producer.send(topic_name, value, key=key) for _ in range(2 * per_batch)]
+        futures = [
+            producer.send(topic_name, value, key=key, headers=headers) for _ in range(2 * per_batch)
+        ]
         # Two full batches: no flush, no close, no further send().
         offsets = [f.get(30).offset for f in futures]
         assert offsets == list(range(2 * per_batch))

@@ -1,7 +1,8 @@
 """The accumulator's keyed lanes (tidelog._cproduce): send()'s lock-free appends
 of keyed records to their partition's open batch, against the locked appends,
-seals, drains, partition count changes and the buffer memory they share. What
-each path builds is compared byte for byte. Without I/O."""
+seals, drains, partition count changes and the buffer memory they share; and
+records with headers and tombstones (a null value) in keyed and keyless lanes.
+What each path builds is compared byte for byte. Without I/O."""
 
 from __future__ import annotations
 
@@ -22,8 +23,8 @@ from tidelog._accumulator import (
 )
 from tidelog.compression import CompressionType
 from tidelog.errors import TidelogTimeoutError
-from tidelog.partitioner import partition_for_key
-from tidelog.records import decode_batches
+from tidelog.partitioner import StickyPartitioner, partition_for_key
+from tidelog.records import Header, decode_batches
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -50,7 +51,10 @@ def make(
     linger_ms: int = 5,
     buffer_memory: int = 1 << 20,
     lanes: bool = True,
+    seed: int | None = None,
 ) -> tuple[RecordAccumulator, Clock]:
+    """`seed`: of the sticky partitioner (two accumulators of one seed move their
+    keyless records to the same partitions, given the same batches)."""
     clock = Clock()
     acc = RecordAccumulator(
         batch_size=batch_size,
@@ -59,6 +63,7 @@ def make(
         wake=lambda: None,
         clock=clock,
         lane_max_record=MAX_RECORD if lanes else None,
+        partitioner=None if seed is None else StickyPartitioner(random.Random(seed)),
     )
     return acc, clock
 
@@ -74,22 +79,24 @@ def key_for(partition: int, count: int = COUNT, start: int = 0) -> bytes:
 def locked(  # type: ignore[no-untyped-def]
     acc: RecordAccumulator,
     key: bytes,
-    value: bytes,
+    value: bytes | None,
     count: int = COUNT,
     headers=None,
     timestamp: int | None = None,
     max_block_s: float | None = 1.0,
 ):
-    """What Producer.send does with a keyed record no lane takes."""
+    """What Producer.send does with a keyed record no lane takes (its headers
+    checked into a tuple, none when empty)."""
+    checked = tuple(headers) if headers else None
     return acc.append(
         "t",
         partition_for_key(key, count),
         count,
         key,
         value,
-        headers,
+        checked,
         time.time_ns() // 1_000_000 if timestamp is None else timestamp,
-        record_size(key, value, headers),
+        record_size(key, value, checked),
         max_block_s,
     )
 
@@ -113,6 +120,16 @@ def drain_all(acc: RecordAccumulator) -> list[ProducerBatch]:
 def records_of(batch: ProducerBatch) -> list[tuple[bytes | None, bytes | None]]:
     (decoded,) = decode_batches(batch.encode(CompressionType.NONE))
     return list(zip(decoded.keys, decoded.values, strict=True))
+
+
+def rows_of(batch: ProducerBatch) -> list[tuple[bytes | None, bytes | None, list[Header]]]:
+    """(key, value, headers) per record of the batch, as a consumer reads them."""
+    (decoded,) = decode_batches(batch.encode(CompressionType.NONE))
+    headers = decoded.headers or [[] for _ in decoded.values]  # a batch without any: []
+    return [
+        (k, v, [tuple(header) for header in h])  # type: ignore[misc]
+        for k, v, h in zip(decoded.keys, decoded.values, headers, strict=True)
+    ]
 
 
 def test_a_locked_keyed_append_opens_its_partitions_lane() -> None:
@@ -161,7 +178,6 @@ def test_the_c_calls_refuse_what_the_locked_path_must_take() -> None:
     for key, value, count in [
         (bytearray(k0), b"v", COUNT),  # not exactly bytes: Producer converts it, locked
         (k0, bytearray(b"v"), COUNT),
-        (k0, None, COUNT),  # a tombstone
         (None, b"v", COUNT),
         (k0, b"v", None),  # the topic's count is not known
         (k0, b"v", COUNT + 1),  # the table was made for another count
@@ -387,7 +403,7 @@ def test_a_batch_whose_keyed_lane_a_record_bypassed_keeps_the_locked_path() -> N
     k0 = key_for(0)
     send(acc, k0, b"a")
     assert acc.keyed_lanes["t"][0] is not None
-    locked(acc, k0, b"b", headers=[("h", b"1")])  # the lane had room for it: bypassed
+    locked(acc, k0, b"b")  # a record the lane had room for, sent the long way: bypassed
     send(acc, k0, b"c")
     assert acc.keyed_lanes["t"][0] is None
     acc.seal_all()
@@ -412,21 +428,47 @@ def test_a_keyless_lane_and_keyed_lanes_of_one_topic_keep_to_their_batches() -> 
     assert records_of(ready[0]) == [(None, value), (key, value)]
 
 
+#: A record of the concurrent test: 8-byte key, 4-byte value, and with "headers"
+#: one header ("n", 4 bytes): 20 and 37 bytes.
+PLAIN_RECORD = RECORD_OVERHEAD + 8 + 4
+HEADED_RECORD = PLAIN_RECORD + 4 + 8 + 1 + 4
+
+
+def concurrent_record(kind: str, i: int) -> tuple[bytes | None, list[Header] | None]:
+    """The value and headers of record `i` of the concurrent test: "plain" (no
+    headers), "headers" (each record one header) or "mixed" (every third a
+    tombstone, every other one with a header, every one told apart)."""
+    value: bytes | None = i.to_bytes(4, "big")
+    if kind == "plain":
+        return value, None
+    if kind == "headers":
+        return value, [("n", i.to_bytes(4, "big"))]
+    headers: list[Header] | None = [("n", value)] if i % 2 == 0 or i % 3 == 0 else None
+    return (None if i % 3 == 0 else value), headers
+
+
 @pytest.mark.parametrize(
-    ("batch_size", "linger_ms", "change_count"),
+    ("batch_size", "linger_ms", "change_count", "kind"),
     # 2,000 bytes leave room after the last record; BATCH_OVERHEAD + 100 * 20 are
-    # filled exactly (8-byte keys, 4-byte values), so lanes fill and seal their
-    # batches themselves (on_full), racing the drains; with linger 60 s only
-    # those seals make batches ready; and a partition count that grows midway.
+    # filled exactly (8-byte keys, 4-byte values; with one header, 37 bytes a
+    # record), so lanes fill and seal their batches themselves (on_full), racing
+    # the drains; with linger 60 s only those seals make batches ready; and a
+    # partition count that grows midway. Records with headers, tombstones and
+    # plain ones mixed: lanes open without a headers column and get one.
     [
-        (2_000, 0, False),
-        (BATCH_OVERHEAD + 100 * 20, 0, False),
-        (BATCH_OVERHEAD + 100 * 20, 60_000, False),
-        (2_000, 0, True),
+        (2_000, 0, False, "plain"),
+        (BATCH_OVERHEAD + 100 * PLAIN_RECORD, 0, False, "plain"),
+        (BATCH_OVERHEAD + 100 * PLAIN_RECORD, 60_000, False, "plain"),
+        (2_000, 0, True, "plain"),
+        (2_000, 0, False, "headers"),
+        (BATCH_OVERHEAD + 100 * HEADED_RECORD, 0, False, "headers"),
+        (BATCH_OVERHEAD + 100 * HEADED_RECORD, 60_000, False, "headers"),
+        (2_000, 0, False, "mixed"),
+        (2_000, 0, True, "mixed"),
     ],
 )
 def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order(
-    batch_size: int, linger_ms: int, change_count: bool
+    batch_size: int, linger_ms: int, change_count: bool, kind: str
 ) -> None:
     """A thread sends keyed records as fast as it can while another drains:
     every record is in exactly one drained batch, each partition's in send
@@ -436,27 +478,42 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
     keys = [b"%08d" % i for i in range(1000)]
     sent: list = []  # type: ignore[type-arg]
     misplaced: list[int] = []
+    taken: list[int] = []
+    failed: list[BaseException] = []
     done = threading.Event()
 
     def produce() -> None:
-        partitions = COUNT
-        for i in range(count):
-            if change_count and i == count // 2:
-                partitions = COUNT + 2
-            key = keys[i % len(keys)]
-            value = i.to_bytes(4, "big")
-            table = acc.keyed_lanes.get("t")
-            if i % 25 == 0:
-                # Let the drainer in between finding the table and using it: a
-                # lane it closes meanwhile must refuse.
-                time.sleep(0)
-            future = None if table is None else keyed_append(table, partitions, key, value)
-            future = future or locked(acc, key, value, partitions)
-            # The key's partition for the count this send read, lane or not.
-            if future[0].partition != partition_for_key(key, partitions):
-                misplaced.append(i)
-            sent.append((future, key, value))
-        done.set()
+        try:
+            partitions = COUNT
+            for i in range(count):
+                if change_count and i == count // 2:
+                    partitions = COUNT + 2
+                key = keys[i % len(keys)]
+                value, headers = concurrent_record(kind, i)
+                table = acc.keyed_lanes.get("t")
+                if i % 25 == 0:
+                    # Let the drainer in between finding the table and using it: a
+                    # lane it closes meanwhile must refuse.
+                    time.sleep(0)
+                if table is None:
+                    future = None
+                elif headers is None:  # the call of send() before lanes took headers
+                    future = keyed_append(table, partitions, key, value)
+                else:
+                    future = keyed_append(table, partitions, key, value, headers)
+                if future is None:
+                    future = locked(acc, key, value, partitions, headers=headers)
+                else:
+                    taken.append(i)
+                # The key's partition for the count this send read, lane or not.
+                if future[0].partition != partition_for_key(key, partitions):
+                    misplaced.append(i)
+                sent.append((future, key, value, headers or []))
+        except BaseException as exc:  # reported below, not lost with the thread
+            failed.append(exc)
+        finally:
+            # The drainer stops waiting whatever happened here.
+            done.set()
 
     drained = []
     thread = threading.Thread(target=produce)
@@ -470,8 +527,11 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
             drained.append(batch)
             acc.resolved(batch)
     thread.join()
+    assert not failed, failed
     assert not misplaced
-    decoded = {id(b.result): records_of(b) for b in drained}
+    # Most records took a lane, those with headers too.
+    assert len(taken) > count // 2
+    decoded = {id(b.result): rows_of(b) for b in drained}
     assert sum(len(r) for r in decoded.values()) == count
     for p in range(COUNT + 2):
         got = [
@@ -480,9 +540,9 @@ def test_every_keyed_record_appended_while_the_sender_drains_lands_once_in_order
             if b.partition == p
             for r in decoded[id(b.result)]
         ]
-        assert got == [(k, v) for f, k, v in sent if f[0].partition == p]
-    for future, key, value in sent[:: count // 1000]:
-        assert decoded[id(future[0])][future[1]] == (key, value)
+        assert got == [(k, v, h) for f, k, v, h in sent if f[0].partition == p]
+    for future, key, value, headers in sent[:: count // 1000]:
+        assert decoded[id(future[0])][future[1]] == (key, value, headers)
     assert acc._buffered == 0
 
 
@@ -538,3 +598,272 @@ def test_columns_appended_to_a_partition_with_a_keyed_lane_follow_its_records() 
     got = [r for b in sorted(ready, key=lambda b: b.sequence) for r in records_of(b)]
     assert got == [(key, b"k" * 20)] * 10 + list(zip(keys, values, strict=True))
     assert placements[0].result is keyed[0][0] and placements[0].first == 10
+
+
+def producer_send(  # type: ignore[no-untyped-def]
+    acc: RecordAccumulator,
+    key: bytes | None,
+    value: bytes | None,
+    headers=None,
+    lanes: bool = True,
+    timestamp: int | None = None,
+):
+    """What Producer.send does with a record of a bytes key or none, a bytes
+    value or none and `headers` (no partition, no timestamp): its lane first
+    (keyless: the topic's; keyed: its partition's), else the locked append.
+    (future, whether a lane took it)."""
+    if lanes:
+        # (Without headers, the calls of send() before lanes took them.)
+        more = () if headers is None else (headers,)
+        if key is None:
+            lane = acc.lanes.get("t")
+            future = None if lane is None else lane.append(value, *more)
+        else:
+            table = acc.keyed_lanes.get("t")
+            future = None if table is None else keyed_append(table, COUNT, key, value, *more)
+        if future is not None:
+            return future, True
+    checked = tuple(headers) if headers else None
+    future = acc.append(
+        "t",
+        -1 if key is None else partition_for_key(key, COUNT),
+        COUNT,
+        key,
+        value,
+        checked,
+        time.time_ns() // 1_000_000 if timestamp is None else timestamp,
+        record_size(key, value, checked),
+        1.0,
+    )
+    return future, False
+
+
+#: Shares of the records that are keyless, tombstones (of the keyed ones), with
+#: headers, with an empty header list: runs of one kind and mixes.
+PROFILES = {
+    "headers": (0.0, 0.0, 0.9, 0.03),
+    "tombstones": (0.0, 0.3, 0.0, 0.0),
+    "keyless-headers": (1.0, 0.0, 0.7, 0.03),
+    "mixed": (0.1, 0.2, 0.5, 0.03),
+}
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_lanes_with_headers_and_tombstones_build_the_bytes_the_locked_path_builds(
+    profile: str, seed: int
+) -> None:
+    """Random records with headers (lists and tuples, non-ASCII and empty keys,
+    null values), tombstones and keyless records (null values too) through the
+    lanes and, with the same create times, through the locked path alone: the
+    same batches, partitions, indexes and sizes, byte for byte, and each future
+    names its record."""
+    rng = random.Random(seed)
+    keyless, tombstones, with_headers, empty = PROFILES[profile]
+    keys = [rng.randbytes(rng.choice([0, 1, 3, 8, 17])) for _ in range(50)]
+    header_keys = ["trace-id", "span-id", "", "clé-ü-東", "k" * 40]
+    sent: list[tuple[bytes | None, bytes | None, object]] = []
+    for _ in range(3000):
+        key = None if rng.random() < keyless else rng.choice(keys)
+        value = (
+            None
+            if (key is not None and rng.random() < tombstones) or rng.random() < 0.01
+            else rng.randbytes(rng.randrange(0, 200))
+        )
+        draw = rng.random()
+        headers: object = None
+        if draw < empty:
+            headers = rng.choice([[], ()])
+        elif draw < empty + with_headers:
+            items = [
+                (
+                    rng.choice(header_keys),
+                    None if rng.random() < 0.1 else rng.randbytes(rng.randrange(0, 24)),
+                )
+                for _ in range(rng.randrange(1, 4))
+            ]
+            headers = tuple(items) if rng.random() < 0.2 else items
+        sent.append((key, value, headers))
+    batch_size = 4000
+    acc, _ = make(batch_size=batch_size, buffer_memory=1 << 30, seed=seed)
+    results = [producer_send(acc, key, value, headers) for key, value, headers in sent]
+    futures = [future for future, _ in results]
+    with_lanes = drain_all(acc)
+    timestamps = [future[0].timestamps[future[1]] for future in futures]
+    plain, _ = make(batch_size=batch_size, buffer_memory=1 << 30, lanes=False, seed=seed)
+    plain_futures = [
+        producer_send(plain, key, value, headers, lanes=False, timestamp=ts)[0]
+        for (key, value, headers), ts in zip(sent, timestamps, strict=True)
+    ]
+    without = drain_all(plain)
+    assert len(with_lanes) == len(without) > 3 * COUNT
+
+    def by_partition(batches: list[ProducerBatch]) -> dict[int, list[bytes]]:
+        out: dict[int, list[bytes]] = {}
+        for batch in sorted(batches, key=lambda b: (b.partition, b.sequence)):
+            out.setdefault(batch.partition, []).append(batch.encode(CompressionType.NONE))
+        return out
+
+    assert by_partition(with_lanes) == by_partition(without)
+    assert [(f[0].partition, f[1]) for f in futures] == [
+        (f[0].partition, f[1]) for f in plain_futures
+    ]
+    assert sum(b.size for b in with_lanes) == sum(b.size for b in without)
+    decoded = {id(b.result): rows_of(b) for b in with_lanes}
+    for (key, value, headers), future in zip(sent, futures, strict=True):
+        assert decoded[id(future[0])][future[1]] == (key, value, list(headers or []))  # type: ignore[call-overload]
+    # The lanes took most records of each kind the profile sends (keyless ones
+    # only without keyed ones: those close the sticky batch's keyless lane for good).
+    for kind, of_kind in [
+        ("keyed, headers", lambda k, v, h: k is not None and bool(h)),
+        ("tombstones", lambda k, v, h: k is not None and v is None),
+        ("keyless", lambda k, v, h: k is None and profile == "keyless-headers"),
+        ("keyless, headers", lambda k, v, h: k is None and bool(h) and profile != "mixed"),
+    ]:
+        taken = [via for (k, v, h), (_, via) in zip(sent, results, strict=True) if of_kind(k, v, h)]
+        if len(taken) > 100:
+            assert sum(taken) > len(taken) // 2, (kind, sum(taken), len(taken))
+
+
+def test_a_keyed_lane_takes_headers_once_its_batch_has_a_headers_column() -> None:
+    acc, _ = make(batch_size=10_000)
+    k0 = key_for(0)
+    producer_send(acc, k0, b"a")
+    table = acc.keyed_lanes["t"]
+    lane = table[0]
+    assert lane is not None and not lane.with_headers
+    trace = [("trace", b"1")]
+    # No headers column in the batch yet: the lane refuses; none (empty) it takes.
+    assert keyed_append(table, COUNT, k0, b"b", trace) is None
+    assert keyed_append(table, COUNT, k0, b"b", []) is not None
+    assert keyed_append(table, COUNT, k0, None) is not None  # a tombstone
+    _, via_lane = producer_send(acc, k0, b"c", trace)
+    assert not via_lane and lane.closed
+    batch = acc._open["t"][0]
+    assert batch.headers == [None, None, None, (("trace", b"1"),)]
+    # The record with headers gave the batch its column: the next lane has it.
+    lane = table[0]
+    assert lane is not None and lane.with_headers and not batch.lane_refused
+    headers = [("trace", b"2"), ("ü", None)]
+    sent = [
+        (b"d", headers),
+        (None, (("t", b"3"),)),  # a tombstone with headers, given as a tuple
+        (b"e", None),
+    ]
+    sizes = [record_size(k0, value, list(h) if h else None) for value, h in sent]
+    for value, h in sent:
+        assert keyed_append(table, COUNT, k0, value, h) is not None
+    # The caller's list changes after send(): the record does not (a copy, as
+    # the locked path's tuple(headers)); a tuple is kept as it is, as tuple() does.
+    headers.append(("late", b"x"))
+    assert batch.headers[-3:] == [(("trace", b"2"), ("ü", None)), (("t", b"3"),), None]
+    assert type(batch.headers[-3]) is tuple and batch.headers[-2] is sent[1][1]
+    assert lane.used == sum(sizes)
+    (ready,) = drain_all(acc)
+    assert rows_of(ready) == [
+        (k0, b"a", []),
+        (k0, b"b", []),
+        (k0, None, []),
+        (k0, b"c", [("trace", b"1")]),
+        (k0, b"d", [("trace", b"2"), ("ü", None)]),
+        (k0, None, [("t", b"3")]),
+        (k0, b"e", []),
+    ]
+    assert acc._buffered == ready.size - BATCH_OVERHEAD
+
+
+def test_the_keyless_lane_takes_headers_and_null_values() -> None:
+    acc, _ = make(batch_size=10_000)
+    producer_send(acc, None, b"a")
+    lane = acc.lanes["t"]
+    assert not lane.with_headers
+    assert lane.append(b"b", [("h", b"1")]) is None
+    assert lane.append(None) is not None  # a null value
+    _, via_lane = producer_send(acc, None, b"c", [("h", b"1")])
+    assert not via_lane and lane.closed
+    lane = acc.lanes["t"]
+    assert lane.with_headers
+    for value, headers in [(b"d", [("h", b"2")]), (None, (("h", None),)), (b"e", None)]:
+        assert lane.append(value, headers) is not None
+    (ready,) = drain_all(acc)
+    assert rows_of(ready) == [
+        (None, b"a", []),
+        (None, None, []),
+        (None, b"c", [("h", b"1")]),
+        (None, b"d", [("h", b"2")]),
+        (None, None, [("h", None)]),
+        (None, b"e", []),
+    ]
+    assert ready.size - BATCH_OVERHEAD == acc._buffered
+
+
+class _HeaderTuple(tuple):  # type: ignore[type-arg]
+    __slots__ = ()
+
+
+def test_the_lanes_refuse_headers_the_locked_path_must_check_or_convert() -> None:
+    """Anything but exact (str, bytes | None) tuples in an exact list or tuple,
+    and what the locked path refuses with its own error, goes to it; nothing of
+    a refused record is left in the batch."""
+    acc, _ = make(batch_size=1 << 20)
+    k0 = key_for(0)
+    producer_send(acc, k0, b"a", [("h", b"0")])
+    table = acc.keyed_lanes["t"]
+    lane = table[0]
+    assert lane is not None and lane.with_headers
+    keyless_acc, _ = make(batch_size=1 << 20)
+    producer_send(keyless_acc, None, b"a", [("h", b"0")])
+    keyless = keyless_acc.lanes["t"]
+    assert keyless.with_headers
+    refused = [
+        [("h", b"1", b"x")],  # not a pair
+        [["h", b"1"]],  # a list, not a tuple
+        [_HeaderTuple(("h", b"1"))],  # a tuple subclass: the locked path converts it
+        [(b"h", b"1")],  # a bytes key
+        [("h", "1")],  # a str value
+        [("h", bytearray(b"1"))],
+        [("\ud800", b"1")],  # no UTF-8: the locked path raises UnicodeEncodeError
+        [("k" * 65_536, b"1")],  # over MAX_HEADER_KEY_BYTES: its ValueError
+        [("h", b"1")] * 65_536,  # over MAX_HEADERS_PER_RECORD: its ValueError
+        iter([("h", b"1")]),  # not a list or tuple
+        {"h": b"1"},
+        b"h",
+    ]
+    batch = acc._open["t"][0]
+    for headers in refused:
+        assert keyed_append(table, COUNT, k0, b"v", headers) is None
+        assert lane.append_keyed(k0, b"v", headers) is None
+        assert keyless.append(b"v", headers) is None
+    assert len(batch.values) == len(batch.keys or []) == len(batch.headers or []) == 1
+    assert not lane.closed and not keyless.closed
+    # A record its headers make larger than max_record (or the room left) is refused.
+    just = record_size(b"kk", b"v", [("h", b"12")])
+    small = _accumulator._cproduce.Lane(  # type: ignore[union-attr]
+        [], [], None, _accumulator.FutureRecordMetadata, 1000, just, RECORD_OVERHEAD, None, [], []
+    )
+    assert small.append_keyed(b"kk", b"v", [("h", b"123")]) is None
+    assert small.append_keyed(b"kk", b"v", [("hé", b"1")]) is None  # é: two UTF-8 bytes
+    assert small.append_keyed(b"kk", b"v", [("h", b"12")]) is not None
+    assert small.used == just
+    with pytest.raises(ValueError, match="as long as"):
+        _accumulator._cproduce.Lane(  # type: ignore[union-attr]
+            [b"a"], [1], None, _accumulator.FutureRecordMetadata, 10, 10, 8, None, None, []
+        )
+    with pytest.raises(TypeError, match="headers"):
+        _accumulator._cproduce.Lane(  # type: ignore[union-attr]
+            [], [], None, _accumulator.FutureRecordMetadata, 10, 10, 8, None, None, ()
+        )
+
+
+def test_a_record_with_headers_bypassing_a_headed_lane_keeps_the_locked_path() -> None:
+    """Once its batch has a headers column, a lane refuses headers only for what
+    the locked path must convert or check: such records keep it for the batch
+    rather than open and close a lane per record."""
+    acc, _ = make(batch_size=10_000)
+    k0 = key_for(0)
+    producer_send(acc, k0, b"a", [("h", b"1")])
+    assert acc.keyed_lanes["t"][0] is not None
+    _, via_lane = producer_send(acc, k0, b"b", [_HeaderTuple(("h", b"2"))])
+    assert not via_lane and acc._open["t"][0].lane_refused
+    assert not producer_send(acc, k0, b"c", [("h", b"3")])[1]
+    assert acc.keyed_lanes["t"][0] is None
