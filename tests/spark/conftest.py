@@ -36,6 +36,7 @@ _names = itertools.count()
 RETENTION_CHECK_MS = 200
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
