@@ -3,8 +3,13 @@
 Every test here is marked `xdist_group("spark")` (by `pytest_collection_
 modifyitems` below), so under pytest-xdist they all run in one worker, which
 starts Spark once: a cold session takes ~20 s, a warm one ~5 s, and the first
-micro-batch of a run a few more while Python workers start.
+micro-batch of a run a few more while Python workers start. The tests that
+run their Spark drivers as processes of their own and use no session
+(`spark_runnable`, not `spark`) are `xdist_group("spark-drivers")` instead:
+they are the longest here (minutes together), and beside the session's tests
+in one worker they made that worker the last to finish.
 
+- `spark_runnable`: skips, naming what is missing, without Java or pyspark.
 - `spark`: a local[2] SparkSession bound to 127.0.0.1 with its UI off, its
   Python workers running this interpreter (the venv's), scratch space under
   the test run's tmp dir. Skipped, naming what is missing, without Java.
@@ -36,20 +41,30 @@ _names = itertools.count()
 RETENTION_CHECK_MS = 200
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # tryfirst: before tests/conftest.py's hook and pytest-xdist's read the marks.
     here = Path(__file__).parent
     for item in items:
         if here in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.xdist_group("spark"))
+            names = getattr(item, "fixturenames", ())
+            own_drivers = "spark_runnable" in names and "spark" not in names
+            item.add_marker(pytest.mark.xdist_group("spark-drivers" if own_drivers else "spark"))
 
 
 @pytest.fixture(scope="session")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def spark_runnable() -> Any:
+    """pyspark.sql, once Java and pyspark are known to be there (else a skip)."""
     if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
         pytest.skip("Spark needs Java 17 or later: apt-get install openjdk-17-jre-headless")
-    pyspark_sql = pytest.importorskip(
+    return pytest.importorskip(
         "pyspark.sql", reason="pyspark is missing: `make install` installs tidelog[spark]"
     )
+
+
+@pytest.fixture(scope="session")
+def spark(spark_runnable: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    pyspark_sql = spark_runnable
     os.environ.update(spark_environment())
     builder = pyspark_sql.SparkSession.builder.appName("tidelog-tests")
     for key, value in spark_builder_config(tmp_path_factory.mktemp("spark")).items():

@@ -136,7 +136,7 @@ def test_a_driver_killed_in_the_middle_of_a_batch_loses_and_repeats_nothing(
     new_topic: Callable[..., str],
     produce: Callable[..., None],
     tmp_path: Path,
-    spark: Any,  # started first: the two drivers then start faster (warm caches)
+    spark_runnable: Any,  # Java and pyspark are there (else a skip); the drivers are processes
 ) -> None:
     topic = new_topic(partitions=2)
     expected = produce_spread(produce, topic, 2, 60, "r")

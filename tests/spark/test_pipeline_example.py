@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "spark" / "page_views.py"
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from tidelog import Consumer, TopicPartition
 
-pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.timeout(900), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 DRIVER = Path(__file__).with_name("sink_driver.py")
 
@@ -41,7 +41,7 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
 
 
 def test_a_driver_killed_between_write_and_commit_writes_nothing_twice(
-    spark: object,  # the session's Java and pyspark checks (skips); not used here
+    spark_runnable: object,  # Java and pyspark are there (else a skip); no session here
     new_topic: Callable[..., str],
     produce: Callable[..., None],
     tidelog_bootstrap: str,

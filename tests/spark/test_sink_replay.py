@@ -18,7 +18,7 @@ from tidelog.config import ProducerConfig
 from tidelog.spark import sink_task
 from tidelog.spark.sink_task import run_task
 
-pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.timeout(120)]
+pytestmark = pytest.mark.timeout(120)
 
 
 def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[bytes, bytes]]]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from tidelog import Consumer, TopicPartition
 
-pytestmark = [pytest.mark.xdist_group("spark"), pytest.mark.timeout(300)]
+pytestmark = pytest.mark.timeout(300)
 
 
 def read_records(bootstrap: str, topic: str, partitions: int) -> list[Any]:

@@ -28,6 +28,7 @@ BUILD_TIMEOUT_S = 900
 TOOL_MISSING = 3
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """One xdist worker runs this directory: its tests share one cluster."""
     here = Path(__file__).parent
