@@ -18,15 +18,22 @@ import asyncio
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 from tidelog import AdminClient, NewTopic, Producer
+from tidelog.errors import InvalidReplicationFactorError
 from tidelog_server.dev_certs import DevCertificates, create_authority, issue
 from tidelog_server.etcd.client import EtcdAccessError, EtcdAuth, check_access, connect
 
-from tests.support.cluster import PRODUCE_TIMEOUT_S, ClusterProcesses, start_checked_cluster
+from tests.support.cluster import (
+    PRODUCE_TIMEOUT_S,
+    REGISTER_TIMEOUT_S,
+    ClusterProcesses,
+    start_checked_cluster,
+)
 from tests.support.etcd import EtcdProcess, EtcdServerTls
 from tests.support.etcd_auth import EtcdCtl, etcdctl_binary
 from tests.support.processes import free_port
@@ -174,7 +181,18 @@ def test_services_log_in_with_a_user_and_password_and_again_when_the_token_expir
         etcd.restart()
         (broker,), (gateway,) = cluster.brokers, cluster.gateways
         with AdminClient(bootstrap_servers=broker.address) as admin:
-            admin.create_topics([NewTopic("after-expiry", 1, 1)])
+            # The broker's session may have lapsed meanwhile (its keep-alives
+            # were refused for the token too) and it registers again: until
+            # then the coordinator sees no live broker and refuses the topic.
+            deadline = time.monotonic() + REGISTER_TIMEOUT_S
+            while True:
+                try:
+                    admin.create_topics([NewTopic("after-expiry", 1, 1)])
+                    break
+                except InvalidReplicationFactorError as exc:
+                    if "0 live brokers" not in str(exc) or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
         for bootstrap in (broker.address, gateway.address):
             with Producer(bootstrap_servers=bootstrap, acks="all") as producer:
                 producer.send("after-expiry", b"x").get(timeout=PRODUCE_TIMEOUT_S)
