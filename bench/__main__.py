@@ -113,7 +113,9 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   C call into the topic's lane (`tidelog._cproduce`: no lock, the clock read in C), ~0.17 CPU s
   per million records in the caller's thread; so is a record with a bytes key (its partition's
   lane, the key's murmur2 in the same call: ~0.3 CPU s per million against ~1.2 through the
-  accumulator's lock, `python -m bench.produce_profile --keys 1000`); the loop thread encodes
+  accumulator's lock, `python -m bench.produce_profile --keys 1000`), a tombstone (~0.4 against
+  ~1.6, `--tombstones 1`) and a record with headers (~0.6-0.75 against ~2.3-3.0 with one to
+  three, `--headers N`); the loop thread encodes
   each batch body in one C pass and writes each request's bytes by hand (`_produce_wire`),
   ~0.09 s; the broker ~0.12 s (`python -m bench.produce_profile`). Unthrottled, the producer
   fills buffer_memory, so the p50 here is time queued in the buffer. Kafka's own figure moves
