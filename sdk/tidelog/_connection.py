@@ -33,7 +33,6 @@ import grpc.aio
 from tidelog._partition_limits import PartitionLimits
 from tidelog.config import GRPC_MAX_MESSAGE_BYTES, CommonConfig
 from tidelog.errors import (
-    ERROR_CODE_METADATA_KEY,
     BrokerNotAvailableError,
     ClosedError,
     TidelogError,
@@ -42,6 +41,7 @@ from tidelog.errors import (
     error_from_rpc,
     is_server_cancelled,
     is_unanswered,
+    names_error_code,
 )
 from tidelog.names import validate_topic_name
 from tidelog.request_limits import in_requests_of
@@ -55,8 +55,7 @@ def call_error(exc: grpc.aio.AioRpcError, address: str) -> TidelogError:
     a Tidelog server names its error in the trailing metadata, so a status
     without that name (UNAVAILABLE, or UNKNOWN/INTERNAL raised by gRPC itself
     while a broker dies) is a transport failure, retriable."""
-    trailing: Any = exc.trailing_metadata() or ()
-    if any(key == ERROR_CODE_METADATA_KEY for key, _ in trailing):
+    if names_error_code(exc):
         return error_from_rpc(exc)
     if exc.code() in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED):
         # CANCELLED: a call the server cancelled (tidelog.errors), retriable.

@@ -66,7 +66,6 @@ from tidelog.errors import (
     TidelogTimeoutError,
     UnknownTopicOrPartitionError,
     error_from_code,
-    names_error_code,
 )
 from tidelog.types import TopicPartition
 from tidelog.v1 import log_pb2
@@ -310,10 +309,8 @@ def _count(undelivered: dict[TopicPartition, int], result: BatchResult) -> None:
 
 def _stream_error(exc: grpc.aio.AioRpcError | Exception, address: str) -> TidelogError:
     if isinstance(exc, grpc.aio.AioRpcError):
-        # A code the server named wins (a gateway stopping names
+        # A code the server named wins (a broker or gateway stopping names
         # NOT_LEADER_OR_FOLLOWER); a bare UNAVAILABLE is the transport's.
-        if exc.code() == grpc.StatusCode.UNAVAILABLE and not names_error_code(exc):
-            return BrokerNotAvailableError(f"produce stream to {address}: {exc.details()}")
         return call_error(exc, f"produce stream to {address}")
     return BrokerNotAvailableError(f"produce stream to {address}: {exc}")
 
