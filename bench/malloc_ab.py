@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import resource
 import statistics
 import sys
@@ -51,7 +52,11 @@ def client_minflt() -> int:
 
 
 def one_run(root: Path, mode: str, run: int, scale: float) -> list[dict[str, Any]]:
-    data = root / f"{mode}-{run}"
+    """One broker started with `--malloc-tuning MODE` (`off`, `default` or key=value
+    pairs); its rows, one per workload."""
+    # A key=value mode names a directory and topics: letters, digits and '-' only.
+    slug = re.sub(r"[^a-z0-9]+", "-", mode.lower()).strip("-")
+    data = root / f"{slug}-{run}"
     broker = start_broker(data, extra_args=("--auto-create-topics", "--malloc-tuning", mode))
     rows: list[dict[str, Any]] = []
     try:
@@ -59,7 +64,7 @@ def one_run(root: Path, mode: str, run: int, scale: float) -> list[dict[str, Any
             (100, int(SMALL_RECORDS_AT_FULL_SCALE * scale)),
             (1024, int(KIB_RECORDS_AT_FULL_SCALE * scale)),
         ):
-            topic = f"ab-{record_bytes}-{mode}-{run}"
+            topic = f"ab-{record_bytes}-{slug}-{run}"
             label = "100B" if record_bytes == 100 else "1KB"
             for kind in ("produce", "consume"):
                 broker0, client0 = broker_minflt(broker.pid), client_minflt()
