@@ -23,8 +23,9 @@ from tidelog.errors import StorageError
 from tidelog.records import encode_batch, iter_batches, set_base_offset
 from tidelog.v1 import common_pb2
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.metrics import BrokerMetrics
 from tidelog_broker.partition_manager import PartitionManager
-from tidelog_broker.replica_fetcher import OFFLINE_BACKOFF_S, ReplicaFetcher
+from tidelog_broker.replica_fetcher import ReplicaFetcher
 from tidelog_broker.replica_state import Role
 from tidelog_broker.topic_store import TopicSpec
 from tidelog_server.internal import replica_pb2
@@ -111,7 +112,14 @@ def _assert_offline(manager: PartitionManager, fetcher: ReplicaFetcher) -> None:
     fetcher._retry_at.clear()
     request = fetcher._request({KEY: EPOCH}, 100.0)
     assert list(request.partitions) == []
-    assert fetcher._retry_at[KEY] == 100.0 + OFFLINE_BACKOFF_S
+    assert fetcher._retry_at[KEY] > 100.0  # left alone a while
+    samples = {
+        sample.name: sample.value
+        for family in BrokerMetrics(2)._partitions(manager)
+        for sample in family.samples
+    }
+    assert samples["tidelog_broker_offline_partitions"] == 1
+    assert "tidelog_broker_log_end_offset" not in samples  # half a reset: not shown
 
 
 def test_a_reset_behind_the_leader_start_that_fails_takes_the_partition_offline(
@@ -129,9 +137,9 @@ def test_a_reset_behind_the_leader_start_that_fails_takes_the_partition_offline(
     _fail_fsync(monkeypatch, 3)
     _apply(fetcher, _answer(500, common_pb2.OFFSET_OUT_OF_RANGE))
     monkeypatch.undo()
-    assert log.offline is not None
     assert KEY in fetcher._retry_at  # backed off, not refetched at once
     _assert_offline(follower, fetcher)
+    assert log.offline is not None
     # A later answer (the leader's records at its start) is not applied.
     batch = bytearray(encode_batch([b"w"]))
     set_base_offset(batch, 0, 500)
@@ -162,8 +170,8 @@ def test_a_reset_inside_the_leaders_first_batch_that_fails_takes_the_partition_o
     _fail_fsync(monkeypatch, 3)
     _apply(fetcher, _answer(4, records=batch))
     monkeypatch.undo()
-    assert log.offline is not None
     _assert_offline(follower, fetcher)
+    assert log.offline is not None
 
     managers.remove(follower)
     follower.close()

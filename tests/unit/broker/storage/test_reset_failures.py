@@ -79,7 +79,6 @@ def _watch_commit(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 
 def _assert_refuses_everything(log: PartitionLog, where: str) -> None:
-    assert log.offline is not None, where
     offset = log.log_start_offset
     with pytest.raises(StorageError, match="offline"):
         log.read(offset, 1 << 20)
@@ -102,6 +101,7 @@ def _assert_refuses_everything(log: PartitionLog, where: str) -> None:
     assert not log.maybe_flush(1 << 62), where
     assert log.delete_old_segments() == [], where
     assert log.plan_cleaning(1000, force=True) is None, where
+    assert log.offline is not None, where
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))
