@@ -48,17 +48,19 @@ the batches it recovers.
 Every public method turns OSError into `tidelog.errors.StorageError`; this is
 the one place where that happens.
 
-A reset that fails part-way (disk full, EIO) takes the log offline
-(`offline`): its segments, offsets, epoch history and producer state in
-memory are a mix of the old log and the new one, so from then on every read,
-append, flush, truncation and reset raises StorageError, the background work
-(flush.ms, retention, cleaning) skips it, and `close` writes nothing (no
-flush, no snapshot, no clean-shutdown marker). Only a new open of the
-directory brings it back, and finishes the reset from the `reset-offset`
-file (or finds the old log whole, if the failure came before that file was
-written). Kafka does the same with a log directory that failed
-(LogDirFailureChannel: offline until the broker restarts); a retry in the
-same process is not tried, because after a failed fsync Linux may have
+A reset or a truncation that fails part-way (disk full, EIO) takes the log
+offline (`offline`): its segments, offsets, epoch history and producer state
+in memory are a mix of the old log and the new one (and after a truncation
+the recovery point on disk may still vouch for offsets above the new end),
+so from then on every read, append, flush, truncation and reset raises
+StorageError, the background work (flush.ms, retention, cleaning) skips it,
+and `close` writes nothing (no flush, no snapshot, no clean-shutdown
+marker). Only a new open of the directory brings it back: it finishes a
+reset from the `reset-offset` file (or finds the old log whole, if the
+failure came before that file was written), and recovers a truncation as
+it does one cut short by a crash. Kafka does the same with a log directory
+that failed (LogDirFailureChannel: offline until the broker restarts); no
+retry in the same process, because after a failed fsync Linux may have
 dropped the dirty pages and a second fsync can succeed with nothing written.
 """
 
@@ -266,6 +268,26 @@ class PartitionLog:
         """Why this log refuses every read and write until the directory is
         opened again (a reset failed part-way), or None while it serves."""
         return self._offline
+
+    @contextlib.contextmanager
+    def _offline_on_failure(self, what: str) -> Iterator[None]:
+        """Around a change that is not all or nothing in memory (a reset, a
+        truncation): an OSError part-way leaves part of the old log and part
+        of the new one, so the log goes offline and StorageError is raised."""
+        try:
+            yield
+        except OSError as exc:
+            self._offline = f"{what} failed part-way: {exc}"
+            logger.error(
+                "%s: %s failed part-way (%s): the log is offline until the broker restarts "
+                "(opening it again recovers it)",
+                self.name,
+                what,
+                exc,
+            )
+            raise StorageError(
+                f"{self.name}: {what} failed: {exc}; the log is offline until the broker restarts"
+            ) from exc
 
     def _check_online(self) -> None:
         if self._offline is not None:
@@ -812,11 +834,12 @@ class PartitionLog:
     def truncate_to(self, offset: int) -> None:
         """Drop every record at or above `offset` (the whole batch containing
         it: batches are never split, so the log may end below `offset`).
-        Durable when it returns."""
+        Durable when it returns. An OSError part-way takes the log offline
+        (see the module docstring): the next open recovers it."""
         self._check_online()
         if offset >= self.log_end_offset:
             return
-        with _storage_errors(f"truncating {self.name} to offset {offset}"):
+        with self._offline_on_failure(f"a truncation to offset {offset}"):
             if offset <= self.log_start_offset:
                 keep = 1
                 self._segments[0].truncate_to(self._segments[0].base_offset)
@@ -868,23 +891,8 @@ class PartitionLog:
         self._check_online()
         if offset < 0:
             raise ValueError(f"cannot reset {self.name} to negative offset {offset}")
-        try:
+        with self._offline_on_failure(f"a reset to offset {offset}"):
             deleted = self._reset(offset)
-        except OSError as exc:
-            # Memory now holds part of the old log and part of the new one:
-            # nothing may be served or appended from it.
-            self._offline = f"a reset to offset {offset} failed part-way: {exc}"
-            logger.error(
-                "%s: reset to offset %d failed part-way (%s): the log is offline until the "
-                "broker restarts; opening it again finishes the reset",
-                self.name,
-                offset,
-                exc,
-            )
-            raise StorageError(
-                f"resetting {self.name} to offset {offset} failed: {exc}; the log is offline "
-                "until the broker restarts"
-            ) from exc
         # The renamed files are unreachable now; a failed unlink is retried
         # by the next open.
         unlink_files(deleted)
