@@ -39,6 +39,7 @@ from tidelog.errors import (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     NotLeaderOrFollowerError,
+    StorageError,
     TidelogError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -285,13 +286,21 @@ class LogManager:
     def partition_log(self, topic: str, partition: int) -> PartitionLog:
         """The log of a partition hosted here (the lookup of every request
         path: produce, fetch, list offsets, replica fetch), else the error
-        saying why not (`_not_served`)."""
+        saying why not (`_not_served`). A log taken offline by a storage
+        failure (`PartitionLog.offline`) is StorageError for every path, as
+        Kafka's offline replicas answer KAFKA_STORAGE_ERROR: its offsets are
+        not to be served nor fetched from, until a restart opens it again."""
         validate_topic_name(topic)
         hosted = self._topics.get(topic)
         # Only partitions in range are ever hosted: the checks are the miss's.
         partition_log = None if hosted is None else hosted.hosted.get(partition)
         if partition_log is None:
             raise self._not_served(topic, partition)
+        if partition_log.offline is not None:
+            raise StorageError(
+                f"the log of {topic}-{partition} on broker {self._config.broker_id} is offline "
+                f"({partition_log.offline}): restart the broker to open it again"
+            )
         return partition_log
 
     def _not_served(self, name: str, partition: int) -> TidelogError:

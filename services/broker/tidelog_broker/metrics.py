@@ -21,7 +21,10 @@ Read from the broker's state at scrape time (on its event loop):
   `tidelog_broker_high_watermark`;
 - `tidelog_broker_partitions`, `tidelog_broker_leader_partitions`,
   `tidelog_broker_under_replicated_partitions` (led here, ISR smaller than
-  the replicas), `tidelog_broker_under_min_isr_partitions`.
+  the replicas), `tidelog_broker_under_min_isr_partitions`,
+  `tidelog_broker_offline_partitions` (logs a storage failure took offline,
+  `PartitionLog.offline`: not served until the broker restarts; their
+  per-partition gauges are left out, their offsets being a half-done reset).
 Plus the generic `tidelog_rpc_*` of every service (tidelog_server.metrics).
 """
 
@@ -169,10 +172,13 @@ class BrokerMetrics:
             "Consumers read up to here (every in-sync replica has it)",
             labels=labels,
         )
-        hosted = leaders = under_replicated = under_min_isr = 0
+        hosted = leaders = under_replicated = under_min_isr = offline = 0
         for partition_log, replication, min_isr in manager.hosted_partitions():
             key = [partition_log.topic, str(partition_log.partition)]
             hosted += 1
+            if partition_log.offline is not None:
+                offline += 1
+                continue
             size.add_metric(key, partition_log.size_bytes)
             start.add_metric(key, partition_log.log_start_offset)
             end.add_metric(key, partition_log.log_end_offset)
@@ -199,6 +205,11 @@ class BrokerMetrics:
                 "tidelog_broker_under_min_isr_partitions",
                 "Partitions led here whose ISR is below min.insync.replicas",
                 under_min_isr,
+            ),
+            (
+                "tidelog_broker_offline_partitions",
+                "Partition replicas whose log a storage failure took offline until a restart",
+                offline,
             ),
         ):
             family = GaugeMetricFamily(name, doc, labels=["broker_id"])

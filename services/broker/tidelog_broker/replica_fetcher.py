@@ -13,7 +13,11 @@ leader answers OFFSET_OUT_OF_RANGE: retention deleted what we still need),
 the log is reset to an empty one at the leader's log start and fetched again
 at once. A partition whose answer is another error (the leader moved, an
 epoch mismatch) waits a short backoff before it is asked for again; etcd's
-watch meanwhile tells the ClusterLink where it went.
+watch meanwhile tells the ClusterLink where it went. A partition whose log
+a storage failure took offline (a reset that failed part-way: the lookup
+answers StorageError) is not fetched at all, as Kafka's fetcher drops the
+partitions of a failed log directory: the leader sees no progress from this
+replica and shrinks the ISR without it.
 
 A fetcher fetches only while this broker holds its etcd registration
 (`registered`): a process whose lease expired (frozen, cut off, or a
@@ -39,7 +43,7 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import TidelogError
+from tidelog.errors import StorageError, TidelogError
 from tidelog.v1 import common_pb2
 from tidelog_server.internal import replica_pb2, replica_pb2_grpc
 from tidelog_server.log_flood import RateLimitedLog
@@ -56,6 +60,8 @@ flood = RateLimitedLog(log)
 
 #: Pause before asking again for a partition whose answer was an error.
 ERROR_BACKOFF_S = 0.1
+#: Pause before looking again at a partition whose log is offline.
+OFFLINE_BACKOFF_S = 1.0
 #: Pause before reconnecting a broken stream.
 RECONNECT_BACKOFF_S = 0.1
 #: Pause between looks at our registration while we are not registered.
@@ -151,28 +157,45 @@ class ReplicaFetcher:
             if not self._registered():
                 await asyncio.sleep(UNREGISTERED_BACKOFF_S)  # see module doc
                 continue
-            request = replica_pb2.ReplicaFetchRequest(
-                replica_id=self._config.broker_id,
-                max_wait_ms=self._config.replica_fetch_wait_max_ms,
-                max_bytes=self._config.replica_fetch_max_bytes,
-            )
-            for (topic, partition), epoch in asked.items():
-                try:
-                    partition_log = self._manager.partition_log(topic, partition)
-                except TidelogError:
-                    continue
-                request.partitions.add(
-                    topic=topic,
-                    partition=partition,
-                    fetch_offset=partition_log.log_end_offset,
-                    current_leader_epoch=epoch,
-                    last_fetched_epoch=partition_log.leader_epochs.latest_epoch,
-                )
+            request = self._request(asked, now)
             await call.write(request)
             response = await call.read()
             if response is grpc.aio.EOF:  # type: ignore[attr-defined]
                 return
             self._apply(response, asked)
+
+    def _request(
+        self, asked: dict[TopicPartitionKey, int], now: float
+    ) -> replica_pb2.ReplicaFetchRequest:
+        """The next fetch of the `asked` partitions (partition -> leader
+        epoch), each from its log end; those without a log here are left
+        out, and those whose log is offline are also left alone a while."""
+        request = replica_pb2.ReplicaFetchRequest(
+            replica_id=self._config.broker_id,
+            max_wait_ms=self._config.replica_fetch_wait_max_ms,
+            max_bytes=self._config.replica_fetch_max_bytes,
+        )
+        for (topic, partition), epoch in asked.items():
+            try:
+                partition_log = self._manager.partition_log(topic, partition)
+            except StorageError as exc:
+                # Offline (a reset failed part-way): not fetched, so its
+                # half-reset end never counts as this replica's progress
+                # and the leader drops it from the ISR; looked up again
+                # now and then (a new log replaces it if it is hosted anew).
+                flood.warning("not replicating %s-%d: %s", topic, partition, exc)
+                self._retry_at[(topic, partition)] = now + OFFLINE_BACKOFF_S
+                continue
+            except TidelogError:
+                continue
+            request.partitions.add(
+                topic=topic,
+                partition=partition,
+                fetch_offset=partition_log.log_end_offset,
+                current_leader_epoch=epoch,
+                last_fetched_epoch=partition_log.leader_epochs.latest_epoch,
+            )
+        return request
 
     def _apply(
         self, response: replica_pb2.ReplicaFetchResponse, asked: dict[TopicPartitionKey, int]

@@ -23,7 +23,9 @@ the bottom up, one class per on-disk artifact:
   (injected time, `ManualClock` for tests).
 
 Errors: `PartitionLog` raises `tidelog.errors.StorageError` for any I/O error
-and `OffsetOutOfRangeError` for a read outside the log.
+and `OffsetOutOfRangeError` for a read outside the log; a reset or a
+truncation that fails part-way takes the log offline (`PartitionLog.offline`:
+StorageError for everything until the directory is opened again).
 """
 
 from tidelog_server.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock

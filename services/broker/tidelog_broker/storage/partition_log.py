@@ -47,6 +47,21 @@ the batches it recovers.
 
 Every public method turns OSError into `tidelog.errors.StorageError`; this is
 the one place where that happens.
+
+A reset or a truncation that fails part-way (disk full, EIO) takes the log
+offline (`offline`): its segments, offsets, epoch history and producer state
+in memory are a mix of the old log and the new one (and after a truncation
+the recovery point on disk may still vouch for offsets above the new end),
+so from then on every read, append, flush, truncation and reset raises
+StorageError, the background work (flush.ms, retention, cleaning) skips it,
+and `close` writes nothing (no flush, no snapshot, no clean-shutdown
+marker). Only a new open of the directory brings it back: it finishes a
+reset from the `reset-offset` file (or finds the old log whole, if the
+failure came before that file was written), and recovers a truncation as
+it does one cut short by a crash. Kafka does the same with a log directory
+that failed (LogDirFailureChannel: offline until the broker restarts); no
+retry in the same process, because after a failed fsync Linux may have
+dropped the dirty pages and a second fsync can succeed with nothing written.
 """
 
 from __future__ import annotations
@@ -158,6 +173,9 @@ class PartitionLog:
         # fsyncs the directory so the new name survives a crash.
         self._directory_dirty = False
         self._closed = False
+        # Why the log refuses every read and write (see the module
+        # docstring), or None.
+        self._offline: str | None = None
         self._log_start_offset = max(log_start_offset, segments[0].base_offset)
         self._clean_offset = clean_offset
         self._gap_limit = gap_limit
@@ -245,6 +263,39 @@ class PartitionLog:
     def config(self) -> LogConfig:
         return self._config
 
+    @property
+    def offline(self) -> str | None:
+        """Why this log refuses every read and write until the directory is
+        opened again (a reset failed part-way), or None while it serves."""
+        return self._offline
+
+    @contextlib.contextmanager
+    def _offline_on_failure(self, what: str) -> Iterator[None]:
+        """Around a change that is not all or nothing in memory (a reset, a
+        truncation): an OSError part-way leaves part of the old log and part
+        of the new one, so the log goes offline and StorageError is raised."""
+        try:
+            yield
+        except OSError as exc:
+            self._offline = f"{what} failed part-way: {exc}"
+            logger.error(
+                "%s: %s failed part-way (%s): the log is offline until the broker restarts "
+                "(opening it again recovers it)",
+                self.name,
+                what,
+                exc,
+            )
+            raise StorageError(
+                f"{self.name}: {what} failed: {exc}; the log is offline until the broker restarts"
+            ) from exc
+
+    def _check_online(self) -> None:
+        if self._offline is not None:
+            raise StorageError(
+                f"the log of {self.name} is offline ({self._offline}): it serves nothing "
+                "until the broker restarts and opens it again"
+            )
+
     def update_config(self, config: LogConfig) -> None:
         """Apply new settings from the next append on."""
         self._config = config
@@ -302,6 +353,7 @@ class PartitionLog:
         base offsets (and under LogAppendTime the timestamps) are patched in
         `records` in place. `highest_epoch`: see ProducerStateManager.check.
         """
+        self._check_online()
         if not batches:
             raise ValueError("append needs at least one batch")
         # Idempotent producers: rejected or repeated batches write nothing.
@@ -368,6 +420,7 @@ class PartitionLog:
 
         Raises ValueError, writing nothing, when the offsets do not fit.
         """
+        self._check_online()
         if not batches:
             raise ValueError("append needs at least one batch")
         first_offset = self.log_end_offset
@@ -477,6 +530,7 @@ class PartitionLog:
         Raises OffsetOutOfRangeError unless log_start_offset <= offset <=
         log_end_offset; at the log end the result is empty.
         """
+        self._check_online()
         log_start_offset = self.log_start_offset
         log_end_offset = self.log_end_offset
         if offset < log_start_offset or offset > log_end_offset:
@@ -500,6 +554,7 @@ class PartitionLog:
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record whose timestamp is >=
         `timestamp_ms`, or None if there is no such record."""
+        self._check_online()
         with _storage_errors(f"looking up a timestamp in {self.name}"):
             for segment in self._segments:
                 # Every record before a segment whose max timestamp reaches the
@@ -524,7 +579,7 @@ class PartitionLog:
         unlinks the returned paths off the event loop (`unlink_files`).
         """
         config = self._config
-        if not config.delete or self._closed:
+        if not config.delete or self._closed or self._offline is not None:
             return []
         segments = self._segments
         closed = len(segments) - 1
@@ -555,6 +610,7 @@ class PartitionLog:
         acknowledged deletion survives a crash. Returns the renamed segment
         files for the caller to unlink off the event loop (`unlink_files`).
         """
+        self._check_online()
         if offset < 0 or offset > self.log_end_offset:
             raise self._out_of_range(offset)
         if offset <= self._log_start_offset:
@@ -605,7 +661,9 @@ class PartitionLog:
         older than min.compaction.lag.ms are planned. Every plan must be
         followed by `finish_cleaning` (with None if the round failed)."""
         config = self._config
-        if not config.compact or self._closed or self._cleaning is not None:
+        if not config.compact or self._closed or self._offline is not None:
+            return None
+        if self._cleaning is not None:
             return None
         now_ms = self._clock.time_ms()
         segments = self._segments
@@ -669,8 +727,8 @@ class PartitionLog:
         planned, self._cleaning = self._cleaning, None
         if result is None or not result.groups:
             return []
-        if self._closed:
-            return []  # deleted or closed: open removes .cleaned files
+        if self._closed or self._offline is not None:
+            return []  # deleted, closed or offline: open removes .cleaned files
         with _storage_errors(f"swapping cleaned segments into {self.name}"):
             if planned is None or not cleaning_swap.still_planned(
                 result.groups, planned, self._segments, self._base_offsets
@@ -726,6 +784,7 @@ class PartitionLog:
 
     def flush(self) -> None:
         """fsync everything appended so far and advance the recovery point."""
+        self._check_online()
         with _storage_errors(f"flushing {self.name}"):
             self._flush()
 
@@ -760,7 +819,12 @@ class PartitionLog:
         Returns whether it flushed. The broker calls this periodically."""
         flush_ms = self._config.flush_ms
         since = self._first_unflushed_monotonic_ms
-        if flush_ms is None or since is None or now_monotonic_ms - since < flush_ms:
+        if (
+            flush_ms is None
+            or since is None
+            or now_monotonic_ms - since < flush_ms
+            or self._offline is not None
+        ):
             return False
         self.flush()
         return True
@@ -770,10 +834,12 @@ class PartitionLog:
     def truncate_to(self, offset: int) -> None:
         """Drop every record at or above `offset` (the whole batch containing
         it: batches are never split, so the log may end below `offset`).
-        Durable when it returns."""
+        Durable when it returns. An OSError part-way takes the log offline
+        (see the module docstring): the next open recovers it."""
+        self._check_online()
         if offset >= self.log_end_offset:
             return
-        with _storage_errors(f"truncating {self.name} to offset {offset}"):
+        with self._offline_on_failure(f"a truncation to offset {offset}"):
             if offset <= self.log_start_offset:
                 keep = 1
                 self._segments[0].truncate_to(self._segments[0].base_offset)
@@ -818,49 +884,59 @@ class PartitionLog:
         finds it finishes the reset (`log_loader`), whatever else of it
         reached the disk; it is removed, durably, only once everything else
         is on disk, before anything can be appended at `offset`.
+
+        An OSError part-way takes the log offline (see the module docstring)
+        and raises StorageError: the next open finishes the reset.
         """
+        self._check_online()
         if offset < 0:
             raise ValueError(f"cannot reset {self.name} to negative offset {offset}")
-        with _storage_errors(f"resetting {self.name} to offset {offset}"):
-            directory = self.directory
-            # 1. The commit point. Before it nothing has changed; after it,
-            # the steps below may reach the disk in any order and any part.
-            checkpoints.write_reset_offset(directory, offset)
-            # 2. Everything of the old log goes: its history (durably), its
-            # segments; a new, empty segment and new offsets come.
-            self._forget_history()
-            deleted: list[Path] = []
-            for segment in self._segments:
-                segment.close()
-                deleted.extend(rename_deleted(segment.file_paths))
-            self._segments = [LogSegment.create(directory, offset)]
-            self._base_offsets = [offset]
-            self._segments[0].flush()
-            self._log_start_offset = offset
-            checkpoints.write_log_start_offset(directory, offset, durable=True)
-            # Durably when it goes down (see the module docstring): before
-            # the commit point goes, so before anything is appended above it.
-            lowered = offset < self._recovery_point
-            self._recovery_point = offset
-            checkpoints.write_recovery_point(directory, offset, durable=lowered)
-            if self._clean_offset > offset or self._gap_limit > offset:
-                # Only a reset below the old end: nothing above it is clean
-                # any more, nor rewritten by the cleaner.
-                self._gap_limit = min(self._gap_limit, offset)
-                checkpoints.write_cleaner_checkpoint(directory, offset, self._gap_limit)
-            self._clean_offset = offset
-            self._unflushed_records = 0
-            self._first_unflushed_monotonic_ms = None
-            # The renames, the new segment and the snapshot deletions.
-            fsync_directory(directory)
-            self._directory_dirty = False
-            # 3. Done: the commit point goes, before anything is appended at
-            # `offset` (an open that found it would drop that).
-            checkpoints.remove_reset_offset(directory)
+        with self._offline_on_failure(f"a reset to offset {offset}"):
+            deleted = self._reset(offset)
         # The renamed files are unreachable now; a failed unlink is retried
         # by the next open.
         unlink_files(deleted)
         logger.warning("%s: reset to an empty log at offset %d", self.name, offset)
+
+    def _reset(self, offset: int) -> list[Path]:
+        """`reset_to`'s steps, in their crash-safe order; returns the files
+        renamed `.deleted`. Raises OSError."""
+        directory = self.directory
+        # 1. The commit point. Before it nothing has changed; after it,
+        # the steps below may reach the disk in any order and any part.
+        checkpoints.write_reset_offset(directory, offset)
+        # 2. Everything of the old log goes: its history (durably), its
+        # segments; a new, empty segment and new offsets come.
+        self._forget_history()
+        deleted: list[Path] = []
+        for segment in self._segments:
+            segment.close()
+            deleted.extend(rename_deleted(segment.file_paths))
+        self._segments = [LogSegment.create(directory, offset)]
+        self._base_offsets = [offset]
+        self._segments[0].flush()
+        self._log_start_offset = offset
+        checkpoints.write_log_start_offset(directory, offset, durable=True)
+        # Durably when it goes down (see the module docstring): before
+        # the commit point goes, so before anything is appended above it.
+        lowered = offset < self._recovery_point
+        self._recovery_point = offset
+        checkpoints.write_recovery_point(directory, offset, durable=lowered)
+        if self._clean_offset > offset or self._gap_limit > offset:
+            # Only a reset below the old end: nothing above it is clean
+            # any more, nor rewritten by the cleaner.
+            self._gap_limit = min(self._gap_limit, offset)
+            checkpoints.write_cleaner_checkpoint(directory, offset, self._gap_limit)
+        self._clean_offset = offset
+        self._unflushed_records = 0
+        self._first_unflushed_monotonic_ms = None
+        # The renames, the new segment and the snapshot deletions.
+        fsync_directory(directory)
+        self._directory_dirty = False
+        # 3. Done: the commit point goes, before anything is appended at
+        # `offset` (an open that found it would drop that).
+        checkpoints.remove_reset_offset(directory)
+        return deleted
 
     def _forget_history(self) -> None:
         """Empty the epoch history and the producer state (files included)."""
@@ -870,8 +946,16 @@ class PartitionLog:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Flush, close every file, and mark the shutdown as clean."""
+        """Flush, close every file, and mark the shutdown as clean. An
+        offline log only closes its files: nothing of its state in memory
+        may reach the disk, and the next open must recover it."""
         if self._closed:
+            return
+        if self._offline is not None:
+            self._closed = True
+            for segment in self._segments:
+                with contextlib.suppress(OSError):
+                    segment.close()
             return
         with _storage_errors(f"closing {self.name}"):
             self._flush()
