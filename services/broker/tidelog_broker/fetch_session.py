@@ -177,8 +177,12 @@ class FetchSession:
         self._changed.set()
 
     def fail(self, exc: BaseException) -> None:
-        """The request side failed (for example a bad request): end the stream."""
-        self._failure = exc
+        """The request side failed (for example a bad request) or the broker
+        drains: end the stream. The first failure is the one raised: a
+        client's bad request that meets a drain is what the client must be
+        told (it would send it again to the next broker otherwise)."""
+        if self._failure is None:
+            self._failure = exc
         self._changed.set()
 
     async def responses(self) -> AsyncGenerator[bytes, None]:

@@ -42,7 +42,12 @@ A request naming more partitions (positions and removals) than
 the stream ends INVALID_ARGUMENT naming the limit, in words and in the
 trailing metadata key `tidelog-max-partitions-per-request` (which the
 stream's initial metadata also carries, log_servicer); the SDK places its
-partitions again, on a new stream, in requests within it.
+partitions again, on a new stream, in requests within it. A request that
+would leave the stream reading more partitions than
+--max-partitions-per-fetch (those it reads, less the ones it removes, plus
+the new ones it places) is refused the same way, before any of it is
+applied or forwarded: the stream never reads more than the limit, and the
+stream ends INVALID_ARGUMENT naming it.
 
 Drain (SIGTERM): the stream ends with UNAVAILABLE and NOT_LEADER_OR_FOLLOWER
 in the trailer (log_servicer, errors.abort_shutting_down); the client
@@ -223,8 +228,9 @@ class FetchProxy:
     def apply(self, request: log_pb2.FetchRequest) -> None:
         """Take in one client request. Raises InvalidRequestError, which
         ends the stream; a request over --max-partitions-per-request
-        (PartitionsPerRequestError, naming it) or with a bad field is
-        refused before any of it is applied."""
+        (PartitionsPerRequestError, naming it), one that would take the
+        stream over --max-partitions-per-fetch, or one with a bad field is
+        refused before any of it is applied (nor forwarded to a broker)."""
         config = self._config
         if request.credit_bytes < 0:
             raise InvalidRequestError(f"credit_bytes must be >= 0, got {request.credit_bytes}")
@@ -257,6 +263,14 @@ class FetchProxy:
                 "credit as responses are consumed"
             )
         check_fetch_positions(request.positions)
+        held = len(self._positions)
+        after = held + self._partitions_added(request)
+        if after > config.max_partitions_per_fetch:
+            raise InvalidRequestError(
+                f"the stream would read {after} partitions (it reads {held}), over the limit "
+                f"of {config.max_partitions_per_fetch} (--max-partitions-per-fetch): remove "
+                "partitions before placing others, or read them on another stream"
+            )
         settings_changed = bool(
             request.max_bytes or request.min_bytes or request.max_wait_ms or answers
         )
@@ -292,13 +306,19 @@ class FetchProxy:
             else:
                 known.send(forwarded)
             known.partitions.update((p.topic, p.partition) for p in positions)
-        if len(self._positions) > config.max_partitions_per_fetch:
-            raise InvalidRequestError(
-                f"the stream would read {len(self._positions)} partitions, over the limit of "
-                f"{config.max_partitions_per_fetch} (--max-partitions-per-fetch)"
-            )
         self._client_credit += request.credit_bytes
         self._distribute()
+
+    def _partitions_added(self, request: log_pb2.FetchRequest) -> int:
+        """How many partitions the stream reads more (or, negative, fewer)
+        once `request` is applied: its removals come first, then its
+        positions (a partition removed and placed again stays)."""
+        removed = {(tp.topic, tp.partition) for tp in request.remove}
+        placed = {(p.topic, p.partition) for p in request.positions}
+        held = self._positions
+        return sum(1 for key in placed if key not in held or key in removed) - sum(
+            1 for key in removed if key in held
+        )
 
     def _settings(self, request: log_pb2.FetchRequest) -> log_pb2.FetchRequest:
         request.max_bytes = self._max_bytes

@@ -415,3 +415,80 @@ def test_a_request_over_the_partition_limit_is_refused_before_any_of_it_is_appli
         assert proxy._max_bytes == 0
 
     asyncio.run(scenario())
+
+
+def _limited_proxy(brokers: Brokers, max_partitions_per_fetch: int) -> FetchProxy:
+    return FetchProxy(
+        brokers,  # type: ignore[arg-type]
+        brokers,  # type: ignore[arg-type]
+        GatewayConfig(max_partitions_per_fetch=max_partitions_per_fetch),
+        FetchBudget(1 << 30, 1 << 30),
+        "peer",
+        asyncio.Event(),
+    )
+
+
+def _sent(brokers: Brokers) -> dict[str, list[list[log_pb2.FetchRequest]]]:
+    return {address: [list(c.sent) for c in calls] for address, calls in brokers.calls.items()}
+
+
+def test_a_request_over_the_stream_partition_limit_is_refused_before_any_of_it_applies() -> None:
+    """--max-partitions-per-fetch is checked on what the stream would read
+    after the request, before any of it is applied: no broker is sent a
+    position (nor a setting, nor credit) of it, and the stream's positions
+    never go over the limit, not even until the refusal."""
+
+    async def scenario() -> None:
+        brokers = Brokers()
+        proxy = _limited_proxy(brokers, 3)
+        client = Client(proxy)
+        client.grant(1000, 0, 1)
+        await settle()
+        sent = _sent(brokers)
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(
+                positions=[
+                    log_pb2.FetchPosition(topic=TOPIC, partition=p, fetch_offset=5)
+                    for p in (1, 2, 3)
+                ],
+                credit_bytes=1000,
+                max_bytes=77,
+            )
+        )
+        with pytest.raises(InvalidRequestError) as refused:
+            await asyncio.wait_for(client._reader, 10)
+        assert "the stream would read 4 partitions" in str(refused.value)
+        assert "over the limit of 3 (--max-partitions-per-fetch)" in str(refused.value)
+        assert _sent(brokers) == sent
+        assert proxy._positions == {(TOPIC, 0): 0, (TOPIC, 1): 0}
+        assert proxy._max_bytes == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_request_removing_as_many_partitions_as_it_adds_stays_within_the_limit() -> None:
+    """The limit counts what the stream reads after the request: its
+    removals first, then its new positions (a partition removed and placed
+    again in one request is read once)."""
+
+    async def scenario() -> None:
+        brokers = Brokers()
+        proxy = _limited_proxy(brokers, 3)
+        client = Client(proxy)
+        client.grant(1000, 0, 1, 2)
+        await settle()
+        client.requests.put_nowait(
+            log_pb2.FetchRequest(
+                remove=[common_pb2.TopicPartition(topic=TOPIC, partition=p) for p in (0, 2)],
+                positions=[
+                    log_pb2.FetchPosition(topic=TOPIC, partition=p, fetch_offset=0) for p in (2, 3)
+                ],
+            )
+        )
+        await settle()
+        assert not client._reader.done()
+        assert sorted(proxy._positions) == [(TOPIC, 1), (TOPIC, 2), (TOPIC, 3)]
+        assert [r.positions[0].partition for r in brokers.current(3).sent if r.positions] == [3]
+        await client.close()
+
+    asyncio.run(scenario())
