@@ -147,7 +147,9 @@ def run(
         if rate is None and key_list and (tombstones or keyless_every):
             # Keys in turn, every tombstones-th value None, every keyless_every-th key None:
             # precomputed, as below.
-            in_turn: list[bytes | None] = list((key_list * (records // len(key_list) + 1))[:records])
+            in_turn: list[bytes | None] = list(
+                (key_list * (records // len(key_list) + 1))[:records]
+            )
             if keyless_every:
                 in_turn[keyless_every - 1 :: keyless_every] = [None] * (records // keyless_every)
             values = [
