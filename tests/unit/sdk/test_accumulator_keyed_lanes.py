@@ -21,6 +21,7 @@ from tidelog._accumulator import (
     keyed_append,
     record_size,
 )
+from tidelog._futures import FutureRecordMetadata
 from tidelog.compression import CompressionType
 from tidelog.errors import TidelogTimeoutError
 from tidelog.partitioner import StickyPartitioner, partition_for_key
@@ -466,6 +467,28 @@ def test_a_keyed_record_to_the_sticky_partition_gives_its_batch_a_lane_for_both_
     for b in ready:
         acc.resolved(b)
     assert acc._buffered == 0
+
+
+def test_a_lane_takes_keyless_records_without_keys_or_when_made_keyless() -> None:
+    """Lane's `keyless`: its default is whether the lane has no keys list; a
+    keyed lane made keyless appends a keyless record's None key, so the
+    batch's columns stay as long as each other."""
+    assert _accumulator._cproduce is not None
+    Lane = _accumulator._cproduce.Lane
+    result = ProducerBatch("t", 0, 0, 0.0).result
+    plain = Lane([], [], result, FutureRecordMetadata, 1000, 100, RECORD_OVERHEAD)
+    assert plain.keyless and not plain.keyed
+    keyed_only = Lane([], [], result, FutureRecordMetadata, 1000, 100, 8, None, [])
+    assert keyed_only.keyed and not keyed_only.keyless
+    assert keyed_only.append(b"v") is None
+    values: list[bytes | None] = []
+    keys: list[bytes | None] = []
+    both = Lane(values, [], result, FutureRecordMetadata, 1000, 100, 8, None, keys, keyless=True)
+    assert both.append(b"a") is not None and both.append_keyed(b"k", b"b") is not None
+    assert (values, keys) == ([b"a", b"b"], [None, b"k"])
+    assert both.used == 2 * RECORD_OVERHEAD + 3
+    with pytest.raises(ValueError, match="without keys"):
+        Lane([], [], result, FutureRecordMetadata, 1000, 100, 8, keyless=False)
 
 
 def test_keyed_records_of_other_partitions_leave_the_keyless_lane_open() -> None:
