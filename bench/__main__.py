@@ -114,8 +114,10 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   per million records in the caller's thread; so is a record with a bytes key (its partition's
   lane, the key's murmur2 in the same call: ~0.3 CPU s per million against ~1.2 through the
   accumulator's lock, `python -m bench.produce_profile --keys 1000`), a tombstone (~0.4 against
-  ~1.6, `--tombstones 1`) and a record with headers (~0.6-0.75 against ~2.3-3.0 with one to
-  three, `--headers N`); the loop thread encodes
+  ~1.6, `--tombstones 1`), a record with headers (~0.6-0.75 against ~2.3-3.0 with one to
+  three, `--headers N`) and the records of a topic mixing keyed and keyless ones, whose sticky
+  batch's lane takes both (~0.33 against ~0.96 when keyless records took the lock there,
+  `--keys 1000 --partitions 4 --keyless-every 2`); the loop thread encodes
   each batch body in one C pass and writes each request's bytes by hand (`_produce_wire`),
   ~0.09 s; the broker ~0.12 s (`python -m bench.produce_profile`). Unthrottled, the producer
   fills buffer_memory, so the p50 here is time queued in the buffer. Kafka's own figure moves

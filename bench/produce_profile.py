@@ -23,6 +23,9 @@ cost each thread and the broker (its check of every header block).
 murmur2 partition (``--partitions P`` of them; default 1), the way most Kafka users send.
 ``--tombstones K`` (with ``--keys``): every K-th record is a tombstone (its value None, a
 compacted topic's delete; 1: every record).
+``--keyless-every N`` (with ``--keys``): every N-th record has no key (it goes to the topic's
+sticky partition, as a keyless send does), the others their keys in turn: a workload that mixes
+keyed and keyless records in one topic, whose sticky partition's batch takes both kinds.
 ``--linger-ms``, ``--batch-size`` and ``--buffer-memory`` change the producer's (e.g. linger
 60,000 and 32 MiB batches: no request runs while the records are sent, so the calling thread's
 cost is send()'s alone). Every run also prints the calling thread's CPU during the sends
@@ -115,11 +118,12 @@ def run(
     linger_ms: int | None = None,
     producer_options: dict[str, int] | None = None,
     tombstones: int = 0,
+    keyless_every: int = 0,
 ) -> None:
     """One run: `records` sends as fast as they go (linger 5 ms) or, with `rate`, at that
     many per second (linger 0); each record with `headers` headers (16-byte values) and,
     with `keys`, one of that many 8-byte keys in turn; with `tombstones` K, every K-th of
-    those a tombstone (no value)."""
+    those a tombstone (no value); with `keyless_every` N, every N-th record no key."""
     value = os.urandom(record_bytes)
     record_headers = [(f"header-{i}", os.urandom(16)) for i in range(headers)] or None
     key_list = [b"%08d" % i for i in range(keys)]
@@ -140,10 +144,18 @@ def run(
         if record_headers is not None:
             send = functools.partial(send, headers=record_headers)
         send_cpu0 = time.thread_time()
-        if rate is None and key_list and tombstones:
-            # Keys in turn, every tombstones-th value None: precomputed, as below.
-            in_turn = (key_list * (records // len(key_list) + 1))[:records]
-            values = [None if i % tombstones == tombstones - 1 else value for i in range(records)]
+        if rate is None and key_list and (tombstones or keyless_every):
+            # Keys in turn, every tombstones-th value None, every keyless_every-th key None:
+            # precomputed, as below.
+            in_turn: list[bytes | None] = list(
+                (key_list * (records // len(key_list) + 1))[:records]
+            )
+            if keyless_every:
+                in_turn[keyless_every - 1 :: keyless_every] = [None] * (records // keyless_every)
+            values = [
+                None if tombstones and i % tombstones == tombstones - 1 else value
+                for i in range(records)
+            ]
             for key, record_value in zip(in_turn, values, strict=True):
                 send(topic, record_value, key)
         elif rate is None and key_list:
@@ -242,6 +254,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--tombstones", type=int, default=0, help="every K-th keyed record a tombstone (1: all)"
     )
+    parser.add_argument(
+        "--keyless-every",
+        type=int,
+        default=0,
+        help="with --keys: every N-th record keyless (the others keyed; 1: none keyed)",
+    )
     parser.add_argument("--partitions", type=int, default=1, help="the topic's partitions")
     parser.add_argument("--linger-ms", type=int, help="default 5 (0 with --rate)")
     parser.add_argument("--batch-size", type=int, help="bytes (default the producer's)")
@@ -249,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.tombstones and (args.keys <= 0 or args.rate is not None or args.tombstones < 0):
         parser.error("--tombstones K needs --keys N and no --rate (a tombstone has a key)")
+    if args.keyless_every and (args.keys <= 0 or args.rate is not None or args.keyless_every < 0):
+        parser.error("--keyless-every N needs --keys N and no --rate")
     records = args.records if args.rate is None else int(args.rate * args.seconds)
     if args.send_only:
         send_only(args.records, args.record_bytes)
@@ -274,6 +294,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.linger_ms,
                 options,
                 args.tombstones,
+                args.keyless_every,
             )
             workloads.delete_topic(broker.address, topic)
 

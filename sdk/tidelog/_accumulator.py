@@ -35,15 +35,19 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   of many topics leave room for each other and for locked appends) and what
   was not used is given back when it closes. A lane opens after a locked
   append of such a record to the sticky batch, and closes, under the lock,
-  before anything else reads or changes its batch: a locked append to the
-  topic, a seal, a drain, close, or the lane's own `on_full`, which the
+  before anything else reads or changes its batch: a locked append of a
+  keyless record to the topic (or of any record to that batch), a seal, a
+  drain, close, or the lane's own `on_full`, which the
   append that fills the lane calls (after its record is in, without the
   lock, which `_lane_filled` takes) to seal a batch left full. So a batch's
   columns and size are whole whenever the lock is held and the batch has no
-  lane. A batch whose lane was closed by a record it had room for (a keyed
-  one, a bytearray, an explicit partition or timestamp...) gets no other
-  lane: mixed sends keep the locked path rather than open and close a lane
-  per record;
+  lane. A batch whose lane was closed by a record it had room for (a
+  bytearray, an explicit partition or timestamp...) gets no other lane:
+  mixed sends keep the locked path rather than open and close a lane per
+  record. Except a record the lane did not take for its kind alone, which
+  the batch's next lane takes (see `_settle`): a keyed record reaching the
+  sticky batch, whose lane is then a keyed one that takes keyless records
+  too (below);
 - the *keyed lanes* (`keyed_lanes`): the same for records with a bytes key,
   per partition, tombstones (a null value) included. A topic's table is a
   list with a slot per partition, made for the partition count its length
@@ -57,8 +61,14 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   keyed lane: it closes, under the lock, before a locked append, seal, drain
   or close reaches its batch (`_settle`: the locked path closes the lane of
   any batch it is about to look at, whichever partition it is for), so a
-  batch never has two lanes and a keyless lane is only ever on a batch with
-  no keys. Sequence numbers of idempotent producers are given when the
+  batch never has two lanes and a lane without the keys list is only ever
+  on a batch with no keys. The sticky batch's keyed lane (a keyed record
+  went to the sticky partition, or the sticky partition moved on to a
+  batch with keys) is also the topic's keyless lane, in `lanes` as well as
+  in its slot: made `keyless`, it appends a keyless record's None key to
+  the keys, as the locked path does, so keyed and keyless records of a
+  topic that mixes them both take lanes into that batch; closing it takes
+  it out of both. Sequence numbers of idempotent producers are given when the
   sender drains a batch, after its lane is closed: lanes never see them.
   Many partitions' lanes together may reserve most of the free buffer
   memory (each is granted at most half of what is free): a locked append
@@ -336,9 +346,14 @@ class RecordAccumulator:
         """
         # Bound acquire/release in try/finally: measurably cheaper than
         # `with self._lock` on this hot path (one lock per record).
+        # The kind of lane send() offered the record to: keyed, keyless (the
+        # topic's), or none (an explicit partition of a keyless record).
+        keyed: bool | None = True if key is not None else (False if partition < 0 else None)
         self._acquire()
         try:
-            if topic in self.lanes:
+            if partition < 0 and topic in self.lanes:
+                # Only a keyless record may reach the sticky batch without
+                # choosing its partition (or move the sticky partition on).
                 self._close_topic_lane(topic, size, bool(headers))
             if self._buffered + size > self._buffer_memory or self.closed:
                 self._wait_for_space(size, max_block_s)
@@ -354,11 +369,13 @@ class RecordAccumulator:
             if (
                 batch is not None
                 and batch.lane is not None
-                and not self._settle(batch, size, bool(headers))
+                and not self._settle(batch, size, bool(headers), keyed)
             ):
                 batch = None
             if batch is None or batch.size + size > self._batch_size:
-                batch = self._batch_for(topic, partition, partition_count, size, bool(headers))
+                batch = self._batch_for(
+                    topic, partition, partition_count, size, bool(headers), keyed
+                )
             values = batch.values
             index = len(values)
             values.append(value)
@@ -376,11 +393,10 @@ class RecordAccumulator:
             if batch.size > self._full_above:
                 self._seal(batch)
                 self._wake_sender()
-            elif size <= self._lane_max_record and not batch.lane_refused:
-                if partition < 0 and key is None and batch.keys is None:
-                    self._open_lane(batch, size)
-                elif partition >= 0 and key is not None:
-                    self._open_keyed_lane(batch, size, partition_count)
+            elif keyed is not None and size <= self._lane_max_record and not batch.lane_refused:
+                # A record send() offers lanes (no explicit partition of a
+                # keyless one): its batch gets a lane for the next ones.
+                self._open_lane(batch, size, partition_count)
         finally:
             self._release()
         return FutureRecordMetadata((batch.result, index))
@@ -389,23 +405,27 @@ class RecordAccumulator:
         """The room a lane into `batch` is granted (see the module doc)."""
         return min(self._batch_size - batch.size, (self._buffer_memory - self._buffered) // 2)
 
-    def _open_lane(self, batch: ProducerBatch, size: int) -> None:
-        """Give the open sticky `batch` a lane (under the lock), when the
-        room it can be granted takes at least one more record of `size`."""
+    def _open_lane(self, batch: ProducerBatch, size: int, partition_count: int) -> None:
+        """Give the open `batch`, whose last record was keyed or keyless to
+        the sticky partition, a lane (under the lock), when the room it can
+        be granted takes at least one more record of `size`: a batch without
+        keys (the sticky one) a keyless lane, the topic's; a batch with keys
+        a keyed lane in its topic's table for `partition_count`, which is
+        also the topic's keyless lane when the batch is the sticky one."""
         room = self._lane_room(batch)
         if room < size or self.closed:
             return
-        self.lanes[batch.topic] = self._new_lane(batch, room, keyed=False)
-
-    def _open_keyed_lane(self, batch: ProducerBatch, size: int, partition_count: int) -> None:
-        """Give `batch`, whose last record was keyed, a keyed lane (under the
-        lock) in its topic's table for `partition_count`, when the room it
-        can be granted takes at least one more record of `size`."""
-        room = self._lane_room(batch)
-        if room < size or self.closed or not 0 <= batch.partition < partition_count:
+        topic = batch.topic
+        # The topic's open batch of its sticky partition, which keyless
+        # records reach through the topic's lane.
+        sticky = self._sticky_current.get(topic) == batch.partition
+        if batch.keys is None:
+            if sticky:
+                self.lanes[topic] = self._new_lane(batch, room, keyed=False)
             return
-        assert batch.keys is not None
-        table = self.keyed_lanes.get(batch.topic)
+        if not 0 <= batch.partition < partition_count:
+            return
+        table = self.keyed_lanes.get(topic)
         if table is None or len(table) != partition_count:
             if table is not None:
                 self._end_keyed_lanes(batch.topic)
@@ -413,11 +433,14 @@ class RecordAccumulator:
         # One open batch per partition, and a lane leaves its slot when it
         # closes: the slot of a batch without a lane is empty.
         assert table[batch.partition] is None
-        table[batch.partition] = self._new_lane(batch, room, keyed=True)
+        lane = table[batch.partition] = self._new_lane(batch, room, keyed=True, keyless=sticky)
+        if sticky:
+            self.lanes[topic] = lane
 
-    def _new_lane(self, batch: ProducerBatch, room: int, keyed: bool) -> Lane:
-        """A lane of `room` bytes into `batch` (under the lock), keyed or not;
-        the room counts as buffered from now on."""
+    def _new_lane(self, batch: ProducerBatch, room: int, keyed: bool, keyless: bool = True) -> Lane:
+        """A lane of `room` bytes into `batch` (under the lock), keyed or not
+        (a keyed one taking keyless records too when `keyless`); the room
+        counts as buffered from now on."""
         assert _cproduce is not None and batch.lane is None
         batch.lane = _cproduce.Lane(
             batch.values,
@@ -430,6 +453,7 @@ class RecordAccumulator:
             partial(self._lane_filled, batch),
             batch.keys if keyed else None,
             batch.headers,
+            keyless=keyless,
         )
         self._buffered += room
         return batch.lane
@@ -455,21 +479,33 @@ class RecordAccumulator:
             return False
         return True
 
-    def _settle(self, batch: ProducerBatch, size: int, headers: bool = False) -> bool:
+    def _settle(
+        self, batch: ProducerBatch, size: int, headers: bool = False, keyed: bool | None = None
+    ) -> bool:
         """Close `batch`'s lane before a locked append of a record of `size`
         bytes may reach the batch (under the lock): `_end_lane`, and when
         the lane had room for that record (it is one a lane does not take),
         the batch gets no other lane. Whether the batch is still open.
 
-        Except for a record with `headers` while the batch has no headers
-        column (so its lane had none): the lane could not take it for that
-        alone, and once the record is in, the batch's next lane has that
-        column and takes such records (once per batch)."""
+        Except when the lane could not take the record for its kind alone,
+        which the batch's next lane takes once the record is in (so once per
+        batch): a record with `headers` while the batch has no headers
+        column (so its lane had none); a keyed record (`keyed` True) while
+        the batch has no keys (a keyless lane: its next lane is keyed); a
+        keyless record of the sticky partition (`keyed` False) and a lane
+        that takes none (a keyed lane opened before the sticky partition
+        moved to the batch: its next lane takes both kinds). `keyed` None:
+        neither (an explicit partition of a keyless record, columns)."""
         lane = batch.lane
         assert lane is not None
         if not self._end_lane(batch):
             return False
-        if lane.room - lane.used >= size and not (headers and batch.headers is None):
+        if (
+            lane.room - lane.used >= size
+            and not (headers and batch.headers is None)
+            and not (keyed is True and not lane.keyed)
+            and not (keyed is False and not lane.keyless)
+        ):
             batch.lane_refused = True
         return True
 
@@ -499,10 +535,14 @@ class RecordAccumulator:
 
     def _close_topic_lane(self, topic: str, size: int, headers: bool = False) -> None:
         """End the lane of `topic` before a locked append of a record of
-        `size` bytes (with `headers`, as for `_settle`) to the topic (any of
-        its partitions: simpler than knowing which batch it will reach). A
-        topic's lane is always its open sticky batch's: it opens on that
-        batch, and the sticky partition only moves in a locked append."""
+        `size` bytes (with `headers`, as for `_settle`) to its sticky
+        partition, which may move on (a keyless record, or columns of one).
+        A record of a partition it chose reaches only that partition's
+        batch, whose lane (maybe this one) its append settles: this lane
+        stays open for the keyless records. A topic's lane is always its
+        open sticky batch's: it opens on that batch, and the sticky
+        partition only moves in a locked append of a keyless record, which
+        ends it first."""
         batch = self._open[topic][self._sticky_current[topic]]
         assert batch.lane is not None and batch.lane is self.lanes[topic]
         # A full batch is sealed even when the record goes to another
@@ -515,16 +555,12 @@ class RecordAccumulator:
         lane = batch.lane
         assert lane is not None
         batch.lane = None
+        # The sticky batch's keyed lane is in both places.
         if self.lanes.get(batch.topic) is lane:
             del self.lanes[batch.topic]
-        else:
-            table = self.keyed_lanes.get(batch.topic)
-            if (
-                table is not None
-                and batch.partition < len(table)
-                and table[batch.partition] is lane
-            ):
-                table[batch.partition] = None
+        table = self.keyed_lanes.get(batch.topic)
+        if table is not None and batch.partition < len(table) and table[batch.partition] is lane:
+            table[batch.partition] = None
         used = lane.close()
         batch.size += used
         self._buffered -= lane.room - used
@@ -559,7 +595,7 @@ class RecordAccumulator:
         placements: list[Placement] = []
         self._acquire()
         try:
-            if topic in self.lanes:
+            if partition < 0 and topic in self.lanes:
                 self._close_topic_lane(topic, sizes[0] if sizes else 0)
             if self._buffered + total > self._buffer_memory or self.closed:
                 self._wait_for_space(total, max_block_s)
@@ -626,10 +662,16 @@ class RecordAccumulator:
             )
 
     def _batch_for(
-        self, topic: str, partition: int, partition_count: int, size: int, headers: bool = False
+        self,
+        topic: str,
+        partition: int,
+        partition_count: int,
+        size: int,
+        headers: bool = False,
+        keyed: bool | None = None,
     ) -> ProducerBatch:
         """The slow path of append: the open batch is missing or full
-        (`headers`: the record has some, as for `_settle`)."""
+        (`headers`, `keyed`: the record's, as for `_settle`)."""
         by_partition = self._open.get(topic)
         if by_partition is None:
             by_partition = self._open[topic] = {}
@@ -652,7 +694,7 @@ class RecordAccumulator:
             if (
                 batch is not None
                 and batch.lane is not None
-                and not self._settle(batch, size, headers)
+                and not self._settle(batch, size, headers, keyed)
             ):
                 batch = None  # a keyed lane had filled it
             if batch is not None and batch.size + size <= self._batch_size:

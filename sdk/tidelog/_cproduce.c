@@ -6,8 +6,10 @@
  * record with a bytes value (or a null one) to the batch's value and
  * timestamp lists (its create time read here, as time.time_ns() // 1_000_000
  * would), or, a keyed lane, a record with a bytes key to its value, key and
- * timestamp lists (a null value: a tombstone); a lane given the batch's
- * headers list also takes records with headers (a tuple of them in that list,
+ * timestamp lists (a null value: a tombstone), and, a keyed lane made
+ * `keyless` (a batch that keyed and keyless records both reach: the sticky
+ * partition's), a keyless record too, its key None in the key list; a lane
+ * given the batch's headers list also takes records with headers (a tuple of them in that list,
  * None for a record without), counted as the locked path counts them; and
  * returns the record's FutureRecordMetadata; `keyed_append` does a keyed
  * send() in one call: the key's partition (murmur2), the lane in that slot
@@ -86,6 +88,7 @@ typedef struct {
     Py_ssize_t max_record; /* the largest record the producer takes */
     Py_ssize_t overhead;   /* a record's bytes besides its value: the smallest record */
     PyObject *on_full;     /* called with the lane when it fills, or NULL */
+    int keyless;           /* takes records of no key (a keyed lane: a None key in keys) */
     int closed;
 } Lane;
 
@@ -93,14 +96,28 @@ static int
 lane_init(Lane *self, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"values", "timestamps", "result", "future_type", "room",
-                             "max_record", "overhead", "on_full", "keys", "headers", NULL};
+                             "max_record", "overhead", "on_full", "keys", "headers",
+                             "keyless", NULL};
     PyObject *values, *timestamps, *result, *future_type, *on_full = Py_None, *keys = Py_None;
     PyObject *headers = Py_None;
     Py_ssize_t room, max_record, overhead;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn|OOO", kwlist, &PyList_Type, &values,
+    PyObject *keyless_arg = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!O!OO!nnn|OOOO", kwlist, &PyList_Type, &values,
                                      &PyList_Type, &timestamps, &result, &PyType_Type,
                                      &future_type, &room, &max_record, &overhead, &on_full,
-                                     &keys, &headers)) {
+                                     &keys, &headers, &keyless_arg)) {
+        return -1;
+    }
+    int keyless = keyless_arg == Py_None ? -1 : PyObject_IsTrue(keyless_arg);
+    if (keyless_arg != Py_None && keyless < 0) {
+        return -1;
+    }
+    /* A lane without the keys list takes keyless records only; one with it,
+     * keyed ones, and keyless ones too (a None key) when told so. */
+    if (keyless == -1) {
+        keyless = keys == Py_None;
+    } else if (!keyless && keys == Py_None) {
+        PyErr_SetString(PyExc_ValueError, "a lane without keys takes keyless records");
         return -1;
     }
     if ((keys != Py_None && !PyList_CheckExact(keys)) ||
@@ -161,6 +178,7 @@ lane_init(Lane *self, PyObject *args, PyObject *kwds)
     self->used = 0;
     self->max_record = max_record;
     self->overhead = overhead;
+    self->keyless = keyless;
     self->closed = 0;
     return 0;
 }
@@ -204,8 +222,9 @@ PyDoc_STRVAR(lane_append_doc,
 "Add one record with this value (bytes, or None: a null value), no key and\n"
 "these headers (None or empty: none; else a list or tuple of (str, bytes |\n"
 "None) tuples, stored as a tuple as send() stores them), created now, to the\n"
-"batch; None when the lane is closed or keyed, the value is not exactly bytes\n"
-"or None, the headers are not exactly of those types or do not fit a header\n"
+"batch (a keyed lane made with keyless=True: a None key in its keys list);\n"
+"None when the lane is closed or does not take keyless records, the value is\n"
+"not exactly bytes or None, the headers are not exactly of those types or do not fit a header\n"
 "block, the record has headers and the lane no headers column, or the record\n"
 "does not fit the room left or max_record (the caller's locked path decides\n"
 "then).\n"
@@ -344,7 +363,8 @@ lane_put(Lane *self, PyObject *key, PyObject *value, PyObject *headers)
      * tracks is made. Dropping `copy` when refusing runs no Python code: the
      * caller's headers still hold its items. */
     if (self->closed || self->values == NULL || (value != Py_None && !PyBytes_CheckExact(value)) ||
-        (key == NULL) != (self->keys == NULL) || (copy != NULL && self->headers == NULL)) {
+        (key == NULL ? !self->keyless : self->keys == NULL) ||
+        (copy != NULL && self->headers == NULL)) {
         Py_XDECREF(copy);
         Py_RETURN_NONE;
     }
@@ -381,7 +401,7 @@ lane_put(Lane *self, PyObject *key, PyObject *value, PyObject *headers)
     /* The lists grow together or not at all (a failed later append takes
      * the earlier ones back), so the batch's columns always agree. */
     if (PyList_Append(self->values, value) < 0 ||
-        (key != NULL && PyList_Append(self->keys, key) < 0) ||
+        (self->keys != NULL && PyList_Append(self->keys, key != NULL ? key : Py_None) < 0) ||
         (self->headers != NULL && PyList_Append(self->headers, copy ? copy : Py_None) < 0) ||
         PyList_Append(self->timestamps, timestamp) < 0) {
         truncate_list(self->values, index);
@@ -492,6 +512,12 @@ lane_get_keyed(Lane *self, void *Py_UNUSED(closure))
 }
 
 static PyObject *
+lane_get_keyless(Lane *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->keyless);
+}
+
+static PyObject *
 lane_get_with_headers(Lane *self, void *Py_UNUSED(closure))
 {
     return PyBool_FromLong(self->headers != NULL);
@@ -510,6 +536,8 @@ static PyGetSetDef lane_getset[] = {
     {"room", (getter)lane_get_room, NULL, "bytes granted", NULL},
     {"closed", (getter)lane_get_closed, NULL, "whether close() was called", NULL},
     {"keyed", (getter)lane_get_keyed, NULL, "whether the lane takes keyed records", NULL},
+    {"keyless", (getter)lane_get_keyless, NULL,
+     "whether the lane takes records of no key (append)", NULL},
     {"with_headers", (getter)lane_get_with_headers, NULL,
      "whether the lane takes records with headers (it has the batch's headers list)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
@@ -517,11 +545,14 @@ static PyGetSetDef lane_getset[] = {
 
 PyDoc_STRVAR(lane_doc,
 "Lane(values, timestamps, result, future_type, room, max_record, overhead,\n"
-"     on_full=None, keys=None, headers=None)\n\n"
+"     on_full=None, keys=None, headers=None, keyless=None)\n\n"
 "A grant of `room` bytes in one open batch (its `values` and `timestamps`\n"
 "lists and its BatchResult) for records each counted `overhead` + len(value)\n"
 "bytes: records of no key (append) or, given the batch's `keys` list, records\n"
-"with a bytes key (append_keyed, keyed_append), which also count len(key).\n"
+"with a bytes key (append_keyed, keyed_append), which also count len(key),\n"
+"and, when `keyless` is true, records of no key as well (a None key in\n"
+"`keys`: the lane of a batch both kinds reach). `keyless` defaults to\n"
+"whether `keys` is None; a lane without `keys` takes only keyless records.\n"
 "Given the batch's `headers` list, records with headers too (each record's\n"
 "a tuple, or None for none), which also count their headers as\n"
 "tidelog._accumulator.record_size does; without it, only records without.\n"

@@ -7,6 +7,7 @@ class Lane:
     room: int
     closed: bool
     keyed: bool
+    keyless: bool
     with_headers: bool
     def __init__(
         self,
@@ -20,6 +21,7 @@ class Lane:
         on_full: Callable[[Lane], object] | None = None,
         keys: list[Any] | None = None,
         headers: list[Any] | None = None,
+        keyless: bool | None = None,
     ) -> None: ...
     def append(self, value: object, headers: object = None) -> Any: ...
     def append_keyed(self, key: object, value: object, headers: object = None) -> Any: ...

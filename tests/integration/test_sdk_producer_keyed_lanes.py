@@ -4,12 +4,14 @@ send order at the offset its future reports, mixed with records the lanes do
 not take (explicit partitions) and keyless ones, by Producer (plain and
 idempotent) and AsyncProducer; records with headers and tombstones too, which
 the lanes take as well, read back exactly; and a batch keyed records fill is
-sent without waiting for the linger. Also without tidelog._cproduce (every
+sent without waiting for the linger; keyed and keyless records of several
+threads in one topic, the sticky batch's lane taking both. Also without tidelog._cproduce (every
 record takes the accumulator's lock), which must deliver the same."""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pytest
@@ -181,3 +183,69 @@ def test_a_batch_keyed_records_fill_is_sent_without_waiting_for_linger(
         # Two full batches: no flush, no close, no further send().
         offsets = [f.get(30).offset for f in futures]
         assert offsets == list(range(2 * per_batch))
+
+
+@pytest.mark.parametrize("acks", [1, "all"], ids=["acks-1", "idempotent"])
+def test_keyed_and_keyless_records_of_many_threads_arrive_once_in_order(
+    broker_address: str, topic_name: str, lanes: bool, acks: int | str
+) -> None:
+    """Threads send keyed records and keyless ones (every third) to one topic,
+    whose sticky partition's batches both kinds reach: every record arrives
+    exactly once, keyed ones on their key's partition, at the offset its
+    future reports, each thread's records of a partition (so each key's) in
+    its send order; and keyless records took the sticky batch's lane that
+    keyed records take too."""
+    _create(broker_address, topic_name)
+    threads, count = 3, 4_000
+    plans: list[Plan] = [
+        [
+            (
+                None if i % 3 == t else KEYS[(7 * i + t) % len(KEYS)],
+                b"%d:%06d" % (t, i),
+                None,
+                None,
+            )
+            for i in range(count)
+        ]
+        for t in range(threads)
+    ]
+    futures: list[list] = [[] for _ in range(threads)]  # type: ignore[type-arg]
+    shared_lane_taken: list[bool] = []
+    failed: list[BaseException] = []
+
+    with Producer(broker_address, linger_ms=50, acks=acks) as producer:
+        acc = producer._acc
+
+        def produce(t: int) -> None:
+            try:
+                for key, value, _, _ in plans[t]:
+                    futures[t].append(producer.send(topic_name, value, key=key))
+                    if key is None and not shared_lane_taken:
+                        lane = acc.lanes.get(topic_name)
+                        # The topic's lane a keyed record's locked append opened.
+                        if lane is not None and lane.keyed and lane.used:
+                            shared_lane_taken.append(True)
+            except BaseException as exc:  # reported below, not lost with the thread
+                failed.append(exc)
+
+        workers = [threading.Thread(target=produce, args=(t,)) for t in range(threads)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert not failed, failed
+        metadata = [[f.get(60) for f in fs] for fs in futures]
+    assert bool(shared_lane_taken) == lanes
+    for t in range(threads):
+        for p in range(PARTITIONS):
+            offsets = [md.offset for md in metadata[t] if md.partition == p]
+            assert offsets == sorted(offsets)  # this thread's records in send order
+    # In offset order, for _check: each record at its future's offset, on its
+    # key's partition, each partition's offsets dense (none lost or twice).
+    rows = sorted(
+        ((md.partition, md.offset), row, md)
+        for t in range(threads)
+        for row, md in zip(plans[t], metadata[t], strict=True)
+    )
+    assert len({place for place, _, _ in rows}) == threads * count
+    _check(broker_address, topic_name, [r for _, r, _ in rows], [md for _, _, md in rows])

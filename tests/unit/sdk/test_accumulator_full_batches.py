@@ -176,9 +176,10 @@ def test_a_locked_append_that_closes_a_full_lane_first_seals_its_batch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The lane's on_full runs after its record is in, without the lock: a
-    locked append of another thread (here to another partition of the topic)
-    may close the lane first. It seals the full batch then, and the late
-    on_full finds the lane closed and does nothing. (Lanes only.)"""
+    locked append of another thread (here a keyless record the lane did not
+    take, which moves on to another partition of the topic) may close the
+    lane first. It seals the full batch then, and the late on_full finds the
+    lane closed and does nothing. (Lanes only.)"""
     if _accumulator._cproduce is None:
         pytest.skip("tidelog._cproduce is not built (needs a C compiler: `make install`)")
     sender = Sender(batch_size=BATCH_OVERHEAD + 3 * RECORD)
@@ -194,7 +195,8 @@ def test_a_locked_append_that_closes_a_full_lane_first_seals_its_batch(
     assert len(late) == 1 and "t" in sender.acc.lanes  # on_full not run yet
     sticky = sender.acc._sticky_current["t"]
     other = 1 - sticky
-    sender.acc.append("t", other, 2, b"k", b"c", None, 7, record_size(b"k", b"c", None), 1.0)
+    sender.acc.append("t", -1, 2, None, b"c", None, 7, record_size(None, b"c", None), 1.0)
+    assert sender.acc._sticky_current["t"] == other
     ready = sender.drain_and_sleep()
     assert [(b.partition, len(b)) for b in ready] == [(sticky, 3)]
     late[0]()  # the lane's on_full, at last

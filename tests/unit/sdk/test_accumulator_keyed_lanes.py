@@ -21,6 +21,7 @@ from tidelog._accumulator import (
     keyed_append,
     record_size,
 )
+from tidelog._futures import FutureRecordMetadata
 from tidelog.compression import CompressionType
 from tidelog.errors import TidelogTimeoutError
 from tidelog.partitioner import StickyPartitioner, partition_for_key
@@ -411,21 +412,214 @@ def test_a_batch_whose_keyed_lane_a_record_bypassed_keeps_the_locked_path() -> N
     assert acc.keyed_lanes["t"][0] is not None
 
 
-def test_a_keyless_lane_and_keyed_lanes_of_one_topic_keep_to_their_batches() -> None:
-    """The sticky batch's keyless lane and a keyed lane are never one batch's:
-    a keyed record to the sticky partition closes the keyless lane first."""
+def keyless(acc: RecordAccumulator, value: bytes, count: int = COUNT):  # type: ignore[no-untyped-def]
+    """What Producer.send does with a keyless record: the topic's lane, else the
+    locked append to the sticky partition. Returns (future, whether a lane took it)."""
+    lane = acc.lanes.get("t")
+    future = None if lane is None else lane.append(value)
+    if future is not None:
+        return future, True
+    size = record_size(None, value, None)
+    return acc.append("t", -1, count, None, value, None, 7, size, 1.0), False
+
+
+def test_a_keyed_record_to_the_sticky_partition_gives_its_batch_a_lane_for_both_kinds() -> None:
+    """The sticky batch's keyless lane cannot take a keyed record (it has no
+    keys list): that record takes the lock, once, and the batch's next lane
+    is a keyed one that takes keyless records too, the topic's lane as well
+    as its partition's; both kinds then append to the batch without the lock,
+    in send order. A batch never has two lanes."""
     acc, _ = make(batch_size=10_000)
-    value = b"v"
-    acc.append("t", -1, COUNT, None, value, None, 7, record_size(None, value, None), 1.0)
+    first, _ = keyless(acc, b"a")
     sticky = acc._sticky_current["t"]
-    assert "t" in acc.lanes
+    keyless_lane = acc.lanes["t"]
+    assert not keyless_lane.keyed and keyless_lane.keyless
     key = key_for(sticky)
-    send(acc, key, value)
-    assert "t" not in acc.lanes
-    for batch in acc._open["t"].values():
-        assert batch.lane is None or batch.lane.keyed
+    assert fast(acc, key, b"b") is None  # no keyed lane in the sticky partition's slot
+    locked(acc, key, b"b")
+    batch = acc._open["t"][sticky]
+    lane = acc.lanes["t"]
+    assert keyless_lane.closed and not batch.lane_refused
+    assert lane is batch.lane is acc.keyed_lanes["t"][sticky]
+    assert lane.keyed and lane.keyless
+    futures = [keyless(acc, b"c"), (fast(acc, key, b"d"), True), keyless(acc, b"e")]
+    assert all(taken for _, taken in futures)
+    assert [f[0] for f, _ in futures] == [first[0]] * 3
+    assert [f[1] for f, _ in futures] == [2, 3, 4]
+    # Another partition's keyed lane takes no keyless record.
+    other = (sticky + 1) % COUNT
+    locked(acc, key_for(other), b"f")
+    other_lane = acc.keyed_lanes["t"][other]
+    assert other_lane is not None and other_lane.keyed and not other_lane.keyless
+    assert other_lane.append(b"g") is None
+    assert acc.lanes["t"] is lane  # the keyed record of another partition left it open
     ready = drain_all(acc)
-    assert records_of(ready[0]) == [(None, value), (key, value)]
+    assert lane.closed and "t" not in acc.lanes and acc.keyed_lanes["t"] == [None] * COUNT
+    by_partition = {b.partition: records_of(b) for b in ready}
+    assert by_partition[sticky] == [
+        (None, b"a"),
+        (key, b"b"),
+        (None, b"c"),
+        (key, b"d"),
+        (None, b"e"),
+    ]
+    assert by_partition[other] == [(key_for(other), b"f")]
+    for b in ready:
+        acc.resolved(b)
+    assert acc._buffered == 0
+
+
+def test_a_lane_takes_keyless_records_without_keys_or_when_made_keyless() -> None:
+    """Lane's `keyless`: its default is whether the lane has no keys list; a
+    keyed lane made keyless appends a keyless record's None key, so the
+    batch's columns stay as long as each other."""
+    assert _accumulator._cproduce is not None
+    Lane = _accumulator._cproduce.Lane
+    result = ProducerBatch("t", 0, 0, 0.0).result
+    plain = Lane([], [], result, FutureRecordMetadata, 1000, 100, RECORD_OVERHEAD)
+    assert plain.keyless and not plain.keyed
+    keyed_only = Lane([], [], result, FutureRecordMetadata, 1000, 100, 8, None, [])
+    assert keyed_only.keyed and not keyed_only.keyless
+    assert keyed_only.append(b"v") is None
+    values: list[bytes | None] = []
+    keys: list[bytes | None] = []
+    both = Lane(values, [], result, FutureRecordMetadata, 1000, 100, 8, None, keys, keyless=True)
+    assert both.append(b"a") is not None and both.append_keyed(b"k", b"b") is not None
+    assert (values, keys) == ([b"a", b"b"], [None, b"k"])
+    assert both.used == 2 * RECORD_OVERHEAD + 3
+    with pytest.raises(ValueError, match="without keys"):
+        Lane([], [], result, FutureRecordMetadata, 1000, 100, 8, keyless=False)
+
+
+def test_keyed_records_of_other_partitions_leave_the_keyless_lane_open() -> None:
+    """A keyed record the lock takes (its partition has no lane yet) reaches its
+    partition's batch only: the sticky batch keeps its lane, and gets lanes
+    again after it."""
+    acc, _ = make(batch_size=10_000)
+    keyless(acc, b"a")
+    sticky = acc._sticky_current["t"]
+    lane = acc.lanes["t"]
+    for p in range(COUNT):
+        if p != sticky:
+            locked(acc, key_for(p), b"k")
+    assert acc.lanes["t"] is lane and not lane.closed
+    assert not acc._open["t"][sticky].lane_refused
+    assert all(keyless(acc, b"b")[1] for _ in range(10))
+
+
+def test_keyless_records_moving_on_to_a_batch_with_a_keyed_lane_get_one_for_both() -> None:
+    """The sticky partition moves on to a partition whose open batch has a keyed
+    lane (not the topic's: it takes no keyless record): the keyless record the
+    lock takes there closes it, once, and that batch's next lane takes both."""
+    acc, _ = make(batch_size=BATCH_OVERHEAD + 10 * record_size(None, b"s" * 20, None))
+    first, _ = keyless(acc, b"s" * 20, count=2)
+    sticky = first[0].partition
+    other = 1 - sticky
+    key = key_for(other, count=2)
+    locked(acc, key, b"k", count=2)
+    keyed_lane = acc.keyed_lanes["t"][other]
+    assert keyed_lane is not None and not keyed_lane.keyless
+    while True:  # fill the sticky batch until a keyless record moves on
+        future, _ = keyless(acc, b"s" * 20, count=2)
+        if future[0].partition == other:
+            break
+    batch = acc._open["t"][other]
+    assert keyed_lane.closed and not batch.lane_refused
+    lane = acc.lanes["t"]
+    assert lane is batch.lane is acc.keyed_lanes["t"][other] and lane.keyless
+    assert keyless(acc, b"t", count=2)[1]
+    assert fast(acc, key, b"l", count=2) is not None
+    ready = drain_all(acc)
+    assert records_of(next(b for b in ready if b.partition == other)) == [
+        (key, b"k"),
+        (None, b"s" * 20),
+        (None, b"t"),
+        (key, b"l"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("batch_size", "linger_ms"),
+    # Small batches the lanes fill (on_full seals them, racing the drains; the
+    # sticky partition moves on often), drained at once or only when full; and
+    # batches nothing fills, drained at the end.
+    [(2_000, 0), (2_000, 60_000), (1 << 20, 0), (1 << 20, 60_000)],
+)
+def test_mixed_keyed_and_keyless_records_of_many_threads_land_once_in_order(
+    batch_size: int, linger_ms: int
+) -> None:
+    """Threads send keyed and keyless records of one topic, as Producer.send
+    does (the lanes first, else the lock), while another drains: every record
+    is in exactly one drained batch, at the index its future names; each
+    partition holds each thread's records (so each key's) in that thread's
+    send order; and most keyless records, as most keyed ones, took a lane."""
+    acc, clock = make(batch_size=batch_size, linger_ms=linger_ms, buffer_memory=1 << 30)
+    threads, count = 3, 6_000
+    keys = [b"%08d" % i for i in range(64)]
+    sent: list[list] = [[] for _ in range(threads)]  # type: ignore[type-arg]
+    taken = {True: 0, False: 0}  # keyed: lane-taken records
+    offered = {True: 0, False: 0}
+    failed: list[BaseException] = []
+    done = [threading.Event() for _ in range(threads)]
+
+    def produce(t: int) -> None:
+        try:
+            for i in range(count):
+                value = b"%d:%06d" % (t, i)
+                if i % 25 == 0:
+                    time.sleep(0)  # let the others and the drainer in
+                if i % 3 == t % 3:  # every third record keyless
+                    future, lane = keyless(acc, value)
+                    key = None
+                else:
+                    key = keys[(i * 7 + t) % len(keys)]
+                    fut = fast(acc, key, value)
+                    lane = fut is not None
+                    future = fut or locked(acc, key, value)
+                    assert future[0].partition == partition_for_key(key, COUNT)
+                offered[key is not None] += 1
+                taken[key is not None] += lane
+                sent[t].append((future, key, value))
+        except BaseException as exc:  # reported below, not lost with the thread
+            failed.append(exc)
+        finally:
+            done[t].set()
+
+    workers = [threading.Thread(target=produce, args=(t,)) for t in range(threads)]
+    for w in workers:
+        w.start()
+    drained: list[ProducerBatch] = []
+    while not all(d.is_set() for d in done) or not acc.is_empty():
+        if all(d.is_set() for d in done):
+            acc.seal_all()
+        ready, _, _ = acc.drain(clock(), 120.0)
+        for batch in ready:
+            batch.encode(CompressionType.NONE)
+            drained.append(batch)
+            acc.resolved(batch)
+    for w in workers:
+        w.join()
+    assert not failed, failed
+    decoded = {id(b.result): records_of(b) for b in drained}
+    assert sum(len(r) for r in decoded.values()) == threads * count
+    everything = sorted(v for rows in decoded.values() for _, v in rows if v is not None)
+    assert everything == sorted(v for s in sent for _, _, v in s)  # each exactly once
+    for t in range(threads):
+        for future, key, value in sent[t]:
+            assert decoded[id(future[0])][future[1]] == (key, value)
+    for p in range(COUNT):
+        rows = [
+            r
+            for b in sorted(drained, key=lambda b: b.sequence)
+            if b.partition == p
+            for r in decoded[id(b.result)]
+        ]
+        for t in range(threads):
+            mine = [r for r in rows if r[1] is not None and r[1].startswith(b"%d:" % t)]
+            assert mine == [(k, v) for f, k, v in sent[t] if f[0].partition == p]
+    assert acc._buffered == 0
+    assert taken[True] > offered[True] // 2, (taken, offered)
+    assert taken[False] > offered[False] // 2, (taken, offered)
 
 
 #: A record of the concurrent test: 8-byte key, 4-byte value, and with "headers"
