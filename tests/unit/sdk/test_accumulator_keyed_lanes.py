@@ -552,7 +552,7 @@ def test_mixed_keyed_and_keyless_records_of_many_threads_land_once_in_order(
     does (the lanes first, else the lock), while another drains: every record
     is in exactly one drained batch, at the index its future names; each
     partition holds each thread's records (so each key's) in that thread's
-    send order; and most keyless records, as most keyed ones, took a lane."""
+    send order; most keyed records took a lane, and many keyless ones."""
     acc, clock = make(batch_size=batch_size, linger_ms=linger_ms, buffer_memory=1 << 30)
     threads, count = 3, 6_000
     keys = [b"%08d" % i for i in range(64)]
@@ -618,8 +618,14 @@ def test_mixed_keyed_and_keyless_records_of_many_threads_land_once_in_order(
             mine = [r for r in rows if r[1] is not None and r[1].startswith(b"%d:" % t)]
             assert mine == [(k, v) for f, k, v in sent[t] if f[0].partition == p]
     assert acc._buffered == 0
-    assert taken[True] > offered[True] // 2, (taken, offered)
-    assert taken[False] > offered[False] // 2, (taken, offered)
+    # Generous bounds: how many take a lane depends on how the threads interleave.
+    assert taken[True] > offered[True] // 4, (taken, offered)  # 7,000-8,000 of 12,000 seen
+    # Keyless records share the sticky batch with the keyed ones, and every locked
+    # append of either closes its lane: how many take it depends on how the threads
+    # interleave (2,150 to 6,000 of 6,000 measured with 1 MiB batches drained at once,
+    # a third of them when the drainer runs between most sends). Before the sticky
+    # batch's keyed lane took keyless records, 0 or 1 did.
+    assert taken[False] > offered[False] // 10, (taken, offered)
 
 
 #: A record of the concurrent test: 8-byte key, 4-byte value, and with "headers"
