@@ -91,13 +91,10 @@ def listen_port(port: int, host: str = "127.0.0.1") -> PickedPort:
         "--listen",
         port,
         re.compile(
-            "|".join(
-                p.pattern
-                for p in (
-                    _port_pattern(f"Failed to bind to address {host}:{{port}};", port),
-                    _port_pattern(f"cannot listen on {host}:{{port}}$", port),
-                )
-            ),
+            _port_pattern(f"Failed to bind to address {host}:{{port}};", port).pattern
+            + "|"
+            + _port_pattern(f"cannot listen on {host}:{{port}}", port).pattern
+            + "$",
             re.IGNORECASE | re.MULTILINE,
         ),
     )
