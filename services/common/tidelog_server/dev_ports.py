@@ -136,11 +136,15 @@ def listens_on(pid: int, port: int) -> bool | None:
             continue  # closed meanwhile
         if target.startswith("socket:["):
             sockets.add(target[len("socket:[") : -1])
+    tables = []
     for table in ("tcp", "tcp6"):
         try:
-            lines = (_PROC / str(pid) / "net" / table).read_text().splitlines()[1:]
+            tables.append((_PROC / str(pid) / "net" / table).read_text().splitlines()[1:])
         except OSError:
-            continue
+            continue  # no IPv6, say
+    if not tables:
+        return None
+    for lines in tables:
         for line in lines:
             # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
             fields = line.split()
