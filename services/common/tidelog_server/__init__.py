@@ -12,7 +12,9 @@
 - `tidelog_server.atomic_files`: the one writer of checkpoint and metadata
   files (temporary file, fsync, rename, fsync of the directory);
 - `tidelog_server.grpc_options`: the ping policy every gRPC server starts with;
-- `tidelog_server.dev`: the local cluster of `tidelog dev` / `make run`.
+- `tidelog_server.dev`: the local cluster of `tidelog dev` / `make run`;
+- `tidelog_server.dev_ports`: the ports `tidelog dev` picks, and how a child
+  says another process took one first.
 
 It depends on the client (`tidelog`) and on nothing of the services.
 """

@@ -17,6 +17,14 @@ be killed when its parent dies (prctl PR_SET_PDEATHSIG). Each child is in a
 session of its own, so the terminal's Ctrl-C reaches only `tidelog dev`,
 which stops them in order.
 
+The ports picked here (etcd's, the coordinator's, every `--metrics-port`;
+never one the user gave) are free when picked but not held: a child that
+exits at start because another process bound one first is started again on
+newly picked ports, at most PORT_RACE_ATTEMPTS times (dev_ports recognises
+that cause from the child's log; any other exit is an error at once). Its
+readiness probe must be answered by the child itself, not by the process
+that took its port.
+
 A child that dies is reported on stderr and the others keep serving; it is
 started again, with the same arguments and data, after a short delay that
 doubles on each death (1 s, 2 s, 4 s... at most 30 s), and no more than
@@ -54,6 +62,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -62,6 +71,18 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tidelog.cli._common import AddBootstrap, fail, int_at_least
 from tidelog.security import PLAINTEXT, ChannelSecurity
+
+from tidelog_server.dev_ports import (
+    PORT_RACE_ATTEMPTS,
+    PickedPort,
+    PortPicker,
+    etcd_port,
+    free_port,
+    listen_port,
+    listens_on,
+    metrics_port,
+    taken_port,
+)
 
 if TYPE_CHECKING:
     from tidelog_server.dev_certs import DevCertificates
@@ -174,21 +195,27 @@ def _die_with_parent() -> Callable[[], None] | None:
     return preexec
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _answered_by(process: subprocess.Popen[bytes], *ports: int) -> bool:
+    """Whether `process` itself listens on each of `ports`: until it exits,
+    a process that took a port it was given answers there in its stead
+    (dev_ports.listens_on; where that cannot be told, the answer is trusted)."""
+    return all(listens_on(process.pid, port) is not False for port in ports)
 
 
-def wait_until_etcd_healthy(port: int, timeout_s: float, process: subprocess.Popen[bytes]) -> None:
+def wait_until_etcd_healthy(
+    port: int, timeout_s: float, process: subprocess.Popen[bytes], client_port: int | None = None
+) -> None:
+    """Poll etcd's /health on `port` until healthy, answered by `process`
+    (on `port` and `client_port`); an etcd that exits first is an error."""
     deadline = time.monotonic() + timeout_s
+    ours = (port,) if client_port is None else (port, client_port)
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"etcd exited with code {process.returncode}")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=0.5) as conn:
                 conn.sendall(b"GET /health HTTP/1.0\r\n\r\n")
-                if b'"health":"true"' in conn.recv(4096):
+                if b'"health":"true"' in conn.recv(4096) and _answered_by(process, *ours):
                     return
         except OSError:
             pass
@@ -214,9 +241,11 @@ def wait_until_serving(
     security: ChannelSecurity = PLAINTEXT,
     log_path: Path | None = None,
 ) -> None:
-    """Poll the gRPC health check of `address` until SERVING; a process that
-    exits first is reported with the end of its log."""
+    """Poll the gRPC health check of `address` until SERVING, answered by
+    `process` itself; a process that exits first is reported with the end of
+    its log."""
     deadline = time.monotonic() + timeout_s
+    port = int(address.rpartition(":")[2])
     with security.channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
@@ -227,7 +256,9 @@ def wait_until_serving(
                 )
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                if reply.status == health_pb2.HealthCheckResponse.SERVING and _answered_by(
+                    process, port
+                ):
                     return
             except grpc.RpcError:
                 pass
@@ -235,19 +266,45 @@ def wait_until_serving(
     raise RuntimeError(f"{address} did not become ready within {timeout_s:.0f} s")
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How to start one child: its command line, with the ports picked for it."""
+
+    argv: list[str]
+    #: Where it serves (etcd: its client endpoint), as the banner shows it.
+    address: str
+    #: Waits until it serves; RuntimeError when it exits first.
+    ready: Callable[[subprocess.Popen[bytes]], None]
+    #: The ports picked here (not the user's), each with how the child
+    #: reports it taken.
+    picked: list[PickedPort] = field(default_factory=list)
+    metrics_url: str | None = None
+
+
+#: Builds a child's Plan on ports from the picker it is given.
+Planner = Callable[[PortPicker], Plan]
+
+
 @dataclass
 class Child:
     """One process of the cluster: how to start it, and its restarts."""
 
     name: str
-    argv: list[str]
+    plan: Plan
     log_path: Path
     process: subprocess.Popen[bytes]
+    #: The size of its log when it was last started: what follows is that start's.
+    log_start: int = 0
     #: When it was last started again (monotonic), for the per-minute limit.
     restarts: deque[float] = field(default_factory=deque)
     #: When to start it again, once it has died; None while it runs.
     restart_at: float | None = None
     gave_up: bool = False
+
+    @property
+    def argv(self) -> list[str]:
+        """Its command line: a restart runs the same (its ports too)."""
+        return self.plan.argv
 
     def next_delay(self, now: float) -> float | None:
         """The delay before the next start, or None when the limit is reached."""
@@ -256,6 +313,174 @@ class Child:
         if len(self.restarts) >= RESTARTS_PER_MINUTE:
             return None
         return min(RESTART_DELAY_S * 2 ** len(self.restarts), RESTART_MAX_DELAY_S)
+
+    def taken_port(self) -> PickedPort | None:
+        """The picked port whose loss made it exit during this start, if that
+        is why it exited (a running child has lost none)."""
+        if self.process.poll() is None or not self.plan.picked:
+            return None
+        try:
+            with open(self.log_path, "rb") as log:
+                log.seek(self.log_start)
+                logged = log.read().decode(errors="replace")
+        except OSError:
+            return None
+        return taken_port(logged, self.plan.picked)
+
+
+def _log_size(log_path: Path) -> int:
+    try:
+        return log_path.stat().st_size
+    except OSError:
+        return 0
+
+
+#: Picks before giving up on a picker that keeps answering ports already
+#: handed out (the kernel's choice repeats rarely; an injected one may not).
+_DISTINCT_PICKS_MAX = 100
+
+
+class Launcher:
+    """Starts the cluster's children, each again on newly picked ports when
+    it exited at start because another process took one of them first
+    (module doc). Not thread-safe: the main thread of `tidelog dev`."""
+
+    def __init__(
+        self,
+        spawn: Callable[[list[str], Path], subprocess.Popen[bytes]],
+        pick_port: PortPicker = free_port,
+    ) -> None:
+        self.children: list[Child] = []
+        self._spawn = spawn
+        self._pick_port = pick_port
+        self._planners: dict[str, Planner] = {}
+        #: Every port picked in this run: a freed port may be picked twice,
+        #: and two children of ours must not race each other for it.
+        self._handed_out: set[int] = set()
+
+    def pick(self) -> int:
+        """A free port, none handed out before in this run."""
+        for _ in range(_DISTINCT_PICKS_MAX):
+            port = self._pick_port()
+            if port not in self._handed_out:
+                self._handed_out.add(port)
+                return port
+        raise RuntimeError(f"no new free port in {_DISTINCT_PICKS_MAX} picks")
+
+    def start(self, name: str, planner: Planner, log_path: Path) -> Child:
+        """Start `name` on ports `planner` takes from pick(); see wait_ready."""
+        self._planners[name] = planner
+        plan = planner(self.pick)
+        log_start = _log_size(log_path)
+        child = Child(name, plan, log_path, self._spawn(plan.argv, log_path), log_start)
+        self.children.append(child)
+        return child
+
+    def wait_ready(self, child: Child) -> None:
+        """Wait until `child` serves. When it exited because a port picked
+        for it was taken, start it again on new ports (its later restarts
+        keep those), up to PORT_RACE_ATTEMPTS starts; any other failure is
+        raised at once."""
+        for attempt in range(1, PORT_RACE_ATTEMPTS + 1):
+            try:
+                child.plan.ready(child.process)
+                return
+            except RuntimeError as exc:
+                taken = child.taken_port()
+                if taken is None:
+                    raise
+                if attempt == PORT_RACE_ATTEMPTS:
+                    raise RuntimeError(
+                        f"{exc}\n(started {attempt} times, each on newly picked ports; "
+                        f"each time one was taken by another process first)"
+                    ) from exc
+            _say(
+                f"{child.name}: another process took its port ({taken}) first; "
+                "starting it again on new ports"
+            )
+            child.plan = self._planners[child.name](self.pick)
+            child.log_start = _log_size(child.log_path)
+            child.process = self._spawn(child.plan.argv, child.log_path)
+
+
+def service_plan(
+    pick: PortPicker,
+    command: list[str],
+    log_path: Path,
+    *,
+    port: int = 0,
+    metrics: bool = True,
+    security: ChannelSecurity = PLAINTEXT,
+) -> Plan:
+    """A gRPC service, `command` plus `--listen` (on `port`, else a picked
+    one) and, unless not `metrics`, a picked `--metrics-port`."""
+    picked = []
+    if not port:
+        port = pick()
+        picked.append(listen_port(port))
+    address = f"127.0.0.1:{port}"
+    argv = [*command, "--listen", address]
+    metrics_url = None
+    if metrics:
+        metrics_at = pick()
+        picked.append(metrics_port(metrics_at))
+        argv += ["--metrics-port", str(metrics_at)]
+        metrics_url = f"http://127.0.0.1:{metrics_at}/metrics"
+
+    def ready(process: subprocess.Popen[bytes]) -> None:
+        wait_until_serving(address, READY_TIMEOUT_S, process, security, log_path)
+
+    return Plan(argv, address, ready, picked, metrics_url)
+
+
+def etcd_plan(
+    pick: PortPicker,
+    data_dir: Path,
+    *,
+    client_port: int = 0,
+    certs: DevCertificates | None = None,
+) -> Plan:
+    """etcd: its client port `client_port`, else a picked one; its peer port
+    (and with `certs`, TLS on the client port and /health in plain HTTP on a
+    metrics port of its own) picked."""
+    picked = []
+    if not client_port:
+        client_port = pick()
+        picked.append(etcd_port("etcd client port", client_port))
+    scheme = "https" if certs is not None else "http"
+    client_url = f"{scheme}://127.0.0.1:{client_port}"
+    peer_port = pick()
+    picked.append(etcd_port("etcd peer port", peer_port))
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    health_port = client_port
+    tls_args = []
+    if certs is not None:
+        health_port = pick()
+        picked.append(etcd_port("etcd metrics port", health_port))
+        tls_args = [
+            f"--cert-file={certs.server_certfile}",
+            f"--key-file={certs.server_keyfile}",
+            f"--trusted-ca-file={certs.cafile}",
+            "--client-cert-auth",
+            f"--listen-metrics-urls=http://127.0.0.1:{health_port}",
+        ]
+    argv = [
+        etcd_binary(),
+        "--name=tidelog-dev",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls={client_url}",
+        f"--advertise-client-urls={client_url}",
+        f"--listen-peer-urls={peer_url}",
+        f"--initial-advertise-peer-urls={peer_url}",
+        f"--initial-cluster=tidelog-dev={peer_url}",
+        "--log-level=warn",
+        *tls_args,
+    ]
+
+    def ready(process: subprocess.Popen[bytes]) -> None:
+        wait_until_etcd_healthy(health_port, READY_TIMEOUT_S, process, client_port)
+
+    return Plan(argv, f"127.0.0.1:{client_port}", ready, picked)
 
 
 def dev_tls(data_dir: Path) -> tuple[list[str], ChannelSecurity, DevCertificates]:
@@ -322,23 +547,10 @@ def _supervise(
             _say(f"{child.name} restarted (pid {child.process.pid})")
 
 
-def _dev(args: argparse.Namespace) -> int:
-    data_dir: Path = args.data_dir.resolve()
-    data_dir.mkdir(parents=True, exist_ok=True)
-    children: list[Child] = []
+def spawner() -> Callable[[list[str], Path], subprocess.Popen[bytes]]:
+    """Starts one child: output to its log, in a session of its own, killed
+    when this process dies (module doc)."""
     preexec = _die_with_parent()
-
-    def stop_all(*_: object) -> None:
-        # Newest first: the gateway, the brokers, then the coordinator, then
-        # etcd, so that each can still deregister from etcd while it shuts down.
-        for process in reversed([child.process for child in children]):
-            if process.poll() is None:
-                process.terminate()
-            try:
-                process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
     def spawn(args: list[str], log_path: Path) -> subprocess.Popen[bytes]:
         with open(log_path, "ab") as log_file:
@@ -358,10 +570,28 @@ def _dev(args: argparse.Namespace) -> int:
             )
         return process
 
-    def start(name: str, argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
-        child = Child(name, argv, log_path, spawn(argv, log_path))
-        children.append(child)
-        return child.process
+    return spawn
+
+
+def stop_children(children: list[Child]) -> None:
+    """Newest first: the gateway, the brokers, then the coordinator, then
+    etcd, so that each can still deregister from etcd while it shuts down."""
+    for process in reversed([child.process for child in children]):
+        if process.poll() is None:
+            process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _dev(args: argparse.Namespace) -> int:
+    data_dir: Path = args.data_dir.resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    spawn = spawner()
+    launcher = Launcher(spawn)
+    children = launcher.children
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
@@ -370,142 +600,131 @@ def _dev(args: argparse.Namespace) -> int:
     # Explicitly: a background job inherits SIGINT ignored, and Python only
     # installs its own handler when SIGINT was not ignored at start.
     signal.signal(signal.SIGINT, on_signal)
-    endpoints: list[tuple[str, str, Path | None, Path]] = []
     tls_args: list[str] = []
     security = PLAINTEXT
+    certs: DevCertificates | None = None
     if args.tls:
         tls_args, security, certs = dev_tls(data_dir)
-    #: service name -> its metrics URL (chosen here, so a restart keeps it).
-    metrics_urls: dict[str, str] = {}
-
-    def metrics_args(name: str) -> list[str]:
-        if args.no_metrics:
-            return []
-        port = _free_port()
-        metrics_urls[name] = f"http://127.0.0.1:{port}/metrics"
-        return ["--metrics-port", str(port)]
+    metrics = not args.no_metrics
+    #: Each child's data directory (None: it keeps none).
+    directories: dict[str, Path | None] = {}
 
     try:
-        etcd_port = args.etcd_port or _free_port()
         etcd_dir = data_dir / "etcd"
-        etcd_log = data_dir / "etcd.log"
-        scheme = "https" if args.tls else "http"
-        client_url = f"{scheme}://127.0.0.1:{etcd_port}"
-        peer_url = f"http://127.0.0.1:{_free_port()}"
-        # With --tls, etcd's client port too: TLS, client certificates from
-        # the same authority; /health in plain HTTP on a port of its own.
-        health_port = _free_port() if args.tls else etcd_port
-        etcd_tls_args = []
-        if args.tls:
-            etcd_tls_args = [
-                f"--cert-file={certs.server_certfile}",
-                f"--key-file={certs.server_keyfile}",
-                f"--trusted-ca-file={certs.cafile}",
-                "--client-cert-auth",
-                f"--listen-metrics-urls=http://127.0.0.1:{health_port}",
-            ]
+        if certs is not None:
             tls_args += [
                 "--etcd-cafile", str(certs.cafile),
                 "--etcd-certfile", str(certs.server_certfile),
                 "--etcd-keyfile", str(certs.server_keyfile),
             ]  # fmt: skip
-        etcd = start(
+        etcd = launcher.start(
             "etcd",
-            [
-                etcd_binary(),
-                "--name=tidelog-dev",
-                f"--data-dir={etcd_dir}",
-                f"--listen-client-urls={client_url}",
-                f"--advertise-client-urls={client_url}",
-                f"--listen-peer-urls={peer_url}",
-                f"--initial-advertise-peer-urls={peer_url}",
-                f"--initial-cluster=tidelog-dev={peer_url}",
-                "--log-level=warn",
-                *etcd_tls_args,
-            ],
-            etcd_log,
+            lambda pick: etcd_plan(pick, etcd_dir, client_port=args.etcd_port, certs=certs),
+            data_dir / "etcd.log",
         )
-        wait_until_etcd_healthy(health_port, READY_TIMEOUT_S, etcd)
-        etcd_endpoint = f"127.0.0.1:{etcd_port}"
-        endpoints.append(("etcd", etcd_endpoint, etcd_dir, etcd_log))
+        directories["etcd"] = etcd_dir
+        launcher.wait_ready(etcd)
+        etcd_endpoint = etcd.plan.address
 
-        coordinator_address = f"127.0.0.1:{args.coordinator_port or _free_port()}"
         coordinator_log = data_dir / "coordinator.log"
-        coordinator = start(
+        coordinator = launcher.start(
             "coordinator",
-            [
-                sys.executable, "-m", "tidelog_coordinator",
-                "--listen", coordinator_address,
-                "--etcd", etcd_endpoint,
-                "--id", "coordinator-0",
-                *tls_args,
-                *metrics_args("coordinator"),
-            ],
+            lambda pick: service_plan(
+                pick,
+                [
+                    sys.executable, "-m", "tidelog_coordinator",
+                    "--etcd", etcd_endpoint,
+                    "--id", "coordinator-0",
+                    *tls_args,
+                ],
+                coordinator_log,
+                port=args.coordinator_port,
+                metrics=metrics,
+                security=security,
+            ),
             coordinator_log,
         )  # fmt: skip
-        wait_until_serving(
-            coordinator_address, READY_TIMEOUT_S, coordinator, security, coordinator_log
-        )
         # The coordinator keeps no data of its own: its state lives in etcd.
-        endpoints.append(("coordinator", coordinator_address, None, coordinator_log))
+        directories["coordinator"] = None
+        launcher.wait_ready(coordinator)
 
         brokers = []
         for broker_id in range(args.brokers):
-            address = f"127.0.0.1:{args.port + broker_id}"
             broker_dir = data_dir / f"broker-{broker_id}"
             log_path = data_dir / f"broker-{broker_id}.log"
             broker_args = [
                 sys.executable, "-m", "tidelog_broker",
-                "--listen", address,
                 "--data-dir", str(broker_dir),
                 "--broker-id", str(broker_id),
                 "--etcd", etcd_endpoint,
                 *tls_args,
-                *metrics_args(f"broker {broker_id}"),
             ]  # fmt: skip
             if args.auto_create_topics:
                 broker_args.append("--auto-create-topics")
-            brokers.append(start(f"broker {broker_id}", broker_args, log_path))
-            endpoints.append((f"broker {broker_id}", address, broker_dir, log_path))
-        for (_, address, _, log_path), process in zip(endpoints[2:], brokers, strict=True):
-            wait_until_serving(address, READY_TIMEOUT_S, process, security, log_path)
-        bootstrap = endpoints[2][1]
+            name = f"broker {broker_id}"
+            brokers.append(
+                launcher.start(
+                    name,
+                    partial(
+                        service_plan,
+                        command=broker_args,
+                        log_path=log_path,
+                        port=args.port + broker_id,
+                        metrics=metrics,
+                        security=security,
+                    ),
+                    log_path,
+                )
+            )
+            directories[name] = broker_dir
+        # All started before the first is waited for: they start side by side.
+        for broker in brokers:
+            launcher.wait_ready(broker)
+        bootstrap = brokers[0].plan.address
 
         # The gateway: one address for every partition, for clients in any
         # language (it follows the cluster in etcd and routes to leaders).
-        gateway_address = f"127.0.0.1:{args.gateway_port or args.port + args.brokers}"
         gateway_log = data_dir / "gateway.log"
-        gateway = start(
+        gateway = launcher.start(
             "gateway",
-            [
-                sys.executable, "-m", "tidelog_gateway",
-                "--listen", gateway_address,
-                "--etcd", etcd_endpoint,
-                *tls_args,
-                *metrics_args("gateway"),
-            ],
+            lambda pick: service_plan(
+                pick,
+                [sys.executable, "-m", "tidelog_gateway", "--etcd", etcd_endpoint, *tls_args],
+                gateway_log,
+                port=args.gateway_port or args.port + args.brokers,
+                metrics=metrics,
+                security=security,
+            ),
             gateway_log,
-        )  # fmt: skip
-        endpoints.append(("gateway", gateway_address, None, gateway_log))
-        wait_until_serving(gateway_address, READY_TIMEOUT_S, gateway, security, gateway_log)
+        )
+        directories["gateway"] = None
+        launcher.wait_ready(gateway)
+        gateway_address = gateway.plan.address
 
         print("Tidelog is running.")
-        for (name, address, directory, log_path), child in zip(endpoints, children, strict=True):
+        # The ports each child was started on at last (a port race may have
+        # moved them from the first picks): restarts keep them.
+        for child in children:
+            directory = directories[child.name]
             data = f"  data {directory}" if directory is not None else "  state in etcd"
-            if name == "gateway":
+            if child.name == "gateway":
                 data = "  stateless"
-            print(f"  {name}: {address}  pid {child.process.pid}{data}  log {log_path}")
+            print(
+                f"  {child.name}: {child.plan.address}  pid {child.process.pid}{data}"
+                f"  log {child.log_path}"
+            )
         print(f"  clients: --bootstrap-server {bootstrap} (any broker)")
         print(f"           or {gateway_address} (the gateway: one address, any gRPC language)")
-        if args.tls:
+        if certs is not None:
             print(f"  TLS on every listener; the authority: {certs.cafile}")
-        if metrics_urls:
+        if metrics:
             print("  metrics (Prometheus; deploy/grafana/tidelog.json is a dashboard):")
-            for name, url in metrics_urls.items():
-                print(f"    {name}: {url}")
+            for child in children:
+                if child.plan.metrics_url is not None:
+                    print(f"    {child.name}: {child.plan.metrics_url}")
         print()
         print("Try, in another terminal (with .venv/bin on PATH):")
-        if args.tls:
+        if certs is not None:
             print(
                 "  export TIDELOG_SECURITY_PROTOCOL=SSL "
                 f"TIDELOG_SSL_CAFILE={certs.cafile}   # for the CLI and the Python SDK"
@@ -538,7 +757,7 @@ def _dev(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         return fail(str(exc))
     finally:
-        stop_all()
+        stop_children(children)
 
 
 def main(argv: list[str] | None = None) -> int:
