@@ -37,6 +37,10 @@ from tests.unit.broker.storage.test_reset_failures import (
 )
 
 
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
 def _files(directory: Path) -> list[str]:
     return sorted(os.listdir(directory))
 
@@ -345,6 +349,7 @@ def test_an_append_that_rolls_is_all_or_nothing(
             old_segments = log.segment_count
             old_epochs = list(log.leader_epochs.entries)
             before = [n for n in _files(directory.path) if not n.endswith(".snapshot")]
+            descriptors = _open_descriptors()
             where = f"{path}: os.{ROLL_FAULTS[fault][0]} call {fail_at} of an append failed"
             # Bigger than what a segment holds besides it: it rolls.
             batch = make_batch(record_count=2, value_bytes=150, tag=50)
@@ -370,6 +375,8 @@ def test_an_append_that_rolls_is_all_or_nothing(
                 assert log.leader_epochs.entries == old_epochs, where
                 files_now = [n for n in _files(directory.path) if not n.endswith(".snapshot")]
                 assert files_now == before, where
+                # Not even a descriptor of the new segment's files left open.
+                assert _open_descriptors() == descriptors, where
                 # And the same append gets through now.
                 _append(log, path, make_batch(record_count=2, value_bytes=150, tag=50))
                 assert log.segment_count == old_segments + 1, where
