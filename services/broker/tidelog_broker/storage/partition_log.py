@@ -52,7 +52,8 @@ A change of several steps that fails part-way (disk full, EIO) takes the
 log offline (`offline`): a reset, a truncation, DeleteRecords, retention
 once its first step (the log start, a rename) is done, the steps of a
 cleaning swap after the epoch history, a flush, and removing the new
-segment of a roll whose append failed. Its segments, offsets, epoch history
+segment of a roll whose append failed, or the bytes of an append whose
+undo failed (only an open recovers that segment). Its segments, offsets, epoch history
 and producer state in memory are then a mix of the old log and the new one,
 or differ from the files (segments left on disk under their names, groups
 committed for the next open to swap in), or, after a failed fsync, a later
@@ -273,7 +274,7 @@ class PartitionLog:
     @property
     def offline(self) -> str | None:
         """Why this log refuses every read and write until the directory is
-        opened again (a reset failed part-way), or None while it serves."""
+        opened again (a change failed part-way), or None while it serves."""
         return self._offline
 
     @contextlib.contextmanager
@@ -285,17 +286,21 @@ class PartitionLog:
         try:
             yield
         except OSError as exc:
-            self._offline = f"{what} failed part-way: {exc}"
-            logger.error(
-                "%s: %s failed part-way (%s): the log is offline until the broker restarts "
-                "(opening it again recovers it)",
-                self.name,
-                what,
-                exc,
-            )
-            raise StorageError(
-                f"{self.name}: {what} failed: {exc}; the log is offline until the broker restarts"
-            ) from exc
+            raise self._take_offline(what, exc) from exc
+
+    def _take_offline(self, what: str, exc: OSError) -> StorageError:
+        """Take the log offline; returns the error to raise."""
+        self._offline = f"{what} failed part-way: {exc}"
+        logger.error(
+            "%s: %s failed part-way (%s): the log is offline until the broker restarts "
+            "(opening it again recovers it)",
+            self.name,
+            what,
+            exc,
+        )
+        return StorageError(
+            f"{self.name}: {what} failed: {exc}; the log is offline until the broker restarts"
+        )
 
     def _check_online(self) -> None:
         if self._offline is not None:
@@ -504,7 +509,15 @@ class PartitionLog:
         now_ms = self._clock.time_ms()
         interval = self._config.index_interval_bytes
         if not self._should_roll(len(records), placed[-1].last_offset, len(placed)):
-            self._segments[-1].append(records, placed, interval, now_ms)
+            active = self._segments[-1]
+            try:
+                active.append(records, placed, interval, now_ms)
+            except OSError as exc:
+                if active.needs_recovery:
+                    # Its undo failed too: the files hold bytes the log does
+                    # not know of, and only an open recovers the segment.
+                    raise self._take_offline("an append and its undo", exc) from exc
+                raise
             return
         # The old segment is not fsynced here (that could stall the event
         # loop); flush() or close() does it, and recovery covers a crash.

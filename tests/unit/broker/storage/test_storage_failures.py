@@ -290,37 +290,42 @@ def test_a_cleaning_swap_that_fails_part_way_takes_the_log_offline(
 # ------------------------------------------------------------ roll
 
 
-#: Faults of an append that rolls: the os call that fails at the n-th call
-#: and its error; "write+unlink" also fails every os.unlink after it (the
-#: new segment cannot be removed again).
-ROLL_FAULTS: dict[str, tuple[str, int]] = {
+#: Faults of an append: the os call that fails at the n-th call and its
+#: error; "write+unlink" also fails every os.unlink after it (the new
+#: segment of a roll cannot be removed again), "write+ftruncate" every
+#: os.ftruncate (the undo of the append).
+APPEND_FAULTS: dict[str, tuple[str, int]] = {
     "open": ("open", errno.EMFILE),
     "write": ("write", errno.ENOSPC),
     "fsync": ("fsync", errno.EIO),
     "rename": ("replace", errno.ENOSPC),
     "write+unlink": ("write", errno.ENOSPC),
+    "write+ftruncate": ("write", errno.ENOSPC),
 }
+#: The faults of a roll.
+ROLL_FAULTS = sorted(APPEND_FAULTS)
 
 
-def _arm_roll(monkeypatch: pytest.MonkeyPatch, fault: str, fail_at: int) -> None:
-    name, code = ROLL_FAULTS[fault]
+def _arm_append(monkeypatch: pytest.MonkeyPatch, fault: str, fail_at: int) -> None:
+    name, code = APPEND_FAULTS[fault]
+    _, plus, then = fault.partition("+")
     countdown = [fail_at]
 
-    def failing(real: Callable[..., Any], name: str) -> Callable[..., Any]:
+    def failing(real: Callable[..., Any], called: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
-            if name == ROLL_FAULTS[fault][0]:
+            if called == name:
                 countdown[0] -= 1
                 if countdown[0] == 0:
-                    raise OSError(code, f"{os.strerror(code)} (injected into os.{name})")
-            elif countdown[0] <= 0:  # the unlinks after the failed write
-                raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (injected into os.{name})")
+                    raise OSError(code, f"{os.strerror(code)} (injected into os.{called})")
+            elif countdown[0] <= 0:  # `then`, after the first failure
+                raise OSError(errno.EIO, f"{os.strerror(errno.EIO)} (injected into os.{called})")
             return real(*args, **kwargs)
 
         return call
 
     monkeypatch.setattr(os, name, failing(getattr(os, name), name))
-    if fault == "write+unlink":
-        monkeypatch.setattr(os, "unlink", failing(os.unlink, "unlink"))
+    if plus:
+        monkeypatch.setattr(os, then, failing(getattr(os, then), then))
 
 
 def _append(log: PartitionLog, path: str, batch: bytearray) -> None:
@@ -331,14 +336,16 @@ def _append(log: PartitionLog, path: str, batch: bytearray) -> None:
 
 
 @pytest.mark.parametrize("path", ["leader", "follower"])
-@pytest.mark.parametrize("fault", sorted(ROLL_FAULTS))
+@pytest.mark.parametrize("fault", ROLL_FAULTS)
 def test_an_append_that_rolls_is_all_or_nothing(
     path: str, fault: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The architecture invariant for an append that rolls: a failure
     leaves the log exactly as before (no new segment in memory nor on
     disk, no epoch that wrote nothing); if the new segment's files cannot
-    be removed, the log is offline. Open gives the old log either way."""
+    be removed, the log is offline. Open gives the old log either way
+    (with "write+ftruncate" the new segment's files hold bytes of the
+    failed append, and are removed: as before)."""
     failures = 0
     for fail_at in range(1, CALLS_MAX):
         directory = Directory(tmp_path / str(fail_at) / "orders-3")
@@ -350,10 +357,10 @@ def test_an_append_that_rolls_is_all_or_nothing(
             old_epochs = list(log.leader_epochs.entries)
             before = [n for n in _files(directory.path) if not n.endswith(".snapshot")]
             descriptors = _open_descriptors()
-            where = f"{path}: os.{ROLL_FAULTS[fault][0]} call {fail_at} of an append failed"
+            where = f"{path}: {fault}: call {fail_at} of an append failed"
             # Bigger than what a segment holds besides it: it rolls.
             batch = make_batch(record_count=2, value_bytes=150, tag=50)
-            _arm_roll(monkeypatch, fault, fail_at)
+            _arm_append(monkeypatch, fault, fail_at)
             try:
                 _append(log, path, batch)
             except StorageError:
@@ -394,3 +401,49 @@ def test_an_append_that_rolls_is_all_or_nothing(
     else:
         pytest.fail(f"the append never got through within {CALLS_MAX} {fault} calls")
     assert failures, f"no {fault} call in an append that rolls"
+
+
+@pytest.mark.parametrize("path", ["leader", "follower"])
+def test_an_append_whose_undo_fails_takes_the_log_offline(
+    path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write of the append fails (disk full) and so does every
+    os.ftruncate of its undo: the segment's files hold bytes the log does
+    not know of, and the segment refuses appends until an open recovers
+    it, so the log is offline (not a leader that serves reads and fails
+    every produce). Open gives the old log, or the old log and the batch
+    if its .log write got through."""
+    failures = 0
+    for fail_at in range(1, CALLS_MAX):
+        directory = Directory(tmp_path / str(fail_at) / "orders-3")
+        try:
+            log = directory.open()
+            _fill(log, 12)
+            old = Seen.of(log)
+            segments = log.segment_count
+            where = f"{path}: os.write call {fail_at} of an append failed, and its undo"
+            batch = make_batch(record_count=2, value_bytes=5, tag=50)
+            _arm_append(monkeypatch, "write+ftruncate", fail_at)
+            try:
+                _append(log, path, batch)
+            except StorageError:
+                pass
+            else:
+                assert log.offline is None, where
+                break
+            finally:
+                monkeypatch.undo()
+            assert log.segment_count == segments, where  # it did not roll
+            failures += 1
+            _assert_refuses_everything(log, where)
+            log.close()
+            reopened = directory.open()
+            seen = Seen.of(reopened)
+            assert seen.records.startswith(old.records), where
+            assert seen.log_end_offset in (old.log_end_offset, old.log_end_offset + 2), where
+            _takes_appends(reopened, where)
+        finally:
+            directory.close_all()
+    else:
+        pytest.fail(f"the append never got through within {CALLS_MAX} os.write calls")
+    assert failures, "no os.write call in an append"
