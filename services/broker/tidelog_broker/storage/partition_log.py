@@ -51,25 +51,26 @@ the one place where that happens.
 A change of several steps that fails part-way (disk full, EIO) takes the
 log offline (`offline`): a reset, a truncation, DeleteRecords, retention
 once its first step (the log start, a rename) is done, the steps of a
-cleaning swap after the epoch history, a flush, and removing the new
-segment of a roll whose append failed, or the bytes of an append whose
-undo failed (only an open recovers that segment). Its segments, offsets, epoch history
-and producer state in memory are then a mix of the old log and the new one,
-or differ from the files (segments left on disk under their names, groups
-committed for the next open to swap in), or, after a failed fsync, a later
-fsync could succeed over lost pages and the recovery point vouch for them;
-so from then on every read, append, flush, truncation and reset raises
-StorageError, the background work (flush.ms, retention, cleaning) skips it,
-and `close` writes nothing (no flush, no snapshot, no clean-shutdown
-marker). Only a new open of the directory brings it back: it finishes a
-reset from the `reset-offset` file (or finds the old log whole, if the
-failure came before that file was written), and recovers a truncation as
-it does one cut short by a crash. An append stays all or nothing, a roll
-included: the new segment joins the log only with the batches in it.
-Kafka does the same with a log directory
-that failed (LogDirFailureChannel: offline until the broker restarts); no
-retry in the same process, because after a failed fsync Linux may have
-dropped the dirty pages and a second fsync can succeed with nothing written.
+cleaning swap after the epoch history, a flush, removing the new segment of
+a roll whose append failed, and undoing an append (if that fails, the
+segment holds bytes the log does not know of, and only an open recovers
+it). Its segments, offsets, epoch history and producer state in memory are
+then a mix of the old log and the new one, or differ from the files
+(segments left on disk under their names, groups committed for the next
+open to swap in), or, after a failed fsync, a later fsync could succeed
+over lost pages and the recovery point vouch for them; so from then on
+every read, append, flush, truncation and reset raises StorageError, the
+background work (flush.ms, retention, cleaning) skips it, and `close`
+writes nothing (no flush, no snapshot, no clean-shutdown marker). Only a
+new open of the directory brings it back: it finishes a reset from the
+`reset-offset` file (or finds the old log whole, if the failure came before
+that file was written), and recovers a truncation as it does one cut short
+by a crash. An append stays all or nothing, a roll included: the new
+segment joins the log only with the batches in it. Kafka does the same
+with a log directory that failed (LogDirFailureChannel: offline until the
+broker restarts); no retry in the same process, because after a failed
+fsync Linux may have dropped the dirty pages and a second fsync can
+succeed with nothing written.
 """
 
 from __future__ import annotations
