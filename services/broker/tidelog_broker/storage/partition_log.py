@@ -48,20 +48,29 @@ the batches it recovers.
 Every public method turns OSError into `tidelog.errors.StorageError`; this is
 the one place where that happens.
 
-A reset or a truncation that fails part-way (disk full, EIO) takes the log
-offline (`offline`): its segments, offsets, epoch history and producer state
-in memory are a mix of the old log and the new one (and after a truncation
-the recovery point on disk may still vouch for offsets above the new end),
-so from then on every read, append, flush, truncation and reset raises
-StorageError, the background work (flush.ms, retention, cleaning) skips it,
-and `close` writes nothing (no flush, no snapshot, no clean-shutdown
-marker). Only a new open of the directory brings it back: it finishes a
-reset from the `reset-offset` file (or finds the old log whole, if the
-failure came before that file was written), and recovers a truncation as
-it does one cut short by a crash. Kafka does the same with a log directory
-that failed (LogDirFailureChannel: offline until the broker restarts); no
-retry in the same process, because after a failed fsync Linux may have
-dropped the dirty pages and a second fsync can succeed with nothing written.
+A change of several steps that fails part-way (disk full, EIO) takes the
+log offline (`offline`): a reset, a truncation, DeleteRecords, retention
+once its first step (the log start, a rename) is done, the steps of a
+cleaning swap after the epoch history, a flush, removing the new segment of
+a roll whose append failed, and undoing an append (if that fails, the
+segment holds bytes the log does not know of, and only an open recovers
+it). Its segments, offsets, epoch history and producer state in memory are
+then a mix of the old log and the new one, or differ from the files
+(segments left on disk under their names, groups committed for the next
+open to swap in), or, after a failed fsync, a later fsync could succeed
+over lost pages and the recovery point vouch for them; so from then on
+every read, append, flush, truncation and reset raises StorageError, the
+background work (flush.ms, retention, cleaning) skips it, and `close`
+writes nothing (no flush, no snapshot, no clean-shutdown marker). Only a
+new open of the directory brings it back: it finishes a reset from the
+`reset-offset` file (or finds the old log whole, if the failure came before
+that file was written), and recovers a truncation as it does one cut short
+by a crash. An append stays all or nothing, a roll included: the new
+segment joins the log only with the batches in it. Kafka does the same
+with a log directory that failed (LogDirFailureChannel: offline until the
+broker restarts); no retry in the same process, because after a failed
+fsync Linux may have dropped the dirty pages and a second fsync can
+succeed with nothing written.
 """
 
 from __future__ import annotations
@@ -266,28 +275,33 @@ class PartitionLog:
     @property
     def offline(self) -> str | None:
         """Why this log refuses every read and write until the directory is
-        opened again (a reset failed part-way), or None while it serves."""
+        opened again (a change failed part-way), or None while it serves."""
         return self._offline
 
     @contextlib.contextmanager
     def _offline_on_failure(self, what: str) -> Iterator[None]:
-        """Around a change that is not all or nothing in memory (a reset, a
-        truncation): an OSError part-way leaves part of the old log and part
-        of the new one, so the log goes offline and StorageError is raised."""
+        """Around a change that is not all or nothing (see the module
+        docstring for which): an OSError part-way leaves part of the old log
+        and part of the new one, so the log goes offline and StorageError is
+        raised."""
         try:
             yield
         except OSError as exc:
-            self._offline = f"{what} failed part-way: {exc}"
-            logger.error(
-                "%s: %s failed part-way (%s): the log is offline until the broker restarts "
-                "(opening it again recovers it)",
-                self.name,
-                what,
-                exc,
-            )
-            raise StorageError(
-                f"{self.name}: {what} failed: {exc}; the log is offline until the broker restarts"
-            ) from exc
+            raise self._take_offline(what, exc) from exc
+
+    def _take_offline(self, what: str, exc: OSError) -> StorageError:
+        """Take the log offline; returns the error to raise."""
+        self._offline = f"{what} failed part-way: {exc}"
+        logger.error(
+            "%s: %s failed part-way (%s): the log is offline until the broker restarts "
+            "(opening it again recovers it)",
+            self.name,
+            what,
+            exc,
+        )
+        return StorageError(
+            f"{self.name}: {what} failed: {exc}; the log is offline until the broker restarts"
+        )
 
     def _check_online(self) -> None:
         if self._offline is not None:
@@ -387,20 +401,11 @@ class PartitionLog:
         if expected_position != len(records):
             raise ValueError(f"batches cover {expected_position} of {len(records)} bytes")
         with _storage_errors(f"appending to {self.name}"):
-            if self._should_roll(len(records), next_offset - 1, len(placed)):
-                self._roll()
-            self._segments[-1].append(
-                records, placed, self._config.index_interval_bytes, self._clock.time_ms()
-            )
-            update_producer = self.producer_state.update
-            for (_, header), batch in zip(batches, placed, strict=True):
-                update_producer(header, batch.base_offset)
-            if self._first_unflushed_monotonic_ms is None:
-                self._first_unflushed_monotonic_ms = self._clock.monotonic_ms()
-            self._unflushed_records += records_count
-            flush_messages = self._config.flush_messages
-            if flush_messages is not None and self._unflushed_records >= flush_messages:
-                self._flush()
+            self._append_batches(records, placed)
+        update_producer = self.producer_state.update
+        for (_, header), batch in zip(batches, placed, strict=True):
+            update_producer(header, batch.base_offset)
+        self._appended(records_count)
         return AppendInfo(
             first_offset=first_offset,
             last_offset=next_offset - 1,
@@ -453,24 +458,17 @@ class PartitionLog:
         if expected_position != len(records):
             raise ValueError(f"batches cover {expected_position} of {len(records)} bytes")
         with _storage_errors(f"appending replicated batches to {self.name}"):
-            for epoch, start in epochs:
-                self.leader_epochs.assign(epoch, start)
-            if self._should_roll(len(records), next_offset - 1, len(placed)):
-                self._roll()
-            self._segments[-1].append(
-                records, placed, self._config.index_interval_bytes, self._clock.time_ms()
-            )
-            # A follower keeps producer state too, so that it can dedupe
-            # retries the moment it becomes leader (it trusts the leader's
-            # checks and only records the batches).
-            for _position, header in batches:
-                self.producer_state.update(header, header.base_offset)
-            if self._first_unflushed_monotonic_ms is None:
-                self._first_unflushed_monotonic_ms = self._clock.monotonic_ms()
-            self._unflushed_records += records_count
-            flush_messages = self._config.flush_messages
-            if flush_messages is not None and self._unflushed_records >= flush_messages:
-                self._flush()
+            self._append_batches(records, placed)
+        # After the write, so that a failed one leaves no epoch behind that
+        # wrote nothing (the log exactly as before).
+        for epoch, start in epochs:
+            self.leader_epochs.assign(epoch, start)
+        # A follower keeps producer state too, so that it can dedupe
+        # retries the moment it becomes leader (it trusts the leader's
+        # checks and only records the batches).
+        for _position, header in batches:
+            self.producer_state.update(header, header.base_offset)
+        self._appended(records_count)
         return AppendInfo(
             first_offset=first_offset,
             last_offset=next_offset - 1,
@@ -501,18 +499,67 @@ class PartitionLog:
             or active.time_index.size_bytes + batch_count * TimeIndex.ENTRY_SIZE > index_bytes
         )
 
-    def _roll(self) -> None:
+    def _append_batches(self, records: bytearray | bytes, placed: list[AppendedBatch]) -> None:
+        """Write placed batches to the active segment, or to a new one if
+        the active one is full. All or nothing, the roll included (the
+        architecture invariant): the new segment joins the log only once
+        the batches are in it; if it cannot be removed again after a
+        failure, the log goes offline (a stray segment file at an offset
+        the log may reach again would be taken for damage by an open, and
+        every segment after it dropped). Raises OSError."""
+        now_ms = self._clock.time_ms()
+        interval = self._config.index_interval_bytes
+        if not self._should_roll(len(records), placed[-1].last_offset, len(placed)):
+            active = self._segments[-1]
+            try:
+                active.append(records, placed, interval, now_ms)
+            except OSError as exc:
+                if active.needs_recovery:
+                    # Its undo failed too: the files hold bytes the log does
+                    # not know of, and only an open recovers the segment.
+                    raise self._take_offline("an append and its undo", exc) from exc
+                raise
+            return
         # The old segment is not fsynced here (that could stall the event
         # loop); flush() or close() does it, and recovery covers a crash.
         base_offset = self.log_end_offset
         if self.producer_state.producers:
+            # Of the log end, which a failure below leaves where it is: true either way.
             self.producer_state.take_snapshot(base_offset)
-        self._segments.append(LogSegment.create(self.directory, base_offset))
+        segment: LogSegment | None = None
+        try:
+            segment = LogSegment.create(self.directory, base_offset)
+            segment.append(records, placed, interval, now_ms)
+        except BaseException:
+            self._remove_failed_roll(segment, base_offset)
+            raise
+        self._segments.append(segment)
         self._base_offsets.append(base_offset)
         self._directory_dirty = True
         # No more writes to the old segment: its descriptors go (the next
-        # flush opens it again to fsync what it still owes).
-        self._segments[-2].release_descriptors()
+        # flush opens it again to fsync what it still owes). A failed close
+        # loses nothing written, and the append above is done.
+        with contextlib.suppress(OSError):
+            self._segments[-2].release_descriptors()
+
+    def _remove_failed_roll(self, segment: LogSegment | None, base_offset: int) -> None:
+        """Delete the files of a roll whose append failed (`create` may have
+        made some before it failed); offline if that fails too."""
+        if segment is not None:
+            with contextlib.suppress(OSError):
+                segment.close()
+        with self._offline_on_failure(f"removing the new segment {base_offset} of a failed roll"):
+            files.delete_segment_files(self.directory, base_offset)
+
+    def _appended(self, records_count: int) -> None:
+        """After an append: the flush policy (flush.messages)."""
+        if self._first_unflushed_monotonic_ms is None:
+            self._first_unflushed_monotonic_ms = self._clock.monotonic_ms()
+        self._unflushed_records += records_count
+        flush_messages = self._config.flush_messages
+        if flush_messages is not None and self._unflushed_records >= flush_messages:
+            with self._offline_on_failure("a flush"):
+                self._flush()
 
     # ------------------------------------------------------------------ read
 
@@ -615,34 +662,45 @@ class PartitionLog:
             raise self._out_of_range(offset)
         if offset <= self._log_start_offset:
             return []
-        with _storage_errors(f"deleting records of {self.name} below offset {offset}"):
+        # Part-way, the new start may be in memory and not on disk, or on
+        # disk (not durably) and not in memory, and segments renamed or not.
+        with self._offline_on_failure(f"deleting records below offset {offset}"):
             # Segments [i] with the next one starting at or below `offset`
             # hold nothing at or above it; the active one always stays.
             count = bisect_right(self._base_offsets, offset) - 1
-            self._log_start_offset = offset
             checkpoints.write_log_start_offset(self.directory, offset, durable=True)
+            self._log_start_offset = offset
             renamed = self._delete_first_segments(count, "delete-records") if count > 0 else []
             self._clean_offset = max(self._clean_offset, offset)
         logger.info("%s: records below offset %d deleted (%d segments)", self.name, offset, count)
         return renamed
 
     def _delete_first_segments(self, count: int, reason: str = "retention") -> list[Path]:
-        doomed = self._segments[:count]
-        del self._segments[:count]
-        del self._base_offsets[:count]
-        self._log_start_offset = max(self._log_start_offset, self._segments[0].base_offset)
-        self._clean_offset = max(self._clean_offset, self._log_start_offset)
-        self._recovery_point = max(self._recovery_point, self._log_start_offset)
+        """Drop the first `count` segments. The log start is written first,
+        before anything changes in memory: it is a rename only, so if it
+        fails the log is as before (Raises OSError). Any failure after it
+        takes the log offline: memory no longer lists segments still on
+        disk under their names, which no later truncation or reset would
+        remove (after a reset below them, an open would serve their records
+        above the new start)."""
+        log_start_offset = max(self._log_start_offset, self._segments[count].base_offset)
         # Before the renames: if they survive a crash and this does not, the
         # first segment still bounds the start; if this survives and they do
         # not, open drops the segments below it.
-        checkpoints.write_log_start_offset(self.directory, self._log_start_offset)
-        self.producer_state.delete_snapshots_below(self._log_start_offset)
-        renamed: list[Path] = []
-        for segment in doomed:
-            segment.close()
-            renamed.extend(rename_deleted(segment.file_paths))
-        self._directory_dirty = True
+        checkpoints.write_log_start_offset(self.directory, log_start_offset)
+        doomed = self._segments[:count]
+        with self._offline_on_failure(f"{reason} deleting {count} segments"):
+            del self._segments[:count]
+            del self._base_offsets[:count]
+            self._log_start_offset = log_start_offset
+            self._clean_offset = max(self._clean_offset, log_start_offset)
+            self._recovery_point = max(self._recovery_point, log_start_offset)
+            self._directory_dirty = True
+            self.producer_state.delete_snapshots_below(log_start_offset)
+            renamed: list[Path] = []
+            for segment in doomed:
+                segment.close()
+                renamed.extend(rename_deleted(segment.file_paths))
         logger.info(
             "%s: %s deleted %d segments; the log now starts at offset %d",
             self.name,
@@ -739,11 +797,21 @@ class PartitionLog:
 
     def _swap_in(self, result: CleanResult) -> list[Path]:
         """The swap's four steps (see `cleaning_swap`), in their crash-safe order."""
-        directory = self.directory
         # 0. The epoch history first: the cleaner may have dropped the first
         # batches of an epoch, so recovery could no longer learn where it
-        # started from the batches (see `leader_epoch`).
+        # started from the batches (see `leader_epoch`). Changes nothing
+        # else: a failure here leaves the log as it was.
         self.leader_epochs.flush()
+        # From here on a failure leaves the gap limit raised in memory,
+        # committed groups that the next open swaps in (over segments this
+        # log would go on changing: retention, truncation) or the segments
+        # half replaced: the log goes offline.
+        with self._offline_on_failure("swapping cleaned segments in"):
+            return self._swap_in_steps(result)
+
+    def _swap_in_steps(self, result: CleanResult) -> list[Path]:
+        """Steps 1 to 4 of the swap. Raises OSError."""
+        directory = self.directory
         # 1. Segments below the new clean offset may hold gaps from now on
         # (raised here first: a failed swap must not lower it on disk later),
         # and recovery learns the range each group replaces.
@@ -783,9 +851,12 @@ class PartitionLog:
     # ------------------------------------------------------------------ flush
 
     def flush(self) -> None:
-        """fsync everything appended so far and advance the recovery point."""
+        """fsync everything appended so far and advance the recovery point.
+        An OSError takes the log offline (see the module docstring): after
+        a failed fsync the dirty pages may be gone, and a second flush
+        whose fsyncs succeed would raise the recovery point over them."""
         self._check_online()
-        with _storage_errors(f"flushing {self.name}"):
+        with self._offline_on_failure("a flush"):
             self._flush()
 
     def _flush(self) -> None:

@@ -169,13 +169,17 @@ class LogSegment:
         # O_APPEND + os.write: unbuffered, every byte goes to the end; reads use
         # pread on the same descriptor.
         self._log_descriptor = os.open(self.log_path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        offset_index: OffsetIndex | None = None
         try:
-            self.offset_index = OffsetIndex(index_path, base_offset)
+            offset_index = OffsetIndex(index_path, base_offset)
             self.time_index = TimeIndex(time_index_path, base_offset)
         except BaseException:
             os.close(self._log_descriptor)
             self._log_descriptor = -1
+            if offset_index is not None:
+                offset_index.close()
             raise
+        self.offset_index = offset_index
         self._size_bytes = os.fstat(self._log_fd).st_size
         self._next_offset = base_offset
         self._max_timestamp = NO_TIMESTAMP
