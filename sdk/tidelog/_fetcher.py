@@ -2,17 +2,31 @@
 
 `Fetcher` owns, for one consumer:
 
-- one `FetchSession` (a bidi Fetch call) per leader address. The session's
+- one `FetchSession` (a bidi Fetch call) per leader address, or several
+  when the server limits how many partitions one stream may read (a
+  gateway's --max-partitions-per-fetch, named in each stream's initial
+  metadata and in its refusal: tidelog._partition_limits) and more of the
+  consumer's partitions are led there: each partition is then read on the
+  first of the address's sessions with room, a new one opened when all are
+  full, up to MAX_FETCH_STREAMS_PER_SERVER (past it, poll() raises, for the
+  partitions left over, why they are not read). A stream refused for that
+  limit before the SDK knew it is dropped and its partitions placed again,
+  spread; nothing of a refused request was applied, so nothing is read
+  twice. A partition stays on its session until it is unplaced (pause,
+  unassign, a leader change) or the session ends, so each partition's
+  records come from one stream at a time, in order. The session's
   first request grants `window` bytes of credit; the broker streams
   responses while credit remains; the consumer grants bytes back as the
   application consumes them (`grant`), so at most `window` bytes of fetched
-  data are ever buffered, however slow the application. It also lets the
+  data are ever buffered per session, however slow the application. It also lets the
   broker put up to fetch_answers_per_message answers into one message when
   several are ready at once: a message costs the receive path more than its
   bytes (bench.fetch_profile), and each answer is still taken on its own;
 - the loop-side state of each assigned partition: its epoch (bumped by every
   seek, so the answers of an old position are recognised), the session that
-  reads it, and `fetch_next`, where a new session must resume;
+  reads it (each session also keeps the set of partitions it reads, which
+  the server's per-stream limit is kept by), and `fetch_next`, where a new
+  session must resume;
 - placing partitions in their leader's session: the partitions placed at one
   time (a reset round, an assignment, the seeks and resumes of one turn of
   the loop, the partitions a leader change or a dropped stream moved) go in
@@ -678,10 +692,21 @@ class Fetcher:
             session.send(remove=tps)
         for session, entries in positions.items():
             session.send(positions=entries)
+        self._close_idle_extra_sessions()
         if leaderless:
             self._spawn(self._place_when_led(leaderless))
         for part in unplaceable:
             self._unplaceable(part)
+
+    def _close_idle_extra_sessions(self) -> None:
+        """Close the sessions that read nothing, but the first of each
+        address: streams opened to spread partitions (a smaller assignment
+        since, partitions paused) hold a credit window and a stream of the
+        server's each; the first stays open, as one always did."""
+        for sessions in self._sessions.values():
+            for session in [s for s in sessions[1:] if not s.placed]:
+                sessions.remove(session)
+                self._spawn(session.wait_closed())
 
     def _unplaceable(self, part: _Partition) -> None:
         """poll() raises, for `part`, that its server's streams are all

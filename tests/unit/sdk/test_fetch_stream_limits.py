@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -102,6 +102,8 @@ class StreamLimitedServer(log_pb2_grpc.LogServicer):
     #: Stream number -> the most partitions it read at once.
     most: dict[int, int] = field(default_factory=dict)
     refused: list[int] = field(default_factory=list)
+    #: Streams not ended yet.
+    open: set[int] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     async def Metadata(
@@ -118,6 +120,7 @@ class StreamLimitedServer(log_pb2_grpc.LogServicer):
             stream = len(self.reading) + 1
             self.reading[stream] = set()
             self.most[stream] = 0
+            self.open.add(stream)
         if self.advertised is not None:
             await context.send_initial_metadata(((KEY, self.advertised),))
         try:
@@ -145,6 +148,7 @@ class StreamLimitedServer(log_pb2_grpc.LogServicer):
             with self._lock:
                 # An ended stream reads nothing more.
                 self.reading[stream] = set()
+                self.open.discard(stream)
         if False:  # pragma: no cover - an async generator that yields nothing
             yield log_pb2.FetchResponse()
 
@@ -250,3 +254,41 @@ def test_a_tiny_limit_opens_at_most_so_many_streams() -> None:
     assert raised, "poll() did not say why partitions are not read"
     assert "reads at most 1 partitions per fetch stream" in str(raised[0])
     assert f"{MAX_FETCH_STREAMS_PER_SERVER} streams" in str(raised[0])
+
+
+def test_streams_left_reading_nothing_are_closed_but_one() -> None:
+    """A smaller assignment leaves the streams opened to spread partitions
+    empty: they end (each held a credit window and a stream of the
+    server's), but for one; a larger one opens them again."""
+    server = StreamLimitedServer("7", 7, "7")
+    partitions = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+
+    async def run() -> tuple[set[int], set[int]]:
+        async with serving(partial(log_pb2_grpc.add_LogServicer_to_server, server)) as address:
+            server.port = int(address.rsplit(":", 1)[1])
+            async with AsyncConsumer(bootstrap_servers=address, retry_backoff_ms=20) as consumer:
+                consumer.assign(partitions)
+                for tp in partitions:
+                    consumer.seek(tp, 0)
+                await until(lambda: len(server.read_now()) == PARTITIONS, consumer)
+                consumer.assign(partitions[:3])
+                await until(lambda: len(server.open) == 1, consumer)
+                assert server.read_now() == {0, 1, 2}
+                smaller = set(server.open)
+                consumer.assign(partitions)
+                for tp in partitions:
+                    consumer.seek(tp, 0)
+                await until(lambda: len(server.read_now()) == PARTITIONS, consumer)
+                return smaller, set(server.open)
+
+    smaller, larger = asyncio.run(run())
+    assert len(larger) == -(-PARTITIONS // 7)
+    assert smaller < larger
+    assert all(most <= 7 for stream, most in server.most.items() if stream != 1)
+
+
+async def until(condition: Callable[[], bool], consumer: AsyncConsumer) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true"
+        await consumer.getmany(timeout_ms=20)
