@@ -2,17 +2,31 @@
 
 `Fetcher` owns, for one consumer:
 
-- one `FetchSession` (a bidi Fetch call) per leader address. The session's
+- one `FetchSession` (a bidi Fetch call) per leader address, or several
+  when the server limits how many partitions one stream may read (a
+  gateway's --max-partitions-per-fetch, named in each stream's initial
+  metadata and in its refusal: tidelog._partition_limits) and more of the
+  consumer's partitions are led there: each partition is then read on the
+  first of the address's sessions with room, a new one opened when all are
+  full, up to MAX_FETCH_STREAMS_PER_SERVER (past it, poll() raises, for the
+  partitions left over, why they are not read). A stream refused for that
+  limit before the SDK knew it is dropped and its partitions placed again,
+  spread; nothing of a refused request was applied, so nothing is read
+  twice. A partition stays on its session until it is unplaced (pause,
+  unassign, a leader change) or the session ends, so each partition's
+  records come from one stream at a time, in order. The session's
   first request grants `window` bytes of credit; the broker streams
   responses while credit remains; the consumer grants bytes back as the
   application consumes them (`grant`), so at most `window` bytes of fetched
-  data are ever buffered, however slow the application. It also lets the
+  data are ever buffered per session, however slow the application. It also lets the
   broker put up to fetch_answers_per_message answers into one message when
   several are ready at once: a message costs the receive path more than its
   bytes (bench.fetch_profile), and each answer is still taken on its own;
 - the loop-side state of each assigned partition: its epoch (bumped by every
   seek, so the answers of an old position are recognised), the session that
-  reads it, and `fetch_next`, where a new session must resume;
+  reads it (each session also keeps the set of partitions it reads, which
+  the server's per-stream limit is kept by), and `fetch_next`, where a new
+  session must resume;
 - placing partitions in their leader's session: the partitions placed at one
   time (a reset round, an assignment, the seeks and resumes of one turn of
   the loop, the partitions a leader change or a dropped stream moved) go in
@@ -73,6 +87,7 @@ from tidelog._connection import Cluster, TopicMetadata, no_such_partition
 from tidelog.config import ConsumerConfig
 from tidelog.errors import (
     BrokerNotAvailableError,
+    InvalidRequestError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     TidelogError,
@@ -104,6 +119,11 @@ STRATEGY_TIMESTAMPS = {"earliest": EARLIEST, "latest": LATEST}
 _OUT_OF_RANGE = common_pb2.OFFSET_OUT_OF_RANGE
 #: Kafka's reconnect.backoff.max.ms default.
 _MAX_RECONNECT_BACKOFF_S = 1.0
+#: Most Fetch streams the consumer opens to one server that limits the
+#: partitions per stream: a server naming a tiny limit cannot make it open a
+#: stream per partition of thousands (each with its own credit window), and
+#: it stays well under the gateway's --max-streams-per-connection (512).
+MAX_FETCH_STREAMS_PER_SERVER = 64
 
 
 @dataclass
@@ -136,9 +156,16 @@ class FetchSession:
         #: The most partitions one request written on the stream named: a
         #: refusal for the server's limit is told apart by it.
         self._largest_request = 0
-        #: The stream ended as the server refused a request over its limit:
-        #: its partitions are placed again, in requests within it.
+        #: The stream ended as the server refused a request over its limit
+        #: (on partitions per request, or per stream): its partitions are
+        #: placed again, in requests and streams within it.
         self.refused_for_size = False
+        #: The partitions the stream reads (those whose `_Partition.session`
+        #: it is), and the most it has been asked to read at once: a
+        #: server's limit on partitions per stream is kept by the first, a
+        #: refusal for it told apart by the second.
+        self.placed: set[TopicPartition] = set()
+        self.most_placed = 0
         # When the stream last sent or received: a response's fetch latency
         # is the wait since then (ConsumerMetrics).
         self._last_event = time.monotonic()
@@ -253,6 +280,15 @@ class FetchSession:
                     f"partitions ({error.message}); placing them again in requests of at "
                     f"most {limits.of(self.address)}"
                 )
+            elif limits.refused_for_streams(self.address, error, self.most_placed):
+                # The same, for the server's limit on partitions per stream:
+                # placed again over several streams.
+                self.refused_for_size = True
+                error = BrokerNotAvailableError(
+                    f"{self.address} refused a fetch stream of {self.most_placed} "
+                    f"partitions ({error.message}); placing them again on streams of at "
+                    f"most {limits.per_stream(self.address)}"
+                )
         except asyncio.CancelledError:
             if self.closed:
                 raise
@@ -260,6 +296,11 @@ class FetchSession:
         if not self.closed:
             self.close()
             self._fetcher.on_session_failed(self, error)
+
+    def hold(self, tp: TopicPartition) -> None:
+        """The stream reads `tp` from now on."""
+        self.placed.add(tp)
+        self.most_placed = max(self.most_placed, len(self.placed))
 
     def close(self) -> None:
         if not self.closed:
@@ -288,7 +329,9 @@ class Fetcher:
         self._inbox = inbox
         self._notify = notify
         self._partitions: dict[TopicPartition, _Partition] = {}
-        self._sessions: dict[str, FetchSession] = {}
+        #: Leader address -> its open sessions: one, unless the server names
+        #: a limit on partitions per stream that its partitions exceed.
+        self._sessions: dict[str, list[FetchSession]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         #: Resets waiting for the next round: tp -> (partition, epoch, timestamp).
         self._resets: dict[TopicPartition, tuple[_Partition, int, int]] = {}
@@ -388,12 +431,12 @@ class Fetcher:
         delta = window_bytes - self.window
         self.window = window_bytes
         if delta:
-            for session in self._sessions.values():
+            for session in self._all_sessions():
                 session.resize(delta)
 
     def grant(self, credits: dict[int, int]) -> None:
         """Return consumed bytes to their sessions (session id -> bytes)."""
-        for session in self._sessions.values():
+        for session in self._all_sessions():
             credit = credits.get(session.id)
             if credit:
                 session.send(credit_bytes=credit)
@@ -402,7 +445,7 @@ class Fetcher:
         self._closed = True
         for task in list(self._tasks):
             task.cancel()
-        for session in list(self._sessions.values()):
+        for session in self._all_sessions():
             await session.wait_closed()
         self._sessions.clear()
 
@@ -422,6 +465,34 @@ class Fetcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("fetcher task failed", exc_info=task.exception())
 
+    def _all_sessions(self) -> list[FetchSession]:
+        return [session for sessions in self._sessions.values() for session in sessions]
+
+    def _session_for(self, part: _Partition, address: str) -> FetchSession | None:
+        """The session of `address` to read `part` on: the one reading it
+        already, else the first with room under the server's limit on
+        partitions per stream (tidelog._partition_limits; none: the one
+        session of the address), else a new one; None when the address
+        already has MAX_FETCH_STREAMS_PER_SERVER sessions, all full."""
+        sessions = self._sessions.setdefault(address, [])
+        if part.session is not None and not part.session.closed and part.session in sessions:
+            return part.session
+        limit = self.cluster.partition_limits.per_stream(address)
+        for session in sessions:
+            if not session.closed and (limit is None or len(session.placed) < limit):
+                return session
+        if len(sessions) >= MAX_FETCH_STREAMS_PER_SERVER:
+            return None
+        session = FetchSession(self, address, self._config)
+        sessions.append(session)
+        return session
+
+    def _detach(self, part: _Partition) -> None:
+        """`part` is no longer read by its session."""
+        if part.session is not None:
+            part.session.placed.discard(part.tp)
+            part.session = None
+
     def _emit(self, item: tuple) -> None:
         self._inbox.append(item)
         self._notify()
@@ -433,7 +504,7 @@ class Fetcher:
         (`_place_pending`)."""
         if part.session is not None:
             self._removing.setdefault(part.session, []).append(part.tp)
-            part.session = None
+            self._detach(part)
             self._schedule_placing()
 
     def _is_current(self, part: _Partition, epoch: int) -> bool:
@@ -594,6 +665,7 @@ class Fetcher:
             return
         positions: dict[FetchSession, list[tuple[TopicPartition, int]]] = {}
         leaderless: list[_Partition] = []
+        unplaceable: list[_Partition] = []
         for tp, part in pending.items():
             if self._partitions.get(tp) is not part or part.fetch_next is None or part.paused:
                 continue  # unassigned, being reset or paused since
@@ -601,12 +673,15 @@ class Fetcher:
             if address is None:
                 leaderless.append(part)
                 continue
-            session = self._sessions.get(address)
-            if session is None or session.closed:
-                session = self._sessions[address] = FetchSession(self, address, self._config)
+            session = self._session_for(part, address)
+            if session is None:
+                unplaceable.append(part)
+                continue
             if part.session is not None and part.session is not session:
                 removals.setdefault(part.session, []).append(tp)
+                self._detach(part)
             part.session = session
+            session.hold(tp)
             part.sent_position = part.fetch_next
             positions.setdefault(session, []).append((tp, part.fetch_next))
         # Removals first: a partition leaving a session stops being read
@@ -617,8 +692,41 @@ class Fetcher:
             session.send(remove=tps)
         for session, entries in positions.items():
             session.send(positions=entries)
+        self._close_idle_extra_sessions()
         if leaderless:
             self._spawn(self._place_when_led(leaderless))
+        for part in unplaceable:
+            self._unplaceable(part)
+
+    def _close_idle_extra_sessions(self) -> None:
+        """Close the sessions that read nothing, but the first of each
+        address: streams opened to spread partitions (a smaller assignment
+        since, partitions paused) hold a credit window and a stream of the
+        server's each; the first stays open, as one always did."""
+        for sessions in self._sessions.values():
+            for session in [s for s in sessions[1:] if not s.placed]:
+                sessions.remove(session)
+                self._spawn(session.wait_closed())
+
+    def _unplaceable(self, part: _Partition) -> None:
+        """poll() raises, for `part`, that its server's streams are all
+        full: it stays unread until it is placed again (a seek, or a new
+        assignment once fewer partitions are read through that server)."""
+        address = self.cluster.snapshot.leader_address(part.tp.topic, part.tp.partition)
+        limit = self.cluster.partition_limits.per_stream(address or "")
+        if part.session is not None:
+            self._removing.setdefault(part.session, []).append(part.tp)
+            self._detach(part)
+            self._schedule_placing()
+        self._raise_for(
+            [part],
+            InvalidRequestError(
+                f"cannot read {part.tp.topic}-{part.tp.partition}: {address} reads at most "
+                f"{limit} partitions per fetch stream (a gateway's --max-partitions-per-fetch), "
+                f"and this consumer already reads {MAX_FETCH_STREAMS_PER_SERVER} streams of "
+                "them there: assign it fewer partitions, or raise the limit"
+            ),
+        )
 
     async def _place_when_led(self, parts: list[_Partition]) -> None:
         """Place again, after the retry backoff and a metadata refresh,
@@ -743,8 +851,11 @@ class Fetcher:
             self._inbox.append((ERROR, part.tp, part.epoch, error))
 
     def on_session_failed(self, session: FetchSession, error: TidelogError) -> None:
-        if self._sessions.get(session.address) is session:
-            del self._sessions[session.address]
+        sessions = self._sessions.get(session.address, [])
+        if session in sessions:
+            sessions.remove(session)
+            if not sessions:
+                del self._sessions[session.address]
         if self._closed:
             return
         if session.refused_for_size:
@@ -753,7 +864,7 @@ class Fetcher:
             log.info("%s", error.message)
             orphans = [part for part in self._partitions.values() if part.session is session]
             for part in orphans:
-                part.session = None
+                self._detach(part)
             if orphans:
                 self._spawn(self._place_later(orphans, grow=False))
             return
@@ -764,7 +875,7 @@ class Fetcher:
             # the partition again.
             for part in self._partitions.values():
                 if part.session is session:
-                    part.session = None
+                    self._detach(part)
                     self._inbox.append((ERROR, part.tp, part.epoch, error))
             return
         # Warn once per outage; the retries that follow are expected.
@@ -773,7 +884,7 @@ class Fetcher:
         self._failures += 1
         orphans = [part for part in self._partitions.values() if part.session is session]
         for part in orphans:
-            part.session = None
+            self._detach(part)
         if orphans:
             self._spawn(self._place_later(orphans))
 

@@ -346,9 +346,11 @@ class ConsumerConfig(CommonConfig):
     #: Largest amount of one partition's data in one response.
     max_partition_fetch_bytes: int = 1 * MIB
     #: Bytes of fetched data the broker may send ahead of the application
-    #: (the credit window of the fetch stream). It bounds the consumer's
-    #: memory; two or more responses' worth keeps the stream busy while the
-    #: application works. None: 4 x max_partition_fetch_bytes, at least 8 MiB.
+    #: (the credit window of a fetch stream: one per leader, or several
+    #: through a gateway that limits the partitions per stream). It bounds
+    #: the consumer's memory per stream; two or more responses' worth keeps
+    #: the stream busy while the application works. None: 4 x
+    #: max_partition_fetch_bytes, at least 8 MiB.
     fetch_buffer_bytes: int | None = None
     #: Fetch answers the broker may send in one gRPC message when several
     #: are ready at once (a consumer catching up): each answer keeps

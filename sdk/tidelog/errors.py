@@ -250,6 +250,20 @@ class PartitionsPerRequestError(InvalidRequestError):
         self.limit = limit
 
 
+class PartitionsPerFetchError(InvalidRequestError):
+    """A Fetch request would leave its stream reading more partitions at once
+    than the server lets one stream read (the gateway's
+    --max-partitions-per-fetch). `limit` is that number; a server refusing
+    with it also names it, as digits, in the trailing metadata key
+    MAX_PARTITIONS_PER_FETCH_METADATA_KEY, so that a client can read its
+    partitions on several streams (the SDK does). Decodes, on the client, to
+    InvalidRequestError: the message and the key say the rest."""
+
+    def __init__(self, message: str, limit: int) -> None:
+        super().__init__(message)
+        self.limit = limit
+
+
 class CommitFailedError(TidelogError):
     """An offset commit was refused because this consumer is no longer a
     member of the group's current generation: it was fenced (its session
@@ -494,6 +508,14 @@ ERROR_CODE_METADATA_KEY = "tidelog-error-code"
 #: the trailing metadata of a refusal for it (PartitionsPerRequestError).
 #: tidelog._partition_limits reads it.
 MAX_PARTITIONS_METADATA_KEY = "tidelog-max-partitions-per-request"
+
+#: Metadata key in which the gateway names its --max-partitions-per-fetch
+#: (how many partitions one Fetch stream may read at once): in the initial
+#: metadata of each Fetch stream it accepts, and in the trailing metadata of
+#: a refusal for it (PartitionsPerFetchError). The SDK spreads the partitions
+#: it reads through that server over Fetch streams of at most that many
+#: (tidelog._fetcher, tidelog._partition_limits).
+MAX_PARTITIONS_PER_FETCH_METADATA_KEY = "tidelog-max-partitions-per-fetch"
 
 
 def error_class_for_code(code_name: str) -> type[TidelogError]:

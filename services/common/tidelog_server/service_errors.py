@@ -11,7 +11,8 @@ side, in two shapes:
   status, its message, and the precise ErrorCode in the trailing metadata key
   `tidelog-error-code`, which the SDK turns back into the same exception (a
   PartitionsPerRequestError also names its limit, in the key
-  `tidelog-max-partitions-per-request`).
+  `tidelog-max-partitions-per-request`, and a PartitionsPerFetchError in the
+  key `tidelog-max-partitions-per-fetch`).
 
 An exception that is not a TidelogError (and that the service's `translate`
 hook does not recognise) is a bug: it is logged with its traceback, reported
@@ -28,6 +29,8 @@ import grpc
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     MAX_PARTITIONS_METADATA_KEY,
+    MAX_PARTITIONS_PER_FETCH_METADATA_KEY,
+    PartitionsPerFetchError,
     PartitionsPerRequestError,
     TidelogError,
     UnknownServerError,
@@ -75,5 +78,8 @@ class ErrorMapper:
             # The limit, for a client to split the request by (in words too,
             # in the message, for a person).
             trailing += ((MAX_PARTITIONS_METADATA_KEY, str(error.limit)),)
+        elif isinstance(error, PartitionsPerFetchError):
+            # The limit, for a client to spread its partitions over streams by.
+            trailing += ((MAX_PARTITIONS_PER_FETCH_METADATA_KEY, str(error.limit)),)
         await context.abort(error.grpc_status, error.message, trailing_metadata=trailing)
         raise AssertionError("context.abort returns only by raising")  # pragma: no cover

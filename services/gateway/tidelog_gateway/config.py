@@ -42,7 +42,12 @@ class GatewayConfig:
     #: MAX_FETCH_PARTITIONS_PER_REQUEST (10,000) costs a client at most one
     #: refused request, sent again split.
     max_partitions_per_request: int = 10_000
-    #: Partitions one Fetch stream may read at once.
+    #: Partitions one Fetch stream may read at once. Named to clients
+    #: (tidelog.errors.MAX_PARTITIONS_PER_FETCH_METADATA_KEY) in each Fetch
+    #: stream's initial metadata and in a refusal's trailing metadata; the
+    #: SDK reads the partitions it is assigned on as many streams as this
+    #: takes (each with its own credit window: memory on the client grows
+    #: with the streams, as it does with the brokers of a cluster).
     max_partitions_per_fetch: int = 10_000
     #: Produce requests one stream may have awaiting their answers.
     max_pending_produce: int = 1024

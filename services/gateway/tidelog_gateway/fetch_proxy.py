@@ -47,7 +47,10 @@ would leave the stream reading more partitions than
 --max-partitions-per-fetch (those it reads, less the ones it removes, plus
 the new ones it places) is refused the same way, before any of it is
 applied or forwarded: the stream never reads more than the limit, and the
-stream ends INVALID_ARGUMENT naming it.
+stream ends INVALID_ARGUMENT naming it, in words and in the trailing
+metadata key `tidelog-max-partitions-per-fetch` (which the stream's initial
+metadata also carries); the SDK spreads its partitions over several streams
+of at most that many.
 
 Drain (SIGTERM): the stream ends with UNAVAILABLE and NOT_LEADER_OR_FOLLOWER
 in the trailer (log_servicer, errors.abort_shutting_down); the client
@@ -69,6 +72,7 @@ from tidelog.config import MAX_FETCH_ANSWERS_PER_MESSAGE
 from tidelog.errors import (
     InvalidRequestError,
     NotLeaderOrFollowerError,
+    PartitionsPerFetchError,
     PartitionsPerRequestError,
     TidelogError,
 )
@@ -229,7 +233,8 @@ class FetchProxy:
         """Take in one client request. Raises InvalidRequestError, which
         ends the stream; a request over --max-partitions-per-request
         (PartitionsPerRequestError, naming it), one that would take the
-        stream over --max-partitions-per-fetch, or one with a bad field is
+        stream over --max-partitions-per-fetch (PartitionsPerFetchError,
+        naming it), or one with a bad field is
         refused before any of it is applied (nor forwarded to a broker)."""
         config = self._config
         if request.credit_bytes < 0:
@@ -266,10 +271,11 @@ class FetchProxy:
         held = len(self._positions)
         after = held + self._partitions_added(request)
         if after > config.max_partitions_per_fetch:
-            raise InvalidRequestError(
+            raise PartitionsPerFetchError(
                 f"the stream would read {after} partitions (it reads {held}), over the limit "
                 f"of {config.max_partitions_per_fetch} (--max-partitions-per-fetch): remove "
-                "partitions before placing others, or read them on another stream"
+                "partitions before placing others, or read them on another stream",
+                config.max_partitions_per_fetch,
             )
         settings_changed = bool(
             request.max_bytes or request.min_bytes or request.max_wait_ms or answers

@@ -3,8 +3,10 @@
 - Produce and Fetch: one proxy per client stream (produce_proxy,
   fetch_proxy), counted against the stream limits; each stream's initial
   metadata names --max-partitions-per-request
-  (`tidelog-max-partitions-per-request`), sent before its first request is
-  read, so that clients split their requests by it;
+  (`tidelog-max-partitions-per-request`), and a Fetch stream's also
+  --max-partitions-per-fetch (`tidelog-max-partitions-per-fetch`), sent
+  before its first request is read, so that clients split their requests
+  and spread their partitions over streams by them;
 - ListOffsets: split by leader, asked of each, answered in request order;
   a partition that cannot be routed gets its typed error; one whose leader
   gave no answer (dropped the call, unavailable, past the deadline) gets
@@ -36,7 +38,12 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from tidelog.errors import MAX_PARTITIONS_METADATA_KEY, PartitionsPerRequestError, TidelogError
+from tidelog.errors import (
+    MAX_PARTITIONS_METADATA_KEY,
+    MAX_PARTITIONS_PER_FETCH_METADATA_KEY,
+    PartitionsPerRequestError,
+    TidelogError,
+)
 from tidelog.request_limits import check_list_offsets_entries, distinct
 from tidelog.v1 import common_pb2, log_pb2, log_pb2_grpc
 from tidelog_server.authorizer import may_auto_create
@@ -102,7 +109,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
     ) -> AsyncIterator[log_pb2.FetchResponse]:
         peer = await _open_stream(self._streams, request_iterator, context)
         try:
-            await self._advertise_limit(context)
+            await self._advertise_limit(context, fetch=True)
             proxy = FetchProxy(
                 self._view,
                 self._channels,
@@ -122,16 +129,23 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
         finally:
             self._streams.release(peer)
 
-    async def _advertise_limit(self, context: grpc.aio.ServicerContext) -> None:
-        """Name --max-partitions-per-request in the stream's initial metadata,
-        sent now, before any request is read: the client learns it while its
-        first request is on the way and splits the next ones by it, with no
-        round trip of its own (tidelog._partition_limits). A client that
-        sent more at once before it knew is refused whole and told the limit
-        again (PartitionsPerRequestError)."""
-        await context.send_initial_metadata(
-            ((MAX_PARTITIONS_METADATA_KEY, str(self._config.max_partitions_per_request)),)
-        )
+    async def _advertise_limit(
+        self, context: grpc.aio.ServicerContext, *, fetch: bool = False
+    ) -> None:
+        """Name --max-partitions-per-request (and, on a Fetch stream,
+        --max-partitions-per-fetch) in the stream's initial metadata, sent
+        now, before any request is read: the client learns them while its
+        first request is on the way and splits the next ones, and spreads
+        its partitions over streams, by them, with no round trip of its own
+        (tidelog._partition_limits). A client that sent more at once before
+        it knew is refused whole and told the limit again
+        (PartitionsPerRequestError, PartitionsPerFetchError)."""
+        metadata = [(MAX_PARTITIONS_METADATA_KEY, str(self._config.max_partitions_per_request))]
+        if fetch:
+            metadata.append(
+                (MAX_PARTITIONS_PER_FETCH_METADATA_KEY, str(self._config.max_partitions_per_fetch))
+            )
+        await context.send_initial_metadata(tuple(metadata))
 
     async def ListOffsets(
         self, request: log_pb2.ListOffsetsRequest, context: grpc.aio.ServicerContext
