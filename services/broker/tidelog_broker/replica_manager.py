@@ -128,7 +128,13 @@ class ReplicaManager:
         followers' progress and may move the HW, as may the end of an ISR
         proposal (PartitionReplication.maximal_isr)."""
         key = (topic, partition)
-        partition_log = self._logs.partition_log(topic, partition)
+        # An offline log may follow or have no leader (the controller moved
+        # leadership off it: this broker must stop leading), but never lead:
+        # leading needs its log end (StorageError, as before).
+        if role is Role.LEADER:
+            partition_log = self._logs.partition_log(topic, partition)
+        else:
+            partition_log = self._logs.hosted_log(topic, partition)
         me = self._config.broker_id
         old = self._replication.get(key)
         if old is not None and old.role is role and old.leader_epoch == leader_epoch:

@@ -12,6 +12,7 @@ be elected, leaving the partition unavailable until a restart.
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -30,10 +31,18 @@ REPLICAS = (0, 1, 2)
 async def register(
     client: Any, keys: Keys, broker: int, offline: tuple[tuple[str, int], ...] = ()
 ) -> None:
-    registration = BrokerRegistration(
-        broker, "127.0.0.1", 9092 + broker, offline_partitions=offline
-    )
-    await client.put(keys.broker(broker), registration.encode())
+    """Broker `broker`'s registration as a broker writes it; spelled out
+    here, so that the wire format (which brokers and coordinators of other
+    releases read) cannot change unnoticed."""
+    value: dict[str, Any] = {"host": "127.0.0.1", "id": broker, "port": 9092 + broker, "rack": ""}
+    if offline:
+        value["offline_partitions"] = {}
+        for topic, partition in offline:
+            value["offline_partitions"].setdefault(topic, []).append(partition)
+    raw = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    assert BrokerRegistration.decode(raw).offline_partitions == tuple(sorted(offline))
+    assert BrokerRegistration.decode(raw).encode() == raw
+    await client.put(keys.broker(broker), raw)
 
 
 def run_passes(
