@@ -283,7 +283,9 @@ class ClusterLink:
     def _on_offline_changed(self) -> None:
         """LogManager.on_offline_changed: may run on a worker thread."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._offline_changed.set)
+            # RuntimeError: the loop closed (the broker stopped meanwhile).
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._offline_changed.set)
 
     async def _publish_offline(self) -> None:
         """Rewrite the registration whenever the offline logs change (see
