@@ -205,6 +205,7 @@ class ClusterLink:
         manager.replicas.lease_valid = self.lease_valid
         manager.replicas.isr_writer = self.write_isr
         manager.replicas.registration_of = self.view.registration_of
+        manager.replicas.replica_offline = self.view.lists_offline
         manager.logs.cluster_partition_count = self._partition_count
         manager.logs.on_offline_changed = self._on_offline_changed
 
