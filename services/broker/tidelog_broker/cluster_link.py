@@ -34,6 +34,14 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   states exist: the watches keep one typed view of them (`view`,
   tidelog_server.etcd.cluster_view); replica fetches and ISR expansion are bound to
   a live broker's registration (`ClusterView.registration_of`);
+- offline replicas: a log that a storage failure took offline
+  (`PartitionLog.offline`) is listed in the registration's
+  `offline_partitions`, rewritten in place (same key, same lease, compared
+  by its create revision, so the registration stays the same incarnation)
+  whenever the set changes; the controller then elects none of them and
+  drops them from the ISR, and moves leadership off one that led (Kafka's
+  broker reports its failed log directories to the controller). At most
+  MAX_OFFLINE_REPORTED are listed (a bound on the registration's size);
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
@@ -93,6 +101,11 @@ flood = RateLimitedLog(log)
 #: Pause between attempts while etcd is unreachable or our id is taken.
 RETRY_DELAY_S = 0.5
 _META_FILE = "cluster.json"
+#: Offline replicas listed in the registration at most: with topic names of
+#: up to 249 characters, ~260 KB, well within etcd's default request limit
+#: (1.5 MiB). Beyond it, the others leave the ISR only as lagging replicas
+#: (replica.lag.time.max.ms), as before the registration listed any.
+MAX_OFFLINE_REPORTED = 1000
 
 
 @dataclass(frozen=True)
@@ -144,6 +157,12 @@ class ClusterLink:
         #: not taken up until the controller confirms it with a new state.
         self.registration_revision = 0
         self._session: Session | None = None
+        #: The registration value last written (by `_register` or
+        #: `_publish_offline`): what the controller knows of our offline logs.
+        self._registered_value = b""
+        # Set when the offline logs may have changed (from any thread).
+        self._offline_changed = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._meta_path = broker.data_dir / _META_FILE
         self._local_ids: dict[str, str] = {}
         self._local_cluster_id = ""
@@ -186,7 +205,9 @@ class ClusterLink:
         manager.replicas.lease_valid = self.lease_valid
         manager.replicas.isr_writer = self.write_isr
         manager.replicas.registration_of = self.view.registration_of
+        manager.replicas.replica_offline = self.view.lists_offline
         manager.logs.cluster_partition_count = self._partition_count
+        manager.logs.on_offline_changed = self._on_offline_changed
 
     # ------------------------------------------------------------ lifecycle
 
@@ -195,8 +216,10 @@ class ClusterLink:
         self.port = port
         self.internal_port = internal_port
         self._load_meta()
+        self._loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self._registration(), name="broker-registration"),
+            asyncio.create_task(self._publish_offline(), name="broker-offline-partitions"),
             *(asyncio.create_task(w.run(), name=f"watch-{w.name}") for w in self._watchers),
         ]
 
@@ -237,6 +260,14 @@ class ClusterLink:
     # ------------------------------------------------------------ registration
 
     def _registration_value(self) -> bytes:
+        offline = self.manager.logs.offline_partitions()
+        if len(offline) > MAX_OFFLINE_REPORTED:
+            flood.warning(
+                "%d partition logs are offline; the registration lists the first %d",
+                len(offline),
+                MAX_OFFLINE_REPORTED,
+            )
+            offline = offline[:MAX_OFFLINE_REPORTED]
         return BrokerRegistration(
             broker_id=self.broker.broker_id,
             host=self.host,
@@ -247,7 +278,58 @@ class ClusterLink:
             max_partitions=self.manager.logs.partition_capacity,
             open_file_limit=self.manager.logs.open_file_limit,
             internal_port=self.internal_port,
+            offline_partitions=tuple(offline),
         ).encode()
+
+    def _on_offline_changed(self) -> None:
+        """LogManager.on_offline_changed: may run on a worker thread."""
+        if self._loop is not None:
+            # RuntimeError: the loop closed (the broker stopped meanwhile).
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._offline_changed.set)
+
+    async def _publish_offline(self) -> None:
+        """Rewrite the registration whenever the offline logs change (see
+        the module doc); retried while etcd is unreachable."""
+        while True:
+            await self._offline_changed.wait()
+            self._offline_changed.clear()
+            try:
+                await self._rewrite_registration()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    flood.exception("publishing the offline partitions failed")
+                await asyncio.sleep(RETRY_DELAY_S)
+                self._offline_changed.set()
+
+    async def _rewrite_registration(self) -> None:
+        """Put the current registration value in place of the one written
+        last, if it differs, under the same registration (its create
+        revision) and lease. Not registered: `_register` writes the current
+        value, and sets `_offline_changed` once registered."""
+        session = self._session
+        if session is None or not self.registered.is_set():
+            return
+        value = self._registration_value()
+        if value == self._registered_value:
+            return
+        key = self.keys.broker(self.broker.broker_id)
+        tx = self.client.transactions
+        ok, _ = await self.client.transaction(
+            compare=[tx.create(key) == self.registration_revision],
+            success=[tx.put(key, value, lease=session.lease_id)],
+            failure=[],
+        )
+        if not ok:
+            return  # the registration is gone: the next one lists them
+        self._registered_value = value
+        log.warning(
+            "broker %d registration now lists offline partitions %s",
+            self.broker.broker_id,
+            [f"{t}-{p}" for t, p in BrokerRegistration.decode(value).offline_partitions],
+        )
 
     async def _registration(self) -> None:
         while True:
@@ -259,6 +341,8 @@ class ClusterLink:
                     await asyncio.sleep(RETRY_DELAY_S)
                     continue
                 self.registered.set()
+                # A log that went offline while registering: published now.
+                self._offline_changed.set()
                 log.info(
                     "broker %d registered in etcd %s under %s (lease %x)",
                     self.broker.broker_id,
@@ -287,9 +371,10 @@ class ClusterLink:
         """Put our key bound to `session`; False while another lease holds it."""
         key = self.keys.broker(self.broker.broker_id)
         tx = self.client.transactions
+        value = self._registration_value()
         ok, responses = await self.client.transaction(
             compare=[tx.create(key) == 0],
-            success=[tx.put(key, self._registration_value(), lease=session.lease_id)],
+            success=[tx.put(key, value, lease=session.lease_id)],
             failure=[tx.get(key)],
         )
         if ok:
@@ -307,6 +392,8 @@ class ClusterLink:
                 )
                 return False
             revision = holder.create_revision
+            value = holder.value
+        self._registered_value = value
         async with self._hosting:
             # Leaderships written before it were a previous incarnation's.
             self.registration_revision = revision

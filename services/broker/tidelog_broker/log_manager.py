@@ -171,6 +171,12 @@ class LogManager:
         #: Called when a hosted partition's log closes or goes (cluster mode):
         #: the replica manager forgets its state. Set by ReplicaManager.
         self.on_partition_closed: Callable[[str, int], None] = lambda _topic, _partition: None
+        #: Called when the set of offline logs (`offline_partitions`) may
+        #: have changed: a log went offline (maybe on a worker thread), or
+        #: an offline one closed. The ClusterLink publishes the set in the
+        #: broker's registration, so the controller neither elects these
+        #: replicas nor keeps them in the ISR.
+        self.on_offline_changed: Callable[[], None] = lambda: None
         #: The open-file limit and the partition replicas it allows
         #: (resources.py); both go into the etcd registration.
         self.open_file_limit = open_file_limit()
@@ -241,6 +247,7 @@ class LogManager:
                     self._config.data_dir / log_dir_name(name, p), name, p, config, self._clock
                 )
                 logs.append(partition_log)
+                partition_log.on_offline = self._offline_changed
                 if leader_epochs and p in leader_epochs:
                     partition_log.leader_epochs.assign(
                         leader_epochs[p], partition_log.log_end_offset
@@ -290,17 +297,24 @@ class LogManager:
         failure (`PartitionLog.offline`) is StorageError for every path, as
         Kafka's offline replicas answer KAFKA_STORAGE_ERROR: its offsets are
         not to be served nor fetched from, until a restart opens it again."""
+        partition_log = self.hosted_log(topic, partition)
+        if partition_log.offline is not None:
+            raise StorageError(
+                f"the log of {topic}-{partition} on broker {self._config.broker_id} is offline "
+                f"({partition_log.offline}): restart the broker to open it again"
+            )
+        return partition_log
+
+    def hosted_log(self, topic: str, partition: int) -> PartitionLog:
+        """The log of a partition hosted here, offline or not (for what
+        only records the partition's state, such as a follower's role),
+        else the error saying why not (`_not_served`)."""
         validate_topic_name(topic)
         hosted = self._topics.get(topic)
         # Only partitions in range are ever hosted: the checks are the miss's.
         partition_log = None if hosted is None else hosted.hosted.get(partition)
         if partition_log is None:
             raise self._not_served(topic, partition)
-        if partition_log.offline is not None:
-            raise StorageError(
-                f"the log of {topic}-{partition} on broker {self._config.broker_id} is offline "
-                f"({partition_log.offline}): restart the broker to open it again"
-            )
         return partition_log
 
     def _not_served(self, name: str, partition: int) -> TidelogError:
@@ -503,9 +517,12 @@ class LogManager:
             return
         removed = set(topic.hosted) - wanted
         for partition in removed:
-            topic.hosted.pop(partition).close()
+            closed = topic.hosted.pop(partition)
+            closed.close()
             self.on_partition_closed(spec.name, partition)
             self.wake((spec.name, partition))
+            if closed.offline is not None:
+                self.on_offline_changed()
         added = self._open_topic(spec, wanted - set(topic.hosted), opened)
         topic.hosted.update(added.hosted)
         topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
@@ -538,7 +555,22 @@ class LogManager:
                 partition_log.close()
             self.on_partition_closed(name, partition)
             self.wake((name, partition))
+        if any(partition_log.offline is not None for partition_log in topic.hosted.values()):
+            self.on_offline_changed()
         log.info("%s topic %s", "deleted" if delete_data else "closed", name)
+
+    def offline_partitions(self) -> list[TopicPartitionKey]:
+        """The hosted partitions whose log a storage failure took offline
+        (`PartitionLog.offline`), sorted."""
+        return sorted(
+            (name, partition)
+            for name, topic in self._topics.items()
+            for partition, partition_log in topic.hosted.items()
+            if partition_log.offline is not None
+        )
+
+    def _offline_changed(self) -> None:
+        self.on_offline_changed()
 
     def local_topics(self) -> dict[str, list[int]]:
         """Cluster mode: topics with log directories on disk, open or not

@@ -56,6 +56,12 @@ class ReplicaManager:
         #: not registered, so not alive); set by ClusterLink. Replica fetches
         #: and ISR expansion are bound to it.
         self.registration_of: RegistrationOf = lambda _broker_id: None
+        #: Cluster mode: whether a broker's registration lists its replica of
+        #: a partition offline (broker, topic, partition); set by ClusterLink.
+        #: Such a replica never joins the ISR: the controller removed it, and
+        #: its progress from before its log went offline must not bring it
+        #: back within replica.lag.time.max.ms.
+        self.replica_offline: Callable[[int, str, int], bool] = lambda _b, _t, _p: False
         #: Cluster mode: writes a proposed ISR to etcd (fenced), True when
         #: written and False when refused; set by ClusterLink. The list it
         #: gets is the proposal itself (PartitionReplication.propose_isr): once
@@ -128,7 +134,13 @@ class ReplicaManager:
         followers' progress and may move the HW, as may the end of an ISR
         proposal (PartitionReplication.maximal_isr)."""
         key = (topic, partition)
-        partition_log = self._logs.partition_log(topic, partition)
+        # An offline log may follow or have no leader (the controller moved
+        # leadership off it: this broker must stop leading), but never lead:
+        # leading needs its log end (StorageError, as before).
+        if role is Role.LEADER:
+            partition_log = self._logs.partition_log(topic, partition)
+        else:
+            partition_log = self._logs.hosted_log(topic, partition)
         me = self._config.broker_id
         old = self._replication.get(key)
         if old is not None and old.role is role and old.leader_epoch == leader_epoch:
@@ -245,7 +257,11 @@ class ReplicaManager:
         replication.on_follower_fetch(follower, fetch_offset, leo, now_ms, registration)
         self._advance_high_watermark(replication, partition_log)
         expanded = replication.isr_to_expand(
-            now_ms, self._config.replica_lag_time_max_ms, self.registration_of
+            now_ms,
+            self._config.replica_lag_time_max_ms,
+            lambda r: (
+                None if self.replica_offline(r, topic, partition) else self.registration_of(r)
+            ),
         )
         if expanded is not None:
             self._propose_isr(replication, expanded)

@@ -17,6 +17,17 @@ partition state, and for each partition decides:
 - preferred leader election (every `leader_imbalance_check_interval_ms`): the
   first replica is alive, in the ISR, and not the leader: it leads again.
 
+A replica whose broker lists the partition among its offline logs (its
+registration's `offline_partitions`: a reset or truncation failed part-way,
+and the log serves nothing until the broker restarts) counts as gone for
+that partition alone, as KRaft's controller treats a replica on a failed log
+directory: it is never elected (not even by an unclean election), it leaves
+the ISR in the same epoch, and a leader that reports it moves leadership to
+another ISR member in a new epoch (or, with none, leaves the partition
+leaderless with the ISR kept, so that it leads again once a restart
+recovered its log). A broker of an older release lists nothing, which means
+nothing is offline.
+
 Every write is a transaction comparing the state key's mod revision (a write
 by the leader, such as an ISR change, in between makes the pass skip it; the
 next pass sees the new state) and the controller's election key (fencing).
@@ -38,6 +49,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,13 +80,18 @@ def decide(
     unclean: bool,
     preferred: bool,
     restarted: frozenset[int] | set[int] = frozenset(),
+    offline: frozenset[int] | set[int] = frozenset(),
 ) -> PartitionState | None:
     """The new state of one partition, or None to leave it (pure; tested alone).
 
     `restarted`: live brokers registered after this state was written. They
     died and came back since, maybe with a torn log, so they count as gone
     (not in the ISR, not leading) unless nobody else can lead.
+    `offline`: live brokers whose replica of this partition is offline
+    (see the module doc): gone, for this partition, whatever else happens.
     """
+    if offline:
+        live = live - set(offline)
     leader, epoch, isr, version = state.leader, state.leader_epoch, list(state.isr), state.version
     steady = live - set(restarted)
     live_isr = [b for b in isr if b in steady]
@@ -156,10 +173,12 @@ class LeaderElector:
 
     async def elect_once(self, fence: Any, preferred: bool) -> int:
         """One pass over every partition; returns how many states it wrote."""
-        registered = {
-            BrokerRegistration.decode(kv.value).broker_id: kv.create_revision
+        registrations = [
+            (BrokerRegistration.decode(kv.value), kv.create_revision)
             for kv in await self.client.get_prefix(self.keys.brokers)
-        }
+        ]
+        registered = {registration.broker_id: rev for registration, rev in registrations}
+        offline_of = offline_replicas(registration for registration, _ in registrations)
         live = set(registered)
         topics = {}
         for kv in await self.client.get_prefix(self.keys.topics):
@@ -180,9 +199,10 @@ class LeaderElector:
                 unclean_of[tp.topic] = _unclean_election(topic)
             state = PartitionState.decode(kv.value)
             restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
-            new = decide(replicas, state, live, unclean_of[tp.topic], preferred, restarted)
+            offline = offline_of.get((tp.topic, partition), frozenset())
+            new = decide(replicas, state, live, unclean_of[tp.topic], preferred, restarted, offline)
             if new is not None:
-                changes.append(_Change(f"{tp.topic}-{partition}", kv, state, new))
+                changes.append(_Change(f"{tp.topic}-{partition}", kv, state, new, offline))
         written: list[_Change] = []
         for start in range(0, len(changes), self.partitions_per_txn):
             batch = await self._write(fence, changes[start : start + self.partitions_per_txn])
@@ -192,7 +212,7 @@ class LeaderElector:
         for change in written:
             old, new = change.old, change.new
             log.info(
-                "%s: leader %s -> %s, epoch %s -> %s, isr %s -> %s (live brokers %s)",
+                "%s: leader %s -> %s, epoch %s -> %s, isr %s -> %s (live brokers %s%s)",
                 change.name,
                 old.leader,
                 new.leader,
@@ -201,6 +221,7 @@ class LeaderElector:
                 list(old.isr),
                 list(new.isr),
                 sorted(live),
+                f"; offline replicas {sorted(change.offline)}" if change.offline else "",
             )
         return len(written)
 
@@ -240,6 +261,20 @@ class _Change:
     kv: Any
     old: PartitionState
     new: PartitionState
+    #: The partition's offline replicas, as the pass read them.
+    offline: frozenset[int] = frozenset()
+
+
+def offline_replicas(
+    registrations: Iterable[BrokerRegistration],
+) -> dict[tuple[str, int], frozenset[int]]:
+    """(topic, partition) -> the brokers whose replica of it is offline, as
+    their registrations list them (see the module doc)."""
+    offline: dict[tuple[str, int], set[int]] = {}
+    for registration in registrations:
+        for tp in registration.offline_partitions:
+            offline.setdefault(tp, set()).add(registration.broker_id)
+    return {tp: frozenset(brokers) for tp, brokers in offline.items()}
 
 
 def _unclean_election(topic: TopicAssignment) -> bool:

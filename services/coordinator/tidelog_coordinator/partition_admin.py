@@ -42,7 +42,7 @@ from tidelog_server.etcd.records import (
 )
 
 from tidelog_coordinator import reassignment as rules
-from tidelog_coordinator.leader_election import decide
+from tidelog_coordinator.leader_election import decide, offline_replicas
 from tidelog_coordinator.metadata import MAX_PARTITIONS, TOPICS_READ_ONE_BY_ONE, MetadataManager
 from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
 
@@ -221,7 +221,13 @@ class PartitionAdmin:
         of them for partitions whose preferred replica already leads. Only
         the partitions that change are written, ELECTION_CONCURRENCY at a
         time."""
-        registered = await self._live()
+        registrations = [
+            (BrokerRegistration.decode(kv.value), kv.create_revision)
+            for kv in await self.client.get_prefix(self.keys.brokers)
+        ]
+        registered = {registration.broker_id: rev for registration, rev in registrations}
+        # A replica whose log is offline is never elected (leader_election).
+        offline_of = offline_replicas(registration for registration, _ in registrations)
         topics = {
             t.name: t
             for t in (
@@ -248,7 +254,8 @@ class PartitionAdmin:
         async def elect(tp: TopicPartition) -> ElectionResult:
             read = states.get(self.keys.partition_state(tp.topic, tp.partition))
             async with writers:
-                return await self._elect_one(tp, topics.get(tp.topic), registered, read)
+                offline = offline_of.get((tp.topic, tp.partition), frozenset())
+                return await self._elect_one(tp, topics.get(tp.topic), registered, read, offline)
 
         return list(await asyncio.gather(*(elect(tp) for tp in wanted)))
 
@@ -258,9 +265,11 @@ class PartitionAdmin:
         topic: TopicAssignment | None,
         registered: dict[int, int],
         read: Any,
+        offline: frozenset[int] = frozenset(),
     ) -> ElectionResult:
         """One partition's election; `read` is its state as the caller read
-        it (None: not there), used for the first attempt only."""
+        it (None: not there), used for the first attempt only; `offline`:
+        the brokers whose replica of it is offline."""
         name = f"{tp.topic}-{tp.partition}"
         if topic is None or not 0 <= tp.partition < len(topic.replicas):
             return ElectionResult(
@@ -275,20 +284,21 @@ class PartitionAdmin:
                 state, got = self._decoded(tp, read) if attempt == 0 else await self._state(tp)
             except UnknownTopicOrPartitionError as exc:
                 return ElectionResult(tp, -1, exc)
-            if state.leader == preferred and preferred in registered:
+            if state.leader == preferred and preferred in registered and preferred not in offline:
                 return ElectionResult(
                     tp,
                     state.leader,
                     ElectionNotNeededError(f"{name}: preferred replica {preferred} already leads"),
                 )
             restarted = {b for b, rev in registered.items() if rev > got.mod_revision}
-            new = decide(replicas, state, set(registered), False, True, restarted)
+            new = decide(replicas, state, set(registered), False, True, restarted, offline)
             if new is None or new.leader != preferred:
-                why = (
-                    "is not alive"
-                    if preferred not in registered
-                    else f"is not in the ISR {list(state.isr)}"
-                )
+                if preferred not in registered:
+                    why = "is not alive"
+                elif preferred in offline:
+                    why = "has its log offline (a storage failure; restart the broker)"
+                else:
+                    why = f"is not in the ISR {list(state.isr)}"
                 return ElectionResult(
                     tp,
                     state.leader,

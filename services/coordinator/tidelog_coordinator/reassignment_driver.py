@@ -31,6 +31,7 @@ from tidelog_server.etcd.records import BrokerRegistration, PartitionState, Topi
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_coordinator import reassignment as rules
+from tidelog_coordinator.leader_election import offline_replicas
 
 log = logging.getLogger("tidelog.coordinator.reassignment")
 flood = RateLimitedLog(log)
@@ -67,10 +68,13 @@ class ReassignmentDriver:
                 moving.append((topic, kv.mod_revision))
         if not moving:
             return 0
-        live = {
-            BrokerRegistration.decode(kv.value).broker_id
+        registrations = [
+            BrokerRegistration.decode(kv.value)
             for kv in await self.client.get_prefix(self.keys.brokers)
-        }
+        ]
+        live = {registration.broker_id for registration in registrations}
+        # A replica whose log is offline never leads (leader_election).
+        offline_of = offline_replicas(registrations)
         done = 0
         for topic, topic_revision in moving:
             # One transaction per partition: each compares the topic record's
@@ -84,7 +88,8 @@ class ReassignmentDriver:
                 state = PartitionState.decode(got.value)
                 if not rules.is_complete(reassignment, state):
                     continue
-                new_state = rules.state_for_replicas(reassignment.target, state, live)
+                offline = offline_of.get((topic.name, partition), frozenset())
+                new_state = rules.state_for_replicas(reassignment.target, state, live - offline)
                 if new_state is None:
                     continue  # no target replica alive in the ISR: wait
                 replicas = list(topic.replicas)

@@ -50,6 +50,7 @@ def check_no_expansion_within_the_epoch(old: PartitionState, new: PartitionState
     unclean=st.booleans(),
     preferred=st.booleans(),
     restarted=BROKER_SETS,
+    offline=BROKER_SETS,
 )
 def test_leader_election_never_adds_to_the_isr_within_an_epoch(
     replicas: list[int],
@@ -58,9 +59,41 @@ def test_leader_election_never_adds_to_the_isr_within_an_epoch(
     unclean: bool,
     preferred: bool,
     restarted: set[int],
+    offline: set[int],
 ) -> None:
-    new = decide(replicas, state, live, unclean, preferred, restarted & live)
+    new = decide(replicas, state, live, unclean, preferred, restarted & live, offline & live)
     check_no_expansion_within_the_epoch(state, new)
+
+
+@given(
+    replicas=BROKER_LISTS,
+    state=STATES,
+    live=BROKER_SETS,
+    unclean=st.booleans(),
+    preferred=st.booleans(),
+    restarted=BROKER_SETS,
+    offline=BROKER_SETS,
+)
+def test_leader_election_never_leaves_an_offline_replica_leading_or_in_a_led_isr(
+    replicas: list[int],
+    state: PartitionState,
+    live: set[int],
+    unclean: bool,
+    preferred: bool,
+    restarted: set[int],
+    offline: set[int],
+) -> None:
+    """A replica whose log is offline (its broker's registration says so)
+    is never elected, and a partition with a live leader keeps none in its
+    ISR: the decision moves the leadership and shrinks the ISR, or the
+    state it leaves already has neither. (Leaderless, the ISR is kept: its
+    members are the ones to wait for.)"""
+    offline &= live
+    new = decide(replicas, state, live, unclean, preferred, restarted & live, offline)
+    after = state if new is None else new
+    if after.leader >= 0 and after.leader in live:
+        assert after.leader not in offline, (state, new)
+        assert not offline & set(after.isr), (state, new)
 
 
 @given(replicas=BROKER_LISTS, state=STATES, live=BROKER_SETS)

@@ -16,10 +16,10 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import Any
 
-from tidelog.errors import ElectionNotNeededError
+from tidelog.errors import ElectionNotNeededError, PreferredLeaderNotAvailableError
 from tidelog.types import TopicPartition
 from tidelog_coordinator.partition_admin import PartitionAdmin
-from tidelog_server.etcd.records import PartitionState
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState
 
 from tests.support.etcd import EtcdProcess
 from tests.unit.coordinator.partition_states import (
@@ -78,3 +78,29 @@ def test_only_the_partitions_whose_leader_changes_are_written(
     assert all(states[p].leader_epoch == 2 for p in moved)
     # Brokers, topics, the one topic's states; one transaction per change.
     assert calls == {"get_prefix": 3, "transaction": len(moved)}, calls
+
+
+def test_a_preferred_replica_whose_log_is_offline_is_not_elected(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    """Its broker's registration lists the partition offline: the election
+    answers so and writes nothing (the controller's pass moves leadership
+    off an offline leader; see test_leader_election_offline)."""
+
+    async def run() -> tuple[Any, Any, PartitionState]:
+        # Partition 0 prefers broker 0; broker 1 leads it.
+        async with cluster_in_etcd(etcd.endpoint, prefix, "big", [1, 1]) as (raw, keys):
+            offline = BrokerRegistration(0, "127.0.0.1", 9092, offline_partitions=(("big", 0),))
+            await raw.put(keys.broker(0), offline.encode())
+            admin = PartitionAdmin(SimpleNamespace(client=raw, keys=keys))  # type: ignore[arg-type]
+            zero, one = TopicPartition("big", 0), TopicPartition("big", 1)
+            results = {r.tp: r for r in await admin.elect_preferred([zero, one])}
+            (state,) = await read_states(raw, keys, "big", 1)
+            return results[zero], results[one], state
+
+    zero, one, state = asyncio.run(run())
+    assert isinstance(zero.error, PreferredLeaderNotAvailableError)
+    assert "log offline" in str(zero.error)
+    assert state.leader == 1 and state.leader_epoch == 1
+    # Partition 1 prefers broker 1, which leads it already.
+    assert isinstance(one.error, ElectionNotNeededError)

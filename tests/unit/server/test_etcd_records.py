@@ -79,3 +79,17 @@ def test_a_broker_registration_carries_its_internal_listener() -> None:
     older = BrokerRegistration.decode(b'{"id": 2, "host": "h", "port": 9392}')
     assert older.internal_port is None
     assert older.internal_address == "h:9392"
+
+
+def test_a_broker_registration_lists_its_offline_partitions_by_topic() -> None:
+    registration = BrokerRegistration(
+        broker_id=1, host="h", port=1, offline_partitions=(("a-b", 3), ("a", 0), ("a-b", 1))
+    )
+    encoded = registration.encode()
+    assert b'"offline_partitions":{"a":[0],"a-b":[1,3]}' in encoded
+    decoded = BrokerRegistration.decode(encoded)
+    assert decoded.offline_partitions == (("a", 0), ("a-b", 1), ("a-b", 3))
+    # None offline: the field is left out (the bytes an older broker wrote),
+    # and an older broker's registration means nothing is offline.
+    assert b"offline" not in BrokerRegistration(1, "h", 1).encode()
+    assert BrokerRegistration.decode(b'{"id": 2, "host": "h", "port": 1}').offline_partitions == ()

@@ -185,6 +185,10 @@ class PartitionLog:
         # Why the log refuses every read and write (see the module
         # docstring), or None.
         self._offline: str | None = None
+        #: Called once when the log goes offline (on the thread that took
+        #: it offline): the LogManager tells the cluster (the broker's
+        #: registration lists its offline replicas for the controller).
+        self.on_offline: Callable[[], None] = lambda: None
         self._log_start_offset = max(log_start_offset, segments[0].base_offset)
         self._clean_offset = clean_offset
         self._gap_limit = gap_limit
@@ -290,8 +294,12 @@ class PartitionLog:
             raise self._take_offline(what, exc) from exc
 
     def _take_offline(self, what: str, exc: OSError) -> StorageError:
-        """Take the log offline; returns the error to raise."""
+        """Take the log offline (telling `on_offline` the first time);
+        returns the error to raise."""
+        first = self._offline is None
         self._offline = f"{what} failed part-way: {exc}"
+        if first:
+            self.on_offline()
         logger.error(
             "%s: %s failed part-way (%s): the log is offline until the broker restarts "
             "(opening it again recovers it)",

@@ -192,6 +192,12 @@ class ClusterView:
         live = self.brokers.get(broker_id)
         return None if live is None else live.revision
 
+    def lists_offline(self, broker_id: int, topic: str, partition: int) -> bool:
+        """Whether live broker `broker_id`'s registration lists its replica
+        of `topic`-`partition` as offline (`BrokerRegistration.offline_partitions`)."""
+        live = self.brokers.get(broker_id)
+        return live is not None and (topic, partition) in live.registration.offline_partitions
+
     def broker_address(self, broker_id: int) -> str | None:
         live = self.brokers.get(broker_id)
         if live is None or not live.registration.host or not live.registration.port:

@@ -4,7 +4,8 @@ Everything lives under a configurable prefix (default `/tidelog`), so several
 clusters (or tests) can share one etcd. Values are UTF-8 JSON.
 
     <prefix>/cluster_id                              cluster id, created once
-    <prefix>/brokers/ids/<broker_id>                 lease-bound {id, host, port, rack}
+    <prefix>/brokers/ids/<broker_id>                 lease-bound {id, host, port, rack, ...,
+                                                     offline_partitions}
     <prefix>/coordinators/<id>                       lease-bound {id, host, port}
     <prefix>/controller/<lease_id:x>                 election candidates, lease-bound
                                                      {id, host, port}; the lowest

@@ -56,6 +56,16 @@ class BrokerRegistration:
     (placement, leader election) and the other brokers (Metadata, replica
     fetching). `max_partitions` and `open_file_limit` are the resources the
     broker reports (None: an older broker that reports none).
+
+    `offline_partitions`: the replicas on this broker whose log a storage
+    failure took offline (a reset or truncation that failed part-way; they
+    serve nothing until the broker restarts), as Kafka's broker registration
+    lists its offline log directories. The broker rewrites its registration
+    (same key, same lease, so its create revision stays) when the set
+    changes; the controller elects none of them and drops them from the
+    ISR. Encoded as {topic: [partition, ...]} and left out when empty, so
+    that a registration without any is the bytes an older broker wrote (and
+    an older broker's registration means: nothing offline).
     """
 
     broker_id: int
@@ -69,6 +79,8 @@ class BrokerRegistration:
     #: None: a broker from before the listeners were split, which serves
     #: replication on its client port.
     internal_port: int | None = None
+    #: (topic, partition) of each offline replica here, sorted.
+    offline_partitions: tuple[tuple[str, int], ...] = ()
 
     @property
     def address(self) -> str:
@@ -85,6 +97,7 @@ class BrokerRegistration:
         max_partitions = data.get("max_partitions")
         open_files = data.get("open_file_limit")
         internal_port = data.get("internal_port")
+        offline = data.get("offline_partitions") or {}
         return cls(
             broker_id=int(data["id"]),
             host=str(data.get("host", "")),
@@ -93,6 +106,9 @@ class BrokerRegistration:
             max_partitions=None if max_partitions is None else int(max_partitions),
             open_file_limit=None if open_files is None else int(open_files),
             internal_port=None if internal_port is None else int(internal_port),
+            offline_partitions=tuple(
+                sorted((str(t), int(p)) for t, ps in offline.items() for p in ps)
+            ),
         )
 
     def encode(self) -> bytes:
@@ -108,6 +124,11 @@ class BrokerRegistration:
             body["open_file_limit"] = self.open_file_limit
         if self.internal_port is not None:
             body["internal_port"] = self.internal_port
+        if self.offline_partitions:
+            offline: dict[str, list[int]] = {}
+            for topic, partition in sorted(self.offline_partitions):
+                offline.setdefault(topic, []).append(partition)
+            body["offline_partitions"] = offline
         return _compact(body)
 
 

@@ -1,0 +1,159 @@
+"""The controller's election pass (LeaderElector.elect_once) against a real
+etcd, with brokers whose registration lists offline partition logs
+(`BrokerRegistration.offline_partitions`: a reset or truncation failed
+part-way and the log serves nothing until the broker restarts).
+
+Before, the controller never knew: a leader whose log went offline stayed
+leader while answering STORAGE_ERROR to everything, and when a leader died
+before the ISR shrank (replica.lag.time.max.ms), the offline replica could
+be elected, leaving the partition unavailable until a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from tidelog_coordinator.leader_election import LeaderElector
+from tidelog_server.etcd import connect
+from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
+
+from tests.support.etcd import EtcdProcess
+
+TOPIC = "events"
+REPLICAS = (0, 1, 2)
+
+
+async def register(
+    client: Any, keys: Keys, broker: int, offline: tuple[tuple[str, int], ...] = ()
+) -> None:
+    """Broker `broker`'s registration as a broker writes it; spelled out
+    here, so that the wire format (which brokers and coordinators of other
+    releases read) cannot change unnoticed."""
+    value: dict[str, Any] = {"host": "127.0.0.1", "id": broker, "port": 9092 + broker, "rack": ""}
+    if offline:
+        value["offline_partitions"] = {}
+        for topic, partition in offline:
+            value["offline_partitions"].setdefault(topic, []).append(partition)
+    raw = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    assert BrokerRegistration.decode(raw).offline_partitions == tuple(sorted(offline))
+    assert BrokerRegistration.decode(raw).encode() == raw
+    await client.put(keys.broker(broker), raw)
+
+
+def run_passes(
+    etcd: EtcdProcess,
+    prefix: bytes,
+    state: PartitionState,
+    offline_on: dict[int, tuple[tuple[str, int], ...]],
+    live: tuple[int, ...] = REPLICAS,
+    between: Callable[[Any, Keys], Awaitable[None]] | None = None,
+    unclean: bool = False,
+) -> list[PartitionState]:
+    """TOPIC's partition 0 on REPLICAS in `state`; brokers `live` registered
+    (those in `offline_on` listing those partitions offline); one pass, then
+    `between` (if given) and another pass. Returns the state after each."""
+
+    async def run() -> list[PartitionState]:
+        client = connect(etcd.endpoint)
+        keys = Keys(prefix.decode().rstrip("/"))
+        try:
+            for broker in live:
+                await register(client, keys, broker, offline_on.get(broker, ()))
+            configs = {"unclean.leader.election.enable": "true"} if unclean else {}
+            record = TopicAssignment(TOPIC, uuid.uuid4().hex, (REPLICAS,), configs)
+            await client.put(keys.topic(TOPIC), record.encode())
+            await client.put(keys.partition_state(TOPIC, 0), state.encode())
+            elector = LeaderElector(client, keys, preferred_interval_ms=0)
+            states = []
+            for step in range(2 if between is not None else 1):
+                if step == 1 and between is not None:
+                    await between(client, keys)
+                await elector.elect_once(None, preferred=False)
+                got = await client.get(keys.partition_state(TOPIC, 0))
+                states.append(PartitionState.decode(got.value))
+            return states
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
+
+
+def test_a_leader_whose_log_is_offline_is_replaced_by_another_isr_member(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
+    (after,) = run_passes(etcd, prefix, state, {0: ((TOPIC, 0),)})
+    assert after == PartitionState(leader=1, leader_epoch=4, isr=(1, 2), version=6)
+
+
+def test_an_offline_replica_is_not_elected_when_the_leader_dies(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    # Leader 0 died (not registered) before its ISR shrank; replica 1, next
+    # in placement order, has its log offline: 2 leads.
+    state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
+    (after,) = run_passes(etcd, prefix, state, {1: ((TOPIC, 0),)}, live=(1, 2))
+    assert after == PartitionState(leader=2, leader_epoch=4, isr=(2,), version=6)
+
+
+def test_an_offline_follower_leaves_the_isr_in_the_same_epoch(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
+    (after,) = run_passes(etcd, prefix, state, {2: ((TOPIC, 0),)})
+    assert after == PartitionState(leader=0, leader_epoch=3, isr=(0, 1), version=6)
+
+
+def test_offline_logs_of_other_partitions_change_nothing(etcd: EtcdProcess, prefix: bytes) -> None:
+    state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
+    (after,) = run_passes(etcd, prefix, state, {0: ((TOPIC, 1), ("other", 0))})
+    assert after == state
+
+
+def test_an_offline_only_isr_member_waits_for_its_restart_not_an_unclean_choice(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    # Only leader 0 is in the ISR and its log is offline: nobody else has
+    # every acknowledged record, so the partition has no leader (a new
+    # epoch fences 0) and keeps its ISR; a restart (a new registration,
+    # listing nothing offline) recovers the log and 0 leads again.
+    async def broker_0_restarts(client: Any, keys: Keys) -> None:
+        await client.delete(keys.broker(0))
+        await register(client, keys, 0)
+
+    state = PartitionState(leader=0, leader_epoch=3, isr=(0,), version=5)
+    fenced, restarted = run_passes(
+        etcd, prefix, state, {0: ((TOPIC, 0),)}, between=broker_0_restarts
+    )
+    assert fenced == PartitionState(leader=-1, leader_epoch=4, isr=(0,), version=6)
+    assert restarted == PartitionState(leader=0, leader_epoch=5, isr=(0,), version=7)
+
+
+def test_an_unclean_election_never_picks_an_offline_replica(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    # ISR [0] and 0 died; 1 is offline, 2 is not: the unclean choice is 2.
+    state = PartitionState(leader=0, leader_epoch=3, isr=(0,), version=5)
+    (after,) = run_passes(etcd, prefix, state, {1: ((TOPIC, 0),)}, live=(1, 2), unclean=True)
+    assert after == PartitionState(leader=2, leader_epoch=4, isr=(2,), version=6)
+
+
+def test_a_registration_of_an_older_broker_lists_nothing_offline(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    # The bytes an older broker writes: no offline_partitions field.
+    old = b'{"host":"127.0.0.1","id":0,"port":9092,"rack":""}'
+    assert BrokerRegistration.decode(old).offline_partitions == ()
+    assert BrokerRegistration.decode(old).encode() == old
+
+    async def older_broker_0(client: Any, keys: Keys) -> None:
+        await client.put(keys.broker(0), old)
+
+    state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
+    (first, second) = run_passes(etcd, prefix, state, {}, between=older_broker_0)
+    assert first == second == state
