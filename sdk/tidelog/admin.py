@@ -150,6 +150,7 @@ def _description(topic: admin_pb2.TopicDescription) -> TopicDescription:
                 adding_replicas=list(p.adding_replicas),
                 removing_replicas=list(p.removing_replicas),
                 error=(error_from_code(p.error.code, p.error.message) if p.error.code else None),
+                offline_replicas=list(p.offline_replicas),
             )
             for p in sorted(topic.partitions, key=lambda p: p.partition)
         ],

@@ -226,6 +226,10 @@ class PartitionInfo:
     #: Why the figures are unknown (-1); None when they are the leader's
     #: (and from a broker older than this field, which never says).
     error: TidelogError | None = None
+    #: Replicas whose log their broker lists offline (a storage failure
+    #: took it offline until that broker restarts): never elected leader,
+    #: out of the ISR. Empty when none is, and from older servers.
+    offline_replicas: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -25,19 +25,25 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
+import grpc
 import pytest
 from tidelog import AdminClient, NewTopic, Producer, TopicPartition
+from tidelog.v1 import log_pb2, log_pb2_grpc
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState
 
 from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
+from tests.support.processes import BrokerProcess
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 
@@ -93,9 +99,19 @@ def eventually(read: Callable[[], T], check: Callable[[T], bool], what: str) -> 
         time.sleep(0.1)
 
 
-def test_an_offline_replica_is_not_elected_and_leads_after_its_restart(
-    cluster: ClusterProcesses,
-) -> None:
+@dataclass(frozen=True)
+class OfflineFollower:
+    leader: BrokerProcess
+    follower: BrokerProcess
+    other: BrokerProcess
+    #: The directory that fails the follower's reset (remove it to heal).
+    fault: Path
+
+
+def take_a_follower_log_offline(cluster: ClusterProcesses) -> OfflineFollower:
+    """Create TOPIC (one partition, three replicas, unclean election on) and
+    make a follower's reset fail part-way (module doc); returns once that
+    follower lists its log offline in its registration."""
     with AdminClient(cluster.bootstrap) as admin:
         admin.create_topics([NewTopic(TOPIC, 1, 3, {"unclean.leader.election.enable": "true"})])
     state = eventually(
@@ -132,6 +148,14 @@ def test_an_offline_replica_is_not_elected_and_leads_after_its_restart(
         f"broker {follower.broker_id} lists its offline log",
     )
     assert listed == ((TOPIC, 0),)
+    return OfflineFollower(leader, follower, other, fault)
+
+
+def test_an_offline_replica_is_not_elected_and_leads_after_its_restart(
+    cluster: ClusterProcesses,
+) -> None:
+    taken = take_a_follower_log_offline(cluster)
+    leader, follower, other, fault = taken.leader, taken.follower, taken.other, taken.fault
 
     # Only the leader is in sync; it dies. The only live replica is the
     # offline one: an unclean election would pick it, the controller must not.
@@ -161,3 +185,77 @@ def test_an_offline_replica_is_not_elected_and_leads_after_its_restart(
         f"broker {follower.broker_id} leads after its restart",
     )
     assert offline_listed(cluster, follower.broker_id) == ()
+
+
+def offline_in_metadata(address: str) -> list[int]:
+    """TOPIC-0's offline replicas in the Metadata answer of `address`."""
+    with grpc.insecure_channel(address) as channel:
+        answer = log_pb2_grpc.LogStub(channel).Metadata(
+            log_pb2.MetadataRequest(topics=[TOPIC]), timeout=DEADLINE_S
+        )
+    return list(answer.topics[0].partitions[0].offline_replicas)
+
+
+def describe_cli(cluster: ClusterProcesses, *flags: str) -> list[list[str]]:
+    """The rows (cells split on spaces) `tidelog topics describe TOPIC` prints."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tidelog.cli",
+            "topics",
+            "describe",
+            TOPIC,
+            *flags,
+            "--bootstrap-server",
+            cluster.bootstrap,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert result.returncode == 0, result.stderr
+    return [line.split() for line in result.stdout.splitlines()[1:]]
+
+
+def test_metadata_and_describe_show_the_offline_replica(
+    cluster: ClusterProcesses, tmp_path: Path
+) -> None:
+    """Where a Kafka operator looks: Metadata's offline_replicas (every
+    broker's and the gateway's), AdminClient.describe_topics and `tidelog
+    topics describe` (Kafka's "Offline:"); gone after the broker's restart."""
+    gateway = cluster.add_gateway(tmp_path / "gw")
+    taken = take_a_follower_log_offline(cluster)
+    offline_id = taken.follower.broker_id
+    addresses = [b.address for b in cluster.brokers] + [gateway.address]
+    for address in addresses:
+        eventually(
+            lambda a=address: offline_in_metadata(a),  # type: ignore[misc]
+            lambda got: got == [offline_id],
+            f"Metadata from {address} lists broker {offline_id}'s replica offline",
+        )
+    with AdminClient(cluster.bootstrap) as admin:
+        (described,) = admin.describe_topics([TOPIC])
+    (info,) = described.partitions
+    assert info.offline_replicas == [offline_id]
+    assert offline_id in info.replicas and offline_id not in info.isr
+
+    header, row = describe_cli(cluster)
+    assert header[-1] == "offline" and row[-1] == str(offline_id)
+    (_, under) = describe_cli(cluster, "--under-replicated-partitions")
+    assert under[0] == "0"
+
+    # Disk fixed, broker restarted: nothing offline any more.
+    taken.follower.stop()
+    taken.fault.rmdir()
+    taken.follower.spawn()
+    for address in addresses:
+        eventually(
+            lambda a=address: offline_in_metadata(a),  # type: ignore[misc]
+            lambda got: got == [],
+            f"Metadata from {address} lists nothing offline after the restart",
+        )
+    with AdminClient(cluster.bootstrap) as admin:
+        assert admin.describe_topics([TOPIC])[0].partitions[0].offline_replicas == []
+    header, _ = describe_cli(cluster)
+    assert "offline" not in header

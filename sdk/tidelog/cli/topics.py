@@ -1,8 +1,11 @@
 """`tidelog topics create|list|describe|alter|delete`.
 
-`describe` can list only the partitions in trouble, as kafka-topics does:
-`--under-replicated-partitions` (fewer in-sync replicas than replicas),
-`--unavailable-partitions` (no live leader), `--under-min-isr-partitions`
+`describe` prints an `offline` column, as kafka-topics prints "Offline:",
+when a replica's log is offline (its broker lists it so: a storage failure,
+until that broker restarts). It can list only the partitions in trouble,
+as kafka-topics does: `--under-replicated-partitions` (fewer in-sync
+replicas than replicas, or an offline replica), `--unavailable-partitions`
+(no live leader, or a leader whose log is offline), `--under-min-isr-partitions`
 (fewer in-sync replicas than min.insync.replicas: acks=all writes fail) and
 `--at-min-isr-partitions`. `alter --partitions N` adds partitions.
 """
@@ -174,8 +177,10 @@ def _human_bytes(n: int) -> str:
 
 
 _FILTERS = {
-    "--under-replicated-partitions": "only partitions with fewer in-sync replicas than replicas",
-    "--unavailable-partitions": "only partitions without a live leader",
+    "--under-replicated-partitions": "only partitions with fewer in-sync replicas than "
+    "replicas, or with an offline replica",
+    "--unavailable-partitions": "only partitions without a live leader (or whose leader's "
+    "log is offline)",
     "--under-min-isr-partitions": "only partitions with fewer in-sync replicas than "
     "min.insync.replicas (acks=all writes to them fail)",
     "--at-min-isr-partitions": "only partitions with exactly min.insync.replicas in-sync replicas",
@@ -188,9 +193,17 @@ def in_trouble(
     """Whether `partition` passes the describe filter `only` (a _FILTERS flag)."""
     min_isr = int(topic.configs.get("min.insync.replicas", "1") or 1)
     if only == "--under-replicated-partitions":
-        return len(partition.isr) < len(partition.replicas)
+        # An offline replica leaves the ISR, but the controller may not have
+        # written that yet: it is under-replicated either way.
+        return len(partition.isr) < len(partition.replicas) or bool(partition.offline_replicas)
     if only == "--unavailable-partitions":
-        return partition.leader < 0 or partition.leader not in live
+        return (
+            partition.leader < 0
+            or partition.leader not in live
+            # Until leadership moves off it (or for good with no other ISR
+            # member), a leader whose log is offline serves nothing.
+            or partition.leader in partition.offline_replicas
+        )
     if only == "--under-min-isr-partitions":
         return len(partition.isr) < min_isr
     if only == "--at-min-isr-partitions":
@@ -246,6 +259,14 @@ def _describe(args: argparse.Namespace) -> int:
                     ",".join(map(str, p.adding_replicas)) or "-",
                     ",".join(map(str, p.removing_replicas)) or "-",
                 )
+                for row, p in zip(rows, topic.partitions, strict=True)
+            ]
+        if any(p.offline_replicas for p in topic.partitions):
+            # Kafka's "Offline:": replicas whose log a storage failure took
+            # offline (never elected, out of the ISR until their broker restarts).
+            header += ("offline",)
+            rows = [
+                (*row, ",".join(map(str, p.offline_replicas)) or "-")
                 for row, p in zip(rows, topic.partitions, strict=True)
             ]
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]

@@ -385,6 +385,7 @@ class PartitionDescription(_message.Message):
     ADDING_REPLICAS_FIELD_NUMBER: _builtins.int
     REMOVING_REPLICAS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    OFFLINE_REPLICAS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_id: _builtins.int
     """-1 while the partition has no leader."""
@@ -425,6 +426,14 @@ class PartitionDescription(_message.Message):
         and from servers older than this field.
         """
 
+    @_builtins.property
+    def offline_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Replicas whose log their broker lists offline in its registration (a
+        storage failure took it offline until the broker restarts): never
+        elected leader, out of the ISR (Kafka's offline replicas). Empty when
+        none is, and from servers older than this field.
+        """
+
     def __init__(
         self,
         *,
@@ -440,10 +449,11 @@ class PartitionDescription(_message.Message):
         adding_replicas: _abc.Iterable[_builtins.int] | None = ...,
         removing_replicas: _abc.Iterable[_builtins.int] | None = ...,
         error: _common_pb2.Error | None = ...,
+        offline_replicas: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "error", b"error", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "error", b"error", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "offline_replicas", b"offline_replicas", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -627,6 +627,7 @@ class PartitionMetadata(_message.Message):
     LEADER_EPOCH_FIELD_NUMBER: _builtins.int
     REPLICAS_FIELD_NUMBER: _builtins.int
     ISR_FIELD_NUMBER: _builtins.int
+    OFFLINE_REPLICAS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_id: _builtins.int
     """Broker id of the leader; -1 when there is none right now."""
@@ -642,6 +643,14 @@ class PartitionMetadata(_message.Message):
     def isr(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """Broker ids of the in-sync replicas."""
 
+    @_builtins.property
+    def offline_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Broker ids of the replicas whose log their broker lists offline (a
+        storage failure took it offline until the broker restarts): never
+        elected leader, out of the ISR, as Kafka's offline_replicas. Empty
+        when none is, and from servers older than this field.
+        """
+
     def __init__(
         self,
         *,
@@ -651,10 +660,11 @@ class PartitionMetadata(_message.Message):
         leader_epoch: _builtins.int = ...,
         replicas: _abc.Iterable[_builtins.int] | None = ...,
         isr: _abc.Iterable[_builtins.int] | None = ...,
+        offline_replicas: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "isr", b"isr", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "partition", b"partition", "replicas", b"replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["error", b"error", "isr", b"isr", "leader_epoch", b"leader_epoch", "leader_id", b"leader_id", "offline_replicas", b"offline_replicas", "partition", b"partition", "replicas", b"replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

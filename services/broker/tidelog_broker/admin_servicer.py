@@ -137,6 +137,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
         await self._check_topic_count(len(request.names), "DescribeTopics", context)
         response = admin_pb2.DescribeTopicsResponse()
         broker_id = self._config.broker_id
+        offline = set(self._manager.logs.offline_partitions())
         # Each name once (request_limits.distinct).
         for name in distinct(request.names) or self._manager.logs.topic_names():
             description = response.topics.add(name=name)
@@ -153,6 +154,7 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                     leader_id=broker_id,
                     replicas=[broker_id],
                     isr=[broker_id],
+                    offline_replicas=[broker_id] if (name, view.partition) in offline else [],
                     log_start_offset=view.log_start_offset,
                     log_end_offset=view.log_end_offset,
                     high_watermark=view.high_watermark,

@@ -297,6 +297,7 @@ class ClusterMetadata:
                     leader_epoch=0 if state is None else state.leader_epoch,
                     replicas=replicas,
                     isr=[] if state is None else state.isr,
+                    offline_replicas=view.offline_replicas(name, partition, replicas),
                 )
         return response
 

@@ -359,6 +359,8 @@ class LogServicer(log_pb2_grpc.LogServicer):
         )
         # Each name once, as in cluster mode (ClusterMetadata.answer).
         names = distinct(request.topics) or self._manager.topic_names()
+        # Alone, this broker's registration is its own log manager.
+        offline = set(self._manager.logs.offline_partitions())
         for name in names:
             topic_md = response.topics.add(name=name)
             try:
@@ -375,6 +377,7 @@ class LogServicer(log_pb2_grpc.LogServicer):
                     leader_epoch=0,
                     replicas=[config.broker_id],
                     isr=[config.broker_id],
+                    offline_replicas=[config.broker_id] if (name, partition) in offline else [],
                 )
         return response
 

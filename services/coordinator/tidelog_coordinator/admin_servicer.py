@@ -135,6 +135,7 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                                 isr=p.isr,
                                 adding_replicas=p.adding,
                                 removing_replicas=p.removing,
+                                offline_replicas=p.offline,
                             )
                             for p in item.partitions
                         ],

@@ -47,6 +47,7 @@ from tidelog_server.topic_configs import (
 )
 
 from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.leader_election import offline_replicas
 from tidelog_coordinator.placement import (
     BrokerSlot,
     check_assignment,
@@ -88,6 +89,8 @@ class PartitionRecord:
     #: A reassignment in progress: the replicas being added and those leaving.
     adding: tuple[int, ...] = ()
     removing: tuple[int, ...] = ()
+    #: Replicas whose broker's registration lists their log offline.
+    offline: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +345,12 @@ class MetadataManager:
             tp = self.keys.parse_partition_state_key(kv.key)
             if tp is not None:
                 states[tp] = PartitionState.decode(kv.value)
+        # What the controller reads too (leader_election.offline_replicas):
+        # a replica listed there is never elected and leaves the ISR.
+        offline = offline_replicas(
+            BrokerRegistration.decode(kv.value)
+            for kv in await self.client.get_prefix(self.keys.brokers)
+        )
         out: list[TopicRecord | Exception] = []
         for name in wanted:
             topic = topics.get(name)
@@ -361,6 +370,9 @@ class MetadataManager:
                         list(state.isr),
                         moving.adding if moving is not None else (),
                         moving.removing if moving is not None else (),
+                        tuple(
+                            b for b in replicas if b in offline.get((name, partition), frozenset())
+                        ),
                     )
                 )
             out.append(TopicRecord(name, topic.topic_id, parts_out, dict(topic.configs)))

@@ -260,6 +260,7 @@ class GatewayLogServicer(log_pb2_grpc.LogServicer):
                     leader_epoch=0 if state is None else state.leader_epoch,
                     replicas=replicas,
                     isr=() if state is None else state.isr,
+                    offline_replicas=view.known.offline_replicas(name, partition, replicas),
                 )
         return response
 

@@ -170,3 +170,29 @@ def test_out_of_sync_lists_the_partitions_a_live_leader_has_not_taken_back() -> 
     # ISR, so it no longer counts against broker 1.
     view.apply_brokers(WatchBatch(False, [Change(KEYS.broker(3), None, 8)]))
     assert view.out_of_sync(1) == [("t", 1)]
+
+
+def test_offline_replicas_are_those_live_registrations_list() -> None:
+    """What Metadata answers as a partition's offline replicas: in replica
+    order, only what a live broker's registration lists; a registration
+    without the field (an older broker) lists nothing."""
+    view = ClusterView(KEYS)
+    older = json.loads(BrokerRegistration(2, "h", 2).encode())
+    older.pop("offline_partitions", None)
+    listed = {
+        1: BrokerRegistration(1, "h", 1, offline_partitions=(("t", 0), ("u", 1))).encode(),
+        2: json.dumps(older).encode(),
+        3: BrokerRegistration(3, "h", 3, offline_partitions=(("t", 0),)).encode(),
+    }
+    view.apply_brokers(
+        WatchBatch(
+            True,
+            [Change(KEYS.broker(b), value, 5, create_revision=5) for b, value in listed.items()],
+        )
+    )
+    assert view.offline_replicas("t", 0, [3, 2, 1]) == [3, 1]
+    assert view.offline_replicas("t", 1, [3, 2, 1]) == []
+    assert view.offline_replicas("u", 1, [2, 3]) == []  # broker 1 holds no replica of it
+    # Broker 3's lease expires: its registration no longer says.
+    view.apply_brokers(WatchBatch(False, [Change(KEYS.broker(3), None, 9)]))
+    assert view.offline_replicas("t", 0, [3, 2, 1]) == [1]

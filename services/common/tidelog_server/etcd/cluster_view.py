@@ -198,6 +198,14 @@ class ClusterView:
         live = self.brokers.get(broker_id)
         return live is not None and (topic, partition) in live.registration.offline_partitions
 
+    def offline_replicas(self, topic: str, partition: int, replicas: list[int]) -> list[int]:
+        """Those of `replicas` whose live broker lists its log of
+        `topic`-`partition` offline, in replica order: what Metadata answers
+        as the partition's offline replicas. A broker that is not live is
+        not listed (its registration, gone with its lease, no longer says;
+        Kafka would list it), nor one whose registration predates the field."""
+        return [b for b in replicas if self.lists_offline(b, topic, partition)]
+
     def broker_address(self, broker_id: int) -> str | None:
         live = self.brokers.get(broker_id)
         if live is None or not live.registration.host or not live.registration.port:
