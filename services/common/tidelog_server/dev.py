@@ -198,8 +198,11 @@ def _die_with_parent() -> Callable[[], None] | None:
 def _answered_by(process: subprocess.Popen[bytes], *ports: int) -> bool:
     """Whether `process` itself listens on each of `ports`: until it exits,
     a process that took a port it was given answers there in its stead
-    (dev_ports.listens_on; where that cannot be told, the answer is trusted)."""
-    return all(listens_on(process.pid, port) is not False for port in ports)
+    (dev_ports.listens_on; where that cannot be told, the answer is trusted).
+    Asked again after the look: a child that exited meanwhile (a zombie
+    until reaped, whose sockets cannot be read) never counts as answering."""
+    answered = all(listens_on(process.pid, port) is not False for port in ports)
+    return answered and process.poll() is None
 
 
 def wait_until_etcd_healthy(

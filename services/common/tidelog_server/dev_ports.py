@@ -143,7 +143,9 @@ def listens_on(pid: int, port: int) -> bool | None:
         except OSError:
             continue  # no IPv6, say
     if not tables:
-        return None
+        # Neither table: a process that exited (a zombie until reaped has
+        # none), unless no process's can be read here (then: cannot tell).
+        return False if (_PROC / "self" / "net" / "tcp").is_file() else None
     for lines in tables:
         for line in lines:
             # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
