@@ -436,10 +436,12 @@ class Fetcher:
 
     def grant(self, credits: dict[int, int]) -> None:
         """Return consumed bytes to their sessions (session id -> bytes)."""
-        for session in self._all_sessions():
-            credit = credits.get(session.id)
-            if credit:
-                session.send(credit_bytes=credit)
+        # Once per poll: no list of the sessions built (_all_sessions).
+        for sessions in self._sessions.values():
+            for session in sessions:
+                credit = credits.get(session.id)
+                if credit:
+                    session.send(credit_bytes=credit)
 
     async def close(self) -> None:
         self._closed = True
@@ -466,6 +468,7 @@ class Fetcher:
             log.error("fetcher task failed", exc_info=task.exception())
 
     def _all_sessions(self) -> list[FetchSession]:
+        """Every open session, as a list (safe to await over)."""
         return [session for sessions in self._sessions.values() for session in sessions]
 
     def _session_for(self, part: _Partition, address: str) -> FetchSession | None:

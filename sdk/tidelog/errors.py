@@ -237,31 +237,36 @@ class InvalidRequestError(TidelogError):
     grpc_status = grpc.StatusCode.INVALID_ARGUMENT
 
 
-class PartitionsPerRequestError(InvalidRequestError):
-    """A request names more partitions than the server takes in one (the
-    gateway's --max-partitions-per-request). `limit` is that number; a
-    server refusing with it also names it, as digits, in the trailing
-    metadata key MAX_PARTITIONS_METADATA_KEY, so that a client can split
-    the request and send it again (the SDK does). Decodes, on the client,
-    to InvalidRequestError: the message and the key say the rest."""
+class NamedLimitError(InvalidRequestError):
+    """A refusal for a limit the server names to clients: `limit` is that
+    number, and a server refusing with it also puts it, as digits, in the
+    trailing metadata key `limit_metadata_key` (tidelog_server.service_errors),
+    so that a client can act on it (tidelog._partition_limits). Decodes, on
+    the client, to InvalidRequestError: the message and the key say the rest."""
+
+    limit_metadata_key: ClassVar[str]
 
     def __init__(self, message: str, limit: int) -> None:
         super().__init__(message)
         self.limit = limit
 
 
-class PartitionsPerFetchError(InvalidRequestError):
+class PartitionsPerRequestError(NamedLimitError):
+    """A request names more partitions than the server takes in one (the
+    gateway's --max-partitions-per-request), named in
+    MAX_PARTITIONS_METADATA_KEY: the client splits the request and sends it
+    again (the SDK does)."""
+
+    limit_metadata_key = "tidelog-max-partitions-per-request"
+
+
+class PartitionsPerFetchError(NamedLimitError):
     """A Fetch request would leave its stream reading more partitions at once
     than the server lets one stream read (the gateway's
-    --max-partitions-per-fetch). `limit` is that number; a server refusing
-    with it also names it, as digits, in the trailing metadata key
-    MAX_PARTITIONS_PER_FETCH_METADATA_KEY, so that a client can read its
-    partitions on several streams (the SDK does). Decodes, on the client, to
-    InvalidRequestError: the message and the key say the rest."""
+    --max-partitions-per-fetch), named in MAX_PARTITIONS_PER_FETCH_METADATA_KEY:
+    the client reads its partitions on several streams (the SDK does)."""
 
-    def __init__(self, message: str, limit: int) -> None:
-        super().__init__(message)
-        self.limit = limit
+    limit_metadata_key = "tidelog-max-partitions-per-fetch"
 
 
 class CommitFailedError(TidelogError):
@@ -507,7 +512,7 @@ ERROR_CODE_METADATA_KEY = "tidelog-error-code"
 #: in the initial metadata of each Produce and Fetch stream it accepts, and in
 #: the trailing metadata of a refusal for it (PartitionsPerRequestError).
 #: tidelog._partition_limits reads it.
-MAX_PARTITIONS_METADATA_KEY = "tidelog-max-partitions-per-request"
+MAX_PARTITIONS_METADATA_KEY = PartitionsPerRequestError.limit_metadata_key
 
 #: Metadata key in which the gateway names its --max-partitions-per-fetch
 #: (how many partitions one Fetch stream may read at once): in the initial
@@ -515,7 +520,7 @@ MAX_PARTITIONS_METADATA_KEY = "tidelog-max-partitions-per-request"
 #: a refusal for it (PartitionsPerFetchError). The SDK spreads the partitions
 #: it reads through that server over Fetch streams of at most that many
 #: (tidelog._fetcher, tidelog._partition_limits).
-MAX_PARTITIONS_PER_FETCH_METADATA_KEY = "tidelog-max-partitions-per-fetch"
+MAX_PARTITIONS_PER_FETCH_METADATA_KEY = PartitionsPerFetchError.limit_metadata_key
 
 
 def error_class_for_code(code_name: str) -> type[TidelogError]:

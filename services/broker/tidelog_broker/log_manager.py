@@ -570,6 +570,8 @@ class LogManager:
         )
 
     def _offline_changed(self) -> None:
+        # A method, not `on_offline_changed` itself: a log keeps what it was
+        # given at open, and the ClusterLink sets the hook after logs opened.
         self.on_offline_changed()
 
     def local_topics(self) -> dict[str, list[int]]:

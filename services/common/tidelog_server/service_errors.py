@@ -10,9 +10,8 @@ side, in two shapes:
 - whole-call errors (a malformed request) end the call with the error's gRPC
   status, its message, and the precise ErrorCode in the trailing metadata key
   `tidelog-error-code`, which the SDK turns back into the same exception (a
-  PartitionsPerRequestError also names its limit, in the key
-  `tidelog-max-partitions-per-request`, and a PartitionsPerFetchError in the
-  key `tidelog-max-partitions-per-fetch`).
+  NamedLimitError also names its limit, in its `limit_metadata_key`:
+  `tidelog-max-partitions-per-request`, `tidelog-max-partitions-per-fetch`).
 
 An exception that is not a TidelogError (and that the service's `translate`
 hook does not recognise) is a bug: it is logged with its traceback, reported
@@ -28,10 +27,7 @@ from typing import NoReturn
 import grpc
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
-    MAX_PARTITIONS_METADATA_KEY,
-    MAX_PARTITIONS_PER_FETCH_METADATA_KEY,
-    PartitionsPerFetchError,
-    PartitionsPerRequestError,
+    NamedLimitError,
     TidelogError,
     UnknownServerError,
 )
@@ -74,12 +70,9 @@ class ErrorMapper:
         """End the call with the gRPC status of `exc`."""
         error = self.as_tidelog_error(exc, what)
         trailing: tuple[tuple[str, str], ...] = ((ERROR_CODE_METADATA_KEY, error.code_name),)
-        if isinstance(error, PartitionsPerRequestError):
-            # The limit, for a client to split the request by (in words too,
-            # in the message, for a person).
-            trailing += ((MAX_PARTITIONS_METADATA_KEY, str(error.limit)),)
-        elif isinstance(error, PartitionsPerFetchError):
-            # The limit, for a client to spread its partitions over streams by.
-            trailing += ((MAX_PARTITIONS_PER_FETCH_METADATA_KEY, str(error.limit)),)
+        if isinstance(error, NamedLimitError):
+            # The limit, for a client to act on (to split a request, to spread
+            # partitions over streams); in words too, in the message.
+            trailing += ((error.limit_metadata_key, str(error.limit)),)
         await context.abort(error.grpc_status, error.message, trailing_metadata=trailing)
         raise AssertionError("context.abort returns only by raising")  # pragma: no cover

@@ -173,12 +173,8 @@ class LeaderElector:
 
     async def elect_once(self, fence: Any, preferred: bool) -> int:
         """One pass over every partition; returns how many states it wrote."""
-        registrations = [
-            (BrokerRegistration.decode(kv.value), kv.create_revision)
-            for kv in await self.client.get_prefix(self.keys.brokers)
-        ]
-        registered = {registration.broker_id: rev for registration, rev in registrations}
-        offline_of = offline_replicas(registration for registration, _ in registrations)
+        brokers = await read_live_brokers(self.client, self.keys)
+        registered = brokers.registered
         live = set(registered)
         topics = {}
         for kv in await self.client.get_prefix(self.keys.topics):
@@ -199,7 +195,7 @@ class LeaderElector:
                 unclean_of[tp.topic] = _unclean_election(topic)
             state = PartitionState.decode(kv.value)
             restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
-            offline = offline_of.get((tp.topic, partition), frozenset())
+            offline = brokers.offline_of(tp.topic, partition)
             new = decide(replicas, state, live, unclean_of[tp.topic], preferred, restarted, offline)
             if new is not None:
                 changes.append(_Change(f"{tp.topic}-{partition}", kv, state, new, offline))
@@ -263,6 +259,34 @@ class _Change:
     new: PartitionState
     #: The partition's offline replicas, as the pass read them.
     offline: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class LiveBrokers:
+    """The brokers registered in etcd, as one read of their keys shows them:
+    what every pass that elects or describes leaders needs of them."""
+
+    #: Broker id -> the create revision of its registration (a broker that
+    #: registered after a partition state was written restarted since).
+    registered: dict[int, int]
+    #: (topic, partition) -> the brokers whose replica of it is offline.
+    offline: dict[tuple[str, int], frozenset[int]]
+
+    def offline_of(self, topic: str, partition: int) -> frozenset[int]:
+        """The brokers whose replica of `topic`-`partition` is offline."""
+        return self.offline.get((topic, partition), frozenset())
+
+
+async def read_live_brokers(client: Any, keys: Any) -> LiveBrokers:
+    """Read every broker registration under `keys.brokers` once."""
+    registrations = [
+        (BrokerRegistration.decode(kv.value), kv.create_revision)
+        for kv in await client.get_prefix(keys.brokers)
+    ]
+    return LiveBrokers(
+        {registration.broker_id: revision for registration, revision in registrations},
+        offline_replicas(registration for registration, _ in registrations),
+    )
 
 
 def offline_replicas(

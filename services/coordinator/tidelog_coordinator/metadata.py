@@ -47,7 +47,7 @@ from tidelog_server.topic_configs import (
 )
 
 from tidelog_coordinator.config import CoordinatorConfig
-from tidelog_coordinator.leader_election import offline_replicas
+from tidelog_coordinator.leader_election import read_live_brokers
 from tidelog_coordinator.placement import (
     BrokerSlot,
     check_assignment,
@@ -345,12 +345,9 @@ class MetadataManager:
             tp = self.keys.parse_partition_state_key(kv.key)
             if tp is not None:
                 states[tp] = PartitionState.decode(kv.value)
-        # What the controller reads too (leader_election.offline_replicas):
+        # What the controller reads too (leader_election.read_live_brokers):
         # a replica listed there is never elected and leaves the ISR.
-        offline = offline_replicas(
-            BrokerRegistration.decode(kv.value)
-            for kv in await self.client.get_prefix(self.keys.brokers)
-        )
+        brokers = await read_live_brokers(self.client, self.keys)
         out: list[TopicRecord | Exception] = []
         for name in wanted:
             topic = topics.get(name)
@@ -370,9 +367,7 @@ class MetadataManager:
                         list(state.isr),
                         moving.adding if moving is not None else (),
                         moving.removing if moving is not None else (),
-                        tuple(
-                            b for b in replicas if b in offline.get((name, partition), frozenset())
-                        ),
+                        tuple(b for b in replicas if b in brokers.offline_of(name, partition)),
                     )
                 )
             out.append(TopicRecord(name, topic.topic_id, parts_out, dict(topic.configs)))

@@ -35,14 +35,13 @@ from tidelog.errors import (
 from tidelog.names import validate_topic_name
 from tidelog.types import TopicPartition
 from tidelog_server.etcd.records import (
-    BrokerRegistration,
     PartitionState,
     Reassignment,
     TopicAssignment,
 )
 
 from tidelog_coordinator import reassignment as rules
-from tidelog_coordinator.leader_election import decide, offline_replicas
+from tidelog_coordinator.leader_election import decide, read_live_brokers
 from tidelog_coordinator.metadata import MAX_PARTITIONS, TOPICS_READ_ONE_BY_ONE, MetadataManager
 from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
 
@@ -100,10 +99,7 @@ class PartitionAdmin:
 
     async def _live(self) -> dict[int, int]:
         """Live broker id -> create revision of its registration."""
-        return {
-            BrokerRegistration.decode(kv.value).broker_id: kv.create_revision
-            for kv in await self.client.get_prefix(self.keys.brokers)
-        }
+        return (await read_live_brokers(self.client, self.keys)).registered
 
     async def _topic(self, name: str) -> tuple[TopicAssignment, Any]:
         validate_topic_name(name)
@@ -221,13 +217,9 @@ class PartitionAdmin:
         of them for partitions whose preferred replica already leads. Only
         the partitions that change are written, ELECTION_CONCURRENCY at a
         time."""
-        registrations = [
-            (BrokerRegistration.decode(kv.value), kv.create_revision)
-            for kv in await self.client.get_prefix(self.keys.brokers)
-        ]
-        registered = {registration.broker_id: rev for registration, rev in registrations}
         # A replica whose log is offline is never elected (leader_election).
-        offline_of = offline_replicas(registration for registration, _ in registrations)
+        brokers = await read_live_brokers(self.client, self.keys)
+        registered = brokers.registered
         topics = {
             t.name: t
             for t in (
@@ -254,7 +246,7 @@ class PartitionAdmin:
         async def elect(tp: TopicPartition) -> ElectionResult:
             read = states.get(self.keys.partition_state(tp.topic, tp.partition))
             async with writers:
-                offline = offline_of.get((tp.topic, tp.partition), frozenset())
+                offline = brokers.offline_of(tp.topic, tp.partition)
                 return await self._elect_one(tp, topics.get(tp.topic), registered, read, offline)
 
         return list(await asyncio.gather(*(elect(tp) for tp in wanted)))

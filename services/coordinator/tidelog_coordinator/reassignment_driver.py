@@ -27,11 +27,11 @@ import aetcd
 from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd import is_unavailable
 from tidelog_server.etcd.keys import Keys
-from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
+from tidelog_server.etcd.records import PartitionState, TopicAssignment
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_coordinator import reassignment as rules
-from tidelog_coordinator.leader_election import offline_replicas
+from tidelog_coordinator.leader_election import read_live_brokers
 
 log = logging.getLogger("tidelog.coordinator.reassignment")
 flood = RateLimitedLog(log)
@@ -68,13 +68,8 @@ class ReassignmentDriver:
                 moving.append((topic, kv.mod_revision))
         if not moving:
             return 0
-        registrations = [
-            BrokerRegistration.decode(kv.value)
-            for kv in await self.client.get_prefix(self.keys.brokers)
-        ]
-        live = {registration.broker_id for registration in registrations}
-        # A replica whose log is offline never leads (leader_election).
-        offline_of = offline_replicas(registrations)
+        brokers = await read_live_brokers(self.client, self.keys)
+        live = set(brokers.registered)
         done = 0
         for topic, topic_revision in moving:
             # One transaction per partition: each compares the topic record's
@@ -88,7 +83,8 @@ class ReassignmentDriver:
                 state = PartitionState.decode(got.value)
                 if not rules.is_complete(reassignment, state):
                     continue
-                offline = offline_of.get((topic.name, partition), frozenset())
+                # A replica whose log is offline never leads (leader_election).
+                offline = brokers.offline_of(topic.name, partition)
                 new_state = rules.state_for_replicas(reassignment.target, state, live - offline)
                 if new_state is None:
                     continue  # no target replica alive in the ISR: wait
