@@ -327,7 +327,7 @@ class Child:
                 log.seek(self.log_start)
                 logged = log.read().decode(errors="replace")
         except OSError:
-            return None
+            return None  # no log to read: not a port taken, the exit's error stands
         return taken_port(logged, self.plan.picked)
 
 
@@ -335,7 +335,7 @@ def _log_size(log_path: Path) -> int:
     try:
         return log_path.stat().st_size
     except OSError:
-        return 0
+        return 0  # not written yet: this start's output begins at 0
 
 
 #: Picks before giving up on a picker that keeps answering ports already

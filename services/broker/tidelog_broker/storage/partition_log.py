@@ -1033,6 +1033,8 @@ class PartitionLog:
         if self._offline is not None:
             self._closed = True
             for segment in self._segments:
+                # Its files may be the ones that failed: the next open
+                # recovers whatever state they are in.
                 with contextlib.suppress(OSError):
                     segment.close()
             return
