@@ -28,8 +28,13 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   replica joining the ISR must also still hold the registration its fetches
   were bound to (its key's create revision), so a broker whose lease expired
   meanwhile does not join, and so must the leader (no write lands after its
-  registration is gone); writes under way when the broker stops are
-  cancelled before it deregisters;
+  registration is gone). The joining replica's registration must also still
+  say what the view says of it (its key's mod revision), which does not
+  list the replica offline: an offline log is listed by a rewrite in place
+  (below), which keeps the create revision, and a leader whose watch had
+  not brought it yet would put the offline replica back into the ISR that
+  the controller keeps it out of. Writes under way when the broker stops
+  are cancelled before it deregisters;
 - which brokers and coordinators are live, which topics and partition
   states exist: the watches keep one typed view of them (`view`,
   tidelog_server.etcd.cluster_view); replica fetches and ISR expansion are bound to
@@ -41,7 +46,11 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   whenever the set changes; the controller then elects none of them and
   drops them from the ISR, and moves leadership off one that led (Kafka's
   broker reports its failed log directories to the controller). At most
-  MAX_OFFLINE_REPORTED are listed (a bound on the registration's size);
+  MAX_OFFLINE_REPORTED are listed (a bound on the registration's size).
+  It is the only rewrite in place (host, ports and resources are written
+  once per registration), so an ISR expansion that it refuses (see above)
+  is refused only when this broker's offline set changed: the leader's next
+  qualifying fetch, once its watch brought the rewrite, proposes it again;
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
@@ -808,7 +817,12 @@ class ClusterLink:
         replicas it adds. The same value in a newer state would hide from
         the controller that a member registered again since (see write_isr):
         then it is not put, and the controller's removal of that member, a
-        newer state, ends the proposal."""
+        newer state, ends the proposal. The joining replicas' registrations,
+        which write_isr also compares, are not: the same value again adds
+        no one, and an offline replica is told by its registration alone,
+        not by the state's revision; were the put refused for them, a write
+        that they refused would leave the proposal standing with nothing to
+        end it, the HW waiting for a replica that is not in the ISR."""
         tx = self.client.transactions
         members = [r for r in PartitionState.decode(base.value).isr if r != self.broker.broker_id]
         while replication.proposed_isr is isr:
@@ -870,14 +884,24 @@ class ClusterLink:
         ):
             return False
         # Joining replicas must still hold the registration their fetches
-        # were bound to: compared in etcd, in case our watch is behind.
+        # were bound to, and one that does not list their log of this
+        # partition offline: judged on the view, and compared in etcd (its
+        # create and mod revisions), in case our watch is behind. The view
+        # is judged here, not only when the change was proposed: the watch
+        # may have brought the listing since.
         joining = [r for r in isr if r not in known.isr and r != self.broker.broker_id]
-        registrations: dict[int, int] = {}
+        registrations: dict[int, tuple[int, int]] = {}
         for r in joining:
             progress = replication.followers.get(r)
-            if progress is None or progress.registration != self.view.registration_of(r):
+            value_revision = self.view.registration_mod_revision(r)
+            if (
+                progress is None
+                or value_revision is None
+                or progress.registration != self.view.registration_of(r)
+                or self.view.lists_offline(r, replication.topic, replication.partition)
+            ):
                 return False
-            registrations[r] = progress.registration
+            registrations[r] = (progress.registration, value_revision)
         staying = [r for r in isr if r in known.isr and r != self.broker.broker_id]
         written = dataclasses.replace(
             current_state, isr=tuple(isr), version=current_state.version + 1
@@ -895,7 +919,18 @@ class ClusterLink:
                     # We still hold the registration we lead under: no write
                     # lands after our lease is revoked or expired.
                     tx.create(self.keys.broker(self.broker.broker_id)) == registration,
-                    *(tx.create(self.keys.broker(r)) == rev for r, rev in registrations.items()),
+                    *(
+                        compare
+                        for r, (created, written_at) in registrations.items()
+                        for compare in (
+                            tx.create(self.keys.broker(r)) == created,
+                            # Rewritten in place since the view had it (it
+                            # may list this replica offline now): the watch
+                            # brings the rewrite, and the next fetch judges
+                            # on it.
+                            tx.mod(self.keys.broker(r)) == written_at,
+                        )
+                    ),
                     # A member that registered again since the state (it
                     # restarted, maybe with a torn log) is the controller's
                     # to remove (leader_election): written in a newer state,

@@ -38,7 +38,12 @@ etcd holds, and:
   restarted with a torn log, removed by the controller). Nor does it write
   while a member it keeps registered again after that state: the
   controller tells a restarted member by its registration being newer than
-  the state, and removes it; a newer state would hide that.
+  the state, and removes it; a newer state would hide that. Nor does it add
+  a replica whose broker lists its log of the partition offline, which the
+  controller keeps out: judged on the leader's view of the registration,
+  and the write compares the registration's mod revision with the view's,
+  since listing it is a rewrite in place that the watch may not have
+  brought yet.
 A shrink by the controller is safe for the HW: until the watch brings it,
 the leader counts over the larger ISR it applied. A new epoch starts a new
 PartitionReplication from the ISR etcd has. tests/unit/coordinator/

@@ -5,7 +5,10 @@ ClusterLink, the gateway's ClusterView).
 - live brokers: a broker is live while its registration key exists; the
   key's create revision identifies the registration (a broker that
   re-registers gets a new one), so replica fetches and ISR expansion are
-  bound to it (`registration_of`);
+  bound to it (`registration_of`); its mod revision identifies what the
+  registration says, which a broker rewrites in place (its offline logs),
+  so an ISR expansion judged on it is fenced by it
+  (`registration_mod_revision`);
 - live coordinator replicas (where forwarded calls go);
 - topics: id, replicas per partition, config overrides, and the create
   revision of the topic key;
@@ -45,6 +48,9 @@ class LiveBroker:
     registration: BrokerRegistration
     #: Create revision of the registration key: which registration this is.
     revision: int
+    #: Mod revision of the registration key: which of its values this is
+    #: (an in-place rewrite, such as a new offline_partitions, changes it).
+    mod_revision: int
 
 
 @dataclass(frozen=True)
@@ -98,7 +104,9 @@ class ClusterView:
                 log.warning("ignoring unreadable registration of broker %s: %s", broker_id, exc)
                 self.brokers.pop(int(broker_id), None)
                 continue
-            self.brokers[int(broker_id)] = LiveBroker(registration, change.create_revision)
+            self.brokers[int(broker_id)] = LiveBroker(
+                registration, change.create_revision, change.mod_revision
+            )
 
     def apply_coordinators(self, batch: WatchBatch) -> None:
         if batch.reset:
@@ -191,6 +199,12 @@ class ClusterView:
         is not registered (never was, or its lease expired)."""
         live = self.brokers.get(broker_id)
         return None if live is None else live.revision
+
+    def registration_mod_revision(self, broker_id: int) -> int | None:
+        """The mod revision of a live broker's registration (the value this
+        view has of it); None when it is not registered."""
+        live = self.brokers.get(broker_id)
+        return None if live is None else live.mod_revision
 
     def lists_offline(self, broker_id: int, topic: str, partition: int) -> bool:
         """Whether live broker `broker_id`'s registration lists its replica
