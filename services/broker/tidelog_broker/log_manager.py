@@ -229,7 +229,7 @@ class LogManager:
         wanted = range(spec.partitions) if partitions is None else sorted(partitions)
         ready = {} if opened is None else opened
         missing = [p for p in wanted if p not in ready]
-        logs = self._open_logs(spec.name, config, missing, topic_id=spec.topic_id)
+        logs = self._open_logs(spec.name, config, missing, None, spec.topic_id)
         logs.extend(ready.pop(p) for p in wanted if p in ready)
         logs.sort(key=lambda partition_log: partition_log.partition)
         return Topic(spec, config, logs)
