@@ -552,7 +552,7 @@ class ClusterLink:
         hosted = self.manager.logs.hosted_partitions(name)
         try:
             await self.manager.logs.host_partitions_off_loop(
-                TopicSpec(name, len(topic.replicas), dict(topic.configs)),
+                TopicSpec(name, len(topic.replicas), dict(topic.configs), topic.topic_id),
                 [*hosted, *new],
                 self._leader_epochs(topic, new),
             )
@@ -648,7 +648,7 @@ class ClusterLink:
         self._throttled.pop(name, None)
         try:
             await self.manager.logs.host_partitions_off_loop(
-                TopicSpec(name, len(topic.replicas), dict(topic.configs)),
+                TopicSpec(name, len(topic.replicas), dict(topic.configs), topic.topic_id),
                 led,
                 self._leader_epochs(topic, led),
             )

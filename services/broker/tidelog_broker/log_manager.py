@@ -27,8 +27,8 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import shutil
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +58,13 @@ from tidelog_broker.storage import (
     parse_topic_configs,
 )
 from tidelog_broker.storage import cleaner as log_cleaner
-from tidelog_broker.storage.files import log_dir_name, parse_log_dir_name
+from tidelog_broker.storage.files import (
+    is_renamed_for_deletion,
+    log_dir_name,
+    parse_log_dir_name,
+    remove_renamed,
+    rename_for_deletion,
+)
 from tidelog_broker.storage.partition_log import unlink_files
 from tidelog_broker.topic_store import TopicSpec, TopicStore
 
@@ -223,7 +229,7 @@ class LogManager:
         wanted = range(spec.partitions) if partitions is None else sorted(partitions)
         ready = {} if opened is None else opened
         missing = [p for p in wanted if p not in ready]
-        logs = self._open_logs(spec.name, config, missing)
+        logs = self._open_logs(spec.name, config, missing, None, spec.topic_id)
         logs.extend(ready.pop(p) for p in wanted if p in ready)
         logs.sort(key=lambda partition_log: partition_log.partition)
         return Topic(spec, config, logs)
@@ -234,17 +240,25 @@ class LogManager:
         config: LogConfig,
         partitions: list[int],
         leader_epochs: Mapping[int, int] | None = None,
+        topic_id: str = "",
     ) -> list[PartitionLog]:
         """Open (creating them if needed) the logs of `partitions` of topic
         `name`: all of them, or none; record `leader_epochs` (partition ->
         the epoch this broker is to lead it in) at their log ends.
+        `topic_id`: the topic's incarnation (PartitionLog.open refuses, or
+        renames aside, a directory left by a deleted one).
         Thread-safe: each log is new and nobody else's yet
         (`host_partitions_off_loop` runs it in a worker thread)."""
         logs: list[PartitionLog] = []
         try:
             for p in partitions:
                 partition_log = PartitionLog.open(
-                    self._config.data_dir / log_dir_name(name, p), name, p, config, self._clock
+                    self._config.data_dir / log_dir_name(name, p),
+                    name,
+                    p,
+                    config,
+                    self._clock,
+                    topic_id,
                 )
                 logs.append(partition_log)
                 partition_log.on_offline = self._offline_changed
@@ -387,7 +401,10 @@ class LogManager:
         self._check_capacity(partitions, f"topic {name!r}")
         if validate_only:
             return None
-        spec = TopicSpec(name, partitions, configs)
+        # An id per incarnation, recorded in its logs' directories: a topic
+        # created again under this name never opens a directory left by this
+        # one (a deletion that could not remove it, see delete_topic).
+        spec = TopicSpec(name, partitions, configs, uuid.uuid4().hex)
         topic = self._open_topic(spec)
         self._topics[name] = topic
         self._save_specs()
@@ -400,9 +417,27 @@ class LogManager:
         del self._topics[name]
         self._save_specs()
         for partition_log in topic.logs:
-            partition_log.delete()
+            self._delete_log(partition_log)
             self.wake((name, partition_log.partition))
         log.info("deleted topic %s", name)
+
+    def _delete_log(self, partition_log: PartitionLog) -> None:
+        """Delete a log whose topic was deleted, offline or not. Never
+        raises: the deletion of a topic goes on with its other logs. What
+        could not be removed is left renamed aside (`delete_renamed_dirs`
+        retries) or, if even that failed, under its name, where its topic id
+        keeps a new incarnation of the topic from opening it."""
+        try:
+            left = partition_log.delete()
+        except StorageError as exc:
+            flood.error(
+                "%s; a topic created again under the name will not open it (its topic id "
+                "differs) until it can be removed",
+                exc,
+            )
+            return
+        if left is not None:
+            flood.warning("%s: %s is left to remove (retried)", partition_log.name, left.name)
 
     def ensure_topic(self, name: str, auto_create: bool) -> Topic:
         """The topic, created with defaults when missing and allowed."""
@@ -458,14 +493,22 @@ class LogManager:
         opening = self._opening[spec.name] = _Opening(spec.partitions, frozenset(new))
         try:
             if len(new) <= INLINE_OPEN_MAX:
-                self._take(opened, self._open_logs(spec.name, config, new, leader_epochs or {}))
+                self._take(
+                    opened,
+                    self._open_logs(spec.name, config, new, leader_epochs or {}, spec.topic_id),
+                )
             else:
                 for start in range(0, len(new), OPEN_SLICE):
                     piece = new[start : start + OPEN_SLICE]
                     self._take(
                         opened,
                         await _in_thread(
-                            self._open_logs, spec.name, config, piece, leader_epochs or {}
+                            self._open_logs,
+                            spec.name,
+                            config,
+                            piece,
+                            leader_epochs or {},
+                            spec.topic_id,
                         ),
                     )
             self.host_partitions(spec, wanted, opened)
@@ -550,9 +593,11 @@ class LogManager:
             return
         for partition, partition_log in topic.hosted.items():
             if delete_data:
-                partition_log.delete()
+                self._delete_log(partition_log)
             else:
-                partition_log.close()
+                with contextlib.suppress(StorageError):
+                    # Its next open recovers it (see close_logs).
+                    partition_log.close()
             self.on_partition_closed(name, partition)
             self.wake((name, partition))
         if any(partition_log.offline is not None for partition_log in topic.hosted.values()):
@@ -579,7 +624,7 @@ class LogManager:
         (to find logs of topics deleted while this broker was down)."""
         out: dict[str, list[int]] = {}
         for entry in self._config.data_dir.iterdir():
-            if not entry.is_dir() or entry.name == "etcd":
+            if not entry.is_dir() or entry.name == "etcd" or is_renamed_for_deletion(entry.name):
                 continue
             try:
                 topic, partition = parse_log_dir_name(entry.name)
@@ -594,17 +639,38 @@ class LogManager:
         for partition in partitions:
             if hosted is not None and partition in hosted.hosted:
                 continue
-            # Not open, so no file handles to close: remove the directory.
+            # Not open, so no file handles to close: rename the directory
+            # aside (it leaves its name whole), then remove it.
             directory = self._config.data_dir / log_dir_name(name, partition)
             try:
-                shutil.rmtree(directory)
+                doomed = rename_for_deletion(directory)
             except FileNotFoundError:
-                pass
+                continue
             except OSError as exc:
-                # Out of descriptors, say: the stray sweep at the next start
-                # (or the next delete) tries again.
+                # Its topic id keeps a new incarnation of the topic from
+                # opening it; the stray sweep at the next start tries again.
                 flood.warning("cannot delete %s: %s", directory, exc)
+                continue
+            remove_renamed(doomed)
         log.info("deleted stray logs of topic %s", name)
+
+    def renamed_for_deletion(self) -> list[Path]:
+        """Partition directories renamed aside for deletion and not removed
+        yet (a file in them could not be)."""
+        try:
+            entries = list(self._config.data_dir.iterdir())
+        except OSError as exc:
+            flood.warning("cannot list %s: %s", self._config.data_dir, exc)
+            return []
+        return sorted(entry for entry in entries if is_renamed_for_deletion(entry.name))
+
+    async def delete_renamed_dirs(self) -> int:
+        """Remove the directories renamed for deletion (in a worker thread:
+        a big log takes long); returns how many went."""
+        doomed = self.renamed_for_deletion()
+        if not doomed:
+            return 0
+        return await asyncio.to_thread(lambda: sum(remove_renamed(path) for path in doomed))
 
     # ------------------------------------------------------------ appends
 
@@ -700,6 +766,8 @@ class LogManager:
         while True:
             await asyncio.sleep(interval_s)
             await self.apply_retention()
+            # Logs of deleted topics that could not be removed at once.
+            await self.delete_renamed_dirs()
 
     async def apply_retention(self) -> int:
         """One retention pass over every log; returns the files unlinked.

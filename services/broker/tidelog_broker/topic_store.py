@@ -5,7 +5,8 @@ exist, how many partitions each has and its config overrides. (The
 coordinator takes this over on etcd; the broker then learns topics by watch.)
 
 Format: a JSON object `{"version": 1, "topics": {name: {"partitions": N,
-"configs": {key: value}}}}`, replaced durably on every change
+"configs": {key: value}, "topic_id": ID}}}` (no `topic_id` for a topic
+created before ids were kept), replaced durably on every change
 (`tidelog_server.atomic_files`) so that a crash leaves either the old or the
 new file, never a torn one. Not thread-safe.
 """
@@ -25,11 +26,14 @@ _FORMAT_VERSION = 1
 
 @dataclass(frozen=True)
 class TopicSpec:
-    """What defines a topic: its partition count and its config overrides."""
+    """What defines a topic: its partition count and its config overrides,
+    and the id of this incarnation of it ("" for a topic created before
+    ids were kept: its logs' directories then record none)."""
 
     name: str
     partitions: int
     configs: dict[str, str] = field(default_factory=dict)
+    topic_id: str = ""
 
 
 class TopicStore:
@@ -49,7 +53,12 @@ class TopicStore:
         if raw.get("version") != _FORMAT_VERSION:
             raise StorageError(f"{self._path}: unsupported format version {raw.get('version')!r}")
         return {
-            name: TopicSpec(name, int(spec["partitions"]), dict(spec.get("configs", {})))
+            name: TopicSpec(
+                name,
+                int(spec["partitions"]),
+                dict(spec.get("configs", {})),
+                str(spec.get("topic_id", "")),
+            )
             for name, spec in raw["topics"].items()
         }
 
@@ -58,7 +67,11 @@ class TopicStore:
         body = {
             "version": _FORMAT_VERSION,
             "topics": {
-                spec.name: {"partitions": spec.partitions, "configs": spec.configs}
+                spec.name: {
+                    "partitions": spec.partitions,
+                    "configs": spec.configs,
+                    **({"topic_id": spec.topic_id} if spec.topic_id else {}),
+                }
                 for spec in sorted(topics.values(), key=lambda s: s.name)
             },
         }

@@ -15,6 +15,10 @@ A broker's data directory holds one directory per partition::
         reset-offset                    present only while a reset is in flight
         00000000000000004096.snapshot   idempotent producers' state below that offset
                                         (producer_state.py)
+        topic-id                        the id of the topic incarnation the log belongs
+                                        to (Kafka's partition.metadata): a topic deleted
+                                        and created again under the same name never
+                                        opens the old one's directory
 
 Transient names, each removed or completed by the next open after a crash:
 `<segment file>.deleted` (retention or a swap renamed it; unlinked by a worker
@@ -36,10 +40,13 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 from tidelog_server import atomic_files
+from tidelog_server.atomic_files import fsync_directory, write_atomically
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -65,6 +72,11 @@ TEMP_SUFFIX = atomic_files.TEMP_SUFFIX
 #: Producer state snapshot, named by the offset it describes (producer_state.py).
 SNAPSHOT_SUFFIX = ".snapshot"
 
+#: The topic incarnation's id, in its partition directory.
+TOPIC_ID_FILE = "topic-id"
+#: Ends the name of a partition directory renamed aside to be deleted.
+DELETE_DIR_SUFFIX = "-delete"
+
 _OFFSET_DIGITS = 20
 
 logger = logging.getLogger("tidelog.broker.storage")
@@ -86,6 +98,51 @@ def parse_log_dir_name(name: str) -> tuple[str, int]:
     if not sep or not topic or not partition.isdigit():
         raise ValueError(f"{name!r} is not a log directory name (<topic>-<partition>)")
     return topic, int(partition)
+
+
+def rename_for_deletion(directory: Path) -> Path:
+    """Rename a partition directory to `<name>.<unique id>-delete` (one
+    rename: the directory leaves its name whole) and return the new path.
+    Raises OSError (FileNotFoundError if it is gone): it then keeps its name."""
+    target = directory.with_name(f"{directory.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+    os.rename(directory, target)
+    # Durable, else a crash could bring the old name back.
+    fsync_directory(directory.parent)
+    return target
+
+
+def is_renamed_for_deletion(name: str) -> bool:
+    """Whether a data directory entry is a partition directory renamed
+    aside to be deleted (never a log directory: those end in a number)."""
+    return name.endswith(DELETE_DIR_SUFFIX)
+
+
+def remove_renamed(directory: Path) -> bool:
+    """Remove a directory renamed for deletion; False (logged) if some of it
+    could not be (the next sweep tries again)."""
+    try:
+        shutil.rmtree(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("cannot remove %s yet: %s (retried later)", directory, exc)
+        return False
+    return True
+
+
+def read_topic_id(directory: Path) -> str | None:
+    """The topic id recorded in a partition directory; None when it has
+    none (no directory yet, or one written before ids were recorded).
+    Raises OSError if it cannot be read."""
+    try:
+        return (directory / TOPIC_ID_FILE).read_text(encoding="ascii").strip()
+    except FileNotFoundError:
+        return None
+
+
+def write_topic_id(directory: Path, topic_id: str) -> None:
+    """Record, durably, the topic id a partition directory belongs to."""
+    write_atomically(directory / TOPIC_ID_FILE, topic_id.encode("ascii"))
 
 
 def segment_file_name(base_offset: int, suffix: str) -> str:

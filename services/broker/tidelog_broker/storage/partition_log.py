@@ -77,7 +77,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import shutil
 from bisect import bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -215,11 +214,57 @@ class PartitionLog:
         partition: int,
         config: LogConfig,
         clock: Clock = SYSTEM_CLOCK,
+        topic_id: str = "",
     ) -> PartitionLog:
         """Open the log in `directory` (the partition's own directory, see
-        `files.log_dir`), creating it if needed, and recover what needs it."""
-        with _storage_errors(f"opening {files.log_dir_name(topic, partition)} in {directory}"):
-            return cls._open(directory, topic, partition, config, clock)
+        `files.log_dir`), creating it if needed, and recover what needs it.
+
+        `topic_id`: the topic incarnation the log belongs to ("" when not
+        known), recorded in the directory. A directory that records another
+        id holds a deleted incarnation's log (a topic deleted and created
+        again under the same name while its directory could not be
+        removed): it is renamed aside for deletion and a new, empty log
+        opened, never the old records served under the new topic. If it
+        cannot be renamed, StorageError, and the directory stays untouched."""
+        name = files.log_dir_name(topic, partition)
+        if topic_id:
+            with _storage_errors(f"reading the topic id of {name} in {directory}"):
+                found = files.read_topic_id(directory)
+            if found is not None and found != topic_id:
+                cls._rename_stale(directory, name, found, topic_id)
+        with _storage_errors(f"opening {name} in {directory}"):
+            log = cls._open(directory, topic, partition, config, clock)
+        if topic_id and found != topic_id:
+            try:
+                files.write_topic_id(directory, topic_id)
+            except OSError as exc:
+                with contextlib.suppress(StorageError):
+                    log.close()
+                raise StorageError(f"recording the topic id of {name} failed: {exc}") from exc
+        return log
+
+    @staticmethod
+    def _rename_stale(directory: Path, name: str, found: str, topic_id: str) -> None:
+        """Rename aside for deletion the directory of a deleted incarnation."""
+        try:
+            doomed = files.rename_for_deletion(directory)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise StorageError(
+                f"{directory} holds the log of a deleted topic {name} (topic id {found}, not "
+                f"{topic_id}) and cannot be renamed aside for deletion: {exc}; the partition "
+                "is not opened until it can be (free or repair the disk, restart the broker)"
+            ) from exc
+        logger.warning(
+            "%s held the log of a deleted incarnation of the topic (id %s, now %s): "
+            "renamed to %s for deletion",
+            directory,
+            found,
+            topic_id,
+            doomed.name,
+        )
+        files.remove_renamed(doomed)
 
     @classmethod
     def _open(
@@ -1049,13 +1094,29 @@ class PartitionLog:
             self._closed = True
             checkpoints.mark_clean_shutdown(self.directory)
 
-    def delete(self) -> None:
-        """Close every file and remove the log's directory."""
-        with _storage_errors(f"deleting {self.name}"):
-            for segment in self._segments:
+    def delete(self) -> Path | None:
+        """Close every file and remove the log's directory, offline or not:
+        renamed aside first (`files.rename_for_deletion`), so that it leaves
+        its name whole even if removing its files fails part-way. Returns
+        None once removed, else the renamed directory still to remove (the
+        LogManager's sweep retries). StorageError if it cannot be renamed:
+        it then stays whole under its name, and a new incarnation of the
+        topic refuses it by its topic id (`open`)."""
+        self._closed = True
+        for segment in self._segments:
+            # Going anyway: a file that fails to close (maybe the one whose
+            # failure took the log offline) must not keep the rest.
+            with contextlib.suppress(OSError):
                 segment.close()
-            self._closed = True
-            shutil.rmtree(self.directory)
+        try:
+            doomed = files.rename_for_deletion(self.directory)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(
+                f"deleting {self.name}: cannot rename {self.directory} aside for deletion: {exc}"
+            ) from exc
+        return None if files.remove_renamed(doomed) else doomed
 
     def __repr__(self) -> str:
         return (

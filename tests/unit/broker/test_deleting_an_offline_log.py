@@ -1,0 +1,319 @@
+"""A topic deleted while one of its logs on this broker is offline (a
+storage failure took it offline), then created again under the same name.
+
+Before, a log whose directory could not be removed (the failing disk that
+took it offline) made the deletion raise part-way: the broker's registration
+kept listing the old (topic, partition) as offline, so the controller and
+Metadata took the NEW topic's replica for offline too; the topic's other
+logs were left open and on disk; and the directory stayed under its name,
+so that once it could be read again (the disk repaired, the broker
+restarted) the new topic's partition opened it and served the deleted
+topic's records: data of one topic under another's name.
+
+Now a deleted log's directory is renamed aside (`<dir>.<id>-delete`, as
+Kafka does) before its files are removed, and what cannot be removed yet
+is retried; a directory that cannot even be renamed keeps its topic id
+(`topic-id`), and a new incarnation of the topic refuses it, then renames
+it aside once it can. The registration drops the entry either way.
+
+A real ClusterLink and PartitionManager (broker 0) on a real etcd, with the
+coordinator's real MetadataManager creating and deleting the topic. The log
+goes offline through the real reset path (a directory where the reset
+writes its commit point); the directory that cannot be removed is made so
+with the file system's immutable flag (`chattr +i`: the tests run as root,
+so permissions would not stop the removal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from tidelog.errors import StorageError, TidelogError
+from tidelog.records import encode_batch, iter_batches
+from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.log_manager import LogManager
+from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.replica_state import Role
+from tidelog_broker.storage import files
+from tidelog_coordinator.config import CoordinatorConfig
+from tidelog_coordinator.metadata import MetadataManager
+from tidelog_server.atomic_files import TEMP_SUFFIX
+from tidelog_server.clock import SYSTEM_CLOCK
+from tidelog_server.etcd.records import BrokerRegistration
+from tidelog_server.forwarding import ChannelPool
+
+from tests.support.etcd import EtcdProcess
+
+TOPIC = "t"
+ME = 0
+#: Generous: bounds a broken test only.
+WAIT_S = 20.0
+OLD = [b"old-%d" % i for i in range(10)]
+
+
+def pin(path: Path) -> None:
+    """Make `path` immutable: it can be neither removed nor renamed (nor,
+    for a directory, can anything in it)."""
+    if shutil.which("chattr") is None:
+        pytest.skip("needs chattr")
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip(f"the file system of {path} has no immutable flag (or we are not root)")
+
+
+def unpin(path: Path) -> None:
+    subprocess.run(["chattr", "-i", str(path)], check=True)
+
+
+@contextmanager
+def immutable(path: Path) -> Iterator[None]:
+    """`path` immutable (`pin`) while inside; it must not move meanwhile."""
+    pin(path)
+    try:
+        yield
+    finally:
+        unpin(path)
+
+
+async def eventually(check: Callable[[], bool], what: str) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while not check():
+            await asyncio.sleep(0.02)
+    assert check(), what
+
+
+class Broker:
+    """Broker 0 in process: manager and cluster link on `data_dir`."""
+
+    def __init__(self, etcd: EtcdProcess, prefix: str, data_dir: Path) -> None:
+        self.config = BrokerConfig(data_dir=data_dir, broker_id=ME)
+        self.manager = PartitionManager(self.config, cluster_mode=True)
+        self.manager.open()
+        self.link = ClusterLink(
+            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix=prefix),
+            self.config,
+            self.manager,
+            ChannelPool(),
+        )
+        self.metadata = MetadataManager(self.link.client, self.link.keys, CoordinatorConfig())
+
+    async def start(self) -> None:
+        await self.link.start(port=1)
+        await asyncio.wait_for(self.link.registered.wait(), WAIT_S)
+        await self.link.wait_synced(WAIT_S)
+
+    async def stop(self) -> None:
+        await self.link.stop()
+        self.manager.close()
+
+    async def listed_offline(self) -> tuple[tuple[str, int], ...]:
+        got = await self.link.client.get(self.link.keys.broker(ME))
+        return BrokerRegistration.decode(got.value).offline_partitions
+
+    async def until_listed(self, expected: tuple[tuple[str, int], ...]) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while await self.listed_offline() != expected:
+                await asyncio.sleep(0.02)
+
+    async def leads(self, partitions: range) -> None:
+        def leading() -> bool:
+            for p in partitions:
+                replication = self.manager.replicas.replication(TOPIC, p)
+                if replication is None or replication.role is not Role.LEADER:
+                    return False
+            return True
+
+        await eventually(leading, f"broker {ME} leads {TOPIC} {list(partitions)}")
+
+    async def hosts(self, partitions: range) -> None:
+        """After a restart: hosted (leading waits for the controller to
+        confirm the leadership, see ClusterLink.registration_revision)."""
+
+        def hosting() -> bool:
+            return self.manager.logs.hosted_partitions(TOPIC) == list(partitions)
+
+        await eventually(hosting, f"broker {ME} hosts {TOPIC} {list(partitions)}")
+
+    def hosted_records(self, partition: int) -> bytes:
+        partition_log = self.manager.logs.hosted_log(TOPIC, partition)
+        assert partition_log.offline is None
+        return partition_log.read(0, 1 << 20).records
+
+    def records(self, partition: int) -> bytes:
+        return self.manager.partition_log(TOPIC, partition).read(0, 1 << 20).records
+
+
+async def create_with_offline_log(broker: Broker) -> Path:
+    """TOPIC with two partitions led here; OLD in partition 0, whose log
+    then goes offline (a reset whose commit point cannot be written).
+    Returns that log's directory."""
+    await broker.metadata.create_topic(TOPIC, 2, 1, {})
+    await broker.leads(range(2))
+    partition_log = broker.manager.partition_log(TOPIC, 0)
+    data = bytearray(encode_batch(OLD))
+    partition_log.append(data, list(iter_batches(data)))
+    partition_log.flush()
+    (partition_log.directory / (files.RESET_OFFSET_FILE + TEMP_SUFFIX)).mkdir()
+    with pytest.raises(StorageError, match="offline until the broker restarts"):
+        broker.manager.replicas.reset_replica(TOPIC, 0, 50)
+    await broker.until_listed(((TOPIC, 0),))
+    return partition_log.directory
+
+
+def renamed_aside(data_dir: Path) -> list[str]:
+    return sorted(p.name for p in data_dir.iterdir() if files.is_renamed_for_deletion(p.name))
+
+
+def test_an_offline_log_whose_files_cannot_be_removed_is_renamed_aside(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """Its directory leaves its name at once; the new topic gets an empty,
+    online log, served and not listed offline; the files go once they can."""
+    prefix = f"/offdel-{uuid.uuid4().hex}"
+
+    async def run() -> None:
+        broker = Broker(etcd, prefix, tmp_path)
+        try:
+            await broker.start()
+            directory = await create_with_offline_log(broker)
+            segment = next(directory.glob("*" + files.LOG_SUFFIX))
+            pin(segment)
+            pinned = [segment]
+            try:
+                await broker.metadata.delete_topic(TOPIC)
+                await eventually(
+                    lambda: broker.manager.logs.topic_names() == [], "the topic is dropped"
+                )
+                await broker.until_listed(())
+                assert broker.manager.logs.offline_partitions() == []
+                assert not directory.exists()
+                assert not (tmp_path / f"{TOPIC}-1").exists()
+                [left] = renamed_aside(tmp_path)
+                assert left.startswith(f"{TOPIC}-0.")
+                pinned = [tmp_path / left / segment.name]
+
+                await broker.metadata.create_topic(TOPIC, 2, 1, {})
+                await broker.leads(range(2))
+                assert broker.records(0) == b""
+                assert broker.manager.partition_log(TOPIC, 0).log_end_offset == 0
+                assert await broker.listed_offline() == ()
+                assert not broker.link.view.lists_offline(ME, TOPIC, 0)
+                # Still there: its segment cannot be unlinked yet.
+                assert await broker.manager.logs.delete_renamed_dirs() == 0
+            finally:
+                for path in pinned:
+                    unpin(path)
+            assert await broker.manager.logs.delete_renamed_dirs() == 1
+            assert renamed_aside(tmp_path) == []
+        finally:
+            await broker.stop()
+
+        # A restart opens the new topic's (empty) logs.
+        broker = Broker(etcd, prefix, tmp_path)
+        try:
+            await broker.start()
+            await broker.hosts(range(2))
+            assert broker.hosted_records(0) == b""
+            assert await broker.listed_offline() == ()
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_an_offline_log_that_cannot_be_renamed_is_never_opened_by_the_new_topic(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """Its directory keeps its name (and its topic id): the new topic's
+    partition here refuses it, before and after a restart, and never serves
+    its records; once the directory can be moved, a restart renames it aside
+    and opens an empty log."""
+    prefix = f"/offdel-{uuid.uuid4().hex}"
+
+    async def run() -> None:
+        broker = Broker(etcd, prefix, tmp_path)
+        try:
+            await broker.start()
+            directory = await create_with_offline_log(broker)
+            with immutable(directory):
+                await broker.metadata.delete_topic(TOPIC)
+                await eventually(
+                    lambda: broker.manager.logs.topic_names() == [], "the topic is dropped"
+                )
+                await broker.until_listed(())
+                assert directory.exists()
+                assert not (tmp_path / f"{TOPIC}-1").exists()
+
+                await broker.metadata.create_topic(TOPIC, 2, 1, {})
+                # The hosting is refused (logged), never the old log opened.
+                await eventually(
+                    lambda: TOPIC in broker.link._hosting_failed, "the hosting is refused"
+                )
+                with pytest.raises(TidelogError):
+                    broker.records(0)
+        finally:
+            await broker.stop()
+
+        # Restarted while it still cannot be moved: refused again.
+        broker = Broker(etcd, prefix, tmp_path)
+        try:
+            with immutable(directory):
+                await broker.start()
+                await eventually(
+                    lambda: TOPIC in broker.link._hosting_failed, "the hosting is refused"
+                )
+                with pytest.raises(TidelogError):
+                    broker.records(0)
+        finally:
+            await broker.stop()
+
+        # The disk repaired: the next start renames it aside, opens empty.
+        broker = Broker(etcd, prefix, tmp_path)
+        try:
+            await broker.start()
+            await broker.hosts(range(2))
+            assert broker.hosted_records(0) == b""
+            assert await broker.listed_offline() == ()
+            assert renamed_aside(tmp_path) == []
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_standalone_delete_and_create_again_with_an_unremovable_offline_log(
+    tmp_path: Path,
+) -> None:
+    """Standalone: delete_topic does not raise, its other logs go, and the
+    topic created again under the name starts empty."""
+    config = BrokerConfig(data_dir=tmp_path)
+    logs = LogManager(config, SYSTEM_CLOCK, cluster_mode=False)
+    logs.open()
+    try:
+        logs.create_topic(TOPIC, partitions=2)
+        partition_log = logs.partition_log(TOPIC, 0)
+        data = bytearray(encode_batch(OLD))
+        partition_log.append(data, list(iter_batches(data)))
+        partition_log.flush()
+        directory = partition_log.directory
+        (directory / (files.RESET_OFFSET_FILE + TEMP_SUFFIX)).mkdir()
+        with pytest.raises(StorageError, match="offline"):
+            partition_log.reset_to(50)
+        with immutable(directory):
+            logs.delete_topic(TOPIC)
+            assert logs.topic_names() == []
+            assert not (tmp_path / f"{TOPIC}-1").exists()
+            with pytest.raises(StorageError, match="cannot be renamed aside"):
+                logs.create_topic(TOPIC, partitions=2)
+        logs.create_topic(TOPIC, partitions=2)
+        assert logs.partition_log(TOPIC, 0).log_end_offset == 0
+        assert logs.partition_log(TOPIC, 0).read(0, 1 << 20).records == b""
+    finally:
+        logs.close()
