@@ -286,9 +286,8 @@ class LiveBrokers:
         them (Kafka's offline replicas, `tidelog_server.etcd.offline`): a
         broker not registered, or one whose log of it is offline. Reported
         only: elections never read it."""
-        return tuple(
-            offline_replicas(replicas, self.registered, self.offline_of(topic, partition).__contains__)
-        )
+        logs = self.offline_of(topic, partition)
+        return tuple(offline_replicas(replicas, self.registered, logs.__contains__))
 
 
 async def read_live_brokers(client: Any, keys: Any) -> LiveBrokers:
