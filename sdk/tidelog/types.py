@@ -226,9 +226,12 @@ class PartitionInfo:
     #: Why the figures are unknown (-1); None when they are the leader's
     #: (and from a broker older than this field, which never says).
     error: TidelogError | None = None
-    #: Replicas whose log their broker lists offline (a storage failure
-    #: took it offline until that broker restarts): never elected leader,
-    #: out of the ISR. Empty when none is, and from older servers.
+    #: Replicas that cannot serve, in the order of `replicas`, as Kafka's
+    #: offline replicas: their broker is down (not registered), or it lists
+    #: their log offline (a storage failure took it offline until that
+    #: broker restarts). Never elected leader, out of the ISR. Empty when
+    #: none is; older servers list offline logs of live brokers only, or
+    #: nothing.
     offline_replicas: list[int] = field(default_factory=list)
 
 

@@ -160,6 +160,7 @@ def test_metrics_move_with_produce_consume_commit_and_a_broker_death(
     )
     assert value(coordinator, "tidelog_coordinator_active_controller") == 1
     assert value(coordinator, "tidelog_cluster_offline_partitions") == 0
+    assert value(coordinator, "tidelog_cluster_offline_replicas") == 0
     assert total(coordinator, "tidelog_cluster_partition_leaders") == 2
 
     # A group through the gateway: members, a rebalance, fetches, then lag.
@@ -220,6 +221,13 @@ def test_metrics_move_with_produce_consume_commit_and_a_broker_death(
         f"both partitions under-replicated (session TTL {BROKER_SESSION_TTL_S} s)",
     )
     assert total(coordinator, "tidelog_cluster_partition_leaders", broker_id="0") == 2
+    # Its replica of each partition is offline, as Kafka reports a dead broker's.
+    coordinator = wait_for(
+        urls["coordinator"],
+        lambda s: value(s, "tidelog_cluster_offline_replicas") == 2,
+        "the dead broker's two replicas offline",
+        shown="tidelog_cluster_",
+    )
     survivor = wait_for(
         urls["broker-0"],
         lambda s: value(s, "tidelog_broker_under_replicated_partitions", broker_id="0") == 2,

@@ -1,10 +1,12 @@
 """`tidelog topics create|list|describe|alter|delete`.
 
 `describe` prints an `offline` column, as kafka-topics prints "Offline:",
-when a replica's log is offline (its broker lists it so: a storage failure,
-until that broker restarts). It can list only the partitions in trouble,
+when a replica cannot serve: its broker is down (not registered), or its
+log is offline (its broker lists it so: a storage failure, until that
+broker restarts). It can list only the partitions in trouble,
 as kafka-topics does: `--under-replicated-partitions` (fewer in-sync
-replicas than replicas, or an offline replica), `--unavailable-partitions`
+replicas than replicas, or an offline replica not yet out of the ISR of a
+leader that serves), `--unavailable-partitions`
 (no live leader, or a leader whose log is offline), `--under-min-isr-partitions`
 (fewer in-sync replicas than min.insync.replicas: acks=all writes fail) and
 `--at-min-isr-partitions`. `alter --partitions N` adds partitions.
@@ -178,7 +180,7 @@ def _human_bytes(n: int) -> str:
 
 _FILTERS = {
     "--under-replicated-partitions": "only partitions with fewer in-sync replicas than "
-    "replicas, or with an offline replica",
+    "replicas, or with an offline replica still in the ISR of a serving leader",
     "--unavailable-partitions": "only partitions without a live leader (or whose leader's "
     "log is offline)",
     "--under-min-isr-partitions": "only partitions with fewer in-sync replicas than "
@@ -193,15 +195,25 @@ def in_trouble(
     """Whether `partition` passes the describe filter `only` (a _FILTERS flag)."""
     min_isr = int(topic.configs.get("min.insync.replicas", "1") or 1)
     if only == "--under-replicated-partitions":
-        # An offline replica leaves the ISR, but the controller may not have
-        # written that yet: it is under-replicated either way.
-        return len(partition.isr) < len(partition.replicas) or bool(partition.offline_replicas)
+        # As kafka-topics: an ISR smaller than the replicas. An offline
+        # replica (its broker down, or its log offline) leaves the ISR, but
+        # the controller may not have written that yet: under-replicated
+        # either way, while a leader serves. A partition whose leader cannot
+        # serve keeps its ISR on purpose (to elect a member that comes back):
+        # it is unavailable, not under-replicated, as in Kafka.
+        offline = partition.offline_replicas
+        serving = partition.leader >= 0 and partition.leader not in offline
+        return len(partition.isr) < len(partition.replicas) or (
+            serving and any(b in offline for b in partition.isr)
+        )
     if only == "--unavailable-partitions":
         return (
             partition.leader < 0
             or partition.leader not in live
             # Until leadership moves off it (or for good with no other ISR
-            # member), a leader whose log is offline serves nothing.
+            # member), an offline leader serves nothing. A dead leader is
+            # offline too, but a server older than that lists only offline
+            # logs: `live` answers for it.
             or partition.leader in partition.offline_replicas
         )
     if only == "--under-min-isr-partitions":
@@ -262,8 +274,9 @@ def _describe(args: argparse.Namespace) -> int:
                 for row, p in zip(rows, topic.partitions, strict=True)
             ]
         if any(p.offline_replicas for p in topic.partitions):
-            # Kafka's "Offline:": replicas whose log a storage failure took
-            # offline (never elected, out of the ISR until their broker restarts).
+            # Kafka's "Offline:": replicas that cannot serve, their broker
+            # down or their log taken offline by a storage failure (never
+            # elected, out of the ISR until their broker is back).
             header += ("offline",)
             rows = [
                 (*row, ",".join(map(str, p.offline_replicas)) or "-")

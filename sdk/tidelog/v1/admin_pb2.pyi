@@ -428,10 +428,12 @@ class PartitionDescription(_message.Message):
 
     @_builtins.property
     def offline_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Replicas whose log their broker lists offline in its registration (a
-        storage failure took it offline until the broker restarts): never
-        elected leader, out of the ISR (Kafka's offline replicas). Empty when
-        none is, and from servers older than this field.
+        """Replicas that cannot serve, in the order of `replicas` (Kafka's offline
+        replicas): their broker has no live registration (down, or never
+        registered), or its registration lists their log offline (a storage
+        failure took it offline until the broker restarts). Never elected
+        leader, out of the ISR. Empty when none is, and from servers older than
+        this field (older servers list offline logs of live brokers only).
         """
 
     def __init__(

@@ -645,10 +645,13 @@ class PartitionMetadata(_message.Message):
 
     @_builtins.property
     def offline_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Broker ids of the replicas whose log their broker lists offline (a
-        storage failure took it offline until the broker restarts): never
-        elected leader, out of the ISR, as Kafka's offline_replicas. Empty
-        when none is, and from servers older than this field.
+        """Broker ids of the replicas that cannot serve, in the order of
+        `replicas`, as Kafka's offline_replicas: their broker has no live
+        registration (down, or never registered), or its registration lists
+        their log offline (a storage failure took it offline until the broker
+        restarts). Never elected leader, out of the ISR. Empty when none is,
+        and from servers older than this field (older servers list offline logs
+        of live brokers only). A broker outside a cluster lists only itself.
         """
 
     def __init__(

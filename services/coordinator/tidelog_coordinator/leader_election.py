@@ -58,6 +58,7 @@ from tidelog.errors import InvalidConfigError
 from tidelog_server.cancellation import raise_if_cancelling
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.offline import offline_replicas
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
 from tidelog_server.log_flood import RateLimitedLog
 from tidelog_server.topic_configs import parse_topic_configs
@@ -269,12 +270,24 @@ class LiveBrokers:
     #: Broker id -> the create revision of its registration (a broker that
     #: registered after a partition state was written restarted since).
     registered: dict[int, int]
-    #: (topic, partition) -> the brokers whose replica of it is offline.
+    #: (topic, partition) -> the live brokers whose log of it is offline
+    #: (their registrations' `offline_partitions`; a dead broker is in none).
     offline: dict[tuple[str, int], frozenset[int]]
 
     def offline_of(self, topic: str, partition: int) -> frozenset[int]:
-        """The brokers whose replica of `topic`-`partition` is offline."""
+        """The live brokers whose log of `topic`-`partition` is offline: what
+        elections read (dead brokers are `registered`'s business)."""
         return self.offline.get((topic, partition), frozenset())
+
+    def offline_replicas(
+        self, topic: str, partition: int, replicas: Iterable[int]
+    ) -> tuple[int, ...]:
+        """Those of `replicas` that cannot serve, as DescribeTopics reports
+        them (Kafka's offline replicas, `tidelog_server.etcd.offline`): a
+        broker not registered, or one whose log of it is offline. Reported
+        only: elections never read it."""
+        logs = self.offline_of(topic, partition)
+        return tuple(offline_replicas(replicas, self.registered, logs.__contains__))
 
 
 async def read_live_brokers(client: Any, keys: Any) -> LiveBrokers:
@@ -285,15 +298,15 @@ async def read_live_brokers(client: Any, keys: Any) -> LiveBrokers:
     ]
     return LiveBrokers(
         {registration.broker_id: revision for registration, revision in registrations},
-        offline_replicas(registration for registration, _ in registrations),
+        offline_logs(registration for registration, _ in registrations),
     )
 
 
-def offline_replicas(
+def offline_logs(
     registrations: Iterable[BrokerRegistration],
 ) -> dict[tuple[str, int], frozenset[int]]:
-    """(topic, partition) -> the brokers whose replica of it is offline, as
-    their registrations list them (see the module doc)."""
+    """(topic, partition) -> the brokers whose log of it is offline, as their
+    registrations list them (see the module doc)."""
     offline: dict[tuple[str, int], set[int]] = {}
     for registration in registrations:
         for tp in registration.offline_partitions:

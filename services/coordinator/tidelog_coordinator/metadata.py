@@ -89,7 +89,9 @@ class PartitionRecord:
     #: A reassignment in progress: the replicas being added and those leaving.
     adding: tuple[int, ...] = ()
     removing: tuple[int, ...] = ()
-    #: Replicas whose broker's registration lists their log offline.
+    #: Replicas that cannot serve, as Kafka's offline replicas: their broker
+    #: is not registered, or its registration lists their log offline
+    #: (LiveBrokers.offline_replicas).
     offline: tuple[int, ...] = ()
 
 
@@ -345,8 +347,8 @@ class MetadataManager:
             tp = self.keys.parse_partition_state_key(kv.key)
             if tp is not None:
                 states[tp] = PartitionState.decode(kv.value)
-        # What the controller reads too (leader_election.read_live_brokers):
-        # a replica listed there is never elected and leaves the ISR.
+        # What the controller reads too (leader_election.read_live_brokers),
+        # once for every partition described.
         brokers = await read_live_brokers(self.client, self.keys)
         out: list[TopicRecord | Exception] = []
         for name in wanted:
@@ -367,7 +369,7 @@ class MetadataManager:
                         list(state.isr),
                         moving.adding if moving is not None else (),
                         moving.removing if moving is not None else (),
-                        tuple(b for b in replicas if b in brokers.offline_of(name, partition)),
+                        brokers.offline_replicas(name, partition, replicas),
                     )
                 )
             out.append(TopicRecord(name, topic.topic_id, parts_out, dict(topic.configs)))

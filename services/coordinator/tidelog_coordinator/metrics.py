@@ -15,6 +15,13 @@ and from the partition leaders:
 - `tidelog_cluster_partitions`, `tidelog_cluster_under_replicated_partitions`
   (ISR smaller than the replicas), `tidelog_cluster_under_min_isr_partitions`,
   `tidelog_cluster_offline_partitions` (no live leader);
+- `tidelog_cluster_offline_replicas`: replicas that cannot serve (served by
+  the active controller only, as the partition gauges), as DescribeTopics
+  reports them (Kafka's offline replicas): their broker is not
+  registered (dead, or never was), or it lists their log offline (a storage
+  failure). Counted from the refresh's DescribeTopics read, so it costs no
+  read of its own: one read of the broker registrations per refresh serves
+  every partition;
 - `tidelog_cluster_partition_leaders{broker_id}`: partitions each broker leads;
 - `tidelog_group_committed_offset{group,topic,partition}` and
   `tidelog_group_lag_records{group,topic,partition}`: the partition's high
@@ -70,6 +77,8 @@ class ClusterSnapshot:
     under_replicated: int = 0
     under_min_isr: int = 0
     offline: int = 0
+    #: Replicas reported offline (MetadataManager.describe_topics).
+    offline_replicas: int = 0
     leaders: dict[int, int] = field(default_factory=dict)
     #: (group, partition) -> (committed offset, lag or None when the high
     #: watermark is unknown).
@@ -142,6 +151,12 @@ class CoordinatorMetrics:
                 "tidelog_cluster_offline_partitions",
                 "Partitions without a live leader (neither readable nor writable)",
                 snapshot.offline,
+            ),
+            (
+                "tidelog_cluster_offline_replicas",
+                "Replicas that cannot serve: their broker is not registered, "
+                "or its registration lists their log offline",
+                snapshot.offline_replicas,
             ),
         ):
             family = GaugeMetricFamily(name, doc)
@@ -235,6 +250,7 @@ class ClusterProbe:
                     snapshot.under_replicated += 1
                 if len(part.isr) < min_isr:
                     snapshot.under_min_isr += 1
+                snapshot.offline_replicas += len(part.offline)
         committed = await self._committed_offsets()
         watermarks = await self._high_watermarks({tp for _, tp in committed}, leader_of, brokers)
         for (group_id, tp), offset in committed.items():

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tidelog_coordinator.leader_election import LeaderElector
+from tidelog_coordinator.leader_election import LeaderElector, read_live_brokers
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
@@ -157,3 +157,45 @@ def test_a_registration_of_an_older_broker_lists_nothing_offline(
     state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
     (first, second) = run_passes(etcd, prefix, state, {}, between=older_broker_0)
     assert first == second == state
+
+
+def test_described_offline_replicas_add_dead_brokers_but_elections_read_logs_only(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    """LiveBrokers, from one read of the registrations: what DescribeTopics
+    reports (Kafka's offline replicas: broker 3 not registered, broker 9
+    never was, broker 1's log offline; in replica order) and what elections
+    read (`offline_of`: the offline logs of live brokers alone, unchanged)."""
+
+    async def run() -> tuple[tuple[int, ...], tuple[int, ...], frozenset[int], set[int]]:
+        client = connect(etcd.endpoint)
+        keys = Keys(prefix.decode().rstrip("/"))
+        try:
+            await register(client, keys, 1, ((TOPIC, 0),))
+            await register(client, keys, 2)
+            brokers = await read_live_brokers(client, keys)
+            return (
+                brokers.offline_replicas(TOPIC, 0, [3, 2, 1, 9]),
+                brokers.offline_replicas(TOPIC, 1, [2, 1]),
+                brokers.offline_of(TOPIC, 0),
+                set(brokers.registered),
+            )
+        finally:
+            await client.close()
+
+    reported, other_partition, elections_read, registered = asyncio.run(run())
+    assert reported == (3, 1, 9)
+    assert other_partition == ()
+    assert elections_read == frozenset({1})
+    assert registered == {1, 2}
+
+
+def test_a_dead_replica_reported_offline_changes_no_election(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    # Follower 2 died (not registered) and is still in the ISR: it leaves
+    # the ISR in the same epoch, leader 0 stays, as before dead brokers were
+    # reported offline; nothing is fenced as an offline log would be.
+    state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
+    (after,) = run_passes(etcd, prefix, state, {}, live=(0, 1))
+    assert after == PartitionState(leader=0, leader_epoch=3, isr=(0, 1), version=6)

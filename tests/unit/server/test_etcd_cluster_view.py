@@ -172,10 +172,12 @@ def test_out_of_sync_lists_the_partitions_a_live_leader_has_not_taken_back() -> 
     assert view.out_of_sync(1) == [("t", 1)]
 
 
-def test_offline_replicas_are_those_live_registrations_list() -> None:
-    """What Metadata answers as a partition's offline replicas: in replica
-    order, only what a live broker's registration lists; a registration
-    without the field (an older broker) lists nothing."""
+def test_offline_replicas_are_dead_brokers_and_the_logs_live_ones_list() -> None:
+    """What Metadata answers as a partition's offline replicas, as Kafka's:
+    in replica order, a replica whose broker is not registered (its lease
+    expired, or it never was) and one whose live broker's registration lists
+    its log offline; a registration without the field (an older broker)
+    lists nothing."""
     view = ClusterView(KEYS)
     older = json.loads(BrokerRegistration(2, "h", 2).encode())
     older.pop("offline_partitions", None)
@@ -193,6 +195,14 @@ def test_offline_replicas_are_those_live_registrations_list() -> None:
     assert view.offline_replicas("t", 0, [3, 2, 1]) == [3, 1]
     assert view.offline_replicas("t", 1, [3, 2, 1]) == []
     assert view.offline_replicas("u", 1, [2, 3]) == []  # broker 1 holds no replica of it
-    # Broker 3's lease expires: its registration no longer says.
+    # Broker 3's lease expires: not live, so offline for every partition
+    # (in replica order, with the log broker 1 lists).
     view.apply_brokers(WatchBatch(False, [Change(KEYS.broker(3), None, 9)]))
-    assert view.offline_replicas("t", 0, [3, 2, 1]) == [1]
+    assert view.offline_replicas("t", 0, [3, 2, 1]) == [3, 1]
+    assert view.offline_replicas("t", 1, [2, 3, 1]) == [3]
+    # A broker id that never registered cannot serve either.
+    assert view.offline_replicas("t", 1, [7, 2, 1]) == [7]
+    # Only what is reported: lists_offline (what keeps a follower out of
+    # the ISR) still answers for live registrations alone.
+    assert not view.lists_offline(3, "t", 0)
+    assert view.lists_offline(1, "t", 0)

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from tidelog_server.etcd import WatchBatch
 from tidelog_server.etcd.keys import Keys
+from tidelog_server.etcd.offline import offline_replicas
 from tidelog_server.etcd.records import (
     BrokerRegistration,
     CoordinatorRegistration,
@@ -213,12 +214,15 @@ class ClusterView:
         return live is not None and (topic, partition) in live.registration.offline_partitions
 
     def offline_replicas(self, topic: str, partition: int, replicas: list[int]) -> list[int]:
-        """Those of `replicas` whose live broker lists its log of
-        `topic`-`partition` offline, in replica order: what Metadata answers
-        as the partition's offline replicas. A broker that is not live is
-        not listed (its registration, gone with its lease, no longer says;
-        Kafka would list it), nor one whose registration predates the field."""
-        return [b for b in replicas if self.lists_offline(b, topic, partition)]
+        """Those of `replicas` that cannot serve, in replica order: what
+        Metadata answers as the partition's offline replicas, as Kafka's
+        (`tidelog_server.etcd.offline`): a broker that is not live (its
+        registration gone with its lease, or never registered), or a live
+        broker that lists its log of `topic`-`partition` offline (one whose
+        registration predates that field lists none)."""
+        return offline_replicas(
+            replicas, self.brokers, lambda b: self.lists_offline(b, topic, partition)
+        )
 
     def broker_address(self, broker_id: int) -> str | None:
         live = self.brokers.get(broker_id)

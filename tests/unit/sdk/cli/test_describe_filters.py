@@ -13,8 +13,10 @@ UNAVAILABLE = "--unavailable-partitions"
 LIVE = {1, 2, 3}
 
 
-def partition(leader: int, isr: list[int], offline: list[int]) -> PartitionInfo:
-    return PartitionInfo(0, leader, [1, 2, 3], isr, 0, 0, 0, 0, 1, offline_replicas=offline)
+def partition(
+    leader: int, isr: list[int], offline: list[int], replicas: tuple[int, ...] = (1, 2, 3)
+) -> PartitionInfo:
+    return PartitionInfo(0, leader, list(replicas), isr, 0, 0, 0, 0, 1, offline_replicas=offline)
 
 
 def kept(only: str, info: PartitionInfo) -> bool:
@@ -36,3 +38,20 @@ def test_an_offline_replica_is_under_replicated_even_before_it_leaves_the_isr() 
 def test_a_leader_whose_log_is_offline_is_unavailable() -> None:
     assert kept(UNAVAILABLE, partition(1, [1, 2, 3], [1]))
     assert kept(UNAVAILABLE, partition(-1, [1], [2]))
+
+
+def test_a_partition_whose_only_replica_is_down_is_unavailable_not_under_replicated() -> None:
+    # Its broker (not live, so offline) is the whole ISR, kept by the
+    # controller for its return: as kafka-topics, unavailable only. Also
+    # while the dead leader is not fenced yet (leader still 3).
+    for leader in (-1, 3):
+        alone = partition(leader, [3], [3], replicas=(3,))
+        assert not kept(UNDER, alone), leader
+        assert kept(UNAVAILABLE, alone), leader
+
+
+def test_a_dead_follower_still_in_the_isr_is_under_replicated() -> None:
+    # Reported offline (its broker is down) before the controller's pass
+    # takes it out of the ISR.
+    assert kept(UNDER, partition(1, [1, 2, 3], [2]))
+    assert not kept(UNAVAILABLE, partition(1, [1, 2, 3], [2]))
