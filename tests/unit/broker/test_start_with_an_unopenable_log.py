@@ -33,7 +33,7 @@ from tidelog.errors import StorageError
 from tidelog.records import encode_batch, iter_batches
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
 from tidelog_broker.config import BrokerConfig
-from tidelog_broker.log_manager import LogManager
+from tidelog_broker.log_manager import INLINE_OPEN_MAX, LogManager
 from tidelog_broker.server import BrokerServer
 from tidelog_broker.storage import UnopenedLog, files
 from tidelog_broker.topic_store import TopicSpec
@@ -167,6 +167,32 @@ def test_hosting_a_topic_with_one_unopenable_log_hosts_the_others_offline_listed
         assert told[-1] == []
     finally:
         _unpin(broken)
+        logs.close()
+
+
+def test_opening_in_worker_threads_records_the_leader_epochs_of_the_logs_that_open(
+    tmp_path: Path,
+) -> None:
+    """More partitions than are opened on the loop (INLINE_OPEN_MAX): the
+    slices opened in worker threads host the unopenable one offline too, and
+    the others, about to be led, have their epoch in their history."""
+    count = INLINE_OPEN_MAX * 3
+    logs = LogManager(BrokerConfig(data_dir=tmp_path), SYSTEM_CLOCK, cluster_mode=True)
+    logs.open()
+    told: list[list[tuple[str, int]]] = []
+    logs.on_offline_changed = lambda: told.append(logs.offline_partitions())
+    try:
+        _garbage_checkpoint(tmp_path / files.log_dir_name(TOPIC, 5))
+        spec = TopicSpec(TOPIC, count, {}, uuid.uuid4().hex)
+        asyncio.run(
+            logs.host_partitions_off_loop(spec, range(count), dict.fromkeys(range(count), 9))
+        )
+        assert logs.hosted_partitions(TOPIC) == list(range(count))
+        assert logs.offline_partitions() == [(TOPIC, 5)] and told == [[(TOPIC, 5)]]
+        for partition in range(count):
+            if partition != 5:
+                assert logs.partition_log(TOPIC, partition).leader_epochs.entries == [(9, 0)]
+    finally:
         logs.close()
 
 
