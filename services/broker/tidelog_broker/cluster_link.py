@@ -40,7 +40,9 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   tidelog_server.etcd.cluster_view); replica fetches and ISR expansion are bound to
   a live broker's registration (`ClusterView.registration_of`);
 - offline replicas: a log that a storage failure took offline
-  (`PartitionLog.offline`) is listed in the registration's
+  (`PartitionLog.offline`), or that could not be opened (hosted as an
+  `UnopenedLog`, the topic's other partitions hosted as usual), is listed
+  in the registration's
   `offline_partitions`, rewritten in place (same key, same lease, compared
   by its create revision, so the registration stays the same incarnation)
   whenever the set changes; the controller then elects none of them and
@@ -79,7 +81,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import aetcd
-from tidelog.errors import TidelogError
+from tidelog.errors import StorageError, TidelogError
 from tidelog_server.atomic_files import write_atomically
 from tidelog_server.etcd import (
     PrefixWatcher,
@@ -749,6 +751,13 @@ class ClusterLink:
                 replicas=topic.replicas[partition],
                 isr=state.isr,
                 revision=state.mod_revision,
+            )
+        except StorageError as exc:
+            # Its log is offline (a storage failure, or it could not be
+            # opened): it cannot lead. The registration lists it, so the
+            # controller moves leadership off it, and the new state applies.
+            flood.warning(
+                "%s-%d cannot take its role %s: %s", topic.name, partition, role.value, exc
             )
         except Exception:
             flood.exception("applying the state of %s-%d failed", topic.name, partition)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import threading
 import uuid
@@ -54,6 +55,7 @@ from tidelog_broker.storage import (
     Clock,
     LogConfig,
     PartitionLog,
+    UnopenedLog,
     config_to_strings,
     parse_topic_configs,
 )
@@ -85,6 +87,15 @@ OPEN_SLICE = 64
 #: (tens of ms on a loaded machine: clients that produced straight after
 #: create_topics were refused).
 INLINE_OPEN_MAX = 4
+#: Out of descriptors (the process's, the system's) or memory.
+_RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
+
+
+def _out_of_resources(exc: StorageError) -> bool:
+    """Whether opening a log failed for want of descriptors or memory: the
+    process's limits, not the directory's fault (see `_open_logs`)."""
+    cause = exc.__cause__
+    return isinstance(cause, OSError) and cause.errno in _RESOURCE_ERRNOS
 
 
 def close_logs(logs: Iterable[PartitionLog]) -> None:
@@ -196,12 +207,16 @@ class LogManager:
         if self._cluster_mode:
             return
         for spec in self._store.load().values():
+            # A log that fails to open is hosted offline (`_open_logs`): the
+            # broker starts and serves the rest, as Kafka does.
             self._topics[spec.name] = self._open_topic(spec)
+        offline = self.offline_partitions()
         log.info(
-            "opened %d topics, %d partitions in %s",
+            "opened %d topics, %d partitions in %s%s",
             len(self._topics),
             sum(len(t.logs) for t in self._topics.values()),
             self._config.data_dir,
+            f"; offline (cannot be opened): {[f'{t}-{p}' for t, p in offline]}" if offline else "",
         )
 
     def close(self) -> None:
@@ -221,15 +236,17 @@ class LogManager:
         spec: TopicSpec,
         partitions: Iterable[int] | None = None,
         opened: dict[int, PartitionLog] | None = None,
+        all_or_none: bool = False,
     ) -> Topic:
         """Topic `spec` with the logs of `partitions` (None: every one):
         taken from `opened` (logs opened beforehand, off the loop; those
-        taken are removed from it), the others opened here."""
+        taken are removed from it), the others opened here (`_open_logs`:
+        one that fails to open is hosted offline, unless `all_or_none`)."""
         config = parse_topic_configs(spec.configs, self._config.log_defaults)
         wanted = range(spec.partitions) if partitions is None else sorted(partitions)
         ready = {} if opened is None else opened
         missing = [p for p in wanted if p not in ready]
-        logs = self._open_logs(spec.name, config, missing, None, spec.topic_id)
+        logs = self._open_logs(spec.name, config, missing, None, spec.topic_id, all_or_none)
         logs.extend(ready.pop(p) for p in wanted if p in ready)
         logs.sort(key=lambda partition_log: partition_log.partition)
         return Topic(spec, config, logs)
@@ -241,25 +258,49 @@ class LogManager:
         partitions: list[int],
         leader_epochs: Mapping[int, int] | None = None,
         topic_id: str = "",
+        all_or_none: bool = False,
     ) -> list[PartitionLog]:
         """Open (creating them if needed) the logs of `partitions` of topic
-        `name`: all of them, or none; record `leader_epochs` (partition ->
-        the epoch this broker is to lead it in) at their log ends.
-        `topic_id`: the topic's incarnation (PartitionLog.open refuses, or
-        renames aside, a directory left by a deleted one).
+        `name`; record `leader_epochs` (partition -> the epoch this broker
+        is to lead it in) at the ends of those that open. `topic_id`: the
+        topic's incarnation (PartitionLog.open refuses, or renames aside, a
+        directory left by a deleted one).
+
+        A log that fails to open (StorageError: EIO, an unreadable
+        checkpoint, a deleted incarnation's directory that cannot be renamed
+        aside) is an `UnopenedLog` in the list, offline until a restart, and
+        the others open: one bad directory must not keep a broker from
+        starting or from hosting the topic's other partitions, nor go
+        unreported (hosted offline, it is listed in `offline_partitions`,
+        so the controller does not elect this broker for it), as Kafka
+        starts and marks a log directory that fails at load offline. Only
+        when out of descriptors or memory (no fault of the directory, and
+        gone once some are freed) does it raise, as with `all_or_none` for
+        any failure (standalone CreateTopics: the client gets the error and
+        nothing is created); either way the logs opened so far are closed.
         Thread-safe: each log is new and nobody else's yet
         (`host_partitions_off_loop` runs it in a worker thread)."""
         logs: list[PartitionLog] = []
         try:
             for p in partitions:
-                partition_log = PartitionLog.open(
-                    self._config.data_dir / log_dir_name(name, p),
-                    name,
-                    p,
-                    config,
-                    self._clock,
-                    topic_id,
-                )
+                directory = self._config.data_dir / log_dir_name(name, p)
+                try:
+                    partition_log = PartitionLog.open(
+                        directory, name, p, config, self._clock, topic_id
+                    )
+                except StorageError as exc:
+                    if all_or_none or _out_of_resources(exc):
+                        raise
+                    log.error(
+                        "the log of %s-%d cannot be opened: %s; it is offline (listed so to "
+                        "the controller) until the broker restarts, the topic's other "
+                        "partitions are hosted",
+                        name,
+                        p,
+                        exc,
+                    )
+                    logs.append(UnopenedLog(directory, name, p, config, self._clock, exc))
+                    continue
                 logs.append(partition_log)
                 partition_log.on_offline = self._offline_changed
                 if leader_epochs and p in leader_epochs:
@@ -405,7 +446,9 @@ class LogManager:
         # created again under this name never opens a directory left by this
         # one (a deletion that could not remove it, see delete_topic).
         spec = TopicSpec(name, partitions, configs, uuid.uuid4().hex)
-        topic = self._open_topic(spec)
+        # All or none: a log that cannot be created fails the request (the
+        # client learns it now) rather than create a topic born offline.
+        topic = self._open_topic(spec, all_or_none=True)
         self._topics[name] = topic
         self._save_specs()
         log.info("created topic %s with %d partitions", name, partitions)
@@ -546,9 +589,10 @@ class LogManager:
         if topic is None:
             # Known even when no partition is hosted here, so that requests
             # for it get NOT_LEADER_OR_FOLLOWER rather than UNKNOWN_TOPIC.
-            self._topics[spec.name] = self._open_topic(spec, wanted, opened)
+            topic = self._topics[spec.name] = self._open_topic(spec, wanted, opened)
             if wanted:
                 log.info("hosting %s partitions %s", spec.name, sorted(wanted))
+            self._hosted_offline(topic.logs)
             return
         if spec.configs != topic.spec.configs:
             topic.config = parse_topic_configs(spec.configs, self._config.log_defaults)
@@ -569,6 +613,7 @@ class LogManager:
         added = self._open_topic(spec, wanted - set(topic.hosted), opened)
         topic.hosted.update(added.hosted)
         topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
+        self._hosted_offline(added.logs)
         # What changed, not the whole list: a topic's partitions may arrive a
         # few at a time, and listing thousands each time wrote ~12 MB of log
         # per broker for one topic of 3,000 partitions.
@@ -579,6 +624,12 @@ class LogManager:
             sorted(added.hosted),
             sorted(removed),
         )
+
+    def _hosted_offline(self, logs: Iterable[PartitionLog]) -> None:
+        """Newly hosted `logs` include offline ones (`UnopenedLog`, which
+        never go offline, so never call `on_offline`): the set changed."""
+        if any(partition_log.offline is not None for partition_log in logs):
+            self.on_offline_changed()
 
     def hosted_partitions(self, name: str) -> list[int]:
         """Cluster mode: the partitions of topic `name` with an open log here."""

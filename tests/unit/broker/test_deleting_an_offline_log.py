@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from tidelog.errors import StorageError, TidelogError
+from tidelog.errors import StorageError
 from tidelog.records import encode_batch, iter_batches
 from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
 from tidelog_broker.config import BrokerConfig
@@ -233,8 +233,10 @@ def test_an_offline_log_that_cannot_be_renamed_is_never_opened_by_the_new_topic(
 ) -> None:
     """Its directory keeps its name (and its topic id): the new topic's
     partition here refuses it, before and after a restart, and never serves
-    its records; once the directory can be moved, a restart renames it aside
-    and opens an empty log."""
+    its records (the partition is hosted offline, listed so in the
+    registration; the topic's other partition is hosted); once the
+    directory can be moved, a restart renames it aside and opens an empty
+    log."""
     prefix = f"/offdel-{uuid.uuid4().hex}"
 
     async def run() -> None:
@@ -252,12 +254,14 @@ def test_an_offline_log_that_cannot_be_renamed_is_never_opened_by_the_new_topic(
                 assert not (tmp_path / f"{TOPIC}-1").exists()
 
                 await broker.metadata.create_topic(TOPIC, 2, 1, {})
-                # The hosting is refused (logged), never the old log opened.
-                await eventually(
-                    lambda: TOPIC in broker.link._hosting_failed, "the hosting is refused"
-                )
-                with pytest.raises(TidelogError):
+                # Its partition here is hosted offline, listed so (the
+                # controller elects no leader on this broker for it), never
+                # the old log opened; the other partition is hosted.
+                await broker.until_listed(((TOPIC, 0),))
+                with pytest.raises(StorageError, match="cannot be renamed aside"):
                     broker.records(0)
+                await broker.hosts(range(2))
+                assert broker.hosted_records(1) == b""
         finally:
             await broker.stop()
 
@@ -266,10 +270,8 @@ def test_an_offline_log_that_cannot_be_renamed_is_never_opened_by_the_new_topic(
         try:
             with immutable(directory):
                 await broker.start()
-                await eventually(
-                    lambda: TOPIC in broker.link._hosting_failed, "the hosting is refused"
-                )
-                with pytest.raises(TidelogError):
+                await broker.until_listed(((TOPIC, 0),))
+                with pytest.raises(StorageError, match="cannot be renamed aside"):
                     broker.records(0)
         finally:
             await broker.stop()

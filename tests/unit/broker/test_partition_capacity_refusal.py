@@ -34,12 +34,16 @@ def test_hosting_past_max_partitions_is_refused(tmp_path: Path) -> None:
         manager.close()
 
 
-def test_a_topic_that_fails_to_open_keeps_no_descriptors(tmp_path: Path) -> None:
+def test_a_log_that_fails_to_open_keeps_no_descriptors(tmp_path: Path) -> None:
     manager = PartitionManager(BrokerConfig(data_dir=tmp_path), cluster_mode=True)
     manager.open()
     # Partition 2's directory is a file: its open fails after 0 and 1 opened.
+    # It is hosted offline (`UnopenedLog`, holding no file), the others open.
     (tmp_path / "t-2").write_text("in the way")
-    with pytest.raises(StorageError):
-        manager.logs.host_partitions(TopicSpec("t", 3, {}), [0, 1, 2])
-    assert open_descriptors_under(tmp_path) == 0
+    manager.logs.host_partitions(TopicSpec("t", 3, {}), [0, 1, 2])
+    assert manager.logs.offline_partitions() == [("t", 2)]
+    with pytest.raises(StorageError, match="opening it failed"):
+        manager.partition_log("t", 2)
+    assert open_descriptors_under(tmp_path / "t-2") == 0
     manager.close()
+    assert open_descriptors_under(tmp_path) == 0

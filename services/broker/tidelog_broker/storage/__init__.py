@@ -25,7 +25,9 @@ the bottom up, one class per on-disk artifact:
 Errors: `PartitionLog` raises `tidelog.errors.StorageError` for any I/O error
 and `OffsetOutOfRangeError` for a read outside the log; a reset or a
 truncation that fails part-way takes the log offline (`PartitionLog.offline`:
-StorageError for everything until the directory is opened again).
+StorageError for everything until the directory is opened again); a log
+that cannot be opened at all is hosted as an `UnopenedLog` (`unopened_log`),
+offline from the start, so that its neighbours open and serve.
 """
 
 from tidelog_server.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
@@ -33,6 +35,7 @@ from tidelog_server.clock import SYSTEM_CLOCK, Clock, ManualClock, SystemClock
 from tidelog_broker.storage.config import LogConfig, config_to_strings, parse_topic_configs
 from tidelog_broker.storage.partition_log import AppendInfo, PartitionLog, ReadResult
 from tidelog_broker.storage.segment import LogSegment
+from tidelog_broker.storage.unopened_log import UnopenedLog
 
 __all__ = [
     "SYSTEM_CLOCK",
@@ -44,6 +47,7 @@ __all__ = [
     "PartitionLog",
     "ReadResult",
     "SystemClock",
+    "UnopenedLog",
     "config_to_strings",
     "parse_topic_configs",
 ]

@@ -164,8 +164,10 @@ class PartitionLog:
         log_start_offset: int = 0,
         clean_offset: int = 0,
         gap_limit: int = 0,
+        leader_epochs: LeaderEpochCache | None = None,
     ) -> None:
-        """Use `PartitionLog.open`."""
+        """Use `PartitionLog.open` (`leader_epochs`: None, loaded from
+        `directory`; `segments` is empty only for an `UnopenedLog`)."""
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -188,14 +190,18 @@ class PartitionLog:
         #: it offline): the LogManager tells the cluster (the broker's
         #: registration lists its offline replicas for the controller).
         self.on_offline: Callable[[], None] = lambda: None
-        self._log_start_offset = max(log_start_offset, segments[0].base_offset)
+        self._log_start_offset = (
+            max(log_start_offset, segments[0].base_offset) if segments else log_start_offset
+        )
         self._clean_offset = clean_offset
         self._gap_limit = gap_limit
         # The segments (and their sizes) a cleaning round in flight was
         # planned on; finish_cleaning swaps only if they are all still there.
         self._cleaning: tuple[tuple[LogSegment, int], ...] | None = None
         #: Epoch history (replication): which leader epoch wrote which offsets.
-        self.leader_epochs = LeaderEpochCache.load(directory)
+        self.leader_epochs = (
+            LeaderEpochCache.load(directory) if leader_epochs is None else leader_epochs
+        )
         #: Idempotent producers' sequences (rebuilt by `open`). Followers call
         #: `producer_state.update(header, first_offset)` for each batch they append.
         self.producer_state = ProducerStateManager(directory)
@@ -324,7 +330,8 @@ class PartitionLog:
     @property
     def offline(self) -> str | None:
         """Why this log refuses every read and write until the directory is
-        opened again (a change failed part-way), or None while it serves."""
+        opened again (a change failed part-way, or, for an `UnopenedLog`,
+        the open itself), or None while it serves."""
         return self._offline
 
     @contextlib.contextmanager

@@ -29,6 +29,7 @@ def test_exports_are_pinned() -> None:
             "SystemClock",
             "ManualClock",
             "SYSTEM_CLOCK",
+            "UnopenedLog",
         ]
     )
 
