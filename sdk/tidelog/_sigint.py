@@ -15,14 +15,14 @@ position(), commit(), committed(), subscribe(), close(), ...: `guarded`)
 runs in the main thread, SIGINT only marks an interrupt pending and wakes
 the call's wait; the call raises KeyboardInterrupt itself where a wakeup()
 raises WakeupError (before taking records: `check`), or as it returns
-(`leave`: poll() puts back the records it took first, so none is lost).
-A wait is cut short (`waiting`: the handler releases the lock the wait
-blocks on: it never raises into the wait, nor takes a lock), a piece of I/O
-in progress is not: commit(), close() and the like finish (each bounded by
-its timeout) and then raise; so close() after a Ctrl-C still commits and leaves the group. Outside such
-a call, the handler raises KeyboardInterrupt at once, as Python's default
-one does. An application callback run inside a call (a rebalance listener,
-a commit callback) is deferred with it.
+(`leave`: poll() puts back the records it took first, so none is lost). A
+wait is cut short (`waiting`: the handler releases the lock the wait blocks
+on: it never raises into the wait, nor takes a lock), a piece of I/O in
+progress is not: commit(), close() and the like finish (each bounded by its
+timeout) and then raise; so close() after a Ctrl-C still commits and leaves
+the group. Outside such a call, the handler raises KeyboardInterrupt at
+once, as Python's default one does. An application callback run inside a
+call (a rebalance listener, a commit callback) is deferred with it.
 
 Where, and what is left alone:
 - only in the main thread (where Python runs signal handlers, and where
