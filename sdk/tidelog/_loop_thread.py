@@ -27,11 +27,13 @@ calls of any client sharing it (RuntimeError, as for their own producer).
 
 The loop always runs in its own thread. (A Consumer alone on its loop used
 to borrow it into the thread waiting in poll(), to save one thread hand-off
-per fetched answer; measured again on a shared 2-core machine, two
-processes at 10,000 records/s, 10 alternated rounds: without it the p99
-was lower in all 10, 5.97 -> 4.76 ms, and the p50 the same, 1.67 -> 1.57
-ms. While lent, the loop ran only inside poll(), and the loop's thread had
-to be stopped and woken to take it back whenever the caller was late.)
+per fetched answer. Measured again on a shared 2-core machine, two
+processes at 10,000 records/s (`python -m bench.e2e_ab`), the p99 was lower
+without it in 15 of 15 alternated rounds, three runs: medians 5.69 -> 5.04,
+5.97 -> 4.76, 5.67 -> 5.11 ms; the p50 unchanged. While borrowed, the loop
+ran only inside poll(), and the loop's thread, woken every 5 ms to look,
+had to be stopped and woken again to take the loop back whenever the
+caller was late.)
 
 Ctrl-C: the loop's thread is never the main thread, so a KeyboardInterrupt
 never lands in a task step; the Consumer's blocking calls defer SIGINT
