@@ -1,15 +1,13 @@
 """Ctrl-C in a blocking Consumer call: a KeyboardInterrupt at a safe point.
 
 Python raises KeyboardInterrupt at the next bytecode boundary of the main
-thread. A Consumer alone on its loop runs that loop in the thread that polls
-(tidelog._loop_thread, tidelog._poll_wait): in a script, the main thread. An
-interrupt raised there may land inside any callback or task step of the
-SDK's loop (a fetch session's reader, the group heartbeat, a commit half
-sent), which then ends with it (asyncio marks a task done with a
-BaseException and lets it out of run_forever): the consumer silently stops
-getting records, is fenced later, or hangs in close(). It may also land in
+thread, which in a script is the thread that polls. There it may land in
 the poll's own calling-side work (decoding, moving positions), losing
-records it took but never returned.
+records it took but never returned, or in a blocking call's hand-off to the
+SDK's loop (a commit half submitted). (The loop itself runs in its own
+thread, tidelog._loop_thread: an interrupt never lands in a task step of it.
+When a Consumer alone on its loop ran the loop in the polling thread, it
+could, and the consumer then silently stopped getting records.)
 
 The decision (asyncio.Runner's idea, for a blocking API): while a Consumer
 call that may do SDK work (poll(), poll_arrow(), iteration's polls,
@@ -17,15 +15,14 @@ position(), commit(), committed(), subscribe(), close(), ...: `guarded`)
 runs in the main thread, SIGINT only marks an interrupt pending and wakes
 the call's wait; the call raises KeyboardInterrupt itself where a wakeup()
 raises WakeupError (before taking records: `check`), or as it returns
-(`leave`: poll() puts back the records it took first, so none is lost).
-A wait is cut short (`waiting`: the handler wakes the lent loop through its
-self-pipe, or releases the lock a thread wait blocks on: it never raises into
-the wait, nor takes a lock), a piece of I/O in progress is not: commit(),
-close() and the like finish (each bounded by its timeout) and then raise;
-so close() after a Ctrl-C still commits and leaves the group. Outside such
-a call, the handler raises KeyboardInterrupt at once, as Python's default
-one does. An application callback run inside a call (a rebalance listener,
-a commit callback) is deferred with it.
+(`leave`: poll() puts back the records it took first, so none is lost). A
+wait is cut short (`waiting`: the handler releases the lock the wait blocks
+on: it never raises into the wait, nor takes a lock), a piece of I/O in
+progress is not: commit(), close() and the like finish (each bounded by its
+timeout) and then raise; so close() after a Ctrl-C still commits and leaves
+the group. Outside such a call, the handler raises KeyboardInterrupt at
+once, as Python's default one does. An application callback run inside a
+call (a rebalance listener, a commit callback) is deferred with it.
 
 Where, and what is left alone:
 - only in the main thread (where Python runs signal handlers, and where
@@ -43,9 +40,8 @@ Where, and what is left alone:
   thread only; a forked child keeps it and behaves as without a guard).
 
 The Producer's blocking calls (flush(), send() waiting for buffer memory,
-close()) never run the loop in the caller's thread (it has no lender: the
-loop's thread always holds it), so an interrupt there only ends the
-caller's wait (a threading or concurrent.futures wait), and the loop's
+close()) only wait for the loop's thread, so an interrupt there only ends
+the caller's wait (a threading or concurrent.futures wait), and the loop's
 thread goes on sending; they are not guarded.
 
 State is module-wide and touched by the main thread only (the handler runs

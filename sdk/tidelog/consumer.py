@@ -202,7 +202,7 @@ class Consumer:
             raise
         try:
             self._inbox: deque[tuple] = deque()
-            self._data = PollEvent(self._loop_thread)
+            self._data = PollEvent()
             self._cluster = Cluster(self._config)
             self._fetcher = Fetcher(self._cluster, self._config, self._inbox, self._data.set)
             self._subs = SubscriptionState(self._config, self._inbox, self._command)

@@ -9,10 +9,8 @@ import concurrent.futures
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
-from tidelog import _loop_thread
 from tidelog._loop_thread import LoopHandle, client_loop, shared_loop_users
 from tidelog.errors import ClosedError, TidelogTimeoutError
 
@@ -155,74 +153,13 @@ def test_a_client_whose_construction_fails_gives_its_use_of_the_shared_loop_back
     assert shared_loop_users() == before
 
 
-# ------------------------------------------------------------- lending the loop
+# ------------------------------------------------------------- a private loop
 
 
-@pytest.fixture
-def long_linger(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A linger no test outlasts: while it holds, only the caller runs the
-    loop, so what runs where is deterministic."""
-    monkeypatch.setattr(_loop_thread, "LINGER_S", 600.0)
-
-
-def _lingering(name: str) -> LoopHandle:
-    """A private loop lent to this thread and given back with a linger: with
-    `long_linger`, nobody runs it until this thread does."""
-    handle = client_loop(name, shared=False)
-    if not handle.lend():
-        handle.stop()
-        raise AssertionError(f"a private loop with one user was not lent: {name}")
-    handle.give_back(linger=True)
-    return handle
-
-
-def _when(predicate: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, f"not within {timeout_s} s: {what}"
-        time.sleep(0.01)
-
-
-def test_a_lent_loop_runs_in_the_borrowing_thread_then_goes_back() -> None:
-    handle = client_loop("tidelog-lender", shared=False)
+def test_a_private_loop_runs_in_its_own_thread_and_reports_as_run_coroutine_threadsafe() -> None:
+    handle = client_loop("tidelog-private", shared=False)
     try:
-        assert handle.lend()
-        try:
-            assert not handle.lend()  # lent already: one holder at a time
-            ran_in = handle.loop.run_until_complete(_thread_name())
-        finally:
-            handle.give_back()
-        assert ran_in == threading.current_thread().name
-        # Given back without a linger: the loop's thread runs it again, so a
-        # callback scheduled from here runs there.
-        ran = threading.Event()
-        names: list[str] = []
-        handle.call_soon(lambda: (names.append(threading.current_thread().name), ran.set()))
-        assert ran.wait(30)
-        assert names == ["tidelog-lender"]
-    finally:
-        handle.stop()
-    assert not handle.thread._thread.is_alive()
-
-
-def test_a_loop_with_more_than_one_user_is_never_lent() -> None:
-    private = client_loop("tidelog-two-users", shared=False)
-    try:
-        private.thread.set_users(2)
-        assert not private.lend()
-        private.thread.set_users(1)
-        assert private.lend()
-        private.give_back()
-    finally:
-        private.stop()
-
-
-@pytest.mark.usefixtures("long_linger")
-def test_while_the_loop_lingers_run_goes_in_the_calling_thread() -> None:
-    handle = _lingering("tidelog-lingering")
-    try:
-        # Nobody runs the loop now: run() does not wait for the linger.
-        assert handle.run(_thread_name(), timeout=30) == threading.current_thread().name
+        assert handle.run(_thread_name(), timeout=30) == "tidelog-private"
 
         async def never() -> None:
             await asyncio.Event().wait()
@@ -236,99 +173,32 @@ def test_while_the_loop_lingers_run_goes_in_the_calling_thread() -> None:
             asyncio.get_running_loop().call_soon(current.cancel)
             await asyncio.Event().wait()
 
-        # As run_coroutine_threadsafe's future reports a task cancelled by another.
         with pytest.raises(concurrent.futures.CancelledError):
             handle.run(cancelled_by_another(), timeout=30)
     finally:
         handle.stop()
     assert not handle.thread._thread.is_alive()
+    with pytest.raises(ClosedError):
+        handle.run(_thread_name())
 
 
-@pytest.mark.usefixtures("long_linger")
-def test_a_second_user_ends_the_linger() -> None:
-    handle = _lingering("tidelog-second-user")
-    try:
-        ran = threading.Event()
-        handle.call_soon(ran.set)
-        assert not ran.wait(0.2)  # lingering: nobody runs the loop
-        # Another client's work must not wait on this one's next poll.
-        handle.thread.set_users(2)
-        assert ran.wait(30)
-    finally:
-        handle.stop()
+def test_stop_from_several_threads_at_once_ends_the_thread_once() -> None:
+    handle = client_loop("tidelog-stoppers", shared=False)
+    stoppers = [threading.Thread(target=handle.thread.stop) for _ in range(4)]
+    for stopper in stoppers:
+        stopper.start()
+    for stopper in stoppers:
+        stopper.join(30)
+    assert handle.thread.closed
+    assert not handle.thread._thread.is_alive()
+    handle.stop()
 
 
-def test_a_blocking_call_from_a_callback_of_a_lent_loop_raises_instead_of_deadlocking() -> None:
-    handle = client_loop("tidelog-lent-callback", shared=False)
-    try:
-        assert handle.lend()
-        try:
-            refusal = handle.loop.run_until_complete(_blocking_run_refusal(handle))
-            assert "callback thread" in refusal
-        finally:
-            handle.give_back()
-    finally:
-        handle.stop()
-
-
-def test_another_threads_run_is_served_by_the_borrower() -> None:
-    handle = client_loop("tidelog-served", shared=False)
-    answered: list[str] = []
-    try:
-        assert handle.lend()
-        try:
-            asker = threading.Thread(
-                target=lambda: answered.append(handle.run(_thread_name(), timeout=30))
-            )
-            asker.start()
-
-            async def until_answered() -> None:
-                while not answered:
-                    await asyncio.sleep(0.01)
-
-            handle.loop.run_until_complete(asyncio.wait_for(until_answered(), 30))
-            asker.join(30)
-        finally:
-            handle.give_back()
-        assert answered == [threading.current_thread().name]
-    finally:
-        handle.stop()
-
-
-@pytest.mark.usefixtures("long_linger")
-def test_stop_ends_the_thread_whether_lent_or_lingering() -> None:
-    lingering = _lingering("tidelog-stop-lingering")
-    lingering.stop()
-    assert not lingering.thread._thread.is_alive()
-
-    lent = client_loop("tidelog-stop-lent", shared=False)
-    assert lent.lend()
-    stopper = threading.Thread(target=lent.thread.stop)
-    stopper.start()
-    _when(lambda: lent.thread.closed, "stop() marks the loop closed")
-    assert lent.thread._thread.is_alive()  # the lender still has the loop
-    assert lent.loop.run_until_complete(_thread_name()) == threading.current_thread().name
-    lent.give_back()
-    stopper.join(30)
-    assert not lent.thread._thread.is_alive()
-    lent.stop()
-
-
-@pytest.mark.usefixtures("long_linger")
-def test_run_in_the_caller_starts_after_coroutines_submitted_before_it() -> None:
-    # commit_async() then close(): the commit, submitted first, must start
-    # first, as it does when the loop's thread runs the loop (found in CI:
-    # close() left the group before the commit it should have waited for).
-    handle = _lingering("tidelog-order")
-    started: list[str] = []
-
-    async def note(name: str) -> None:
-        started.append(name)
-
-    try:
-        spawned = asyncio.run_coroutine_threadsafe(note("submitted first"), handle.loop)
-        handle.run(note("run"), timeout=30)
-        spawned.result(30)
-        assert started == ["submitted first", "run"]
-    finally:
-        handle.stop()
+def test_stop_from_a_callback_of_the_loop_ends_the_thread() -> None:
+    handle = client_loop("tidelog-stop-inside", shared=False)
+    handle.call_soon(handle.thread.stop)  # joins nothing: it runs in the loop's thread
+    deadline = time.monotonic() + 30
+    while handle.thread._thread.is_alive():
+        assert time.monotonic() < deadline, "the loop's thread did not end"
+        time.sleep(0.01)
+    handle.stop()
