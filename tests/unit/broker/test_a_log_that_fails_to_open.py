@@ -22,28 +22,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tidelog.errors import StorageError
 from tidelog.records import encode_batch, iter_batches
-from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
-from tidelog_broker.config import BrokerConfig
-from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_state import Role
 from tidelog_broker.storage import files
 from tidelog_coordinator.leader_election import LeaderElector
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
-from tidelog_server.forwarding import ChannelPool
 
 from tests.support.etcd import EtcdProcess
+from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
 
 TOPIC = "t"
 ME = 0
 OTHER = 1
-#: Generous: bounds a broken test only.
-WAIT_S = 20.0
 
 
 def spoil(data_dir: Path, partition: int, checkpoint: str = files.CLEANER_CHECKPOINT_FILE) -> Path:
@@ -57,36 +51,12 @@ def spoil(data_dir: Path, partition: int, checkpoint: str = files.CLEANER_CHECKP
     return path
 
 
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not check():
-            await asyncio.sleep(0.02)
-    assert check(), what
-
-
-class Broker:
+class Broker(InProcessBroker):
     """Broker ME in process: manager and cluster link on `data_dir`."""
 
     def __init__(self, etcd: EtcdProcess, prefix: str, data_dir: Path) -> None:
-        self.config = BrokerConfig(data_dir=data_dir, broker_id=ME)
-        self.manager = PartitionManager(self.config, cluster_mode=True)
-        self.manager.open()
-        self.link = ClusterLink(
-            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix=prefix),
-            self.config,
-            self.manager,
-            ChannelPool(),
-        )
+        super().__init__(etcd, prefix, data_dir, ME)
         self.client, self.keys = self.link.client, self.link.keys
-
-    async def start(self) -> None:
-        await self.link.start(port=1)
-        await asyncio.wait_for(self.link.registered.wait(), WAIT_S)
-        await self.link.wait_synced(WAIT_S)
-
-    async def stop(self) -> None:
-        await self.link.stop()
-        self.manager.close()
 
     def role(self, partition: int) -> Role | None:
         replication = self.manager.replicas.replication(TOPIC, partition)

@@ -30,17 +30,15 @@ import asyncio
 import shutil
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from tidelog.errors import StorageError
 from tidelog.records import encode_batch, iter_batches
-from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_manager import LogManager
-from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_state import Role
 from tidelog_broker.storage import files
 from tidelog_coordinator.config import CoordinatorConfig
@@ -48,14 +46,12 @@ from tidelog_coordinator.metadata import MetadataManager
 from tidelog_server.atomic_files import TEMP_SUFFIX
 from tidelog_server.clock import SYSTEM_CLOCK
 from tidelog_server.etcd.records import BrokerRegistration
-from tidelog_server.forwarding import ChannelPool
 
 from tests.support.etcd import EtcdProcess
+from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
 
 TOPIC = "t"
 ME = 0
-#: Generous: bounds a broken test only.
-WAIT_S = 20.0
 OLD = [b"old-%d" % i for i in range(10)]
 
 
@@ -82,36 +78,12 @@ def immutable(path: Path) -> Iterator[None]:
         unpin(path)
 
 
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not check():
-            await asyncio.sleep(0.02)
-    assert check(), what
-
-
-class Broker:
+class Broker(InProcessBroker):
     """Broker 0 in process: manager and cluster link on `data_dir`."""
 
     def __init__(self, etcd: EtcdProcess, prefix: str, data_dir: Path) -> None:
-        self.config = BrokerConfig(data_dir=data_dir, broker_id=ME)
-        self.manager = PartitionManager(self.config, cluster_mode=True)
-        self.manager.open()
-        self.link = ClusterLink(
-            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix=prefix),
-            self.config,
-            self.manager,
-            ChannelPool(),
-        )
+        super().__init__(etcd, prefix, data_dir, ME)
         self.metadata = MetadataManager(self.link.client, self.link.keys, CoordinatorConfig())
-
-    async def start(self) -> None:
-        await self.link.start(port=1)
-        await asyncio.wait_for(self.link.registered.wait(), WAIT_S)
-        await self.link.wait_synced(WAIT_S)
-
-    async def stop(self) -> None:
-        await self.link.stop()
-        self.manager.close()
 
     async def listed_offline(self) -> tuple[tuple[str, int], ...]:
         got = await self.link.client.get(self.link.keys.broker(ME))
