@@ -7,10 +7,9 @@ tracks positions, and, in a group, a `GroupClient` (`_group_client`) that
 runs the membership, with a `GroupSide` (`_consumer_group`) that applies it on
 the calling side. The Consumer runs the fetcher and the membership on its
 own background loop (`LoopThread`) and decodes inside poll(), in the
-caller's thread, where rebalance callbacks run too (as in Kafka). Alone on
-its loop, it runs the loop in the caller's thread while poll() waits
-(`PollEvent`, tidelog._poll_wait): answers are handled there, one thread
-hand-off less per answer.
+caller's thread, where rebalance callbacks run too (as in Kafka). poll()
+waits on a `PollEvent` (tidelog._poll_wait) that the loop sets; the loop
+never runs in the caller's thread (tidelog._loop_thread says why).
 
 Ctrl-C: in the main thread, a blocking call (poll(), iteration, commit(),
 close(), ...) defers SIGINT and raises KeyboardInterrupt itself at a safe
