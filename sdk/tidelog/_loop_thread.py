@@ -130,7 +130,13 @@ class LoopThread:
             if self._closed:
                 return
             self._closed = True
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        try:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        except RuntimeError:
+            # The loop is closed only by its thread's end: its run_forever
+            # raised, and there is nothing left to stop.
+            if not self._loop.is_closed():
+                raise
         if not self.in_loop_thread():
             self._thread.join(timeout)
 

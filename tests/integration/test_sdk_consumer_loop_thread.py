@@ -1,10 +1,7 @@
-"""A blocking Consumer alone on its loop handles its fetch answers in the
-thread that polls (the loop is lent to poll(): tidelog._loop_thread,
-tidelog._poll_wait), one thread hand-off less per answer; a Consumer that
-shares its loop with another client leaves the loop to the loop's thread.
-
-Before, every answer was handled on the loop's thread and the polling thread
-was woken after it."""
+"""A blocking Consumer handles its fetch answers on its loop's thread, never
+in the thread that polls, whether it shares the loop with another client or
+is alone on it (tidelog._loop_thread says why the loop is no longer lent to
+poll()); every record arrives either way."""
 
 from __future__ import annotations
 
@@ -22,7 +19,7 @@ from tests.support.processes import BrokerProcess
 pytestmark = pytest.mark.timeout(120)
 
 RECORDS = 300
-#: Between two sends: slower than a poll, so most answers come to a waiting poll.
+#: Between two sends: most answers come to a waiting poll.
 SEND_INTERVAL_S = 0.002
 DEADLINE_S = 60
 
@@ -69,28 +66,16 @@ def _tail(consumer: Consumer, producer: Producer, topic: str) -> None:
     assert got == RECORDS
 
 
-def test_a_consumer_alone_on_its_loop_handles_answers_in_the_polling_thread(
-    broker: BrokerProcess, answers_by_thread: Counter[str]
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-loop", "private-loop"])
+def test_a_consumers_answers_are_handled_on_its_loops_thread(
+    broker: BrokerProcess, answers_by_thread: Counter[str], shared: bool
 ) -> None:
+    topic = f"loop-{'shared' if shared else 'private'}"
     with (
-        Producer(broker.address, linger_ms=0, shared_loop_thread=False) as producer,
-        Consumer(bootstrap_servers=broker.address, shared_loop_thread=False) as consumer,
+        Producer(broker.address, linger_ms=0, shared_loop_thread=shared) as producer,
+        Consumer(bootstrap_servers=broker.address, shared_loop_thread=shared) as consumer,
     ):
-        producer.send("alone", b"create").get(30)
-        _tail(consumer, producer, "alone")
-    polling = answers_by_thread[threading.current_thread().name]
-    # Some may come while the application is between polls (the loop's
-    # thread takes the loop back then): a loaded machine decides how many.
-    assert polling > 0, f"no answer handled by the polling thread: {dict(answers_by_thread)}"
-
-
-def test_a_consumer_sharing_its_loop_leaves_it_to_the_loops_thread(
-    broker: BrokerProcess, answers_by_thread: Counter[str]
-) -> None:
-    with (
-        Producer(broker.address, linger_ms=0) as producer,
-        Consumer(bootstrap_servers=broker.address) as consumer,
-    ):
-        producer.send("shared", b"create").get(30)
-        _tail(consumer, producer, "shared")
-    assert set(answers_by_thread) == {"tidelog-loop"}, dict(answers_by_thread)
+        producer.send(topic, b"create").get(30)
+        _tail(consumer, producer, topic)
+    loop_thread = "tidelog-loop" if shared else "tidelog-consumer-tidelog-python"
+    assert set(answers_by_thread) == {loop_thread}, dict(answers_by_thread)
