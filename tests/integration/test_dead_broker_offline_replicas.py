@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -31,6 +30,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
 
 from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
+from tests.support.polling import read_until
 from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -63,14 +63,7 @@ def cluster(tmp_path: Path) -> Iterator[tuple[ClusterProcesses, str]]:
 
 
 def eventually(read: Callable[[], T], check: Callable[[T], bool], what: str) -> T:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        value = read()
-        if check(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still {value!r} after {DEADLINE_S} s")
-        time.sleep(0.1)
+    return read_until(read, check, what, DEADLINE_S)
 
 
 def offline_in_metadata(address: str) -> list[list[int]]:

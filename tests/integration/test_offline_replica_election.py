@@ -27,7 +27,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +42,7 @@ from tidelog_server.etcd.records import BrokerRegistration, PartitionState
 
 from tests.support.cluster import ClusterProcesses, start_cluster
 from tests.support.etcd import EtcdProcess
+from tests.support.polling import read_until
 from tests.support.processes import BrokerProcess
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -89,14 +89,7 @@ def offline_listed(cluster: ClusterProcesses, broker_id: int) -> tuple[tuple[str
 
 
 def eventually(read: Callable[[], T], check: Callable[[T], bool], what: str) -> T:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        value = read()
-        if check(value):
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: still {value!r} after {DEADLINE_S} s")
-        time.sleep(0.1)
+    return read_until(read, check, what, DEADLINE_S)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import errno
+import functools
 import logging
 import threading
 import uuid
@@ -246,7 +247,9 @@ class LogManager:
         wanted = range(spec.partitions) if partitions is None else sorted(partitions)
         ready = {} if opened is None else opened
         missing = [p for p in wanted if p not in ready]
-        logs = self._open_logs(spec.name, config, missing, None, spec.topic_id, all_or_none)
+        logs = self._open_logs(
+            spec.name, config, missing, topic_id=spec.topic_id, all_or_none=all_or_none
+        )
         logs.extend(ready.pop(p) for p in wanted if p in ready)
         logs.sort(key=lambda partition_log: partition_log.partition)
         return Topic(spec, config, logs)
@@ -256,6 +259,7 @@ class LogManager:
         name: str,
         config: LogConfig,
         partitions: list[int],
+        *,
         leader_epochs: Mapping[int, int] | None = None,
         topic_id: str = "",
         all_or_none: bool = False,
@@ -535,25 +539,19 @@ class LogManager:
         # this call: hosted, failed, cancelled, or the topic deleted next.
         opening = self._opening[spec.name] = _Opening(spec.partitions, frozenset(new))
         try:
+            # One topic's logs, whichever thread opens them.
+            open_logs = functools.partial(
+                self._open_logs,
+                spec.name,
+                config,
+                leader_epochs=leader_epochs or {},
+                topic_id=spec.topic_id,
+            )
             if len(new) <= INLINE_OPEN_MAX:
-                self._take(
-                    opened,
-                    self._open_logs(spec.name, config, new, leader_epochs or {}, spec.topic_id),
-                )
+                self._take(opened, open_logs(new))
             else:
                 for start in range(0, len(new), OPEN_SLICE):
-                    piece = new[start : start + OPEN_SLICE]
-                    self._take(
-                        opened,
-                        await _in_thread(
-                            self._open_logs,
-                            spec.name,
-                            config,
-                            piece,
-                            leader_epochs or {},
-                            spec.topic_id,
-                        ),
-                    )
+                    self._take(opened, await _in_thread(open_logs, new[start : start + OPEN_SLICE]))
             self.host_partitions(spec, wanted, opened)
         finally:
             if self._opening.get(spec.name) is opening:

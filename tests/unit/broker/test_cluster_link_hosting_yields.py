@@ -161,10 +161,10 @@ def test_a_topic_deleted_while_its_logs_open_is_not_left_behind(
             opening, release = threading.Event(), threading.Event()
             open_logs = manager.logs._open_logs
 
-            def gated_open_logs(*args: object) -> object:
+            def gated_open_logs(*args: object, **kwargs: object) -> object:
                 opening.set()
                 release.wait(DEADLINE_S)
-                return open_logs(*args)  # type: ignore[arg-type]
+                return open_logs(*args, **kwargs)  # type: ignore[arg-type]
 
             manager.logs._open_logs = gated_open_logs  # type: ignore[method-assign,assignment]
             states = [state_change(keys, p, leader_of(p), 0, 3) for p in range(PARTITIONS)]
@@ -224,10 +224,10 @@ def test_hosting_cancelled_while_logs_open_in_a_thread_closes_them(tmp_path: Pat
     opening, release = threading.Event(), threading.Event()
     open_logs = manager.logs._open_logs
 
-    def gated_open_logs(*args: object) -> object:
+    def gated_open_logs(*args: object, **kwargs: object) -> object:
         opening.set()
         release.wait(DEADLINE_S)
-        return open_logs(*args)  # type: ignore[arg-type]
+        return open_logs(*args, **kwargs)  # type: ignore[arg-type]
 
     manager.logs._open_logs = gated_open_logs  # type: ignore[method-assign,assignment]
 

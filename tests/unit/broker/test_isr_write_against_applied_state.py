@@ -32,28 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.records import encode_batch, iter_batches
-from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
-from tidelog_broker.config import BrokerConfig
+from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_state import PartitionReplication
 from tidelog_coordinator.leader_election import LeaderElector
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
-from tidelog_server.forwarding import ChannelPool
 
 from tests.support.etcd import EtcdProcess
+from tests.unit.broker.in_process_broker import InProcessBroker, eventually
 
 TOPIC = "t"
 #: The leader's log end: records 0-9, all acknowledged (in every ISR member's log).
 LEO = 10
-#: Generous deadlines: each wait ends long before when things work.
-WAIT_S = 20.0
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not check():
-            await asyncio.sleep(0.02)
-    assert check(), what
 
 
 def run_leader(
@@ -65,24 +55,14 @@ def run_leader(
     done), stopped after."""
 
     async def run() -> None:
-        config = BrokerConfig(data_dir=tmp_path, broker_id=0)
-        manager = PartitionManager(config, cluster_mode=True)
-        manager.open()
-        link = ClusterLink(
-            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix=f"/isr-{uuid.uuid4().hex}"),
-            config,
-            manager,
-            ChannelPool(),
-        )
+        broker = InProcessBroker(etcd, f"/isr-{uuid.uuid4().hex}", tmp_path, 0)
+        manager, link = broker.manager, broker.link
         try:
-            await link.start(port=1)
-            await asyncio.wait_for(link.registered.wait(), WAIT_S)
-            await link.wait_synced(WAIT_S)
+            await broker.start()
             leader = await restarted_follower(manager, link)
             await scenario(manager, link, leader)
         finally:
-            await link.stop()
-            manager.close()
+            await broker.stop()
 
     asyncio.run(run())
 

@@ -19,34 +19,22 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from tidelog.errors import StorageError
-from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
-from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_state import Role
 from tidelog_broker.storage import files
 from tidelog_coordinator.leader_election import LeaderElector
 from tidelog_server.atomic_files import TEMP_SUFFIX
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
-from tidelog_server.forwarding import ChannelPool
 
 from tests.support.etcd import EtcdProcess
+from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
 
 TOPIC = "t"
 ME = 0
-#: Generous: bounds a broken test only.
-WAIT_S = 20.0
-
-
-async def eventually(check: Callable[[], bool], what: str) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not check():
-            await asyncio.sleep(0.02)
-    assert check(), what
 
 
 def take_offline(manager: PartitionManager, partition: int) -> None:
@@ -62,15 +50,8 @@ def test_offline_logs_are_listed_in_the_registration_and_the_controller_acts(
     etcd: EtcdProcess, tmp_path: Path
 ) -> None:
     async def run() -> None:
-        config = BrokerConfig(data_dir=tmp_path, broker_id=ME)
-        manager = PartitionManager(config, cluster_mode=True)
-        manager.open()
-        link = ClusterLink(
-            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix=f"/off-{uuid.uuid4().hex}"),
-            config,
-            manager,
-            ChannelPool(),
-        )
+        broker = InProcessBroker(etcd, f"/off-{uuid.uuid4().hex}", tmp_path, ME)
+        manager, link = broker.manager, broker.link
         client, keys = link.client, link.keys
         elector = LeaderElector(client, keys, preferred_interval_ms=0)
 
@@ -88,9 +69,7 @@ def test_offline_logs_are_listed_in_the_registration_and_the_controller_acts(
                     await asyncio.sleep(0.02)
 
         try:
-            await link.start(port=1)
-            await asyncio.wait_for(link.registered.wait(), WAIT_S)
-            await link.wait_synced(WAIT_S)
+            await broker.start()
             for other in (1, 2):
                 registration = BrokerRegistration(other, "127.0.0.1", 1)
                 await client.put(keys.broker(other), registration.encode())
@@ -142,7 +121,6 @@ def test_offline_logs_are_listed_in_the_registration_and_the_controller_acts(
             )
             assert link.view.registration_of(ME) == created
         finally:
-            await link.stop()
-            manager.close()
+            await broker.stop()
 
     asyncio.run(run())

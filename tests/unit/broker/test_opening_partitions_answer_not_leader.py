@@ -76,11 +76,11 @@ def held_opening(manager: PartitionManager) -> Iterator[tuple[threading.Event, t
     opening, release = threading.Event(), threading.Event()
     open_logs = manager.logs._open_logs
 
-    def gated_open_logs(*args: object) -> object:
+    def gated_open_logs(*args: object, **kwargs: object) -> object:
         if threading.current_thread() is not threading.main_thread():
             opening.set()
             release.wait(DEADLINE_S)
-        return open_logs(*args)  # type: ignore[arg-type]
+        return open_logs(*args, **kwargs)  # type: ignore[arg-type]
 
     manager.logs._open_logs = gated_open_logs  # type: ignore[method-assign,assignment]
     try:
