@@ -438,6 +438,7 @@ class _TailReader:
         warmup: int,
         consume_tail: Any,
         processes: int,
+        consumer_command: tuple[str, ...],
     ) -> None:
         self.total = total
         self._thread: threading.Thread | None = None
@@ -451,7 +452,7 @@ class _TailReader:
             )
         else:
             self._args = [
-                sys.executable, "-m", "bench.e2e_consumer",
+                sys.executable, "-m", *consumer_command,
                 address, topic, str(total), str(warmup), str(self._output),
             ]  # fmt: skip
 
@@ -518,10 +519,13 @@ def end_to_end_latency(
     workload: str,
     warmup_s: float = 2.0,
     processes: int = 1,
+    consumer_command: tuple[str, ...] = ("bench.e2e_consumer",),
 ) -> Result:
     """Produce at a fixed rate (linger_ms=0, acks=1) while a consumer reads the tail: a
     thread of this process (`processes=1`), or a process of its own (`processes=2`,
     bench/e2e_consumer.py), so that producer and consumer do not share one GIL.
+    `consumer_command`: the module (and its first arguments) that process runs with
+    `python -m`, taking bench/e2e_consumer.py's arguments.
 
     Latency = the time the consumer's poll() returned the record minus the time it was given
     to send(), both from the same monotonic clock (CLOCK_MONOTONIC: one clock for every
@@ -560,7 +564,7 @@ def end_to_end_latency(
                             latencies.append((now - sent) / 1e6)
                         received[0] += 1
 
-    reader = _TailReader(address, topic, total, warmup, consume_tail, processes)
+    reader = _TailReader(address, topic, total, warmup, consume_tail, processes, consumer_command)
     reader.start()
     if processes == 1 and not ready.wait(30):
         stop.set()
