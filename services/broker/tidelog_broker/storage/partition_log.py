@@ -1101,7 +1101,9 @@ class PartitionLog:
     def close(self) -> None:
         """Flush, close every file, and mark the shutdown as clean. An
         offline log only closes its files: nothing of its state in memory
-        may reach the disk, and the next open must recover it."""
+        may reach the disk, and the next open must recover it. A close
+        that fails (StorageError) still closes every file, without the
+        marker: the next open recovers what it did not write."""
         if self._closed:
             return
         if self._offline is not None:
