@@ -47,7 +47,7 @@ from tidelog_server.atomic_files import fsync_directory
 
 from tidelog_broker.storage import checkpoints, cleaning_swap, files
 from tidelog_broker.storage.config import LogConfig
-from tidelog_broker.storage.segment import LogSegment
+from tidelog_broker.storage.segment import LogSegment, close_all
 
 logger = logging.getLogger("tidelog.broker.storage")
 
@@ -76,7 +76,24 @@ class LoadedLog:
 
 def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLog:
     """Open the log in `directory` (created if needed) and recover what
-    needs it. `name` (`orders-3`) is for log messages."""
+    needs it. `name` (`orders-3`) is for log messages.
+
+    If it fails part-way (a segment file that cannot be opened or read, a
+    checkpoint that cannot be written), the segments it opened are closed
+    before the error propagates: nobody else holds them, and a log that
+    fails to open is tried again at every start of the broker."""
+    opened: list[LogSegment] = []
+    try:
+        return _load(directory, name, config, now_ms, opened)
+    except BaseException:
+        close_all(opened)
+        raise
+
+
+def _load(
+    directory: Path, name: str, config: LogConfig, now_ms: int, opened: list[LogSegment]
+) -> LoadedLog:
+    """`load`, adding every segment it opens to `opened`."""
     if not directory.is_dir():
         directory.mkdir(parents=True)
         fsync_directory(directory.parent)
@@ -94,10 +111,11 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
     # Segments wholly below the log start: a retention pass was cut short.
     while len(base_offsets) > 1 and base_offsets[1] <= log_start_offset:
         files.delete_segment_files(directory, base_offsets.pop(0))
-    segments = [
-        LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
-        for base_offset in base_offsets
-    ]
+    for base_offset in base_offsets:
+        opened.append(
+            LogSegment.open(directory, base_offset, now_ms, allow_gaps=base_offset < gap_limit)
+        )
+    segments = list(opened)
     # A log ending below its start (a gap between them) can only be what a
     # broker from before the reset-offset file left of a reset cut short: it
     # wrote the new start first. Finish that reset too. (A log ending AT its
@@ -119,6 +137,7 @@ def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLo
         segments = []
     if not segments:
         segments = [LogSegment.create(directory, log_start_offset)]
+        opened.append(segments[0])
     # Without a recovery point, every segment is recovered.
     recover_above = -1 if recovery_point is None else recovery_point
     past_end = recovery_point is not None and _past_the_end(segments, recovery_point)

@@ -98,7 +98,7 @@ from tidelog_broker.storage.files import rename_deleted, unlink_files
 from tidelog_broker.storage.index import MAX_RELATIVE_OFFSET, OffsetIndex, TimeIndex
 from tidelog_broker.storage.leader_epoch import LeaderEpochCache
 from tidelog_broker.storage.producer_state import ProducerStateManager
-from tidelog_broker.storage.segment import AppendedBatch, LogSegment, read_headers
+from tidelog_broker.storage.segment import AppendedBatch, LogSegment, close_all, read_headers
 
 __all__ = ["AppendInfo", "PartitionLog", "ReadResult", "unlink_files"]
 
@@ -279,6 +279,28 @@ class PartitionLog:
         loaded = log_loader.load(
             directory, files.log_dir_name(topic, partition), config, clock.time_ms()
         )
+        try:
+            return cls._finish_open(directory, topic, partition, config, clock, loaded)
+        except BaseException:
+            # Nobody else holds the segments `load` opened: their descriptors
+            # would stay open for good (a log that fails to open is tried
+            # again at every start). Nothing is written: the next open
+            # recovers whatever state they are in.
+            close_all(loaded.segments)
+            raise
+
+    @classmethod
+    def _finish_open(
+        cls,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        clock: Clock,
+        loaded: log_loader.LoadedLog,
+    ) -> PartitionLog:
+        """The log over the segments `load` kept, its epoch history and
+        producer state brought in line with them."""
         log = cls(
             directory,
             topic,
@@ -1079,27 +1101,36 @@ class PartitionLog:
     def close(self) -> None:
         """Flush, close every file, and mark the shutdown as clean. An
         offline log only closes its files: nothing of its state in memory
-        may reach the disk, and the next open must recover it."""
+        may reach the disk, and the next open must recover it. A close
+        that fails (StorageError) still closes every file, without the
+        marker: the next open recovers what it did not write."""
         if self._closed:
             return
         if self._offline is not None:
             self._closed = True
-            for segment in self._segments:
-                # Its files may be the ones that failed: the next open
-                # recovers whatever state they are in.
-                with contextlib.suppress(OSError):
-                    segment.close()
+            # Its files may be the ones that failed: the next open
+            # recovers whatever state they are in.
+            close_all(self._segments)
             return
-        with _storage_errors(f"closing {self.name}"):
-            self._flush()
-            if self.producer_state.producers:
-                self.producer_state.take_snapshot(
-                    self.log_end_offset, supersedes_above=self._segments[-1].base_offset
-                )
-            for segment in self._segments:
-                segment.close()
+        try:
+            with _storage_errors(f"closing {self.name}"):
+                self._flush()
+                if self.producer_state.producers:
+                    self.producer_state.take_snapshot(
+                        self.log_end_offset, supersedes_above=self._segments[-1].base_offset
+                    )
+                for segment in self._segments:
+                    segment.close()
+                self._closed = True
+                checkpoints.mark_clean_shutdown(self.directory)
+        except BaseException:
+            # The files go whatever failed (out of descriptors, say: the
+            # flush opens some): nobody closes a log twice, so they would
+            # stay open for good. Without the marker, the next open recovers
+            # what the flush did not write.
             self._closed = True
-            checkpoints.mark_clean_shutdown(self.directory)
+            close_all(self._segments)
+            raise
 
     def delete(self) -> Path | None:
         """Close every file and remove the log's directory, offline or not:
@@ -1110,11 +1141,9 @@ class PartitionLog:
         it then stays whole under its name, and a new incarnation of the
         topic refuses it by its topic id (`open`)."""
         self._closed = True
-        for segment in self._segments:
-            # Going anyway: a file that fails to close (maybe the one whose
-            # failure took the log offline) must not keep the rest.
-            with contextlib.suppress(OSError):
-                segment.close()
+        # Going anyway: a file that fails to close (maybe the one whose
+        # failure took the log offline) must not keep the rest.
+        close_all(self._segments)
         try:
             doomed = files.rename_for_deletion(self.directory)
         except FileNotFoundError:

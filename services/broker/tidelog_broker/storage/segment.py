@@ -24,11 +24,12 @@ one pread, without the index lookup and the header read before it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
@@ -125,6 +126,15 @@ def read_headers(path: Path, size: int) -> Iterator[BatchHeader]:
                 break  # recovery has cut torn tails; be safe anyway
             yield header
             position += header.size
+
+
+def close_all(segments: Iterable[LogSegment]) -> None:
+    """Close the files of segments being given up (an open or a close that
+    failed part-way), every one whatever fails: an OSError closing one must
+    neither keep the others open nor replace the error being raised."""
+    for segment in segments:
+        with contextlib.suppress(OSError):
+            segment.close()
 
 
 def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
@@ -232,7 +242,12 @@ class LogSegment:
         its tail is walked from the last index entry to find `next_offset`,
         and `needs_recovery` is set if anything does not add up."""
         segment = cls(directory, base_offset, allow_gaps=allow_gaps)
-        segment.needs_recovery = not segment._load_tail_state()
+        try:
+            segment.needs_recovery = not segment._load_tail_state()
+        except BaseException:
+            # Nobody else has it: its descriptors would stay open for good.
+            close_all([segment])
+            raise
         if segment._size_bytes:
             # The first append's time is not on disk; restarting the segment.ms
             # clock at open may delay a roll but never rolls early on the
