@@ -13,12 +13,16 @@ A real BrokerServer over real gRPC on a temporary data directory (cluster
 mode: on a real etcd, the topic created by the coordinator's real
 MetadataManager); the retention interval is an hour, so no retention pass
 is what removes them. Also: two sweeps at once each remove a directory once
-(the second lists what the first left), on a real LogManager.
+(the second lists what the first left), on a real LogManager; and one that
+cannot be removed at start is retried at the retention checks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -196,3 +200,42 @@ def test_two_sweeps_at_once_remove_each_directory_once(tmp_path: Path) -> None:
         assert renamed_aside(tmp_path) == []
     finally:
         logs.close()
+
+
+def test_a_leftover_that_cannot_be_removed_at_start_is_retried_at_retention_checks(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The start-up sweep logs the failure and the broker serves on; a
+    retention check removes it once it can be (a file made immutable,
+    `chattr +i`, then released: skipped where the file system has no
+    immutable flag or we are not root)."""
+    [left] = leave_deleted_dirs(tmp_path, count=1)
+    pinned = left / "sub" / "leftover"
+    if shutil.which("chattr") is None:
+        pytest.skip("needs chattr")
+    if subprocess.run(["chattr", "+i", str(pinned)], capture_output=True).returncode != 0:
+        pytest.skip(f"the file system of {pinned} has no immutable flag (or we are not root)")
+
+    async def run() -> None:
+        broker = BrokerServer(
+            BrokerConfig(broker_id=0, port=0, data_dir=tmp_path, retention_check_interval_ms=200)
+        )
+        await broker.start()
+        try:
+            async with asyncio.timeout(WAIT_S):
+                while f"cannot remove {left} yet" not in caplog.text:
+                    await asyncio.sleep(0.05)
+            broker.manager.logs.create_topic(LIVE, 1)
+            append(broker, 0, KEPT)
+            assert left.exists()
+            subprocess.run(["chattr", "-i", str(pinned)], check=True)
+            await until_none_renamed_aside(tmp_path)
+            assert KEPT in records(broker, 0)
+        finally:
+            await broker.stop()
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            asyncio.run(run())
+    finally:
+        subprocess.run(["chattr", "-i", str(pinned)], check=False, capture_output=True)
