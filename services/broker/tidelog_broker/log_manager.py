@@ -9,12 +9,14 @@ of gRPC nor of etcd: in cluster mode ClusterLink tells it which partitions to
 host (`host_partitions`, `drop_topic`).
 
 Concurrency: every method runs on the broker's one asyncio event loop, so no
-locks are needed. Appends and reads do their file I/O inline: they hit the
+locks guard its state. Appends and reads do their file I/O inline: they hit the
 page cache and take microseconds, far less than a hop to a thread would cost.
-Only long waits (long-poll fetches) are awaited, and the three kinds of long
+Only long waits (long-poll fetches) are awaited, and the long kinds of
 work are sent to worker threads (asyncio.to_thread) so that they never stall
 produce or fetch: unlinking the files retention and compaction drop (renamed
-`.deleted` on the loop first, which is cheap), the cleaner's rounds,
+`.deleted` on the loop first, which is cheap), removing the directories of
+deleted topics left renamed `-delete` (at start-up, then after each
+retention pass: `delete_renamed_dirs`), the cleaner's rounds,
 which work on a snapshot of plain data (the swap of cleaned segments into a
 log then happens back on the loop), and, in cluster mode, opening the logs
 of partitions newly hosted (`host_partitions_off_loop`: a log is opened in
@@ -186,6 +188,12 @@ class LogManager:
         self._watchers: dict[TopicPartitionKey, set[Callable[[TopicPartitionKey], None]]] = {}
         # Set at close: a cleaner round in a worker thread stops at its next batch.
         self._cleaner_cancel = threading.Event()
+        # One sweep of directories renamed for deletion at a time (the one
+        # at start-up may still be removing gigabytes when a retention pass
+        # sweeps): the next lists only what the last one left.
+        self._sweeping = asyncio.Lock()
+        # Set at close: a sweep in a worker thread stops at its next directory.
+        self._sweep_cancel = threading.Event()
         #: Called when a hosted partition's log closes or goes (cluster mode):
         #: the replica manager forgets its state. Set by ReplicaManager.
         self.on_partition_closed: Callable[[str, int], None] = lambda _topic, _partition: None
@@ -223,6 +231,7 @@ class LogManager:
     def close(self) -> None:
         """Flush and close every log (a clean shutdown: next start skips recovery)."""
         self._cleaner_cancel.set()
+        self._sweep_cancel.set()
         for topic in self._topics.values():
             for partition_log in topic.logs:
                 partition_log.close()
@@ -715,11 +724,28 @@ class LogManager:
 
     async def delete_renamed_dirs(self) -> int:
         """Remove the directories renamed for deletion (in a worker thread:
-        a big log takes long); returns how many went."""
-        doomed = self.renamed_for_deletion()
-        if not doomed:
-            return 0
-        return await asyncio.to_thread(lambda: sum(remove_renamed(path) for path in doomed))
+        a big log takes long); returns how many went. One call at a time
+        (`_sweeping`): a second waits, then lists what is left.
+
+        Listed here, on the loop, so only directories already renamed when
+        it lists are touched: a topic deletion renames and removes on the
+        loop (PartitionLog.delete), and a deleted incarnation's directory
+        that a log opening in a worker thread renames aside is removed by
+        that thread, maybe with this sweep at it too (`remove_renamed`
+        allows it)."""
+        async with self._sweeping:
+            doomed = self.renamed_for_deletion()
+            if not doomed:
+                return 0
+            return await asyncio.to_thread(self._remove_renamed_dirs, doomed)
+
+    def _remove_renamed_dirs(self, doomed: list[Path]) -> int:
+        removed = 0
+        for path in doomed:
+            if self._sweep_cancel.is_set():
+                break  # closing: the next start's sweep finishes the job
+            removed += remove_renamed(path)
+        return removed
 
     # ------------------------------------------------------------ appends
 
@@ -810,8 +836,16 @@ class LogManager:
                         flood.exception("flush of %s failed", partition_log.name)
 
     async def run_retention(self) -> None:
-        """Apply retention.ms and retention.bytes every log.retention.check.interval.ms."""
+        """Apply retention.ms and retention.bytes every log.retention.check.interval.ms.
+
+        First, at once, remove the directories of deleted topics that a
+        previous run left (it stopped between their rename and removal, or
+        could not remove them): their space is free shortly after start-up,
+        not a retention interval later, as in Kafka."""
         interval_s = self._config.retention_check_interval_ms / 1000
+        left = await self.delete_renamed_dirs()
+        if left:
+            log.info("removed %d directories of deleted topics left by a previous run", left)
         while True:
             await asyncio.sleep(interval_s)
             await self.apply_retention()

@@ -122,17 +122,32 @@ def is_renamed_for_deletion(name: str) -> bool:
     return name.endswith(DELETE_DIR_SUFFIX)
 
 
+#: Rounds of `remove_renamed` against entries that vanish under it (each
+#: round one remover at least gets further; two in a row is already rare).
+_REMOVE_ROUNDS = 100
+
+
 def remove_renamed(directory: Path) -> bool:
     """Remove a directory renamed for deletion; False (logged) if some of it
-    could not be (the next sweep tries again)."""
-    try:
-        shutil.rmtree(directory)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        logger.warning("cannot remove %s yet: %s (retried later)", directory, exc)
-        return False
-    return True
+    could not be (the next sweep tries again). True once it is gone, also
+    when another thread removes it meanwhile (a log opening in a worker
+    thread removes a deleted incarnation's directory while the LogManager's
+    sweep may be at it too): rmtree stops at the first entry that vanished
+    under it, so it starts again on what is left."""
+    for _ in range(_REMOVE_ROUNDS):
+        try:
+            shutil.rmtree(directory)
+        except FileNotFoundError:
+            if not os.path.lexists(directory):
+                return True
+            # Something in it went under us, not all of it: again, on less.
+        except OSError as exc:
+            logger.warning("cannot remove %s yet: %s (retried later)", directory, exc)
+            return False
+        else:
+            return True
+    logger.warning("cannot remove %s yet: its entries keep vanishing (retried later)", directory)
+    return False
 
 
 def read_topic_id(directory: Path) -> str | None:
