@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tidelog.records import encode_batch, iter_batches
 from tidelog_broker.replica_state import Role
@@ -52,8 +53,8 @@ def few_descriptors() -> Iterator[None]:
 
 
 class Broker(InProcessBroker):
-    def __init__(self, etcd: EtcdProcess, tmp_path: Path) -> None:
-        super().__init__(etcd, f"/hostretry-{uuid.uuid4().hex}", tmp_path, ME)
+    def __init__(self, etcd: EtcdProcess, tmp_path: Path, **config: Any) -> None:
+        super().__init__(etcd, f"/hostretry-{uuid.uuid4().hex}", tmp_path, ME, **config)
         self.client, self.keys = self.link.client, self.link.keys
 
     async def listed_offline(self) -> tuple[tuple[str, int], ...]:
@@ -65,14 +66,19 @@ class Broker(InProcessBroker):
             while await self.listed_offline() != expected:
                 await asyncio.sleep(0.02)
 
-    async def create_topic(self) -> None:
-        replicas = tuple((ME,) for _ in range(PARTITIONS))
-        topic = TopicAssignment(TOPIC, uuid.uuid4().hex, replicas, {})
-        await self.client.put(self.keys.topic(TOPIC), topic.encode())
-        for partition in range(PARTITIONS):
+    async def create_topic(self, name: str = TOPIC, partitions: int = PARTITIONS) -> None:
+        replicas = tuple((ME,) for _ in range(partitions))
+        topic = TopicAssignment(name, uuid.uuid4().hex, replicas, {})
+        await self.client.put(self.keys.topic(name), topic.encode())
+        for partition in range(partitions):
             await self.client.put(
-                self.keys.partition_state(TOPIC, partition), PartitionState(ME, 1, (ME,)).encode()
+                self.keys.partition_state(name, partition), PartitionState(ME, 1, (ME,)).encode()
             )
+
+    async def delete_topic(self, name: str) -> None:
+        await self.client.delete_prefix(self.keys.partition_states(name))
+        await self.client.delete(self.keys.topic(name))
+        await eventually(lambda: name not in self.link.view.topics, f"{name} deleted")
 
     async def hosting_failed(self) -> None:
         await eventually(lambda: TOPIC in self.link._hosting_failed, f"hosting {TOPIC} failed")
@@ -129,9 +135,7 @@ def test_a_topic_deleted_while_its_hosting_failed_is_not_retried(
                 await broker.create_topic()
                 await broker.hosting_failed()
                 await broker.until_listed(tuple((TOPIC, p) for p in range(PARTITIONS)))
-                await broker.client.delete_prefix(broker.keys.partition_states(TOPIC))
-                await broker.client.delete(broker.keys.topic(TOPIC))
-                await eventually(lambda: TOPIC not in broker.link.view.topics, "topic deleted")
+                await broker.delete_topic(TOPIC)
             await broker.until_listed(())
             assert TOPIC not in broker.link._hosting_failed
             # Past the first retries' due times: none hosts the deleted topic
@@ -140,6 +144,37 @@ def test_a_topic_deleted_while_its_hosting_failed_is_not_retried(
             assert TOPIC not in broker.manager.logs.topic_names()
             assert broker.manager.logs.local_topics() == {}
             assert await broker.listed_offline() == ()
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_a_topic_refused_past_max_partitions_is_hosted_once_room_frees_up(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """A refusal past max.partitions is retried too: another topic deleted
+    frees room, and the refused one is hosted with no change of its own."""
+
+    async def run() -> None:
+        broker = Broker(etcd, tmp_path, max_partitions=2)
+        try:
+            await broker.start()
+            await broker.create_topic("kept", 2)
+            await eventually(
+                lambda: broker.manager.logs.hosted_partitions("kept") == [0, 1], "kept hosted"
+            )
+            await broker.create_topic(TOPIC, 1)
+            await broker.hosting_failed()
+            await broker.until_listed(((TOPIC, 0),))
+            assert broker.manager.logs.hosted_partitions(TOPIC) == []
+            await broker.delete_topic("kept")
+            await eventually(
+                lambda: broker.manager.logs.hosted_partitions(TOPIC) == [0],
+                f"{TOPIC} hosted once room freed up",
+            )
+            await eventually(lambda: broker.role(0) is Role.LEADER, f"{TOPIC}-0 led")
+            await broker.until_listed(())
         finally:
             await broker.stop()
 
