@@ -50,17 +50,17 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   broker reports its failed log directories to the controller). At most
   MAX_OFFLINE_REPORTED are listed (a bound on the registration's size).
   So are the partitions of a topic whose hosting failed as a whole (below),
-  while it does;
+  while it does. It is the only rewrite in place (host, ports and
+  resources are written once per registration), so an ISR expansion that
+  it refuses (see above)
+  is refused only when this broker's offline set changed: the leader's next
+  qualifying fetch, once its watch brought the rewrite, proposes it again;
 - failed hostings: a topic whose partitions could not be hosted as a whole
   (out of descriptors or memory, which `LogManager._open_logs` does not
   take for a fault of one directory; or refused past max.partitions) is
   reconciled again after HOSTING_RETRY_INITIAL_S, then twice as long each
   time up to HOSTING_RETRY_MAX_S, for as long as it fails and is in etcd;
   no change of the topic in etcd is needed (`_retry_hostings`);
-  It is the only rewrite in place (host, ports and resources are written
-  once per registration), so an ISR expansion that it refuses (see above)
-  is refused only when this broker's offline set changed: the leader's next
-  qualifying fetch, once its watch brought the rewrite, proposes it again;
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
