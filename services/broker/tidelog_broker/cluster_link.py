@@ -49,10 +49,18 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   drops them from the ISR, and moves leadership off one that led (Kafka's
   broker reports its failed log directories to the controller). At most
   MAX_OFFLINE_REPORTED are listed (a bound on the registration's size).
-  It is the only rewrite in place (host, ports and resources are written
-  once per registration), so an ISR expansion that it refuses (see above)
+  So are the partitions of a topic whose hosting failed as a whole (below),
+  while it does. It is the only rewrite in place (host, ports and
+  resources are written once per registration), so an ISR expansion that
+  it refuses (see above)
   is refused only when this broker's offline set changed: the leader's next
   qualifying fetch, once its watch brought the rewrite, proposes it again;
+- failed hostings: a topic whose partitions could not be hosted as a whole
+  (out of descriptors or memory, which `LogManager._open_logs` does not
+  take for a fault of one directory; or refused past max.partitions) is
+  reconciled again after HOSTING_RETRY_INITIAL_S, then twice as long each
+  time up to HOSTING_RETRY_MAX_S, for as long as it fails and is in etcd;
+  no change of the topic in etcd is needed (`_retry_hostings`);
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
@@ -117,6 +125,26 @@ _META_FILE = "cluster.json"
 #: (1.5 MiB). Beyond it, the others leave the ISR only as lagging replicas
 #: (replica.lag.time.max.ms), as before the registration listed any.
 MAX_OFFLINE_REPORTED = 1000
+#: A topic whose hosting failed (`_hosting_failed`) is reconciled again
+#: after this long, then after twice as long each time it fails again, at
+#: most HOSTING_RETRY_MAX_S: a descriptor shortage is often over in seconds,
+#: and one that lasts costs a failed attempt (a few opens, a WARNING line at
+#: most once a minute, RateLimitedLog) per topic every 30 s.
+HOSTING_RETRY_INITIAL_S = 1.0
+HOSTING_RETRY_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class _FailedHosting:
+    """A topic whose hosting failed: what is not hosted, and when to retry."""
+
+    #: Of the partitions this broker is a replica of, those not hosted
+    #: (listed offline in the registration meanwhile).
+    unhosted: frozenset[int]
+    #: The wait before this retry; the next failure waits twice as long.
+    delay_s: float
+    #: Event-loop time of the next attempt.
+    due: float
 
 
 @dataclass(frozen=True)
@@ -183,9 +211,13 @@ class ClusterLink:
         # from one being created by its state.
         self._topics_listed = False
         self._states_listed = False
-        # Topics whose hosting failed or was refused: they may have left
-        # directories the manager does not know of (see _reconcile).
-        self._hosting_failed: set[str] = set()
+        # Topics whose hosting failed or was refused, until a reconcile of
+        # theirs succeeds (retried: `_retry_hostings`) or they are deleted:
+        # they may have left directories the manager does not know of (see
+        # _reconcile).
+        self._hosting_failed: dict[str, _FailedHosting] = {}
+        # Set when `_hosting_failed` changed: `_retry_hostings` looks again.
+        self._hosting_failures_changed = asyncio.Event()
         #: Of each hosted topic, the partitions followed here: partition ->
         #: (leader, leader epoch); and the reassignments throttled here.
         self._followed: dict[str, dict[int, tuple[int, int]]] = {}
@@ -231,6 +263,7 @@ class ClusterLink:
         self._tasks = [
             asyncio.create_task(self._registration(), name="broker-registration"),
             asyncio.create_task(self._publish_offline(), name="broker-offline-partitions"),
+            asyncio.create_task(self._retry_hostings(), name="broker-hosting-retries"),
             *(asyncio.create_task(w.run(), name=f"watch-{w.name}") for w in self._watchers),
         ]
 
@@ -271,7 +304,16 @@ class ClusterLink:
     # ------------------------------------------------------------ registration
 
     def _registration_value(self) -> bytes:
-        offline = self.manager.logs.offline_partitions()
+        offline = sorted(
+            {
+                *self.manager.logs.offline_partitions(),
+                *(
+                    (name, p)
+                    for name, failed in self._hosting_failed.items()
+                    for p in failed.unhosted
+                ),
+            }
+        )
         if len(offline) > MAX_OFFLINE_REPORTED:
             flood.warning(
                 "%d partition logs are offline; the registration lists the first %d",
@@ -602,9 +644,10 @@ class ClusterLink:
                 )
                 if self._local_ids.pop(name, None) is not None:
                     ids_changed = True
-        for name in sorted(self._hosting_failed - set(self.view.topics)):
+        for name in sorted(self._hosting_failed.keys() - self.view.topics.keys()):
             # Never hosted here, so unknown to the manager, yet partly opened.
-            self._hosting_failed.discard(name)
+            # Deleted: no longer retried, nor listed offline.
+            self._hosting_failure_ended(name)
             self.manager.logs.delete_local_logs(
                 name, self.manager.logs.local_topics().get(name, [])
             )
@@ -657,13 +700,23 @@ class ClusterLink:
         except TidelogError as exc:
             # Refused (past max.partitions) or failed (out of descriptors):
             # it may have left directories, removed if the topic is deleted.
-            self._hosting_failed.add(name)
-            flood.warning("hosting partitions %s of %s failed: %s", led, name, exc)
+            retry_s = self._hosting_did_fail(name, led)
+            flood.warning(
+                "hosting partitions %s of %s failed: %s; retrying in %.0f s",
+                led,
+                name,
+                exc,
+                retry_s,
+            )
             return ids_changed
         except Exception:
-            self._hosting_failed.add(name)
-            flood.exception("hosting partitions %s of %s failed", led, name)
+            retry_s = self._hosting_did_fail(name, led)
+            flood.exception(
+                "hosting partitions %s of %s failed; retrying in %.0f s", led, name, retry_s
+            )
             return ids_changed
+        if self._hosting_failure_ended(name):
+            log.info("hosting partitions %s of %s succeeded after failing", led, name)
         followed = self._followed[name] = {}
         for p in led:
             self._apply_role(topic, p, followed)
@@ -691,6 +744,74 @@ class ClusterLink:
             self._local_ids[name] = topic.topic_id
             ids_changed = True
         return ids_changed
+
+    def _hosting_did_fail(self, name: str, replicas: list[int]) -> float:
+        """Record that hosting topic `name`, whose partitions `replicas` this
+        broker is a replica of, failed; returns the wait before its retry.
+
+        Those of `replicas` not hosted are listed offline in the registration
+        until a retry hosts them or the topic goes, as Kafka lists the
+        replicas in a failed log directory: a replica hosting nothing of a
+        partition cannot lead it or keep up with its leader, and, not listed,
+        the controller could elect it or keep it in the ISR (a partition
+        without a leader till the topic's next change). Listed, it is neither
+        elected nor, once its leader's watch has the listing, let back into
+        the ISR. Whatever the cause: a refusal past max.partitions is retried
+        too (harmless: refused before any log opens), as room may free up
+        (a topic deleted, a replica moved away) without this topic changing."""
+        previous = self._hosting_failed.get(name)
+        delay = (
+            HOSTING_RETRY_INITIAL_S
+            if previous is None
+            else min(previous.delay_s * 2, HOSTING_RETRY_MAX_S)
+        )
+        hosted = set(self.manager.logs.hosted_partitions(name))
+        unhosted = frozenset(p for p in replicas if p not in hosted)
+        self._hosting_failed[name] = _FailedHosting(
+            unhosted, delay, asyncio.get_running_loop().time() + delay
+        )
+        if previous is None or previous.unhosted != unhosted:
+            self._offline_changed.set()
+        self._hosting_failures_changed.set()
+        return delay
+
+    def _hosting_failure_ended(self, name: str) -> bool:
+        """Topic `name` was hosted, or deleted: no longer retried, nor its
+        partitions listed offline for it. False if its hosting had not failed."""
+        failed = self._hosting_failed.pop(name, None)
+        if failed is None:
+            return False
+        if failed.unhosted:
+            self._offline_changed.set()
+        self._hosting_failures_changed.set()
+        return True
+
+    async def _retry_hostings(self) -> None:
+        """Reconcile again, when due, the topics whose hosting failed: the
+        reconcile of a topic change, so a success applies the roles and
+        replication as any does, and a deleted topic is no longer retried."""
+        loop = asyncio.get_running_loop()
+        while True:
+            self._hosting_failures_changed.clear()
+            now = loop.time()
+            if any(failed.due <= now for failed in self._hosting_failed.values()):
+                try:
+                    async with self._hosting:
+                        # Judged again under the lock: a watch's reconcile
+                        # may have hosted, failed again or deleted them.
+                        now = loop.time()
+                        due = {n for n, f in self._hosting_failed.items() if f.due <= now}
+                        await self._reconcile(full_listing=False, topics=due)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    flood.exception("retrying failed hostings failed")
+                    await asyncio.sleep(HOSTING_RETRY_INITIAL_S)
+                continue
+            next_due = min((f.due for f in self._hosting_failed.values()), default=None)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(None if next_due is None else next_due - now):
+                    await self._hosting_failures_changed.wait()
 
     async def _reconcile_roles(self, changed: dict[str, set[int]]) -> None:
         """New leaders, epochs or ISRs of partitions whose hosting is as it

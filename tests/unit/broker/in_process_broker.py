@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
 from tidelog_broker.config import BrokerConfig
@@ -23,10 +24,12 @@ WAIT_S = 20.0
 class InProcessBroker:
     """Broker `broker_id` on `data_dir`, registered under `prefix` once
     `start()` returns (and its view of etcd synced); `stop()` deregisters
-    and closes its logs."""
+    and closes its logs. `config`: more BrokerConfig fields."""
 
-    def __init__(self, etcd: EtcdProcess, prefix: str, data_dir: Path, broker_id: int) -> None:
-        self.config = BrokerConfig(data_dir=data_dir, broker_id=broker_id)
+    def __init__(
+        self, etcd: EtcdProcess, prefix: str, data_dir: Path, broker_id: int, **config: Any
+    ) -> None:
+        self.config = BrokerConfig(data_dir=data_dir, broker_id=broker_id, **config)
         self.manager = PartitionManager(self.config, cluster_mode=True)
         self.manager.open()
         self.link = ClusterLink(

@@ -228,8 +228,9 @@ def test_standalone_create_topic_stays_all_or_none(tmp_path: Path) -> None:
 
 def test_out_of_descriptors_fails_the_hosting_as_a_whole(tmp_path: Path) -> None:
     """No fault of a directory, and gone once descriptors are freed: no log
-    is taken offline for it; the hosting fails (ClusterLink logs it and tries
-    again at the topic's next change), every log opened so far closed."""
+    is taken offline for it; the hosting fails (ClusterLink logs it, lists the
+    partitions offline and tries again with a backoff: see
+    test_a_failed_hosting_is_retried), every log opened so far closed."""
     logs = LogManager(BrokerConfig(data_dir=tmp_path), SYSTEM_CLOCK, cluster_mode=True)
     logs.open()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

@@ -1,0 +1,181 @@
+"""A topic whose hosting failed as a whole on a broker that is its replica
+(out of descriptors: `LogManager._open_logs` raises rather than take a log
+offline for no fault of its directory) is hosted again once the shortage
+ends, without any change of the topic in etcd; meanwhile its partitions are
+listed offline in the broker's registration (the controller elects
+elsewhere), and a topic deleted meanwhile is no longer retried.
+
+Before, nothing tried again: the topic was hosted only at its next change in
+etcd or a broker restart, and the broker, a replica hosting nothing of it,
+did not list those partitions offline, so the controller could keep it in
+the ISR or elect it leader of a partition it could not serve.
+
+A real ClusterLink and PartitionManager (broker 0) on a real etcd; the
+shortage is a real RLIMIT_NOFILE, lowered while the topic's logs open
+(existing connections, the etcd client's, keep their descriptors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import resource
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from tidelog.records import encode_batch, iter_batches
+from tidelog_broker.replica_state import Role
+from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
+
+from tests.support.etcd import EtcdProcess
+from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
+
+TOPIC = "t"
+ME = 0
+PARTITIONS = 8  # more than INLINE_OPEN_MAX: opened in worker threads
+
+
+@contextmanager
+def few_descriptors() -> Iterator[None]:
+    """Room for a log or two, not for PARTITIONS: three descriptor numbers
+    free below the limit (a new descriptor takes the lowest free one)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    taken = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    free = [fd for fd in range(max(taken) + 5) if fd not in taken]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (free[3], hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+class Broker(InProcessBroker):
+    def __init__(self, etcd: EtcdProcess, tmp_path: Path, **config: Any) -> None:
+        super().__init__(etcd, f"/hostretry-{uuid.uuid4().hex}", tmp_path, ME, **config)
+        self.client, self.keys = self.link.client, self.link.keys
+
+    async def listed_offline(self) -> tuple[tuple[str, int], ...]:
+        got = await self.client.get(self.keys.broker(ME))
+        return BrokerRegistration.decode(got.value).offline_partitions
+
+    async def until_listed(self, expected: tuple[tuple[str, int], ...]) -> None:
+        async with asyncio.timeout(WAIT_S):
+            while await self.listed_offline() != expected:
+                await asyncio.sleep(0.02)
+
+    async def create_topic(self, name: str = TOPIC, partitions: int = PARTITIONS) -> None:
+        replicas = tuple((ME,) for _ in range(partitions))
+        topic = TopicAssignment(name, uuid.uuid4().hex, replicas, {})
+        await self.client.put(self.keys.topic(name), topic.encode())
+        for partition in range(partitions):
+            await self.client.put(
+                self.keys.partition_state(name, partition), PartitionState(ME, 1, (ME,)).encode()
+            )
+
+    async def delete_topic(self, name: str) -> None:
+        await self.client.delete_prefix(self.keys.partition_states(name))
+        await self.client.delete(self.keys.topic(name))
+        await eventually(lambda: name not in self.link.view.topics, f"{name} deleted")
+
+    async def hosting_failed(self) -> None:
+        await eventually(lambda: TOPIC in self.link._hosting_failed, f"hosting {TOPIC} failed")
+
+    def role(self, partition: int) -> Role | None:
+        replication = self.manager.replicas.replication(TOPIC, partition)
+        return None if replication is None else replication.role
+
+
+def test_a_hosting_that_ran_out_of_descriptors_is_retried_once_they_are_back(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    async def run() -> None:
+        broker = Broker(etcd, tmp_path)
+        try:
+            await broker.start()
+            with few_descriptors():
+                await broker.create_topic()
+                await broker.hosting_failed()
+                # A replica hosting none of them lists them offline, so the
+                # controller elects no leader here meanwhile.
+                await broker.until_listed(tuple((TOPIC, p) for p in range(PARTITIONS)))
+                assert broker.manager.logs.hosted_partitions(TOPIC) == []
+            # The limit is back; the topic is not touched in etcd.
+            await eventually(
+                lambda: broker.manager.logs.hosted_partitions(TOPIC) == list(range(PARTITIONS)),
+                f"{TOPIC} hosted again without a change in etcd",
+            )
+            await eventually(
+                lambda: all(broker.role(p) is Role.LEADER for p in range(PARTITIONS)),
+                "roles applied as the normal path does",
+            )
+            assert TOPIC not in broker.link._hosting_failed
+            await broker.until_listed(())
+            for partition in range(PARTITIONS):
+                partition_log = broker.manager.partition_log(TOPIC, partition)
+                data = bytearray(encode_batch([b"v%d" % partition]))
+                assert partition_log.append(data, list(iter_batches(data))).last_offset == 0
+                assert b"v%d" % partition in bytes(partition_log.read(0, 1 << 20).records)
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_a_topic_deleted_while_its_hosting_failed_is_not_retried(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    async def run() -> None:
+        broker = Broker(etcd, tmp_path)
+        try:
+            await broker.start()
+            with few_descriptors():
+                await broker.create_topic()
+                await broker.hosting_failed()
+                await broker.until_listed(tuple((TOPIC, p) for p in range(PARTITIONS)))
+                await broker.delete_topic(TOPIC)
+            await broker.until_listed(())
+            assert TOPIC not in broker.link._hosting_failed
+            # Past the first retries' due times: none hosts the deleted topic
+            # again, nor leaves a directory of it.
+            await asyncio.sleep(3.5)
+            assert TOPIC not in broker.manager.logs.topic_names()
+            assert broker.manager.logs.local_topics() == {}
+            assert await broker.listed_offline() == ()
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_a_topic_refused_past_max_partitions_is_hosted_once_room_frees_up(
+    etcd: EtcdProcess, tmp_path: Path
+) -> None:
+    """A refusal past max.partitions is retried too: another topic deleted
+    frees room, and the refused one is hosted with no change of its own."""
+
+    async def run() -> None:
+        broker = Broker(etcd, tmp_path, max_partitions=2)
+        try:
+            await broker.start()
+            await broker.create_topic("kept", 2)
+            await eventually(
+                lambda: broker.manager.logs.hosted_partitions("kept") == [0, 1], "kept hosted"
+            )
+            await broker.create_topic(TOPIC, 1)
+            await broker.hosting_failed()
+            await broker.until_listed(((TOPIC, 0),))
+            assert broker.manager.logs.hosted_partitions(TOPIC) == []
+            await broker.delete_topic("kept")
+            await eventually(
+                lambda: broker.manager.logs.hosted_partitions(TOPIC) == [0],
+                f"{TOPIC} hosted once room freed up",
+            )
+            await eventually(lambda: broker.role(0) is Role.LEADER, f"{TOPIC}-0 led")
+            await broker.until_listed(())
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
