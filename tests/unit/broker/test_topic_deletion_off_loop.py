@@ -123,9 +123,7 @@ def manager(data_dir: Path, *, cluster_mode: bool = False) -> LogManager:
     return logs
 
 
-def test_delete_topic_removes_the_files_in_a_worker_thread(
-    tmp_path: Path, spy: RemovalSpy
-) -> None:
+def test_delete_topic_removes_the_files_in_a_worker_thread(tmp_path: Path, spy: RemovalSpy) -> None:
     async def run() -> None:
         logs = manager(tmp_path)
         try:
@@ -259,9 +257,7 @@ def test_a_directory_that_cannot_be_removed_is_retried_by_the_retention_checks(
     asyncio.run(run())
 
 
-def test_delete_local_logs_removes_them_in_a_worker_thread(
-    tmp_path: Path, spy: RemovalSpy
-) -> None:
+def test_delete_local_logs_removes_them_in_a_worker_thread(tmp_path: Path, spy: RemovalSpy) -> None:
     """Cluster mode: the logs of a topic deleted while the broker was down
     (not hosted here) are renamed aside on the loop, removed off it."""
     logs = manager(tmp_path)
