@@ -15,8 +15,11 @@ Only long waits (long-poll fetches) are awaited, and the long kinds of
 work are sent to worker threads (asyncio.to_thread) so that they never stall
 produce or fetch: unlinking the files retention and compaction drop (renamed
 `.deleted` on the loop first, which is cheap), removing the directories of
-deleted topics left renamed `-delete` (at start-up, then after each
-retention pass: `delete_renamed_dirs`), the cleaner's rounds,
+deleted topics (a deletion only closes the logs and renames their
+directories `-delete` on the loop, which makes it durable and frees the name;
+`delete_renamed_dirs` removes them, one sweep at a time: at once, in a task
+the deletion starts, then at start-up and after each retention pass for what
+is left), the cleaner's rounds,
 which work on a snapshot of plain data (the swap of cleaned segments into a
 log then happens back on the loop), and, in cluster mode, opening the logs
 of partitions newly hosted (`host_partitions_off_loop`: a log is opened in
