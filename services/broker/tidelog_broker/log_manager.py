@@ -15,8 +15,11 @@ Only long waits (long-poll fetches) are awaited, and the long kinds of
 work are sent to worker threads (asyncio.to_thread) so that they never stall
 produce or fetch: unlinking the files retention and compaction drop (renamed
 `.deleted` on the loop first, which is cheap), removing the directories of
-deleted topics left renamed `-delete` (at start-up, then after each
-retention pass: `delete_renamed_dirs`), the cleaner's rounds,
+deleted topics (a deletion only closes the logs and renames their
+directories `-delete` on the loop, which makes it durable and frees the name;
+`delete_renamed_dirs` removes them, one sweep at a time: at once, in a task
+the deletion starts, then at start-up and after each retention pass for what
+is left), the cleaner's rounds,
 which work on a snapshot of plain data (the swap of cleaned segments into a
 log then happens back on the loop), and, in cluster mode, opening the logs
 of partitions newly hosted (`host_partitions_off_loop`: a log is opened in
@@ -194,6 +197,10 @@ class LogManager:
         self._sweeping = asyncio.Lock()
         # Set at close: a sweep in a worker thread stops at its next directory.
         self._sweep_cancel = threading.Event()
+        # The sweep a deletion starts (`_sweep_soon`), while it runs; and
+        # whether a deletion renamed more aside since it last listed.
+        self._sweeper: asyncio.Task[None] | None = None
+        self._sweep_wanted = False
         #: Called when a hosted partition's log closes or goes (cluster mode):
         #: the replica manager forgets its state. Set by ReplicaManager.
         self.on_partition_closed: Callable[[str, int], None] = lambda _topic, _partition: None
@@ -232,6 +239,11 @@ class LogManager:
         """Flush and close every log (a clean shutdown: next start skips recovery)."""
         self._cleaner_cancel.set()
         self._sweep_cancel.set()
+        if self._sweeper is not None:
+            # Its thread stops at its next directory (`_sweep_cancel`); what
+            # it leaves, the next start's sweep removes.
+            self._sweeper.cancel()
+            self._sweeper = None
         for topic in self._topics.values():
             for partition_log in topic.logs:
                 partition_log.close()
@@ -468,32 +480,34 @@ class LogManager:
         return topic
 
     def delete_topic(self, name: str) -> None:
-        """Delete a topic and its data."""
+        """Delete a topic and its data: its logs are closed and their
+        directories renamed aside here, their files removed soon after in a
+        worker thread (`_sweep_soon`)."""
         topic = self.topic(name)
         del self._topics[name]
         self._save_specs()
         for partition_log in topic.logs:
             self._delete_log(partition_log)
             self.wake((name, partition_log.partition))
+        self._sweep_soon()
         log.info("deleted topic %s", name)
 
     def _delete_log(self, partition_log: PartitionLog) -> None:
-        """Delete a log whose topic was deleted, offline or not. Never
-        raises: the deletion of a topic goes on with its other logs. What
-        could not be removed is left renamed aside (`delete_renamed_dirs`
-        retries) or, if even that failed, under its name, where its topic id
-        keeps a new incarnation of the topic from opening it."""
+        """Delete a log whose topic was deleted, offline or not: close it and
+        rename its directory aside (quick, and durable: the name is free for
+        a new incarnation at once); the caller then has `_sweep_soon` remove
+        it. Never raises: the deletion of a topic goes on with its other
+        logs. A directory that cannot even be renamed stays under its name,
+        where its topic id keeps a new incarnation of the topic from opening
+        it."""
         try:
-            left = partition_log.delete()
+            partition_log.close_for_deletion()
         except StorageError as exc:
             flood.error(
                 "%s; a topic created again under the name will not open it (its topic id "
                 "differs) until it can be removed",
                 exc,
             )
-            return
-        if left is not None:
-            flood.warning("%s: %s is left to remove (retried)", partition_log.name, left.name)
 
     def ensure_topic(self, name: str, auto_create: bool) -> Topic:
         """The topic, created with defaults when missing and allowed."""
@@ -658,6 +672,8 @@ class LogManager:
                     partition_log.close()
             self.on_partition_closed(name, partition)
             self.wake((name, partition))
+        if delete_data:
+            self._sweep_soon()
         if any(partition_log.offline is not None for partition_log in topic.hosted.values()):
             self.on_offline_changed()
         log.info("%s topic %s", "deleted" if delete_data else "closed", name)
@@ -694,14 +710,15 @@ class LogManager:
     def delete_local_logs(self, name: str, partitions: Iterable[int]) -> None:
         """Cluster mode: delete logs of a topic this broker does not host."""
         hosted = self._topics.get(name)
+        renamed = False
         for partition in partitions:
             if hosted is not None and partition in hosted.hosted:
                 continue
             # Not open, so no file handles to close: rename the directory
-            # aside (it leaves its name whole), then remove it.
+            # aside (it leaves its name whole); the sweep removes it.
             directory = self._config.data_dir / log_dir_name(name, partition)
             try:
-                doomed = rename_for_deletion(directory)
+                rename_for_deletion(directory)
             except FileNotFoundError:
                 continue
             except OSError as exc:
@@ -709,7 +726,9 @@ class LogManager:
                 # opening it; the stray sweep at the next start tries again.
                 flood.warning("cannot delete %s: %s", directory, exc)
                 continue
-            remove_renamed(doomed)
+            renamed = True
+        if renamed:
+            self._sweep_soon()
         log.info("deleted stray logs of topic %s", name)
 
     def renamed_for_deletion(self) -> list[Path]:
@@ -728,16 +747,51 @@ class LogManager:
         (`_sweeping`): a second waits, then lists what is left.
 
         Listed here, on the loop, so only directories already renamed when
-        it lists are touched: a topic deletion renames and removes on the
-        loop (PartitionLog.delete), and a deleted incarnation's directory
-        that a log opening in a worker thread renames aside is removed by
-        that thread, maybe with this sweep at it too (`remove_renamed`
-        allows it)."""
+        it lists are touched: a topic deletion renames on the loop, then
+        calls for a sweep (`_sweep_soon`), and a deleted incarnation's
+        directory that a log opening in a worker thread renames aside is
+        removed by that thread, maybe with this sweep at it too
+        (`remove_renamed` allows it)."""
         async with self._sweeping:
             doomed = self.renamed_for_deletion()
             if not doomed:
                 return 0
             return await asyncio.to_thread(self._remove_renamed_dirs, doomed)
+
+    def _sweep_soon(self) -> None:
+        """Have the directories that deletions renamed aside removed now, in
+        a worker thread (`delete_renamed_dirs`), by a task of this manager:
+        at most one, which sweeps again while deletions keep renaming more
+        meanwhile, and which `close` cancels. One that cannot be removed
+        stays for the retention checks' sweeps. Without a running loop (a
+        tool, a synchronous test) there is none to keep responsive: the
+        directories are removed here."""
+        if self._sweep_cancel.is_set():
+            return  # closed: the next start's sweep removes them
+        self._sweep_wanted = True
+        if self._sweeper is not None and not self._sweeper.done():
+            return  # it lists again before it ends
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._sweep_wanted = False
+            self._remove_renamed_dirs(self.renamed_for_deletion())
+            return
+        self._sweeper = loop.create_task(self._sweep_deleted(), name="log-deletion-sweep")
+
+    async def _sweep_deleted(self) -> None:
+        try:
+            while self._sweep_wanted:
+                self._sweep_wanted = False
+                try:
+                    await self.delete_renamed_dirs()
+                except Exception:
+                    # Logged, not raised: nobody awaits this task. What is
+                    # left, the retention checks' sweeps retry.
+                    flood.exception("removing the directories of deleted topics failed")
+        finally:
+            if self._sweeper is asyncio.current_task():
+                self._sweeper = None
 
     def _remove_renamed_dirs(self, doomed: list[Path]) -> int:
         removed = 0

@@ -1133,26 +1133,40 @@ class PartitionLog:
             raise
 
     def delete(self) -> Path | None:
-        """Close every file and remove the log's directory, offline or not:
-        renamed aside first (`files.rename_for_deletion`), so that it leaves
-        its name whole even if removing its files fails part-way. Returns
-        None once removed, else the renamed directory still to remove (the
-        LogManager's sweep retries). StorageError if it cannot be renamed:
-        it then stays whole under its name, and a new incarnation of the
-        topic refuses it by its topic id (`open`)."""
+        """Close every file and remove the log's directory, offline or not
+        (`close_for_deletion`, then `files.remove_renamed`, here: a big log
+        takes long, so the broker's loop uses `close_for_deletion` and leaves
+        the removal to a worker thread). Returns None once removed, else the
+        renamed directory still to remove (the LogManager's sweep retries).
+        StorageError if it cannot be renamed (see `close_for_deletion`)."""
+        doomed = self.close_for_deletion()
+        if doomed is None:
+            return None
+        return None if files.remove_renamed(doomed) else doomed
+
+    def close_for_deletion(self) -> Path | None:
+        """Close every file, offline or not, and rename the log's directory
+        aside for deletion (`files.rename_for_deletion`: one rename, made
+        durable, so it leaves its name whole and free for a new incarnation
+        of the topic, even if removing its files fails part-way or never
+        happens). Quick whatever the log's size: removing the files is the
+        caller's (`delete`, or the LogManager's sweep in a worker thread).
+        Returns the renamed directory, None if it was gone already.
+        StorageError if it cannot be renamed: it then stays whole under its
+        name, and a new incarnation of the topic refuses it by its topic id
+        (`open`)."""
         self._closed = True
         # Going anyway: a file that fails to close (maybe the one whose
         # failure took the log offline) must not keep the rest.
         close_all(self._segments)
         try:
-            doomed = files.rename_for_deletion(self.directory)
+            return files.rename_for_deletion(self.directory)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StorageError(
                 f"deleting {self.name}: cannot rename {self.directory} aside for deletion: {exc}"
             ) from exc
-        return None if files.remove_renamed(doomed) else doomed
 
     def __repr__(self) -> str:
         return (
