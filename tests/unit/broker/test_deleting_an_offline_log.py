@@ -27,11 +27,7 @@ so permissions would not stop the removal).
 from __future__ import annotations
 
 import asyncio
-import shutil
-import subprocess
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -48,34 +44,12 @@ from tidelog_server.clock import SYSTEM_CLOCK
 from tidelog_server.etcd.records import BrokerRegistration
 
 from tests.support.etcd import EtcdProcess
+from tests.support.immutable_files import immutable, pin, unpin
 from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
 
 TOPIC = "t"
 ME = 0
 OLD = [b"old-%d" % i for i in range(10)]
-
-
-def pin(path: Path) -> None:
-    """Make `path` immutable: it can be neither removed nor renamed (nor,
-    for a directory, can anything in it)."""
-    if shutil.which("chattr") is None:
-        pytest.skip("needs chattr")
-    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
-        pytest.skip(f"the file system of {path} has no immutable flag (or we are not root)")
-
-
-def unpin(path: Path) -> None:
-    subprocess.run(["chattr", "-i", str(path)], check=True)
-
-
-@contextmanager
-def immutable(path: Path) -> Iterator[None]:
-    """`path` immutable (`pin`) while inside; it must not move meanwhile."""
-    pin(path)
-    try:
-        yield
-    finally:
-        unpin(path)
 
 
 class Broker(InProcessBroker):

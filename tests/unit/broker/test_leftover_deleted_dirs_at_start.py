@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -38,6 +36,7 @@ from tidelog_coordinator.metadata import MetadataManager
 from tidelog_server.clock import SYSTEM_CLOCK
 
 from tests.support.etcd import EtcdProcess
+from tests.support.immutable_files import pin, unpin, unpin_if_pinned
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -211,10 +210,7 @@ def test_a_leftover_that_cannot_be_removed_at_start_is_retried_at_retention_chec
     immutable flag or we are not root)."""
     [left] = leave_deleted_dirs(tmp_path, count=1)
     pinned = left / "sub" / "leftover"
-    if shutil.which("chattr") is None:
-        pytest.skip("needs chattr")
-    if subprocess.run(["chattr", "+i", str(pinned)], capture_output=True).returncode != 0:
-        pytest.skip(f"the file system of {pinned} has no immutable flag (or we are not root)")
+    pin(pinned)
 
     async def run() -> None:
         broker = BrokerServer(
@@ -228,7 +224,7 @@ def test_a_leftover_that_cannot_be_removed_at_start_is_retried_at_retention_chec
             broker.manager.logs.create_topic(LIVE, 1)
             append(broker, 0, KEPT)
             assert left.exists()
-            subprocess.run(["chattr", "-i", str(pinned)], check=True)
+            unpin(pinned)
             await until_none_renamed_aside(tmp_path)
             assert KEPT in records(broker, 0)
         finally:
@@ -238,4 +234,4 @@ def test_a_leftover_that_cannot_be_removed_at_start_is_retried_at_retention_chec
         with caplog.at_level(logging.WARNING):
             asyncio.run(run())
     finally:
-        subprocess.run(["chattr", "-i", str(pinned)], check=False, capture_output=True)
+        unpin_if_pinned(pinned)

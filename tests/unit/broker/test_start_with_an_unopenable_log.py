@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import os
 import resource
-import shutil
-import subprocess
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +36,8 @@ from tidelog_broker.server import BrokerServer
 from tidelog_broker.storage import UnopenedLog, files
 from tidelog_broker.topic_store import TopicSpec
 from tidelog_server.clock import SYSTEM_CLOCK
+
+from tests.support.immutable_files import pin, unpin_if_pinned
 
 TOPIC = "t"
 ME = 7
@@ -120,15 +120,7 @@ def _deleted_incarnation_pinned(directory: Path) -> None:
     aside: made immutable, so that it cannot be."""
     directory.mkdir()
     files.write_topic_id(directory, uuid.uuid4().hex)
-    if shutil.which("chattr") is None:
-        pytest.skip("needs chattr")
-    if subprocess.run(["chattr", "+i", str(directory)], capture_output=True).returncode != 0:
-        pytest.skip(f"the file system of {directory} has no immutable flag (or we are not root)")
-
-
-def _unpin(directory: Path) -> None:
-    if shutil.which("chattr") is not None and directory.is_dir():
-        subprocess.run(["chattr", "-i", str(directory)], check=False, capture_output=True)
+    pin(directory)
 
 
 @pytest.mark.parametrize(
@@ -166,7 +158,7 @@ def test_hosting_a_topic_with_one_unopenable_log_hosts_the_others_offline_listed
         assert logs.offline_partitions() == []
         assert told[-1] == []
     finally:
-        _unpin(broken)
+        unpin_if_pinned(broken)
         logs.close()
 
 

@@ -15,7 +15,7 @@ real asyncio loop. The removal is observed by wrapping the real
 `files.remove_renamed` (it still removes): which thread ran it, and, where
 a test needs the removal to be under way, holding it at a gate. A directory
 that cannot be removed is made so with the file system's immutable flag
-(`chattr +i`, as in test_deleting_an_offline_log.py).
+(`chattr +i`: tests/support/immutable_files.py).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from tidelog_broker.server import BrokerServer
 from tidelog_broker.storage import files
 from tidelog_server.clock import SYSTEM_CLOCK
 
-from tests.unit.broker.test_deleting_an_offline_log import pin, unpin
+from tests.support.immutable_files import pin, unpin
 
 pytestmark = pytest.mark.timeout(120)
 
