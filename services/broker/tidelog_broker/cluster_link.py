@@ -708,19 +708,18 @@ class ClusterLink:
                 exc,
                 retry_s,
             )
+            await self._apply_hosted_roles(name, topic, led)
             return ids_changed
         except Exception:
             retry_s = self._hosting_did_fail(name, led)
             flood.exception(
                 "hosting partitions %s of %s failed; retrying in %.0f s", led, name, retry_s
             )
+            await self._apply_hosted_roles(name, topic, led)
             return ids_changed
         if self._hosting_failure_ended(name):
             log.info("hosting partitions %s of %s succeeded after failing", led, name)
-        followed = self._followed[name] = {}
-        for p in led:
-            self._apply_role(topic, p, followed)
-            await self._slices.pause()
+        await self._apply_roles(name, topic, led)
         # Replicas moved away by a reassignment (the partition lives on,
         # without this broker): their logs go, as Kafka deletes them.
         moved = [
@@ -733,6 +732,20 @@ class ClusterLink:
         if moved:
             log.info("%s partitions %s moved to other brokers: deleting their logs", name, moved)
             self.manager.logs.delete_local_logs(name, moved)
+        if led and self._local_ids.get(name) != topic.topic_id:
+            self._local_ids[name] = topic.topic_id
+            ids_changed = True
+        return ids_changed
+
+    async def _apply_roles(self, name: str, topic: KnownTopic, partitions: list[int]) -> None:
+        """Apply the roles of `partitions` of topic `name`, all hosted here:
+        the followed ones become the topic's `_followed` entry, and the
+        topic's throttled reassignments its `_throttled` entry (the caller
+        applies the replication)."""
+        followed = self._followed[name] = {}
+        for p in partitions:
+            self._apply_role(topic, p, followed)
+            await self._slices.pause()
         throttled = {
             p: reassignment
             for p, reassignment in topic.reassignments.items()
@@ -740,10 +753,20 @@ class ClusterLink:
         }
         if throttled:
             self._throttled[name] = throttled
-        if led and self._local_ids.get(name) != topic.topic_id:
-            self._local_ids[name] = topic.topic_id
-            ids_changed = True
-        return ids_changed
+
+    async def _apply_hosted_roles(self, name: str, topic: KnownTopic, replicas: list[int]) -> None:
+        """After hosting topic `name` failed: apply the roles of those of
+        `replicas` (the partitions this broker is a replica of) still hosted
+        here, as a success would. A topic already partly hosted (partitions
+        added, whose opening failed) keeps following its leaders and takes
+        up leaderships meanwhile: before, its hosted followers stopped
+        fetching (and fell out of the ISR) and its role changes waited for a
+        retry that succeeded, up to HOSTING_RETRY_MAX_S without a serving
+        leader. The unhosted ones get no role (the retry applies theirs).
+        Throttles: as a success keeps them; those of unhosted partitions
+        throttle nothing, as nothing here serves or fetches them."""
+        hosted = set(self.manager.logs.hosted_partitions(name))
+        await self._apply_roles(name, topic, [p for p in replicas if p in hosted])
 
     def _hosting_did_fail(self, name: str, replicas: list[int]) -> float:
         """Record that hosting topic `name`, whose partitions `replicas` this
@@ -822,9 +845,21 @@ class ClusterLink:
             topic = self.view.topics.get(name)
             followed = self._followed.get(name)
             if topic is None or followed is None:
-                continue  # not hosted here (or its hosting failed)
+                continue  # not hosted here
+            # A topic whose hosting failed has its hosted partitions' roles
+            # applied (`_apply_hosted_roles`), the others none: set_role
+            # would find no log. The retry applies theirs.
+            hosted = (
+                set(self.manager.logs.hosted_partitions(name))
+                if name in self._hosting_failed
+                else None
+            )
             for p in partitions:
-                if p < len(topic.replicas) and me in topic.replicas[p]:
+                if (
+                    p < len(topic.replicas)
+                    and me in topic.replicas[p]
+                    and (hosted is None or p in hosted)
+                ):
                     followed.pop(p, None)
                     self._apply_role(topic, p, followed)
                     applied = True
