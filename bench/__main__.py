@@ -160,15 +160,18 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   application's, the loop thread, the one in poll()), each woken and each waiting for the GIL.
   Two processes: the same threads per record plus grpc.aio's poller hop in each process, and
   three processes to be scheduled on 2 cores; Kafka's consumer reads its socket in poll()
-  itself. At one record per request the producer's loop thread spends ~40 us of CPU per
-  request, ~40% of it in gRPC's wake-up of its completion-queue poller (an eventfd write for
-  every write and read it starts) and ~15% in the TCP send; the broker ~50 us, a third of it
-  in context switches (the services run gRPC's long-standing transport, which saves one
-  thread hop per message read: docs/operations.md). Scheduling gRPC's poller threads
-  differently made it worse (4 alternated runs each, two processes): SCHED_BATCH, which never
-  preempts on wake-up, took the p99 from ~7 to ~46 ms; a higher priority (nice -10) to ~11 ms,
-  likely as a poller that preempts its loop thread then waits for the GIL that thread holds
-  (not traced). p99.9 is below Kafka's in every layout.
+  itself. A consumer that does so too (one Fetch call through gRPC's blocking API, its stream
+  read by the polling thread itself: `python -m bench.e2e_direct_probe`, alternated with the
+  Consumer) lowered the two-process p99 by ~10% (5.18 -> 4.64 ms, 4 rounds, on a day Kafka's
+  was 2.25): the consumer's hops are a small part of the tail. At one record per request the
+  producer's loop thread spends ~40 us of CPU per request, ~40% of it in gRPC's wake-up of its
+  completion-queue poller (an eventfd write for every write and read it starts) and ~15% in
+  the TCP send; the broker ~50 us, a third of it in context switches (the services run gRPC's
+  long-standing transport, which saves one thread hop per message read: docs/operations.md).
+  Scheduling gRPC's poller threads differently made it worse (4 alternated runs each, two
+  processes): SCHED_BATCH, which never preempts on wake-up, took the p99 from ~7 to ~46 ms; a
+  higher priority (nice -10) to ~11 ms, likely as a poller that preempts its loop thread then
+  waits for the GIL that thread holds (not traced). p99.9 is below Kafka's in every layout.
 - **Single-fetch latency** (`fetch_latency_*`): one gRPC stream round trip with Python on
   both ends, ~0.4-0.6 ms against Kafka's ~0.1-0.2 ms at p50.
 """
