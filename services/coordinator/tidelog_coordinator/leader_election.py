@@ -188,9 +188,7 @@ class LeaderElector:
                         wait_s = CONFLICT_REPASS_DELAY_S * 2**repasses
                         repasses += 1
                         log.info(
-                            "%d partition states changed during the pass (%s); "
-                            "deciding them again in %.2f s",
-                            len(self.conflicted),
+                            "%s: state changed during the pass; deciding again in %.2f s",
                             _some(self.conflicted),
                             wait_s,
                         )
