@@ -38,7 +38,15 @@ transactions, not 10,000 one after another (~30 s on a busy etcd, during
 which the partitions whose only in-sync replica came back stayed offline).
 A batch whose transaction fails (a state changed meanwhile) is written
 partition by partition. Passes run when the brokers/ prefix changes and
-every second otherwise.
+every second otherwise, and soon again after a pass some of whose states
+lost to a write made meanwhile (as Kafka's controller retries with the
+fresh state): 50 ms later, then 100, 200 and 400 ms while every pass loses
+some, then every second again until one writes all it decided. Without
+that, such a partition (a dead broker's, whose leader shrank its ISR just
+then) waited a second more for its election or ISR change; the controller
+watches brokers/ only (a watch on partitions/ would run a pass per ISR
+write), and the bound keeps a leader that writes in a tight loop from
+making the controller read every state 20 times a second.
 
 Not thread-safe: runs on the coordinator's event loop.
 """
@@ -70,6 +78,14 @@ flood = RateLimitedLog(log)
 #: A pass also runs this often without any broker change (leader -1
 #: partitions of new topics, lost watch events).
 PASS_INTERVAL_S = 1.0
+#: A pass some of whose states lost to a write made meanwhile (their
+#: partitions are decided again from the fresh state) runs again this soon,
+#: not a broker change or PASS_INTERVAL_S later.
+CONFLICT_REPASS_DELAY_S = 0.05
+#: Quick passes in a row, the delay doubling each time (50, 100, 200,
+#: 400 ms): then PASS_INTERVAL_S, until a pass loses nothing. A leader
+#: writing its state in a tight loop costs at most this many more passes.
+CONFLICT_REPASSES_MAX = 4
 #: etcd's default --max-txn-ops.
 DEFAULT_MAX_TXN_OPS = 128
 
@@ -135,12 +151,18 @@ class LeaderElector:
         self.partitions_per_txn = max(1, max_txn_ops - 1)
         self.preferred_interval_s = preferred_interval_ms / 1000
         self._trigger = asyncio.Event()
+        #: The partitions whose new state the last pass decided but did not
+        #: write: their state changed after the pass read it (the next pass
+        #: decides them again). Empty when the pass found itself deposed.
+        self.conflicted: tuple[str, ...] = ()
 
     async def run(self, fence: Any) -> None:
         """Passes until cancelled; `fence` is the election's leader compare."""
         watcher = PrefixWatcher(self.client, self.keys.brokers, self._on_brokers, name="elector")
         watch = asyncio.create_task(watcher.run())
         last_preferred = time.monotonic()
+        wait_s = PASS_INTERVAL_S
+        repasses = 0  # quick passes in a row after lost writes
         try:
             while True:
                 # asyncio.timeout, not wait_for: on Python 3.11 wait_for
@@ -148,9 +170,10 @@ class LeaderElector:
                 # a cancel, swallowing it, and stopping the controller's
                 # duties then waits for this task forever.
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(PASS_INTERVAL_S):
+                    async with asyncio.timeout(wait_s):
                         await self._trigger.wait()
                 self._trigger.clear()
+                wait_s = PASS_INTERVAL_S
                 preferred = (
                     self.preferred_interval_s > 0
                     and time.monotonic() - last_preferred >= self.preferred_interval_s
@@ -159,6 +182,16 @@ class LeaderElector:
                     await self.elect_once(fence, preferred)
                     if preferred:
                         last_preferred = time.monotonic()
+                    if not self.conflicted:
+                        repasses = 0
+                    elif repasses < CONFLICT_REPASSES_MAX:
+                        wait_s = CONFLICT_REPASS_DELAY_S * 2**repasses
+                        repasses += 1
+                        log.info(
+                            "%s: state changed during the pass; deciding again in %.2f s",
+                            _some(self.conflicted),
+                            wait_s,
+                        )
                 except Exception as exc:
                     raise_if_cancelling(exc)
                     if not is_unavailable(exc):
@@ -173,7 +206,9 @@ class LeaderElector:
         self._trigger.set()
 
     async def elect_once(self, fence: Any, preferred: bool) -> int:
-        """One pass over every partition; returns how many states it wrote."""
+        """One pass over every partition; returns how many states it wrote
+        and records in `conflicted` those it decided but could not write."""
+        self.conflicted = ()
         brokers = await read_live_brokers(self.client, self.keys)
         registered = brokers.registered
         live = set(registered)
@@ -201,11 +236,18 @@ class LeaderElector:
             if new is not None:
                 changes.append(_Change(f"{tp.topic}-{partition}", kv, state, new, offline))
         written: list[_Change] = []
+        conflicted: list[str] = []
         for start in range(0, len(changes), self.partitions_per_txn):
-            batch = await self._write(fence, changes[start : start + self.partitions_per_txn])
+            decided = changes[start : start + self.partitions_per_txn]
+            batch = await self._write(fence, decided)
             if batch is None:
-                break  # no longer the controller
+                conflicted = []  # no longer the controller: nothing to retry
+                break
             written += batch
+            if len(batch) < len(decided):
+                landed = {id(change) for change in batch}
+                conflicted += [c.name for c in decided if id(c) not in landed]
+        self.conflicted = tuple(conflicted)
         for change in written:
             old, new = change.old, change.new
             log.info(
@@ -312,6 +354,12 @@ def offline_logs(
         for tp in registration.offline_partitions:
             offline.setdefault(tp, set()).add(registration.broker_id)
     return {tp: frozenset(brokers) for tp, brokers in offline.items()}
+
+
+def _some(names: tuple[str, ...], shown: int = 5) -> str:
+    """The first `shown` of `names`, for a log line of bounded length."""
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _unclean_election(topic: TopicAssignment) -> bool:

@@ -3,7 +3,9 @@ etcd: the partitions of a broker that died get new leaders in transactions
 of up to etcd's --max-txn-ops states each, not one transaction per
 partition (10,000 partitions, one at a time, kept the partitions whose only
 in-sync replica had come back offline for ~30 s in the fuzzer's cluster);
-a partition whose state changes meanwhile does not hold back the others.
+a partition whose state changes meanwhile does not hold back the others,
+and the pass names it (run() then passes again soon:
+test_leader_election_conflict).
 """
 
 from __future__ import annotations
@@ -30,14 +32,16 @@ DEAD = 0
 ALIVE = (1, 2)
 
 
-def run_pass(
-    etcd: EtcdProcess, prefix: bytes, before: Any = None, deposed: bool = False
-) -> tuple[int, Counter[str], list[PartitionState]]:
+Pass = tuple[int, Counter[str], list[PartitionState], tuple[str, ...]]
+
+
+def run_pass(etcd: EtcdProcess, prefix: bytes, before: Any = None, deposed: bool = False) -> Pass:
     """Broker DEAD led a third of PARTITIONS and is gone; one pass. `before`
     (client, keys) runs after the pass read the states and before it writes;
-    `deposed`: the pass's controller fence fails."""
+    `deposed`: the pass's controller fence fails. Returns the states written,
+    the etcd calls, the states after and the pass's `conflicted`."""
 
-    async def run() -> tuple[int, Counter[str], list[PartitionState]]:
+    async def run() -> Pass:
         leaders = preferred_leaders(PARTITIONS)
         async with cluster_in_etcd(etcd.endpoint, prefix, "big", leaders, ALIVE) as (raw, keys):
             counting = CountingClient(raw)
@@ -56,7 +60,8 @@ def run_pass(
             if deposed:
                 fence = raw.transactions.value(keys.election + b"gone") == b"me"
             written = await elector.elect_once(fence, preferred=False)
-            return written, counting.calls, await read_states(raw, keys, "big", PARTITIONS)
+            states = await read_states(raw, keys, "big", PARTITIONS)
+            return written, counting.calls, states, elector.conflicted
 
     return asyncio.run(run())
 
@@ -64,7 +69,7 @@ def run_pass(
 def test_a_dead_brokers_partitions_get_new_leaders_in_a_few_transactions(
     etcd: EtcdProcess, prefix: bytes
 ) -> None:
-    written, calls, states = run_pass(etcd, prefix)
+    written, calls, states, conflicted = run_pass(etcd, prefix)
 
     # Every partition changes: the dead broker leaves each ISR, and leads a third.
     assert written == PARTITIONS
@@ -73,6 +78,7 @@ def test_a_dead_brokers_partitions_get_new_leaders_in_a_few_transactions(
     assert all(s.leader_epoch == 2 for s in led_by_dead)
     transactions = math.ceil(PARTITIONS / (DEFAULT_MAX_TXN_OPS - 1))
     assert calls == {"get_prefix": 3, "transaction": transactions}, calls
+    assert conflicted == ()
 
 
 def test_a_state_changed_meanwhile_is_skipped_and_the_rest_written(
@@ -84,10 +90,11 @@ def test_a_state_changed_meanwhile_is_skipped_and_the_rest_written(
     async def leader_shrinks_its_isr(client: Any, keys: Keys) -> None:
         await client.put(keys.partition_state("big", changed), by_the_leader.encode())
 
-    written, calls, states = run_pass(etcd, prefix, before=leader_shrinks_its_isr)
+    written, calls, states, conflicted = run_pass(etcd, prefix, before=leader_shrinks_its_isr)
 
     assert written == PARTITIONS - 1
     assert states[changed] == by_the_leader  # the next pass decides again
+    assert conflicted == (f"big-{changed}",)  # which run() passes again soon
     assert all(DEAD not in s.isr for p, s in enumerate(states) if p != changed)
     # The batch holding it failed and was written partition by partition.
     batch = DEFAULT_MAX_TXN_OPS - 1
@@ -98,9 +105,10 @@ def test_a_state_changed_meanwhile_is_skipped_and_the_rest_written(
 def test_a_deposed_controller_stops_at_its_first_failed_batch(
     etcd: EtcdProcess, prefix: bytes
 ) -> None:
-    written, calls, states = run_pass(etcd, prefix, deposed=True)
+    written, calls, states, conflicted = run_pass(etcd, prefix, deposed=True)
 
     assert written == 0
     assert all(DEAD in s.isr for s in states)
     # The first batch, then the fence alone: not one transaction per partition.
     assert calls == {"get_prefix": 3, "transaction": 2}, calls
+    assert conflicted == ()  # not the controller: nothing to pass again for
