@@ -16,10 +16,11 @@ work are sent to worker threads (asyncio.to_thread) so that they never stall
 produce or fetch: unlinking the files retention and compaction drop (renamed
 `.deleted` on the loop first, which is cheap), removing the directories of
 deleted topics (a deletion only closes the logs and renames their
-directories `-delete` on the loop, which makes it durable and frees the name;
+directories `-delete` on the loop, which makes it durable and frees the name,
+as does opening a log over a deleted incarnation's directory;
 `delete_renamed_dirs` removes them, one sweep at a time: at once, in a task
-the deletion starts, then at start-up and after each retention pass for what
-is left), the cleaner's rounds,
+the deletion or the open starts, then at start-up and after each retention
+pass for what is left), the cleaner's rounds,
 which work on a snapshot of plain data (the swap of cleaned segments into a
 log then happens back on the loop), and, in cluster mode, opening the logs
 of partitions newly hosted (`host_partitions_off_loop`: a log is opened in
@@ -284,12 +285,18 @@ class LogManager:
         leader_epochs: Mapping[int, int] | None = None,
         topic_id: str = "",
         all_or_none: bool = False,
+        on_renamed_aside: Callable[[Path], None] | None = None,
     ) -> list[PartitionLog]:
         """Open (creating them if needed) the logs of `partitions` of topic
         `name`; record `leader_epochs` (partition -> the epoch this broker
         is to lead it in) at the ends of those that open. `topic_id`: the
         topic's incarnation (PartitionLog.open refuses, or renames aside, a
-        directory left by a deleted one).
+        directory left by a deleted one). A directory renamed aside is left
+        to the sweep: `on_renamed_aside` is called, in this thread, for
+        each; the default, `_renamed_aside`, starts the sweep at once, so
+        it is only for the loop's thread (or no loop at all): a worker
+        thread passes one that hands it to the loop (see
+        `host_partitions_off_loop`).
 
         A log that fails to open (StorageError: EIO, an unreadable
         checkpoint, a deleted incarnation's directory that cannot be renamed
@@ -305,13 +312,14 @@ class LogManager:
         nothing is created); either way the logs opened so far are closed.
         Thread-safe: each log is new and nobody else's yet
         (`host_partitions_off_loop` runs it in a worker thread)."""
+        renamed_aside = self._renamed_aside if on_renamed_aside is None else on_renamed_aside
         logs: list[PartitionLog] = []
         try:
             for p in partitions:
                 directory = self._config.data_dir / log_dir_name(name, p)
                 try:
                     partition_log = PartitionLog.open(
-                        directory, name, p, config, self._clock, topic_id
+                        directory, name, p, config, self._clock, topic_id, renamed_aside
                     )
                 except StorageError as exc:
                     if all_or_none or _out_of_resources(exc):
@@ -338,6 +346,12 @@ class LogManager:
             close_logs(logs)
             raise
         return logs
+
+    def _renamed_aside(self, _renamed: Path) -> None:
+        """A log opening on the loop (or with no loop) renamed a deleted
+        incarnation's directory aside: removed by the sweep, off the loop.
+        (The task starts once the loop is back, after the opening.)"""
+        self._sweep_soon()
 
     def hosted_partition_count(self) -> int:
         """Partition replicas this broker hosts now."""
@@ -561,6 +575,14 @@ class LogManager:
         # Requests meanwhile find them opening (`_not_served`), whatever ends
         # this call: hosted, failed, cancelled, or the topic deleted next.
         opening = self._opening[spec.name] = _Opening(spec.partitions, frozenset(new))
+        loop = asyncio.get_running_loop()
+
+        def renamed_aside(_renamed: Path) -> None:
+            # `_sweep_soon` is the loop's: a worker thread hands it over.
+            with contextlib.suppress(RuntimeError):
+                # The loop closed meanwhile: the next start's sweep removes it.
+                loop.call_soon_threadsafe(self._sweep_soon)
+
         try:
             # One topic's logs, whichever thread opens them.
             open_logs = functools.partial(
@@ -569,6 +591,7 @@ class LogManager:
                 config,
                 leader_epochs=leader_epochs or {},
                 topic_id=spec.topic_id,
+                on_renamed_aside=renamed_aside,
             )
             if len(new) <= INLINE_OPEN_MAX:
                 self._take(opened, open_logs(new))
@@ -747,11 +770,9 @@ class LogManager:
         (`_sweeping`): a second waits, then lists what is left.
 
         Listed here, on the loop, so only directories already renamed when
-        it lists are touched: a topic deletion renames on the loop, then
-        calls for a sweep (`_sweep_soon`), and a deleted incarnation's
-        directory that a log opening in a worker thread renames aside is
-        removed by that thread, maybe with this sweep at it too
-        (`remove_renamed` allows it)."""
+        it lists are touched: a topic deletion renames on the loop, as does
+        a log opening over a deleted incarnation's directory (on the loop
+        or in a worker thread), then calls for a sweep (`_sweep_soon`)."""
         async with self._sweeping:
             doomed = self.renamed_for_deletion()
             if not doomed:
@@ -759,13 +780,14 @@ class LogManager:
             return await asyncio.to_thread(self._remove_renamed_dirs, doomed)
 
     def _sweep_soon(self) -> None:
-        """Have the directories that deletions renamed aside removed now, in
-        a worker thread (`delete_renamed_dirs`), by a task of this manager:
-        at most one, which sweeps again while deletions keep renaming more
-        meanwhile, and which `close` cancels. One that cannot be removed
-        stays for the retention checks' sweeps. Without a running loop (a
-        tool, a synchronous test) there is none to keep responsive: the
-        directories are removed here."""
+        """Have the directories that deletions (or log opens, see
+        `_open_logs`) renamed aside removed now, in a worker thread
+        (`delete_renamed_dirs`), by a task of this manager: at most one,
+        which sweeps again while more are renamed aside meanwhile, and which
+        `close` cancels. One that cannot be removed stays for the retention
+        checks' sweeps. Without a running loop (a tool, a synchronous test)
+        there is none to keep responsive: the directories are removed here.
+        Only on the loop's thread (or with no loop)."""
         if self._sweep_cancel.is_set():
             return  # closed: the next start's sweep removes them
         self._sweep_wanted = True

@@ -130,10 +130,10 @@ _REMOVE_ROUNDS = 100
 def remove_renamed(directory: Path) -> bool:
     """Remove a directory renamed for deletion; False (logged) if some of it
     could not be (the next sweep tries again). True once it is gone, also
-    when another thread removes it meanwhile (a log opening in a worker
-    thread removes a deleted incarnation's directory while the LogManager's
-    sweep may be at it too): rmtree stops at the first entry that vanished
-    under it, so it starts again on what is left."""
+    when something else removes it meanwhile (an operator's `rm -rf`, a
+    tool's `PartitionLog.delete` beside the broker's sweep): rmtree stops at
+    the first entry that vanished under it, so it starts again on what is
+    left."""
     for _ in range(_REMOVE_ROUNDS):
         try:
             shutil.rmtree(directory)

@@ -221,6 +221,7 @@ class PartitionLog:
         config: LogConfig,
         clock: Clock = SYSTEM_CLOCK,
         topic_id: str = "",
+        on_renamed_aside: Callable[[Path], None] | None = None,
     ) -> PartitionLog:
         """Open the log in `directory` (the partition's own directory, see
         `files.log_dir`), creating it if needed, and recover what needs it.
@@ -229,15 +230,26 @@ class PartitionLog:
         known), recorded in the directory. A directory that records another
         id holds a deleted incarnation's log (a topic deleted and created
         again under the same name while its directory could not be
-        removed): it is renamed aside for deletion and a new, empty log
-        opened, never the old records served under the new topic. If it
-        cannot be renamed, StorageError, and the directory stays untouched."""
+        removed): it is renamed aside for deletion (`<name>.<id>-delete`)
+        and a new, empty log opened, never the old records served under the
+        new topic. If it cannot be renamed, StorageError, and the directory
+        stays untouched.
+
+        The renamed directory is only renamed here, not removed: removing a
+        log of many GB takes long, and this may run on the broker's event
+        loop. `on_renamed_aside(renamed)` is called (in this thread) once
+        it is renamed, also if the open then fails: the LogManager has its
+        sweep remove it in a worker thread. Opened without one (a tool, a
+        test), the renamed directory stays until a LogManager's sweep (the
+        broker's next start, or its retention checks) removes it."""
         name = files.log_dir_name(topic, partition)
         if topic_id:
             with _storage_errors(f"reading the topic id of {name} in {directory}"):
                 found = files.read_topic_id(directory)
             if found is not None and found != topic_id:
-                cls._rename_stale(directory, name, found, topic_id)
+                renamed = cls._rename_stale(directory, name, found, topic_id)
+                if renamed is not None and on_renamed_aside is not None:
+                    on_renamed_aside(renamed)
         with _storage_errors(f"opening {name} in {directory}"):
             log = cls._open(directory, topic, partition, config, clock)
         if topic_id and found != topic_id:
@@ -250,12 +262,14 @@ class PartitionLog:
         return log
 
     @staticmethod
-    def _rename_stale(directory: Path, name: str, found: str, topic_id: str) -> None:
-        """Rename aside for deletion the directory of a deleted incarnation."""
+    def _rename_stale(directory: Path, name: str, found: str, topic_id: str) -> Path | None:
+        """Rename aside for deletion the directory of a deleted incarnation;
+        returns its new path (None if it was gone). Its removal is left to
+        the LogManager's sweep (see `open`)."""
         try:
             doomed = files.rename_for_deletion(directory)
         except FileNotFoundError:
-            return
+            return None
         except OSError as exc:
             raise StorageError(
                 f"{directory} holds the log of a deleted topic {name} (topic id {found}, not "
@@ -270,7 +284,7 @@ class PartitionLog:
             topic_id,
             doomed.name,
         )
-        files.remove_renamed(doomed)
+        return doomed
 
     @classmethod
     def _open(

@@ -68,9 +68,17 @@ def test_a_log_of_another_incarnation_is_renamed_aside(tmp_path: Path) -> None:
     log.close()
 
     other = "fedcba9876543210fedcba9876543210"
-    reopened = PartitionLog.open(directory, "t", 0, LogConfig(), topic_id=other)
+    told: list[Path] = []
+    reopened = PartitionLog.open(
+        directory, "t", 0, LogConfig(), topic_id=other, on_renamed_aside=told.append
+    )
     try:
         assert reopened.log_end_offset == 0
         assert read_topic_id(directory) == other
+        # Only renamed: its removal is the LogManager's sweep's (off the
+        # event loop), told of it.
+        [renamed] = [entry for entry in tmp_path.iterdir() if is_renamed_for_deletion(entry.name)]
+        assert told == [renamed]
+        assert read_topic_id(renamed) == TOPIC_ID
     finally:
         reopened.close()
