@@ -29,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import tidelog_broker.log_manager as log_manager_module
 from tidelog.records import encode_batch, iter_batches
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_manager import INLINE_OPEN_MAX, LogManager
@@ -42,6 +41,7 @@ from tidelog_server.clock import SYSTEM_CLOCK
 
 from tests.support.etcd import EtcdProcess
 from tests.unit.broker.in_process_broker import InProcessBroker
+from tests.unit.broker.removal_spy import RemovalSpy, install
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,34 +53,9 @@ WAIT_S = 30.0
 AN_HOUR_MS = 3_600_000
 
 
-class RemovalThreads:
-    """Wraps the real `files.remove_renamed`: records the thread and
-    directory of each call (it still removes)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[threading.Thread, str]] = []
-
-    def wrap(self, real: Callable[[Path], bool]) -> Callable[[Path], bool]:
-        def remove_renamed(directory: Path) -> bool:
-            self.calls.append((threading.current_thread(), directory.name))
-            return real(directory)
-
-        return remove_renamed
-
-    def on(self, thread: threading.Thread) -> list[str]:
-        """The directories removed on `thread`."""
-        return [name for called_on, name in self.calls if called_on is thread]
-
-
 @pytest.fixture
-def removals(monkeypatch: pytest.MonkeyPatch) -> RemovalThreads:
-    spy = RemovalThreads()
-    wrapped = spy.wrap(files.remove_renamed)
-    # Both names: PartitionLog calls it through the module, the LogManager's
-    # sweep through its own import.
-    monkeypatch.setattr(files, "remove_renamed", wrapped)
-    monkeypatch.setattr(log_manager_module, "remove_renamed", wrapped)
-    return spy
+def removals(monkeypatch: pytest.MonkeyPatch) -> RemovalSpy:
+    return install(monkeypatch)
 
 
 def stale_directory(data_dir: Path, partition: int = 0) -> None:
@@ -123,7 +98,7 @@ def serves_new_records(logs: LogManager, partition: int) -> None:
 
 
 def test_create_topic_over_a_stale_directory_removes_it_off_the_loop(
-    tmp_path: Path, removals: RemovalThreads
+    tmp_path: Path, removals: RemovalSpy
 ) -> None:
     """Standalone CreateTopics: the LogManager's create_topic, on the loop."""
     stale_directory(tmp_path)
@@ -152,7 +127,7 @@ def test_create_topic_over_a_stale_directory_removes_it_off_the_loop(
 
 
 def test_a_standalone_start_over_a_stale_directory_removes_it_off_the_loop(
-    tmp_path: Path, removals: RemovalThreads
+    tmp_path: Path, removals: RemovalSpy
 ) -> None:
     """A real standalone broker whose topics.json names an incarnation
     whose directory holds another's log (the disk repaired, the broker
@@ -183,7 +158,7 @@ def test_a_standalone_start_over_a_stale_directory_removes_it_off_the_loop(
     ids=["opened-on-the-loop", "opened-in-worker-threads"],
 )
 def test_cluster_hosting_over_a_stale_directory_removes_it_off_the_loop(
-    etcd: EtcdProcess, tmp_path: Path, removals: RemovalThreads, partitions: int
+    etcd: EtcdProcess, tmp_path: Path, removals: RemovalSpy, partitions: int
 ) -> None:
     """Cluster mode, a topic created through the coordinator's real
     MetadataManager over etcd, hosted by the real ClusterLink: a topic of

@@ -21,13 +21,10 @@ that cannot be removed is made so with the file system's immutable flag
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import tidelog_broker.log_manager as log_manager_module
 from tidelog.records import encode_batch, iter_batches
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_manager import LogManager
@@ -36,6 +33,7 @@ from tidelog_broker.storage import files
 from tidelog_server.clock import SYSTEM_CLOCK
 
 from tests.support.immutable_files import pin, unpin
+from tests.unit.broker.removal_spy import RemovalSpy, install
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,46 +45,9 @@ WAIT_S = 30.0
 AN_HOUR_MS = 3_600_000
 
 
-@dataclass
-class RemovalSpy:
-    """Wraps the real `files.remove_renamed`: records each call's thread,
-    directory and result; a removal off the loop's thread waits at `gate`
-    (open unless a test closes it) before it removes."""
-
-    loop_thread: threading.Thread
-    gate: threading.Event = field(default_factory=threading.Event)
-    calls: list[tuple[threading.Thread, str, bool]] = field(default_factory=list)
-    entered: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self.gate.set()
-
-    def wrap(self, real: Callable[[Path], bool]) -> Callable[[Path], bool]:
-        def remove_renamed(directory: Path) -> bool:
-            thread = threading.current_thread()
-            self.entered.set()
-            # Never waits on the loop's own thread: nothing would open it.
-            if thread is not self.loop_thread:
-                assert self.gate.wait(WAIT_S), "the gate stayed shut"
-            removed = real(directory)
-            self.calls.append((thread, directory.name, removed))
-            return removed
-
-        return remove_renamed
-
-    def threads(self) -> set[str]:
-        return {thread.name for thread, _name, _removed in self.calls}
-
-
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> RemovalSpy:
-    removal_spy = RemovalSpy(threading.current_thread())
-    wrapped = removal_spy.wrap(files.remove_renamed)
-    # Both names: PartitionLog calls it through the module, the LogManager's
-    # sweep through its own import.
-    monkeypatch.setattr(files, "remove_renamed", wrapped)
-    monkeypatch.setattr(log_manager_module, "remove_renamed", wrapped)
-    return removal_spy
+    return install(monkeypatch)
 
 
 def renamed_aside(data_dir: Path) -> list[str]:
