@@ -295,8 +295,7 @@ class LogManager:
         to the sweep: `on_renamed_aside` is called, in this thread, for
         each; the default, `_renamed_aside`, starts the sweep at once, so
         it is only for the loop's thread (or no loop at all): a worker
-        thread passes one that hands it to the loop (see
-        `host_partitions_off_loop`).
+        thread passes one that hands it to the loop (`_sweep_from`).
 
         A log that fails to open (StorageError: EIO, an unreadable
         checkpoint, a deleted incarnation's directory that cannot be renamed
@@ -575,14 +574,6 @@ class LogManager:
         # Requests meanwhile find them opening (`_not_served`), whatever ends
         # this call: hosted, failed, cancelled, or the topic deleted next.
         opening = self._opening[spec.name] = _Opening(spec.partitions, frozenset(new))
-        loop = asyncio.get_running_loop()
-
-        def renamed_aside(_renamed: Path) -> None:
-            # `_sweep_soon` is the loop's: a worker thread hands it over.
-            with contextlib.suppress(RuntimeError):
-                # The loop closed meanwhile: the next start's sweep removes it.
-                loop.call_soon_threadsafe(self._sweep_soon)
-
         try:
             # One topic's logs, whichever thread opens them.
             open_logs = functools.partial(
@@ -591,19 +582,34 @@ class LogManager:
                 config,
                 leader_epochs=leader_epochs or {},
                 topic_id=spec.topic_id,
-                on_renamed_aside=renamed_aside,
             )
             if len(new) <= INLINE_OPEN_MAX:
+                # On the loop's thread, without suspending: a directory
+                # renamed aside starts the sweep itself (`_renamed_aside`).
                 self._take(opened, open_logs(new))
             else:
+                in_thread = functools.partial(
+                    open_logs, on_renamed_aside=self._sweep_from(asyncio.get_running_loop())
+                )
                 for start in range(0, len(new), OPEN_SLICE):
-                    self._take(opened, await _in_thread(open_logs, new[start : start + OPEN_SLICE]))
+                    self._take(opened, await _in_thread(in_thread, new[start : start + OPEN_SLICE]))
             self.host_partitions(spec, wanted, opened)
         finally:
             if self._opening.get(spec.name) is opening:
                 del self._opening[spec.name]
             # Logs not taken up: hosting failed, or was cancelled.
             close_logs(opened.values())
+
+    def _sweep_from(self, loop: asyncio.AbstractEventLoop) -> Callable[[Path], None]:
+        """`_open_logs`' `on_renamed_aside` for a worker thread: `_sweep_soon`
+        is the loop's, so the thread hands it over."""
+
+        def renamed_aside(_renamed: Path) -> None:
+            # The loop closed meanwhile: the next start's sweep removes it.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._sweep_soon)
+
+        return renamed_aside
 
     @staticmethod
     def _take(opened: dict[int, PartitionLog], logs: list[PartitionLog]) -> None:
