@@ -1,6 +1,7 @@
 """Which thread removes the directories of deleted logs: a spy on the real
 `files.remove_renamed` (it still removes) for the tests that the broker's event
-loop never does it (a multi-GB removal would stall every produce and fetch).
+loop never does it (a multi-GB removal would stall every produce and fetch),
+and which directories are still renamed aside (`renamed_aside`).
 """
 
 from __future__ import annotations
@@ -64,3 +65,8 @@ def install(monkeypatch: pytest.MonkeyPatch) -> RemovalSpy:
     monkeypatch.setattr(files, "remove_renamed", wrapped)
     monkeypatch.setattr(log_manager_module, "remove_renamed", wrapped)
     return spy
+
+
+def renamed_aside(data_dir: Path) -> list[str]:
+    """The directories of `data_dir` renamed aside for deletion, not removed yet."""
+    return sorted(p.name for p in data_dir.iterdir() if files.is_renamed_for_deletion(p.name))

@@ -27,15 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from tidelog.records import encode_batch, iter_batches
+from tidelog_broker.cluster_link import HOSTING_RETRY_INITIAL_S
 from tidelog_broker.replica_state import Role
-from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
+from tidelog_server.etcd.records import PartitionState, TopicAssignment
 
 from tests.support.etcd import EtcdProcess
-from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
+from tests.unit.broker.in_process_broker import InProcessBroker, eventually
 
 TOPIC = "t"
 ME = 0
 PARTITIONS = 8  # more than INLINE_OPEN_MAX: opened in worker threads
+#: Past the due times of a failed hosting's first two retries (after the
+#: first wait, then twice as long), with half a second to spare.
+PAST_TWO_RETRIES_S = HOSTING_RETRY_INITIAL_S * (1 + 2) + 0.5
 
 
 @contextmanager
@@ -55,16 +59,6 @@ def few_descriptors() -> Iterator[None]:
 class Broker(InProcessBroker):
     def __init__(self, etcd: EtcdProcess, tmp_path: Path, **config: Any) -> None:
         super().__init__(etcd, f"/hostretry-{uuid.uuid4().hex}", tmp_path, ME, **config)
-        self.client, self.keys = self.link.client, self.link.keys
-
-    async def listed_offline(self) -> tuple[tuple[str, int], ...]:
-        got = await self.client.get(self.keys.broker(ME))
-        return BrokerRegistration.decode(got.value).offline_partitions
-
-    async def until_listed(self, expected: tuple[tuple[str, int], ...]) -> None:
-        async with asyncio.timeout(WAIT_S):
-            while await self.listed_offline() != expected:
-                await asyncio.sleep(0.02)
 
     async def create_topic(self, name: str = TOPIC, partitions: int = PARTITIONS) -> None:
         replicas = tuple((ME,) for _ in range(partitions))
@@ -80,13 +74,6 @@ class Broker(InProcessBroker):
         await self.client.delete(self.keys.topic(name))
         await eventually(lambda: name not in self.link.view.topics, f"{name} deleted")
 
-    async def hosting_failed(self) -> None:
-        await eventually(lambda: TOPIC in self.link._hosting_failed, f"hosting {TOPIC} failed")
-
-    def role(self, partition: int) -> Role | None:
-        replication = self.manager.replicas.replication(TOPIC, partition)
-        return None if replication is None else replication.role
-
 
 def test_a_hosting_that_ran_out_of_descriptors_is_retried_once_they_are_back(
     etcd: EtcdProcess, tmp_path: Path
@@ -97,7 +84,7 @@ def test_a_hosting_that_ran_out_of_descriptors_is_retried_once_they_are_back(
             await broker.start()
             with few_descriptors():
                 await broker.create_topic()
-                await broker.hosting_failed()
+                await broker.hosting_failed(TOPIC)
                 # A replica hosting none of them lists them offline, so the
                 # controller elects no leader here meanwhile.
                 await broker.until_listed(tuple((TOPIC, p) for p in range(PARTITIONS)))
@@ -108,7 +95,7 @@ def test_a_hosting_that_ran_out_of_descriptors_is_retried_once_they_are_back(
                 f"{TOPIC} hosted again without a change in etcd",
             )
             await eventually(
-                lambda: all(broker.role(p) is Role.LEADER for p in range(PARTITIONS)),
+                lambda: all(broker.role(TOPIC, p) is Role.LEADER for p in range(PARTITIONS)),
                 "roles applied as the normal path does",
             )
             assert TOPIC not in broker.link._hosting_failed
@@ -133,14 +120,14 @@ def test_a_topic_deleted_while_its_hosting_failed_is_not_retried(
             await broker.start()
             with few_descriptors():
                 await broker.create_topic()
-                await broker.hosting_failed()
+                await broker.hosting_failed(TOPIC)
                 await broker.until_listed(tuple((TOPIC, p) for p in range(PARTITIONS)))
                 await broker.delete_topic(TOPIC)
             await broker.until_listed(())
             assert TOPIC not in broker.link._hosting_failed
             # Past the first retries' due times: none hosts the deleted topic
             # again, nor leaves a directory of it.
-            await asyncio.sleep(3.5)
+            await asyncio.sleep(PAST_TWO_RETRIES_S)
             assert TOPIC not in broker.manager.logs.topic_names()
             assert broker.manager.logs.local_topics() == {}
             assert await broker.listed_offline() == ()
@@ -165,7 +152,7 @@ def test_a_topic_refused_past_max_partitions_is_hosted_once_room_frees_up(
                 lambda: broker.manager.logs.hosted_partitions("kept") == [0, 1], "kept hosted"
             )
             await broker.create_topic(TOPIC, 1)
-            await broker.hosting_failed()
+            await broker.hosting_failed(TOPIC)
             await broker.until_listed(((TOPIC, 0),))
             assert broker.manager.logs.hosted_partitions(TOPIC) == []
             await broker.delete_topic("kept")
@@ -173,7 +160,7 @@ def test_a_topic_refused_past_max_partitions_is_hosted_once_room_frees_up(
                 lambda: broker.manager.logs.hosted_partitions(TOPIC) == [0],
                 f"{TOPIC} hosted once room freed up",
             )
-            await eventually(lambda: broker.role(0) is Role.LEADER, f"{TOPIC}-0 led")
+            await eventually(lambda: broker.role(TOPIC, 0) is Role.LEADER, f"{TOPIC}-0 led")
             await broker.until_listed(())
         finally:
             await broker.stop()

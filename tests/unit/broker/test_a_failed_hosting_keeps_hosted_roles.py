@@ -46,7 +46,6 @@ RETRY_MARGIN_S = 3.0
 class Broker(InProcessBroker):
     def __init__(self, etcd: EtcdProcess, tmp_path: Path, **config: Any) -> None:
         super().__init__(etcd, f"/keepfollowing-{uuid.uuid4().hex}", tmp_path, ME, **config)
-        self.client, self.keys = self.link.client, self.link.keys
         self.topic_id = uuid.uuid4().hex
 
     def _record(self, partitions: int) -> bytes:
@@ -58,7 +57,7 @@ class Broker(InProcessBroker):
         await self.client.put(self.keys.topic(TOPIC), self._record(1))
         await self.client.put(self.keys.partition_state(TOPIC, 0), led_by(LEADER, 1))
         await eventually(lambda: self.followed() == {0: 1}, f"{TOPIC}-0 followed")
-        assert self.role(0) is Role.FOLLOWER
+        assert self.role(TOPIC, 0) is Role.FOLLOWER
 
     async def add_partitions(self, total: int) -> None:
         """Partitions added up to `total`: the record, then their states in
@@ -78,9 +77,6 @@ class Broker(InProcessBroker):
             failure=[],
         )
 
-    async def hosting_failed(self) -> None:
-        await eventually(lambda: TOPIC in self.link._hosting_failed, f"hosting {TOPIC} failed")
-
     async def retry_not_due_soon(self) -> object:
         """The record of TOPIC's failed hosting once its next retry is
         RETRY_MARGIN_S away or more (a retry that fails again replaces it;
@@ -99,10 +95,6 @@ class Broker(InProcessBroker):
             return {}
         return {p: epoch for (name, p), epoch in fetcher.partitions.items() if name == TOPIC}
 
-    def role(self, partition: int) -> Role | None:
-        replication = self.manager.replicas.replication(TOPIC, partition)
-        return None if replication is None else replication.role
-
 
 def led_by(leader: int, epoch: int) -> bytes:
     return PartitionState(leader, epoch, (leader, ME) if leader != ME else (ME,)).encode()
@@ -118,14 +110,16 @@ def test_a_follower_keeps_fetching_while_added_partitions_fail_to_open(
             await broker.create_followed_topic()
             with few_descriptors():
                 await broker.add_partitions(1 + ADDED)
-                await broker.hosting_failed()
+                await broker.hosting_failed(TOPIC)
                 hosted = broker.manager.logs.hosted_partitions(TOPIC)
                 assert 0 in hosted and len(hosted) < 1 + ADDED
                 # Still fetched from its leader, as is any added partition
                 # that opened before the shortage; the others get no role.
                 assert broker.followed() == {p: 1 for p in hosted}
-                assert broker.role(0) is Role.FOLLOWER
-                assert all(broker.role(p) is None for p in range(1 + ADDED) if p not in hosted)
+                assert broker.role(TOPIC, 0) is Role.FOLLOWER
+                assert all(
+                    broker.role(TOPIC, p) is None for p in range(1 + ADDED) if p not in hosted
+                )
             # The shortage is over: the retry hosts the rest, all followed.
             await eventually(
                 lambda: broker.followed() == {p: 1 for p in range(1 + ADDED)},
@@ -133,7 +127,7 @@ def test_a_follower_keeps_fetching_while_added_partitions_fail_to_open(
             )
             assert broker.manager.logs.hosted_partitions(TOPIC) == list(range(1 + ADDED))
             assert TOPIC not in broker.link._hosting_failed
-            assert all(broker.role(p) is Role.FOLLOWER for p in range(1 + ADDED))
+            assert all(broker.role(TOPIC, p) is Role.FOLLOWER for p in range(1 + ADDED))
         finally:
             await broker.stop()
 
@@ -167,7 +161,7 @@ def test_a_leadership_change_of_a_hosted_partition_applies_while_added_ones_are_
             )
             await broker.create_followed_topic()
             await broker.add_partitions(2)
-            await broker.hosting_failed()
+            await broker.hosting_failed(TOPIC)
             assert broker.manager.logs.hosted_partitions(TOPIC) == [0]
             assert broker.followed() == {0: 1}
             caplog.set_level(logging.INFO, logger="tidelog.broker")
@@ -189,7 +183,7 @@ def test_a_leadership_change_of_a_hosted_partition_applies_while_added_ones_are_
                 )
                 changes.append(tx.put(broker.keys.partition_state(TOPIC, 2), led_by(LEADER, 1)))
             await broker.client.transaction(compare=[], success=changes, failure=[])
-            await eventually(lambda: broker.role(0) is Role.LEADER, f"{TOPIC}-0 led at once")
+            await eventually(lambda: broker.role(TOPIC, 0) is Role.LEADER, f"{TOPIC}-0 led at once")
             assert broker.followed() == {}
             # Alone, by `_reconcile_roles` (no retry came in between); with a
             # new state, by the whole topic's reconcile, which failed again.
@@ -199,7 +193,7 @@ def test_a_leadership_change_of_a_hosted_partition_applies_while_added_ones_are_
             assert TOPIC in broker.link._hosting_failed
             assert broker.manager.logs.hosted_partitions(TOPIC) == [0]
             # An unhosted partition gets no role, and no error is logged for it.
-            assert broker.role(1) is None
+            assert broker.role(TOPIC, 1) is None
             errors = [r.message for r in caplog.records if r.levelno >= logging.ERROR]
             assert not [m for m in errors if f"{TOPIC}-1" in m], errors
             # Room freed: the retry hosts the rest, in their roles.
@@ -211,10 +205,10 @@ def test_a_leadership_change_of_a_hosted_partition_applies_while_added_ones_are_
                 f"{TOPIC} {added} hosted once room freed up",
             )
             assert TOPIC not in broker.link._hosting_failed
-            assert broker.role(0) is Role.LEADER
+            assert broker.role(TOPIC, 0) is Role.LEADER
             expected = {1: 2, 2: 1} if with_new_state else {1: 2}
             await eventually(lambda: broker.followed() == expected, f"{TOPIC} {added} followed")
-            assert all(broker.role(p) is Role.FOLLOWER for p in added)
+            assert all(broker.role(TOPIC, p) is Role.FOLLOWER for p in added)
         finally:
             await broker.stop()
 

@@ -33,7 +33,7 @@ from tidelog_coordinator.leader_election import LeaderElector
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
 
 from tests.support.etcd import EtcdProcess
-from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
+from tests.unit.broker.in_process_broker import InProcessBroker, eventually
 
 TOPIC = "t"
 ME = 0
@@ -56,20 +56,6 @@ class Broker(InProcessBroker):
 
     def __init__(self, etcd: EtcdProcess, prefix: str, data_dir: Path) -> None:
         super().__init__(etcd, prefix, data_dir, ME)
-        self.client, self.keys = self.link.client, self.link.keys
-
-    def role(self, partition: int) -> Role | None:
-        replication = self.manager.replicas.replication(TOPIC, partition)
-        return None if replication is None else replication.role
-
-    async def listed_offline(self) -> tuple[tuple[str, int], ...]:
-        got = await self.client.get(self.keys.broker(ME))
-        return BrokerRegistration.decode(got.value).offline_partitions
-
-    async def until_listed(self, expected: tuple[tuple[str, int], ...]) -> None:
-        async with asyncio.timeout(WAIT_S):
-            while await self.listed_offline() != expected:
-                await asyncio.sleep(0.02)
 
     async def hosts(self, partitions: list[int]) -> None:
         await eventually(
@@ -124,7 +110,9 @@ def test_one_log_that_cannot_be_opened_leaves_the_others_hosted_and_is_listed_of
             # The others serve in their roles; the leader's epoch, recorded
             # while its log opened, is in its history.
             await eventually(
-                lambda: broker.role(1) is Role.LEADER and broker.role(2) is Role.FOLLOWER,
+                lambda: (
+                    broker.role(TOPIC, 1) is Role.LEADER and broker.role(TOPIC, 2) is Role.FOLLOWER
+                ),
                 "roles of the healthy partitions applied",
             )
             led = broker.manager.partition_log(TOPIC, 1)
@@ -146,10 +134,13 @@ def test_one_log_that_cannot_be_opened_leaves_the_others_hosted_and_is_listed_of
             # This broker follows them now (an offline log may follow; the
             # fetcher leaves it alone), and keeps leading t-1.
             await eventually(
-                lambda: broker.role(0) is Role.FOLLOWER and broker.role(3) is Role.FOLLOWER,
+                lambda: (
+                    broker.role(TOPIC, 0) is Role.FOLLOWER
+                    and broker.role(TOPIC, 3) is Role.FOLLOWER
+                ),
                 "the offline logs follow the new leader",
             )
-            assert broker.role(1) is Role.LEADER
+            assert broker.role(TOPIC, 1) is Role.LEADER
             assert await broker.listed_offline() == ((TOPIC, 0), (TOPIC, 3))
         finally:
             await broker.stop()
@@ -177,7 +168,9 @@ def test_a_restart_with_one_unreadable_log_hosts_the_rest_and_a_repaired_one_com
                     PartitionState(ME, 1, (ME,)).encode(),
                 )
             await eventually(
-                lambda: broker.role(0) is Role.LEADER and broker.role(1) is Role.LEADER,
+                lambda: (
+                    broker.role(TOPIC, 0) is Role.LEADER and broker.role(TOPIC, 1) is Role.LEADER
+                ),
                 "leading both",
             )
             for partition in (0, 1):

@@ -41,11 +41,10 @@ from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.metadata import MetadataManager
 from tidelog_server.atomic_files import TEMP_SUFFIX
 from tidelog_server.clock import SYSTEM_CLOCK
-from tidelog_server.etcd.records import BrokerRegistration
 
 from tests.support.etcd import EtcdProcess
 from tests.support.immutable_files import immutable, pin, unpin
-from tests.unit.broker.in_process_broker import WAIT_S, InProcessBroker, eventually
+from tests.unit.broker.in_process_broker import InProcessBroker, eventually
 
 TOPIC = "t"
 ME = 0
@@ -58,15 +57,6 @@ class Broker(InProcessBroker):
     def __init__(self, etcd: EtcdProcess, prefix: str, data_dir: Path) -> None:
         super().__init__(etcd, prefix, data_dir, ME)
         self.metadata = MetadataManager(self.link.client, self.link.keys, CoordinatorConfig())
-
-    async def listed_offline(self) -> tuple[tuple[str, int], ...]:
-        got = await self.link.client.get(self.link.keys.broker(ME))
-        return BrokerRegistration.decode(got.value).offline_partitions
-
-    async def until_listed(self, expected: tuple[tuple[str, int], ...]) -> None:
-        async with asyncio.timeout(WAIT_S):
-            while await self.listed_offline() != expected:
-                await asyncio.sleep(0.02)
 
     async def leads(self, partitions: range) -> None:
         def leading() -> bool:

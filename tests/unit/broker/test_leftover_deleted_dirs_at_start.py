@@ -37,6 +37,8 @@ from tidelog_server.clock import SYSTEM_CLOCK
 
 from tests.support.etcd import EtcdProcess
 from tests.support.immutable_files import pin, unpin, unpin_if_pinned
+from tests.unit.broker.in_process_broker import eventually
+from tests.unit.broker.removal_spy import renamed_aside
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -69,19 +71,10 @@ def leave_deleted_dirs(data_dir: Path, count: int = 2) -> list[Path]:
     return left
 
 
-def renamed_aside(data_dir: Path) -> list[str]:
-    return sorted(p.name for p in data_dir.iterdir() if files.is_renamed_for_deletion(p.name))
-
-
 async def until_none_renamed_aside(data_dir: Path) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while renamed_aside(data_dir):
-                await asyncio.sleep(0.05)
-    except TimeoutError:
-        raise AssertionError(
-            f"still renamed aside {WAIT_S} s after start: {renamed_aside(data_dir)}"
-        ) from None
+    await eventually(
+        lambda: not renamed_aside(data_dir), "none renamed aside after start", within_s=WAIT_S
+    )
 
 
 def append(broker: BrokerServer, partition: int, value: bytes) -> None:

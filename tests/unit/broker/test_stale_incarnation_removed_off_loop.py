@@ -23,9 +23,9 @@ asyncio loop. The removal is observed by wrapping the real
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -40,8 +40,8 @@ from tidelog_coordinator.metadata import MetadataManager
 from tidelog_server.clock import SYSTEM_CLOCK
 
 from tests.support.etcd import EtcdProcess
-from tests.unit.broker.in_process_broker import InProcessBroker
-from tests.unit.broker.removal_spy import RemovalSpy, install
+from tests.unit.broker.in_process_broker import InProcessBroker, eventually
+from tests.unit.broker.removal_spy import RemovalSpy, install, renamed_aside
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -50,6 +50,8 @@ OLD = [b"old-%d" % i for i in range(10)]
 NEW = [b"new-%d" % i for i in range(3)]
 #: Generous: a loaded 2-core CI machine.
 WAIT_S = 30.0
+#: `eventually`, within WAIT_S.
+until = functools.partial(eventually, within_s=WAIT_S)
 AN_HOUR_MS = 3_600_000
 
 
@@ -70,19 +72,6 @@ def stale_directory(data_dir: Path, partition: int = 0) -> None:
         old.flush()
     finally:
         old.close()
-
-
-def renamed_aside(data_dir: Path) -> list[str]:
-    return sorted(p.name for p in data_dir.iterdir() if files.is_renamed_for_deletion(p.name))
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not check():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {WAIT_S} s: {what}") from None
 
 
 def serves_new_records(logs: LogManager, partition: int) -> None:

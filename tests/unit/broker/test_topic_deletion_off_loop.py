@@ -21,7 +21,7 @@ that cannot be removed is made so with the file system's immutable flag
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+import functools
 from pathlib import Path
 
 import pytest
@@ -33,7 +33,8 @@ from tidelog_broker.storage import files
 from tidelog_server.clock import SYSTEM_CLOCK
 
 from tests.support.immutable_files import pin, unpin
-from tests.unit.broker.removal_spy import RemovalSpy, install
+from tests.unit.broker.in_process_broker import eventually
+from tests.unit.broker.removal_spy import RemovalSpy, install, renamed_aside
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -42,25 +43,14 @@ OLD = [b"old-%d" % i for i in range(10)]
 NEW = [b"new-%d" % i for i in range(3)]
 #: Generous: a loaded 2-core CI machine.
 WAIT_S = 30.0
+#: `eventually`, within WAIT_S.
+until = functools.partial(eventually, within_s=WAIT_S)
 AN_HOUR_MS = 3_600_000
 
 
 @pytest.fixture
 def spy(monkeypatch: pytest.MonkeyPatch) -> RemovalSpy:
     return install(monkeypatch)
-
-
-def renamed_aside(data_dir: Path) -> list[str]:
-    return sorted(p.name for p in data_dir.iterdir() if files.is_renamed_for_deletion(p.name))
-
-
-async def until(check: Callable[[], bool], what: str) -> None:
-    try:
-        async with asyncio.timeout(WAIT_S):
-            while not check():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {WAIT_S} s: {what}") from None
 
 
 def append(logs: LogManager, partition: int, values: list[bytes]) -> None:
