@@ -64,7 +64,9 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   of it (a partition added, a config, a reassignment) is new information:
   reconciled at once, as any, and, failing, waits HOSTING_RETRY_INITIAL_S
   again (only the timer's retries double the wait, as Kafka resets a
-  backoff on new input);
+  backoff on new input). Its hosted partitions that etcd no longer has
+  here (a reassignment moved them away) are closed, and their logs
+  deleted, before each attempt, so also when it fails (`_drop_unassigned`);
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
@@ -698,10 +700,10 @@ class ClusterLink:
             )
             del self._local_ids[name]
             ids_changed = True
-        hosted = self.manager.logs.hosted_partitions(name)
         self._followed.pop(name, None)
         self._throttled.pop(name, None)
         try:
+            self._drop_unassigned(name, topic, led)
             await self.manager.logs.host_partitions_off_loop(
                 TopicSpec(name, len(topic.replicas), dict(topic.configs), topic.topic_id),
                 led,
@@ -730,8 +732,28 @@ class ClusterLink:
         if self._hosting_failure_ended(name):
             log.info("hosting partitions %s of %s succeeded after failing", led, name)
         await self._apply_roles(name, topic, led)
-        # Replicas moved away by a reassignment (the partition lives on,
-        # without this broker): their logs go, as Kafka deletes them.
+        if led and self._local_ids.get(name) != topic.topic_id:
+            self._local_ids[name] = topic.topic_id
+            ids_changed = True
+        return ids_changed
+
+    def _drop_unassigned(self, name: str, topic: KnownTopic, replicas: list[int]) -> None:
+        """Before hosting topic `name`: close its hosted partitions not among
+        `replicas` (those it is to host now), and delete the logs of those a
+        reassignment moved away (the partition lives on, without this
+        broker), as Kafka deletes them. First, so that a hosting that fails
+        drops them too: it left them open, in their last role and followed
+        by no fetcher, until a retry succeeded, and holding their room
+        (max.partitions, descriptors), which that retry then never found."""
+        hosted = self.manager.logs.hosted_partitions(name)
+        wanted = set(replicas)  # thousands of partitions: no list lookups
+        kept = [p for p in hosted if p in wanted]
+        if kept == hosted:
+            return
+        # Exactly the kept ones, under the spec they are hosted with: only
+        # the others close (their roles go with them), nothing opens.
+        self.manager.logs.host_partitions(self.manager.logs.topic(name).spec, kept)
+        me = self.broker.broker_id
         moved = [
             p
             for p in hosted
@@ -742,10 +764,6 @@ class ClusterLink:
         if moved:
             log.info("%s partitions %s moved to other brokers: deleting their logs", name, moved)
             self.manager.logs.delete_local_logs(name, moved)
-        if led and self._local_ids.get(name) != topic.topic_id:
-            self._local_ids[name] = topic.topic_id
-            ids_changed = True
-        return ids_changed
 
     async def _apply_roles(self, name: str, topic: KnownTopic, partitions: list[int]) -> None:
         """Apply the roles of `partitions` of topic `name`, all hosted here:
