@@ -60,7 +60,13 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   take for a fault of one directory; or refused past max.partitions) is
   reconciled again after HOSTING_RETRY_INITIAL_S, then twice as long each
   time up to HOSTING_RETRY_MAX_S, for as long as it fails and is in etcd;
-  no change of the topic in etcd is needed (`_retry_hostings`);
+  no change of the topic in etcd is needed (`_retry_hostings`). A change
+  of it (a partition added, a config, a reassignment) is new information:
+  reconciled at once, as any, and, failing, waits HOSTING_RETRY_INITIAL_S
+  again (only the timer's retries double the wait, as Kafka resets a
+  backoff on new input). Its hosted partitions that etcd no longer has
+  here (a reassignment moved them away) are closed, and their logs
+  deleted, before each attempt, so also when it fails (`_drop_unassigned`);
 - the lease: a leader writes only while its session's lease is surely alive
   (`Session.valid`), so a broker cut off from etcd stops accepting writes
   before the controller can elect another leader (no split brain);
@@ -141,7 +147,8 @@ class _FailedHosting:
     #: Of the partitions this broker is a replica of, those not hosted
     #: (listed offline in the registration meanwhile).
     unhosted: frozenset[int]
-    #: The wait before this retry; the next failure waits twice as long.
+    #: The wait before this retry; if it fails, the next waits twice as
+    #: long (a change of the topic in etcd starts over: `_hosting_did_fail`).
     delay_s: float
     #: Event-loop time of the next attempt.
     due: float
@@ -627,14 +634,18 @@ class ClusterLink:
 
     # ------------------------------------------------------------ reconcile
 
-    async def _reconcile(self, full_listing: bool, topics: set[str] | None = None) -> None:
+    async def _reconcile(
+        self, full_listing: bool, topics: set[str] | None = None, *, retry: bool = False
+    ) -> None:
         """Make the PartitionManager host the partitions this broker is a
         replica of, each in the role etcd gives it; follow the leaders.
-        `topics`: only these changed (None: any may have). Under `_hosting`."""
+        `topics`: only these changed (None: any may have). `retry`: the
+        timer's retry of failed hostings (`_retry_hostings`), not a change
+        in etcd. Under `_hosting`."""
         ids_changed = False
         names = self.view.topics if topics is None else topics & self.view.topics.keys()
         for name in list(names):
-            ids_changed |= await self._reconcile_topic(name, self.view.topics[name])
+            ids_changed |= await self._reconcile_topic(name, self.view.topics[name], retry)
         for name in self.manager.logs.topic_names():
             if name not in self.view.topics:
                 self.manager.logs.drop_topic(name, delete_data=True)
@@ -668,9 +679,10 @@ class ClusterLink:
         if ids_changed:
             self._save_meta()
 
-    async def _reconcile_topic(self, name: str, topic: KnownTopic) -> bool:
+    async def _reconcile_topic(self, name: str, topic: KnownTopic, retry: bool = False) -> bool:
         """Host, in their roles, the partitions of one topic this broker is a
-        replica of; returns whether the topic ids kept in cluster.json changed."""
+        replica of; returns whether the topic ids kept in cluster.json changed.
+        `retry`: see `_reconcile`."""
         me = self.broker.broker_id
         ids_changed = False
         led = [
@@ -688,10 +700,10 @@ class ClusterLink:
             )
             del self._local_ids[name]
             ids_changed = True
-        hosted = self.manager.logs.hosted_partitions(name)
         self._followed.pop(name, None)
         self._throttled.pop(name, None)
         try:
+            self._drop_unassigned(name, topic, led)
             await self.manager.logs.host_partitions_off_loop(
                 TopicSpec(name, len(topic.replicas), dict(topic.configs), topic.topic_id),
                 led,
@@ -700,7 +712,7 @@ class ClusterLink:
         except TidelogError as exc:
             # Refused (past max.partitions) or failed (out of descriptors):
             # it may have left directories, removed if the topic is deleted.
-            retry_s = self._hosting_did_fail(name, led)
+            retry_s = self._hosting_did_fail(name, led, retry)
             flood.warning(
                 "hosting partitions %s of %s failed: %s; retrying in %.0f s",
                 led,
@@ -711,7 +723,7 @@ class ClusterLink:
             await self._apply_hosted_roles(name, topic, led)
             return ids_changed
         except Exception:
-            retry_s = self._hosting_did_fail(name, led)
+            retry_s = self._hosting_did_fail(name, led, retry)
             flood.exception(
                 "hosting partitions %s of %s failed; retrying in %.0f s", led, name, retry_s
             )
@@ -720,8 +732,28 @@ class ClusterLink:
         if self._hosting_failure_ended(name):
             log.info("hosting partitions %s of %s succeeded after failing", led, name)
         await self._apply_roles(name, topic, led)
-        # Replicas moved away by a reassignment (the partition lives on,
-        # without this broker): their logs go, as Kafka deletes them.
+        if led and self._local_ids.get(name) != topic.topic_id:
+            self._local_ids[name] = topic.topic_id
+            ids_changed = True
+        return ids_changed
+
+    def _drop_unassigned(self, name: str, topic: KnownTopic, replicas: list[int]) -> None:
+        """Before hosting topic `name`: close its hosted partitions not among
+        `replicas` (those it is to host now), and delete the logs of those a
+        reassignment moved away (the partition lives on, without this
+        broker), as Kafka deletes them. First, so that a hosting that fails
+        drops them too: it left them open, in their last role and followed
+        by no fetcher, until a retry succeeded, and holding their room
+        (max.partitions, descriptors), which that retry then never found."""
+        hosted = self.manager.logs.hosted_partitions(name)
+        wanted = set(replicas)  # thousands of partitions: no list lookups
+        kept = [p for p in hosted if p in wanted]
+        if kept == hosted:
+            return
+        # Exactly the kept ones, under the spec they are hosted with: only
+        # the others close (their roles go with them), nothing opens.
+        self.manager.logs.host_partitions(self.manager.logs.topic(name).spec, kept)
+        me = self.broker.broker_id
         moved = [
             p
             for p in hosted
@@ -732,10 +764,6 @@ class ClusterLink:
         if moved:
             log.info("%s partitions %s moved to other brokers: deleting their logs", name, moved)
             self.manager.logs.delete_local_logs(name, moved)
-        if led and self._local_ids.get(name) != topic.topic_id:
-            self._local_ids[name] = topic.topic_id
-            ids_changed = True
-        return ids_changed
 
     async def _apply_roles(self, name: str, topic: KnownTopic, partitions: list[int]) -> None:
         """Apply the roles of `partitions` of topic `name`, all hosted here:
@@ -768,9 +796,14 @@ class ClusterLink:
         hosted = set(self.manager.logs.hosted_partitions(name))
         await self._apply_roles(name, topic, [p for p in replicas if p in hosted])
 
-    def _hosting_did_fail(self, name: str, replicas: list[int]) -> float:
+    def _hosting_did_fail(self, name: str, replicas: list[int], retry: bool) -> float:
         """Record that hosting topic `name`, whose partitions `replicas` this
         broker is a replica of, failed; returns the wait before its retry.
+        `retry`: the attempt was the timer's retry, so the wait doubles; any
+        other (a change of the topic in etcd, a new listing or registration)
+        brought new information and starts the waits over. Before, a change
+        doubled it too: a partition added to a topic failing for a while was
+        tried again up to 30 s later, however soon the shortage ended.
 
         Those of `replicas` not hosted are listed offline in the registration
         until a retry hosts them or the topic goes, as Kafka lists the
@@ -784,9 +817,9 @@ class ClusterLink:
         (a topic deleted, a replica moved away) without this topic changing."""
         previous = self._hosting_failed.get(name)
         delay = (
-            HOSTING_RETRY_INITIAL_S
-            if previous is None
-            else min(previous.delay_s * 2, HOSTING_RETRY_MAX_S)
+            min(previous.delay_s * 2, HOSTING_RETRY_MAX_S)
+            if retry and previous is not None
+            else HOSTING_RETRY_INITIAL_S
         )
         hosted = set(self.manager.logs.hosted_partitions(name))
         unhosted = frozenset(p for p in replicas if p not in hosted)
@@ -824,7 +857,7 @@ class ClusterLink:
                         # may have hosted, failed again or deleted them.
                         now = loop.time()
                         due = {n for n, f in self._hosting_failed.items() if f.due <= now}
-                        await self._reconcile(full_listing=False, topics=due)
+                        await self._reconcile(full_listing=False, topics=due, retry=True)
                 except asyncio.CancelledError:
                     raise
                 except Exception:

@@ -3,7 +3,9 @@
 offline for no fault of its directory) is hosted again once the shortage
 ends, without any change of the topic in etcd; meanwhile its partitions are
 listed offline in the broker's registration (the controller elects
-elsewhere), and a topic deleted meanwhile is no longer retried.
+elsewhere), and a topic deleted meanwhile is no longer retried. The retries
+wait twice as long each time; a change of the topic in etcd is tried at
+once and starts the waits over (new input, as Kafka resets its backoff).
 
 Before, nothing tried again: the topic was hosted only at its next change in
 etcd or a broker restart, and the broker, a replica hosting nothing of it,
@@ -18,6 +20,7 @@ shortage is a real RLIMIT_NOFILE, lowered while the topic's logs open
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import resource
 import uuid
@@ -26,8 +29,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 from tidelog.records import encode_batch, iter_batches
-from tidelog_broker.cluster_link import HOSTING_RETRY_INITIAL_S
+from tidelog_broker.cluster_link import HOSTING_RETRY_INITIAL_S, _FailedHosting
 from tidelog_broker.replica_state import Role
 from tidelog_server.etcd.records import PartitionState, TopicAssignment
 
@@ -68,6 +72,14 @@ class Broker(InProcessBroker):
             await self.client.put(
                 self.keys.partition_state(name, partition), PartitionState(ME, 1, (ME,)).encode()
             )
+
+    async def refused_again(self, name: str, before: _FailedHosting) -> _FailedHosting:
+        """The record of `name`'s next failed hosting after `before`."""
+        await eventually(
+            lambda: self.link._hosting_failed.get(name, before) is not before,
+            f"hosting {name} failed again",
+        )
+        return self.link._hosting_failed[name]
 
     async def delete_topic(self, name: str) -> None:
         await self.client.delete_prefix(self.keys.partition_states(name))
@@ -131,6 +143,65 @@ def test_a_topic_deleted_while_its_hosting_failed_is_not_retried(
             assert TOPIC not in broker.manager.logs.topic_names()
             assert broker.manager.logs.local_topics() == {}
             assert await broker.listed_offline() == ()
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("change", ["a_state_appears", "its_record_changes"])
+def test_a_change_of_a_failing_topic_in_etcd_starts_its_backoff_over(
+    etcd: EtcdProcess, tmp_path: Path, change: str
+) -> None:
+    """Past max.partitions (room for another topic's two partitions only):
+    once the retries wait 4 s, a change of TOPIC in etcd (a partition's
+    state appears, or its record's configs change) is tried at once and,
+    refused again, waits HOSTING_RETRY_INITIAL_S, not 8 s; the retries after
+    it double from there. Before, the change's attempt doubled the wait as a
+    retry does."""
+
+    async def run() -> None:
+        broker = Broker(etcd, tmp_path, max_partitions=2)
+        try:
+            await broker.start()
+            await broker.create_topic("kept", 2)
+            await eventually(
+                lambda: broker.manager.logs.hosted_partitions("kept") == [0, 1], "kept hosted"
+            )
+            # Two partitions, only the first with a state: the other's comes
+            # later, a change of the states alone.
+            record = TopicAssignment(TOPIC, uuid.uuid4().hex, ((ME,), (ME,)), {})
+            await broker.client.put(broker.keys.topic(TOPIC), record.encode())
+            await broker.client.put(
+                broker.keys.partition_state(TOPIC, 0), PartitionState(ME, 1, (ME,)).encode()
+            )
+            await broker.hosting_failed(TOPIC)
+            # The retries alone: 1 s, 2 s, then 4 s. The change below takes
+            # milliseconds, so the next retry is seconds away when it comes.
+            await eventually(
+                lambda: broker.link._hosting_failed[TOPIC].delay_s >= 4 * HOSTING_RETRY_INITIAL_S,
+                "the retries' waits doubled to 4 s",
+            )
+            before = broker.link._hosting_failed[TOPIC]
+            if change == "a_state_appears":
+                await broker.client.put(
+                    broker.keys.partition_state(TOPIC, 1), PartitionState(ME, 1, (ME,)).encode()
+                )
+            else:
+                changed = dataclasses.replace(record, configs={"retention.ms": "60000"})
+                await broker.client.put(broker.keys.topic(TOPIC), changed.encode())
+            after_change = await broker.refused_again(TOPIC, before)
+            assert after_change.delay_s == HOSTING_RETRY_INITIAL_S, after_change
+            # The timer's retries double again from there.
+            retried = await broker.refused_again(TOPIC, after_change)
+            assert retried.delay_s == 2 * HOSTING_RETRY_INITIAL_S, retried
+            assert broker.manager.logs.hosted_partitions(TOPIC) == []
+            await broker.delete_topic("kept")
+            hosted = [0, 1] if change == "a_state_appears" else [0]
+            await eventually(
+                lambda: broker.manager.logs.hosted_partitions(TOPIC) == hosted,
+                f"{TOPIC} hosted once room freed up",
+            )
         finally:
             await broker.stop()
 

@@ -5,6 +5,8 @@ roles: a follower keeps fetching from its leader, and a leadership change of
 a hosted partition applies at once, whether its state change comes alone or
 with a new partition's state (which reconciles the whole topic). The
 unhosted partitions get no role; the retry hosts them once the shortage ends.
+A hosted partition moved to another broker meanwhile is closed and its log
+deleted at once, as when hosting succeeds.
 
 Before, the failure dropped the topic's followed partitions: the replica
 fetchers stopped fetching the hosted follower (it would fall out of the ISR)
@@ -209,6 +211,58 @@ def test_a_leadership_change_of_a_hosted_partition_applies_while_added_ones_are_
             expected = {1: 2, 2: 1} if with_new_state else {1: 2}
             await eventually(lambda: broker.followed() == expected, f"{TOPIC} {added} followed")
             assert all(broker.role(TOPIC, p) is Role.FOLLOWER for p in added)
+        finally:
+            await broker.stop()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("added", [4, 3], ids=["still_refused", "hosted_in_its_room"])
+def test_a_hosted_partition_moved_away_while_added_ones_are_refused_is_dropped(
+    etcd: EtcdProcess, tmp_path: Path, added: int
+) -> None:
+    """Past max.partitions (room for 3): TOPIC-0 is followed here, `added`
+    partitions are refused, then TOPIC-0 is reassigned away from this broker.
+    Its log is closed (no role, not fetched) and deleted at once, as a
+    success deletes a replica moved away; with room for the added ones then,
+    they are hosted. Before, a failure left it hosted, in its old role, until
+    a retry succeeded: never, when only its room made the retry fit."""
+
+    async def run() -> None:
+        broker = Broker(etcd, tmp_path, max_partitions=3)
+        try:
+            await broker.start()
+            await broker.create_followed_topic()
+            await broker.add_partitions(1 + added)
+            await broker.hosting_failed(TOPIC)
+            assert broker.manager.logs.hosted_partitions(TOPIC) == [0]
+            # TOPIC-0 reassigned to broker 1 alone: its record, then its state
+            # (as a finished reassignment leaves them).
+            moved = TopicAssignment(
+                TOPIC,
+                broker.topic_id,
+                ((LEADER,), *((LEADER, ME) for _ in range(added))),
+                {},
+            )
+            await broker.client.put(broker.keys.topic(TOPIC), moved.encode())
+            await broker.client.put(
+                broker.keys.partition_state(TOPIC, 0), PartitionState(LEADER, 2, (LEADER,)).encode()
+            )
+            if added == 4:
+                await eventually(
+                    lambda: broker.manager.logs.hosted_partitions(TOPIC) == [],
+                    f"{TOPIC}-0 closed while the others are still refused",
+                )
+                assert TOPIC in broker.link._hosting_failed
+            else:
+                await eventually(
+                    lambda: broker.manager.logs.hosted_partitions(TOPIC) == [1, 2, 3],
+                    f"{TOPIC} 1-3 hosted in the room {TOPIC}-0 left",
+                )
+                assert TOPIC not in broker.link._hosting_failed
+            assert broker.role(TOPIC, 0) is None
+            assert 0 not in broker.followed()
+            assert 0 not in broker.manager.logs.local_topics().get(TOPIC, [])
         finally:
             await broker.stop()
 
