@@ -212,8 +212,9 @@ class PartitionInfo:
     time, or refused, or its log is offline), `error` holds the typed
     exception saying so, naming the leader (NotLeaderOrFollowerError or
     RequestTimedOutError, both retriable; StorageError for an offline log;
-    or what the leader refused with), and the figures are -1 (unknown). describe_topics does not raise for it: the other partitions
-    are described as usual."""
+    or what the leader refused with), and the figures are -1 (unknown).
+    describe_topics does not raise for it: the other partitions are
+    described as usual."""
 
     partition: int
     leader: int
