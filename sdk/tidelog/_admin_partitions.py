@@ -186,6 +186,7 @@ async def list_partition_reassignments(
                     lag_records=p.lag_records,
                     lag_bytes=p.lag_bytes,
                     in_sync=p.in_sync,
+                    error=error_from_code(p.error.code, p.error.message) if p.error.code else None,
                 )
                 for p in r.progress
             },

@@ -176,6 +176,11 @@ class ReplicaProgress:
     lag_records: int
     lag_bytes: int
     in_sync: bool
+    #: StorageError when its broker answered but its log is offline (a
+    #: storage failure, or it could not be opened): it copies nothing until
+    #: that broker restarts, and the figures are -1 (unknown). None
+    #: otherwise, and from servers older than this field.
+    error: TidelogError | None = None
 
 
 @dataclass(frozen=True)
@@ -204,11 +209,12 @@ class PartitionInfo:
 
     The log figures (offsets, size, segments) are its leader's. When they
     could not be had (no leader, or its leader is down, did not answer in
-    time, or refused), `error` holds the typed exception saying so, naming
-    the leader (NotLeaderOrFollowerError or RequestTimedOutError, both
-    retriable; or what the leader refused with), and the figures are -1
-    (unknown). describe_topics does not raise for it: the other partitions
-    are described as usual."""
+    time, or refused, or its log is offline), `error` holds the typed
+    exception saying so, naming the leader (NotLeaderOrFollowerError or
+    RequestTimedOutError, both retriable; StorageError for an offline log;
+    or what the leader refused with), and the figures are -1 (unknown).
+    describe_topics does not raise for it: the other partitions are
+    described as usual."""
 
     partition: int
     leader: int

@@ -381,6 +381,35 @@ def test_the_charts_dashboard_is_the_one_in_deploy_grafana() -> None:
     assert (CHART / "dashboards" / "tidelog.json").read_bytes() == DASHBOARD.read_bytes()
 
 
+OPERATIONS = DASHBOARD.parents[2] / "docs" / "operations.md"
+
+
+def test_the_dashboard_shows_every_cluster_metric_the_docs_say_to_alert_on() -> None:
+    """Every metric of the coordinator's table in docs/operations.md with
+    something in its alert column (the cluster's health, the groups) is
+    queried by a panel: an operator who looks at the dashboard sees what the
+    runbooks tell them to watch. (The brokers' own gauges of the same facts
+    are per-broker views of these.) tidelog_cluster_offline_replicas had no
+    panel."""
+    text = OPERATIONS.read_text()
+    table = text[text.index("**Coordinator**") : text.index("**Gateway**")]
+    # | metric | type | meaning | alert |
+    rows = [row.split("|")[1:-1] for row in table.splitlines() if row.startswith("| `")]
+    alerted = {
+        name
+        for cells in rows
+        if cells[-1].strip()
+        for name in re.findall(r"`(tidelog_[a-z_]+)", cells[0])
+    }
+    queried = " ".join(
+        target["expr"]
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+        for target in panel.get("targets", [])
+    )
+    assert "tidelog_cluster_offline_replicas" in alerted, sorted(alerted)
+    assert sorted(n for n in alerted if not re.search(rf"\b{n}\b", queried)) == []
+
+
 # ------------------------------------------------------------ TLS
 
 TLS_SECRET = "tidelog-tls"

@@ -6,7 +6,8 @@ kafka-reassign-partitions does, from a JSON plan
   the moves; `--throttle B` limits what each leader sends to the new
   replicas to B bytes/s (running it again with another throttle changes it);
 - `--verify`: per partition, done or in progress, with each new replica's
-  progress (offset and bytes still to copy, in the ISR or not);
+  progress (offset and bytes still to copy, in the ISR or not), or why it
+  has none (its broker not reachable, or its log offline);
 - `--cancel`: stop the moves of the plan's partitions, restoring their
   original replicas.
 """
@@ -150,6 +151,10 @@ def _progress(reassignment: PartitionReassignment) -> None:
     for broker, p in sorted(reassignment.progress.items()):
         if not p.reachable:
             print(f"  replica {broker}: not reachable")
+            continue
+        if p.error is not None:
+            # Its log is offline: it copies nothing until its broker restarts.
+            print(f"  replica {broker}: offline: {p.error.message}")
             continue
         state = "in sync" if p.in_sync else "catching up"
         print(

@@ -19,7 +19,7 @@ import sys
 
 from tidelog.admin import AdminClient
 from tidelog.cli._common import AddBootstrap, int_at_least
-from tidelog.errors import InvalidConfigError
+from tidelog.errors import InvalidConfigError, StorageError
 from tidelog.types import NewPartitions, NewTopic, PartitionInfo, TopicDescription
 
 #: Kafka's warning, printed when partitions are added.
@@ -287,7 +287,10 @@ def _describe(args: argparse.Namespace) -> int:
             print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
         for p in topic.partitions:
             if p.error is not None:
-                print(f"  partition {p.partition}: ? = unknown: {p.error.message}")
+                # An offline log is not an outage to wait out: a restart
+                # of its broker brings it back.
+                why = "offline" if isinstance(p.error, StorageError) else "unknown"
+                print(f"  partition {p.partition}: ? = {why}: {p.error.message}")
         if args.configs:
             entries = configs.get(topic.name, {})
             print("  configs (* = topic override):")

@@ -419,7 +419,9 @@ class PartitionDescription(_message.Message):
         """Set when the leader's figures could not be had: the partition has no
         leader, or its leader is not live, did not answer in time, or refused
         (NOT_LEADER_OR_FOLLOWER or REQUEST_TIMED_OUT, retriable; or the code
-        the leader refused with). The message names the leader (its id and
+        the leader refused with), or the leader's log is offline (STORAGE_ERROR:
+        a storage failure, or it could not be opened; until that broker
+        restarts). The message names the leader (its id and
         address) and what happened. The figures are then -1; the rest of the
         answer, and the topic, stay good: one partition's outage does not fail
         the description. Unset (code NONE) when the figures are the leader's,
@@ -1126,8 +1128,9 @@ class OngoingReassignment(_message.Message):
     """Wall-clock ms since the epoch when the reassignment started."""
     leader_id: _builtins.int
     leader_log_end_offset: _builtins.int
-    """The leader's log end offset and size (0 when it could not be asked:
-    the coordinator does not know; brokers fill these in).
+    """The leader's log end offset and size (0 when it could not be asked, or
+    its log is offline: the coordinator does not know; brokers fill these
+    in).
     """
     leader_size_bytes: _builtins.int
     @_builtins.property
@@ -1190,6 +1193,7 @@ class ReplicaProgress(_message.Message):
     LAG_RECORDS_FIELD_NUMBER: _builtins.int
     LAG_BYTES_FIELD_NUMBER: _builtins.int
     IN_SYNC_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     reachable: _builtins.bool
     """False when the broker could not be asked (down): the other fields are 0."""
@@ -1199,6 +1203,15 @@ class ReplicaProgress(_message.Message):
     """Records and bytes it still has to copy (from the leader's figures)."""
     lag_bytes: _builtins.int
     in_sync: _builtins.bool
+    @_builtins.property
+    def error(self) -> _common_pb2.Error:
+        """Set when the broker answered but its replica's log is offline
+        (STORAGE_ERROR: a storage failure, or it could not be opened; it copies
+        nothing until that broker restarts): the message says why, and the
+        figures and lags above are -1 (unknown, not an empty log). Unset (code
+        NONE) otherwise, and from servers older than this field.
+        """
+
     def __init__(
         self,
         *,
@@ -1209,10 +1222,11 @@ class ReplicaProgress(_message.Message):
         lag_records: _builtins.int = ...,
         lag_bytes: _builtins.int = ...,
         in_sync: _builtins.bool = ...,
+        error: _common_pb2.Error | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "lag_records", b"lag_records", "log_end_offset", b"log_end_offset", "reachable", b"reachable", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["broker_id", b"broker_id", "error", b"error", "in_sync", b"in_sync", "lag_bytes", b"lag_bytes", "lag_records", b"lag_records", "log_end_offset", b"log_end_offset", "reachable", b"reachable", "size_bytes", b"size_bytes"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -8,7 +8,7 @@ the same service with the same messages.
 
 from __future__ import annotations
 
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import grpc
 from tidelog.errors import InvalidRequestError
@@ -24,7 +24,7 @@ from tidelog.v1 import admin_pb2, admin_pb2_grpc
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.delete_records import delete_records
 from tidelog_broker.error_mapping import abort, error_proto
-from tidelog_broker.partition_manager import PartitionManager
+from tidelog_broker.partition_manager import PartitionManager, PartitionView
 from tidelog_broker.storage import config_to_strings
 
 _CONFIG_SOURCES = {
@@ -32,6 +32,28 @@ _CONFIG_SOURCES = {
     "broker": admin_pb2.CONFIG_SOURCE_BROKER,
     "topic": admin_pb2.CONFIG_SOURCE_TOPIC,
 }
+
+
+def described_partition(view: PartitionView, **placement: Any) -> admin_pb2.PartitionDescription:
+    """A partition hosted here as DescribeTopics describes it: `placement`
+    (leader, replicas...) and its log figures; for an offline log, -1 figures
+    and its STORAGE_ERROR in `error` (the field that says the figures are
+    unknown, and why), as Kafka describes an offline replica: never as an
+    empty log."""
+    described = admin_pb2.PartitionDescription(
+        partition=view.partition,
+        log_start_offset=view.log_start_offset,
+        log_end_offset=view.log_end_offset,
+        high_watermark=view.high_watermark,
+        size_bytes=view.size_bytes,
+        segment_count=view.segment_count,
+        **placement,
+    )
+    if view.offline is not None:
+        described.error.CopyFrom(
+            error_proto(view.offline, f"describing {view.topic}-{view.partition}")
+        )
+    return described
 
 
 class AdminServicer(admin_pb2_grpc.AdminServicer):
@@ -149,17 +171,14 @@ class AdminServicer(admin_pb2_grpc.AdminServicer):
                 continue
             description.configs.update(config_to_strings(topic.config))
             for view in views:
-                description.partitions.add(
-                    partition=view.partition,
-                    leader_id=broker_id,
-                    replicas=[broker_id],
-                    isr=[broker_id],
-                    offline_replicas=[broker_id] if (name, view.partition) in offline else [],
-                    log_start_offset=view.log_start_offset,
-                    log_end_offset=view.log_end_offset,
-                    high_watermark=view.high_watermark,
-                    size_bytes=view.size_bytes,
-                    segment_count=view.segment_count,
+                description.partitions.append(
+                    described_partition(
+                        view,
+                        leader_id=broker_id,
+                        replicas=[broker_id],
+                        isr=[broker_id],
+                        offline_replicas=[broker_id] if (name, view.partition) in offline else [],
+                    )
                 )
         return response
 

@@ -50,6 +50,7 @@ from tidelog_server.leader_figures import (
     leader_call_timeout,
 )
 
+from tidelog_broker.admin_servicer import described_partition
 from tidelog_broker.cluster_link import ClusterLink
 from tidelog_broker.coordinator_forwarding import FORWARD_TIMEOUT_S, forward_to_coordinator
 from tidelog_broker.delete_records import delete_records
@@ -136,7 +137,8 @@ class AdminForwarder:
     def _describe_local(
         self, request: admin_pb2.DescribeTopicsRequest
     ) -> admin_pb2.DescribeTopicsResponse:
-        """The partitions of `request.names` this broker hosts (no error for others)."""
+        """The partitions of `request.names` this broker hosts (no error for
+        others); an offline log's with its STORAGE_ERROR and -1 figures."""
         response = admin_pb2.DescribeTopicsResponse()
         manager = self._link.manager
         for name in distinct(request.names):
@@ -145,16 +147,9 @@ class AdminForwarder:
                 views = manager.describe(name)
             except Exception:
                 continue
-            for view in views:
-                description.partitions.add(
-                    partition=view.partition,
-                    leader_id=self._link.broker.broker_id,
-                    log_start_offset=view.log_start_offset,
-                    log_end_offset=view.log_end_offset,
-                    high_watermark=view.high_watermark,
-                    size_bytes=view.size_bytes,
-                    segment_count=view.segment_count,
-                )
+            description.partitions.extend(
+                described_partition(view, leader_id=self._link.broker.broker_id) for view in views
+            )
         return response
 
 

@@ -391,12 +391,20 @@ class LogManager:
         Kafka's offline replicas answer KAFKA_STORAGE_ERROR: its offsets are
         not to be served nor fetched from, until a restart opens it again."""
         partition_log = self.hosted_log(topic, partition)
-        if partition_log.offline is not None:
-            raise StorageError(
-                f"the log of {topic}-{partition} on broker {self._config.broker_id} is offline "
-                f"({partition_log.offline}): restart the broker to open it again"
-            )
+        error = self.offline_error(partition_log)
+        if error is not None:
+            raise error
         return partition_log
+
+    def offline_error(self, partition_log: PartitionLog) -> StorageError | None:
+        """What every path answers for `partition_log` while it is offline
+        (naming it, this broker and why), or None while it serves."""
+        if partition_log.offline is None:
+            return None
+        return StorageError(
+            f"the log of {partition_log.name} on broker {self._config.broker_id} is offline "
+            f"({partition_log.offline}): restart the broker to open it again"
+        )
 
     def hosted_log(self, topic: str, partition: int) -> PartitionLog:
         """The log of a partition hosted here, offline or not (for what

@@ -18,6 +18,7 @@ from tidelog.compression import CompressionType
 from tidelog.errors import (
     InvalidRequestError,
     NotEnoughReplicasError,
+    StorageError,
     UnknownTopicOrPartitionError,
 )
 
@@ -46,7 +47,7 @@ class ProduceResult:
 
 @dataclass(frozen=True)
 class PartitionView:
-    """A snapshot of one partition for describe and fetch responses."""
+    """A snapshot of one hosted partition for describe responses."""
 
     topic: str
     partition: int
@@ -55,6 +56,10 @@ class PartitionView:
     high_watermark: int
     size_bytes: int
     segment_count: int
+    #: Set while its log is offline (what its reads answer): the figures
+    #: are then -1, unknown, as Kafka's offline replicas have none. (0s
+    #: would read as an empty log, and an operator may act on that.)
+    offline: StorageError | None = None
 
 
 class PartitionManager:
@@ -219,15 +224,22 @@ class PartitionManager:
                 )
 
     def describe(self, topic: str) -> list[PartitionView]:
-        return [
-            PartitionView(
-                topic,
-                partition_log.partition,
-                partition_log.log_start_offset,
-                partition_log.log_end_offset,
-                self.high_watermark(partition_log),
-                partition_log.size_bytes,
-                partition_log.segment_count,
+        return [self._view(partition_log) for partition_log in self.logs.topic(topic).logs]
+
+    def _view(self, partition_log: PartitionLog) -> PartitionView:
+        offline = self.logs.offline_error(partition_log)
+        if offline is not None:
+            # An unopened log has no figures at all, one taken offline
+            # part-way through a change has those of a half-done change.
+            return PartitionView(
+                partition_log.topic, partition_log.partition, -1, -1, -1, -1, -1, offline
             )
-            for partition_log in self.logs.topic(topic).logs
-        ]
+        return PartitionView(
+            partition_log.topic,
+            partition_log.partition,
+            partition_log.log_start_offset,
+            partition_log.log_end_offset,
+            self.high_watermark(partition_log),
+            partition_log.size_bytes,
+            partition_log.segment_count,
+        )

@@ -16,6 +16,9 @@ gets `PartitionDescription.error` naming its leader and what happened:
   unanswered: dropped the call, unavailable, past the deadline):
   NOT_LEADER_OR_FOLLOWER, or REQUEST_TIMED_OUT past the deadline, retriable;
 - a leader that refused the call: the code it refused with;
+- a leader whose own log of the partition is offline (a storage failure,
+  or it could not be opened: it is about to lose the leadership): the
+  STORAGE_ERROR it answers for it, naming it and why;
 - a leader whose answer leaves the partition out (it does not host it, or
   not yet): NOT_LEADER_OR_FOLLOWER, retriable.
 
@@ -113,6 +116,10 @@ async def complete_from_leaders(
         for partition in topic.partitions:
             leader = partition.leader_id
             found = answers.get(leader, {}).get((topic.name, partition.partition))
+            if found is not None and found.error.code != common_pb2.NONE:
+                # The leader's own log cannot tell (offline: STORAGE_ERROR).
+                unknown(partition, found.error)
+                continue
             if found is not None:
                 for name in FIGURES:
                     setattr(partition, name, getattr(found, name))

@@ -354,6 +354,8 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
         response = admin_pb2.ListPartitionReassignmentsResponse()
         for r in ongoing:
             leader_log = logs.get((r.leader, r.tp))
+            if leader_log is not None and leader_log.offline is not None:
+                leader_log = None  # no figures: as a leader that could not be asked
             item = response.reassignments.add(
                 topic=r.tp.topic,
                 partition=r.tp.partition,
@@ -375,6 +377,13 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                 if local is None:
                     continue
                 progress.reachable = True
+                if local.offline is not None:
+                    # It copies nothing until its broker restarts: not an
+                    # empty log catching up (ReplicaProgress.error).
+                    progress.error.CopyFrom(local.offline)
+                    progress.log_end_offset = progress.size_bytes = -1
+                    progress.lag_records = progress.lag_bytes = -1
+                    continue
                 progress.log_end_offset = local.log_end_offset
                 progress.size_bytes = local.size_bytes
                 if leader_log is not None:

@@ -42,6 +42,9 @@ class LocalLog:
     log_start_offset: int
     log_end_offset: int
     size_bytes: int
+    #: The broker's STORAGE_ERROR while this replica's log is offline (the
+    #: figures are then -1, unknown); None while it serves.
+    offline: common_pb2.Error | None = None
 
 
 class BrokerCalls:
@@ -164,7 +167,10 @@ class BrokerCalls:
             for topic in answer.topics:
                 for p in topic.partitions:
                     out[(broker, TopicPartition(topic.name, p.partition))] = LocalLog(
-                        p.log_start_offset, p.log_end_offset, p.size_bytes
+                        p.log_start_offset,
+                        p.log_end_offset,
+                        p.size_bytes,
+                        p.error if p.error.code != common_pb2.NONE else None,
                     )
         return out
 

@@ -1,7 +1,8 @@
 """The admin commands of `tidelog` (issue 13) against a real cluster of four
 brokers, run as a user runs them (`python -m tidelog.cli ...`): adding
 partitions, the describe filters, cluster describe, delete-records,
-leaders elect, reassign with a JSON plan, brokers decommission.
+leaders elect, reassign with a JSON plan (and a new replica whose log is
+offline), brokers decommission.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from pathlib import Path
 
 import pytest
 from tidelog import AdminClient, NewTopic, Producer, TopicPartition
+from tidelog.errors import StorageError
+from tidelog.types import ReplicaProgress
+from tidelog_broker.storage import files
 
 from tests.integration.coordinator.admin_support import (
     admin_client,
@@ -238,6 +242,58 @@ def test_reassign_execute_verify_and_cancel_with_a_plan(
         [2, 3],
         [3, 0],
     ]
+
+
+def test_reassign_verify_shows_a_new_replica_whose_log_cannot_open_as_offline(
+    cluster: ClusterProcesses, admin: AdminClient, tmp_path: Path
+) -> None:
+    """The new replica's broker cannot open its log (a file stands where its
+    directory goes): it hosts it offline and copies nothing. --verify said
+    "catching up, log end offset 0 of 20, 20 records behind", forever, as if
+    it were an empty log on its way."""
+    topic, target = "cli-offline", 3
+    tp = TopicPartition(topic, 0)
+    admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={0: [0]})])
+    with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
+        for _ in range(20):
+            producer.send(topic, b"o", partition=0)
+        producer.flush(timeout=30)
+    blocker = cluster.brokers[target].data_dir / files.log_dir_name(topic, 0)
+    blocker.write_text("a file, not a log directory\n")
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [{"topic": topic, "partition": 0, "replicas": [0, target]}],
+            }
+        )
+    )
+    started = cli(cluster, "reassign", "--execute", "--reassignment-json-file", str(plan))
+    assert started.returncode == 0, started.stderr
+    try:
+
+        def offline_progress() -> ReplicaProgress | None:
+            progress = admin.list_partition_reassignments([tp])[tp].progress[target]
+            return progress if progress.error is not None else None
+
+        progress = wait_until(offline_progress, f"broker {target} answers its replica offline")
+        assert isinstance(progress, ReplicaProgress) and isinstance(progress.error, StorageError)
+        assert progress.reachable and not progress.in_sync
+        assert progress.error.message.startswith(
+            f"the log of {topic}-0 on broker {target} is offline"
+        )
+        assert (progress.log_end_offset, progress.size_bytes) == (-1, -1)
+        assert (progress.lag_records, progress.lag_bytes) == (-1, -1)
+        verify = cli(cluster, "reassign", "--verify", "--reassignment-json-file", str(plan))
+        assert verify.returncode == 0, verify.stderr
+        assert "still in progress" in verify.stdout and "catching up" not in verify.stdout
+        shown = f"  replica {target}: offline: the log of {topic}-0 on broker {target} is offline ("
+        assert shown in verify.stdout, verify.stdout
+    finally:
+        cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert partition(admin, tp).replicas == [0]
 
 
 def test_brokers_decommission_plans_then_empties_the_broker(

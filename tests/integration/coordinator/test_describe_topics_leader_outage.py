@@ -7,8 +7,10 @@ placement and ask each leader for its log figures. A partition whose leader
 was stopped, or refused the call, kept its figures at 0, as if its log were
 empty, with nothing to tell it from a real answer. It now has an error
 naming the leader and what happened, and -1 figures; the other partitions
-keep their real figures and the topic stays good. A broker that could not
-auto-create a topic answered only "does not exist"."""
+keep their real figures and the topic stays good. A leader whose log is
+offline answered 0s for it, copied as figures; its STORAGE_ERROR is now
+passed on. A broker that could not auto-create a topic answered only "does
+not exist"."""
 
 from __future__ import annotations
 
@@ -26,10 +28,14 @@ from tidelog import AdminClient, AsyncAdminClient, NewTopic, Producer
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
     NotLeaderOrFollowerError,
+    StorageError,
     TopicAuthorizationFailedError,
 )
 from tidelog.types import PartitionInfo
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
+from tidelog_broker.config import BrokerConfig
+from tidelog_broker.server import BrokerServer
+from tidelog_broker.storage import files
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration
 
@@ -171,8 +177,8 @@ def test_a_leader_that_refuses_is_named_with_its_code(
         assert stand_in.calls >= 2
 
 
-async def _refused_leader_is_named(cluster: ClusterProcesses, address: str) -> None:
-    broker, gateway = cluster.brokers[0].address, cluster.gateways[0].address
+async def _create_led_by_stand_in(broker: str) -> None:
+    """TOPIC with partition 0 on broker 0 and partition 1 on the stand-in."""
     assignment = [
         admin_pb2.ReplicaAssignment(partition=0, broker_ids=[0]),
         admin_pb2.ReplicaAssignment(partition=1, broker_ids=[STAND_IN]),
@@ -192,6 +198,11 @@ async def _refused_leader_is_named(cluster: ClusterProcesses, address: str) -> N
 
     # Until every service's view has the stand-in as a live broker.
     await eventually(created, SETTLE_S, "the topic created")
+
+
+async def _refused_leader_is_named(cluster: ClusterProcesses, address: str) -> None:
+    broker, gateway = cluster.brokers[0].address, cluster.gateways[0].address
+    await _create_led_by_stand_in(broker)
     for entry in (broker, gateway):
         described: admin_pb2.TopicDescription | None = None
 
@@ -224,6 +235,75 @@ async def _refused_leader_is_named(cluster: ClusterProcesses, address: str) -> N
         assert isinstance(p1_sdk.error, TopicAuthorizationFailedError), p1_sdk
         assert p1_sdk.error.message == p1.error.message
         assert _figures(p1_sdk) == (-1, -1, -1, -1, -1)
+
+
+def test_a_leader_whose_log_is_offline_is_described_with_its_storage_error(
+    etcd: EtcdProcess, prefix: str, tmp_path: Path
+) -> None:
+    """Broker 7, a real broker (alone, in this process, over real gRPC)
+    registered in etcd as a live broker, leads partition 1 while its log of
+    it could not be opened: as a leader whose log has just gone offline, until
+    its registration lists it and the controller moves the leadership. It
+    answered 0s for that log, copied as figures: an empty log. Now its
+    STORAGE_ERROR, passed on with -1 figures."""
+    with running_cluster(tmp_path, etcd=etcd, prefix=prefix, brokers=1, gateway_args=[]) as cluster:
+        config = BrokerConfig(broker_id=STAND_IN, port=0, data_dir=tmp_path / "stand-in")
+
+        async def scenario() -> None:
+            stand_in = BrokerServer(config)
+            await stand_in.start()
+            stand_in.manager.logs.create_topic(TOPIC, 2)
+            await stand_in.stop()
+            log_dir = config.data_dir / files.log_dir_name(TOPIC, 1)
+            (log_dir / files.RESET_OFFSET_FILE).write_text("not a checkpoint\n")
+            stand_in = BrokerServer(config)
+            await stand_in.start()
+            try:
+                assert stand_in.manager.logs.offline_partitions() == [(TOPIC, 1)]
+                async with etcd_client(etcd.endpoint) as client:
+                    lease = await client.lease(120)
+                    registration = BrokerRegistration(STAND_IN, "127.0.0.1", stand_in.bound_port)
+                    await client.put(
+                        Keys(prefix).broker(STAND_IN), registration.encode(), lease=lease
+                    )
+                    try:
+                        await _offline_leader_is_described(cluster)
+                    finally:
+                        await client.revoke_lease(lease.id)
+            finally:
+                await stand_in.stop()
+
+        asyncio.run(scenario())
+
+
+async def _offline_leader_is_described(cluster: ClusterProcesses) -> None:
+    broker, gateway = cluster.brokers[0].address, cluster.gateways[0].address
+    await _create_led_by_stand_in(broker)
+    said = f"the log of {TOPIC}-1 on broker {STAND_IN} is offline (opening it failed: "
+    for entry in (broker, gateway):
+        partitions: list[PartitionInfo] = []
+
+        async def described(entry: str = entry) -> bool:
+            nonlocal partitions
+            partitions = await _partitions_async(entry)
+            return partitions[0].error is None and isinstance(partitions[1].error, StorageError)
+
+        await eventually(described, SETTLE_S, f"the offline log described via {entry}")
+        p0, p1 = partitions
+        assert p0.segment_count >= 1 and p1.leader == STAND_IN
+        assert p1.error is not None and p1.error.message.startswith(said), p1.error
+        assert _figures(p1) == (-1, -1, -1, -1, -1)
+    # The CLI: "?" for the figures, and that the log is offline, under the table.
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "tidelog.cli", "topics", "describe", TOPIC,
+         "--bootstrap-server", broker],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    row = next(line.split() for line in shown.stdout.splitlines() if line.split()[:1] == ["1"])
+    assert row[4:8] == ["?"] * 4, shown.stdout
+    assert f"partition 1: ? = offline: {said}" in shown.stdout, shown.stdout
 
 
 def test_a_topic_a_broker_could_not_auto_create_says_why(

@@ -1,6 +1,7 @@
 """A broker alone (no etcd) answers its own offline logs as offline
 replicas: Metadata's and DescribeTopics' `offline_replicas` name it for a
-partition whose log a storage failure took offline, and only that one.
+partition whose log a storage failure took offline, and only that one;
+DescribeTopics gives that partition its STORAGE_ERROR and no figures (-1).
 
 A real BrokerServer in this process over real gRPC. The log goes offline
 through the real reset path (a directory where the reset writes its commit
@@ -14,7 +15,7 @@ from pathlib import Path
 import grpc
 import pytest
 from tidelog.errors import StorageError
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.server import BrokerServer
 from tidelog_broker.storage import files
@@ -52,6 +53,21 @@ def test_a_lone_broker_lists_its_offline_log_as_an_offline_replica(tmp_path: Pat
             assert {
                 p.partition: list(p.offline_replicas) for p in described.topics[0].partitions
             } == {0: [], 1: [ME]}
+            # Its figures, those of a half-done reset, are not given: -1 and
+            # the STORAGE_ERROR its reads answer.
+            healthy, offline = described.topics[0].partitions
+            assert not healthy.HasField("error") and healthy.segment_count == 1, healthy
+            assert offline.error.code == common_pb2.STORAGE_ERROR, offline
+            assert offline.error.message.startswith(
+                f"the log of {TOPIC}-1 on broker {ME} is offline"
+            )
+            assert (
+                offline.log_start_offset,
+                offline.log_end_offset,
+                offline.high_watermark,
+                offline.size_bytes,
+                offline.segment_count,
+            ) == (-1, -1, -1, -1, -1)
         finally:
             await broker.stop()
 

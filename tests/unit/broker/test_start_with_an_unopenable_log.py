@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import resource
 import uuid
 from collections.abc import Callable
@@ -29,7 +30,7 @@ import grpc
 import pytest
 from tidelog.errors import StorageError
 from tidelog.records import encode_batch, iter_batches
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, log_pb2, log_pb2_grpc
+from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_manager import INLINE_OPEN_MAX, LogManager
 from tidelog_broker.server import BrokerServer
@@ -89,7 +90,25 @@ def test_a_lone_broker_starts_with_an_unreadable_log_and_serves_the_rest(tmp_pat
             assert {
                 p.partition: (list(p.offline_replicas), p.log_end_offset)
                 for p in described.topics[0].partitions
-            } == {0: ([], 1), 1: ([ME], 0), 2: ([], 2)}
+            } == {0: ([], 1), 1: ([ME], -1), 2: ([], 2)}
+            # Described as offline, why, and with no figures: 0s (what it
+            # said before) read as an empty log.
+            unopened = described.topics[0].partitions[1]
+            assert unopened.error.code == common_pb2.STORAGE_ERROR, unopened
+            assert re.fullmatch(
+                rf"the log of {TOPIC}-1 on broker {ME} is offline \(opening it failed: .*"
+                r"cleaner-checkpoint.*\): restart the broker to open it again",
+                unopened.error.message,
+            ), unopened.error.message
+            figures = (
+                unopened.log_start_offset,
+                unopened.log_end_offset,
+                unopened.high_watermark,
+                unopened.size_bytes,
+                unopened.segment_count,
+            )
+            assert figures == (-1, -1, -1, -1, -1)
+            assert not described.topics[0].partitions[0].HasField("error")
         finally:
             await broker.stop()
         # Nothing of it was touched, and once repaired the next start opens it.

@@ -15,8 +15,9 @@ loops and the replica fetcher skip it, it may follow or have no leader but
 never lead, and deleting its topic renames its directory aside.
 
 It reads nothing of its directory and holds no file: no segment, an empty
-epoch history and producer state, offsets 0 (what Describe reports beside
-its offline replica). It stays offline until the broker restarts and opens
+epoch history and producer state, offsets 0 (never reported: Describe,
+like every path, answers an offline log with its STORAGE_ERROR, and -1
+figures). It stays offline until the broker restarts and opens
 the directory again, as any offline log: what failed is the disk or damage
 from outside, which a retry in the same process would only meet again (and
 Kafka, too, brings a failed log directory back only with a restart).
