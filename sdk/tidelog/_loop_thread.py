@@ -25,7 +25,8 @@ loop of the others (a slow callback delays them) and may not make blocking
 calls of any client sharing it (RuntimeError, as for their own producer).
 `shared_loop_thread=False` gives a client a private loop thread.
 
-The loop always runs in its own thread. (A Consumer alone on its loop used
+The loop is uvloop's where it is installed (tidelog._event_loop says why and
+how to choose). It always runs in its own thread. (A Consumer alone on its loop used
 to borrow it into the thread waiting in poll(), to save one thread hand-off
 per fetched answer. Measured again on a shared 2-core machine, two
 processes at 10,000 records/s (`python -m bench.e2e_ab`), the p99 was lower
@@ -51,6 +52,7 @@ import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
+from tidelog._event_loop import new_event_loop
 from tidelog.errors import ClosedError, TidelogTimeoutError
 
 T = TypeVar("T")
@@ -60,7 +62,7 @@ class LoopThread:
     """A daemon thread running one asyncio event loop."""
 
     def __init__(self, name: str) -> None:
-        self._loop = asyncio.new_event_loop()
+        self._loop = new_event_loop()
         self._closed = False
         self._closing = threading.Lock()  # makes stop() idempotent across threads
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)

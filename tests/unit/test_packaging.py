@@ -118,9 +118,13 @@ def test_client_wheel_holds_only_the_client(wheels: dict[str, Wheel]) -> None:
 
 def test_client_requires_ranges_and_no_server_dependency(wheels: dict[str, Wheel]) -> None:
     requires = wheels["tidelog"].requires()
-    assert set(requires) == {"grpcio", "protobuf", "crc32c"}
+    assert set(requires) == {"grpcio", "protobuf", "crc32c", "uvloop"}
     for name in ("grpcio", "protobuf"):
         assert "==" not in requires[name] and "<" in requires[name], requires[name]
+    # The blocking clients' loop (tidelog._event_loop): only where uvloop has wheels.
+    listed = wheels["tidelog"].metadata.get_all("Requires-Dist") or []
+    (uvloop,) = [r for r in listed if r.startswith("uvloop")]
+    assert 'sys_platform != "win32"' in uvloop and "CPython" in uvloop, uvloop
 
 
 def test_client_codecs_are_extras(wheels: dict[str, Wheel]) -> None:
