@@ -14,10 +14,12 @@ install: $(STAMP)
 # One distribution per part, each with its own pyproject.toml; all installed
 # editable into .venv with the developer tools.
 PARTS := sdk services/common services/broker services/coordinator services/gateway
-# What pip installs: the parts, the SDK with its Spark extra (pyspark and
+# What pip installs: the parts, the SDK with its uvloop extra (what the
+# latency benchmarks measure) and its Spark extra (pyspark and
 # pyarrow, for tests/spark and bench/spark_bench.py; pyspark is a ~456 MB source
 # package, ~40 s cold, seconds from pip's cache).
-INSTALL_PARTS := $(patsubst sdk,sdk[spark],$(PARTS))
+comma := ,
+INSTALL_PARTS := $(patsubst sdk,sdk[spark$(comma)uvloop],$(PARTS))
 
 # Reinstall only when a dependency list or the SDK's C extension (built in
 # place by the editable install) changes: `make install` is quick when

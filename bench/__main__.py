@@ -172,9 +172,10 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   processes): SCHED_BATCH, which never preempts on wake-up, took the p99 from ~7 to ~46 ms; a
   higher priority (nice -10) to ~11 ms, likely as a poller that preempts its loop thread then
   waits for the GIL that thread holds (not traced). The blocking clients' loop runs uvloop
-  (docs/python-sdk.md): p99 0.85-0.94x that with asyncio's loop in two processes, 0.92-0.95x
-  in one (`python -m bench.e2e_ab`, 11 alternated rounds each, lower in 9); uvloop in the
-  broker moved nothing (0.97-1.02x). p99.9 is below Kafka's in every layout.
+  when installed (the SDK's `uvloop` extra, which `make install` installs; docs/python-sdk.md):
+  p99 0.85-0.94x that with asyncio's loop in two processes, 0.92-0.95x in one (`python -m
+  bench.e2e_ab`, 11 alternated rounds each, lower in 9); uvloop in the broker moved nothing
+  (0.97-1.02x). p99.9 is below Kafka's in every layout.
 - **Single-fetch latency** (`fetch_latency_*`): one gRPC stream round trip with Python on
   both ends, ~0.4-0.6 ms against Kafka's ~0.1-0.2 ms at p50.
 """

@@ -5,9 +5,10 @@ private loop (tidelog._loop_thread), which the application never sees; so the
 SDK may pick its implementation. uvloop (libuv, written in C) takes a record's
 hops through that loop with less work than asyncio's own loop in Python:
 at 10,000 records/s with the consumer in a process of its own, the end-to-end
-p99 was ~15% lower with uvloop in the clients' loops (`python -m bench.e2e_ab`,
-docs/benchmarks.md). It is a dependency of the SDK where it has wheels (CPython
-on Linux and macOS); elsewhere asyncio's loop is used.
+p99 was 6-15% lower with uvloop in the clients' loops (`python -m bench.e2e_ab`,
+docs/benchmarks.md). It comes with the SDK's `uvloop` extra (``pip install
+'tidelog[uvloop]'``, CPython on Linux and macOS, where it has wheels); without
+it asyncio's loop is used.
 
 What: `new_event_loop()` reads TIDELOG_EVENT_LOOP once per loop it makes:
 
@@ -48,7 +49,7 @@ def new_event_loop(environ: Mapping[str, str] = os.environ) -> asyncio.AbstractE
         if choice == "uvloop":
             raise ValueError(
                 f"{EVENT_LOOP_ENV}=uvloop but uvloop cannot be imported ({exc}): "
-                "pip install uvloop, or unset the variable"
+                "pip install 'tidelog[uvloop]', or unset the variable"
             ) from exc
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()

@@ -118,19 +118,15 @@ def test_client_wheel_holds_only_the_client(wheels: dict[str, Wheel]) -> None:
 
 def test_client_requires_ranges_and_no_server_dependency(wheels: dict[str, Wheel]) -> None:
     requires = wheels["tidelog"].requires()
-    assert set(requires) == {"grpcio", "protobuf", "crc32c", "uvloop"}
+    assert set(requires) == {"grpcio", "protobuf", "crc32c"}
     for name in ("grpcio", "protobuf"):
         assert "==" not in requires[name] and "<" in requires[name], requires[name]
-    # The blocking clients' loop (tidelog._event_loop): only where uvloop has wheels.
-    listed = wheels["tidelog"].metadata.get_all("Requires-Dist") or []
-    (uvloop,) = [r for r in listed if r.startswith("uvloop")]
-    assert 'sys_platform != "win32"' in uvloop and "CPython" in uvloop, uvloop
 
 
 def test_client_codecs_are_extras(wheels: dict[str, Wheel]) -> None:
     client = wheels["tidelog"]
     assert set(client.metadata.get_all("Provides-Extra") or []) == {
-        "lz4", "zstd", "snappy", "all", "arrow", "spark",
+        "lz4", "zstd", "snappy", "all", "arrow", "spark", "uvloop",
     }  # fmt: skip
     assert set(client.requires("lz4")) == {"lz4"}
     assert set(client.requires("zstd")) == {"zstandard"}
@@ -139,6 +135,10 @@ def test_client_codecs_are_extras(wheels: dict[str, Wheel]) -> None:
     # The columnar read and the Spark data source.
     assert set(client.requires("arrow")) == {"pyarrow", "numpy"}
     assert set(client.requires("spark")) == {"pyspark", "pyarrow", "numpy"}
+    # The blocking clients' loop (tidelog._event_loop): only where uvloop has wheels.
+    listed = client.metadata.get_all("Requires-Dist") or []
+    (uvloop,) = [r for r in listed if r.startswith("uvloop")]
+    assert 'sys_platform != "win32"' in uvloop and "CPython" in uvloop, uvloop
     assert client.entry_points.split("[console_scripts]")[1].split() == [
         "tidelog",
         "=",

@@ -58,4 +58,4 @@ def test_asyncio_when_uvloop_cannot_be_imported() -> None:
 def test_uvloop_asked_for_and_missing_is_refused_naming_the_package() -> None:
     out = child_output(_WITHOUT_UVLOOP, **{EVENT_LOOP_ENV: "uvloop"})
     assert out.startswith("refused: TIDELOG_EVENT_LOOP=uvloop but uvloop cannot be imported")
-    assert "pip install uvloop" in out
+    assert "pip install 'tidelog[uvloop]'" in out
