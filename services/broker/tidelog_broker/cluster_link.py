@@ -750,9 +750,6 @@ class ClusterLink:
         kept = [p for p in hosted if p in wanted]
         if kept == hosted:
             return
-        # Exactly the kept ones, under the spec they are hosted with: only
-        # the others close (their roles go with them), nothing opens.
-        self.manager.logs.host_partitions(self.manager.logs.topic(name).spec, kept)
         me = self.broker.broker_id
         moved = [
             p
@@ -761,9 +758,19 @@ class ClusterLink:
             and me not in topic.replicas[p]
             and self.view.state(topic, p) is not None
         ]
-        if moved:
-            log.info("%s partitions %s moved to other brokers: deleting their logs", name, moved)
-            self.manager.logs.delete_local_logs(name, moved)
+        try:
+            # Exactly the kept ones, under the spec they are hosted with:
+            # only the others close (their roles go with them, also when a
+            # close fails: it raises once all are closed), nothing opens.
+            self.manager.logs.host_partitions(self.manager.logs.topic(name).spec, kept)
+        finally:
+            # Closed either way, so no longer hosted: deleted now, as no
+            # later call finds them hosted to delete them.
+            if moved:
+                log.info(
+                    "%s partitions %s moved to other brokers: deleting their logs", name, moved
+                )
+                self.manager.logs.delete_local_logs(name, moved)
 
     async def _apply_roles(self, name: str, topic: KnownTopic, partitions: list[int]) -> None:
         """Apply the roles of `partitions` of topic `name`, all hosted here:

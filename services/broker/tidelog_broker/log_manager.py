@@ -113,6 +113,37 @@ def close_logs(logs: Iterable[PartitionLog]) -> None:
             partition_log.close()
 
 
+#: At most this many partitions are named in the line that logs the closes
+#: that failed in one batch (a failing disk may fail thousands at once).
+_NAMED_FAILURES_MAX = 20
+
+
+def _log_failed_closes(failed: Mapping[TopicPartitionKey, Exception], consequence: str) -> None:
+    """Log, in one line, the closes of a batch that raised, naming their
+    partitions, with `consequence` (what becomes of them) and the first
+    error (its traceback too, if it is not a TidelogError: a bug)."""
+    if not failed:
+        return
+    names = [f"{topic}-{partition}" for topic, partition in failed]
+    more = len(names) - _NAMED_FAILURES_MAX
+    shown = ", ".join(names[:_NAMED_FAILURES_MAX]) + (f" and {more} more" if more > 0 else "")
+    first = next(iter(failed.values()))
+    log.error(
+        "closing the logs of %s failed (%s): %s",
+        shown,
+        consequence,
+        first,
+        exc_info=None if isinstance(first, TidelogError) else first,
+    )
+
+
+def _raise_first(failed: Mapping[TopicPartitionKey, Exception], consequence: str) -> None:
+    """`_log_failed_closes`, then raise the first error, if any."""
+    _log_failed_closes(failed, consequence)
+    if failed:
+        raise next(iter(failed.values()))
+
+
 async def _in_thread(fn: Callable[..., list[PartitionLog]], *args: Any) -> list[PartitionLog]:
     """`fn(*args)` in a worker thread. If the caller is cancelled meanwhile,
     the logs `fn` opens are closed when it returns (a cancelled
@@ -237,7 +268,9 @@ class LogManager:
         )
 
     def close(self) -> None:
-        """Flush and close every log (a clean shutdown: next start skips recovery)."""
+        """Flush and close every log (a clean shutdown: next start skips
+        recovery). A close that fails (logged, naming its partition) stops
+        none of the others; the first error is raised once all are closed."""
         self._cleaner_cancel.set()
         self._sweep_cancel.set()
         if self._sweeper is not None:
@@ -245,14 +278,21 @@ class LogManager:
             # it leaves, the next start's sweep removes.
             self._sweeper.cancel()
             self._sweeper = None
-        for topic in self._topics.values():
+        # Every log, whatever one raises: a log left unclosed gets no
+        # clean-shutdown marker, so the next start would recover it too.
+        failed: dict[TopicPartitionKey, Exception] = {}
+        for name, topic in self._topics.items():
             for partition_log in topic.logs:
-                partition_log.close()
+                try:
+                    partition_log.close()
+                except Exception as exc:
+                    failed[(name, partition_log.partition)] = exc
         self._topics.clear()
         for waiters in self._append_waiters.values():
             for waiter in waiters:
                 if not waiter.done():
                     waiter.cancel()
+        _raise_first(failed, "their next open recovers them")
 
     def _open_topic(
         self,
@@ -507,11 +547,12 @@ class LogManager:
         topic = self.topic(name)
         del self._topics[name]
         self._save_specs()
-        for partition_log in topic.logs:
-            self._delete_log(partition_log)
-            self.wake((name, partition_log.partition))
+        closing = [(partition_log.partition, partition_log) for partition_log in topic.logs]
+        failed = self._stop_hosting(name, closing, delete_data=True)
         self._sweep_soon()
         log.info("deleted topic %s", name)
+        # Only the unexpected (`_delete_log` logs and swallows StorageError).
+        _raise_first(failed, "no longer hosted here; their directories may stay")
 
     def _delete_log(self, partition_log: PartitionLog) -> None:
         """Delete a log whose topic was deleted, offline or not: close it and
@@ -636,7 +677,10 @@ class LogManager:
         listed) and apply `spec.configs` to every log (no restart). Idempotent,
         so replaying the same etcd state changes nothing. `opened`: logs of
         new partitions already opened (`host_partitions_off_loop`); the ones
-        taken up are removed from it."""
+        taken up are removed from it. A close that fails still leaves its
+        partition unhosted and forgotten, as a clean close does
+        (`_stop_hosting`); the others close too, then the first error is
+        raised (logged, naming the partitions), before anything opens."""
         wanted = set(partitions)
         topic = self._topics.get(spec.name)
         # Past its limit the broker refuses the new replicas (the caller
@@ -660,14 +704,15 @@ class LogManager:
         topic.spec = spec
         if wanted == set(topic.hosted):
             return
-        removed = set(topic.hosted) - wanted
-        for partition in removed:
-            closed = topic.hosted.pop(partition)
-            closed.close()
-            self.on_partition_closed(spec.name, partition)
-            self.wake((spec.name, partition))
-            if closed.offline is not None:
-                self.on_offline_changed()
+        removed = sorted(set(topic.hosted) - wanted)
+        closing = [(partition, topic.hosted.pop(partition)) for partition in removed]
+        topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
+        # A close that failed is the hosting's failure (the caller logs and
+        # retries it), once every one is closed and forgotten.
+        _raise_first(
+            self._stop_hosting(spec.name, closing, delete_data=False),
+            "no longer hosted here: their next open recovers them",
+        )
         added = self._open_topic(spec, wanted - set(topic.hosted), opened)
         topic.hosted.update(added.hosted)
         topic.logs = [topic.hosted[p] for p in sorted(topic.hosted)]
@@ -700,20 +745,51 @@ class LogManager:
         topic = self._topics.pop(name, None)
         if topic is None:
             return
-        for partition, partition_log in topic.hosted.items():
-            if delete_data:
-                self._delete_log(partition_log)
-            else:
-                with contextlib.suppress(StorageError):
-                    # Its next open recovers it (see close_logs).
-                    partition_log.close()
-            self.on_partition_closed(name, partition)
-            self.wake((name, partition))
+        failed = self._stop_hosting(name, list(topic.hosted.items()), delete_data=delete_data)
         if delete_data:
             self._sweep_soon()
-        if any(partition_log.offline is not None for partition_log in topic.hosted.values()):
-            self.on_offline_changed()
         log.info("%s topic %s", "deleted" if delete_data else "closed", name)
+        _log_failed_closes(failed, "no longer hosted here: their next open recovers them")
+        # A log whose close failed is no worse off than one of a broker that
+        # crashed (its next open recovers it): only the unexpected is raised
+        # (`_delete_log` itself logs and swallows StorageError).
+        unexpected = [exc for exc in failed.values() if not isinstance(exc, StorageError)]
+        if unexpected:
+            raise unexpected[0]
+
+    def _stop_hosting(
+        self, name: str, closing: list[tuple[int, PartitionLog]], *, delete_data: bool
+    ) -> dict[TopicPartitionKey, Exception]:
+        """Close the logs `closing` ((partition, log) pairs) of topic `name`,
+        which the caller has taken out of its hosted set; with `delete_data`,
+        delete them (`_delete_log`). Every one, whatever a close raises, and
+        each left as a clean close leaves it: its role and what hangs on it
+        forgotten (`on_partition_closed`: the replica manager drops its
+        replication state, so nothing serves it as leader nor checks its
+        ISR; the ClusterLink fetches only hosted partitions), its readers
+        woken (they find it gone), the offline set updated. Returns the
+        closes that raised, by partition, for the caller to log and raise
+        (`_raise_first`)."""
+        failed: dict[TopicPartitionKey, Exception] = {}
+        offline = False
+        for partition, partition_log in closing:
+            try:
+                if delete_data:
+                    self._delete_log(partition_log)
+                else:
+                    partition_log.close()
+            except Exception as exc:
+                failed[(name, partition)] = exc
+            finally:
+                # Also when it raised: closed or not, it is no longer
+                # hosted, and a role left behind would outlive it for good
+                # (nothing applies roles to partitions not hosted).
+                offline |= partition_log.offline is not None
+                self.on_partition_closed(name, partition)
+                self.wake((name, partition))
+        if offline:
+            self.on_offline_changed()
+        return failed
 
     def offline_partitions(self) -> list[TopicPartitionKey]:
         """The hosted partitions whose log a storage failure took offline
