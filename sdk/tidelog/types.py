@@ -172,7 +172,9 @@ class ReplicaProgress:
     reachable: bool
     log_end_offset: int
     size_bytes: int
-    #: Records and bytes it still has to copy from the leader.
+    #: Records and bytes it still has to copy from the leader; -1 when the
+    #: leader's figures are unknown (PartitionReassignment.
+    #: leader_log_end_offset; older servers answer 0, as if caught up).
     lag_records: int
     lag_bytes: int
     in_sync: bool
@@ -198,6 +200,9 @@ class PartitionReassignment:
     started_ms: int
     leader: int
     isr: list[int]
+    #: -1 (unknown) when the partition has no leader, or its leader could
+    #: not be asked, or its log is offline; the lags of `progress` are then
+    #: -1 too. Older servers answer 0 then.
     leader_log_end_offset: int
     #: Adding replica -> its progress.
     progress: dict[int, ReplicaProgress]

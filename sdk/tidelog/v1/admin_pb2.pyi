@@ -1136,9 +1136,9 @@ class OngoingReassignment(_message.Message):
     """Wall-clock ms since the epoch when the reassignment started."""
     leader_id: _builtins.int
     leader_log_end_offset: _builtins.int
-    """The leader's log end offset and size (0 when it could not be asked, or
-    its log is offline: the coordinator does not know; brokers fill these
-    in).
+    """The leader's log end offset and size, as its broker answers them; -1
+    (unknown) when the partition has no leader, or its leader could not be
+    asked, or its log is offline (older servers answer 0 then).
     """
     leader_size_bytes: _builtins.int
     @_builtins.property
@@ -1208,7 +1208,10 @@ class ReplicaProgress(_message.Message):
     log_end_offset: _builtins.int
     size_bytes: _builtins.int
     lag_records: _builtins.int
-    """Records and bytes it still has to copy (from the leader's figures)."""
+    """Records and bytes it still has to copy (from the leader's figures);
+    -1 (unknown) when the leader's figures are unknown (older servers answer
+    0 then, which reads as caught up).
+    """
     lag_bytes: _builtins.int
     in_sync: _builtins.bool
     @_builtins.property
