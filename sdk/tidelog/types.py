@@ -172,7 +172,9 @@ class ReplicaProgress:
     reachable: bool
     log_end_offset: int
     size_bytes: int
-    #: Records and bytes it still has to copy from the leader.
+    #: Records and bytes it still has to copy from the leader; -1 when the
+    #: leader's figures are unknown (PartitionReassignment.
+    #: leader_log_end_offset; older servers answer 0, as if caught up).
     lag_records: int
     lag_bytes: int
     in_sync: bool
@@ -198,6 +200,9 @@ class PartitionReassignment:
     started_ms: int
     leader: int
     isr: list[int]
+    #: -1 (unknown) when the partition has no leader, or its leader could
+    #: not be asked, or its log is offline; the lags of `progress` are then
+    #: -1 too. Older servers answer 0 then.
     leader_log_end_offset: int
     #: Adding replica -> its progress.
     progress: dict[int, ReplicaProgress]
@@ -213,8 +218,17 @@ class PartitionInfo:
     exception saying so, naming the leader (NotLeaderOrFollowerError or
     RequestTimedOutError, both retriable; StorageError for an offline log;
     or what the leader refused with), and the figures are -1 (unknown).
-    describe_topics does not raise for it: the other partitions are
-    described as usual."""
+    A partition without a live leader that none of its replicas can lead
+    (each ISR member in `offline_replicas`, and no unclean election
+    allowed) is offline until one of them is back: its error's message
+    says "<topic>-<partition> is offline", names them and what brings each
+    back; a StorageError when their logs are offline (fix the disk and
+    restart the broker), a NotLeaderOrFollowerError when a broker is down
+    (start it again): both retriable, as Kafka's KAFKA_STORAGE_ERROR and
+    LEADER_NOT_AVAILABLE are (a produce waits for it within its timeout),
+    but it comes back only when one of those replicas does, not by waiting
+    for an election. describe_topics does not raise for any of these, nor
+    retry: the other partitions are described as usual."""
 
     partition: int
     leader: int

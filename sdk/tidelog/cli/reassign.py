@@ -157,6 +157,19 @@ def _progress(reassignment: PartitionReassignment) -> None:
             print(f"  replica {broker}: offline: {p.error.message}")
             continue
         state = "in sync" if p.in_sync else "catching up"
+        if reassignment.leader < 0 or reassignment.leader_log_end_offset < 0:
+            # No leader, or it did not tell (down, or its log offline): the
+            # lag is unknown (-1), not 0 (what older servers answer).
+            leader = (
+                "the partition has no leader"
+                if reassignment.leader < 0
+                else f"leader {reassignment.leader} is down or its log offline"
+            )
+            print(
+                f"  replica {broker}: {state}, log end offset {p.log_end_offset}, lag "
+                f"unknown: the leader's figures are unknown ({leader})"
+            )
+            continue
         print(
             f"  replica {broker}: {state}, log end offset {p.log_end_offset} of "
             f"{reassignment.leader_log_end_offset}, {p.lag_records} records "

@@ -223,6 +223,18 @@ def in_trouble(
     return True
 
 
+def _offline(partition: PartitionInfo) -> bool:
+    """Whether `partition` is described as offline: its leader's log is
+    offline (StorageError), or it has no leader that serves and none of its
+    ISR can serve (its brokers down or their logs offline: the error then
+    says which, and what brings it back)."""
+    if isinstance(partition.error, StorageError):
+        return True
+    offline = partition.offline_replicas
+    leaderless = partition.leader < 0 or partition.leader in offline
+    return leaderless and bool(partition.isr) and all(b in offline for b in partition.isr)
+
+
 def _describe(args: argparse.Namespace) -> int:
     with AdminClient(bootstrap_servers=args.bootstrap_server) as admin:
         descriptions = admin.describe_topics([args.name] if args.name else None)
@@ -287,9 +299,9 @@ def _describe(args: argparse.Namespace) -> int:
             print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
         for p in topic.partitions:
             if p.error is not None:
-                # An offline log is not an outage to wait out: a restart
-                # of its broker brings it back.
-                why = "offline" if isinstance(p.error, StorageError) else "unknown"
+                # An offline log, or a partition no replica can lead, is not
+                # an outage to wait out: the message says what brings it back.
+                why = "offline" if _offline(p) else "unknown"
                 print(f"  partition {p.partition}: ? = {why}: {p.error.message}")
         if args.configs:
             entries = configs.get(topic.name, {})

@@ -422,7 +422,15 @@ class PartitionDescription(_message.Message):
         the leader refused with), or the leader's log is offline (STORAGE_ERROR:
         a storage failure, or it could not be opened; until that broker
         restarts). The message names the leader (its id and
-        address) and what happened. The figures are then -1; the rest of the
+        address) and what happened. A partition without a live leader that no
+        replica can lead (every ISR member is in `offline_replicas`, and no
+        unclean election may pick another) is offline until one of them is
+        back, not until an election: the message says "<topic>-<partition> is
+        offline", names each of those replicas, why it cannot serve and what
+        brings it back (restart its broker once its disk is fixed; start a
+        down broker again). Its code is STORAGE_ERROR when each of them is a
+        live broker's offline log, else NOT_LEADER_OR_FOLLOWER (a down broker
+        leads again once started). The figures are then -1; the rest of the
         answer, and the topic, stay good: one partition's outage does not fail
         the description. Unset (code NONE) when the figures are the leader's,
         and from servers older than this field.
@@ -1128,9 +1136,9 @@ class OngoingReassignment(_message.Message):
     """Wall-clock ms since the epoch when the reassignment started."""
     leader_id: _builtins.int
     leader_log_end_offset: _builtins.int
-    """The leader's log end offset and size (0 when it could not be asked, or
-    its log is offline: the coordinator does not know; brokers fill these
-    in).
+    """The leader's log end offset and size, as its broker answers them; -1
+    (unknown) when the partition has no leader, or its leader could not be
+    asked, or its log is offline (older servers answer 0 then).
     """
     leader_size_bytes: _builtins.int
     @_builtins.property
@@ -1200,7 +1208,10 @@ class ReplicaProgress(_message.Message):
     log_end_offset: _builtins.int
     size_bytes: _builtins.int
     lag_records: _builtins.int
-    """Records and bytes it still has to copy (from the leader's figures)."""
+    """Records and bytes it still has to copy (from the leader's figures);
+    -1 (unknown) when the leader's figures are unknown (older servers answer
+    0 then, which reads as caught up).
+    """
     lag_bytes: _builtins.int
     in_sync: _builtins.bool
     @_builtins.property

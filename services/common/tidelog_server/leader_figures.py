@@ -9,9 +9,21 @@ own logs, any other leader is called with `tidelog-local`). A partition whose
 figures could not be had keeps them at -1 (unknown, as Kafka says it) and
 gets `PartitionDescription.error` naming its leader and what happened:
 
-- no leader (-1): NOT_LEADER_OR_FOLLOWER, retriable;
-- a leader that is not live (no registration, so no address):
-  NOT_LEADER_OR_FOLLOWER, retriable;
+- no leader (-1), or a leader that is not live (no registration, so no
+  address), and no replica the controller may elect: every ISR member is
+  offline (`PartitionDescription.offline_replicas`: its broker is not
+  registered, or it lists its log offline) and no unclean election can
+  pick another replica. The partition is offline (Kafka's offline
+  partition): waiting for an election does not bring it back, one of those
+  replicas must (`offline_partition_error`). STORAGE_ERROR when each of
+  them is a live broker's offline log (the disk must be fixed and the
+  broker restarted: what its leader answered while it still led);
+  NOT_LEADER_OR_FOLLOWER, Kafka's LEADER_NOT_AVAILABLE, when a broker of
+  one of them is down (it leads again once started). The message names
+  each and the remedy either way;
+- no leader (-1) otherwise (an election is due): NOT_LEADER_OR_FOLLOWER,
+  retriable;
+- a leader that is not live otherwise: NOT_LEADER_OR_FOLLOWER, retriable;
 - a leader that gave no answer of its own (tidelog_server.forwarding.
   unanswered: dropped the call, unavailable, past the deadline):
   NOT_LEADER_OR_FOLLOWER, or REQUEST_TIMED_OUT past the deadline, retriable;
@@ -46,6 +58,14 @@ from tidelog_server.forwarding import LOCAL_METADATA, unanswered
 
 #: What a PartitionDescription takes from its leader; -1 when unknown.
 FIGURES = ("log_start_offset", "log_end_offset", "high_watermark", "size_bytes", "segment_count")
+
+#: The topic config that lets the controller elect a replica out of the ISR.
+UNCLEAN_ELECTION = "unclean.leader.election.enable"
+#: Where an operator reads what to do about an offline partition: the
+#: runbook of offline logs, or, when only brokers are down, where offline
+#: partitions are described.
+OFFLINE_LOG_RUNBOOK = 'see docs/operations.md, "A partition\'s log goes offline (STORAGE_ERROR)"'
+HEALTH_RUNBOOK = 'see docs/operations.md, "Is the cluster healthy?"'
 
 #: What `leader_call_timeout` leaves of the client's time for the answer to
 #: be completed and reach it once the leaders' calls have ended.
@@ -126,7 +146,14 @@ async def complete_from_leaders(
                 partition.ClearField("error")
                 continue
             where = f"{topic.name}-{partition.partition}"
-            if leader < 0:
+            offline = (
+                offline_partition_error(topic, partition, address_of)
+                if leader < 0 or addresses[leader] is None
+                else None
+            )
+            if offline is not None:
+                error = offline
+            elif leader < 0:
                 error = _error(
                     common_pb2.NOT_LEADER_OR_FOLLOWER,
                     f"{where} has no leader right now (replicas {_ids(partition.replicas)}): "
@@ -148,6 +175,67 @@ async def complete_from_leaders(
                     "(it does not host it, or not yet): its log figures are unknown; retry",
                 )
             unknown(partition, error)
+
+
+def offline_partition_error(
+    topic: admin_pb2.TopicDescription,
+    partition: admin_pb2.PartitionDescription,
+    address_of: Callable[[int], str | None],
+) -> common_pb2.Error | None:
+    """The error of `partition` (of `topic`, with its effective configs)
+    when no replica can lead it until an operator acts (module doc), or None
+    when the controller may still elect one.
+
+    The rule is the controller's (tidelog_coordinator.leader_election.decide,
+    for a partition without a live leader): an ISR member that can serve
+    leads; with none, an unclean election, where the topic allows it, picks
+    any replica that can serve; else the partition waits. `address_of` tells
+    a down broker (None) from a live one whose log is offline."""
+    isr = list(partition.isr)
+    offline = set(partition.offline_replicas)
+    if not isr or not offline.issuperset(isr):
+        # An ISR member can serve (it is about to be elected), or no state
+        # yet (a topic just created: the controller has not elected yet),
+        # or a server older than offline_replicas, which lists none.
+        return None
+    others = [b for b in partition.replicas if b not in offline]
+    unclean = topic.configs.get(UNCLEAN_ELECTION) == "true"
+    if others and unclean:
+        return None  # the controller elects one of them (unclean election)
+    down = {b for b in isr if address_of(b) is None}
+    causes = "; ".join(
+        f"broker {b}: {'down (not registered)' if b in down else 'its log is offline'}" for b in isr
+    )
+    log_offline = [b for b in isr if b not in down]
+    remedies = []
+    if log_offline:
+        them = "them" if len(log_offline) > 1 else "it"
+        remedies.append(f"fix the disk of {_brokers(log_offline)} and restart {them}")
+    if down:
+        remedies.append(f"start {_brokers(sorted(down))} again")
+    if others:
+        no_other = f"{UNCLEAN_ELECTION} is false"
+        remedies.append(
+            f"or set {UNCLEAN_ELECTION}=true on topic {topic.name!r} to let "
+            f"{_brokers(others)} lead, losing the records only the in-sync replicas have"
+        )
+    else:
+        no_other = "no other replica can either"
+    # STORAGE_ERROR only when the disks alone keep it down: a down broker
+    # leads again once started (by hand or by its supervisor). Both are
+    # retriable in the SDK, as Kafka's KAFKA_STORAGE_ERROR and
+    # LEADER_NOT_AVAILABLE are, and neither makes a client describe again:
+    # describe_topics returns a partition's error, it retries nothing for it.
+    # Not a new ErrorCode: an SDK older than it fails the whole describe on
+    # an enum value it does not know (error_from_code raises ValueError).
+    code = common_pb2.NOT_LEADER_OR_FOLLOWER if down else common_pb2.STORAGE_ERROR
+    return _error(
+        code,
+        f"{topic.name}-{partition.partition} is offline: no in-sync replica can serve "
+        f"({causes}) and {no_other}, so it has no leader until one of them is back: "
+        f"{'; '.join(remedies)} ({OFFLINE_LOG_RUNBOOK if log_offline else HEALTH_RUNBOOK}); "
+        "its log figures are unknown",
+    )
 
 
 def unknown(partition: admin_pb2.PartitionDescription, error: common_pb2.Error) -> None:
@@ -192,3 +280,7 @@ def _error(code: common_pb2.ErrorCode.ValueType, message: str) -> common_pb2.Err
 
 def _ids(ids: Sequence[int]) -> str:
     return ", ".join(map(str, ids)) or "none"
+
+
+def _brokers(ids: Sequence[int]) -> str:
+    return f"broker {ids[0]}" if len(ids) == 1 else f"brokers {_ids(ids)}"

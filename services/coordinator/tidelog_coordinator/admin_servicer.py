@@ -371,6 +371,10 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
             if leader_log is not None:
                 item.leader_log_end_offset = leader_log.log_end_offset
                 item.leader_size_bytes = leader_log.size_bytes
+            else:
+                # Unknown, not 0: the lags below would be measured from 0
+                # and read as caught up.
+                item.leader_log_end_offset = item.leader_size_bytes = -1
             for broker in r.reassignment.adding:
                 local = logs.get((broker, r.tp))
                 progress = item.progress.add(broker_id=broker, in_sync=broker in r.isr)
@@ -389,6 +393,8 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                 if leader_log is not None:
                     progress.lag_records = max(0, leader_log.log_end_offset - local.log_end_offset)
                     progress.lag_bytes = max(0, leader_log.size_bytes - local.size_bytes)
+                else:
+                    progress.lag_records = progress.lag_bytes = -1
         return response
 
 

@@ -2,7 +2,7 @@
 brokers, run as a user runs them (`python -m tidelog.cli ...`): adding
 partitions, the describe filters, cluster describe, delete-records,
 leaders elect, reassign with a JSON plan (and a new replica whose log is
-offline), brokers decommission.
+offline, and a move whose leader stops), brokers decommission.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tidelog import AdminClient, NewTopic, Producer, TopicPartition
 from tidelog.errors import StorageError
-from tidelog.types import ReplicaProgress
+from tidelog.types import PartitionReassignment, ReplicaProgress
 from tidelog_broker.storage import files
 
 from tests.integration.coordinator.admin_support import (
@@ -294,6 +294,72 @@ def test_reassign_verify_shows_a_new_replica_whose_log_cannot_open_as_offline(
         cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
         assert cancel.returncode == 0, cancel.stdout + cancel.stderr
     assert partition(admin, tp).replicas == [0]
+
+
+def test_reassign_verify_says_the_lag_is_unknown_while_the_leader_cannot_tell(
+    cluster: ClusterProcesses, admin: AdminClient, tmp_path: Path
+) -> None:
+    """A move whose leader stops (its only in-sync replica: the partition is
+    left without a leader). ListPartitionReassignments answered the
+    leader's figures as 0 and the new replica's lags as 0, and --verify
+    printed "log end offset 1 of 0, 0 records (0 bytes) behind leader -1",
+    as if it had caught up. Now -1 (unknown), and --verify says so."""
+    topic, leader, target = "cli-headless", 3, 2
+    tp = TopicPartition(topic, 0)
+    admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={0: [leader]})])
+    with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
+        for _ in range(20):
+            producer.send(topic, b"h" * 100, partition=0)
+        producer.flush(timeout=30)
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [{"topic": topic, "partition": 0, "replicas": [leader, target]}],
+            }
+        )
+    )
+    # 1 byte/s: the new replica stays behind for the whole test.
+    started = cli(
+        cluster, "reassign", "--execute", "--reassignment-json-file", str(plan), "--throttle", "1"
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        progress = wait_until(
+            lambda: admin.list_partition_reassignments([tp])[tp].progress[target].reachable,
+            f"broker {target} answers for its new replica",
+        )
+        assert progress
+        moving = admin.list_partition_reassignments([tp])[tp]
+        assert (moving.leader, moving.leader_log_end_offset) == (leader, 20), moving
+        cluster.brokers[leader].stop()
+        try:
+            headless = wait_until(
+                lambda: (m := admin.list_partition_reassignments([tp])[tp]).leader == -1 and m,
+                "the partition without a leader",
+            )
+            assert isinstance(headless, PartitionReassignment)
+            assert headless.leader_log_end_offset == -1, headless
+            copying = headless.progress[target]
+            assert copying.reachable and copying.error is None, copying
+            assert copying.log_end_offset >= 0, copying
+            assert (copying.lag_records, copying.lag_bytes) == (-1, -1), copying
+            verify = cli(cluster, "reassign", "--verify", "--reassignment-json-file", str(plan))
+            assert verify.returncode == 0, verify.stderr
+            shown = (
+                f"  replica {target}: catching up, log end offset {copying.log_end_offset}, "
+                "lag unknown: the leader's figures are unknown (the partition has no leader)\n"
+            )
+            assert shown in verify.stdout, verify.stdout
+            assert "behind leader" not in verify.stdout, verify.stdout
+        finally:
+            cluster.brokers[leader].spawn()
+            cluster.wait_registered(len(cluster.brokers))
+    finally:
+        cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
+        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert partition(admin, tp).replicas == [leader]
 
 
 def test_brokers_decommission_plans_then_empties_the_broker(

@@ -1,0 +1,171 @@
+"""complete_from_leaders on a partition without a live leader: offline (no
+replica can lead it until one is back: the error says so, names each
+in-sync replica, why it cannot serve and what brings it back) or waiting
+for an election (retry), by the controller's rule, unclean election
+included. Before, every such partition was described "has no leader right
+now ...; retry", which waiting never fixed.
+
+No leader is asked for these partitions (none is live), so `ask` fails the
+test if called; the coordinator's placement, offline replicas and configs
+are the answer the function completes, built here as the coordinator
+builds it."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from tidelog.v1 import admin_pb2, common_pb2
+from tidelog_server.leader_figures import (
+    HEALTH_RUNBOOK,
+    OFFLINE_LOG_RUNBOOK,
+    complete_from_leaders,
+)
+
+TOPIC = "t"
+#: Live brokers and their addresses; 3 and 4 are down (not registered).
+LIVE = {0: "127.0.0.1:9000", 1: "127.0.0.1:9001", 2: "127.0.0.1:9002"}
+RUNBOOK = '(see docs/operations.md, "A partition\'s log goes offline (STORAGE_ERROR)")'
+HEALTH = '(see docs/operations.md, "Is the cluster healthy?")'
+
+
+async def _never_asked(
+    leader: int, address: str, request: admin_pb2.DescribeTopicsRequest
+) -> admin_pb2.DescribeTopicsResponse:
+    raise AssertionError(f"broker {leader} asked, though it leads none of these partitions")
+
+
+def _described(
+    *,
+    leader: int = -1,
+    replicas: Sequence[int],
+    isr: Sequence[int],
+    offline: Sequence[int],
+    unclean: str = "false",
+) -> admin_pb2.PartitionDescription:
+    response = admin_pb2.DescribeTopicsResponse(
+        topics=[
+            admin_pb2.TopicDescription(
+                name=TOPIC,
+                partitions=[
+                    admin_pb2.PartitionDescription(
+                        partition=0,
+                        leader_id=leader,
+                        replicas=replicas,
+                        isr=isr,
+                        offline_replicas=offline,
+                    )
+                ],
+                configs={"unclean.leader.election.enable": unclean, "retention.ms": "1"},
+            )
+        ]
+    )
+    asyncio.run(complete_from_leaders(response, LIVE.get, _never_asked))
+    (partition,) = response.topics[0].partitions
+    assert (partition.log_start_offset, partition.log_end_offset, partition.high_watermark) == (
+        -1,
+        -1,
+        -1,
+    )
+    assert (partition.size_bytes, partition.segment_count) == (-1, -1)
+    return partition
+
+
+def test_a_partition_whose_in_sync_replicas_logs_are_offline_is_offline() -> None:
+    p = _described(replicas=[1, 2], isr=[1, 2], offline=[1, 2])
+    assert p.error.code == common_pb2.STORAGE_ERROR
+    assert p.error.message == (
+        f"{TOPIC}-0 is offline: no in-sync replica can serve (broker 1: its log is offline; "
+        "broker 2: its log is offline) and no other replica can either, so it has no leader "
+        "until one of them is back: fix the disk of brokers 1, 2 and restart them "
+        f"{RUNBOOK}; its log figures are unknown"
+    )
+
+
+def test_a_partition_whose_in_sync_replica_is_on_a_down_broker_is_offline() -> None:
+    # Its broker leads again once started: not a disk to fix.
+    p = _described(replicas=[3], isr=[3], offline=[3])
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message == (
+        f"{TOPIC}-0 is offline: no in-sync replica can serve (broker 3: down (not "
+        "registered)) and no other replica can either, so it has no leader until one of them "
+        f"is back: start broker 3 again {HEALTH}; its log figures are unknown"
+    )
+
+
+def test_each_in_sync_replica_is_named_with_its_own_cause_and_remedy() -> None:
+    p = _described(replicas=[1, 4, 3], isr=[1, 4, 3], offline=[1, 4, 3])
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert "(broker 1: its log is offline; broker 4: down (not registered); broker 3: down" in (
+        p.error.message
+    )
+    assert "fix the disk of broker 1 and restart it; start brokers 3, 4 again " in p.error.message
+
+
+def test_an_offline_partition_points_at_an_unclean_election_where_one_could_lead() -> None:
+    # Broker 0 is live and can serve, but out of the ISR: an unclean
+    # election would let it lead.
+    p = _described(replicas=[1, 0], isr=[1], offline=[1])
+    assert p.error.code == common_pb2.STORAGE_ERROR
+    assert p.error.message == (
+        f"{TOPIC}-0 is offline: no in-sync replica can serve (broker 1: its log is offline) "
+        "and unclean.leader.election.enable is false, so it has no leader until one of them "
+        "is back: fix the disk of broker 1 and restart it; or set "
+        f"unclean.leader.election.enable=true on topic {TOPIC!r} to let broker 0 lead, "
+        f"losing the records only the in-sync replicas have {RUNBOOK}; its log figures are "
+        "unknown"
+    )
+
+
+@pytest.mark.parametrize(
+    ("replicas", "isr", "offline", "unclean"),
+    [
+        # An in-sync replica can serve: the controller elects it.
+        ([1, 2], [1, 2], [1], "false"),
+        # None can, but the topic allows an unclean election of broker 0.
+        ([1, 0], [1], [1], "true"),
+        # No state yet (a topic just created): its first election is due.
+        ([1], [], [], "false"),
+        # A server older than offline_replicas lists none.
+        ([3], [3], [], "false"),
+    ],
+)
+def test_a_partition_an_election_will_lead_is_to_be_retried(
+    replicas: list[int], isr: list[int], offline: list[int], unclean: str
+) -> None:
+    p = _described(replicas=replicas, isr=isr, offline=offline, unclean=unclean)
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message == (
+        f"{TOPIC}-0 has no leader right now (replicas {', '.join(map(str, replicas))}): "
+        "its log figures are unknown; retry"
+    )
+
+
+def test_a_down_leader_without_an_in_sync_replica_that_can_serve_is_offline() -> None:
+    # Until the controller writes leader -1, the state still names it.
+    p = _described(leader=3, replicas=[3, 1], isr=[3, 1], offline=[3, 1])
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message.startswith(
+        f"{TOPIC}-0 is offline: no in-sync replica can serve (broker 3: down (not registered); "
+        "broker 1: its log is offline) and no other replica can either"
+    ), p.error.message
+
+
+def test_a_down_leader_with_an_in_sync_replica_that_can_serve_is_to_be_retried() -> None:
+    p = _described(leader=3, replicas=[3, 1], isr=[3, 1], offline=[3])
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message == (
+        f"{TOPIC}-0: its leader, broker 3, is not live (not registered): "
+        "its log figures are unknown; retry"
+    )
+
+
+def test_the_runbooks_the_errors_point_at_exist() -> None:
+    # An operator follows the pointer: a renamed section would leave it dangling.
+    headings = (Path(__file__).parents[3] / "docs" / "operations.md").read_text().splitlines()
+    for pointer in (OFFLINE_LOG_RUNBOOK, HEALTH_RUNBOOK):
+        (section,) = re.findall(r'"(.+)"', pointer)
+        assert f"## {section}" in headings, pointer
