@@ -168,7 +168,8 @@ class ReplicaProgress:
     """How far a replica being added by a reassignment has come."""
 
     broker_id: int
-    #: False when its broker could not be asked (the other figures are 0).
+    #: False when its broker could not be asked (the figures and lags are
+    #: then -1, unknown; older servers answer 0).
     reachable: bool
     log_end_offset: int
     size_bytes: int

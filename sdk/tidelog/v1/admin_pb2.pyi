@@ -1204,7 +1204,9 @@ class ReplicaProgress(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     broker_id: _builtins.int
     reachable: _builtins.bool
-    """False when the broker could not be asked (down): the other fields are 0."""
+    """False when the broker could not be asked (down): the figures and lags
+    are then -1, unknown (older servers answer 0).
+    """
     log_end_offset: _builtins.int
     size_bytes: _builtins.int
     lag_records: _builtins.int

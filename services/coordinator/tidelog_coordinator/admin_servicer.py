@@ -379,6 +379,11 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                 local = logs.get((broker, r.tp))
                 progress = item.progress.add(broker_id=broker, in_sync=broker in r.isr)
                 if local is None:
+                    # Its broker did not answer: unknown (-1), not 0 figures
+                    # that a program not looking at `reachable` reads as a
+                    # replica caught up with an empty leader.
+                    progress.log_end_offset = progress.size_bytes = -1
+                    progress.lag_records = progress.lag_bytes = -1
                     continue
                 progress.reachable = True
                 if local.offline is not None:

@@ -362,6 +362,71 @@ def test_reassign_verify_says_the_lag_is_unknown_while_the_leader_cannot_tell(
     assert partition(admin, tp).replicas == [leader]
 
 
+def test_a_new_replica_whose_broker_does_not_answer_has_unknown_figures(
+    cluster: ClusterProcesses, admin: AdminClient, tmp_path: Path
+) -> None:
+    """A move whose new replica's broker stops: ListPartitionReassignments
+    answered its figures and lags as 0 beside `reachable` False, which a
+    program not looking at `reachable` reads as caught up. Now -1
+    (unknown); --verify says it is not reachable."""
+    topic, leader, target = "cli-unanswered", 1, 2
+    tp = TopicPartition(topic, 0)
+    admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={0: [leader]})])
+    with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
+        for _ in range(20):
+            producer.send(topic, b"u" * 100, partition=0)
+        producer.flush(timeout=30)
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps(
+            {
+                "version": 1,
+                "partitions": [{"topic": topic, "partition": 0, "replicas": [leader, target]}],
+            }
+        )
+    )
+    # 1 byte/s: the new replica stays behind for the whole test.
+    started = cli(
+        cluster, "reassign", "--execute", "--reassignment-json-file", str(plan), "--throttle", "1"
+    )
+    assert started.returncode == 0, started.stderr
+    try:
+        assert wait_until(
+            lambda: admin.list_partition_reassignments([tp])[tp].progress[target].reachable,
+            f"broker {target} answers for its new replica",
+        )
+        cluster.brokers[target].stop()
+        try:
+
+            def unanswered_progress() -> ReplicaProgress | None:
+                progress = admin.list_partition_reassignments([tp])[tp].progress[target]
+                return None if progress.reachable else progress
+
+            unanswered = wait_until(unanswered_progress, f"broker {target} no longer answers")
+            assert isinstance(unanswered, ReplicaProgress)
+            figures = (
+                unanswered.log_end_offset,
+                unanswered.size_bytes,
+                unanswered.lag_records,
+                unanswered.lag_bytes,
+            )
+            assert figures == (-1, -1, -1, -1), unanswered
+            moving = admin.list_partition_reassignments([tp])[tp]
+            assert (moving.leader, moving.leader_log_end_offset) == (leader, 20), moving
+            verify = cli(cluster, "reassign", "--verify", "--reassignment-json-file", str(plan))
+            assert verify.returncode == 0, verify.stderr
+            assert f"  replica {target}: not reachable\n" in verify.stdout, verify.stdout
+        finally:
+            cluster.brokers[target].spawn()
+            cluster.wait_registered(len(cluster.brokers))
+    finally:
+        # Back, the new replica may catch up and end the move first.
+        if tp in admin.list_partition_reassignments([tp]):
+            cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
+            assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+    assert partition(admin, tp).replicas in ([leader], [leader, target])
+
+
 def test_brokers_decommission_plans_then_empties_the_broker(
     cluster: ClusterProcesses, admin: AdminClient, tmp_path: Path
 ) -> None:
