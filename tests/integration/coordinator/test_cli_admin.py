@@ -296,6 +296,13 @@ def test_reassign_verify_shows_a_new_replica_whose_log_cannot_open_as_offline(
     assert partition(admin, tp).replicas == [0]
 
 
+def _cancel_unless_done(cluster: ClusterProcesses, plan: Path) -> None:
+    """Cancel the moves of `plan`, unless they ended meanwhile."""
+    cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
+    done = "has no reassignment to cancel" in cancel.stdout + cancel.stderr
+    assert cancel.returncode == 0 or done, cancel.stdout + cancel.stderr
+
+
 def test_reassign_verify_says_the_lag_is_unknown_while_the_leader_cannot_tell(
     cluster: ClusterProcesses, admin: AdminClient, tmp_path: Path
 ) -> None:
@@ -357,9 +364,11 @@ def test_reassign_verify_says_the_lag_is_unknown_while_the_leader_cannot_tell(
             cluster.brokers[leader].spawn()
             cluster.wait_registered(len(cluster.brokers))
     finally:
-        cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
-        assert cancel.returncode == 0, cancel.stdout + cancel.stderr
-    assert partition(admin, tp).replicas == [leader]
+        # The leader, back, sends the new replica its batch whole once its
+        # throttle's bucket has a byte (replica_throttle): the move may end
+        # before the cancel.
+        _cancel_unless_done(cluster, plan)
+    assert partition(admin, tp).replicas in ([leader], [leader, target])
 
 
 def test_a_new_replica_whose_broker_does_not_answer_has_unknown_figures(
@@ -420,10 +429,9 @@ def test_a_new_replica_whose_broker_does_not_answer_has_unknown_figures(
             cluster.brokers[target].spawn()
             cluster.wait_registered(len(cluster.brokers))
     finally:
-        # Back, the new replica may catch up and end the move first.
-        if tp in admin.list_partition_reassignments([tp]):
-            cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
-            assert cancel.returncode == 0, cancel.stdout + cancel.stderr
+        # Back, the new replica may catch up and end the move first (the
+        # leader sends a batch whole once its throttle's bucket has a byte).
+        _cancel_unless_done(cluster, plan)
     assert partition(admin, tp).replicas in ([leader], [leader, target])
 
 
