@@ -296,6 +296,33 @@ def test_reassign_verify_shows_a_new_replica_whose_log_cannot_open_as_offline(
     assert partition(admin, tp).replicas == [0]
 
 
+def _start_throttled_move(
+    cluster: ClusterProcesses,
+    admin: AdminClient,
+    tp: TopicPartition,
+    leader: int,
+    target: int,
+    tmp_path: Path,
+) -> Path:
+    """Create `tp` on `leader` alone with 20 records of 100 B, and start its
+    move to [leader, target] at 1 byte/s (the new replica gets the records'
+    one batch only once the leader's throttle allows a byte: a leader that
+    restarts may send it at once); returns the plan's file."""
+    admin.create_topics([NewTopic(tp.topic, -1, -1, replica_assignments={tp.partition: [leader]})])
+    with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
+        for _ in range(20):
+            producer.send(tp.topic, b"m" * 100, partition=tp.partition)
+        producer.flush(timeout=30)
+    plan = tmp_path / "plan.json"
+    moves = [{"topic": tp.topic, "partition": tp.partition, "replicas": [leader, target]}]
+    plan.write_text(json.dumps({"version": 1, "partitions": moves}))
+    started = cli(
+        cluster, "reassign", "--execute", "--reassignment-json-file", str(plan), "--throttle", "1"
+    )
+    assert started.returncode == 0, started.stderr
+    return plan
+
+
 def _cancel_unless_done(cluster: ClusterProcesses, plan: Path) -> None:
     """Cancel the moves of `plan`, unless they ended meanwhile."""
     cancel = cli(cluster, "reassign", "--cancel", "--reassignment-json-file", str(plan))
@@ -313,25 +340,7 @@ def test_reassign_verify_says_the_lag_is_unknown_while_the_leader_cannot_tell(
     as if it had caught up. Now -1 (unknown), and --verify says so."""
     topic, leader, target = "cli-headless", 3, 2
     tp = TopicPartition(topic, 0)
-    admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={0: [leader]})])
-    with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
-        for _ in range(20):
-            producer.send(topic, b"h" * 100, partition=0)
-        producer.flush(timeout=30)
-    plan = tmp_path / "plan.json"
-    plan.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "partitions": [{"topic": topic, "partition": 0, "replicas": [leader, target]}],
-            }
-        )
-    )
-    # 1 byte/s: the new replica stays behind for the whole test.
-    started = cli(
-        cluster, "reassign", "--execute", "--reassignment-json-file", str(plan), "--throttle", "1"
-    )
-    assert started.returncode == 0, started.stderr
+    plan = _start_throttled_move(cluster, admin, tp, leader, target, tmp_path)
     try:
         progress = wait_until(
             lambda: admin.list_partition_reassignments([tp])[tp].progress[target].reachable,
@@ -380,25 +389,7 @@ def test_a_new_replica_whose_broker_does_not_answer_has_unknown_figures(
     (unknown); --verify says it is not reachable."""
     topic, leader, target = "cli-unanswered", 1, 2
     tp = TopicPartition(topic, 0)
-    admin.create_topics([NewTopic(topic, -1, -1, replica_assignments={0: [leader]})])
-    with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
-        for _ in range(20):
-            producer.send(topic, b"u" * 100, partition=0)
-        producer.flush(timeout=30)
-    plan = tmp_path / "plan.json"
-    plan.write_text(
-        json.dumps(
-            {
-                "version": 1,
-                "partitions": [{"topic": topic, "partition": 0, "replicas": [leader, target]}],
-            }
-        )
-    )
-    # 1 byte/s: the new replica stays behind for the whole test.
-    started = cli(
-        cluster, "reassign", "--execute", "--reassignment-json-file", str(plan), "--throttle", "1"
-    )
-    assert started.returncode == 0, started.stderr
+    plan = _start_throttled_move(cluster, admin, tp, leader, target, tmp_path)
     try:
         assert wait_until(
             lambda: admin.list_partition_reassignments([tp])[tp].progress[target].reachable,
