@@ -171,7 +171,11 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   Scheduling gRPC's poller threads differently made it worse (4 alternated runs each, two
   processes): SCHED_BATCH, which never preempts on wake-up, took the p99 from ~7 to ~46 ms; a
   higher priority (nice -10) to ~11 ms, likely as a poller that preempts its loop thread then
-  waits for the GIL that thread holds (not traced). The blocking clients' loop runs uvloop
+  waits for the GIL that thread holds (not traced). Neither did a shorter GIL switch
+  interval in the broker (0.5 ms: p99 0.98-1.06x, 5 alternated rounds per layout) nor a
+  short scheduler slice (Linux's EEVDF `sched_setattr` runtime 0.1 ms against the 1.4 ms
+  default) for the broker's threads (p99 1.07x and 1.03x) or the clients' loop threads
+  (1.09x and 1.00x). The blocking clients' loop runs uvloop
   when installed (the SDK's `uvloop` extra, which `make install` installs; docs/python-sdk.md):
   p99 0.85-0.94x that with asyncio's loop in two processes, 0.92-0.95x in one (`python -m
   bench.e2e_ab`, 11 alternated rounds each, lower in 9); uvloop in the broker moved nothing
