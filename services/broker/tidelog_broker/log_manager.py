@@ -263,14 +263,26 @@ class LogManager:
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
-        """Open every topic's logs, running recovery where needed."""
+        """Open every topic's logs, running recovery where needed. If it
+        raises (out of descriptors or memory), every log it opened is closed
+        first."""
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         if self._cluster_mode:
             return
-        for spec in self._store.load().values():
-            # A log that fails to open is hosted offline (`_open_logs`): the
-            # broker starts and serves the rest, as Kafka does.
-            self._topics[spec.name] = self._open_topic(spec)
+        try:
+            for spec in self._store.load().values():
+                # A log that fails to open is hosted offline (`_open_logs`):
+                # the broker starts and serves the rest, as Kafka does.
+                self._topics[spec.name] = self._open_topic(spec)
+        except BaseException:
+            # Out of descriptors or memory, say (`_open_logs` closed the
+            # failing topic's logs): the topics opened before it are closed
+            # too, clean-shutdown markers and all, not left holding their
+            # descriptors with nobody to close them (a broker exits then,
+            # but an embedding such as a test or a retry goes on); a close
+            # that fails is logged, the open's error is the one raised.
+            _log_failed_closes(self._close_topics(), "their next open recovers them")
+            raise
         offline = self.offline_partitions()
         log.info(
             "opened %d topics, %d partitions in %s%s",
@@ -295,6 +307,18 @@ class LogManager:
             # start's sweep removes.
             self._sweeper.cancel()
             self._sweeper = None
+        failed = self._close_topics()
+        for waiters in self._append_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
+        # After the logs: their flushes overlap the thread's last directory.
+        self._wait_for_removals()
+        _raise_first(failed, "their next open recovers them")
+
+    def _close_topics(self) -> dict[TopicPartitionKey, Exception]:
+        """Close every log of every topic and forget the topics; returns
+        the closes that raised, by partition."""
         # Every log, whatever one raises: a log left unclosed gets no
         # clean-shutdown marker, so the next start would recover it too.
         failed: dict[TopicPartitionKey, Exception] = {}
@@ -305,13 +329,7 @@ class LogManager:
                 except Exception as exc:
                     failed[(name, partition_log.partition)] = exc
         self._topics.clear()
-        for waiters in self._append_waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.cancel()
-        # After the logs: their flushes overlap the thread's last directory.
-        self._wait_for_removals()
-        _raise_first(failed, "their next open recovers them")
+        return failed
 
     def _wait_for_removals(self) -> None:
         """Wait (up to SWEEP_CLOSE_WAIT_S) for sweeps' worker threads to
