@@ -94,6 +94,12 @@ OPEN_SLICE = 64
 #: (tens of ms on a loaded machine: clients that produced straight after
 #: create_topics were refused).
 INLINE_OPEN_MAX = 4
+#: How long `close` waits for a sweep's worker thread to finish the
+#: directory it is removing (it stops before the next one). A directory of
+#: thousands of segments takes well under a second; past this the thread is
+#: left to finish (logged), racing any sweep of the same data directory that
+#: a LogManager opened next starts (tolerated: `remove_renamed`).
+SWEEP_CLOSE_WAIT_S = 10.0
 #: Out of descriptors (the process's, the system's) or memory.
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
@@ -229,6 +235,13 @@ class LogManager:
         self._sweeping = asyncio.Lock()
         # Set at close: a sweep in a worker thread stops at its next directory.
         self._sweep_cancel = threading.Event()
+        # The directories sweeps' worker threads are removing now, guarded by
+        # `_removal_done`, which they notify when one is done: close waits
+        # for them (`_wait_for_removals`), so that a LogManager opened next
+        # on this data directory (a restart in the same process) finds no
+        # thread still at it, racing its own start-up sweep.
+        self._removal_done = threading.Condition()
+        self._removing: set[Path] = set()
         # The sweep a deletion starts (`_sweep_soon`), while it runs; and
         # whether a deletion renamed more aside since it last listed.
         self._sweeper: asyncio.Task[None] | None = None
@@ -250,14 +263,26 @@ class LogManager:
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
-        """Open every topic's logs, running recovery where needed."""
+        """Open every topic's logs, running recovery where needed. If it
+        raises (out of descriptors or memory), every log it opened is closed
+        first."""
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
         if self._cluster_mode:
             return
-        for spec in self._store.load().values():
-            # A log that fails to open is hosted offline (`_open_logs`): the
-            # broker starts and serves the rest, as Kafka does.
-            self._topics[spec.name] = self._open_topic(spec)
+        try:
+            for spec in self._store.load().values():
+                # A log that fails to open is hosted offline (`_open_logs`):
+                # the broker starts and serves the rest, as Kafka does.
+                self._topics[spec.name] = self._open_topic(spec)
+        except BaseException:
+            # Out of descriptors or memory, say (`_open_logs` closed the
+            # failing topic's logs): the topics opened before it are closed
+            # too, clean-shutdown markers and all, not left holding their
+            # descriptors with nobody to close them (a broker exits then,
+            # but an embedding such as a test or a retry goes on); a close
+            # that fails is logged, the open's error is the one raised.
+            _log_failed_closes(self._close_topics(), "their next open recovers them")
+            raise
         offline = self.offline_partitions()
         log.info(
             "opened %d topics, %d partitions in %s%s",
@@ -270,14 +295,30 @@ class LogManager:
     def close(self) -> None:
         """Flush and close every log (a clean shutdown: next start skips
         recovery). A close that fails (logged, naming its partition) stops
-        none of the others; the first error is raised once all are closed."""
+        none of the others; the first error is raised once all are closed.
+        A sweep's worker thread still removing a deleted log's directory is
+        waited for (`_wait_for_removals`, bounded), not left racing the next
+        LogManager opened on this data directory."""
         self._cleaner_cancel.set()
         self._sweep_cancel.set()
         if self._sweeper is not None:
-            # Its thread stops at its next directory (`_sweep_cancel`); what
-            # it leaves, the next start's sweep removes.
+            # Its thread stops at its next directory (`_sweep_cancel`; the
+            # one it is at is waited for below); what it leaves, the next
+            # start's sweep removes.
             self._sweeper.cancel()
             self._sweeper = None
+        failed = self._close_topics()
+        for waiters in self._append_waiters.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.cancel()
+        # After the logs: their flushes overlap the thread's last directory.
+        self._wait_for_removals()
+        _raise_first(failed, "their next open recovers them")
+
+    def _close_topics(self) -> dict[TopicPartitionKey, Exception]:
+        """Close every log of every topic and forget the topics; returns
+        the closes that raised, by partition."""
         # Every log, whatever one raises: a log left unclosed gets no
         # clean-shutdown marker, so the next start would recover it too.
         failed: dict[TopicPartitionKey, Exception] = {}
@@ -288,11 +329,23 @@ class LogManager:
                 except Exception as exc:
                     failed[(name, partition_log.partition)] = exc
         self._topics.clear()
-        for waiters in self._append_waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.cancel()
-        _raise_first(failed, "their next open recovers them")
+        return failed
+
+    def _wait_for_removals(self) -> None:
+        """Wait (up to SWEEP_CLOSE_WAIT_S) for sweeps' worker threads to
+        finish the directories they are removing; `_sweep_cancel` is set,
+        so none starts another. Blocks the loop: only at close."""
+        with self._removal_done:
+            if self._removal_done.wait_for(lambda: not self._removing, SWEEP_CLOSE_WAIT_S):
+                return
+            still = ", ".join(str(path) for path in sorted(self._removing))
+        log.warning(
+            "closing: the removal of %s (a deleted log's directory) is still under way after "
+            "%g s; left to finish in its worker thread (the next start's sweep removes what "
+            "it leaves)",
+            still,
+            SWEEP_CLOSE_WAIT_S,
+        )
 
     def _open_topic(
         self,
@@ -908,9 +961,19 @@ class LogManager:
     def _remove_renamed_dirs(self, doomed: list[Path]) -> int:
         removed = 0
         for path in doomed:
-            if self._sweep_cancel.is_set():
-                break  # closing: the next start's sweep finishes the job
-            removed += remove_renamed(path)
+            # Checked and recorded under the lock close waits with: either
+            # close sees this directory under way and waits for it, or this
+            # sees close's cancel and starts no other.
+            with self._removal_done:
+                if self._sweep_cancel.is_set():
+                    break  # closing: the next start's sweep finishes the job
+                self._removing.add(path)
+            try:
+                removed += remove_renamed(path)
+            finally:
+                with self._removal_done:
+                    self._removing.discard(path)
+                    self._removal_done.notify_all()
         return removed
 
     # ------------------------------------------------------------ appends

@@ -267,3 +267,63 @@ def test_out_of_descriptors_fails_the_hosting_as_a_whole(tmp_path: Path) -> None
         assert logs.offline_partitions() == []
     finally:
         logs.close()
+
+
+def test_a_standalone_open_out_of_descriptors_closes_the_topics_it_opened(
+    tmp_path: Path,
+) -> None:
+    """A lone broker's LogManager.open() raises when out of descriptors (no
+    log is taken offline for it), here at a later topic than the first: the
+    first topic's logs are closed, not left open (a broker exits then, but
+    an embedding such as this test, an in-process broker or a retry goes
+    on). Before, they kept their descriptors and, having taken their
+    clean-shutdown markers at open, were recovered at the next open."""
+    config = BrokerConfig(data_dir=tmp_path)
+    logs = LogManager(config, SYSTEM_CLOCK, cluster_mode=False)
+    logs.open()
+    try:
+        for name in ("a", "b"):
+            logs.create_topic(name, 4)
+            for partition in range(4):
+                log_ = logs.partition_log(name, partition)
+                data = bytearray(encode_batch([b"%s%d" % (name.encode(), partition)]))
+                log_.append(data, list(iter_batches(data)))
+    finally:
+        logs.close()
+    # Descriptors a log holds open (its segment's files), measured.
+    in_use = len(os.listdir("/proc/self/fd"))
+    logs = LogManager(config, SYSTEM_CLOCK, cluster_mode=False)
+    logs.open()
+    per_log = (len(os.listdir("/proc/self/fd")) - in_use) // 8
+    logs.close()
+    assert per_log >= 1 and len(os.listdir("/proc/self/fd")) == in_use
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    logs = LogManager(config, SYSTEM_CLOCK, cluster_mode=False)
+    # Room for topic a's four logs and a little more, not for b's too (a
+    # new descriptor takes the lowest free number: see the test above).
+    taken = {int(fd) for fd in os.listdir("/proc/self/fd")}
+    free = [fd for fd in range(max(taken) + 8 * per_log + 8) if fd not in taken]
+    resource.setrlimit(resource.RLIMIT_NOFILE, (free[4 * per_log + 2], hard))
+    try:
+        with pytest.raises(StorageError, match=r"opening b-\d .*Too many open files"):
+            logs.open()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert len(os.listdir("/proc/self/fd")) <= in_use
+    assert logs.topic_names() == []
+    # Closed cleanly: the next open trusts them, no recovery.
+    for partition in range(4):
+        marker = tmp_path / files.log_dir_name("a", partition) / files.CLEAN_SHUTDOWN_FILE
+        assert marker.exists(), marker
+
+    logs = LogManager(config, SYSTEM_CLOCK, cluster_mode=False)
+    logs.open()
+    try:
+        assert logs.topic_names() == ["a", "b"]
+        for name in ("a", "b"):
+            for partition in range(4):
+                read = logs.partition_log(name, partition).read(0, 1 << 20).records
+                assert b"%s%d" % (name.encode(), partition) in bytes(read)
+    finally:
+        logs.close()

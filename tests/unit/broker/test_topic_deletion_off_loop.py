@@ -22,9 +22,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
+import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
+import tidelog_broker.log_manager as log_manager_module
 from tidelog.records import encode_batch, iter_batches
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.log_manager import LogManager
@@ -131,28 +136,33 @@ def test_a_topic_created_again_while_the_old_one_is_removed_starts_empty(
 
 def test_close_stops_the_sweep_a_deletion_started(tmp_path: Path, spy: RemovalSpy) -> None:
     """close() cancels the sweep task; its thread ends with the directory it
-    is at and leaves the rest to the next start's sweep."""
+    is at (close waits for it) and leaves the rest to the next start's sweep."""
 
     async def run() -> None:
         logs = manager(tmp_path)
         closed = False
+        opener: threading.Timer | None = None
         try:
             logs.create_topic(TOPIC, partitions=2)
             append(logs, 0, OLD)
             spy.gate.clear()
             logs.delete_topic(TOPIC)
             first, second = renamed_aside(tmp_path)
-            # The sweep is at the first directory, held at the gate.
+            # The sweep is at the first directory, held at the gate, which
+            # another thread opens while close waits (it blocks the loop).
             await until(spy.entered.is_set, "the sweep starts removing")
+            opener = threading.Timer(0.2, spy.gate.set)
+            opener.start()
             logs.close()
             closed = True
-            spy.gate.set()
-            await until(lambda: renamed_aside(tmp_path) == [second], "the first one goes")
+            assert renamed_aside(tmp_path) == [second]
             await asyncio.sleep(0.2)  # any further removal would have happened by now
             assert renamed_aside(tmp_path) == [second]
             assert [name for _t, name, _r in spy.calls] == [first]
         finally:
             spy.gate.set()
+            if opener is not None:
+                opener.join()
             if not closed:
                 logs.close()
 
@@ -165,6 +175,106 @@ def test_close_stops_the_sweep_a_deletion_started(tmp_path: Path, spy: RemovalSp
             await until(lambda: renamed_aside(tmp_path) == [], "the next start removes the rest")
         finally:
             await broker.stop()
+
+    asyncio.run(run())
+
+
+def test_close_waits_for_the_directory_a_sweep_is_removing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Real files, no spy: a topic of thousands of segment files deleted, the
+    manager closed while its sweep's thread is part-way through a directory,
+    and a new manager opened at once on the same data directory (a restart
+    in the same process, as tests and the dev cluster do). close() waits for
+    that directory: none is left half-removed, and the next start-up sweep
+    removes the rest alone. Before, the thread went on after close and raced
+    the new sweep on the same directory: each restarted rmtree at every
+    entry the other took, and one gave up (`entries keep vanishing`, a
+    WARNING), so the start-up sweep logged and counted one less."""
+    segments = 1500
+    value = os.urandom(900)
+
+    async def run() -> None:
+        logs = manager(tmp_path)
+        try:
+            # Tiny segments: one per append, three files each.
+            logs.create_topic(TOPIC, partitions=2, configs={"segment.bytes": "1024"})
+            for partition in (0, 1):
+                partition_log = logs.partition_log(TOPIC, partition)
+                for _ in range(segments):
+                    data = bytearray(encode_batch([value]))
+                    partition_log.append(data, list(iter_batches(data)))
+            logs.delete_topic(TOPIC)
+            # The sweep task has not run yet (no await since): all whole.
+            whole = {name: len(os.listdir(tmp_path / name)) for name in renamed_aside(tmp_path)}
+            assert len(whole) == 2 and min(whole.values()) > 2 * segments, whole
+
+            def under_way() -> bool:
+                return any(
+                    not (tmp_path / name).exists() or len(os.listdir(tmp_path / name)) < count
+                    for name, count in whole.items()
+                )
+
+            deadline = time.monotonic() + WAIT_S
+            while not under_way():
+                assert time.monotonic() < deadline, "the sweep never started"
+                await asyncio.sleep(0.001)
+        finally:
+            logs.close()
+        left = {name: len(os.listdir(tmp_path / name)) for name in renamed_aside(tmp_path)}
+        # The one it was at is gone; any other is untouched.
+        assert len(left) < len(whole) and all(whole[name] == n for name, n in left.items()), (
+            whole,
+            left,
+        )
+
+        caplog.clear()
+        again = manager(tmp_path)
+        try:
+            with caplog.at_level(logging.WARNING):
+                assert await again.delete_renamed_dirs() == len(left)
+        finally:
+            again.close()
+        assert renamed_aside(tmp_path) == []
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+    asyncio.run(run())
+
+
+def test_close_gives_up_on_a_removal_past_its_wait_and_says_so(
+    tmp_path: Path,
+    spy: RemovalSpy,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The wait is bounded: a removal held up (at the spy's gate) past
+    SWEEP_CLOSE_WAIT_S is left to its thread, and close says which."""
+    monkeypatch.setattr(log_manager_module, "SWEEP_CLOSE_WAIT_S", 0.2)
+
+    async def run() -> None:
+        logs = manager(tmp_path)
+        closed = False
+        try:
+            logs.create_topic(TOPIC, partitions=2)
+            append(logs, 0, OLD)
+            spy.gate.clear()
+            logs.delete_topic(TOPIC)
+            first, second = renamed_aside(tmp_path)
+            await until(spy.entered.is_set, "the sweep starts removing")
+            with caplog.at_level(logging.WARNING, logger="tidelog.broker"):
+                logs.close()
+            closed = True
+            [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            assert f"the removal of {tmp_path / first} " in line, line
+            assert "still under way after 0.2 s; left to finish in its worker thread" in line
+            assert renamed_aside(tmp_path) == [first, second]
+            spy.gate.set()
+            # The thread finishes that one and starts no other.
+            await until(lambda: renamed_aside(tmp_path) == [second], "the first one goes")
+        finally:
+            spy.gate.set()
+            if not closed:
+                logs.close()
 
     asyncio.run(run())
 
