@@ -106,7 +106,6 @@ def test_a_client_calling_the_coordinator_gets_each_leader_s_figures(
         assert _figures(p1) == (-1, -1, -1, -1, -1)
 
 
-
 def test_a_broker_asked_for_its_own_logs_names_the_leader_it_knows_not_itself(
     etcd: EtcdProcess, prefix: str, tmp_path: Path
 ) -> None:
@@ -146,6 +145,7 @@ def test_a_broker_asked_for_its_own_logs_names_the_leader_it_knows_not_itself(
             await eventually(follower_leads, SETTLE_S, "broker 1 says it leads partition 0")
 
         asyncio.run(scenario())
+
 
 class CountingLeader(admin_pb2_grpc.AdminServicer):
     """Broker STAND_IN answering DescribeTopics from "its own logs" for

@@ -22,16 +22,15 @@ def test_the_known_leader_follows_the_applied_role(tmp_path: Path) -> None:
         manager.logs.host_partitions(TopicSpec("t", 1, {}), [0])
         # Hosted, no state applied yet.
         assert manager.replicas.known_leader("t", 0) == -1
-        revision = 0
-        for role, leader, known in (
+        states = (
             (Role.FOLLOWER, 0, 0),
             (Role.LEADER, 1, 1),
             (Role.NONE, -1, -1),
             # Named leader, but not leading yet (its registration is older
             # than the state): it serves as no leader.
             (Role.NONE, 1, -1),
-        ):
-            revision += 1
+        )
+        for revision, (role, leader, known) in enumerate(states, start=1):
             manager.replicas.set_role(
                 "t", 0, role=role, leader_id=leader, leader_epoch=revision,
                 replicas=[0, 1], isr=[0, 1], revision=revision,
