@@ -410,6 +410,42 @@ def test_the_dashboard_shows_every_cluster_metric_the_docs_say_to_alert_on() -> 
     assert sorted(n for n in alerted if not re.search(rf"\b{n}\b", queried)) == []
 
 
+#: The runbook of a replica whose log is offline (a heading of OPERATIONS).
+OFFLINE_LOG_RUNBOOK = "A partition's log goes offline (STORAGE_ERROR)"
+
+
+def test_the_dashboard_shows_offline_logs_per_broker_with_their_runbook() -> None:
+    """tidelog_broker_offline_partitions, which docs/operations.md pages on,
+    had no panel: the cluster-wide Offline replicas stat counts a failed
+    log and a down broker alike, and names no broker."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    (panel,) = [
+        p
+        for p in panels
+        if any("tidelog_broker_offline_partitions" in t["expr"] for t in p.get("targets", []))
+    ]
+    (target,) = panel["targets"]
+    # One series per broker, named by its id (stable across pod moves).
+    assert re.search(r"\bby \(broker_id\) \(tidelog_broker_offline_partitions\)", target["expr"])
+    assert "{{broker_id}}" in target["legendFormat"]
+    assert panel["type"] == "timeseries"
+    assert f'docs/operations.md, "{OFFLINE_LOG_RUNBOOK}"' in panel["description"]
+
+
+def test_every_runbook_a_panel_names_is_a_section_of_the_operations_docs() -> None:
+    headings = {
+        line.lstrip("#").strip() for line in OPERATIONS.read_text().splitlines() if line[:1] == "#"
+    }
+    assert OFFLINE_LOG_RUNBOOK in headings
+    named = [
+        (panel["title"], section)
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+        for section in re.findall(r'docs/operations\.md, "([^"]+)"', panel.get("description", ""))
+    ]
+    assert len(named) >= 2, named  # the offline replicas and the offline logs
+    assert [(title, s) for title, s in named if s not in headings] == []
+
+
 # ------------------------------------------------------------ TLS
 
 TLS_SECRET = "tidelog-tls"

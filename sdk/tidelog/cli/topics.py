@@ -1,9 +1,10 @@
 """`tidelog topics create|list|describe|alter|delete`.
 
-`describe` prints an `offline` column, as kafka-topics prints "Offline:",
-when a replica cannot serve: its broker is down (not registered), or its
-log is offline (its broker lists it so: a storage failure, until that
-broker restarts). It can list only the partitions in trouble,
+`describe` prints `none` as the leader of a partition without one (-1 in
+the API), as kafka-topics prints "Leader: none", and an `offline` column,
+as kafka-topics prints "Offline:", when a replica cannot serve: its broker
+is down (not registered), or its log is offline (its broker lists it so: a
+storage failure, until that broker restarts). It can list only the partitions in trouble,
 as kafka-topics does: `--under-replicated-partitions` (fewer in-sync
 replicas than replicas, or an offline replica not yet out of the ISR of a
 leader that serves), `--unavailable-partitions`
@@ -250,50 +251,7 @@ def _describe(args: argparse.Namespace) -> int:
         descriptions = [t for t in descriptions if t.partitions]
     for topic in descriptions:
         print(f"topic {topic.name}  partitions {len(topic.partitions)}")
-        header: tuple[str, ...] = (
-            "partition", "leader", "replicas", "isr", "start", "end", "size", "segments",
-        )  # fmt: skip
-        rows: list[tuple[str, ...]] = [
-            (
-                str(p.partition),
-                str(p.leader),
-                ",".join(map(str, p.replicas)),
-                ",".join(map(str, p.isr)),
-                # Unknown (-1) when its leader could not tell: the
-                # reason is printed under the table.
-                *(
-                    ("?",) * 4
-                    if p.error is not None
-                    else (
-                        str(p.log_start_offset),
-                        str(p.log_end_offset),
-                        _human_bytes(p.size_bytes),
-                        str(p.segment_count),
-                    )
-                ),
-            )
-            for p in topic.partitions
-        ]
-        if any(p.adding_replicas or p.removing_replicas for p in topic.partitions):
-            # A reassignment in progress: say which replicas come and go.
-            header += ("adding", "removing")
-            rows = [
-                (
-                    *row,
-                    ",".join(map(str, p.adding_replicas)) or "-",
-                    ",".join(map(str, p.removing_replicas)) or "-",
-                )
-                for row, p in zip(rows, topic.partitions, strict=True)
-            ]
-        if any(p.offline_replicas for p in topic.partitions):
-            # Kafka's "Offline:": replicas that cannot serve, their broker
-            # down or their log taken offline by a storage failure (never
-            # elected, out of the ISR until their broker is back).
-            header += ("offline",)
-            rows = [
-                (*row, ",".join(map(str, p.offline_replicas)) or "-")
-                for row, p in zip(rows, topic.partitions, strict=True)
-            ]
+        header, *rows = partition_table(topic)
         widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
         for row in [header, *rows]:
             print("  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths, strict=True)))
@@ -311,6 +269,62 @@ def _describe(args: argparse.Namespace) -> int:
                 mark = "*" if entry.is_override else " "
                 print(f"   {mark}{key}={entry.value}  ({entry.source})")
     return 0
+
+
+def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
+    """The cells of `topic`'s partition table, the header first (pure).
+    A partition without a leader (-1 in the API) has `none` in the leader
+    column, as kafka-topics prints "Leader: none"."""
+    header: tuple[str, ...] = (
+        "partition", "leader", "replicas", "isr", "start", "end", "size", "segments",
+    )  # fmt: skip
+    rows: list[tuple[str, ...]] = [
+        (
+            str(p.partition),
+            _leader_cell(p.leader),
+            ",".join(map(str, p.replicas)),
+            ",".join(map(str, p.isr)),
+            # Unknown (-1) when its leader could not tell: the
+            # reason is printed under the table.
+            *(
+                ("?",) * 4
+                if p.error is not None
+                else (
+                    str(p.log_start_offset),
+                    str(p.log_end_offset),
+                    _human_bytes(p.size_bytes),
+                    str(p.segment_count),
+                )
+            ),
+        )
+        for p in topic.partitions
+    ]
+    if any(p.adding_replicas or p.removing_replicas for p in topic.partitions):
+        # A reassignment in progress: say which replicas come and go.
+        header += ("adding", "removing")
+        rows = [
+            (
+                *row,
+                ",".join(map(str, p.adding_replicas)) or "-",
+                ",".join(map(str, p.removing_replicas)) or "-",
+            )
+            for row, p in zip(rows, topic.partitions, strict=True)
+        ]
+    if any(p.offline_replicas for p in topic.partitions):
+        # Kafka's "Offline:": replicas that cannot serve, their broker
+        # down or their log taken offline by a storage failure (never
+        # elected, out of the ISR until their broker is back).
+        header += ("offline",)
+        rows = [
+            (*row, ",".join(map(str, p.offline_replicas)) or "-")
+            for row, p in zip(rows, topic.partitions, strict=True)
+        ]
+    return [header, *rows]
+
+
+def _leader_cell(leader: int) -> str:
+    """A leader as the table shows it: its broker id, or `none`."""
+    return str(leader) if leader >= 0 else "none"
 
 
 def _alter(args: argparse.Namespace) -> int:

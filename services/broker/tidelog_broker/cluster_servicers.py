@@ -138,7 +138,11 @@ class AdminForwarder:
         self, request: admin_pb2.DescribeTopicsRequest
     ) -> admin_pb2.DescribeTopicsResponse:
         """The partitions of `request.names` this broker hosts (no error for
-        others); an offline log's with its STORAGE_ERROR and -1 figures."""
+        others); an offline log's with its STORAGE_ERROR and -1 figures.
+        Each with the leader this broker knows (ReplicaManager.known_leader:
+        itself only while it leads, -1 when it knows none), not itself for
+        every replica: a client asking one broker learns whether its
+        figures are the leader's."""
         response = admin_pb2.DescribeTopicsResponse()
         manager = self._link.manager
         for name in distinct(request.names):
@@ -148,7 +152,10 @@ class AdminForwarder:
             except Exception:
                 continue
             description.partitions.extend(
-                described_partition(view, leader_id=self._link.broker.broker_id) for view in views
+                described_partition(
+                    view, leader_id=manager.replicas.known_leader(name, view.partition)
+                )
+                for view in views
             )
         return response
 

@@ -90,6 +90,17 @@ class ReplicaManager:
         """Cluster mode: the role and ISR of a hosted partition (None: unknown)."""
         return self._replication.get((topic, partition))
 
+    def known_leader(self, topic: str, partition: int) -> int:
+        """Cluster mode: the leader of a hosted partition as this broker
+        applied its state: itself while it leads, the broker it follows, or
+        -1 when it knows none (no state applied yet; no live leader; or a
+        state naming it that it may not lead on yet, Role.NONE: it serves
+        as leader no more than as follower)."""
+        replication = self._replication.get((topic, partition))
+        if replication is None or replication.role is Role.NONE:
+            return -1
+        return replication.leader_id
+
     def leader_replication(
         self, topic: str, partition: int, write: bool
     ) -> PartitionReplication | None:

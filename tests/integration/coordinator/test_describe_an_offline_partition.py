@@ -114,6 +114,9 @@ def test_a_partition_whose_only_in_sync_replica_s_log_is_offline_is_described_of
         for flags in ((), ("--unavailable-partitions",)):
             shown = _describe_cli(entry, *flags)
             assert f"  partition 1: ? = offline: {SAID}\n" in shown, shown
+            # No leader: none in its column (kafka-topics' "Leader: none"), not -1.
+            (row,) = [line.split() for line in shown.splitlines() if line.split()[:1] == ["1"]]
+            assert row[1:4] == ["none", "1", "1"], shown
             assert "retry" not in shown, shown
 
         # The remedy it names: the disk fixed, the broker restarted.

@@ -106,6 +106,47 @@ def test_a_client_calling_the_coordinator_gets_each_leader_s_figures(
         assert _figures(p1) == (-1, -1, -1, -1, -1)
 
 
+def test_a_broker_asked_for_its_own_logs_names_the_leader_it_knows_not_itself(
+    etcd: EtcdProcess, prefix: str, tmp_path: Path
+) -> None:
+    # A broker answered its own logs with itself as leader_id for every
+    # replica it hosts: a client asking a follower directly read the
+    # follower's figures as the leader's.
+    with running_cluster(tmp_path, etcd=etcd, prefix=prefix, brokers=2) as cluster:
+        with AdminClient(bootstrap_servers=cluster.bootstrap) as admin:
+            admin.create_topics([NewTopic(TOPIC, -1, -1, replica_assignments={0: [0, 1]})])
+        with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
+            for _ in range(3):
+                producer.send(TOPIC, b"v", partition=0).get(PRODUCE_TIMEOUT_S)
+        leader, follower = (b.address for b in cluster.brokers)
+
+        async def scenario() -> None:
+            async def local_p0(address: str) -> admin_pb2.PartitionDescription:
+                (p0,) = await _describe(address, local=True)
+                return p0
+
+            async def follower_caught_up() -> bool:
+                # It has fetched the records: it applied its follower role.
+                return (await local_p0(follower)).log_end_offset == 3
+
+            await eventually(follower_caught_up, SETTLE_S, "broker 1 follows with 3 records")
+            assert (await local_p0(follower)).leader_id == 0
+            assert (await local_p0(leader)).leader_id == 0
+            # The broker's full answer (not local) is the placement's, as before.
+            (p0,) = await _describe(follower)
+            assert (p0.leader_id, _figures(p0)[:3]) == (0, (0, 3, 3)), p0
+
+            cluster.brokers[0].stop()
+
+            async def follower_leads() -> bool:
+                return (await local_p0(follower)).leader_id == 1
+
+            # The controller elects broker 1 (in the ISR); it says so once it leads.
+            await eventually(follower_leads, SETTLE_S, "broker 1 says it leads partition 0")
+
+        asyncio.run(scenario())
+
+
 class CountingLeader(admin_pb2_grpc.AdminServicer):
     """Broker STAND_IN answering DescribeTopics from "its own logs" for
     partition 1 of TOPIC (STAND_IN_FIGURES), counting the calls; `hangs`

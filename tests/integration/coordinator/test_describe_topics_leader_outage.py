@@ -120,6 +120,8 @@ def test_a_stopped_leader_s_partition_is_described_with_an_error_naming_it(
         # The offline column: broker 1 is down, so its replica cannot serve.
         assert rows["0"][4:6] == ["0", "3"] and rows["0"][-1] == "-", shown.stdout
         assert rows["1"][4:8] == ["?"] * 4 and rows["1"][-1] == "1", shown.stdout
+        # Its leader: none (kafka-topics' "Leader: none"), not -1.
+        assert (rows["0"][1], rows["1"][1]) == ("0", "none"), shown.stdout
         assert f"partition 1: ? = offline: {STOPPED_LEADER_SAID}" in shown.stdout, shown.stdout
 
 
