@@ -100,6 +100,11 @@ INLINE_OPEN_MAX = 4
 #: left to finish (logged), racing any sweep of the same data directory that
 #: a LogManager opened next starts (tolerated: `remove_renamed`).
 SWEEP_CLOSE_WAIT_S = 10.0
+#: How long `close` waits for a cleaner round in a worker thread to stop:
+#: it sees the cancel at its next batch (milliseconds) and removes the
+#: `.cleaned` files it wrote. Past this it is left to finish (logged),
+#: racing the open of a LogManager opened next on the same data directory.
+CLEANER_CLOSE_WAIT_S = 10.0
 #: Out of descriptors (the process's, the system's) or memory.
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
@@ -229,6 +234,15 @@ class LogManager:
         self._watchers: dict[TopicPartitionKey, set[Callable[[TopicPartitionKey], None]]] = {}
         # Set at close: a cleaner round in a worker thread stops at its next batch.
         self._cleaner_cancel = threading.Event()
+        # The logs (by name) whose cleaner rounds worker threads are running
+        # now, guarded by `_cleaning_done`, which they notify when one ends:
+        # close waits for them (`_wait_for_cleaning`). A round cancelled at
+        # close still removes the `.cleaned` files it wrote; a LogManager
+        # opened next on this data directory removes them too, at open, and
+        # the two raced: its open failed on a file the other unlinked first,
+        # and hosted the log offline.
+        self._cleaning_done = threading.Condition()
+        self._cleaning_now: set[str] = set()
         # One sweep of directories renamed for deletion at a time (the one
         # at start-up may still be removing gigabytes when a retention pass
         # sweeps): the next lists only what the last one left.
@@ -296,9 +310,10 @@ class LogManager:
         """Flush and close every log (a clean shutdown: next start skips
         recovery). A close that fails (logged, naming its partition) stops
         none of the others; the first error is raised once all are closed.
-        A sweep's worker thread still removing a deleted log's directory is
-        waited for (`_wait_for_removals`, bounded), not left racing the next
-        LogManager opened on this data directory."""
+        A sweep's worker thread still removing a deleted log's directory,
+        and a cleaner round's worker thread, are waited for
+        (`_wait_for_removals`, `_wait_for_cleaning`, bounded), not left
+        racing the next LogManager opened on this data directory."""
         self._cleaner_cancel.set()
         self._sweep_cancel.set()
         if self._sweeper is not None:
@@ -312,8 +327,10 @@ class LogManager:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.cancel()
-        # After the logs: their flushes overlap the thread's last directory.
+        # After the logs: their flushes overlap the thread's last directory,
+        # and the cleaner's last batch.
         self._wait_for_removals()
+        self._wait_for_cleaning()
         _raise_first(failed, "their next open recovers them")
 
     def _close_topics(self) -> dict[TopicPartitionKey, Exception]:
@@ -345,6 +362,22 @@ class LogManager:
             "it leaves)",
             still,
             SWEEP_CLOSE_WAIT_S,
+        )
+
+    def _wait_for_cleaning(self) -> None:
+        """Wait (up to CLEANER_CLOSE_WAIT_S) for cleaner rounds in worker
+        threads to stop; `_cleaner_cancel` is set, so each stops at its next
+        batch (and removes its `.cleaned` files) and none starts. Blocks the
+        loop: only at close."""
+        with self._cleaning_done:
+            if self._cleaning_done.wait_for(lambda: not self._cleaning_now, CLEANER_CLOSE_WAIT_S):
+                return
+            still = ", ".join(sorted(self._cleaning_now))
+        log.warning(
+            "closing: the cleaner's round of %s is still under way after %g s; left to finish "
+            "in its worker thread (the next start removes the .cleaned files it leaves)",
+            still,
+            CLEANER_CLOSE_WAIT_S,
         )
 
     def _open_topic(
@@ -1126,7 +1159,7 @@ class LogManager:
                     continue
                 result: log_cleaner.CleanResult | None = None
                 try:
-                    result = await asyncio.to_thread(log_cleaner.clean, plan, self._cleaner_cancel)
+                    result = await asyncio.to_thread(self._clean_in_thread, plan)
                 except (log_cleaner.CleanerCancelledError, log_cleaner.StaleSnapshotError) as exc:
                     log.info("cleaning %s stopped: %s", partition_log.name, exc)
                 except Exception:
@@ -1141,6 +1174,22 @@ class LogManager:
                 if doomed:
                     await asyncio.to_thread(unlink_files, doomed)
         return results
+
+    def _clean_in_thread(self, plan: log_cleaner.CleanPlan) -> log_cleaner.CleanResult | None:
+        """`cleaner.clean` in a worker thread, known to close while it runs."""
+        # Checked and recorded under the lock close waits with: either close
+        # sees this round under way and waits for it, or this sees close's
+        # cancel and does not start.
+        with self._cleaning_done:
+            if self._cleaner_cancel.is_set():
+                raise log_cleaner.CleanerCancelledError("cancelled: the logs are closing")
+            self._cleaning_now.add(plan.name)
+        try:
+            return log_cleaner.clean(plan, self._cleaner_cancel)
+        finally:
+            with self._cleaning_done:
+                self._cleaning_now.discard(plan.name)
+                self._cleaning_done.notify_all()
 
     # ------------------------------------------------------------ configs
 

@@ -140,7 +140,7 @@ def _batches(
     chunk_start = 0
     while position < size:
         if cancel is not None and cancel.is_set():
-            raise CleanerCancelledError()
+            raise CleanerCancelledError("cancelled")
         at = position - chunk_start
         if len(chunk) - at < HEADER_SIZE:
             chunk = os.pread(fd, min(_IO_CHUNK_BYTES, size - position), position)

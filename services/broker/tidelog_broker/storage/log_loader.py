@@ -38,6 +38,7 @@ epoch history must be learnt from the batches again). Raises OSError.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -285,7 +286,12 @@ def _segment_base_offsets(directory: Path, swap_ends: dict[int, int]) -> list[in
     for entry in os.scandir(directory):
         name = entry.name
         if name.endswith((files.TEMP_SUFFIX, files.DELETED_SUFFIX, files.CLEANED_SUFFIX)):
-            os.unlink(entry.path)
+            # Missing is fine: gone is what is wanted, and a worker thread of
+            # a LogManager closed just before in this process (unlinking the
+            # `.deleted` files of a swap or a retention pass) may unlink it
+            # first; failing on it hosted the log offline.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
             continue
         if name.endswith(files.SWAP_SUFFIX):
             parsed = files.parse_segment_file_name(name[: -len(files.SWAP_SUFFIX)])
