@@ -432,18 +432,70 @@ def test_the_dashboard_shows_offline_logs_per_broker_with_their_runbook() -> Non
     assert f'docs/operations.md, "{OFFLINE_LOG_RUNBOOK}"' in panel["description"]
 
 
+#: The runbook of partitions below min.insync.replicas (a heading of OPERATIONS).
+UNDER_MIN_ISR_RUNBOOK = "Is the cluster healthy?"
+
+
+def test_the_dashboard_shows_under_min_isr_partitions_per_broker_with_their_runbook() -> None:
+    """tidelog_broker_under_min_isr_partitions, which docs/operations.md
+    pages on, had no panel: the Under min ISR stat is the controller's
+    cluster-wide count and names no leader."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    (panel,) = [
+        p
+        for p in panels
+        if any("tidelog_broker_under_min_isr_partitions" in t["expr"] for t in p.get("targets", []))
+    ]
+    (target,) = panel["targets"]
+    # One series per broker (the leader that counts them), named by its id.
+    assert re.search(
+        r"\bby \(broker_id\) \(tidelog_broker_under_min_isr_partitions\)", target["expr"]
+    )
+    assert "{{broker_id}}" in target["legendFormat"]
+    assert panel["type"] == "timeseries"
+    assert f'docs/operations.md, "{UNDER_MIN_ISR_RUNBOOK}"' in panel["description"]
+    # The runbook says what the panel is about.
+    text = OPERATIONS.read_text()
+    runbook = text[text.index(f"## {UNDER_MIN_ISR_RUNBOOK}") :]
+    runbook = runbook[: runbook.index("\n## ")]
+    assert "tidelog_broker_under_min_isr_partitions" in runbook
+    assert "--under-min-isr-partitions" in runbook
+
+
 def test_every_runbook_a_panel_names_is_a_section_of_the_operations_docs() -> None:
     headings = {
         line.lstrip("#").strip() for line in OPERATIONS.read_text().splitlines() if line[:1] == "#"
     }
-    assert OFFLINE_LOG_RUNBOOK in headings
+    assert {OFFLINE_LOG_RUNBOOK, UNDER_MIN_ISR_RUNBOOK} <= headings
     named = [
         (panel["title"], section)
         for panel in json.loads(DASHBOARD.read_text())["panels"]
         for section in re.findall(r'docs/operations\.md, "([^"]+)"', panel.get("description", ""))
     ]
-    assert len(named) >= 2, named  # the offline replicas and the offline logs
+    # The offline replicas, the offline logs, the partitions under min ISR.
+    assert len(named) >= 3, named
     assert [(title, s) for title, s in named if s not in headings] == []
+
+
+def test_the_dashboards_panels_have_unique_ids_and_do_not_overlap() -> None:
+    """Grafana draws overlapping panels on top of each other (or pushes one
+    down, hiding the layout meant): each panel's gridPos is its own cell of
+    the 24-column grid."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    cells: dict[tuple[int, int], str] = {}
+    clashes = []
+    for panel in panels:
+        pos = panel["gridPos"]
+        assert pos["w"] > 0 and pos["h"] > 0 and pos["x"] >= 0 and pos["y"] >= 0, panel["title"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+        for x in range(pos["x"], pos["x"] + pos["w"]):
+            for y in range(pos["y"], pos["y"] + pos["h"]):
+                if (x, y) in cells:
+                    clashes.append((cells[(x, y)], panel["title"]))
+                cells[(x, y)] = panel["title"]
+    assert sorted(set(clashes)) == []
 
 
 # ------------------------------------------------------------ TLS

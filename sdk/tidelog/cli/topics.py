@@ -1,7 +1,9 @@
 """`tidelog topics create|list|describe|alter|delete`.
 
 `describe` prints `none` as the leader of a partition without one (-1 in
-the API), as kafka-topics prints "Leader: none", and an `offline` column,
+the API), as kafka-topics prints "Leader: none", `-` for an empty replica
+or ISR list (every cell holds something, so a line splits into its
+columns), and an `offline` column,
 as kafka-topics prints "Offline:", when a replica cannot serve: its broker
 is down (not registered), or its log is offline (its broker lists it so: a
 storage failure, until that broker restarts). It can list only the partitions in trouble,
@@ -282,8 +284,11 @@ def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
         (
             str(p.partition),
             _leader_cell(p.leader),
-            ",".join(map(str, p.replicas)),
-            ",".join(map(str, p.isr)),
+            # An empty list (a partition with no state yet) is `-` like
+            # the other empty cells: a blank cell would shift the columns
+            # of a line split on spaces.
+            _ids_cell(p.replicas),
+            _ids_cell(p.isr),
             # Unknown (-1) when its leader could not tell: the
             # reason is printed under the table.
             *(
@@ -305,8 +310,8 @@ def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
         rows = [
             (
                 *row,
-                ",".join(map(str, p.adding_replicas)) or "-",
-                ",".join(map(str, p.removing_replicas)) or "-",
+                _ids_cell(p.adding_replicas),
+                _ids_cell(p.removing_replicas),
             )
             for row, p in zip(rows, topic.partitions, strict=True)
         ]
@@ -316,10 +321,15 @@ def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
         # elected, out of the ISR until their broker is back).
         header += ("offline",)
         rows = [
-            (*row, ",".join(map(str, p.offline_replicas)) or "-")
+            (*row, _ids_cell(p.offline_replicas))
             for row, p in zip(rows, topic.partitions, strict=True)
         ]
     return [header, *rows]
+
+
+def _ids_cell(ids: list[int]) -> str:
+    """Broker ids as one cell: comma-separated, or `-` when there are none."""
+    return ",".join(map(str, ids)) or "-"
 
 
 def _leader_cell(leader: int) -> str:

@@ -32,7 +32,14 @@ gets `PartitionDescription.error` naming its leader and what happened:
   or it could not be opened: it is about to lose the leadership): the
   STORAGE_ERROR it answers for it, naming it and why;
 - a leader whose answer leaves the partition out (it does not host it, or
-  not yet): NOT_LEADER_OR_FOLLOWER, retriable.
+  not yet): NOT_LEADER_OR_FOLLOWER, retriable;
+- a leader whose answer does not name itself as the partition's leader
+  (its `leader_id` is the leader it knows: another broker, or -1 when it
+  knows none): the caller's placement lags an election, or the broker has
+  not taken up its leadership yet, so its figures are a follower's, not the
+  leader's: NOT_LEADER_OR_FOLLOWER, retriable, naming the leader it knows.
+  A broker older than that field's meaning names itself for every replica
+  it hosts: its figures are taken as before.
 
 The topic stays good: one leader's outage does not fail the description of
 the other partitions, nor of the topic.
@@ -135,7 +142,14 @@ async def complete_from_leaders(
     for topic in response.topics:
         for partition in topic.partitions:
             leader = partition.leader_id
+            where = f"{topic.name}-{partition.partition}"
             found = answers.get(leader, {}).get((topic.name, partition.partition))
+            if found is not None and found.leader_id != leader:
+                # Its own answer names another leader, or none: the caller's
+                # placement lags an election (or the broker has not applied
+                # it yet). Its figures are a follower's, not the leader's.
+                unknown(partition, _not_leading_error(where, leader, addresses[leader], found))
+                continue
             if found is not None and found.error.code != common_pb2.NONE:
                 # The leader's own log cannot tell (offline: STORAGE_ERROR).
                 unknown(partition, found.error)
@@ -145,7 +159,6 @@ async def complete_from_leaders(
                     setattr(partition, name, getattr(found, name))
                 partition.ClearField("error")
                 continue
-            where = f"{topic.name}-{partition.partition}"
             offline = (
                 offline_partition_error(topic, partition, address_of)
                 if leader < 0 or addresses[leader] is None
@@ -175,6 +188,24 @@ async def complete_from_leaders(
                     "(it does not host it, or not yet): its log figures are unknown; retry",
                 )
             unknown(partition, error)
+
+
+def _not_leading_error(
+    where: str, leader: int, address: str | None, found: admin_pb2.PartitionDescription
+) -> common_pb2.Error:
+    """The error of a partition whose leader in the placement, `leader`,
+    answered for its own replica naming another leader or none."""
+    knows = (
+        f"it follows broker {found.leader_id}"
+        if found.leader_id >= 0
+        else "it knows no leader right now"
+    )
+    return _error(
+        common_pb2.NOT_LEADER_OR_FOLLOWER,
+        f"{where}: broker {leader} at {address}, its leader as known here, does not lead "
+        f"it by its own answer ({knows}): the leadership moved, or the broker has not taken "
+        "it up yet; its log figures are unknown; retry",
+    )
 
 
 def offline_partition_error(

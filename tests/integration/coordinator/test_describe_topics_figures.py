@@ -21,10 +21,12 @@ import grpc
 import grpc.aio
 import pytest
 from tidelog import AdminClient, NewTopic, Producer
+from tidelog.errors import error_from_code
 from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration
 from tidelog_server.forwarding import LOCAL_METADATA_KEY
+from tidelog_server.leader_figures import ask_over_grpc, complete_from_leaders
 
 from tests.integration.coordinator.helpers import etcd_client, eventually
 from tests.support.cluster import PRODUCE_TIMEOUT_S, ClusterProcesses, running_cluster
@@ -143,6 +145,70 @@ def test_a_broker_asked_for_its_own_logs_names_the_leader_it_knows_not_itself(
 
             # The controller elects broker 1 (in the ISR); it says so once it leads.
             await eventually(follower_leads, SETTLE_S, "broker 1 says it leads partition 0")
+
+        asyncio.run(scenario())
+
+
+def test_a_follower_a_stale_placement_names_leader_does_not_give_its_figures_as_the_leader_s(
+    etcd: EtcdProcess, prefix: str, tmp_path: Path
+) -> None:
+    """complete_from_leaders took a partition's figures from whichever
+    broker the caller's placement named as leader. With a placement lagging
+    an election (the coordinator's or the gateway's view), a follower's
+    figures were shown as the leader's, without an error. The stale
+    placement here is a real one's shape, naming the follower, completed
+    against the real brokers over real gRPC as every caller does."""
+    with running_cluster(tmp_path, etcd=etcd, prefix=prefix, brokers=2) as cluster:
+        with AdminClient(bootstrap_servers=cluster.bootstrap) as admin:
+            admin.create_topics([NewTopic(TOPIC, -1, -1, replica_assignments={0: [0, 1]})])
+        with Producer(bootstrap_servers=cluster.bootstrap, acks="all") as producer:
+            for _ in range(3):
+                producer.send(TOPIC, b"v", partition=0).get(PRODUCE_TIMEOUT_S)
+        leader, follower = (b.address for b in cluster.brokers)
+        addresses = {0: leader, 1: follower}
+
+        async def scenario() -> None:
+            async def follower_caught_up() -> bool:
+                (p0,) = await _describe(follower, local=True)
+                return (p0.leader_id, p0.log_end_offset) == (0, 3)
+
+            await eventually(follower_caught_up, SETTLE_S, "broker 1 follows with 3 records")
+            channels: list[grpc.aio.Channel] = []
+
+            def stub_of(address: str) -> admin_pb2_grpc.AdminStub:
+                channels.append(grpc.aio.insecure_channel(address))
+                return admin_pb2_grpc.AdminStub(channels[-1])
+
+            async def completed(placed_leader: int) -> admin_pb2.PartitionDescription:
+                response = admin_pb2.DescribeTopicsResponse()
+                response.topics.add(name=TOPIC).partitions.add(
+                    partition=0, leader_id=placed_leader, replicas=[0, 1], isr=[0, 1]
+                )
+                await complete_from_leaders(response, addresses.get, ask_over_grpc(stub_of, CALL_S))
+                (p0,) = response.topics[0].partitions
+                return p0
+
+            try:
+                # The placement as it is: broker 0's figures.
+                fresh = await completed(0)
+                assert not fresh.HasField("error"), fresh
+                assert _figures(fresh)[:3] == (0, 3, 3), fresh
+                # A placement naming the follower: it answers as a follower of
+                # broker 0, so its figures are not the leader's.
+                stale = await completed(1)
+                assert stale.leader_id == 1, stale  # the placement is not rewritten
+                assert _figures(stale) == (-1, -1, -1, -1, -1), stale
+                assert stale.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER, stale
+                assert stale.error.message == (
+                    f"{TOPIC}-0: broker 1 at {follower}, its leader as known here, does not "
+                    "lead it by its own answer (it follows broker 0): the leadership moved, "
+                    "or the broker has not taken it up yet; its log figures are unknown; retry"
+                ), stale.error.message
+                # As a client reads it: retriable, as for a leader that is down.
+                assert error_from_code(stale.error.code, stale.error.message).retriable
+            finally:
+                for channel in channels:
+                    await channel.close()
 
         asyncio.run(scenario())
 

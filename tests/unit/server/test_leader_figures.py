@@ -8,7 +8,11 @@ now ...; retry", which waiting never fixed.
 No leader is asked for these partitions (none is live), so `ask` fails the
 test if called; the coordinator's placement, offline replicas and configs
 are the answer the function completes, built here as the coordinator
-builds it."""
+builds it.
+
+And a live leader's own answer is taken only when it names itself as the
+leader: a placement lagging an election named a follower, whose figures
+were shown as the leader's (a real cluster: test_describe_topics_figures)."""
 
 from __future__ import annotations
 
@@ -169,3 +173,58 @@ def test_the_runbooks_the_errors_point_at_exist() -> None:
     for pointer in (OFFLINE_LOG_RUNBOOK, HEALTH_RUNBOOK):
         (section,) = re.findall(r'"(.+)"', pointer)
         assert f"## {section}" in headings, pointer
+
+
+def _completed_by_own_answer(named_leader: int) -> admin_pb2.PartitionDescription:
+    """Partition 0 placed on leader 1, whose own answer (as a broker answers
+    with tidelog-local) names `named_leader` as the leader it knows."""
+
+    async def broker_1(
+        leader: int, address: str, request: admin_pb2.DescribeTopicsRequest
+    ) -> admin_pb2.DescribeTopicsResponse:
+        assert (leader, address, list(request.names)) == (1, LIVE[1], [TOPIC])
+        answer = admin_pb2.DescribeTopicsResponse()
+        answer.topics.add(name=TOPIC).partitions.add(
+            partition=0,
+            leader_id=named_leader,
+            log_start_offset=2,
+            log_end_offset=42,
+            high_watermark=40,
+            size_bytes=4096,
+            segment_count=1,
+        )
+        return answer
+
+    response = admin_pb2.DescribeTopicsResponse()
+    response.topics.add(name=TOPIC).partitions.add(
+        partition=0, leader_id=1, replicas=[1, 2], isr=[1, 2]
+    )
+    asyncio.run(complete_from_leaders(response, LIVE.get, broker_1))
+    (partition,) = response.topics[0].partitions
+    return partition
+
+
+def test_a_leader_naming_itself_gives_its_figures_as_an_older_broker_always_did() -> None:
+    p = _completed_by_own_answer(1)
+    assert not p.HasField("error"), p
+    assert (p.log_start_offset, p.log_end_offset, p.high_watermark) == (2, 42, 40)
+    assert (p.size_bytes, p.segment_count) == (4096, 1)
+
+
+@pytest.mark.parametrize(
+    ("named", "knows"), [(2, "it follows broker 2"), (-1, "it knows no leader right now")]
+)
+def test_a_leader_whose_own_answer_names_another_leader_or_none_gives_no_figures(
+    named: int, knows: str
+) -> None:
+    # The placement lags an election: broker 1's figures are a follower's.
+    p = _completed_by_own_answer(named)
+    assert (p.log_start_offset, p.log_end_offset, p.high_watermark) == (-1, -1, -1)
+    assert (p.size_bytes, p.segment_count) == (-1, -1)
+    assert p.leader_id == 1  # the placement as it was given
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message == (
+        f"{TOPIC}-0: broker 1 at {LIVE[1]}, its leader as known here, does not lead it by its "
+        f"own answer ({knows}): the leadership moved, or the broker has not taken it up yet; "
+        "its log figures are unknown; retry"
+    )
