@@ -243,6 +243,15 @@ class LogManager:
         # and hosted the log offline.
         self._cleaning_done = threading.Condition()
         self._cleaning_now: set[str] = set()
+        # The guards of the logs a cleaner round runs on now (on the loop):
+        # a log's close or deletion revokes its round's (`_stop_hosting`),
+        # which then stops at its next batch and touches nothing by path in
+        # the log's directory any more. Before, the round went on with the
+        # paths of a directory renamed aside: it failed at its next group
+        # (a 'cleaning ... failed' ERROR, FileNotFoundError), or, the topic
+        # re-created meanwhile, read the new incarnation's segments as its
+        # own and wrote its `.cleaned` files among them.
+        self._cleaning_guards: dict[PartitionLog, log_cleaner.DirectoryGuard] = {}
         # One sweep of directories renamed for deletion at a time (the one
         # at start-up may still be removing gigabytes when a retention pass
         # sweeps): the next lists only what the last one left.
@@ -859,6 +868,10 @@ class LogManager:
         failed: dict[TopicPartitionKey, Exception] = {}
         offline = False
         for partition, partition_log in closing:
+            guard = self._cleaning_guards.get(partition_log)
+            if guard is not None:
+                # Before the directory is renamed aside (or opened again).
+                guard.revoke()
             try:
                 if delete_data:
                     self._delete_log(partition_log)
@@ -1158,12 +1171,15 @@ class LogManager:
                 if plan is None:
                     continue
                 result: log_cleaner.CleanResult | None = None
+                guard = self._cleaning_guards[partition_log] = log_cleaner.DirectoryGuard()
                 try:
-                    result = await asyncio.to_thread(self._clean_in_thread, plan)
+                    result = await asyncio.to_thread(self._clean_in_thread, plan, guard)
                 except (log_cleaner.CleanerCancelledError, log_cleaner.StaleSnapshotError) as exc:
                     log.info("cleaning %s stopped: %s", partition_log.name, exc)
                 except Exception:
                     flood.exception("cleaning %s failed", partition_log.name)
+                finally:
+                    del self._cleaning_guards[partition_log]
                 try:
                     doomed = partition_log.finish_cleaning(result)
                 except TidelogError:
@@ -1175,8 +1191,11 @@ class LogManager:
                     await asyncio.to_thread(unlink_files, doomed)
         return results
 
-    def _clean_in_thread(self, plan: log_cleaner.CleanPlan) -> log_cleaner.CleanResult | None:
-        """`cleaner.clean` in a worker thread, known to close while it runs."""
+    def _clean_in_thread(
+        self, plan: log_cleaner.CleanPlan, guard: log_cleaner.DirectoryGuard
+    ) -> log_cleaner.CleanResult | None:
+        """`cleaner.clean` in a worker thread, known to close while it runs;
+        `guard` is revoked if its log closes or is deleted meanwhile."""
         # Checked and recorded under the lock close waits with: either close
         # sees this round under way and waits for it, or this sees close's
         # cancel and does not start.
@@ -1185,7 +1204,7 @@ class LogManager:
                 raise log_cleaner.CleanerCancelledError("cancelled: the logs are closing")
             self._cleaning_now.add(plan.name)
         try:
-            return log_cleaner.clean(plan, self._cleaner_cancel)
+            return log_cleaner.clean(plan, self._cleaner_cancel, guard)
         finally:
             with self._cleaning_done:
                 self._cleaning_now.discard(plan.name)

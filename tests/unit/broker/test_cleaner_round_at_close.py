@@ -46,7 +46,7 @@ SEGMENT_BYTES = 1024
 BATCHES = 3000
 PER_BATCH = 5
 KEYS = 50
-#: The round is closed once it has written this many groups (of ~1,500).
+#: The round is closed once it has written this many groups (of ~600).
 GROUPS_BEFORE_CLOSE = 300
 #: Generous: a loaded 2-core CI machine.
 WAIT_S = 30.0
@@ -64,14 +64,16 @@ def manager(data_dir: Path) -> LogManager:
     return logs
 
 
-def fill(logs: LogManager) -> dict[bytes, tuple[int, bytes]]:
-    """A compacted topic of ~1,500 closed segments of keyed records; returns
-    the latest (offset, value) of each key."""
-    logs.create_topic(
-        TOPIC,
-        partitions=1,
-        configs={"cleanup.policy": "compact", "segment.bytes": str(SEGMENT_BYTES)},
-    )
+def fill(logs: LogManager, create: bool = True) -> dict[bytes, tuple[int, bytes]]:
+    """A compacted topic of ~600 closed segments of keyed records (created
+    here unless `create` is False: hosted already); returns the latest
+    (offset, value) of each key."""
+    if create:
+        logs.create_topic(
+            TOPIC,
+            partitions=1,
+            configs={"cleanup.policy": "compact", "segment.bytes": str(SEGMENT_BYTES)},
+        )
     partition_log = logs.partition_log(TOPIC, 0)
     latest: dict[bytes, tuple[int, bytes]] = {}
     for batch in range(BATCHES):

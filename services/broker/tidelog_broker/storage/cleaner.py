@@ -29,6 +29,15 @@ an object the event loop uses: a segment deleted or truncated meanwhile makes
 the round fail (StaleSnapshotError) or be discarded at the swap, never
 corrupt the log. Records without a key are kept as they are (a compacted
 topic refuses them on produce; older data may still hold some).
+
+Stopping a round from the event loop: `cancel` (the broker closing) stops it
+at its next batch, and it removes the `.cleaned` files it wrote. A
+`DirectoryGuard` revoked (its log closed or deleted) stops it at its next
+batch too, and from then on it opens, creates and unlinks nothing by path:
+the directory's name may already be renamed aside for deletion (the sweep
+removes it, with the round's files, and must not meet a second remover), or
+be a new incarnation's of the topic, whose files the old round would read
+and write as its own.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from hashlib import blake2b
 from pathlib import Path
@@ -61,7 +71,52 @@ _IO_CHUNK_BYTES = 1024 * 1024
 
 
 class CleanerCancelledError(Exception):
-    """The round was cancelled (broker shutdown, topic deleted)."""
+    """The round was cancelled: the broker is closing (`cancel`), or its log
+    was closed or deleted (`DirectoryGuard.revoke`)."""
+
+
+class DirectoryGuard:
+    """A round's leave to use its log's directory by path, which the log's
+    close or deletion revokes, on the event loop, before the directory is
+    renamed aside (or the log opened again). The round opens, creates and
+    unlinks files only under it (`_path_access`), so once `revoke` returns
+    it touches nothing there by path any more; it stops at its next batch,
+    leaving the `.cleaned` files it wrote (their descriptors followed a
+    rename) to whoever takes the directory: the deletion's sweep, or the
+    log's next open, which removes leftover `.cleaned` files."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._revoked = False
+
+    def revoke(self) -> None:
+        """Withdraw the leave. Waits for a file operation under way (a few
+        opens or unlinks, never a batch)."""
+        with self._lock:
+            self._revoked = True
+
+    @property
+    def revoked(self) -> bool:
+        return self._revoked
+
+    @contextmanager
+    def _path_access(self) -> Iterator[bool]:
+        """Whether the round may still use the directory by path; while
+        this holds, `revoke` waits."""
+        with self._lock:
+            yield not self._revoked
+
+
+def _revoked_error() -> CleanerCancelledError:
+    return CleanerCancelledError("cancelled: the log was closed or deleted")
+
+
+@contextmanager
+def _require_path_access(guard: DirectoryGuard) -> Iterator[None]:
+    with guard._path_access() as allowed:
+        if not allowed:
+            raise _revoked_error()
+        yield
 
 
 class StaleSnapshotError(Exception):
@@ -131,7 +186,7 @@ def key_digest(key: bytes) -> bytes:
 
 
 def _batches(
-    snapshot: SegmentSnapshot, fd: int, cancel: threading.Event | None
+    snapshot: SegmentSnapshot, fd: int, cancel: threading.Event | None, guard: DirectoryGuard
 ) -> Iterator[tuple[BatchHeader, bytes]]:
     """(header, whole batch bytes) of every batch of a segment, CRC-checked."""
     size = snapshot.size_bytes
@@ -141,6 +196,8 @@ def _batches(
     while position < size:
         if cancel is not None and cancel.is_set():
             raise CleanerCancelledError("cancelled")
+        if guard.revoked:
+            raise _revoked_error()
         at = position - chunk_start
         if len(chunk) - at < HEADER_SIZE:
             chunk = os.pread(fd, min(_IO_CHUNK_BYTES, size - position), position)
@@ -159,21 +216,23 @@ def _batches(
         position += header.size
 
 
-def _open_snapshot(snapshot: SegmentSnapshot) -> int:
+def _open_snapshot(snapshot: SegmentSnapshot, guard: DirectoryGuard) -> int:
     try:
-        return os.open(snapshot.log_path, os.O_RDONLY)
+        with _require_path_access(guard):
+            return os.open(snapshot.log_path, os.O_RDONLY)
     except FileNotFoundError as exc:
         raise StaleSnapshotError(f"{snapshot.log_path} is gone (retention?)") from exc
 
 
 def build_offset_map(
-    plan: CleanPlan, cancel: threading.Event | None = None
+    plan: CleanPlan, cancel: threading.Event | None = None, guard: DirectoryGuard | None = None
 ) -> tuple[dict[bytes, int], int, int]:
     """(key digest -> latest offset, map_end, bytes read) over the dirty part.
 
     `map_end` is the first offset not mapped: `plan.end_offset` when all of
     the dirty part fit, else the base offset of the first batch that did not.
     """
+    guard = DirectoryGuard() if guard is None else guard
     offset_map: dict[bytes, int] = {}
     bytes_read = 0
     for snapshot in plan.segments:
@@ -181,9 +240,9 @@ def build_offset_map(
             continue
         if snapshot.base_offset >= plan.end_offset:
             break
-        fd = _open_snapshot(snapshot)
+        fd = _open_snapshot(snapshot, guard)
         try:
-            for header, raw in _batches(snapshot, fd, cancel):
+            for header, raw in _batches(snapshot, fd, cancel, guard):
                 if header.next_offset <= plan.clean_offset:
                     continue
                 if len(offset_map) + header.record_count > plan.max_map_entries:
@@ -280,10 +339,12 @@ def _write_group(
     map_end: int,
     stats: _Stats,
     cancel: threading.Event | None,
+    guard: DirectoryGuard,
 ) -> CleanedGroup:
-    out = LogSegment.create(
-        plan.directory, group[0].base_offset, files.CLEANED_SUFFIX, allow_gaps=True
-    )
+    with _require_path_access(guard):
+        out = LogSegment.create(
+            plan.directory, group[0].base_offset, files.CLEANED_SUFFIX, allow_gaps=True
+        )
     try:
         pending = bytearray()
         placed: list[AppendedBatch] = []
@@ -295,9 +356,9 @@ def _write_group(
                 placed.clear()
 
         for snapshot in group:
-            fd = _open_snapshot(snapshot)
+            fd = _open_snapshot(snapshot, guard)
             try:
-                for header, raw in _batches(snapshot, fd, cancel):
+                for header, raw in _batches(snapshot, fd, cancel, guard):
                     stats.bytes_read += len(raw)
                     cleaned = _clean_batch(
                         header, raw, offset_map, map_end, plan.delete_horizon_ms, stats
@@ -336,15 +397,30 @@ def discard_cleaned(directory: Path, base_offsets: list[int]) -> None:
             path.unlink(missing_ok=True)
 
 
-def clean(plan: CleanPlan, cancel: threading.Event | None = None) -> CleanResult | None:
+def _discard_written(plan: CleanPlan, written: list[int], guard: DirectoryGuard) -> None:
+    """Remove the `.cleaned` files of a failed round, group by group, while
+    the guard lets it (see `DirectoryGuard`: after a revoke they are the
+    directory's next owner's to remove)."""
+    for base_offset in written:
+        with guard._path_access() as allowed:
+            if not allowed:
+                return
+            discard_cleaned(plan.directory, [base_offset])
+
+
+def clean(
+    plan: CleanPlan, cancel: threading.Event | None = None, guard: DirectoryGuard | None = None
+) -> CleanResult | None:
     """Run one round: map the dirty part, write `.cleaned` segments, fsynced.
 
     None when the map could not hold even one batch (raise
     log.cleaner.dedupe.buffer.size). Raises CleanerCancelledError,
-    StaleSnapshotError, or OSError; no `.cleaned` file is left behind then.
+    StaleSnapshotError, or OSError; no `.cleaned` file is left behind then,
+    unless `guard` was revoked (see `DirectoryGuard`).
     """
+    guard = DirectoryGuard() if guard is None else guard
     started = time.monotonic()
-    offset_map, map_end, map_bytes = build_offset_map(plan, cancel)
+    offset_map, map_end, map_bytes = build_offset_map(plan, cancel, guard)
     if map_end <= plan.clean_offset:
         logger.warning(
             "%s: the cleaner's offset map (%d entries) cannot hold the batch at offset %d; "
@@ -361,9 +437,9 @@ def clean(plan: CleanPlan, cancel: threading.Event | None = None) -> CleanResult
     try:
         for group in _groups(to_clean, plan.segment_bytes):
             written.append(group[0].base_offset)
-            groups.append(_write_group(plan, group, offset_map, map_end, stats, cancel))
+            groups.append(_write_group(plan, group, offset_map, map_end, stats, cancel, guard))
     except BaseException:
-        discard_cleaned(plan.directory, written)
+        _discard_written(plan, written, guard)
         raise
     return CleanResult(
         groups=tuple(groups),
@@ -383,6 +459,7 @@ __all__ = [
     "CleanResult",
     "CleanedGroup",
     "CleanerCancelledError",
+    "DirectoryGuard",
     "SegmentSnapshot",
     "StaleSnapshotError",
     "build_offset_map",
