@@ -220,12 +220,12 @@ class PartitionInfo:
     RequestTimedOutError, both retriable; StorageError for an offline log;
     or what the leader refused with), and the figures are -1 (unknown).
     A partition without a live leader that none of its replicas can lead
-    (each ISR member in `offline_replicas`, and no unclean election
-    allowed) is offline until one of them is back: its error's message
-    says "<topic>-<partition> is offline", names them and what brings each
-    back; a StorageError when their logs are offline (fix the disk and
-    restart the broker), a NotLeaderOrFollowerError when a broker is down
-    (start it again): both retriable, as Kafka's KAFKA_STORAGE_ERROR and
+    (each ISR member in `offline_replicas` or not among `replicas`, and no
+    unclean election allowed) is offline until one of them is back: its
+    error's message says "<topic>-<partition> is offline", names them and
+    what brings each back; a StorageError when their logs are offline (fix
+    the disk and restart the broker), a NotLeaderOrFollowerError when a
+    broker is down (start it again): both retriable, as Kafka's KAFKA_STORAGE_ERROR and
     LEADER_NOT_AVAILABLE are (a produce waits for it within its timeout),
     but it comes back only when one of those replicas does, not by waiting
     for an election. describe_topics does not raise for any of these, nor

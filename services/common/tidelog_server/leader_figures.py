@@ -10,17 +10,19 @@ figures could not be had keeps them at -1 (unknown, as Kafka says it) and
 gets `PartitionDescription.error` naming its leader and what happened:
 
 - no leader (-1), or a leader that is not live (no registration, so no
-  address), and no replica the controller may elect: every ISR member is
-  offline (`PartitionDescription.offline_replicas`: its broker is not
-  registered, or it lists its log offline) and no unclean election can
-  pick another replica. The partition is offline (Kafka's offline
-  partition): waiting for an election does not bring it back, one of those
-  replicas must (`offline_partition_error`). STORAGE_ERROR when each of
-  them is a live broker's offline log (the disk must be fixed and the
-  broker restarted: what its leader answered while it still led);
-  NOT_LEADER_OR_FOLLOWER, Kafka's LEADER_NOT_AVAILABLE, when a broker of
-  one of them is down (it leads again once started). The message names
-  each and the remedy either way;
+  address), and no replica the controller may elect
+  (tidelog_server.election_rule): every ISR member is offline
+  (`PartitionDescription.offline_replicas`: its broker is not registered,
+  or it lists its log offline) or not one of the replicas (never elected),
+  and no unclean election can pick another replica. The partition is
+  offline (Kafka's offline partition): waiting for an election does not
+  bring it back, one of those replicas must (`offline_partition_error`).
+  STORAGE_ERROR when each of them is a live broker's offline log (the disk
+  must be fixed and the broker restarted: what its leader answered while it
+  still led); NOT_LEADER_OR_FOLLOWER, Kafka's LEADER_NOT_AVAILABLE, when a
+  broker of one of them is down (it leads again once started) or one is not
+  a replica (a reassignment must add it back). The message names each and
+  the remedy either way;
 - no leader (-1) otherwise (an election is due): NOT_LEADER_OR_FOLLOWER,
   retriable;
 - a leader that is not live otherwise: NOT_LEADER_OR_FOLLOWER, retriable;
@@ -61,6 +63,7 @@ import grpc.aio
 from tidelog.errors import error_from_rpc
 from tidelog.v1 import admin_pb2, common_pb2
 
+from tidelog_server.election_rule import elect
 from tidelog_server.forwarding import LOCAL_METADATA, unanswered
 
 #: What a PartitionDescription takes from its leader; -1 when unknown.
@@ -217,33 +220,42 @@ def offline_partition_error(
     when no replica can lead it until an operator acts (module doc), or None
     when the controller may still elect one.
 
-    The rule is the controller's (tidelog_coordinator.leader_election.decide,
-    for a partition without a live leader): an ISR member that can serve
-    leads; with none, an unclean election, where the topic allows it, picks
-    any replica that can serve; else the partition waits. `address_of` tells
-    a down broker (None) from a live one whose log is offline."""
+    Whether a replica may lead is tidelog_server.election_rule's, the rule
+    the controller elects by: a replica can serve unless it is among
+    `partition.offline_replicas`. `address_of` tells a down broker (None)
+    from a live one whose log is offline, for the message."""
     isr = list(partition.isr)
-    offline = set(partition.offline_replicas)
-    if not isr or not offline.issuperset(isr):
-        # An ISR member can serve (it is about to be elected), or no state
-        # yet (a topic just created: the controller has not elected yet),
-        # or a server older than offline_replicas, which lists none.
+    if not isr:
+        # No state yet (a topic just created: the controller has not elected
+        # yet): its first leader is due.
         return None
-    others = [b for b in partition.replicas if b not in offline]
+    replicas = list(partition.replicas)
+    offline = set(partition.offline_replicas)
+    # A server older than offline_replicas lists none: all can serve.
+    others = [b for b in replicas if b not in offline]
     unclean = topic.configs.get(UNCLEAN_ELECTION) == "true"
-    if others and unclean:
-        return None  # the controller elects one of them (unclean election)
-    down = {b for b in isr if address_of(b) is None}
-    causes = "; ".join(
-        f"broker {b}: {'down (not registered)' if b in down else 'its log is offline'}" for b in isr
-    )
-    log_offline = [b for b in isr if b not in down]
+    if elect(replicas, isr, others, unclean) is not None:
+        return None  # an ISR member leads, or an unclean election picks one of `others`
+    # An ISR member outside the assignment (a hand-edited state) is never
+    # elected, however well it serves: a reassignment that adds it back is.
+    outside = [b for b in isr if b not in replicas]
+    down = {b for b in isr if b in replicas and address_of(b) is None}
+
+    def cause(b: int) -> str:
+        if b in outside:
+            return "not one of its replicas, never elected"
+        return "down (not registered)" if b in down else "its log is offline"
+
+    causes = "; ".join(f"broker {b}: {cause(b)}" for b in isr)
+    log_offline = [b for b in isr if b in replicas and b not in down]
     remedies = []
     if log_offline:
         them = "them" if len(log_offline) > 1 else "it"
         remedies.append(f"fix the disk of {_brokers(log_offline)} and restart {them}")
     if down:
         remedies.append(f"start {_brokers(sorted(down))} again")
+    if outside:
+        remedies.append(f"reassign the partition to include {_brokers(outside)}")
     if others:
         no_other = f"{UNCLEAN_ELECTION} is false"
         remedies.append(
@@ -259,7 +271,7 @@ def offline_partition_error(
     # describe_topics returns a partition's error, it retries nothing for it.
     # Not a new ErrorCode: an SDK older than it fails the whole describe on
     # an enum value it does not know (error_from_code raises ValueError).
-    code = common_pb2.NOT_LEADER_OR_FOLLOWER if down else common_pb2.STORAGE_ERROR
+    code = common_pb2.NOT_LEADER_OR_FOLLOWER if down or outside else common_pb2.STORAGE_ERROR
     return _error(
         code,
         f"{topic.name}-{partition.partition} is offline: no in-sync replica can serve "

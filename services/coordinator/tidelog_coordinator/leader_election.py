@@ -10,7 +10,9 @@ partition state, and for each partition decides:
   `unclean.leader.election.enable`: the first live replica leads with
   ISR = [it] (what only the ISR had is lost); else the partition stays
   leaderless (leader -1, epoch bumped to fence the old leader, ISR kept, so
-  that an ISR member that returns is elected);
+  that an ISR member that returns is elected). Who leads is
+  `tidelog_server.election_rule`'s, which `tidelog topics describe` reads
+  too to call a leaderless partition offline;
 - its leader is alive but other ISR members are gone: they leave the ISR at
   once (as KRaft fences a broker that lost its session), so a broker that
   comes back with a torn log cannot be elected before it caught up again;
@@ -64,6 +66,7 @@ from typing import Any
 import aetcd
 from tidelog.errors import InvalidConfigError
 from tidelog_server.cancellation import raise_if_cancelling
+from tidelog_server.election_rule import elect
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.offline import offline_replicas
@@ -122,12 +125,14 @@ def decide(
         if live_isr != isr:
             return PartitionState(leader, epoch, tuple(live_isr), version + 1)
         return None
-    candidates = [r for r in replicas if r in live_isr]
-    if candidates:
-        return PartitionState(candidates[0], epoch + 1, tuple(live_isr), version + 1)
-    live_replicas = [r for r in replicas if r in live]
-    if unclean and live_replicas:
-        return PartitionState(live_replicas[0], epoch + 1, (live_replicas[0],), version + 1)
+    # The rule the describe path states too (election_rule): an ISR member
+    # outside the assignment never leads.
+    elected = elect(replicas, live_isr, live, unclean)
+    if elected is not None and elected.clean:
+        return PartitionState(elected.leader, epoch + 1, tuple(live_isr), version + 1)
+    if elected is not None:
+        # Unclean: what only the ISR had is lost; the new ISR is the leader.
+        return PartitionState(elected.leader, epoch + 1, (elected.leader,), version + 1)
     if leader != -1:
         # Nobody may lead: fence the old leader, keep the ISR to wait for.
         return PartitionState(-1, epoch + 1, tuple(isr), version + 1)

@@ -228,3 +228,18 @@ def test_a_leader_whose_own_answer_names_another_leader_or_none_gives_no_figures
         f"own answer ({knows}): the leadership moved, or the broker has not taken it up yet; "
         "its log figures are unknown; retry"
     )
+
+
+def test_an_in_sync_replica_outside_the_assignment_keeps_the_partition_offline() -> None:
+    # The controller never elects broker 0 (not a replica), however live it
+    # is: before, the describe path took it for an ISR member that could
+    # serve and said "retry", while the partition stayed leaderless.
+    p = _described(replicas=[1, 3], isr=[0, 1], offline=[1, 3])
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message == (
+        f"{TOPIC}-0 is offline: no in-sync replica can serve (broker 0: not one of its "
+        "replicas, never elected; broker 1: its log is offline) and no other replica can "
+        "either, so it has no leader until one of them is back: fix the disk of broker 1 and "
+        f"restart it; reassign the partition to include broker 0 {RUNBOOK}; its log figures "
+        "are unknown"
+    )
