@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 
 from tidelog.errors import InvalidRequestError
+from tidelog_server.election_rule import elect
 from tidelog_server.etcd.records import PartitionState, Reassignment
 
 #: Upper bound of a target replica list (also bounded by the live brokers).
@@ -79,10 +80,12 @@ def state_for_replicas(
         if isr == state.isr:
             return state
         return PartitionState(state.leader, state.leader_epoch, isr, state.version + 1)
-    candidates = [b for b in replicas if b in isr and b in live]
-    if not candidates:
+    # The controller's rule (election_rule), clean only: a reassignment
+    # never loses what only the ISR had.
+    elected = elect(replicas, isr, live, unclean=False)
+    if elected is None:
         return None
-    return PartitionState(candidates[0], state.leader_epoch + 1, isr, state.version + 1)
+    return PartitionState(elected.leader, state.leader_epoch + 1, isr, state.version + 1)
 
 
 def is_complete(reassignment: Reassignment, state: PartitionState) -> bool:
