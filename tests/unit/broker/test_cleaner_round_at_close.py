@@ -13,7 +13,7 @@ it gives up).
 
 A real LogManager on a temporary data directory, run on a real asyncio
 loop, with real keyed records: many tiny segments with many duplicate keys,
-so that a round writes a thousand `.cleaned` groups and removing them takes
+so that a round writes hundreds of `.cleaned` groups and removing them takes
 long enough to overlap the next open.
 """
 
