@@ -24,6 +24,8 @@ from tests.support.etcd import EtcdProcess
 WAIT_S = 20.0
 #: Between two looks at what the broker shows.
 POLL_S = 0.02
+#: The brokers' etcd session TTL (ClusterConfig's default: 2 s).
+SESSION_TTL_S = 15
 
 
 class InProcessBroker:
@@ -38,7 +40,13 @@ class InProcessBroker:
         self.manager = PartitionManager(self.config, cluster_mode=True)
         self.manager.open()
         self.link = ClusterLink(
-            ClusterConfig(etcd_endpoint=etcd.endpoint, etcd_prefix=prefix),
+            # No test here is about session expiry: a lease of the default
+            # 2 s ran out on a loaded CI machine (a fresh registration then
+            # keeps the broker from leading until a controller, absent here,
+            # elects it again).
+            ClusterConfig(
+                etcd_endpoint=etcd.endpoint, etcd_prefix=prefix, session_ttl_s=SESSION_TTL_S
+            ),
             self.config,
             self.manager,
             ChannelPool(),
