@@ -339,6 +339,7 @@ class ClusterLink:
             open_file_limit=self.manager.logs.open_file_limit,
             internal_port=self.internal_port,
             offline_partitions=tuple(offline),
+            torn_partitions=tuple(self.manager.logs.torn_partitions()[:MAX_OFFLINE_REPORTED]),
         ).encode()
 
     def _on_offline_changed(self) -> None:
@@ -385,10 +386,12 @@ class ClusterLink:
         if not ok:
             return  # the registration is gone: the next one lists them
         self._registered_value = value
+        listed = BrokerRegistration.decode(value)
         log.warning(
-            "broker %d registration now lists offline partitions %s",
+            "broker %d registration now lists offline partitions %s, torn partitions %s",
             self.broker.broker_id,
-            [f"{t}-{p}" for t, p in BrokerRegistration.decode(value).offline_partitions],
+            [f"{t}-{p}" for t, p in listed.offline_partitions],
+            [f"{t}-{p}" for t, p in listed.torn_partitions],
         )
 
     async def _registration(self) -> None:
