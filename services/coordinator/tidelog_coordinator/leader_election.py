@@ -37,7 +37,9 @@ and becomes electable again. Without that, a leader and a torn follower killed t
 being those two) left the partition leaderless, the torn follower came back
 first and was elected as "the best there is", and the others truncated
 every acknowledged record above its cut (1.15 M of 4.5 M in a 300 s soak).
-With it, the partition waits for the other ISR member.
+With it, the partition waits for the other ISR member. A broker whose
+registration says `starting` (it has not hosted its logs yet, so which are
+torn is not known) counts as not live for elections until it rewrites it.
 
 Every write is a transaction comparing the state key's mod revision (a write
 by the leader, such as an ISR change, in between makes the pass skip it; the
@@ -236,7 +238,7 @@ class LeaderElector:
         self.conflicted = ()
         brokers = await read_live_brokers(self.client, self.keys)
         registered = brokers.registered
-        live = set(registered)
+        live = set(registered) - brokers.starting
         topics = {}
         for kv in await self.client.get_prefix(self.keys.topics):
             assignment = TopicAssignment.decode(kv.value)
@@ -346,6 +348,8 @@ class LiveBrokers:
     #: (topic, partition) -> the live brokers whose log of it is torn
     #: (their registrations' `torn_partitions`).
     torn: dict[tuple[str, int], frozenset[int]] = field(default_factory=dict)
+    #: Brokers whose registration says `starting` (see the module doc).
+    starting: frozenset[int] = frozenset()
 
     def torn_of(self, topic: str, partition: int) -> frozenset[int]:
         """The live brokers whose log of `topic`-`partition` lost a damaged
@@ -378,6 +382,9 @@ async def read_live_brokers(client: Any, keys: Any) -> LiveBrokers:
         {registration.broker_id: revision for registration, revision in registrations},
         offline_logs(registration for registration, _ in registrations),
         torn_logs(registration for registration, _ in registrations),
+        frozenset(
+            registration.broker_id for registration, _ in registrations if registration.starting
+        ),
     )
 
 

@@ -92,6 +92,9 @@ def test_a_torn_replica_is_listed_and_not_elected_until_the_other_isr_member_ret
             async with asyncio.timeout(20):
                 while not await listed():
                     await asyncio.sleep(0.02)
+            # Listed once its logs are hosted: no longer starting.
+            got = await client.get(keys.broker(ME))
+            assert not BrokerRegistration.decode(got.value).starting
 
             # The torn replica is the only live ISR member: not elected.
             await elector.elect_once(None, preferred=False)

@@ -81,6 +81,12 @@ class BrokerRegistration:
     ISR members may be gone, so the controller elects none of them (they may
     stay in the ISR and catch up). Encoded and left out as
     `offline_partitions` is.
+
+    `starting`: written by a broker that has not yet hosted (opened,
+    recovering them) the logs etcd assigns it, so its `torn_partitions` are
+    not known yet; it rewrites the registration without it once they are.
+    The controller elects no such broker. Left out when False (an older
+    broker's registration: nothing to wait for).
     """
 
     broker_id: int
@@ -98,6 +104,8 @@ class BrokerRegistration:
     offline_partitions: tuple[tuple[str, int], ...] = ()
     #: (topic, partition) of each torn replica here, sorted.
     torn_partitions: tuple[tuple[str, int], ...] = ()
+    #: Its logs are not hosted yet (see the class doc).
+    starting: bool = False
 
     @property
     def address(self) -> str:
@@ -128,6 +136,7 @@ class BrokerRegistration:
                 sorted((str(t), int(p)) for t, ps in offline.items() for p in ps)
             ),
             torn_partitions=tuple(sorted((str(t), int(p)) for t, ps in torn.items() for p in ps)),
+            starting=bool(data.get("starting", False)),
         )
 
     def encode(self) -> bytes:
@@ -147,6 +156,8 @@ class BrokerRegistration:
             body["offline_partitions"] = _by_topic(self.offline_partitions)
         if self.torn_partitions:
             body["torn_partitions"] = _by_topic(self.torn_partitions)
+        if self.starting:
+            body["starting"] = True
         return _compact(body)
 
 
