@@ -12,7 +12,7 @@ import os
 import random
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -191,6 +191,8 @@ class AckedProducer:
         #: Per partition, how many records were handed to send() (seqs 0..n-1).
         self.sent = [0] * partitions
         self.failed = 0
+        #: Why sends failed: error text -> count.
+        self.errors: Counter[str] = Counter()
         self.ack_times: list[float] = []
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -212,6 +214,7 @@ class AckedProducer:
     def _on_error(self, error: BaseException) -> None:
         with self._lock:
             self.failed += 1
+            self.errors[f"{type(error).__name__}: {error}"[:300]] += 1
 
     def _run(self) -> None:
         try:
@@ -314,21 +317,40 @@ class LeaderKiller:
 def read_back(
     bootstrap: str, topic: str, partitions: int, timeout_s: float
 ) -> dict[int, list[int]]:
-    """Every record of every partition, in log order, as seqs."""
+    """Every record of every partition, in log order, as seqs.
+
+    Fails, saying how far it got, when it did not reach every partition's end
+    offset (taken at the start) within `timeout_s`: a read cut short is not
+    a loss, and a test that counted the records it never read as lost
+    reported a loss that was not there."""
     out: dict[int, list[int]] = defaultdict(list)
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     with Consumer(bootstrap_servers=bootstrap, enable_auto_commit=False) as consumer:
         consumer.assign(tps)
         consumer.seek_to_beginning(*tps)
         ends = consumer.end_offsets(tps)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if all(consumer.position(tp) >= ends[tp] for tp in tps):
-                break
+        started = time.monotonic()
+        deadline = started + timeout_s
+        while not all(consumer.position(tp) >= ends[tp] for tp in tps):
+            if time.monotonic() > deadline:
+                behind = {
+                    tp.partition: f"{consumer.position(tp)}/{ends[tp]}"
+                    for tp in tps
+                    if consumer.position(tp) < ends[tp]
+                }
+                raise AssertionError(
+                    f"read back {sum(len(v) for v in out.values())} records of {topic} "
+                    f"in {timeout_s:.0f} s without reaching the end: position/end "
+                    f"per partition {behind}"
+                )
             for batch in consumer.poll(timeout_ms=500, max_records=100_000).values():
                 for record in batch:
                     partition, seq = record.value.decode().split(":")
                     out[int(partition)].append(int(seq))
+        print(
+            f"read back {sum(len(v) for v in out.values())} records of {topic} "
+            f"in {time.monotonic() - started:.0f} s"
+        )
     return out
 
 
@@ -364,3 +386,27 @@ def compare(acked: dict[int, list[int]], read: dict[int, list[int]]) -> Verdict:
         duplicates,
         out_of_order,
     )
+
+
+def describe_losses(acked: dict[int, list[int]], read: dict[int, list[int]]) -> str:
+    """Per partition, the acknowledged seqs not read back, as ranges (the
+    first few): whether a tail went missing or a stretch in the middle."""
+    lines = []
+    for partition in sorted(acked):
+        seen = set(read.get(partition, []))
+        missing = sorted(s for s in acked[partition] if s not in seen)
+        if not missing:
+            continue
+        ranges: list[tuple[int, int]] = []
+        for seq in missing:
+            if ranges and seq == ranges[-1][1] + 1:
+                ranges[-1] = (ranges[-1][0], seq)
+            else:
+                ranges.append((seq, seq))
+        shown = ", ".join(f"{a}-{b}" for a, b in ranges[:8])
+        lines.append(
+            f"partition {partition}: {len(missing)} lost of {len(acked[partition])} acked, "
+            f"read {len(read.get(partition, []))} (max read "
+            f"{max(read.get(partition, [-1]))}); {len(ranges)} ranges: {shown}"
+        )
+    return "\n".join(lines)

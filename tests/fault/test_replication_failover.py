@@ -18,6 +18,7 @@ from tests.fault.replication_support import (
     LeaderKiller,
     ReplicatedCluster,
     compare,
+    describe_losses,
     read_back,
 )
 
@@ -56,6 +57,8 @@ def report(name: str, producer: AckedProducer, killer: LeaderKiller, verdict: ob
         f"\n{name}: kills={killer.kills} torn_logs={killer.torn} failed_sends={producer.failed} "
         f"{verdict}"
     )
+    for error, count in producer.errors.most_common(5):
+        print(f"  {count} sends failed with {error}")
 
 
 def check_acks_all(
@@ -64,6 +67,8 @@ def check_acks_all(
     read = read_back(cluster.bootstrap, TOPIC, PARTITIONS, 60)
     verdict = compare(producer.acked, read)
     report(name, producer, killer, verdict)
+    if verdict.lost:
+        print(describe_losses(producer.acked, read))
     assert killer.kills >= 2
     assert verdict.acked > 0
     assert verdict.lost == 0, verdict

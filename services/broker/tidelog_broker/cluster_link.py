@@ -213,6 +213,11 @@ class ClusterLink:
         self._local_ids: dict[str, str] = {}
         self._local_cluster_id = ""
         self._strays_checked = False
+        #: The logs etcd assigns us are not all hosted yet: the registration
+        #: says `starting` (its torn partitions are not known yet), and the
+        #: controller elects us nowhere. Cleared after the first reconcile
+        #: with the topics and the states listed.
+        self._starting = True
         # Both listings, topics and partition states (two watches, in either
         # order), come before the stray check: a replica moved away is told
         # from one being created by its state.
@@ -339,6 +344,8 @@ class ClusterLink:
             open_file_limit=self.manager.logs.open_file_limit,
             internal_port=self.internal_port,
             offline_partitions=tuple(offline),
+            torn_partitions=tuple(self.manager.logs.torn_partitions()[:MAX_OFFLINE_REPORTED]),
+            starting=self._starting,
         ).encode()
 
     def _on_offline_changed(self) -> None:
@@ -385,10 +392,19 @@ class ClusterLink:
         if not ok:
             return  # the registration is gone: the next one lists them
         self._registered_value = value
-        log.warning(
-            "broker %d registration now lists offline partitions %s",
+        listed = BrokerRegistration.decode(value)
+        # Nothing listed (its logs all hosted, none offline or torn): news,
+        # not a warning.
+        level = (
+            logging.WARNING if listed.offline_partitions or listed.torn_partitions else logging.INFO
+        )
+        log.log(
+            level,
+            "broker %d registration now lists offline partitions %s, torn partitions %s%s",
             self.broker.broker_id,
-            [f"{t}-{p}" for t, p in BrokerRegistration.decode(value).offline_partitions],
+            [f"{t}-{p}" for t, p in listed.offline_partitions],
+            [f"{t}-{p}" for t, p in listed.torn_partitions],
+            " (starting: its logs are not all hosted yet)" if listed.starting else "",
         )
 
     async def _registration(self) -> None:
@@ -678,6 +694,11 @@ class ClusterLink:
             ids_changed |= self._delete_strays()
         if ids_changed:
             self._save_meta()
+        if self._starting and self._topics_listed and self._states_listed:
+            # Every assigned log is hosted (or failed, and listed offline),
+            # so the torn ones are known: electable from now on.
+            self._starting = False
+            self._offline_changed.set()
 
     async def _reconcile_topic(self, name: str, topic: KnownTopic, retry: bool = False) -> bool:
         """Host, in their roles, the partitions of one topic this broker is a

@@ -825,8 +825,11 @@ class LogManager:
 
     def _hosted_offline(self, logs: Iterable[PartitionLog]) -> None:
         """Newly hosted `logs` include offline ones (`UnopenedLog`, which
-        never go offline, so never call `on_offline`): the set changed."""
-        if any(partition_log.offline is not None for partition_log in logs):
+        never go offline, so never call `on_offline`) or torn ones
+        (`torn_partitions`): what the registration lists changed."""
+        if any(
+            partition_log.offline is not None or partition_log.lost_tail for partition_log in logs
+        ):
             self.on_offline_changed()
 
     def hosted_partitions(self, name: str) -> list[int]:
@@ -899,6 +902,35 @@ class LogManager:
             for partition, partition_log in topic.hosted.items()
             if partition_log.offline is not None
         )
+
+    def torn_partitions(self) -> list[TopicPartitionKey]:
+        """The hosted partitions whose log lost a damaged tail when it was
+        opened (`PartitionLog.lost_tail`) and has not caught up with a
+        leader since, sorted. The broker's registration lists them: the
+        controller elects none of them, since records this replica had
+        acknowledged as an ISR member may be gone (a leader and a torn
+        follower killed together: electing the follower, the first back,
+        lost every record above its cut)."""
+        return sorted(
+            (name, partition)
+            for name, topic in self._topics.items()
+            for partition, partition_log in topic.hosted.items()
+            if partition_log.lost_tail and partition_log.offline is None
+        )
+
+    def caught_up(self, partition_log: PartitionLog, leader_high_watermark: int) -> None:
+        """A torn follower's log, holding records of its leader's epoch,
+        reached the leader's high watermark (ReplicaManager.append_replicated):
+        whatever it lost is back, so it is no longer torn."""
+        if partition_log.lost_tail and partition_log.log_end_offset >= leader_high_watermark:
+            partition_log.lost_tail = False
+            log.info(
+                "%s: caught up with its leader (high watermark %d) after recovery cut its "
+                "tail: electable again",
+                partition_log.name,
+                leader_high_watermark,
+            )
+            self.on_offline_changed()
 
     def _offline_changed(self) -> None:
         # A method, not `on_offline_changed` itself: a log keeps what it was

@@ -302,6 +302,15 @@ class ReplicaManager:
         if replication is not None and not replication.is_leader:
             high_watermark = min(leader_high_watermark, partition_log.log_end_offset)
             replication.high_watermark = max(replication.high_watermark, high_watermark)
+            # A log whose recovery cut a torn tail is electable again once it
+            # holds records of this leader's epoch (so everything the leader
+            # had when its epoch began, every record acknowledged before)
+            # and reaches the leader's high watermark (all acknowledged since).
+            if (
+                partition_log.lost_tail
+                and partition_log.leader_epochs.latest_epoch == replication.leader_epoch
+            ):
+                self._logs.caught_up(partition_log, leader_high_watermark)
 
     def follow_log_start(self, topic: str, partition: int, leader_log_start: int) -> None:
         """Follower: the leader's log now starts at `leader_log_start`

@@ -247,7 +247,10 @@ class PartitionAdmin:
             read = states.get(self.keys.partition_state(tp.topic, tp.partition))
             async with writers:
                 offline = brokers.offline_of(tp.topic, tp.partition)
-                return await self._elect_one(tp, topics.get(tp.topic), registered, read, offline)
+                torn = brokers.torn_of(tp.topic, tp.partition)
+                return await self._elect_one(
+                    tp, topics.get(tp.topic), registered, read, offline, torn
+                )
 
         return list(await asyncio.gather(*(elect(tp) for tp in wanted)))
 
@@ -258,6 +261,7 @@ class PartitionAdmin:
         registered: dict[int, int],
         read: Any,
         offline: frozenset[int] = frozenset(),
+        torn: frozenset[int] = frozenset(),
     ) -> ElectionResult:
         """One partition's election; `read` is its state as the caller read
         it (None: not there), used for the first attempt only; `offline`:
@@ -283,12 +287,14 @@ class PartitionAdmin:
                     ElectionNotNeededError(f"{name}: preferred replica {preferred} already leads"),
                 )
             restarted = {b for b, rev in registered.items() if rev > got.mod_revision}
-            new = decide(replicas, state, set(registered), False, True, restarted, offline)
+            new = decide(replicas, state, set(registered), False, True, restarted, offline, torn)
             if new is None or new.leader != preferred:
                 if preferred not in registered:
                     why = "is not alive"
                 elif preferred in offline:
                     why = "has its log offline (a storage failure; restart the broker)"
+                elif preferred in torn:
+                    why = "lost a torn tail at its restart and has not caught up yet"
                 else:
                     why = f"is not in the ISR {list(state.isr)}"
                 return ElectionResult(

@@ -40,3 +40,28 @@ def test_a_restarted_leader_is_replaced_and_restarted_members_leave_the_isr() ->
     # Only the restarted leader is left: it leads again in a new epoch.
     again = decide([0, 1, 2], state(0, 2, [0]), {0, 1, 2}, False, False, {0})
     assert again is not None and again.leader == 0 and again.leader_epoch == 3
+
+
+def test_a_torn_replica_is_not_elected_but_stays_in_the_isr() -> None:
+    # ISR [2, 0], both went down; 0 came back with a torn log: no leader yet.
+    assert decide([0, 1, 2], state(-1, 8, [2, 0]), {0, 1}, False, False, {0}, torn={0}) is None
+    dead_leader = decide([0, 1, 2], state(2, 7, [2, 0]), {0, 1}, False, False, {0}, torn={0})
+    assert dead_leader == PartitionState(-1, 8, (2, 0), 4)
+    # 2 is back (restarted too, not torn): it leads, 0 stays in the ISR.
+    assert decide(
+        [0, 1, 2], state(-1, 8, [2, 0]), {0, 1, 2}, False, False, {0, 2}, torn={0}
+    ) == PartitionState(2, 9, (2, 0), 4)
+    # Nor is a torn preferred replica made leader; an unclean election may.
+    assert decide([0, 1, 2], state(1, 2, [1, 2, 0]), {0, 1, 2}, False, True, torn={0}) is None
+    unclean = decide([0, 1, 2], state(-1, 8, [2, 0]), {0, 1}, True, False, {0}, torn={0})
+    assert unclean == PartitionState(0, 9, (0,), 4)
+
+
+def test_torn_replicas_lead_when_every_isr_member_is_back_and_torn() -> None:
+    # One replica, torn at its restart: nobody else can have more.
+    assert decide([0], state(0, 3, [0]), {0}, False, False, {0}, torn={0}) == PartitionState(
+        0, 4, (0,), 4
+    )
+    # Both ISR members back and torn: the first in placement order leads.
+    both = decide([0, 1, 2], state(-1, 8, [2, 0]), {0, 1, 2}, False, False, {0, 2}, torn={0, 2})
+    assert both == PartitionState(0, 9, (2, 0), 4)

@@ -53,10 +53,12 @@ def run_passes(
     live: tuple[int, ...] = REPLICAS,
     between: Callable[[Any, Keys], Awaitable[None]] | None = None,
     unclean: bool = False,
+    first: Callable[[Any, Keys], Awaitable[None]] | None = None,
 ) -> list[PartitionState]:
     """TOPIC's partition 0 on REPLICAS in `state`; brokers `live` registered
-    (those in `offline_on` listing those partitions offline); one pass, then
-    `between` (if given) and another pass. Returns the state after each."""
+    (those in `offline_on` listing those partitions offline), then `first`
+    (if given); one pass, then `between` (if given) and another pass.
+    Returns the state after each."""
 
     async def run() -> list[PartitionState]:
         client = connect(etcd.endpoint)
@@ -68,6 +70,8 @@ def run_passes(
             record = TopicAssignment(TOPIC, uuid.uuid4().hex, (REPLICAS,), configs)
             await client.put(keys.topic(TOPIC), record.encode())
             await client.put(keys.partition_state(TOPIC, 0), state.encode())
+            if first is not None:
+                await first(client, keys)
             elector = LeaderElector(client, keys, preferred_interval_ms=0)
             states = []
             for step in range(2 if between is not None else 1):
@@ -199,3 +203,25 @@ def test_a_dead_replica_reported_offline_changes_no_election(
     state = PartitionState(leader=0, leader_epoch=3, isr=REPLICAS, version=5)
     (after,) = run_passes(etcd, prefix, state, {}, live=(0, 1))
     assert after == PartitionState(leader=0, leader_epoch=3, isr=(0, 1), version=6)
+
+
+def test_a_starting_broker_is_elected_only_once_it_said_which_logs_are_torn(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    # Leaderless, its only ISR member back but still opening its logs (its
+    # registration says "starting"): not elected until it rewrites it, which
+    # it does once it knows which logs recovery cut (not torn here).
+    async def started(client: Any, keys: Keys) -> None:
+        await client.put(keys.broker(0), BrokerRegistration(0, "127.0.0.1", 9092).encode())
+
+    async def starting(client: Any, keys: Keys) -> None:
+        raw = BrokerRegistration(0, "127.0.0.1", 9092, starting=True).encode()
+        assert b'"starting":true' in raw
+        await client.put(keys.broker(0), raw)
+
+    state = PartitionState(leader=-1, leader_epoch=3, isr=(0,), version=5)
+    before, after = run_passes(
+        etcd, prefix, state, {}, live=(1, 2), between=started, first=starting
+    )
+    assert before == state
+    assert after == PartitionState(leader=0, leader_epoch=4, isr=(0,), version=6)

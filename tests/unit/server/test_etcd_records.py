@@ -93,3 +93,21 @@ def test_a_broker_registration_lists_its_offline_partitions_by_topic() -> None:
     # and an older broker's registration means nothing is offline.
     assert b"offline" not in BrokerRegistration(1, "h", 1).encode()
     assert BrokerRegistration.decode(b'{"id": 2, "host": "h", "port": 1}').offline_partitions == ()
+
+
+def test_a_broker_registration_lists_its_torn_partitions_by_topic() -> None:
+    registration = BrokerRegistration(1, "h", 1, torn_partitions=(("b", 2), ("a", 0), ("b", 1)))
+    encoded = registration.encode()
+    assert b'"torn_partitions":{"a":[0],"b":[1,2]}' in encoded
+    assert BrokerRegistration.decode(encoded).torn_partitions == (("a", 0), ("b", 1), ("b", 2))
+    # None torn: left out, and an older broker's registration lists none.
+    assert b"torn" not in BrokerRegistration(1, "h", 1).encode()
+    assert BrokerRegistration.decode(b'{"id": 2, "host": "h", "port": 1}').torn_partitions == ()
+
+
+def test_a_starting_broker_registration_says_so() -> None:
+    encoded = BrokerRegistration(1, "h", 1, starting=True).encode()
+    assert b'"starting":true' in encoded
+    assert BrokerRegistration.decode(encoded).starting
+    assert b"starting" not in BrokerRegistration(1, "h", 1).encode()
+    assert not BrokerRegistration.decode(b'{"id": 2, "host": "h", "port": 1}').starting

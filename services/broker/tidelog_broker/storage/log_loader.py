@@ -73,6 +73,9 @@ class LoadedLog:
     #: offset; its epoch history and producer state must go too, and then
     #: the `reset-offset` file (`PartitionLog.open` does both).
     reset: bool
+    #: Recovery found damage (a torn batch, or segments that do not meet)
+    #: and cut the log there: records it held before the crash may be gone.
+    lost_tail: bool = False
 
 
 def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLog:
@@ -178,6 +181,7 @@ def _load(
         directory_dirty=len(kept) < len(segments),
         recovered_from=recovered_from,
         reset=reset_offset is not None or legacy_reset,
+        lost_tail=damaged_at is not None,
     )
 
 

@@ -186,6 +186,12 @@ class PartitionLog:
         # Why the log refuses every read and write (see the module
         # docstring), or None.
         self._offline: str | None = None
+        #: Its open cut a damaged tail (`LoadedLog.lost_tail`) and it has not
+        #: caught up with a leader since: records this replica acknowledged
+        #: as an ISR member may be missing, so it must not be elected
+        #: (the broker's registration lists it as torn; see
+        #: LogManager.torn_partitions). Cleared by `caught_up`.
+        self.lost_tail = False
         #: Called once when the log goes offline (on the thread that took
         #: it offline): the LogManager tells the cluster (the broker's
         #: registration lists its offline replicas for the controller).
@@ -328,6 +334,7 @@ class PartitionLog:
             loaded.gap_limit,
         )
         log._directory_dirty = loaded.directory_dirty
+        log.lost_tail = loaded.lost_tail
         if loaded.reset:
             # The rest of a reset cut short (`log_loader` did the segments),
             # durably, and then its commit point can go (see `reset_to`).

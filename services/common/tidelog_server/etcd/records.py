@@ -48,6 +48,14 @@ def _compact(body: dict[str, object]) -> bytes:
     return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
+def _by_topic(partitions: tuple[tuple[str, int], ...]) -> dict[str, list[int]]:
+    """(topic, partition) pairs as {topic: [partition, ...]}, sorted."""
+    grouped: dict[str, list[int]] = {}
+    for topic, partition in sorted(partitions):
+        grouped.setdefault(topic, []).append(partition)
+    return grouped
+
+
 @dataclass(frozen=True)
 class BrokerRegistration:
     """`<prefix>/brokers/ids/<id>`: a live broker, bound to its session lease.
@@ -66,6 +74,19 @@ class BrokerRegistration:
     ISR. Encoded as {topic: [partition, ...]} and left out when empty, so
     that a registration without any is the bytes an older broker wrote (and
     an older broker's registration means: nothing offline).
+
+    `torn_partitions`: the replicas here whose log lost a damaged tail when
+    this broker opened it after a crash and that have not caught up with a
+    leader since (LogManager.torn_partitions): records they acknowledged as
+    ISR members may be gone, so the controller elects none of them (they may
+    stay in the ISR and catch up). Encoded and left out as
+    `offline_partitions` is.
+
+    `starting`: written by a broker that has not yet hosted (opened,
+    recovering them) the logs etcd assigns it, so its `torn_partitions` are
+    not known yet; it rewrites the registration without it once they are.
+    The controller elects no such broker. Left out when False (an older
+    broker's registration: nothing to wait for).
     """
 
     broker_id: int
@@ -81,6 +102,10 @@ class BrokerRegistration:
     internal_port: int | None = None
     #: (topic, partition) of each offline replica here, sorted.
     offline_partitions: tuple[tuple[str, int], ...] = ()
+    #: (topic, partition) of each torn replica here, sorted.
+    torn_partitions: tuple[tuple[str, int], ...] = ()
+    #: Its logs are not hosted yet (see the class doc).
+    starting: bool = False
 
     @property
     def address(self) -> str:
@@ -98,6 +123,7 @@ class BrokerRegistration:
         open_files = data.get("open_file_limit")
         internal_port = data.get("internal_port")
         offline = data.get("offline_partitions") or {}
+        torn = data.get("torn_partitions") or {}
         return cls(
             broker_id=int(data["id"]),
             host=str(data.get("host", "")),
@@ -109,6 +135,8 @@ class BrokerRegistration:
             offline_partitions=tuple(
                 sorted((str(t), int(p)) for t, ps in offline.items() for p in ps)
             ),
+            torn_partitions=tuple(sorted((str(t), int(p)) for t, ps in torn.items() for p in ps)),
+            starting=bool(data.get("starting", False)),
         )
 
     def encode(self) -> bytes:
@@ -125,10 +153,11 @@ class BrokerRegistration:
         if self.internal_port is not None:
             body["internal_port"] = self.internal_port
         if self.offline_partitions:
-            offline: dict[str, list[int]] = {}
-            for topic, partition in sorted(self.offline_partitions):
-                offline.setdefault(topic, []).append(partition)
-            body["offline_partitions"] = offline
+            body["offline_partitions"] = _by_topic(self.offline_partitions)
+        if self.torn_partitions:
+            body["torn_partitions"] = _by_topic(self.torn_partitions)
+        if self.starting:
+            body["starting"] = True
         return _compact(body)
 
 
