@@ -918,17 +918,19 @@ class LogManager:
             if partition_log.lost_tail and partition_log.offline is None
         )
 
-    def caught_up(self, partition_log: PartitionLog, leader_high_watermark: int) -> None:
-        """A torn follower's log, holding records of its leader's epoch,
-        reached the leader's high watermark (ReplicaManager.append_replicated):
-        whatever it lost is back, so it is no longer torn."""
-        if partition_log.lost_tail and partition_log.log_end_offset >= leader_high_watermark:
+    def caught_up(self, partition_log: PartitionLog, offset: int) -> None:
+        """A torn follower's log reached `offset`: its leader's high
+        watermark while it holds records of the leader's epoch, or the
+        leader's log end as of an answer it applied whole
+        (ReplicaManager.append_replicated): whatever it lost is back, so it
+        is no longer torn."""
+        if partition_log.lost_tail and partition_log.log_end_offset >= offset:
             partition_log.lost_tail = False
             log.info(
-                "%s: caught up with its leader (high watermark %d) after recovery cut its "
+                "%s: caught up with its leader (offset %d) after recovery cut its "
                 "tail: electable again",
                 partition_log.name,
-                leader_high_watermark,
+                offset,
             )
             self.on_offline_changed()
 

@@ -233,7 +233,11 @@ class ReplicaFetcher:
                     self._truncate(key, data.diverging_epoch)
                     continue
                 self._manager.append_replicated(
-                    data.topic, data.partition, data.records, data.high_watermark
+                    data.topic,
+                    data.partition,
+                    data.records,
+                    data.high_watermark,
+                    data.log_end_offset if data.HasField("log_end_offset") else None,
                 )
                 self._manager.follow_log_start(data.topic, data.partition, data.log_start_offset)
             except (TidelogError, ValueError) as exc:

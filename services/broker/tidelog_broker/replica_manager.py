@@ -279,9 +279,16 @@ class ReplicaManager:
         return replication, partition_log
 
     def append_replicated(
-        self, topic: str, partition: int, data: bytes, leader_high_watermark: int
+        self,
+        topic: str,
+        partition: int,
+        data: bytes,
+        leader_high_watermark: int,
+        leader_log_end_offset: int | None = None,
     ) -> None:
-        """Follower: append batches exactly as the leader stored them."""
+        """Follower: append batches exactly as the leader stored them.
+        `leader_log_end_offset`: the leader's log end when it answered with
+        `data` (None from a leader older than that answer field)."""
         partition_log = self._logs.partition_log(topic, partition)
         if data:
             batches = list(records.iter_batches(data, None))
@@ -311,6 +318,20 @@ class ReplicaManager:
                 and partition_log.leader_epochs.latest_epoch == replication.leader_epoch
             ):
                 self._logs.caught_up(partition_log, leader_high_watermark)
+            elif partition_log.lost_tail and leader_log_end_offset is not None:
+                # Or once it reaches the leader's log end as of an answer it
+                # applied whole: the leader found no divergence up to the
+                # fetch offset (else the answer would have said where to
+                # truncate), so this log holds every record the leader had.
+                # The way out for a partition the leader writes nothing to
+                # (no record of its epoch may ever come). Not for a log
+                # without an epoch history, whose agreement the leader
+                # could not check, unless it is empty.
+                checked = partition_log.leader_epochs.latest_epoch >= 0 or (
+                    partition_log.log_end_offset == partition_log.log_start_offset
+                )
+                if checked:
+                    self._logs.caught_up(partition_log, leader_log_end_offset)
 
     def follow_log_start(self, topic: str, partition: int, leader_log_start: int) -> None:
         """Follower: the leader's log now starts at `leader_log_start`

@@ -153,6 +153,7 @@ class ReplicaServicer(replica_pb2_grpc.ReplicaServicer):
                     data.diverging_epoch.epoch, data.diverging_epoch.end_offset = diverging
                     news = True
                     continue
+                data.log_end_offset = log_end_offset
                 if sent_hw.get(key) != high_watermark:
                     news = True
                 throttled = self._manager.throttle.applies(key, request.replica_id)

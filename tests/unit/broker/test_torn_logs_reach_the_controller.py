@@ -22,6 +22,7 @@ import os
 import uuid
 from pathlib import Path
 
+import pytest
 from tidelog.records import encode_batch, iter_batches
 from tidelog_broker.replica_state import Role
 from tidelog_coordinator.leader_election import LeaderElector
@@ -41,9 +42,16 @@ def replicated(base_offset: int, count: int, epoch: int) -> bytes:
     )
 
 
+@pytest.mark.parametrize("catch_up", ["records_of_the_epoch", "the_leaders_log_end"])
 def test_a_torn_replica_is_listed_and_not_elected_until_the_other_isr_member_returns(
-    etcd: EtcdProcess, tmp_path: Path
+    etcd: EtcdProcess, tmp_path: Path, catch_up: str
 ) -> None:
+    """`catch_up`: how it becomes electable again: records of its new
+    leader's epoch up to the high watermark, or (a leader that writes
+    nothing) reaching the log end its leader says it has. Without the
+    second, an idle partition's torn replica stayed torn for good, and with
+    every ISR member torn the first one led, cut or not (a 900 s soak lost
+    acknowledged records that way)."""
     prefix = f"/torn-{uuid.uuid4().hex}"
     data_dir = tmp_path / "broker-0"
 
@@ -109,9 +117,21 @@ def test_a_torn_replica_is_listed_and_not_elected_until_the_other_isr_member_ret
             # 6 up to the leader's high watermark; then it is electable.
             await eventually(lambda: second.role(TOPIC, 0) is Role.FOLLOWER, "following 2")
             replicas = second.manager.replicas
-            replicas.append_replicated(TOPIC, 0, replicated(20, 10, epoch=6), 35)
-            assert second.manager.logs.torn_partitions() == [(TOPIC, 0)]
-            replicas.append_replicated(TOPIC, 0, replicated(30, 5, epoch=6), 35)
+            if catch_up == "records_of_the_epoch":
+                replicas.append_replicated(TOPIC, 0, replicated(20, 10, epoch=6), 35)
+                assert second.manager.logs.torn_partitions() == [(TOPIC, 0)]
+                replicas.append_replicated(TOPIC, 0, replicated(30, 5, epoch=6), 35)
+            else:
+                # Leader 2 holds 25 records (its high watermark 20) and
+                # writes nothing in epoch 6. An answer from an older leader
+                # (no log end) or with records still to come leaves it torn.
+                replicas.append_replicated(TOPIC, 0, b"", 20)
+                assert second.manager.logs.torn_partitions() == [(TOPIC, 0)]
+                replicas.append_replicated(TOPIC, 0, b"", 20, leader_log_end_offset=25)
+                assert second.manager.logs.torn_partitions() == [(TOPIC, 0)]
+                replicas.append_replicated(
+                    TOPIC, 0, replicated(20, 5, epoch=5), 20, leader_log_end_offset=25
+                )
             assert second.manager.logs.torn_partitions() == []
             async with asyncio.timeout(20):
                 while await listed():

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from tidelog.v1 import common_pb2 as tidelog_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%tidelog_server/internal/replica.proto\x12\x10tidelog.internal\x1a\x17tidelog/v1/common.proto\"\x8e\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12;\n\npartitions\x18\x04 \x03(\x0b\x32\'.tidelog.internal.ReplicaFetchPartition\"\x89\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x04 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\"W\n\x14ReplicaFetchResponse\x12?\n\npartitions\x18\x01 \x03(\x0b\x32+.tidelog.internal.ReplicaFetchPartitionData\"3\n\x0e\x44ivergingEpoch\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\xdd\x01\n\x19ReplicaFetchPartitionData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x0f\n\x07records\x18\x04 \x01(\x0c\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x39\n\x0f\x64iverging_epoch\x18\x07 \x01(\x0b\x32 .tidelog.internal.DivergingEpoch2l\n\x07Replica\x12\x61\n\x0cReplicaFetch\x12%.tidelog.internal.ReplicaFetchRequest\x1a&.tidelog.internal.ReplicaFetchResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%tidelog_server/internal/replica.proto\x12\x10tidelog.internal\x1a\x17tidelog/v1/common.proto\"\x8e\x01\n\x13ReplicaFetchRequest\x12\x12\n\nreplica_id\x18\x01 \x01(\x05\x12\x13\n\x0bmax_wait_ms\x18\x02 \x01(\x05\x12\x11\n\tmax_bytes\x18\x03 \x01(\x05\x12;\n\npartitions\x18\x04 \x03(\x0b\x32\'.tidelog.internal.ReplicaFetchPartition\"\x89\x01\n\x15ReplicaFetchPartition\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x14\n\x0c\x66\x65tch_offset\x18\x03 \x01(\x03\x12\x1c\n\x14\x63urrent_leader_epoch\x18\x04 \x01(\x05\x12\x1a\n\x12last_fetched_epoch\x18\x05 \x01(\x05\"W\n\x14ReplicaFetchResponse\x12?\n\npartitions\x18\x01 \x03(\x0b\x32+.tidelog.internal.ReplicaFetchPartitionData\"3\n\x0e\x44ivergingEpoch\x12\r\n\x05\x65poch\x18\x01 \x01(\x05\x12\x12\n\nend_offset\x18\x02 \x01(\x03\"\x8d\x02\n\x19ReplicaFetchPartitionData\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12 \n\x05\x65rror\x18\x03 \x01(\x0b\x32\x11.tidelog.v1.Error\x12\x0f\n\x07records\x18\x04 \x01(\x0c\x12\x16\n\x0ehigh_watermark\x18\x05 \x01(\x03\x12\x18\n\x10log_start_offset\x18\x06 \x01(\x03\x12\x39\n\x0f\x64iverging_epoch\x18\x07 \x01(\x0b\x32 .tidelog.internal.DivergingEpoch\x12\x1b\n\x0elog_end_offset\x18\x08 \x01(\x03H\x00\x88\x01\x01\x42\x11\n\x0f_log_end_offset2l\n\x07Replica\x12\x61\n\x0cReplicaFetch\x12%.tidelog.internal.ReplicaFetchRequest\x1a&.tidelog.internal.ReplicaFetchResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,7 +41,7 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DIVERGINGEPOCH']._serialized_start=458
   _globals['_DIVERGINGEPOCH']._serialized_end=509
   _globals['_REPLICAFETCHPARTITIONDATA']._serialized_start=512
-  _globals['_REPLICAFETCHPARTITIONDATA']._serialized_end=733
-  _globals['_REPLICA']._serialized_start=735
-  _globals['_REPLICA']._serialized_end=843
+  _globals['_REPLICAFETCHPARTITIONDATA']._serialized_end=781
+  _globals['_REPLICA']._serialized_start=783
+  _globals['_REPLICA']._serialized_end=891
 # @@protoc_insertion_point(module_scope)

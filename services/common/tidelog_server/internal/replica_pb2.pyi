@@ -161,6 +161,7 @@ class ReplicaFetchPartitionData(_message.Message):
     HIGH_WATERMARK_FIELD_NUMBER: _builtins.int
     LOG_START_OFFSET_FIELD_NUMBER: _builtins.int
     DIVERGING_EPOCH_FIELD_NUMBER: _builtins.int
+    LOG_END_OFFSET_FIELD_NUMBER: _builtins.int
     topic: _builtins.str
     partition: _builtins.int
     records: _builtins.bytes
@@ -169,6 +170,13 @@ class ReplicaFetchPartitionData(_message.Message):
     """The leader's high watermark (the follower's own is min(this, its LEO))."""
     log_start_offset: _builtins.int
     """The leader's log start offset."""
+    log_end_offset: _builtins.int
+    """The leader's log end offset when it answered (unset from a leader older
+    than this field): a follower whose log reaches it, with this answer's
+    records applied and no diverging_epoch, holds every record the leader
+    had, acknowledged or not (how a torn replica is known to have caught
+    up while its leader writes nothing).
+    """
     @_builtins.property
     def error(self) -> _common_pb2.Error:
         """NONE, FENCED_LEADER_EPOCH, NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION,
@@ -191,11 +199,14 @@ class ReplicaFetchPartitionData(_message.Message):
         high_watermark: _builtins.int = ...,
         log_start_offset: _builtins.int = ...,
         diverging_epoch: Global___DivergingEpoch | None = ...,
+        log_end_offset: _builtins.int | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["diverging_epoch", b"diverging_epoch", "error", b"error"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_log_end_offset", b"_log_end_offset", "diverging_epoch", b"diverging_epoch", "error", b"error", "log_end_offset", b"log_end_offset"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["diverging_epoch", b"diverging_epoch", "error", b"error", "high_watermark", b"high_watermark", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_log_end_offset", b"_log_end_offset", "diverging_epoch", b"diverging_epoch", "error", b"error", "high_watermark", b"high_watermark", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "partition", b"partition", "records", b"records", "topic", b"topic"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__log_end_offset: _TypeAlias = _typing.Literal["log_end_offset"]  # noqa: Y015
+    _WhichOneofArgType__log_end_offset: _TypeAlias = _typing.Literal["_log_end_offset", b"_log_end_offset"]  # noqa: Y015
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__log_end_offset) -> _WhichOneofReturnType__log_end_offset | None: ...
 
 Global___ReplicaFetchPartitionData: _TypeAlias = ReplicaFetchPartitionData  # noqa: Y015
