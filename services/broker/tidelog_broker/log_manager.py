@@ -109,6 +109,41 @@ CLEANER_CLOSE_WAIT_S = 10.0
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 
+class _ThreadWork:
+    """What worker threads are doing now that `LogManager.close` waits for
+    (a directory being removed, a cleaner round), so that a LogManager
+    opened next on the same data directory (a restart in the same process)
+    finds no thread still at it. `start` is checked against the close's
+    `cancel` under the lock `wait_done` waits with: either close sees an
+    item under way and waits for it, or the thread sees the cancel and
+    starts nothing."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self._cancel = cancel
+        self._done = threading.Condition()
+        self._now: set[str] = set()
+
+    def start(self, item: str) -> bool:
+        """Record `item` as under way; False (nothing recorded) once closing."""
+        with self._done:
+            if self._cancel.is_set():
+                return False
+            self._now.add(item)
+            return True
+
+    def finish(self, item: str) -> None:
+        with self._done:
+            self._now.discard(item)
+            self._done.notify_all()
+
+    def wait_done(self, timeout_s: float) -> list[str]:
+        """Wait up to `timeout_s` for every item to finish; those still
+        under way then, sorted (empty: all done)."""
+        with self._done:
+            self._done.wait_for(lambda: not self._now, timeout_s)
+            return sorted(self._now)
+
+
 def _out_of_resources(exc: StorageError) -> bool:
     """Whether opening a log failed for want of descriptors or memory: the
     process's limits, not the directory's fault (see `_open_logs`)."""
@@ -235,14 +270,12 @@ class LogManager:
         # Set at close: a cleaner round in a worker thread stops at its next batch.
         self._cleaner_cancel = threading.Event()
         # The logs (by name) whose cleaner rounds worker threads are running
-        # now, guarded by `_cleaning_done`, which they notify when one ends:
-        # close waits for them (`_wait_for_cleaning`). A round cancelled at
-        # close still removes the `.cleaned` files it wrote; a LogManager
-        # opened next on this data directory removes them too, at open, and
-        # the two raced: its open failed on a file the other unlinked first,
-        # and hosted the log offline.
-        self._cleaning_done = threading.Condition()
-        self._cleaning_now: set[str] = set()
+        # now, which close waits for. A round cancelled at close still
+        # removes the `.cleaned` files it wrote; a LogManager opened next on
+        # this data directory removes them too, at open, and the two raced:
+        # its open failed on a file the other unlinked first, and hosted the
+        # log offline.
+        self._cleaning = _ThreadWork(self._cleaner_cancel)
         # The guards of the logs a cleaner round runs on now (on the loop):
         # a log's close or deletion revokes its round's (`_stop_hosting`),
         # which then stops at its next batch and touches nothing by path in
@@ -258,13 +291,10 @@ class LogManager:
         self._sweeping = asyncio.Lock()
         # Set at close: a sweep in a worker thread stops at its next directory.
         self._sweep_cancel = threading.Event()
-        # The directories sweeps' worker threads are removing now, guarded by
-        # `_removal_done`, which they notify when one is done: close waits
-        # for them (`_wait_for_removals`), so that a LogManager opened next
-        # on this data directory (a restart in the same process) finds no
-        # thread still at it, racing its own start-up sweep.
-        self._removal_done = threading.Condition()
-        self._removing: set[Path] = set()
+        # The directories sweeps' worker threads are removing now, which
+        # close waits for: else they raced the start-up sweep of a
+        # LogManager opened next on this data directory.
+        self._removing = _ThreadWork(self._sweep_cancel)
         # The sweep a deletion starts (`_sweep_soon`), while it runs; and
         # whether a deletion renamed more aside since it last listed.
         self._sweeper: asyncio.Task[None] | None = None
@@ -361,10 +391,9 @@ class LogManager:
         """Wait (up to SWEEP_CLOSE_WAIT_S) for sweeps' worker threads to
         finish the directories they are removing; `_sweep_cancel` is set,
         so none starts another. Blocks the loop: only at close."""
-        with self._removal_done:
-            if self._removal_done.wait_for(lambda: not self._removing, SWEEP_CLOSE_WAIT_S):
-                return
-            still = ", ".join(str(path) for path in sorted(self._removing))
+        still = ", ".join(self._removing.wait_done(SWEEP_CLOSE_WAIT_S))
+        if not still:
+            return
         log.warning(
             "closing: the removal of %s (a deleted log's directory) is still under way after "
             "%g s; left to finish in its worker thread (the next start's sweep removes what "
@@ -378,10 +407,9 @@ class LogManager:
         threads to stop; `_cleaner_cancel` is set, so each stops at its next
         batch (and removes its `.cleaned` files) and none starts. Blocks the
         loop: only at close."""
-        with self._cleaning_done:
-            if self._cleaning_done.wait_for(lambda: not self._cleaning_now, CLEANER_CLOSE_WAIT_S):
-                return
-            still = ", ".join(sorted(self._cleaning_now))
+        still = ", ".join(self._cleaning.wait_done(CLEANER_CLOSE_WAIT_S))
+        if not still:
+            return
         log.warning(
             "closing: the cleaner's round of %s is still under way after %g s; left to finish "
             "in its worker thread (the next start removes the .cleaned files it leaves)",
@@ -1041,19 +1069,12 @@ class LogManager:
     def _remove_renamed_dirs(self, doomed: list[Path]) -> int:
         removed = 0
         for path in doomed:
-            # Checked and recorded under the lock close waits with: either
-            # close sees this directory under way and waits for it, or this
-            # sees close's cancel and starts no other.
-            with self._removal_done:
-                if self._sweep_cancel.is_set():
-                    break  # closing: the next start's sweep finishes the job
-                self._removing.add(path)
+            if not self._removing.start(str(path)):
+                break  # closing: the next start's sweep finishes the job
             try:
                 removed += remove_renamed(path)
             finally:
-                with self._removal_done:
-                    self._removing.discard(path)
-                    self._removal_done.notify_all()
+                self._removing.finish(str(path))
         return removed
 
     # ------------------------------------------------------------ appends
@@ -1230,19 +1251,12 @@ class LogManager:
     ) -> log_cleaner.CleanResult | None:
         """`cleaner.clean` in a worker thread, known to close while it runs;
         `guard` is revoked if its log closes or is deleted meanwhile."""
-        # Checked and recorded under the lock close waits with: either close
-        # sees this round under way and waits for it, or this sees close's
-        # cancel and does not start.
-        with self._cleaning_done:
-            if self._cleaner_cancel.is_set():
-                raise log_cleaner.CleanerCancelledError("cancelled: the logs are closing")
-            self._cleaning_now.add(plan.name)
+        if not self._cleaning.start(plan.name):
+            raise log_cleaner.CleanerCancelledError("cancelled: the logs are closing")
         try:
             return log_cleaner.clean(plan, self._cleaner_cancel, guard)
         finally:
-            with self._cleaning_done:
-                self._cleaning_now.discard(plan.name)
-                self._cleaning_done.notify_all()
+            self._cleaning.finish(plan.name)
 
     # ------------------------------------------------------------ configs
 

@@ -72,7 +72,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -402,11 +402,7 @@ def offline_logs(
 ) -> dict[tuple[str, int], frozenset[int]]:
     """(topic, partition) -> the brokers whose log of it is offline, as their
     registrations list them (see the module doc)."""
-    offline: dict[tuple[str, int], set[int]] = {}
-    for registration in registrations:
-        for tp in registration.offline_partitions:
-            offline.setdefault(tp, set()).add(registration.broker_id)
-    return {tp: frozenset(brokers) for tp, brokers in offline.items()}
+    return _listed_by(registrations, lambda registration: registration.offline_partitions)
 
 
 def torn_logs(
@@ -414,11 +410,20 @@ def torn_logs(
 ) -> dict[tuple[str, int], frozenset[int]]:
     """(topic, partition) -> the brokers whose log of it is torn, as their
     registrations list them (see the module doc)."""
-    torn: dict[tuple[str, int], set[int]] = {}
+    return _listed_by(registrations, lambda registration: registration.torn_partitions)
+
+
+def _listed_by(
+    registrations: Iterable[BrokerRegistration],
+    listed: Callable[[BrokerRegistration], Iterable[tuple[str, int]]],
+) -> dict[tuple[str, int], frozenset[int]]:
+    """(topic, partition) -> the brokers whose registration's `listed`
+    partitions name it."""
+    brokers: dict[tuple[str, int], set[int]] = {}
     for registration in registrations:
-        for tp in registration.torn_partitions:
-            torn.setdefault(tp, set()).add(registration.broker_id)
-    return {tp: frozenset(brokers) for tp, brokers in torn.items()}
+        for tp in listed(registration):
+            brokers.setdefault(tp, set()).add(registration.broker_id)
+    return {tp: frozenset(ids) for tp, ids in brokers.items()}
 
 
 def _some(names: tuple[str, ...], shown: int = 5) -> str:
