@@ -2,9 +2,17 @@
 
 Groups live on the coordinator, not on brokers: `GroupAdmin` finds the
 coordinator replicas through DescribeCluster on the bootstrap servers (as the
-consumer does, see `_group_client`), then calls the Group service. Log
-offsets (for lag and offset resets) come from the partition leaders
-(ListOffsets), through the same path the consumer uses.
+consumer does, see `_group_client`), then calls the Group service; once
+every replica it knew has failed, it asks for them again. Log offsets (for
+lag and offset resets) come from the partition leaders (ListOffsets),
+through the same path the consumer uses.
+
+Each call is sent again on retriable errors until default_api_timeout_ms
+(`_admin_retry`): reads (list, describe, committed offsets, log offsets)
+always; writes (delete_group, alter_offsets) only when surely not carried
+out, e.g. no coordinator registered yet (a coordinator starting), or none
+reachable. A write cut off mid-way (DEADLINE_EXCEEDED, dropped) is raised
+at once: it may have been carried out.
 """
 
 from __future__ import annotations
@@ -18,11 +26,17 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from tidelog._admin_retry import AdminRetry
 from tidelog._connection import Cluster
 from tidelog._fetcher import EARLIEST, LATEST, Fetcher
 from tidelog._group_client import discover_coordinators
 from tidelog.config import AdminConfig, ConsumerConfig
-from tidelog.errors import CoordinatorNotAvailableError, error_from_code, error_from_rpc
+from tidelog.errors import (
+    CoordinatorNotAvailableError,
+    TidelogError,
+    error_from_code,
+    error_from_rpc,
+)
 from tidelog.group import OffsetAndMetadata, OffsetStoreClient
 from tidelog.group._channels import CoordinatorChannels, is_unavailable, unanswered
 from tidelog.types import TopicPartition
@@ -70,28 +84,50 @@ def _check(response: Any) -> None:
 class GroupAdmin:
     """Group calls with failover across coordinator replicas."""
 
-    def __init__(self, cluster: Cluster, config: AdminConfig) -> None:
+    def __init__(self, cluster: Cluster, config: AdminConfig, retry: AdminRetry) -> None:
         self._cluster = cluster
         self._config = config
+        self._retry = retry
         self._timeout_s = config.request_timeout_ms / 1000
         self._channels: CoordinatorChannels | None = None
         self._offsets: OffsetStoreClient | None = None
         self._fetcher: Fetcher | None = None
 
+    async def _discover(self) -> list[str]:
+        """The coordinator addresses. Nothing of the call at hand has been
+        sent yet, so a failure here says so (`not_carried_out`): a write
+        may be sent again once a coordinator is registered."""
+        try:
+            return await discover_coordinators(self._cluster, self._timeout_s)
+        except TidelogError as exc:
+            raise exc.surely_not_carried_out() from None
+
     async def _coordinators(self) -> tuple[CoordinatorChannels, OffsetStoreClient]:
         if self._channels is None or self._offsets is None:
-            addresses = await discover_coordinators(self._cluster, self._timeout_s)
-            self._channels = CoordinatorChannels(addresses, security=self._config.security)
+            addresses = await self._discover()
+            # After every address has failed, both ask for the list again:
+            # a coordinator restarted elsewhere (a new port) is found.
+            self._channels = CoordinatorChannels(
+                addresses, rediscover=self._discover, security=self._config.security
+            )
             self._offsets = OffsetStoreClient(
                 addresses,
                 request_timeout_ms=self._config.request_timeout_ms,
+                rediscover=self._discover,
                 security=self._config.security,
             )
         return self._channels, self._offsets
 
-    async def _call(self, method: str, request: Any) -> Any:
+    async def _call(self, method: str, request: Any, *, idempotent: bool) -> Any:
+        """`method` of the Group service, retried as the module doc says."""
+        return await self._retry.run(
+            lambda: self._call_once(method, request), idempotent=idempotent, what=method
+        )
+
+    async def _call_once(self, method: str, request: Any) -> Any:
         channels, _ = await self._coordinators()
-        last: BaseException | None = None
+        last: TidelogError | None = None
+        never_sent = True
         for _ in range(max(2, len(channels.addresses) * 2)):
             stub: Any = group_pb2_grpc.GroupStub(channels.channel())
             try:
@@ -100,12 +136,16 @@ class GroupAdmin:
                 if not is_unavailable(exc):
                     raise error_from_rpc(exc) from exc
                 last = unanswered(exc, channels.address)
+                never_sent = never_sent and last.not_carried_out
                 await channels.rotate()
                 await asyncio.sleep(0.1)
-        raise CoordinatorNotAvailableError(f"no coordinator answered: {last}")
+        error = CoordinatorNotAvailableError(f"no coordinator answered: {last}")
+        if never_sent:
+            error.surely_not_carried_out()
+        raise error
 
     async def list_groups(self) -> list[GroupListing]:
-        response = await self._call("ListGroups", group_pb2.ListGroupsRequest())
+        response = await self._call("ListGroups", group_pb2.ListGroupsRequest(), idempotent=True)
         return sorted(
             (GroupListing(g.group_id, g.state, g.member_count) for g in response.groups),
             key=lambda g: g.group_id,
@@ -113,7 +153,7 @@ class GroupAdmin:
 
     async def describe_group(self, group_id: str) -> GroupDescription:
         response = await self._call(
-            "DescribeGroup", group_pb2.DescribeGroupRequest(group_id=group_id)
+            "DescribeGroup", group_pb2.DescribeGroupRequest(group_id=group_id), idempotent=True
         )
         _check(response)
         return GroupDescription(
@@ -135,22 +175,32 @@ class GroupAdmin:
         )
 
     async def delete_group(self, group_id: str) -> None:
-        response = await self._call("DeleteGroup", group_pb2.DeleteGroupRequest(group_id=group_id))
+        response = await self._call(
+            "DeleteGroup", group_pb2.DeleteGroupRequest(group_id=group_id), idempotent=False
+        )
         _check(response)
 
     async def committed(
         self, group_id: str, partitions: Sequence[TopicPartition] = ()
     ) -> dict[TopicPartition, OffsetAndMetadata]:
-        _, offsets = await self._coordinators()
-        return await offsets.fetch(group_id, partitions)
+        async def fetch() -> dict[TopicPartition, OffsetAndMetadata]:
+            _, offsets = await self._coordinators()
+            return await offsets.fetch(group_id, partitions)
+
+        return await self._retry.run(fetch, idempotent=True, what="FetchOffsets")
 
     async def alter_offsets(
         self, group_id: str, offsets: Mapping[TopicPartition, int | OffsetAndMetadata]
     ) -> None:
         """Commit as an admin (no member): refused (NonEmptyGroupError) while
-        the group has live members, so a reset never races a consumer."""
-        _, store = await self._coordinators()
-        await store.alter(group_id, offsets)
+        the group has live members, so a reset never races a consumer.
+        Sent again only when surely not carried out (module doc)."""
+
+        async def alter() -> None:
+            _, store = await self._coordinators()
+            await store.alter(group_id, offsets)
+
+        await self._retry.run(alter, idempotent=False, what="AlterOffsets")
 
     async def list_offsets(
         self, query: Mapping[TopicPartition, int]
@@ -163,7 +213,10 @@ class GroupAdmin:
                 request_timeout_ms=self._config.request_timeout_ms,
             )
             self._fetcher = Fetcher(self._cluster, config, deque(), lambda: None)
-        return await self._fetcher.list_offsets(dict(query))
+        fetcher = self._fetcher
+        return await self._retry.run(
+            lambda: fetcher.list_offsets(dict(query)), idempotent=True, what="ListOffsets"
+        )
 
     async def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         found = await self.list_offsets(dict.fromkeys(partitions, LATEST))

@@ -74,10 +74,14 @@ def _raise(error: Any) -> None:
 
 
 class AsyncSecurityAdmin:
-    """Mixed into AsyncAdminClient (which provides _call and _timeout_s)."""
+    """Mixed into AsyncAdminClient (which provides _call, _read and
+    _timeout_s). Reads (describe_*) go through `_read`, sent again on any
+    retriable error; writes through `_call`, sent again only when surely
+    not carried out (tidelog._admin_retry)."""
 
     _timeout_s: float
     _call: Callable[[Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
+    _read: Callable[[Callable[[Any], Awaitable[Any]]], Awaitable[Any]]
 
     async def create_acls(self, bindings: Iterable[AclBinding]) -> None:
         """Add bindings (adding one that exists changes nothing); raises the
@@ -91,7 +95,7 @@ class AsyncSecurityAdmin:
         request = security_pb2.DescribeAclsRequest(
             filter=(acl_filter or AclBindingFilter())._proto()
         )
-        response = await self._call(lambda s: s.DescribeAcls(request, timeout=self._timeout_s))
+        response = await self._read(lambda s: s.DescribeAcls(request, timeout=self._timeout_s))
         if response.HasField("error"):
             _raise(response.error)
         return [AclBinding._of(b) for b in response.acls]
@@ -130,7 +134,7 @@ class AsyncSecurityAdmin:
     async def describe_user_credentials(self, users: Iterable[str] = ()) -> dict[str, str]:
         """user -> mechanism (never the hash), for the named users or all."""
         request = security_pb2.DescribeUserCredentialsRequest(users=list(users))
-        response = await self._call(
+        response = await self._read(
             lambda s: s.DescribeUserCredentials(request, timeout=self._timeout_s)
         )
         for user in response.users:
@@ -153,7 +157,7 @@ class AsyncSecurityAdmin:
 
     async def describe_client_quotas(self, principal: str = "") -> list[ClientQuota]:
         request = security_pb2.DescribeClientQuotasRequest(principal=principal)
-        response = await self._call(
+        response = await self._read(
             lambda s: s.DescribeClientQuotas(request, timeout=self._timeout_s)
         )
         return [

@@ -4,8 +4,11 @@ delete consumer groups (`_admin_groups`); add partitions, delete records,
 elect preferred leaders and reassign replicas (`_admin_partitions`).
 
 The Admin service is unary; any broker (or the gateway) answers it, so calls
-go to the first address that is reachable. Topics succeed or fail one by one,
-as the service does. create_topics and delete_topics return each topic's
+go to the first address that is reachable. A call failing with a retriable
+error is sent again until default_api_timeout_ms runs out, as Kafka's
+AdminClient does: reads (describe, list) always, writes only when the error
+says they were surely not carried out (`_admin_retry` says which). Topics
+succeed or fail one by one, as the service does. create_topics and delete_topics return each topic's
 result (None or its typed error: TopicAlreadyExistsError, InvalidTopicError,
 UnknownTopicOrPartitionError, ...) and, unless raise_errors=False, raise the
 first error after the whole request ran; the other calls raise it.
@@ -28,6 +31,7 @@ import grpc.aio
 
 from tidelog import _admin_partitions
 from tidelog._admin_groups import GroupAdmin, GroupDescription, GroupListing
+from tidelog._admin_retry import AdminRetry
 from tidelog._admin_security import (
     AclBinding,
     AclBindingFilter,
@@ -48,6 +52,7 @@ from tidelog.errors import (
     TidelogError,
     error_from_code,
     error_from_rpc,
+    names_error_code,
 )
 from tidelog.group import OffsetAndMetadata
 from tidelog.types import (
@@ -193,27 +198,48 @@ class AsyncAdminClient(AsyncSecurityAdmin):
         self._timeout_s = self._config.request_timeout_ms / 1000
         self._closed = False
         self._running = RunningCalls("admin client")
+        self._retry = AdminRetry(self._config)
         # Consumer groups live on the coordinator (found through the brokers).
-        self._groups = GroupAdmin(self._cluster, self._config)
+        self._groups = GroupAdmin(self._cluster, self._config, self._retry)
 
-    async def _call(self, fn: Callable[[Any], Awaitable[T]]) -> T:
-        """Run one unary call on the first reachable address. (A closed
-        client's calls never get here: `ended_by_close` refuses them.)"""
+    async def _call(self, fn: Callable[[Any], Awaitable[T]], *, idempotent: bool = False) -> T:
+        """Run one unary call on the first reachable address, sent again
+        while it fails with a retriable error, until default_api_timeout_ms
+        (`_admin_retry`). A write (the default) is sent again only when the
+        error says it was surely not carried out; `idempotent` (reads) on
+        any retriable error. (A closed client's calls never get here:
+        `ended_by_close` refuses them.)"""
+        return await self._retry.run(
+            lambda: self._call_once(fn), idempotent=idempotent, what="admin call"
+        )
+
+    async def _read(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """`_call` of a read: safe to send again whatever the failure."""
+        return await self._call(fn, idempotent=True)
+
+    async def _call_once(self, fn: Callable[[Any], Awaitable[T]]) -> T:
+        """One attempt: the first address that can be reached answers."""
         last = ""
+        never_sent = True
         for address in self._cluster.any_address():
             try:
                 return await fn(self._cluster.admin_stub(address))
             except grpc.aio.AioRpcError as exc:
-                if exc.code() != grpc.StatusCode.UNAVAILABLE:
-                    # A call the server cancelled is surfaced (retriable,
-                    # naming the address), not sent again: it may have been
-                    # carried out.
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or names_error_code(exc):
+                    # The server's own answer (a coordinator it could not
+                    # reach, say), or a call it cancelled (retriable, naming
+                    # the address): not sent to another address, since it
+                    # may have been carried out; `_admin_retry` decides.
                     raise error_from_rpc(exc, address=address) from exc
+                never_sent = never_sent and error_from_rpc(exc).not_carried_out
                 last = exc.details() or exc.code().name
         # The reason in one line (str() of an AioRpcError is gRPC's debug dump).
-        raise BrokerNotAvailableError(
+        error = BrokerNotAvailableError(
             f"no broker answered at {', '.join(self._cluster.any_address())}: {last}"
         )
+        if never_sent:
+            error.surely_not_carried_out()
+        raise error
 
     async def create_topics(
         self,
@@ -225,7 +251,13 @@ class AsyncAdminClient(AsyncSecurityAdmin):
         `validate_only` would be) or its typed error. With `raise_errors`
         (the default) the first error is raised instead, after every topic
         was tried. A NewTopic with `replica_assignments` is placed as given
-        (checked by the coordinator: see NewTopic)."""
+        (checked by the coordinator: see NewTopic).
+
+        Sent again (until default_api_timeout_ms) only when it surely was
+        not carried out (no broker reachable, no coordinator registered):
+        a call whose outcome is unknown (DEADLINE_EXCEEDED, cut off mid-way)
+        raises at once, since a resend could answer TopicAlreadyExistsError
+        for a topic this call did create (`_admin_retry`)."""
         new_topics = list(new_topics)
         for t in new_topics:
             if t.replica_assignments is not None:
@@ -277,7 +309,7 @@ class AsyncAdminClient(AsyncSecurityAdmin):
         topic's error (an unknown topic, say); a partition whose leader's
         figures could not be had has its own `error` instead (PartitionInfo)."""
         request = admin_pb2.DescribeTopicsRequest(names=list(names or ()))
-        response: admin_pb2.DescribeTopicsResponse = await self._call(
+        response: admin_pb2.DescribeTopicsResponse = await self._read(
             lambda s: s.DescribeTopics(request, timeout=self._timeout_s)
         )
         _raise_first_error(response.topics)
@@ -296,7 +328,7 @@ class AsyncAdminClient(AsyncSecurityAdmin):
         items = None if resources is None else list(resources)
         names = [] if items is None else [_topic_of(item) for item in items]
         request = admin_pb2.DescribeConfigsRequest(names=names)
-        response = await self._call(lambda s: s.DescribeConfigs(request, timeout=self._timeout_s))
+        response = await self._read(lambda s: s.DescribeConfigs(request, timeout=self._timeout_s))
         _raise_first_error(response.topics)
         by_name = {
             t.name: {
@@ -470,12 +502,17 @@ class AsyncAdminClient(AsyncSecurityAdmin):
         """Reassignments in progress (of `partitions`; all when None), with
         each adding replica's progress."""
         return await _admin_partitions.list_partition_reassignments(
-            self._call, self._timeout_s, None if partitions is None else list(partitions)
+            self._read, self._timeout_s, None if partitions is None else list(partitions)
         )
 
     async def describe_cluster(self) -> ClusterDescription:
         """The cluster id, controller, live brokers and coordinators. A
         standalone broker (no etcd) answers with its brokers only."""
+        return await self._retry.run(
+            self._describe_cluster_once, idempotent=True, what="describe_cluster"
+        )
+
+    async def _describe_cluster_once(self) -> ClusterDescription:
         last = ""
         for address in self._cluster.any_address():
             try:
@@ -572,7 +609,9 @@ class AdminClient(SecurityAdmin):
 
     def __init__(self, bootstrap_servers: str | Sequence[str] | None = None, **options: Any):
         self._async = AsyncAdminClient(bootstrap_servers, **options)
-        self._timeout_s = self._async._timeout_s + 1
+        # The async call ends within default_api_timeout_ms, retries
+        # included; the second more is for its loop to hand the answer back.
+        self._timeout_s = self._async._config.default_api_timeout_ms / 1000 + 1
         self._loop_thread = LoopThread("tidelog-admin")
         self._closed = False
 

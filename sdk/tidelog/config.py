@@ -446,3 +446,20 @@ class ConsumerConfig(CommonConfig):
 @dataclass(frozen=True, kw_only=True)
 class AdminConfig(CommonConfig):
     """Options of `AdminClient` and `AsyncAdminClient`."""
+
+    #: Kafka's default.api.timeout.ms: how long one admin call may take,
+    #: retries included. A call that fails with a retriable error is sent
+    #: again (after retry_backoff_ms, doubling up to retry_backoff_max_ms,
+    #: with jitter) until this runs out; then the last error is raised,
+    #: naming this option and the attempts made. Each attempt waits at most
+    #: request_timeout_ms, and never past this. Only calls safe to repeat
+    #: are sent again: see tidelog._admin_retry.
+    default_api_timeout_ms: int = 60_000
+    #: Upper bound of the admin retry backoff (Kafka's retry.backoff.max.ms
+    #: and default).
+    retry_backoff_max_ms: int = 1_000
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _positive("default_api_timeout_ms", self.default_api_timeout_ms)
+        _non_negative("retry_backoff_max_ms", self.retry_backoff_max_ms)

@@ -47,10 +47,24 @@ class TidelogError(Exception):
     #: needs no parsing of the message; None otherwise.
     topic: str | None = None
     partition: int | None = None
+    #: True when the error says the request was surely not carried out: it
+    #: was never sent (no server or coordinator could be reached), or the
+    #: server refused it before acting (no coordinator replica answered the
+    #: broker that forwards it). A resend then cannot do it twice, so the
+    #: admin client resends even a write (tidelog._admin_retry). A server
+    #: says so in the `NOT_CARRIED_OUT_METADATA_KEY` trailer (`not_carried_out`).
+    #: False says nothing: a write that failed so (DEADLINE_EXCEEDED, a
+    #: dropped call) may have been carried out.
+    not_carried_out: bool = False
 
     def __init__(self, message: str = "") -> None:
         super().__init__(message or self.__class__.__name__)
         self.message = message or self.__class__.__name__
+
+    def surely_not_carried_out(self) -> Self:
+        """Mark the error `not_carried_out`; returns it."""
+        self.not_carried_out = True
+        return self
 
     def about(self, topic: str, partition: int) -> Self:
         """Say which partition the error is about; returns the error."""
@@ -142,9 +156,11 @@ class UnsupportedCodecError(TidelogError):
 
 
 class NotLeaderOrFollowerError(TidelogError):
-    """The broker does not lead this partition; refresh metadata and retry."""
+    """The broker does not lead this partition; refresh metadata and retry.
+    A refusal made before acting (`not_carried_out`)."""
 
     retriable = True
+    not_carried_out = True
     code_name = "NOT_LEADER_OR_FOLLOWER"
     grpc_status = grpc.StatusCode.FAILED_PRECONDITION
 
@@ -508,6 +524,16 @@ _BY_STATUS: dict[grpc.StatusCode, type[TidelogError]] = {
 # Metadata key in which a service names the precise ErrorCode of a failed call.
 ERROR_CODE_METADATA_KEY = "tidelog-error-code"
 
+#: Trailing metadata key (value "1") in which a service says that it refused
+#: a failed call before acting on it (TidelogError.not_carried_out).
+NOT_CARRIED_OUT_METADATA_KEY = "tidelog-not-carried-out"
+
+#: What gRPC's core says of a call it could not send because no connection
+#: to the server could be made (UNAVAILABLE): the call never left this
+#: process. A call cut off after it was sent says otherwise ("Socket
+#: closed", "Connection reset by peer", ...).
+NEVER_CONNECTED_DETAILS = "failed to connect to all addresses"
+
 #: Metadata key in which the gateway names its --max-partitions-per-request:
 #: in the initial metadata of each Produce and Fetch stream it accepts, and in
 #: the trailing metadata of a refusal for it (PartitionsPerRequestError).
@@ -544,6 +570,24 @@ def _named_error_code(exc: grpc.RpcError) -> str | None:
         if key == ERROR_CODE_METADATA_KEY:
             return str(value)
     return None
+
+
+def _says_not_carried_out(exc: grpc.RpcError) -> bool:
+    """Whether a Tidelog server said it refused the call before acting."""
+    trailing: Any = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+    return any(key == NOT_CARRIED_OUT_METADATA_KEY for key, _ in trailing or ())
+
+
+def never_connected(exc: BaseException) -> bool:
+    """Whether a call failed UNAVAILABLE because gRPC could make no
+    connection to its server (`NEVER_CONNECTED_DETAILS`): it was never sent."""
+    return (
+        isinstance(exc, grpc.RpcError)
+        and hasattr(exc, "code")
+        and exc.code() == grpc.StatusCode.UNAVAILABLE
+        and _named_error_code(exc) is None
+        and NEVER_CONNECTED_DETAILS in (exc.details() or "")
+    )
 
 
 def names_error_code(exc: grpc.RpcError) -> bool:
@@ -649,7 +693,10 @@ def error_from_rpc(
     details = (exc.details() if hasattr(exc, "details") else None) or str(exc)
     code_name = _named_error_code(exc)
     if code_name is not None:
-        return error_class_for_code(code_name)(details)
+        error = error_class_for_code(code_name)(details)
+        if _says_not_carried_out(exc):
+            error.surely_not_carried_out()
+        return error
     if status == grpc.StatusCode.CANCELLED:
         return server_cancelled_error(address, unavailable)
     if is_status_lost(exc):
@@ -657,4 +704,7 @@ def error_from_rpc(
         # drop, not the UnknownServerError an INTERNAL would be.
         return unavailable(f"{dropped_while_written(_named(address, unavailable))}; retry")
     cls = _BY_STATUS.get(status, UnknownServerError)
-    return cls(f"{status.name}: {details}" if cls is UnknownServerError else details)
+    error = cls(f"{status.name}: {details}" if cls is UnknownServerError else details)
+    if never_connected(exc):
+        error.surely_not_carried_out()
+    return error

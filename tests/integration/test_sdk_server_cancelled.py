@@ -32,7 +32,14 @@ FLOOD_TIMEOUT_S = 120
 
 def test_calls_the_broker_dropped_are_retriable_and_say_so(broker: BrokerProcess) -> None:
     async def flood() -> None:
-        admin = AsyncAdminClient(broker.address)
+        # A read the broker dropped is sent again (tidelog._admin_retry):
+        # a backoff longer than the api timeout lets no resend happen, so
+        # each drop surfaces as the error it decodes to.
+        admin = AsyncAdminClient(
+            broker.address,
+            default_api_timeout_ms=FLOOD_TIMEOUT_S * 1000,
+            retry_backoff_ms=10 * FLOOD_TIMEOUT_S * 1000,
+        )
         try:
             await admin.create_topics([NewTopic(TOPIC, 1, 1)])
             async with asyncio.timeout(FLOOD_TIMEOUT_S):

@@ -16,8 +16,11 @@ replica that answers.
   many calls waiting for that replica, or it is stopping). A replica past
   the deadline, or with no replica answering, gives
   CoordinatorNotAvailableError (retriable) naming the replica and what
-  happened. Any other failure is the coordinator's answer and is raised as
-  is, for the caller to `pass_back` unchanged (status, details and the
+  happened; when no replica was reached at all it is `not_carried_out`
+  (the call went nowhere: a client may send even a write again), while one
+  past its deadline may have been carried out and is not marked so. Any
+  other failure is the coordinator's answer and is raised as is, for the
+  caller to `pass_back` unchanged (status, details and the
   `tidelog-error-code` trailer). A broker and the gateway both forward
   with it, each through its own channels.
 - `CoordinatorForwarding`: `ask_coordinators` over a ChannelPool (the
@@ -162,7 +165,11 @@ async def ask_coordinators(
                     f"cannot forward {what} to a coordinator: {reason}; retry"
                 ) from exc
             last = reason
-    raise CoordinatorNotAvailableError(f"cannot forward {what} to a coordinator: {last}; retry")
+    # Every replica was unreachable or dropped the call untaken (or none is
+    # registered): nothing was done.
+    raise CoordinatorNotAvailableError(
+        f"cannot forward {what} to a coordinator: {last}; retry"
+    ).surely_not_carried_out()
 
 
 async def pass_back(context: grpc.aio.ServicerContext, exc: grpc.aio.AioRpcError) -> NoReturn:

@@ -11,7 +11,9 @@ side, in two shapes:
   status, its message, and the precise ErrorCode in the trailing metadata key
   `tidelog-error-code`, which the SDK turns back into the same exception (a
   NamedLimitError also names its limit, in its `limit_metadata_key`:
-  `tidelog-max-partitions-per-request`, `tidelog-max-partitions-per-fetch`).
+  `tidelog-max-partitions-per-request`, `tidelog-max-partitions-per-fetch`;
+  an error refused before acting, `not_carried_out`, adds
+  `tidelog-not-carried-out`).
 
 An exception that is not a TidelogError (and that the service's `translate`
 hook does not recognise) is a bug: it is logged with its traceback, reported
@@ -27,6 +29,7 @@ from typing import NoReturn
 import grpc
 from tidelog.errors import (
     ERROR_CODE_METADATA_KEY,
+    NOT_CARRIED_OUT_METADATA_KEY,
     NamedLimitError,
     TidelogError,
     UnknownServerError,
@@ -74,5 +77,9 @@ class ErrorMapper:
             # The limit, for a client to act on (to split a request, to spread
             # partitions over streams); in words too, in the message.
             trailing += ((error.limit_metadata_key, str(error.limit)),)
+        if error.not_carried_out:
+            # The call was refused before anything was done: a client may
+            # send even a write again (tidelog._admin_retry).
+            trailing += ((NOT_CARRIED_OUT_METADATA_KEY, "1"),)
         await context.abort(error.grpc_status, error.message, trailing_metadata=trailing)
         raise AssertionError("context.abort returns only by raising")  # pragma: no cover

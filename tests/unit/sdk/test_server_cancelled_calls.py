@@ -17,7 +17,7 @@ from functools import partial
 import grpc
 import grpc.aio
 import pytest
-from tidelog import AsyncAdminClient, AsyncProducer
+from tidelog import AsyncAdminClient, AsyncProducer, NewTopic
 from tidelog._connection import Cluster
 from tidelog.config import AdminConfig
 from tidelog.errors import BrokerNotAvailableError, ClosedError
@@ -33,17 +33,28 @@ DEADLINE_S = 30
 
 
 class CancellingAdmin(admin_pb2_grpc.AdminServicer):
-    """A broker that cancels every DescribeConfigs."""
+    """A broker that cancels every CreateTopics (a write), and the first
+    `reads_to_cancel` DescribeConfigs (a read)."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads_to_cancel: int = 0) -> None:
         self.calls = 0
+        self.reads = 0
+        self.reads_to_cancel = reads_to_cancel
+
+    async def CreateTopics(
+        self, request: admin_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> admin_pb2.CreateTopicsResponse:
+        self.calls += 1
+        await drop_call(context)
+        raise AssertionError("abort returned")
 
     async def DescribeConfigs(
         self, request: admin_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> admin_pb2.DescribeConfigsResponse:
-        self.calls += 1
-        await drop_call(context)
-        raise AssertionError("abort returned")
+        self.reads += 1
+        if self.reads <= self.reads_to_cancel:
+            await drop_call(context)
+        return admin_pb2.DescribeConfigsResponse(topics=[admin_pb2.TopicConfigs(name=TOPIC)])
 
 
 class MetadataCancelling(log_pb2_grpc.LogServicer):
@@ -65,7 +76,7 @@ class MetadataCancelling(log_pb2_grpc.LogServicer):
         return led_by_one_broker(self.port, {TOPIC: 3} if TOPIC in request.topics else {})
 
 
-def test_an_admin_call_the_broker_cancelled_raises_a_retriable_error_naming_it() -> None:
+def test_an_admin_write_the_broker_cancelled_raises_a_retriable_error_naming_it() -> None:
     async def scenario() -> None:
         broker = CancellingAdmin()
         async with serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, broker)) as address:
@@ -73,8 +84,9 @@ def test_an_admin_call_the_broker_cancelled_raises_a_retriable_error_naming_it()
             try:
                 async with asyncio.timeout(DEADLINE_S):
                     with pytest.raises(BrokerNotAvailableError) as raised:
-                        await admin.describe_configs([TOPIC])
+                        await admin.create_topics([NewTopic(TOPIC, 1, 1)])
                 assert raised.value.retriable
+                assert not raised.value.not_carried_out
                 assert raised.value.message == (
                     f"broker {address} dropped the call (CANCELLED: overloaded or stopping); retry"
                 )
@@ -84,8 +96,23 @@ def test_an_admin_call_the_broker_cancelled_raises_a_retriable_error_naming_it()
                 await admin.close()
             # Our own client closed: ClosedError, and nothing is sent.
             with pytest.raises(ClosedError):
-                await admin.describe_configs([TOPIC])
+                await admin.create_topics([NewTopic(TOPIC, 1, 1)])
             assert broker.calls == 1
+
+    asyncio.run(scenario())
+
+
+def test_an_admin_read_the_broker_cancelled_is_sent_again() -> None:
+    async def scenario() -> None:
+        broker = CancellingAdmin(reads_to_cancel=2)
+        async with serving(partial(admin_pb2_grpc.add_AdminServicer_to_server, broker)) as address:
+            admin = AsyncAdminClient(address, retry_backoff_ms=10)
+            try:
+                async with asyncio.timeout(DEADLINE_S):
+                    assert TOPIC in await admin.describe_configs([TOPIC])
+            finally:
+                await admin.close()
+        assert broker.reads == 3
 
     asyncio.run(scenario())
 
