@@ -156,6 +156,7 @@ def _description(topic: admin_pb2.TopicDescription) -> TopicDescription:
                 removing_replicas=list(p.removing_replicas),
                 error=(error_from_code(p.error.code, p.error.message) if p.error.code else None),
                 offline_replicas=list(p.offline_replicas),
+                torn_replicas=list(p.torn_replicas),
             )
             for p in sorted(topic.partitions, key=lambda p: p.partition)
         ],

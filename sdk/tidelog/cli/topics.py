@@ -324,6 +324,15 @@ def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
             (*row, _ids_cell(p.offline_replicas))
             for row, p in zip(rows, topic.partitions, strict=True)
         ]
+    if any(p.torn_replicas for p in topic.partitions):
+        # Replicas whose recovery cut a torn tail: in the ISR but not
+        # elected while another ISR member may return, which is why a
+        # partition with live ISR members can wait leaderless.
+        header += ("torn",)
+        rows = [
+            (*row, _ids_cell(p.torn_replicas))
+            for row, p in zip(rows, topic.partitions, strict=True)
+        ]
     return [header, *rows]
 
 

@@ -386,6 +386,7 @@ class PartitionDescription(_message.Message):
     REMOVING_REPLICAS_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
     OFFLINE_REPLICAS_FIELD_NUMBER: _builtins.int
+    TORN_REPLICAS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_id: _builtins.int
     """-1 while the partition has no leader."""
@@ -446,6 +447,18 @@ class PartitionDescription(_message.Message):
         this field (older servers list offline logs of live brokers only).
         """
 
+    @_builtins.property
+    def torn_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Replicas whose log lost a damaged tail when their broker restarted
+        after a crash and that have not caught up with a leader since (their
+        broker's registration lists them torn), in the order of `replicas`.
+        They stay in the ISR but are not elected while another ISR member may
+        return (records they had acknowledged may be gone): a partition whose
+        only live ISR members are torn waits leaderless for the others. When
+        every ISR member is back and torn, the one whose log holds the most
+        leads. Empty when none is, and from servers older than this field.
+        """
+
     def __init__(
         self,
         *,
@@ -462,10 +475,11 @@ class PartitionDescription(_message.Message):
         removing_replicas: _abc.Iterable[_builtins.int] | None = ...,
         error: _common_pb2.Error | None = ...,
         offline_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        torn_replicas: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "error", b"error", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "offline_replicas", b"offline_replicas", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "error", b"error", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "offline_replicas", b"offline_replicas", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes", "torn_replicas", b"torn_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -50,11 +50,20 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   broker reports its failed log directories to the controller). At most
   MAX_OFFLINE_REPORTED are listed (a bound on the registration's size).
   So are the partitions of a topic whose hosting failed as a whole (below),
-  while it does. It is the only rewrite in place (host, ports and
-  resources are written once per registration), so an ISR expansion that
-  it refuses (see above)
-  is refused only when this broker's offline set changed: the leader's next
+  while it does. It and the torn replicas' rewrite (below) are the only
+  rewrites in place (host, ports and resources are written once per
+  registration), so an ISR expansion that it refuses (see above)
+  is refused only when this broker's offline or torn logs changed: the leader's next
   qualifying fetch, once its watch brought the rewrite, proposes it again;
+- torn replicas: a log whose recovery cut a damaged tail and that has not
+  caught up with a leader since (LogManager.torn_partitions) is listed in
+  `torn_partitions`, and its figures (last epoch, log end offset) in
+  `torn_figures`, by the same rewrite, when the set changes and whenever a
+  torn log's partition state changes (its figures move while it follows or
+  leads, and are final once the partition is leaderless: what the
+  controller compares, when every ISR member is torn, to elect the one
+  holding the most). Not at each append: a rewrite wakes every watcher of
+  brokers/, and may make an ISR expansion of this broker fail once (above);
 - failed hostings: a topic whose partitions could not be hosted as a whole
   (out of descriptors or memory, which `LogManager._open_logs` does not
   take for a fault of one directory; or refused past max.partitions) is
@@ -333,6 +342,7 @@ class ClusterLink:
                 MAX_OFFLINE_REPORTED,
             )
             offline = offline[:MAX_OFFLINE_REPORTED]
+        torn = self.manager.logs.torn_figures()[:MAX_OFFLINE_REPORTED]
         return BrokerRegistration(
             broker_id=self.broker.broker_id,
             host=self.host,
@@ -344,7 +354,8 @@ class ClusterLink:
             open_file_limit=self.manager.logs.open_file_limit,
             internal_port=self.internal_port,
             offline_partitions=tuple(offline),
-            torn_partitions=tuple(self.manager.logs.torn_partitions()[:MAX_OFFLINE_REPORTED]),
+            torn_partitions=tuple((t, p) for t, p, _, _ in torn),
+            torn_figures=tuple(torn),
             starting=self._starting,
         ).encode()
 
@@ -958,6 +969,14 @@ class ClusterLink:
         role = self._role(state)
         if role is Role.FOLLOWER:
             followed[partition] = (state.leader, state.leader_epoch)
+        if self.manager.logs.is_torn(topic.name, partition):
+            # Its log may have grown since the registration gave its figures
+            # (it followed, or led): the state changed (maybe leaderless now,
+            # and it no longer fetches), so publish what it holds now, which
+            # the controller compares when every ISR member is torn. Per
+            # state change, not per append: a registration write wakes every
+            # watcher of brokers/. Unchanged figures write nothing.
+            self._offline_changed.set()
         try:
             self.manager.replicas.set_role(
                 topic.name,

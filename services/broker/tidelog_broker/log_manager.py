@@ -946,6 +946,36 @@ class LogManager:
             if partition_log.lost_tail and partition_log.offline is None
         )
 
+    def torn_figures(self) -> list[tuple[str, int, int, int]]:
+        """`torn_partitions`, each with what its log holds now: (topic,
+        partition, last epoch, log end offset), the newest epoch of its epoch
+        history (-1 without one) and the offset after its last record. The
+        registration publishes them so that, when every ISR member that may
+        return is torn, the controller elects the one that holds the most
+        (tidelog_server.election_rule.most_complete), not the first."""
+        return sorted(
+            (
+                name,
+                partition,
+                partition_log.leader_epochs.latest_epoch,
+                partition_log.log_end_offset,
+            )
+            for name, topic in self._topics.items()
+            for partition, partition_log in topic.hosted.items()
+            if partition_log.lost_tail and partition_log.offline is None
+        )
+
+    def is_torn(self, topic: str, partition: int) -> bool:
+        """Whether the hosted log of `topic`-`partition` is among
+        `torn_partitions` (False when it is not hosted)."""
+        hosted = self._topics.get(topic)
+        partition_log = None if hosted is None else hosted.hosted.get(partition)
+        return (
+            partition_log is not None
+            and bool(partition_log.lost_tail)
+            and partition_log.offline is None
+        )
+
     def caught_up(self, partition_log: PartitionLog, offset: int) -> None:
         """A torn follower's log reached `offset`: its leader's high
         watermark while it holds records of the leader's epoch, or the

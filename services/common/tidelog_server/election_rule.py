@@ -14,6 +14,14 @@ had is lost). Else nobody may lead: the partition waits until an ISR member
 can serve again. An ISR member outside the assignment never leads, however
 well it could serve.
 
+Among ISR members that lost a torn tail at their restart (their broker's
+registration lists them torn, `BrokerRegistration.torn_logs`), the caller
+elects only when none other may return (the controller's rule,
+tidelog_coordinator.leader_election); then it passes each one's
+`LogFigures`, and the one holding the most leads rather than the first in
+assignment order, as Kafka's controller (KIP-966) elects among ISR members
+by their last epoch and log end: see `most_complete`.
+
 "Can serve" is each caller's to say from what it reads (a broker that is
 registered and does not list its log of the partition offline; the
 controller also sets aside brokers that restarted since the state was
@@ -24,8 +32,22 @@ describe path's error text) stays with the callers. Pure: no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Container, Sequence
+from collections.abc import Collection, Container, Mapping, Sequence
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LogFigures:
+    """How much of a partition one replica's log holds, as its broker
+    publishes it for a torn log (`BrokerRegistration.torn_logs`): compared
+    as (last_epoch, log_end_offset), higher holds more (`most_complete`)."""
+
+    #: The newest leader epoch of a record in the log (its epoch history's
+    #: latest entry); -1 for a log without one (empty, or written before
+    #: epoch histories).
+    last_epoch: int
+    #: The offset after its last record.
+    log_end_offset: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,16 +65,50 @@ def elect(
     isr: Collection[int],
     can_serve: Container[int],
     unclean: bool,
+    figures: Mapping[int, LogFigures] | None = None,
 ) -> Election | None:
     """The leader of a partition with assignment `replicas` (in placement
     order), in-sync replicas `isr`, whose brokers in `can_serve` can serve
     it, when the topic allows an unclean election (`unclean`) or not; None
-    when nobody may lead (module doc)."""
-    for replica in replicas:
-        if replica in isr and replica in can_serve:
-            return Election(replica, clean=True)
+    when nobody may lead (module doc).
+
+    `figures`: what each ISR member's log holds, given when the candidates
+    are torn replicas (module doc): the clean election takes the most
+    complete of them (`most_complete`). None, or a candidate missing from
+    it (a broker older than those figures): the first in assignment order,
+    as before."""
+    candidates = [replica for replica in replicas if replica in isr and replica in can_serve]
+    if candidates:
+        return Election(most_complete(candidates, figures or {}), clean=True)
     if unclean:
         for replica in replicas:
             if replica in can_serve:
                 return Election(replica, clean=False)
     return None
+
+
+def most_complete(candidates: Sequence[int], figures: Mapping[int, LogFigures]) -> int:
+    """The one of `candidates` (ISR members, in assignment order) whose log
+    holds the most: the highest (last epoch, log end offset) in `figures`,
+    the first in order among equals; the first in order when `figures`
+    lacks any of them (nothing to compare it by).
+
+    Why this order: a record acknowledged with acks=all is on every ISR
+    member, so each of them held it before its tail was cut; what a cut
+    lost, only a replica whose cut went less deep still has. Records of a
+    later epoch were written by a later leader, which held all that was
+    acknowledged before its epoch began, and every replica's log agrees
+    with its leader's below what it fetched; so among replicas, the one
+    with the newest last epoch, and of those the longest log, holds all
+    that any of them holds (the others' logs are a prefix of its log, as
+    far as acknowledged records go), and the others truncate to it losing
+    nothing acknowledged that any survivor kept. The first in order (what
+    a broker without figures gets) may be the one cut deepest.
+    """
+    if any(replica not in figures for replica in candidates):
+        return candidates[0]
+    best = candidates[0]
+    for replica in candidates[1:]:
+        if figures[replica] > figures[best]:
+            best = replica
+    return best

@@ -24,7 +24,10 @@ gets `PartitionDescription.error` naming its leader and what happened:
   a replica (a reassignment must add it back). The message names each and
   the remedy either way;
 - no leader (-1) otherwise (an election is due): NOT_LEADER_OR_FOLLOWER,
-  retriable;
+  retriable; when ISR members are torn (`PartitionDescription.
+  torn_replicas`: their log lost a damaged tail at their restart) while
+  others are not, the message says that the torn ones are not elected
+  while the others may return, naming both (`_torn_wait`);
 - a leader that is not live otherwise: NOT_LEADER_OR_FOLLOWER, retriable;
 - a leader that gave no answer of its own (tidelog_server.forwarding.
   unanswered: dropped the call, unavailable, past the deadline):
@@ -76,6 +79,8 @@ UNCLEAN_ELECTION = "unclean.leader.election.enable"
 #: partitions are described.
 OFFLINE_LOG_RUNBOOK = 'see docs/operations.md, "A partition\'s log goes offline (STORAGE_ERROR)"'
 HEALTH_RUNBOOK = 'see docs/operations.md, "Is the cluster healthy?"'
+#: Where an operator reads about replicas whose log lost a torn tail.
+TORN_RUNBOOK = 'see docs/operations.md, "Torn replicas after a crash"'
 
 #: What `leader_call_timeout` leaves of the client's time for the answer to
 #: be completed and reach it once the leaders' calls have ended.
@@ -172,8 +177,8 @@ async def complete_from_leaders(
             elif leader < 0:
                 error = _error(
                     common_pb2.NOT_LEADER_OR_FOLLOWER,
-                    f"{where} has no leader right now (replicas {_ids(partition.replicas)}): "
-                    "its log figures are unknown; retry",
+                    f"{where} has no leader right now (replicas {_ids(partition.replicas)})"
+                    f"{_torn_wait(partition)}: its log figures are unknown; retry",
                 )
             elif (at := addresses[leader]) is None:
                 error = _error(
@@ -191,6 +196,21 @@ async def complete_from_leaders(
                     "(it does not host it, or not yet): its log figures are unknown; retry",
                 )
             unknown(partition, error)
+
+
+def _torn_wait(partition: admin_pb2.PartitionDescription) -> str:
+    """Why a leaderless partition with torn ISR members waits, as a clause
+    of its error ("" when none is torn, or every ISR member is)."""
+    torn = [b for b in partition.isr if b in partition.torn_replicas]
+    others = [b for b in partition.isr if b not in partition.torn_replicas]
+    if not torn or not others:
+        return ""
+    lost = "lost a torn tail" if len(torn) == 1 else "lost torn tails"
+    return (
+        f"; in-sync {_brokers(torn)} {lost} at restart and {'is' if len(torn) == 1 else 'are'} "
+        f"not elected while in-sync {_brokers(others)} may return (start "
+        f"{'it' if len(others) == 1 else 'them'} again; {TORN_RUNBOOK})"
+    )
 
 
 def _not_leading_error(

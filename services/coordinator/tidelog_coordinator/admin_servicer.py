@@ -136,6 +136,7 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                                 adding_replicas=p.adding,
                                 removing_replicas=p.removing,
                                 offline_replicas=p.offline,
+                                torn_replicas=p.torn,
                             )
                             for p in item.partitions
                         ],

@@ -35,13 +35,23 @@ A replica whose broker lists the partition among its `torn_partitions`
 with a leader since) is not elected either while another ISR member may
 return (it may be elected by an unclean election, or when every ISR member
 is back and torn: nobody has more), but it stays in the ISR: it catches up
-and becomes electable again. Without that, a leader and a torn follower killed together (the ISR
-being those two) left the partition leaderless, the torn follower came back
-first and was elected as "the best there is", and the others truncated
-every acknowledged record above its cut (1.15 M of 4.5 M in a 300 s soak).
-With it, the partition waits for the other ISR member. A broker whose
-registration says `starting` (it has not hosted its logs yet, so which are
-torn is not known) counts as not live for elections until it rewrites it.
+and becomes electable again. Without that, a leader and a torn follower
+killed together (the ISR being those two) left the partition leaderless,
+the torn follower came back first and was elected as "the best there is",
+and the others truncated every acknowledged record above its cut (1.15 M
+of 4.5 M in a 300 s soak). With it, the partition waits for the other ISR
+member. A broker whose registration says `starting` (it has not hosted its
+logs yet, so which are torn is not known) counts as not live for elections
+until it rewrites it.
+
+When every ISR member is back and torn (a leader and its followers crashed
+together, each cutting its own tail), the one holding the most leads: the
+highest (last epoch, log end offset) its broker publishes (`torn_figures`;
+tidelog_server.election_rule.most_complete), as Kafka's controller elects
+by last epoch and log end (KIP-966), so that the others truncate to the
+longest log, not to the deepest cut. A broker of an older release
+publishes no figures: the first of them in placement order leads, as
+before.
 
 Every write is a transaction comparing the state key's mod revision (a write
 by the leader, such as an ISR change, in between makes the pass skip it; the
@@ -72,14 +82,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aetcd
 from tidelog.errors import InvalidConfigError
 from tidelog_server.cancellation import raise_if_cancelling
-from tidelog_server.election_rule import elect
+from tidelog_server.election_rule import LogFigures, elect
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.offline import offline_replicas
@@ -115,6 +125,7 @@ def decide(
     restarted: frozenset[int] | set[int] = frozenset(),
     offline: frozenset[int] | set[int] = frozenset(),
     torn: frozenset[int] | set[int] = frozenset(),
+    figures: Mapping[int, LogFigures] | None = None,
 ) -> PartitionState | None:
     """The new state of one partition, or None to leave it (pure; tested alone).
 
@@ -126,6 +137,10 @@ def decide(
     `torn`: live brokers whose replica of this partition lost a damaged tail
     and has not caught up since (see the module doc): kept in the ISR, not
     elected while an ISR member is still away (an unclean election may).
+    `figures`: what each torn replica's log holds (LiveBrokers.
+    torn_figures_of): with every ISR member back and torn, the one holding
+    the most leads; a replica without figures (an older broker) leaves the
+    choice to placement order.
     """
     if offline:
         live = live - set(offline)
@@ -154,8 +169,9 @@ def decide(
     elected = elect(replicas, live_isr, live - set(torn), unclean=False)
     if elected is None and live_isr and set(isr) <= live:
         # Every ISR member is back and each is torn (one replica, or all
-        # crashed together): none has more to wait for; the first leads.
-        elected = elect(replicas, live_isr, live, unclean=False)
+        # crashed together): none has more to wait for; the one whose log
+        # holds the most leads (election_rule.most_complete).
+        elected = elect(replicas, live_isr, live, unclean=False, figures=figures)
     if elected is None and unclean:
         # The first live replica, whatever its log (no ISR to choose from).
         elected = elect(replicas, (), live, unclean=True)
@@ -270,7 +286,15 @@ class LeaderElector:
             offline = brokers.offline_of(tp.topic, partition)
             torn = brokers.torn_of(tp.topic, partition)
             new = decide(
-                replicas, state, live, unclean_of[tp.topic], preferred, restarted, offline, torn
+                replicas,
+                state,
+                live,
+                unclean_of[tp.topic],
+                preferred,
+                restarted,
+                offline,
+                torn,
+                brokers.torn_figures_of(tp.topic, partition),
             )
             if new is not None:
                 changes.append(_Change(f"{tp.topic}-{partition}", kv, state, new, offline))
@@ -359,6 +383,22 @@ class LiveBrokers:
     torn: dict[tuple[str, int], frozenset[int]] = field(default_factory=dict)
     #: Brokers whose registration says `starting` (see the module doc).
     starting: frozenset[int] = frozenset()
+    #: (topic, partition) -> broker -> what its torn log holds (their
+    #: registrations' `torn_figures`; none from an older broker).
+    figures: dict[tuple[str, int], dict[int, LogFigures]] = field(default_factory=dict)
+
+    def torn_figures_of(self, topic: str, partition: int) -> dict[int, LogFigures]:
+        """Broker -> what its torn log of `topic`-`partition` holds, for the
+        torn replicas whose broker publishes it: what an election among torn
+        ISR members compares (the module doc)."""
+        return self.figures.get((topic, partition), {})
+
+    def torn_replicas(self, topic: str, partition: int, replicas: Iterable[int]) -> tuple[int, ...]:
+        """Those of `replicas` whose log is torn (`torn_of`), in replica
+        order, as DescribeTopics reports them: why a partition whose other
+        ISR members are down waits leaderless."""
+        torn = self.torn_of(topic, partition)
+        return tuple(b for b in replicas if b in torn)
 
     def torn_of(self, topic: str, partition: int) -> frozenset[int]:
         """The live brokers whose log of `topic`-`partition` lost a damaged
@@ -394,6 +434,7 @@ async def read_live_brokers(client: Any, keys: Any) -> LiveBrokers:
         frozenset(
             registration.broker_id for registration, _ in registrations if registration.starting
         ),
+        torn_figures(registration for registration, _ in registrations),
     )
 
 
@@ -411,6 +452,20 @@ def torn_logs(
     """(topic, partition) -> the brokers whose log of it is torn, as their
     registrations list them (see the module doc)."""
     return _listed_by(registrations, lambda registration: registration.torn_partitions)
+
+
+def torn_figures(
+    registrations: Iterable[BrokerRegistration],
+) -> dict[tuple[str, int], dict[int, LogFigures]]:
+    """(topic, partition) -> broker -> what its torn log of it holds, as the
+    registrations publish it (see the module doc)."""
+    figures: dict[tuple[str, int], dict[int, LogFigures]] = {}
+    for registration in registrations:
+        for topic, partition, last_epoch, log_end in registration.torn_figures:
+            figures.setdefault((topic, partition), {})[registration.broker_id] = LogFigures(
+                last_epoch, log_end
+            )
+    return figures
 
 
 def _listed_by(

@@ -93,6 +93,10 @@ class PartitionRecord:
     #: is not registered, or its registration lists their log offline
     #: (LiveBrokers.offline_replicas).
     offline: tuple[int, ...] = ()
+    #: Replicas whose log lost a torn tail at their restart and has not
+    #: caught up since (LiveBrokers.torn_replicas): why a partition waits
+    #: leaderless for another ISR member.
+    torn: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,6 +374,7 @@ class MetadataManager:
                         moving.adding if moving is not None else (),
                         moving.removing if moving is not None else (),
                         brokers.offline_replicas(name, partition, replicas),
+                        brokers.torn_replicas(name, partition, replicas),
                     )
                 )
             out.append(TopicRecord(name, topic.topic_id, parts_out, dict(topic.configs)))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,7 @@ from tidelog.errors import (
 )
 from tidelog.names import validate_topic_name
 from tidelog.types import TopicPartition
+from tidelog_server.election_rule import LogFigures
 from tidelog_server.etcd.records import (
     PartitionState,
     Reassignment,
@@ -248,8 +249,9 @@ class PartitionAdmin:
             async with writers:
                 offline = brokers.offline_of(tp.topic, tp.partition)
                 torn = brokers.torn_of(tp.topic, tp.partition)
+                figures = brokers.torn_figures_of(tp.topic, tp.partition)
                 return await self._elect_one(
-                    tp, topics.get(tp.topic), registered, read, offline, torn
+                    tp, topics.get(tp.topic), registered, read, offline, torn, figures
                 )
 
         return list(await asyncio.gather(*(elect(tp) for tp in wanted)))
@@ -262,6 +264,7 @@ class PartitionAdmin:
         read: Any,
         offline: frozenset[int] = frozenset(),
         torn: frozenset[int] = frozenset(),
+        figures: Mapping[int, LogFigures] | None = None,
     ) -> ElectionResult:
         """One partition's election; `read` is its state as the caller read
         it (None: not there), used for the first attempt only; `offline`:
@@ -287,7 +290,9 @@ class PartitionAdmin:
                     ElectionNotNeededError(f"{name}: preferred replica {preferred} already leads"),
                 )
             restarted = {b for b, rev in registered.items() if rev > got.mod_revision}
-            new = decide(replicas, state, set(registered), False, True, restarted, offline, torn)
+            new = decide(
+                replicas, state, set(registered), False, True, restarted, offline, torn, figures
+            )
             if new is None or new.leader != preferred:
                 if preferred not in registered:
                     why = "is not alive"

@@ -20,15 +20,28 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from functools import partial
 from pathlib import Path
+from typing import Any
 
+import grpc.aio
 import pytest
+from tidelog.admin import _description
+from tidelog.cli.topics import partition_table
 from tidelog.records import encode_batch, iter_batches
+from tidelog.types import TopicDescription
+from tidelog.v1 import admin_pb2, admin_pb2_grpc
 from tidelog_broker.replica_state import Role
+from tidelog_coordinator.admin_servicer import AdminServicer
+from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.leader_election import LeaderElector
+from tidelog_coordinator.metadata import MetadataManager
+from tidelog_server.etcd import connect
+from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
 
 from tests.support.etcd import EtcdProcess
+from tests.support.in_process_server import serving
 from tests.unit.broker.in_process_broker import InProcessBroker, eventually
 
 TOPIC = "t"
@@ -107,6 +120,21 @@ def test_a_torn_replica_is_listed_and_not_elected_until_the_other_isr_member_ret
             # The torn replica is the only live ISR member: not elected.
             await elector.elect_once(None, preferred=False)
             assert (await state()).leader == -1, await state()
+            # The coordinator's DescribeTopics names it, and why the
+            # partition waits (before, nothing told it from any other
+            # leaderless partition).
+            described = await describe(client, keys)
+            assert list(described.torn_replicas) == [ME]
+            assert (
+                "in-sync broker 0 lost a torn tail at restart and is not elected while in-sync "
+                "broker 2 may return (start it again;"
+            ) in described.error.message, described.error.message
+            (partition,) = _description(
+                admin_pb2.TopicDescription(partitions=[described])
+            ).partitions
+            assert partition.torn_replicas == [ME]
+            header, row = partition_table(TopicDescription(TOPIC, [partition], {}))
+            assert header[-1] == "torn" and row[-1] == "0"
 
             # Broker 2 returns: it leads, the torn replica stays in the ISR.
             await client.put(keys.broker(2), BrokerRegistration(2, "127.0.0.1", 1).encode())
@@ -138,5 +166,95 @@ def test_a_torn_replica_is_listed_and_not_elected_until_the_other_isr_member_ret
                     await asyncio.sleep(0.02)
         finally:
             await second.stop()
+
+    asyncio.run(run())
+
+
+async def describe(client: Any, keys: Keys) -> admin_pb2.PartitionDescription:
+    """TOPIC's partition 0 as a coordinator's DescribeTopics answers it over
+    gRPC (the real servicer, on the test's etcd)."""
+    servicer = AdminServicer(MetadataManager(client, keys, CoordinatorConfig()))
+    added = partial(admin_pb2_grpc.add_AdminServicer_to_server, servicer)
+    async with serving(added) as address, grpc.aio.insecure_channel(address) as channel:
+        answer = await admin_pb2_grpc.AdminStub(channel).DescribeTopics(
+            admin_pb2.DescribeTopicsRequest(names=[TOPIC]), timeout=30
+        )
+    (topic,) = answer.topics
+    return topic.partitions[0]
+
+
+async def torn_incarnation(
+    etcd: EtcdProcess, prefix: str, data_dir: Path, broker: int, batches: int
+) -> None:
+    """Broker `broker` leads TOPIC-0 alone in epoch 1 and writes `batches`
+    batches of 10 records; it stops, and its last batch is torn (a crash
+    that lost what was not on disk yet): its log then ends at
+    10 * (batches - 1)."""
+    first = InProcessBroker(etcd, prefix, data_dir, broker)
+    client, keys = first.client, first.keys
+    try:
+        await first.start()
+        await client.put(
+            keys.partition_state(TOPIC, 0), PartitionState(broker, 1, (broker,)).encode()
+        )
+        await eventually(lambda: first.role(TOPIC, 0) is Role.LEADER, f"{broker} leading")
+        partition_log = first.manager.partition_log(TOPIC, 0)
+        for i in range(batches):
+            records = bytearray(encode_batch([b"record-%d" % i] * 10))
+            partition_log.append(records, list(iter_batches(records, None)))
+        segment = sorted(partition_log.directory.glob("*.log"))[-1]
+    finally:
+        await first.stop()
+    os.truncate(segment, segment.stat().st_size - 7)
+
+
+@pytest.mark.parametrize("longer", [0, 1])
+def test_of_torn_isr_members_all_back_the_one_whose_log_holds_the_most_leads(
+    etcd: EtcdProcess, tmp_path: Path, longer: int
+) -> None:
+    """Leader and follower (ISR [0, 1]) crashed together and each cut its
+    own torn tail at restart: the one whose log holds more leads, whatever
+    the placement order. Before, the first in placement order (broker 0)
+    led, and broker 1 truncated to its shorter log, losing records it had
+    acknowledged as an ISR member."""
+    prefix = f"/torn-{uuid.uuid4().hex}"
+    shorter = 1 - longer
+
+    async def run() -> None:
+        client = connect(etcd.endpoint)
+        keys = Keys(prefix)
+        topic = TopicAssignment(TOPIC, uuid.uuid4().hex, ((0, 1, 2),), {})
+        await client.put(keys.topic(TOPIC), topic.encode())
+        await torn_incarnation(etcd, prefix, tmp_path / f"broker-{longer}", longer, batches=4)
+        await torn_incarnation(etcd, prefix, tmp_path / f"broker-{shorter}", shorter, batches=3)
+        # Both crashed while in sync; the partition is leaderless.
+        await client.put(keys.partition_state(TOPIC, 0), PartitionState(-1, 5, (0, 1)).encode())
+        brokers = [InProcessBroker(etcd, prefix, tmp_path / f"broker-{b}", b) for b in (0, 1)]
+        try:
+            for broker in brokers:
+                await broker.start()
+
+            async def published() -> dict[int, tuple[tuple[str, int, int, int], ...]]:
+                figures = {}
+                for b in (0, 1):
+                    got = await client.get(keys.broker(b))
+                    figures[b] = BrokerRegistration.decode(got.value).torn_figures
+                return figures
+
+            async with asyncio.timeout(20):
+                while not all((await published()).values()):
+                    await asyncio.sleep(0.02)
+            figures = await published()
+            assert figures[longer] == ((TOPIC, 0, 1, 30),), figures
+            assert figures[shorter] == ((TOPIC, 0, 1, 20),), figures
+
+            elector = LeaderElector(client, keys, preferred_interval_ms=0)
+            await elector.elect_once(None, preferred=False)
+            got = await client.get(keys.partition_state(TOPIC, 0))
+            assert PartitionState.decode(got.value) == PartitionState(longer, 6, (0, 1), 2)
+        finally:
+            for broker in brokers:
+                await broker.stop()
+            await client.close()
 
     asyncio.run(run())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tidelog_coordinator.leader_election import decide
+from tidelog_server.election_rule import LogFigures
 from tidelog_server.etcd.records import PartitionState
 
 
@@ -65,3 +66,30 @@ def test_torn_replicas_lead_when_every_isr_member_is_back_and_torn() -> None:
     # Both ISR members back and torn: the first in placement order leads.
     both = decide([0, 1, 2], state(-1, 8, [2, 0]), {0, 1, 2}, False, False, {0, 2}, torn={0, 2})
     assert both == PartitionState(0, 9, (2, 0), 4)
+
+
+def test_of_torn_isr_members_all_back_the_one_holding_the_most_leads() -> None:
+    """Leader 2 and follower 0 crashed together and both cut their tails:
+    the longer log of the latest epoch leads, whatever the placement order
+    (before, the first in order led, and the other truncated to its cut)."""
+    both = state(-1, 8, [2, 0])
+    for longer, shorter in ((0, 2), (2, 0)):
+        figures = {longer: LogFigures(7, 120), shorter: LogFigures(7, 90)}
+        new = decide([0, 1, 2], both, {0, 1, 2}, False, False, {0, 2}, torn={0, 2}, figures=figures)
+        assert new == PartitionState(longer, 9, (2, 0), 4)
+    # A later epoch holds more than a longer log of an earlier one.
+    figures = {0: LogFigures(6, 500), 2: LogFigures(7, 90)}
+    new = decide([0, 1, 2], both, {0, 1, 2}, False, False, {0, 2}, torn={0, 2}, figures=figures)
+    assert new == PartitionState(2, 9, (2, 0), 4)
+    # Equal: placement order.
+    figures = {0: LogFigures(7, 90), 2: LogFigures(7, 90)}
+    new = decide([0, 1, 2], both, {0, 1, 2}, False, False, {0, 2}, torn={0, 2}, figures=figures)
+    assert new is not None and new.leader == 0
+    # One of them (an older broker) publishes none: placement order.
+    figures = {2: LogFigures(7, 120)}
+    new = decide([0, 1, 2], both, {0, 1, 2}, False, False, {0, 2}, torn={0, 2}, figures=figures)
+    assert new is not None and new.leader == 0
+    # Figures never let a torn replica lead while another ISR member may
+    # return (2 is down): the partition still waits.
+    figures = {0: LogFigures(7, 120)}
+    assert decide([0, 1, 2], both, {0, 1}, False, False, {0}, torn={0}, figures=figures) is None

@@ -225,3 +225,42 @@ def test_a_starting_broker_is_elected_only_once_it_said_which_logs_are_torn(
     )
     assert before == state
     assert after == PartitionState(leader=0, leader_epoch=4, isr=(0,), version=6)
+
+
+def _torn_registration(broker: int, figures: tuple[int, int] | None) -> bytes:
+    """Broker `broker`'s registration listing TOPIC-0 torn, with its log's
+    (last epoch, log end offset) as a broker of this release publishes
+    them, or without (None: as a broker of the release before writes it);
+    spelled out so that the wire format cannot change unnoticed."""
+    value: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "id": broker,
+        "port": 9092 + broker,
+        "rack": "",
+        "torn_partitions": {TOPIC: [0]},
+    }
+    if figures is not None:
+        value["torn_figures"] = {TOPIC: [[0, *figures]]}
+    raw = json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+    assert BrokerRegistration.decode(raw).encode() == raw
+    return raw
+
+
+def test_torn_isr_members_all_back_elect_the_longest_log_or_with_old_registrations_the_first(
+    etcd: EtcdProcess, prefix: bytes
+) -> None:
+    """ISR [2, 0], both back and torn. With figures, broker 2 (the longer
+    log) leads though 0 comes first in placement; with a registration of the
+    release before (no figures) the first in order leads, as it did."""
+
+    def elected(figures_of_0: tuple[int, int] | None) -> PartitionState:
+        async def torn_brokers(client: Any, keys: Keys) -> None:
+            await client.put(keys.broker(0), _torn_registration(0, figures_of_0))
+            await client.put(keys.broker(2), _torn_registration(2, (4, 120)))
+
+        state = PartitionState(leader=-1, leader_epoch=5, isr=(2, 0), version=5)
+        (after,) = run_passes(etcd, prefix, state, {}, live=(1,), first=torn_brokers)
+        return after
+
+    assert elected((4, 90)) == PartitionState(leader=2, leader_epoch=6, isr=(2, 0), version=6)
+    assert elected(None) == PartitionState(leader=0, leader_epoch=6, isr=(2, 0), version=6)

@@ -111,3 +111,23 @@ def test_a_starting_broker_registration_says_so() -> None:
     assert BrokerRegistration.decode(encoded).starting
     assert b"starting" not in BrokerRegistration(1, "h", 1).encode()
     assert not BrokerRegistration.decode(b'{"id": 2, "host": "h", "port": 1}').starting
+
+
+def test_a_broker_registration_publishes_its_torn_logs_figures_apart() -> None:
+    # A key of its own: a coordinator of the release before reads
+    # torn_partitions as ever and ignores it.
+    registration = BrokerRegistration(
+        1,
+        "h",
+        1,
+        torn_partitions=(("a", 0), ("b", 1)),
+        torn_figures=(("b", 1, 4, 90), ("a", 0, -1, 0)),
+    )
+    encoded = registration.encode()
+    assert b'"torn_partitions":{"a":[0],"b":[1]}' in encoded
+    assert b'"torn_figures":{"a":[[0,-1,0]],"b":[[1,4,90]]}' in encoded
+    assert BrokerRegistration.decode(encoded).torn_figures == (("a", 0, -1, 0), ("b", 1, 4, 90))
+    # None: left out; an older broker's registration publishes none.
+    assert b"torn_figures" not in BrokerRegistration(1, "h", 1).encode()
+    old = b'{"id":2,"host":"h","port":1,"torn_partitions":{"a":[0]}}'
+    assert BrokerRegistration.decode(old).torn_figures == ()

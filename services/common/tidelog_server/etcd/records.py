@@ -82,6 +82,19 @@ class BrokerRegistration:
     stay in the ISR and catch up). Encoded and left out as
     `offline_partitions` is.
 
+    `torn_figures`: for each torn replica here, (topic, partition, last
+    epoch, log end offset): the newest leader epoch of its log (-1 without
+    an epoch history) and the offset after its last record, as of when the
+    broker last wrote its registration (it rewrites it while they move,
+    ClusterLink). When every ISR member that may return is torn, the
+    controller elects the one holding the most by these figures
+    (tidelog_server.election_rule.most_complete). A separate key of its own,
+    {topic: [[partition, last_epoch, log_end_offset], ...]}, left out when
+    empty: a coordinator older than it reads `torn_partitions` as before and
+    ignores it; a registration without it (an older broker) means no
+    figures, and the controller elects the first torn one in assignment
+    order, as before.
+
     `starting`: written by a broker that has not yet hosted (opened,
     recovering them) the logs etcd assigns it, so its `torn_partitions` are
     not known yet; it rewrites the registration without it once they are.
@@ -104,6 +117,9 @@ class BrokerRegistration:
     offline_partitions: tuple[tuple[str, int], ...] = ()
     #: (topic, partition) of each torn replica here, sorted.
     torn_partitions: tuple[tuple[str, int], ...] = ()
+    #: (topic, partition, last epoch, log end offset) of each torn replica
+    #: here, sorted (see the class doc).
+    torn_figures: tuple[tuple[str, int, int, int], ...] = ()
     #: Its logs are not hosted yet (see the class doc).
     starting: bool = False
 
@@ -124,6 +140,7 @@ class BrokerRegistration:
         internal_port = data.get("internal_port")
         offline = data.get("offline_partitions") or {}
         torn = data.get("torn_partitions") or {}
+        figures = data.get("torn_figures") or {}
         return cls(
             broker_id=int(data["id"]),
             host=str(data.get("host", "")),
@@ -136,6 +153,13 @@ class BrokerRegistration:
                 sorted((str(t), int(p)) for t, ps in offline.items() for p in ps)
             ),
             torn_partitions=tuple(sorted((str(t), int(p)) for t, ps in torn.items() for p in ps)),
+            torn_figures=tuple(
+                sorted(
+                    (str(t), int(p), int(epoch), int(end))
+                    for t, logs in figures.items()
+                    for p, epoch, end in logs
+                )
+            ),
             starting=bool(data.get("starting", False)),
         )
 
@@ -156,6 +180,11 @@ class BrokerRegistration:
             body["offline_partitions"] = _by_topic(self.offline_partitions)
         if self.torn_partitions:
             body["torn_partitions"] = _by_topic(self.torn_partitions)
+        if self.torn_figures:
+            by_topic: dict[str, list[list[int]]] = {}
+            for topic, partition, epoch, end in sorted(self.torn_figures):
+                by_topic.setdefault(topic, []).append([partition, epoch, end])
+            body["torn_figures"] = by_topic
         if self.starting:
             body["starting"] = True
         return _compact(body)
