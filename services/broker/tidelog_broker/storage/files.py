@@ -38,6 +38,7 @@ renamed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -222,7 +223,12 @@ def delete_every_segment(directory: Path) -> None:
     for entry in os.scandir(directory):
         name = entry.name.removesuffix(SWAP_SUFFIX)
         if parse_segment_file_name(name) is not None:
-            os.unlink(entry.path)
+            # Already gone is fine: every segment file is to go, so a
+            # missing one is one fewer to remove, never a sign of lost data
+            # (the log is being emptied; the reset-offset file, removed only
+            # after this, keeps the reset to redo should a kill cut it short).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
 
 
 def rename_deleted(paths: Sequence[Path]) -> list[Path]:
