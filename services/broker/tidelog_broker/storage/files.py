@@ -43,6 +43,7 @@ import logging
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -244,11 +245,15 @@ def rename_deleted(paths: Sequence[Path]) -> list[Path]:
     return renamed
 
 
-def unlink_files(paths: Sequence[Path]) -> int:
+def unlink_files(paths: Sequence[Path], stop: threading.Event | None = None) -> int:
     """Unlink files (a worker thread's job: unlinking a large file can take
-    milliseconds). Returns how many were removed; errors are logged."""
+    milliseconds). Returns how many were removed; errors are logged. Stops
+    before the next file once `stop` is set (the broker closing): the files
+    are renamed `.deleted`, which the next open removes."""
     removed = 0
     for path in paths:
+        if stop is not None and stop.is_set():
+            break
         try:
             path.unlink()
             removed += 1
