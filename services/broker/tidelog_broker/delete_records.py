@@ -25,7 +25,6 @@ from tidelog.v1 import admin_pb2
 
 from tidelog_broker.error_mapping import error_proto
 from tidelog_broker.partition_manager import PartitionManager
-from tidelog_broker.storage.partition_log import unlink_files
 
 #: The offset that means "the high watermark" (Kafka's -1).
 HIGH_WATERMARK = -1
@@ -66,5 +65,5 @@ async def delete_records(
         except Exception as exc:
             result.error.CopyFrom(error_proto(exc, f"deleting records of {name}"))
     if doomed:
-        await asyncio.to_thread(unlink_files, doomed)
+        await asyncio.to_thread(manager.logs.unlink_dropped, doomed)
     return response

@@ -36,8 +36,10 @@ import errno
 import functools
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,51 +96,54 @@ OPEN_SLICE = 64
 #: (tens of ms on a loaded machine: clients that produced straight after
 #: create_topics were refused).
 INLINE_OPEN_MAX = 4
-#: How long `close` waits for a sweep's worker thread to finish the
-#: directory it is removing (it stops before the next one). A directory of
-#: thousands of segments takes well under a second; past this the thread is
-#: left to finish (logged), racing any sweep of the same data directory that
-#: a LogManager opened next starts (tolerated: `remove_renamed`).
-SWEEP_CLOSE_WAIT_S = 10.0
-#: How long `close` waits for a cleaner round in a worker thread to stop:
-#: it sees the cancel at its next batch (milliseconds) and removes the
-#: `.cleaned` files it wrote. Past this it is left to finish (logged),
-#: racing the open of a LogManager opened next on the same data directory.
-CLEANER_CLOSE_WAIT_S = 10.0
+#: How long `close` waits, in all, for worker threads still at work it
+#: tracks (`_ThreadWork`): sweeps removing a deleted log's directory (each
+#: stops before its next one; a directory of thousands of segments takes
+#: well under a second), cleaner rounds (each sees the cancel at its next
+#: batch, milliseconds, and removes the `.cleaned` files it wrote), and
+#: unlinks of the files retention, compaction and DeleteRecords dropped.
+#: One deadline for all of them: a broker's stop waits this long at most,
+#: not this long per kind. Past it each is left to finish (logged), racing
+#: the open of a LogManager opened next on the same data directory
+#: (tolerated: `remove_renamed`, and open skips a leftover that vanishes).
+CLOSE_WAIT_S = 10.0
 #: Out of descriptors (the process's, the system's) or memory.
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM})
 
 
 class _ThreadWork:
     """What worker threads are doing now that `LogManager.close` waits for
-    (a directory being removed, a cleaner round), so that a LogManager
-    opened next on the same data directory (a restart in the same process)
-    finds no thread still at it. `start` is checked against the close's
-    `cancel` under the lock `wait_done` waits with: either close sees an
-    item under way and waits for it, or the thread sees the cancel and
-    starts nothing."""
+    (a directory being removed, a cleaner round, files being unlinked), so
+    that a LogManager opened next on the same data directory (a restart in
+    the same process) finds no thread still at it. `start` is checked
+    against the close's `cancel` under the lock `wait_done` waits with:
+    either close sees an item under way and waits for it, or the thread
+    sees the cancel and starts nothing. An item may be under way more than
+    once at a time (two unlinks in one log's directory): counted."""
 
     def __init__(self, cancel: threading.Event) -> None:
         self._cancel = cancel
         self._done = threading.Condition()
-        self._now: set[str] = set()
+        self._now: Counter[str] = Counter()
 
     def start(self, item: str) -> bool:
         """Record `item` as under way; False (nothing recorded) once closing."""
         with self._done:
             if self._cancel.is_set():
                 return False
-            self._now.add(item)
+            self._now[item] += 1
             return True
 
     def finish(self, item: str) -> None:
         with self._done:
-            self._now.discard(item)
+            self._now[item] -= 1
+            if self._now[item] <= 0:
+                del self._now[item]
             self._done.notify_all()
 
     def wait_done(self, timeout_s: float) -> list[str]:
-        """Wait up to `timeout_s` for every item to finish; those still
-        under way then, sorted (empty: all done)."""
+        """Wait up to `timeout_s` (0: not at all) for every item to finish;
+        those still under way then, sorted (empty: all done)."""
         with self._done:
             self._done.wait_for(lambda: not self._now, timeout_s)
             return sorted(self._now)
@@ -295,6 +300,14 @@ class LogManager:
         # close waits for: else they raced the start-up sweep of a
         # LogManager opened next on this data directory.
         self._removing = _ThreadWork(self._sweep_cancel)
+        # Set at close: an unlink of dropped files in a worker thread
+        # (`unlink_dropped`) stops before its next file.
+        self._unlink_cancel = threading.Event()
+        # The logs (by directory name) whose dropped files worker threads
+        # are unlinking now, which close waits for: else they raced the open
+        # of a LogManager opened next on this data directory, which removes
+        # the same `.deleted` leftovers.
+        self._unlinking = _ThreadWork(self._unlink_cancel)
         # The sweep a deletion starts (`_sweep_soon`), while it runs; and
         # whether a deletion renamed more aside since it last listed.
         self._sweeper: asyncio.Task[None] | None = None
@@ -349,12 +362,13 @@ class LogManager:
         """Flush and close every log (a clean shutdown: next start skips
         recovery). A close that fails (logged, naming its partition) stops
         none of the others; the first error is raised once all are closed.
-        A sweep's worker thread still removing a deleted log's directory,
-        and a cleaner round's worker thread, are waited for
-        (`_wait_for_removals`, `_wait_for_cleaning`, bounded), not left
-        racing the next LogManager opened on this data directory."""
+        Worker threads still at work in the data directory (a sweep removing
+        a deleted log's directory, a cleaner round, unlinks of dropped
+        files) are waited for, CLOSE_WAIT_S in all (`_wait_for_threads`),
+        not left racing the next LogManager opened on this data directory."""
         self._cleaner_cancel.set()
         self._sweep_cancel.set()
+        self._unlink_cancel.set()
         if self._sweeper is not None:
             # Its thread stops at its next directory (`_sweep_cancel`; the
             # one it is at is waited for below); what it leaves, the next
@@ -366,10 +380,8 @@ class LogManager:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.cancel()
-        # After the logs: their flushes overlap the thread's last directory,
-        # and the cleaner's last batch.
-        self._wait_for_removals()
-        self._wait_for_cleaning()
+        # After the logs: their flushes overlap the threads' last steps.
+        self._wait_for_threads()
         _raise_first(failed, "their next open recovers them")
 
     def _close_topics(self) -> dict[TopicPartitionKey, Exception]:
@@ -387,35 +399,41 @@ class LogManager:
         self._topics.clear()
         return failed
 
-    def _wait_for_removals(self) -> None:
-        """Wait (up to SWEEP_CLOSE_WAIT_S) for sweeps' worker threads to
-        finish the directories they are removing; `_sweep_cancel` is set,
-        so none starts another. Blocks the loop: only at close."""
-        still = ", ".join(self._removing.wait_done(SWEEP_CLOSE_WAIT_S))
-        if not still:
-            return
-        log.warning(
-            "closing: the removal of %s (a deleted log's directory) is still under way after "
-            "%g s; left to finish in its worker thread (the next start's sweep removes what "
-            "it leaves)",
-            still,
-            SWEEP_CLOSE_WAIT_S,
-        )
-
-    def _wait_for_cleaning(self) -> None:
-        """Wait (up to CLEANER_CLOSE_WAIT_S) for cleaner rounds in worker
-        threads to stop; `_cleaner_cancel` is set, so each stops at its next
-        batch (and removes its `.cleaned` files) and none starts. Blocks the
-        loop: only at close."""
-        still = ", ".join(self._cleaning.wait_done(CLEANER_CLOSE_WAIT_S))
-        if not still:
-            return
-        log.warning(
-            "closing: the cleaner's round of %s is still under way after %g s; left to finish "
-            "in its worker thread (the next start removes the .cleaned files it leaves)",
-            still,
-            CLEANER_CLOSE_WAIT_S,
-        )
+    def _wait_for_threads(self) -> None:
+        """Wait for the worker threads close tracks, CLOSE_WAIT_S in all:
+        one deadline, each kind waited for with what is left of it (none:
+        only checked), and each kind still under way then logged, with the
+        wait it had. Every cancel is set, so each thread stops at its next
+        step and none starts. Blocks the loop: only at close."""
+        deadline = time.monotonic() + CLOSE_WAIT_S
+        for work, what, leaves in (
+            (
+                self._removing,
+                "the removal of %s (a deleted log's directory)",
+                "the next start's sweep removes what it leaves",
+            ),
+            (
+                self._cleaning,
+                "the cleaner's round of %s",
+                "the next start removes the .cleaned files it leaves",
+            ),
+            (
+                self._unlinking,
+                "unlinking the files dropped from %s (by retention, compaction or DeleteRecords)",
+                "the next start removes the .deleted files it leaves",
+            ),
+        ):
+            budget_s = max(0.0, deadline - time.monotonic())
+            still = ", ".join(work.wait_done(budget_s))
+            if still:
+                log.warning(
+                    "closing: %s is still under way after a wait of %.1f s (close waits %g s in "
+                    "all for worker threads); left to finish in its worker thread (%s)",
+                    what % still,
+                    budget_s,
+                    CLOSE_WAIT_S,
+                    leaves,
+                )
 
     def _open_topic(
         self,
@@ -1233,7 +1251,7 @@ class LogManager:
                     self.wake((partition_log.topic, partition_log.partition))
         if not doomed:
             return 0
-        return await asyncio.to_thread(unlink_files, doomed)
+        return await asyncio.to_thread(self.unlink_dropped, doomed)
 
     async def run_cleaner(self) -> None:
         """Compact logs whose cleanup.policy has compact, every log.cleaner.backoff.ms."""
@@ -1273,8 +1291,22 @@ class LogManager:
                 if result is not None:
                     results.append(result)
                 if doomed:
-                    await asyncio.to_thread(unlink_files, doomed)
+                    await asyncio.to_thread(self.unlink_dropped, doomed)
         return results
+
+    def unlink_dropped(self, paths: Sequence[Path]) -> int:
+        """Unlink files dropped from logs, renamed `.deleted` (retention,
+        a cleaner's swap, DeleteRecords), in the calling worker thread: the
+        number removed. Known to close, which waits for it; it stops before
+        its next file once closing, and unlinks nothing if close came
+        first: the next open removes what it leaves."""
+        item = ", ".join(sorted({path.parent.name for path in paths}))
+        if not paths or not self._unlinking.start(item):
+            return 0
+        try:
+            return unlink_files(paths, self._unlink_cancel)
+        finally:
+            self._unlinking.finish(item)
 
     def _clean_in_thread(
         self, plan: log_cleaner.CleanPlan, guard: log_cleaner.DirectoryGuard

@@ -29,7 +29,6 @@ from tidelog_broker.log_manager import LogManager, TopicPartitionKey
 from tidelog_broker.replica_state import PartitionReplication, RegistrationOf, Role
 from tidelog_broker.replica_throttle import ReplicationThrottle
 from tidelog_broker.storage import Clock, PartitionLog
-from tidelog_broker.storage.partition_log import unlink_files
 
 log = logging.getLogger("tidelog.broker")
 # Errors that loops repeat (per partition, per pass) log once per interval.
@@ -347,8 +346,9 @@ class ReplicaManager:
         # depends on followers never being read.
         self._logs.wake((topic, partition))
         if doomed:
-            # Unreachable once renamed; a failed unlink is retried by the next open.
-            asyncio.get_running_loop().run_in_executor(None, unlink_files, doomed)
+            # Unreachable once renamed; a failed unlink is retried by the next
+            # open. Not awaited: close waits for it (`unlink_dropped`).
+            asyncio.get_running_loop().run_in_executor(None, self._logs.unlink_dropped, doomed)
 
     def truncate_replica(self, topic: str, partition: int, offset: int) -> int:
         """Follower: drop a divergent suffix from `offset`; the new log end."""

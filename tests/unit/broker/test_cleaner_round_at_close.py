@@ -35,6 +35,7 @@ from tidelog_broker.log_manager import LogManager
 from tidelog_broker.storage import cleaner, files
 from tidelog_server.clock import SYSTEM_CLOCK
 
+from tests.unit.broker import removal_spy
 from tests.unit.broker.in_process_broker import eventually
 
 pytestmark = pytest.mark.timeout(120)
@@ -171,8 +172,8 @@ def test_close_gives_up_on_a_round_past_its_wait_and_says_so(
 ) -> None:
     """The wait is bounded: a round still removing its `.cleaned` files
     (held at a gate before the real `discard_cleaned`) past
-    CLEANER_CLOSE_WAIT_S is left to its thread, and close says which log's."""
-    monkeypatch.setattr(log_manager_module, "CLEANER_CLOSE_WAIT_S", 0.2)
+    CLOSE_WAIT_S is left to its thread, and close says which log's."""
+    monkeypatch.setattr(log_manager_module, "CLOSE_WAIT_S", 0.2)
     gate = threading.Event()
     held = threading.Event()
     real_discard = cleaner.discard_cleaned
@@ -196,8 +197,9 @@ def test_close_gives_up_on_a_round_past_its_wait_and_says_so(
             closed = True
             [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
             assert line.startswith(
-                f"closing: the cleaner's round of {TOPIC}-0 is still under way after 0.2 s; "
-                "left to finish in its worker thread"
+                f"closing: the cleaner's round of {TOPIC}-0 is still under way after a wait of "
+                "0.2 s (close waits 0.2 s in all for worker threads); left to finish in its "
+                "worker thread"
             ), line
             assert cleaned_files(directory) != []
             await until(held.is_set, "the round stops at its cancel")
@@ -212,15 +214,83 @@ def test_close_gives_up_on_a_round_past_its_wait_and_says_so(
     asyncio.run(run())
 
 
+def test_close_waits_once_for_a_removal_and_a_round_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sweep's removal of a deleted log's directory (held at the removal
+    spy's gate) and a cleaner round (held before its real
+    `discard_cleaned`) both still under way at close: close waits
+    CLOSE_WAIT_S for them together, not that long for each. The removal,
+    waited for first, has the whole wait; the round has none of it left (a
+    wait of 0.0 s, only checked), and each is named as still under way.
+    Before, the round got a second full wait of its own."""
+    monkeypatch.setattr(log_manager_module, "CLOSE_WAIT_S", 1.0)
+    spy = removal_spy.install(monkeypatch)
+    gate = threading.Event()
+    held = threading.Event()
+    real_discard = cleaner.discard_cleaned
+
+    def discard_cleaned(directory: Path, base_offsets: list[int]) -> None:
+        held.set()
+        assert gate.wait(WAIT_S), "the gate stayed shut"
+        real_discard(directory, base_offsets)
+
+    monkeypatch.setattr(cleaner, "discard_cleaned", discard_cleaned)
+    directory = tmp_path / f"{TOPIC}-0"
+
+    async def run() -> None:
+        logs = manager(tmp_path)
+        closed = False
+        try:
+            fill(logs)
+            logs.create_topic("doomed", partitions=1)
+            spy.gate.clear()
+            logs.delete_topic("doomed")
+            [doomed] = removal_spy.renamed_aside(tmp_path)
+            round_task = await close_mid_round(logs, directory)
+            await until(spy.entered.is_set, "the sweep starts removing")
+            with caplog.at_level(logging.WARNING, logger="tidelog.broker"):
+                logs.close()
+            closed = True
+            removal, cleaning = [
+                r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING
+            ]
+            assert removal.startswith(
+                f"closing: the removal of {tmp_path / doomed} (a deleted log's directory) is "
+                "still under way after a wait of 1.0 s (close waits 1 s in all for worker "
+                "threads); left to finish in its worker thread"
+            ), removal
+            assert cleaning.startswith(
+                f"closing: the cleaner's round of {TOPIC}-0 is still under way after a wait of "
+                "0.0 s (close waits 1 s in all for worker threads); left to finish in its "
+                "worker thread"
+            ), cleaning
+            spy.gate.set()
+            await until(held.is_set, "the round stops at its cancel")
+            gate.set()
+            assert await round_task == []
+            assert cleaned_files(directory) == []
+            await until(lambda: removal_spy.renamed_aside(tmp_path) == [], "the removal ends")
+        finally:
+            spy.gate.set()
+            gate.set()
+            if not closed:
+                logs.close()
+
+    asyncio.run(run())
+
+
 def test_an_open_right_after_close_tolerates_deleted_files_still_being_unlinked(
     tmp_path: Path,
 ) -> None:
     """A round swapped in just before close: its ~4,500 replaced files,
-    renamed `.deleted`, are unlinked by a worker thread (`unlink_files`) that
-    close does not wait for, while a LogManager opened at once removes the
-    same leftovers at open. Its open skips a file the thread unlinked first.
-    Without that: 3 of 3 runs failed the open (FileNotFoundError on a
-    `.deleted` file) and hosted the log offline."""
+    renamed `.deleted`, are unlinked by a worker thread (`unlink_dropped`),
+    which close stops before its next file and waits for; a LogManager
+    opened at once removes the rest at open. (Before close waited for it,
+    the thread raced that open: its open skips a file the thread unlinked
+    first, which a thread left past close's wait still may; without that,
+    3 of 3 runs failed the open with FileNotFoundError on a `.deleted` file
+    and hosted the log offline.)"""
     directory = tmp_path / f"{TOPIC}-0"
 
     async def run() -> None:
@@ -246,6 +316,68 @@ def test_an_open_right_after_close_tolerates_deleted_files_still_being_unlinked(
             again.close()
         [result] = await round_task
         assert result.records_removed > 0
+        assert {key: (offset, value) for offset, key, value in records} == latest
+
+    asyncio.run(run())
+
+
+def test_close_stops_the_unlinks_of_dropped_files_and_waits_for_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A round swapped in just before close: the worker thread unlinking
+    the replaced files (renamed `.deleted`), held before the real
+    `unlink_files` past CLOSE_WAIT_S, is named as still under way; let go,
+    it stops before its first file (close set its cancel), and the next
+    open removes every `.deleted` file it left. Before, close neither
+    stopped nor waited for it (no warning), and it raced that open."""
+    monkeypatch.setattr(log_manager_module, "CLOSE_WAIT_S", 0.2)
+    gate = threading.Event()
+    held = threading.Event()
+    real_unlink = log_manager_module.unlink_files
+
+    def unlink_files(paths: list[Path], *args: threading.Event | None) -> int:
+        held.set()
+        assert gate.wait(WAIT_S), "the gate stayed shut"
+        return real_unlink(paths, *args)
+
+    monkeypatch.setattr(log_manager_module, "unlink_files", unlink_files)
+    directory = tmp_path / f"{TOPIC}-0"
+
+    def deleted_files() -> list[str]:
+        return [n for n in os.listdir(directory) if n.endswith(files.DELETED_SUFFIX)]
+
+    async def run() -> None:
+        logs = manager(tmp_path)
+        closed = False
+        try:
+            latest = fill(logs)
+            round_task = asyncio.create_task(logs.clean_logs(force=True))
+            await until(held.is_set, "the round swaps in and its unlinks start")
+            with caplog.at_level(logging.WARNING, logger="tidelog.broker"):
+                logs.close()
+            closed = True
+            [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+            assert line.startswith(
+                f"closing: unlinking the files dropped from {TOPIC}-0 (by retention, compaction "
+                "or DeleteRecords) is still under way after a wait of 0.2 s"
+            ), line
+            left = deleted_files()
+            assert left != []
+            gate.set()
+            [result] = await round_task
+            assert result.records_removed > 0
+            assert deleted_files() == left
+        finally:
+            gate.set()
+            if not closed:
+                logs.close()
+        again = manager(tmp_path)
+        try:
+            assert again.offline_partitions() == []
+            assert deleted_files() == []
+            records = list(read_all(again))
+        finally:
+            again.close()
         assert {key: (offset, value) for offset, key, value in records} == latest
 
     asyncio.run(run())

@@ -248,8 +248,8 @@ def test_close_gives_up_on_a_removal_past_its_wait_and_says_so(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """The wait is bounded: a removal held up (at the spy's gate) past
-    SWEEP_CLOSE_WAIT_S is left to its thread, and close says which."""
-    monkeypatch.setattr(log_manager_module, "SWEEP_CLOSE_WAIT_S", 0.2)
+    CLOSE_WAIT_S is left to its thread, and close says which."""
+    monkeypatch.setattr(log_manager_module, "CLOSE_WAIT_S", 0.2)
 
     async def run() -> None:
         logs = manager(tmp_path)
@@ -266,7 +266,10 @@ def test_close_gives_up_on_a_removal_past_its_wait_and_says_so(
             closed = True
             [line] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
             assert f"the removal of {tmp_path / first} " in line, line
-            assert "still under way after 0.2 s; left to finish in its worker thread" in line
+            assert (
+                "still under way after a wait of 0.2 s (close waits 0.2 s in all for worker "
+                "threads); left to finish in its worker thread" in line
+            ), line
             assert renamed_aside(tmp_path) == [first, second]
             spy.gate.set()
             # The thread finishes that one and starts no other.

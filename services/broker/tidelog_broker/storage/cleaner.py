@@ -221,7 +221,10 @@ def _open_snapshot(snapshot: SegmentSnapshot, guard: DirectoryGuard) -> int:
         with _require_path_access(guard):
             return os.open(snapshot.log_path, os.O_RDONLY)
     except FileNotFoundError as exc:
-        raise StaleSnapshotError(f"{snapshot.log_path} is gone (retention?)") from exc
+        raise StaleSnapshotError(
+            f"{snapshot.log_path} is gone since the round was planned: removed from the log "
+            "(by retention, DeleteRecords or a truncation), or its directory deleted or moved"
+        ) from exc
 
 
 def build_offset_map(

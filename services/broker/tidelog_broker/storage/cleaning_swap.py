@@ -162,8 +162,15 @@ def complete_interrupted(
     for base_offset in sorted(swaps):
         log_swap = files.segment_path(directory, base_offset, files.LOG_SUFFIX + files.SWAP_SUFFIX)
         if log_swap not in swaps[base_offset]:
+            # Index swaps of a group never committed: all that matters is
+            # that they be gone, so one already gone since the open's scan
+            # listed it (removed by hand, or by whatever else cleaned up the
+            # directory meanwhile) is as good as unlinked here. The renames
+            # below stay strict: a committed group's `.swap` file vanishing
+            # before its rename means something else is changing the log's
+            # files under the open, not that the work is done.
             for path in swaps[base_offset]:
-                path.unlink()
+                path.unlink(missing_ok=True)
             continue
         end = swap_ends.get(base_offset)
         if end is None:

@@ -38,10 +38,12 @@ renamed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
+import threading
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -222,7 +224,12 @@ def delete_every_segment(directory: Path) -> None:
     for entry in os.scandir(directory):
         name = entry.name.removesuffix(SWAP_SUFFIX)
         if parse_segment_file_name(name) is not None:
-            os.unlink(entry.path)
+            # Already gone is fine: every segment file is to go, so a
+            # missing one is one fewer to remove, never a sign of lost data
+            # (the log is being emptied; the reset-offset file, removed only
+            # after this, keeps the reset to redo should a kill cut it short).
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(entry.path)
 
 
 def rename_deleted(paths: Sequence[Path]) -> list[Path]:
@@ -238,11 +245,15 @@ def rename_deleted(paths: Sequence[Path]) -> list[Path]:
     return renamed
 
 
-def unlink_files(paths: Sequence[Path]) -> int:
+def unlink_files(paths: Sequence[Path], stop: threading.Event | None = None) -> int:
     """Unlink files (a worker thread's job: unlinking a large file can take
-    milliseconds). Returns how many were removed; errors are logged."""
+    milliseconds). Returns how many were removed; errors are logged. Stops
+    before the next file once `stop` is set (the broker closing): the files
+    are renamed `.deleted`, which the next open removes."""
     removed = 0
     for path in paths:
+        if stop is not None and stop.is_set():
+            break
         try:
             path.unlink()
             removed += 1

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from tidelog_broker.storage import LogConfig, ManualClock, PartitionLog, cleaner
+from tidelog_broker.storage import LogConfig, ManualClock, PartitionLog, cleaner, cleaning_swap
 from tidelog_broker.storage.partition_log import unlink_files
 
 from tests.unit.broker.storage.compaction_helpers import put, put_many, read_records
@@ -145,6 +145,47 @@ def test_kill_after_commit_keeps_deleted_key_deleted(
     for i, copy in enumerate(copies):
         _check(copy, clock, model, 5, f"kill point {i}")
     _close_files(log)
+
+
+def test_completing_a_swap_tolerates_an_uncommitted_swap_file_already_gone(
+    tmp_path: Path, clock: ManualClock, kill_points: Callable[[PartitionLog, int], list[Path]]
+) -> None:
+    """A kill during the commit leaves index `.swap` files without their
+    `.log.swap` (a group not committed), which `complete_interrupted` only
+    has to see gone. One already removed after the open's scan listed it
+    (by hand, or anything else tidying the directory) is as good as
+    unlinked: the completion goes on and the log reopens whole. Before, it
+    raised FileNotFoundError (and the broker hosted the log offline)."""
+    log = _open(tmp_path / "log" / f"{TOPIC}-{PARTITION}", clock)
+    put(log, b"kept", b"kept-value", clock.time_ms())
+    clock.advance(CONFIG.segment_ms)  # the next put rolls
+    put(log, b"gone", b"old-value", clock.time_ms())
+    clock.advance(CONFIG.segment_ms)  # the next put rolls
+    put_many(log, [(b"gone", None), (b"big", b"b" * 850)], clock.time_ms())
+    clock.advance(CONFIG.segment_ms)  # the next put rolls
+    put(log, b"active", b"a", clock.time_ms())
+    clock.advance(1)
+    model: Model = {b"kept": b"kept-value", b"gone": None, b"big": b"b" * 850, b"active": b"a"}
+    copies = kill_points(log, 1_000)
+    _close_files(log)
+
+    def uncommitted(directory: Path) -> list[Path]:
+        names = os.listdir(directory)
+        stems = [n.removesuffix(".index.swap") for n in names if n.endswith(".index.swap")]
+        return sorted(directory / f"{s}.index.swap" for s in stems if f"{s}.log.swap" not in names)
+
+    [copy, *_] = [c for c in copies if uncommitted(c)]
+    [index_swap] = uncommitted(copy)
+    stem = index_swap.name.removesuffix(".index.swap")
+    # As the open's scan lists them: the group's `.swap` files by base offset.
+    listed = {int(stem): sorted(copy.glob(stem + ".*.swap"))}
+    logs = {int(p.name.removesuffix(".log")) for p in copy.glob("*.log")}
+    index_swap.unlink()  # gone after the listing
+
+    cleaning_swap.complete_interrupted(copy, listed, logs, {})
+
+    assert list(copy.glob("*.swap")) == []
+    _check(copy, clock, model, 5, "an uncommitted swap file already gone")
 
 
 # Seeds on which the recovery that kept replaced segments past a cleaned
