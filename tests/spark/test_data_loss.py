@@ -6,7 +6,6 @@ read, its new partitions included)."""
 
 from __future__ import annotations
 
-import contextlib
 import re
 import time
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from typing import Any
 import pytest
 from tidelog import Consumer, NewTopic, TopicPartition
 
-from tests.spark.queries import wait_for
+from tests.spark.queries import await_end, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -53,11 +52,11 @@ def run_from_zero(spark: Any, bootstrap: str, topic: str, fail: str, checkpoint:
         .trigger(availableNow=True)
         .start()
     )
-    with contextlib.suppress(Exception):  # a failed query raises its error here
-        query.awaitTermination(120)
+    await_end(query)
     return query, rows
 
 
+@pytest.mark.timeout(600)  # two queries, each given queries.END_S to end
 def test_records_removed_by_retention_fail_the_query_or_are_skipped(
     spark: Any,
     tidelog_bootstrap: str,
@@ -134,11 +133,7 @@ def test_a_topic_deleted_under_a_running_query(
         wait_for(lambda: len(seen) == 5, query)
         admin.delete_topics([topic])
         if fail == "true":
-            # The query fails: awaitTermination raises its error, checked
-            # below through query.exception().
-            with contextlib.suppress(Exception):
-                query.awaitTermination(90)
-            error = str(query.exception())
+            error = str(await_end(query))
             assert f"{topic}-0 are gone" in error and "'failOnDataLoss'" in error, error
             return
         # Kept going: the topic created again, with a second partition, is read.

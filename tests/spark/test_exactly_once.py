@@ -20,6 +20,8 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.spark.queries import await_end
+
 pytestmark = pytest.mark.timeout(420)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -74,8 +76,8 @@ def test_a_query_stopped_and_restarted_from_its_checkpoint_delivers_each_record_
     query.stop()  # mid-stream, maybe in the middle of a batch
     expected += produce_spread(produce, topic, 3, 20, "second")
     query = start({"availableNow": True})
-    query.awaitTermination(240)
-    assert query.exception() is None, query.exception()
+    error = await_end(query)
+    assert error is None, error
     delivered = [r.value for r in spark.read.json(str(out)).collect()]
     duplicates = [v for v, n in Counter(delivered).items() if n > 1]
     assert not duplicates, duplicates[:10]

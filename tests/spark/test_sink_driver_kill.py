@@ -18,7 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from tidelog import Consumer, TopicPartition
+
+from tests.spark.readback import read_topic
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -26,11 +27,7 @@ DRIVER = Path(__file__).with_name("sink_driver.py")
 
 
 def read_values(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
-    with Consumer(bootstrap_servers=bootstrap, consumer_timeout_ms=1500) as consumer:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        return sorted(r.value for r in consumer)
+    return sorted(r.value for r in read_topic(bootstrap, topic, partitions))
 
 
 def kill_group(proc: subprocess.Popen[bytes]) -> None:

@@ -13,10 +13,11 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pytest
-from tidelog import Consumer, TopicPartition
 from tidelog.config import ProducerConfig
 from tidelog.spark import sink_task
 from tidelog.spark.sink_task import run_task
+
+from tests.spark.readback import read_topic
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -24,12 +25,8 @@ pytestmark = pytest.mark.timeout(120)
 def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[bytes, bytes]]]:
     """Every record of `topic`: partition -> [(key, value)] in offset order."""
     out: dict[int, list[tuple[bytes, bytes]]] = {p: [] for p in range(partitions)}
-    with Consumer(bootstrap_servers=bootstrap, consumer_timeout_ms=1500) as consumer:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        for record in consumer:
-            out[record.partition].append((record.key, record.value))
+    for record in read_topic(bootstrap, topic, partitions):
+        out[record.partition].append((record.key, record.value))
     return out
 
 

@@ -9,17 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tidelog import Consumer, TopicPartition
+
+from tests.spark.queries import await_end
+from tests.spark.readback import read_topic
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def read_records(bootstrap: str, topic: str, partitions: int) -> list[Any]:
-    with Consumer(bootstrap_servers=bootstrap, consumer_timeout_ms=1500) as consumer:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        return list(consumer)
+    return read_topic(bootstrap, topic, partitions)
 
 
 def test_batch_write_takes_the_kafka_sinks_columns(
@@ -136,6 +134,7 @@ def test_overwrite_mode_is_refused(
         writer.option("tidelog.bootstrap.servers", tidelog_bootstrap).save()
 
 
+@pytest.mark.timeout(600)  # two queries, each given queries.END_S to end
 def test_a_micro_batch_that_spark_replays_is_written_once(
     spark: Any,
     new_topic: Callable[..., str],
@@ -192,14 +191,12 @@ def test_a_micro_batch_that_spark_replays_is_written_once(
             .start()
         )
 
-    query = run("tidelog_commit_fails")
-    with pytest.raises(Exception, match="driver died before committing batch 1"):
-        query.awaitTermination(120)
+    error = await_end(run("tidelog_commit_fails"))
+    assert "driver died before committing batch 1" in str(error), error
     # Batches 0 and 1 were written; only batch 0 is in the commit log.
     assert len(read_records(tidelog_bootstrap, sink, 2)) == 200
 
-    query = run("tidelog")
-    query.awaitTermination(120)
-    assert query.exception() is None
+    error = await_end(run("tidelog"))
+    assert error is None, error
     values = sorted(r.value for r in read_records(tidelog_bootstrap, sink, 2))
     assert values == [f"event-{i:04d}".encode() for i in range(300)]

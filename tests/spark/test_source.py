@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from tidelog import NewTopic
 
-from tests.spark.queries import wait_for
+from tests.spark.queries import await_end, wait_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,8 +50,8 @@ def run_available_now(
         .trigger(**{trigger: True})
         .start()
     )
-    query.awaitTermination(240)
-    assert query.exception() is None, query.exception()
+    error = await_end(query)
+    assert error is None, error
     return rows
 
 
@@ -121,6 +121,7 @@ def test_headers_when_asked_for(
     assert by_value[b"y"] is None
 
 
+@pytest.mark.timeout(900)  # three queries, each given queries.END_S to end
 def test_available_now_and_once_read_what_is_there(
     spark: Any,
     tidelog_bootstrap: str,

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from tests.spark.queries import await_end
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -26,10 +28,9 @@ def start_failure(spark: Any, tmp_path: Path, options: dict[str, str]) -> str:
             .trigger(availableNow=True)
             .start()
         )
-        query.awaitTermination(120)
-    except Exception as exc:
+    except Exception as exc:  # refused before it started
         return str(exc)
-    error = query.exception()
+    error = await_end(query)
     assert error is not None, "the query did not fail"
     return str(error)
 
