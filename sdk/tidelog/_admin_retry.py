@@ -27,6 +27,15 @@ AdminClient: retriable errors are retried after `retry.backoff.ms` until
 When the time is out, the last error is raised again, its message saying
 `default_api_timeout_ms` and how many attempts were made.
 
+Except: while no server of the client's has ever answered it (no attempt
+succeeded, none failed with a server's own answer), a call that reached no
+server (BrokerNotAvailableError) is raised at once, its message saying so:
+a bootstrap list none of whose addresses ever answered is most likely wrong
+(a typo, a port of another service), and `tidelog topics list` against it
+should say so at once, not after a minute. Kafka's AdminClient waits out
+its timeout there; a client that has reached the cluster once retries as
+Kafka does (a broker restarting, a coordinator starting).
+
 Not thread-safe: the client's event loop.
 """
 
@@ -40,7 +49,12 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from tidelog.config import AdminConfig
-from tidelog.errors import RequestTimedOutError, TidelogError, UnknownTopicOrPartitionError
+from tidelog.errors import (
+    BrokerNotAvailableError,
+    RequestTimedOutError,
+    TidelogError,
+    UnknownTopicOrPartitionError,
+)
 
 log = logging.getLogger("tidelog.admin")
 
@@ -64,6 +78,9 @@ class AdminRetry:
         self._api_timeout_ms = config.default_api_timeout_ms
         self._backoff_s = config.retry_backoff_ms / 1000
         self._backoff_max_s = max(config.retry_backoff_max_ms, config.retry_backoff_ms) / 1000
+        #: Whether a server has answered one of this client's attempts (with
+        #: its answer or its own error): see the module doc's exception.
+        self._answered = False
 
     def backoff_s(self, attempts: int) -> float:
         """The pause after `attempts` failed attempts (doubling, capped, jittered)."""
@@ -80,7 +97,9 @@ class AdminRetry:
             attempts += 1
             try:
                 async with asyncio.timeout_at(_loop_time_of(deadline)):
-                    return await attempt()
+                    result = await attempt()
+                self._answered = True
+                return result
             except TimeoutError:
                 raise self._out_of_time(
                     last or RequestTimedOutError(f"{what} got no answer (the attempt was cut off)"),
@@ -88,6 +107,10 @@ class AdminRetry:
                     cut_off=True,
                 ) from None
             except TidelogError as exc:
+                if not isinstance(exc, BrokerNotAvailableError):
+                    self._answered = True  # a server's own error
+                elif not self._answered:
+                    raise _never_answered(exc) from None
                 if not may_resend(exc, idempotent):
                     raise
                 last = exc
@@ -110,6 +133,16 @@ class AdminRetry:
         )
         error.args = (error.message,)
         return error
+
+
+def _never_answered(error: BrokerNotAvailableError) -> BrokerNotAvailableError:
+    """`error` saying that no server ever answered (module doc)."""
+    error.message = (
+        f"{error.message} (no server at these addresses has answered this client: "
+        "check bootstrap_servers; not retried)"
+    )
+    error.args = (error.message,)
+    return error
 
 
 def _loop_time_of(monotonic_deadline: float) -> float:

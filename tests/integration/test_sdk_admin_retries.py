@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from tidelog import AdminClient, NewTopic
 from tidelog.errors import (
+    BrokerNotAvailableError,
     CoordinatorNotAvailableError,
     InvalidTopicError,
     UnknownTopicOrPartitionError,
@@ -25,6 +26,7 @@ from tidelog.errors import (
 
 from tests.support.cluster import ClusterProcesses
 from tests.support.etcd import EtcdProcess
+from tests.support.processes import free_port, start_broker
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -110,3 +112,28 @@ def test_errors_that_are_answers_are_raised_at_once(
         with pytest.raises(UnknownTopicOrPartitionError):
             admin.describe_topics(["no-such-topic-here"])
     assert "retrying" not in caplog.text, caplog.text
+
+
+def test_addresses_that_never_answered_fail_at_once_a_cluster_once_reached_is_waited_for(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A bootstrap list none of whose addresses ever answered is most likely
+    wrong: raised at once, saying to check it (were it retried, the call
+    would wait out this test's timeout). A client that reached its broker
+    once retries while the broker is away, as Kafka's does."""
+    caplog.set_level(logging.INFO, "tidelog.admin")
+    nobody = f"127.0.0.1:{free_port()}"
+    with AdminClient(nobody, default_api_timeout_ms=600_000) as admin:
+        for call in (admin.list_topics, admin.list_consumer_groups, admin.describe_cluster):
+            with pytest.raises(BrokerNotAvailableError, match="check bootstrap_servers") as raised:
+                call()
+            assert nobody in raised.value.message
+    assert "retrying" not in caplog.text, caplog.text
+
+    broker = start_broker(tmp_path / "broker")
+    with AdminClient(broker.address, default_api_timeout_ms=3000) as admin:
+        admin.list_topics()
+        broker.stop()
+        with pytest.raises(BrokerNotAvailableError, match="default_api_timeout_ms=3000 ran out"):
+            admin.list_topics()
+    assert "retrying" in caplog.text, caplog.text
