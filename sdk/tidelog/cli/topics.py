@@ -173,12 +173,14 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _human_bytes(n: int) -> str:
+    """`n` bytes as one cell without spaces (`100B`, `1.5MiB`): the table's
+    rows split on whitespace into their columns."""
     size = float(n)
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+            return f"{size:.0f}{unit}" if unit == "B" else f"{size:.1f}{unit}"
         size /= 1024
-    return f"{n} B"
+    return f"{n}B"
 
 
 _FILTERS = {
