@@ -126,7 +126,8 @@ def test_a_torn_replica_is_listed_and_not_elected_until_the_other_isr_member_ret
             described = await describe(client, keys)
             assert list(described.torn_replicas) == [ME]
             assert (
-                "in-sync broker 0 lost a torn tail at restart and is not elected while in-sync "
+                "in-sync broker 0 may have lost the tail of its log at restart and is not "
+                "elected while in-sync "
                 "broker 2 may return (start it again;"
             ) in described.error.message, described.error.message
             (partition,) = _description(
