@@ -254,8 +254,9 @@ class PartitionInfo:
     #: none is; older servers list offline logs of live brokers only, or
     #: nothing.
     offline_replicas: list[int] = field(default_factory=list)
-    #: Replicas whose log lost a damaged tail when their broker restarted
-    #: after a crash and has not caught up with a leader since, in the order
+    #: Replicas whose log may have lost its tail when their broker restarted
+    #: after a crash (or recovery cut damage) and has neither caught up with
+    #: a leader nor led since, in the order
     #: of `replicas`: they stay in the ISR but are not elected while another
     #: ISR member may return, so a partition whose other ISR members are
     #: down waits leaderless for them (when every ISR member is back and

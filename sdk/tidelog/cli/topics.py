@@ -327,7 +327,7 @@ def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
             for row, p in zip(rows, topic.partitions, strict=True)
         ]
     if any(p.torn_replicas for p in topic.partitions):
-        # Replicas whose recovery cut a torn tail: in the ISR but not
+        # Replicas that may have lost their tail in a crash: in the ISR but not
         # elected while another ISR member may return, which is why a
         # partition with live ISR members can wait leaderless.
         header += ("torn",)

@@ -449,9 +449,10 @@ class PartitionDescription(_message.Message):
 
     @_builtins.property
     def torn_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
-        """Replicas whose log lost a damaged tail when their broker restarted
-        after a crash and that have not caught up with a leader since (their
-        broker's registration lists them torn), in the order of `replicas`.
+        """Replicas whose log may have lost its tail when their broker restarted
+        after a crash (every log of a broker not shut down cleanly) and that
+        have neither caught up with a leader nor led since (their broker's
+        registration lists them torn), in the order of `replicas`.
         They stay in the ISR but are not elected while another ISR member may
         return (records they had acknowledged may be gone): a partition whose
         only live ISR members are torn waits leaderless for the others. When

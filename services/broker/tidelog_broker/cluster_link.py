@@ -55,8 +55,10 @@ nothing of it and only gets `host_partitions` / `drop_topic` calls):
   registration), so an ISR expansion that it refuses (see above)
   is refused only when this broker's offline or torn logs changed: the leader's next
   qualifying fetch, once its watch brought the rewrite, proposes it again;
-- torn replicas: a log whose recovery cut a damaged tail and that has not
-  caught up with a leader since (LogManager.torn_partitions) is listed in
+- torn replicas: a log that may have lost its tail at its open (the
+  broker was not shut down cleanly, or recovery cut damage) and that has
+  neither caught up with a leader nor led since (LogManager.torn_partitions:
+  after a kill, every log of the broker) is listed in
   `torn_partitions`, and its figures (last epoch, log end offset) in
   `torn_figures`, by the same rewrite, when the set changes and whenever a
   torn log's partition state changes (its figures move while it follows or
@@ -139,6 +141,14 @@ _META_FILE = "cluster.json"
 #: up to 249 characters, ~260 KB, well within etcd's default request limit
 #: (1.5 MiB). Beyond it, the others leave the ISR only as lagging replicas
 #: (replica.lag.time.max.ms), as before the registration listed any.
+#: Torn replicas are listed up to the same bound (and their figures with
+#: them; the three lists stay well under 1 MB). Every log of a broker that
+#: was killed is torn until it catches up or leads, so a broker hosting more
+#: replicas than this lists only the first (those whose recovery found a
+#: loss first: LogManager.torn_figures): the others look whole to the
+#: controller, which may elect one while an ISR member that kept more may
+#: still return, as before a crash alone made a log torn. Each leaves the
+#: list as it catches up, and the next rewrite lists the ones after it.
 MAX_OFFLINE_REPORTED = 1000
 #: A topic whose hosting failed (`_hosting_failed`) is reconciled again
 #: after this long, then after twice as long each time it fails again, at
@@ -180,6 +190,20 @@ class ClusterConfig:
     etcd_tls: EtcdTls | None = None
     #: etcd user and password (None: none, or the CN of the TLS certificate).
     etcd_auth: EtcdAuth | None = None
+
+
+#: Torn partitions a registration rewrite's log line names at most: after a
+#: kill every log of the broker is torn, and the rewrites as they catch up
+#: one by one would each name up to MAX_OFFLINE_REPORTED.
+_TORN_NAMED_MAX = 20
+
+
+def _named(partitions: tuple[tuple[str, int], ...]) -> str:
+    """`partitions` as `[t-0, t-1]`, at most _TORN_NAMED_MAX named, then
+    how many more."""
+    names = [f"{t}-{p}" for t, p in partitions[:_TORN_NAMED_MAX]]
+    more = len(partitions) - len(names)
+    return f"[{', '.join(names)}{f', and {more} more' if more else ''}]"
 
 
 class ClusterLink:
@@ -342,6 +366,7 @@ class ClusterLink:
                 MAX_OFFLINE_REPORTED,
             )
             offline = offline[:MAX_OFFLINE_REPORTED]
+        # Beyond the bound, see MAX_OFFLINE_REPORTED.
         torn = self.manager.logs.torn_figures()[:MAX_OFFLINE_REPORTED]
         return BrokerRegistration(
             broker_id=self.broker.broker_id,
@@ -414,7 +439,7 @@ class ClusterLink:
             "broker %d registration now lists offline partitions %s, torn partitions %s%s",
             self.broker.broker_id,
             [f"{t}-{p}" for t, p in listed.offline_partitions],
-            [f"{t}-{p}" for t, p in listed.torn_partitions],
+            _named(listed.torn_partitions),
             " (starting: its logs are not all hosted yet)" if listed.starting else "",
         )
 

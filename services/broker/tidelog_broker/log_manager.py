@@ -76,6 +76,7 @@ from tidelog_broker.storage.files import (
     remove_renamed,
     rename_for_deletion,
 )
+from tidelog_broker.storage.log_loader import TailLoss
 from tidelog_broker.storage.partition_log import unlink_files
 from tidelog_broker.topic_store import TopicSpec, TopicStore
 
@@ -167,6 +168,26 @@ def close_logs(logs: Iterable[PartitionLog]) -> None:
 #: At most this many partitions are named in the line that logs the closes
 #: that failed in one batch (a failing disk may fail thousands at once).
 _NAMED_FAILURES_MAX = 20
+
+
+def _tail_note(logs: Iterable[PartitionLog]) -> str:
+    """What a hosting's log line adds about the newly opened `logs` that
+    may have lost their tail (`PartitionLog.may_have_lost_tail`), counted by
+    why: one clause per hosting, not a line per log ("" when none did). A
+    broker that was killed has every log so, maybe thousands; the damaged
+    ones were each logged by recovery already."""
+    causes = Counter(
+        partition_log.may_have_lost_tail
+        for partition_log in logs
+        if partition_log.may_have_lost_tail and partition_log.offline is None
+    )
+    if not causes:
+        return ""
+    why = ", ".join(f"{count} {cause.value}" for cause, count in causes.items())
+    return (
+        f"; {sum(causes.values())} may have lost their tail ({why}): listed as torn, not "
+        "elected while another in-sync replica may return, until they catch up or lead"
+    )
 
 
 def _log_failed_closes(failed: Mapping[TopicPartitionKey, Exception], consequence: str) -> None:
@@ -349,6 +370,13 @@ class LogManager:
             # that fails is logged, the open's error is the one raised.
             _log_failed_closes(self._close_topics(), "their next open recovers them")
             raise
+        for topic in self._topics.values():
+            for partition_log in topic.logs:
+                # Standalone, each log is its partition's only replica:
+                # nobody elects it or another, so what a crash may have cut
+                # matters to no election (only the cluster's registration
+                # reads it), and its next close marks it clean again.
+                partition_log.may_have_lost_tail = None
         offline = self.offline_partitions()
         log.info(
             "opened %d topics, %d partitions in %s%s",
@@ -834,7 +862,9 @@ class LogManager:
             # for it get NOT_LEADER_OR_FOLLOWER rather than UNKNOWN_TOPIC.
             topic = self._topics[spec.name] = self._open_topic(spec, wanted, opened)
             if wanted:
-                log.info("hosting %s partitions %s", spec.name, sorted(wanted))
+                log.info(
+                    "hosting %s partitions %s%s", spec.name, sorted(wanted), _tail_note(topic.logs)
+                )
             self._hosted_offline(topic.logs)
             return
         if spec.configs != topic.spec.configs:
@@ -862,19 +892,25 @@ class LogManager:
         # few at a time, and listing thousands each time wrote ~12 MB of log
         # per broker for one topic of 3,000 partitions.
         log.info(
-            "hosting %d partitions of %s: opened %s, closed %s",
+            "hosting %d partitions of %s: opened %s, closed %s%s",
             len(wanted),
             spec.name,
             sorted(added.hosted),
             sorted(removed),
+            _tail_note(added.logs),
         )
 
     def _hosted_offline(self, logs: Iterable[PartitionLog]) -> None:
         """Newly hosted `logs` include offline ones (`UnopenedLog`, which
         never go offline, so never call `on_offline`) or torn ones
-        (`torn_partitions`): what the registration lists changed."""
+        (`torn_partitions`): what the registration lists changed. Once per
+        hosting of a topic, not per log: the hook only wakes the
+        ClusterLink's publisher, which rewrites the registration once for
+        every wake-up since its last write (a broker killed with thousands
+        of logs has every one torn at its start)."""
         if any(
-            partition_log.offline is not None or partition_log.lost_tail for partition_log in logs
+            partition_log.offline is not None or partition_log.may_have_lost_tail
+            for partition_log in logs
         ):
             self.on_offline_changed()
 
@@ -950,19 +986,17 @@ class LogManager:
         )
 
     def torn_partitions(self) -> list[TopicPartitionKey]:
-        """The hosted partitions whose log lost a damaged tail when it was
-        opened (`PartitionLog.lost_tail`) and has not caught up with a
-        leader since, sorted. The broker's registration lists them: the
-        controller elects none of them, since records this replica had
-        acknowledged as an ISR member may be gone (a leader and a torn
-        follower killed together: electing the follower, the first back,
-        lost every record above its cut)."""
-        return sorted(
-            (name, partition)
-            for name, topic in self._topics.items()
-            for partition, partition_log in topic.hosted.items()
-            if partition_log.lost_tail and partition_log.offline is None
-        )
+        """The hosted partitions whose log may have lost its tail when it
+        was opened (`PartitionLog.may_have_lost_tail`: the broker was not
+        shut down cleanly, or recovery cut damage) and has neither caught
+        up with a leader nor been elected leader since, in `torn_figures`'
+        order. "Torn" is the registration's word (`torn_partitions`, kept
+        for compatibility): it lists them, and the controller elects none
+        of them while another ISR member may return, since records this
+        replica had acknowledged as an ISR member may be gone (a leader and
+        a torn follower killed together: electing the follower, the first
+        back, lost every record above its cut)."""
+        return [(name, partition) for name, partition, _, _ in self.torn_figures()]
 
     def torn_figures(self) -> list[tuple[str, int, int, int]]:
         """`torn_partitions`, each with what its log holds now: (topic,
@@ -970,9 +1004,16 @@ class LogManager:
         history (-1 without one) and the offset after its last record. The
         registration publishes them so that, when every ISR member that may
         return is torn, the controller elects the one that holds the most
-        (tidelog_server.election_rule.most_complete), not the first."""
-        return sorted(
+        (tidelog_server.election_rule.most_complete), not the first.
+
+        Logs whose recovery found a loss (damage, a recovery point past the
+        end) come first, then those only not closed cleanly, each group
+        sorted: the registration lists the first MAX_OFFLINE_REPORTED
+        (cluster_link), so on a killed broker with more logs than that the
+        ones surely cut are the ones listed."""
+        torn = [
             (
+                partition_log.may_have_lost_tail is TailLoss.UNCLEAN_SHUTDOWN,
                 name,
                 partition,
                 partition_log.leader_epochs.latest_epoch,
@@ -980,8 +1021,10 @@ class LogManager:
             )
             for name, topic in self._topics.items()
             for partition, partition_log in topic.hosted.items()
-            if partition_log.lost_tail and partition_log.offline is None
-        )
+            if partition_log.may_have_lost_tail and partition_log.offline is None
+        ]
+        torn.sort()
+        return [(name, partition, epoch, end) for _, name, partition, epoch, end in torn]
 
     def is_torn(self, topic: str, partition: int) -> bool:
         """Whether the hosted log of `topic`-`partition` is among
@@ -990,7 +1033,7 @@ class LogManager:
         partition_log = None if hosted is None else hosted.hosted.get(partition)
         return (
             partition_log is not None
-            and bool(partition_log.lost_tail)
+            and partition_log.may_have_lost_tail is not None
             and partition_log.offline is None
         )
 
@@ -1000,14 +1043,39 @@ class LogManager:
         leader's log end as of an answer it applied whole
         (ReplicaManager.append_replicated): whatever it lost is back, so it
         is no longer torn."""
-        if partition_log.lost_tail and partition_log.log_end_offset >= offset:
-            partition_log.lost_tail = False
+        if partition_log.may_have_lost_tail and partition_log.log_end_offset >= offset:
             log.info(
-                "%s: caught up with its leader (offset %d) after recovery cut its "
-                "tail: electable again",
+                "%s: caught up with its leader (offset %d) after it may have lost its tail "
+                "(%s): electable again",
                 partition_log.name,
                 offset,
+                partition_log.may_have_lost_tail.value,
             )
+            partition_log.may_have_lost_tail = None
+            self.on_offline_changed()
+
+    def elected_leader(self, partition_log: PartitionLog) -> None:
+        """This broker leads `partition_log`'s partition in a new epoch: a
+        torn log is not torn any more. Safe: the controller chose this
+        replica knowing it was torn (its registration listed it before the
+        state naming it was written: ReplicaManager applies leadership only
+        of states newer than this broker's registration, which lists its
+        torn logs from the first write that lets it be elected), because
+        no other ISR member could hold more (all back and torn, the most
+        complete leads) or by an unclean election. Its log is the
+        partition's reference from now on: the others truncate to it, and
+        what it acknowledges from here is on the ISR as for any leader. Kept
+        listed, it would stay unelectable for good after it next stepped
+        down while another ISR member may return, and its broker's restart
+        would leave it without the clean-shutdown marker."""
+        if partition_log.may_have_lost_tail:
+            log.info(
+                "%s: elected leader after it may have lost its tail (%s): its log is the "
+                "reference now, electable again",
+                partition_log.name,
+                partition_log.may_have_lost_tail.value,
+            )
+            partition_log.may_have_lost_tail = None
             self.on_offline_changed()
 
     def _offline_changed(self) -> None:

@@ -185,6 +185,13 @@ class ReplicaManager:
         if role is Role.LEADER:
             partition_log.leader_epochs.assign(leader_epoch, partition_log.log_end_offset)
             state.start_leading(me, partition_log.log_end_offset)
+            # A log that may have lost its tail at open is no longer torn
+            # once it leads: the controller elected it knowing so (ClusterLink
+            # applies leadership only of states written after this broker's
+            # registration, which lists its torn logs), so none of the ISR
+            # could hold more; its log is the reference the others truncate
+            # to, and what it acknowledges from now on is on the ISR.
+            self._logs.elected_leader(partition_log)
         self._replication[key] = state
         log.info(
             "%s-%d: %s, leader %d, epoch %d, isr %s, log end %d",
@@ -308,16 +315,16 @@ class ReplicaManager:
         if replication is not None and not replication.is_leader:
             high_watermark = min(leader_high_watermark, partition_log.log_end_offset)
             replication.high_watermark = max(replication.high_watermark, high_watermark)
-            # A log whose recovery cut a torn tail is electable again once it
+            # A log that may have lost its tail is electable again once it
             # holds records of this leader's epoch (so everything the leader
             # had when its epoch began, every record acknowledged before)
             # and reaches the leader's high watermark (all acknowledged since).
             if (
-                partition_log.lost_tail
+                partition_log.may_have_lost_tail
                 and partition_log.leader_epochs.latest_epoch == replication.leader_epoch
             ):
                 self._logs.caught_up(partition_log, leader_high_watermark)
-            elif partition_log.lost_tail and leader_log_end_offset is not None:
+            elif partition_log.may_have_lost_tail and leader_log_end_offset is not None:
                 # Or once it reaches the leader's log end as of an answer it
                 # applied whole: the leader found no divergence up to the
                 # fetch offset (else the answer would have said where to

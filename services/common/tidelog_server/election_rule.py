@@ -14,7 +14,7 @@ had is lost). Else nobody may lead: the partition waits until an ISR member
 can serve again. An ISR member outside the assignment never leads, however
 well it could serve.
 
-Among ISR members that lost a torn tail at their restart (their broker's
+Among ISR members that may have lost their tail at their restart (their broker's
 registration lists them torn, `BrokerRegistration.torn_logs`), the caller
 elects only when none other may return (the controller's rule,
 tidelog_coordinator.leader_election); then it passes each one's

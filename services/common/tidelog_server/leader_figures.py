@@ -79,7 +79,7 @@ UNCLEAN_ELECTION = "unclean.leader.election.enable"
 #: partitions are described.
 OFFLINE_LOG_RUNBOOK = 'see docs/operations.md, "A partition\'s log goes offline (STORAGE_ERROR)"'
 HEALTH_RUNBOOK = 'see docs/operations.md, "Is the cluster healthy?"'
-#: Where an operator reads about replicas whose log lost a torn tail.
+#: Where an operator reads about replicas whose log may have lost its tail.
 TORN_RUNBOOK = 'see docs/operations.md, "Torn replicas after a crash"'
 
 #: What `leader_call_timeout` leaves of the client's time for the answer to
@@ -205,7 +205,11 @@ def _torn_wait(partition: admin_pb2.PartitionDescription) -> str:
     others = [b for b in partition.isr if b not in partition.torn_replicas]
     if not torn or not others:
         return ""
-    lost = "lost a torn tail" if len(torn) == 1 else "lost torn tails"
+    lost = (
+        "may have lost the tail of its log"
+        if len(torn) == 1
+        else "may have lost the tails of their logs"
+    )
     return (
         f"; in-sync {_brokers(torn)} {lost} at restart and {'is' if len(torn) == 1 else 'are'} "
         f"not elected while in-sync {_brokers(others)} may return (start "

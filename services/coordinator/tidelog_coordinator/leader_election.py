@@ -31,8 +31,9 @@ recovered its log). A broker of an older release lists nothing, which means
 nothing is offline.
 
 A replica whose broker lists the partition among its `torn_partitions`
-(its recovery after a crash cut a damaged tail, and it has not caught up
-with a leader since) is not elected either while another ISR member may
+(its log may have lost its tail: the broker was not shut down cleanly, or
+recovery cut damage; and it has neither caught up with a leader nor led
+since) is not elected either while another ISR member may
 return (it may be elected by an unclean election, or when every ISR member
 is back and torn: nobody has more), but it stays in the ISR: it catches up
 and becomes electable again. Without that, a leader and a torn follower

@@ -93,8 +93,8 @@ class PartitionRecord:
     #: is not registered, or its registration lists their log offline
     #: (LiveBrokers.offline_replicas).
     offline: tuple[int, ...] = ()
-    #: Replicas whose log lost a torn tail at their restart and has not
-    #: caught up since (LiveBrokers.torn_replicas): why a partition waits
+    #: Replicas whose log may have lost its tail at their restart (a crash)
+    #: and has neither caught up nor led since (LiveBrokers.torn_replicas): why a partition waits
     #: leaderless for another ISR member.
     torn: tuple[int, ...] = ()
 

@@ -299,7 +299,9 @@ class PartitionAdmin:
                 elif preferred in offline:
                     why = "has its log offline (a storage failure; restart the broker)"
                 elif preferred in torn:
-                    why = "lost a torn tail at its restart and has not caught up yet"
+                    why = (
+                        "may have lost the tail of its log at its restart and has not caught up yet"
+                    )
                 else:
                     why = f"is not in the ISR {list(state.isr)}"
                 return ElectionResult(

@@ -15,6 +15,7 @@ from tidelog_broker.cluster_link import ClusterConfig, ClusterLink
 from tidelog_broker.config import BrokerConfig
 from tidelog_broker.partition_manager import PartitionManager
 from tidelog_broker.replica_state import Role
+from tidelog_broker.storage import files
 from tidelog_server.etcd.records import BrokerRegistration
 from tidelog_server.forwarding import ChannelPool
 
@@ -61,6 +62,15 @@ class InProcessBroker:
     async def stop(self) -> None:
         await self.link.stop()
         self.manager.close()
+
+    async def crash(self) -> None:
+        """Leave the data directory as a SIGKILL does: every write() made
+        is in the files (the page cache outlives the process), and no log
+        has its clean-shutdown marker. (Its registration goes at once, as
+        when its lease expires.)"""
+        await self.stop()
+        for marker in self.config.data_dir.glob(f"*/{files.CLEAN_SHUTDOWN_FILE}"):
+            marker.unlink()
 
     def role(self, topic: str, partition: int) -> Role | None:
         """Its role in `topic`-`partition`; None: it has none (not hosted)."""

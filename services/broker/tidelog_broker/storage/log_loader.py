@@ -31,6 +31,18 @@ is recovered whatever the marker says. Whenever the recovery point comes out
 of `load` lower than the file says, the file is lowered durably before the
 log is used (the invariant of `PartitionLog`).
 
+A log that was not closed cleanly may have lost its tail
+(`LoadedLog.may_have_lost_tail`, Kafka's stance since KIP-966): records it
+held, and may have acknowledged as an in-sync replica, may be gone without
+recovery finding any damage. A crash that cuts a segment exactly at a batch
+boundary leaves a log that recovers clean (after a power loss, ext4 with
+data=ordered leaves a file at the size of an earlier write(): at a batch
+boundary), so the missing marker is what says so, as do damage cut off and
+a recovery point past the end (flushed records gone). A directory this load
+creates has nothing to lose. The cluster keeps such a replica from being
+elected while another in-sync replica may return
+(LogManager.torn_partitions).
+
 The epoch history and the producer state are the log's: `PartitionLog.open`
 brings them in line with what `load` kept (`recovered_from` says where the
 epoch history must be learnt from the batches again). Raises OSError.
@@ -39,6 +51,7 @@ epoch history must be learnt from the batches again). Raises OSError.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 from dataclasses import dataclass
@@ -51,6 +64,21 @@ from tidelog_broker.storage.config import LogConfig
 from tidelog_broker.storage.segment import LogSegment, close_all
 
 logger = logging.getLogger("tidelog.broker.storage")
+
+
+class TailLoss(enum.Enum):
+    """Why a log may have lost records at its end that it held before it
+    was opened (`LoadedLog.may_have_lost_tail`), most certain first."""
+
+    #: Recovery found damage (a torn or corrupt batch, or segments that do
+    #: not meet) and cut the log there.
+    DAMAGE = "damage cut off by recovery"
+    #: The recovery point checkpoint is past the recovered log end: records
+    #: flushed before the crash are gone.
+    PAST_END = "recovery point past the log end"
+    #: No clean-shutdown marker: a crash may have cut a segment anywhere,
+    #: a batch boundary included, which no check can tell from an end.
+    UNCLEAN_SHUTDOWN = "not closed cleanly"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,9 +101,9 @@ class LoadedLog:
     #: offset; its epoch history and producer state must go too, and then
     #: the `reset-offset` file (`PartitionLog.open` does both).
     reset: bool
-    #: Recovery found damage (a torn batch, or segments that do not meet)
-    #: and cut the log there: records it held before the crash may be gone.
-    lost_tail: bool = False
+    #: Records it held before the crash may be gone, and why (None: it was
+    #: closed cleanly, or its directory is new): see the module doc.
+    may_have_lost_tail: TailLoss | None = None
 
 
 def load(directory: Path, name: str, config: LogConfig, now_ms: int) -> LoadedLog:
@@ -98,7 +126,8 @@ def _load(
     directory: Path, name: str, config: LogConfig, now_ms: int, opened: list[LogSegment]
 ) -> LoadedLog:
     """`load`, adding every segment it opens to `opened`."""
-    if not directory.is_dir():
+    created = not directory.is_dir()
+    if created:
         directory.mkdir(parents=True)
         fsync_directory(directory.parent)
     clean_shutdown = checkpoints.take_clean_shutdown_marker(directory)
@@ -181,8 +210,21 @@ def _load(
         directory_dirty=len(kept) < len(segments),
         recovered_from=recovered_from,
         reset=reset_offset is not None or legacy_reset,
-        lost_tail=damaged_at is not None,
+        may_have_lost_tail=_tail_loss(damaged_at is not None, past_end, clean_shutdown or created),
     )
+
+
+def _tail_loss(damaged: bool, past_end: bool, closed_cleanly: bool) -> TailLoss | None:
+    """Why the log may have lost records it held (None: it may not). Logged
+    by the LogManager, one line per hosting, not here: every log of a
+    broker that was killed is one, and a broker may host thousands."""
+    if damaged:
+        return TailLoss.DAMAGE
+    if past_end:
+        return TailLoss.PAST_END
+    if not closed_cleanly:
+        return TailLoss.UNCLEAN_SHUTDOWN
+    return None
 
 
 def _finish_reset(

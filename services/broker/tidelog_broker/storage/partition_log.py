@@ -186,12 +186,15 @@ class PartitionLog:
         # Why the log refuses every read and write (see the module
         # docstring), or None.
         self._offline: str | None = None
-        #: Its open cut a damaged tail (`LoadedLog.lost_tail`) and it has not
-        #: caught up with a leader since: records this replica acknowledged
-        #: as an ISR member may be missing, so it must not be elected
-        #: (the broker's registration lists it as torn; see
-        #: LogManager.torn_partitions). Cleared by `caught_up`.
-        self.lost_tail = False
+        #: Why records this replica held, and may have acknowledged as an
+        #: ISR member, may be missing since its open (it was not closed
+        #: cleanly, or recovery cut damage: `LoadedLog.may_have_lost_tail`),
+        #: until it caught up with a leader or was elected leader since;
+        #: None: nothing is missing. While set it must not be elected when
+        #: another ISR member may return (the broker's registration lists
+        #: it as torn; see LogManager.torn_partitions), and `close` leaves
+        #: no clean-shutdown marker, so the next open says so again.
+        self.may_have_lost_tail: log_loader.TailLoss | None = None
         #: Called once when the log goes offline (on the thread that took
         #: it offline): the LogManager tells the cluster (the broker's
         #: registration lists its offline replicas for the controller).
@@ -334,7 +337,7 @@ class PartitionLog:
             loaded.gap_limit,
         )
         log._directory_dirty = loaded.directory_dirty
-        log.lost_tail = loaded.lost_tail
+        log.may_have_lost_tail = loaded.may_have_lost_tail
         if loaded.reset:
             # The rest of a reset cut short (`log_loader` did the segments),
             # durably, and then its commit point can go (see `reset_to`).
@@ -1120,8 +1123,11 @@ class PartitionLog:
     # ------------------------------------------------------------------ lifecycle
 
     def close(self) -> None:
-        """Flush, close every file, and mark the shutdown as clean. An
-        offline log only closes its files: nothing of its state in memory
+        """Flush, close every file, and mark the shutdown as clean, unless
+        the log may have lost its tail (`may_have_lost_tail`): without the
+        marker its next open says so again, since a restart loses none of
+        the doubt (the open recovers nothing the flush wrote: its recovery
+        point is the log end). An offline log only closes its files: nothing of its state in memory
         may reach the disk, and the next open must recover it. A close
         that fails (StorageError) still closes every file, without the
         marker: the next open recovers what it did not write."""
@@ -1143,7 +1149,8 @@ class PartitionLog:
                 for segment in self._segments:
                     segment.close()
                 self._closed = True
-                checkpoints.mark_clean_shutdown(self.directory)
+                if self.may_have_lost_tail is None:
+                    checkpoints.mark_clean_shutdown(self.directory)
         except BaseException:
             # The files go whatever failed (out of descriptors, say: the
             # flush opens some): nobody closes a log twice, so they would

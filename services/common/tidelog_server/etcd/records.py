@@ -75,11 +75,15 @@ class BrokerRegistration:
     that a registration without any is the bytes an older broker wrote (and
     an older broker's registration means: nothing offline).
 
-    `torn_partitions`: the replicas here whose log lost a damaged tail when
-    this broker opened it after a crash and that have not caught up with a
-    leader since (LogManager.torn_partitions): records they acknowledged as
-    ISR members may be gone, so the controller elects none of them (they may
-    stay in the ISR and catch up). Encoded and left out as
+    `torn_partitions`: the replicas here whose log may have lost its tail
+    when this broker opened it (it was not shut down cleanly, or recovery
+    cut damage: a cut at a batch boundary leaves no damage to find) and that
+    have neither caught up with a leader nor led since
+    (LogManager.torn_partitions; the name is older than that meaning, and
+    kept for compatibility): records they acknowledged as ISR members may
+    be gone, so the controller elects none of them while another ISR member
+    may return (they may stay in the ISR and catch up). At most
+    MAX_OFFLINE_REPORTED (the broker's ClusterLink). Encoded and left out as
     `offline_partitions` is.
 
     `torn_figures`: for each torn replica here, (topic, partition, last
