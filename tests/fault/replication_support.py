@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import struct
 import threading
 import time
 from collections import Counter, defaultdict
@@ -21,6 +22,7 @@ from typing import Any
 
 import grpc
 from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog.records import LOG_OVERHEAD
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
@@ -243,6 +245,10 @@ class AckedProducer:
             return sum(len(v) for v in self.acked.values())
 
 
+#: A batch's first fields: base offset (int64) and the length of the rest (int32).
+BATCH_PREFIX = struct.Struct(">qi")
+
+
 class LeaderKiller:
     """Every `period_s` (or as soon as the last restart is done, when it took
     longer), SIGKILLs the leader of a random partition and restarts it
@@ -294,7 +300,13 @@ class LeaderKiller:
             self.error = exc
 
     def _tear_a_follower(self, leader_id: int) -> None:
-        """Kill a follower too and cut its active segment at a random byte."""
+        """Kill a follower too and cut its active segment: at a random byte
+        (recovery finds a torn batch), or, every other tear, at a random
+        batch boundary (what ext4 leaves after a power loss: the size of an
+        earlier write(); recovery finds nothing wrong, and only the missing
+        clean-shutdown marker says records may be gone). A 900 s soak with
+        random bytes alone lost 9.9 M acknowledged records through the ~1 in
+        600 tears that landed on a boundary."""
         others = [
             b for b in self.cluster.brokers if b.broker_id != leader_id and b.proc is not None
         ]
@@ -309,9 +321,31 @@ class LeaderKiller:
             active = segments[-1]
             size = active.stat().st_size
             if size > 0:
-                os.truncate(active, self.random.randrange(size))
+                os.truncate(active, self._cut_at(active, size))
                 self.torn += 1
         follower.spawn()
+
+    def _cut_at(self, segment: Path, size: int) -> int:
+        """Where to cut `segment` (`size` bytes): see `_tear_a_follower`."""
+        if self.torn % 2 == 0:
+            return self.random.randrange(size)
+        starts = _batch_starts(segment.read_bytes())
+        return self.random.choice(starts) if starts else 0
+
+
+def _batch_starts(data: bytes) -> list[int]:
+    """Where each whole batch of a segment's bytes starts (from the length
+    in each header; a partial batch at the end, which the kill may have
+    left, is not one)."""
+    starts = []
+    position = 0
+    while position + LOG_OVERHEAD <= len(data):
+        size = BATCH_PREFIX.unpack_from(data, position)[1] + LOG_OVERHEAD
+        if position + size > len(data):
+            break
+        starts.append(position)
+        position += size
+    return starts
 
 
 def read_back(
