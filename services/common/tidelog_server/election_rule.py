@@ -15,12 +15,14 @@ can serve again. An ISR member outside the assignment never leads, however
 well it could serve.
 
 Among ISR members that may have lost their tail at their restart (their broker's
-registration lists them torn, `BrokerRegistration.torn_logs`), the caller
-elects only when none other may return (the controller's rule,
-tidelog_coordinator.leader_election); then it passes each one's
-`LogFigures`, and the one holding the most leads rather than the first in
-assignment order, as Kafka's controller (KIP-966) elects among ISR members
-by their last epoch and log end: see `most_complete`.
+registration lists them torn, `BrokerRegistration.torn_logs`), one leads
+only when every ISR member is back and torn (nobody has more to wait for):
+`elect_in_sync`, the clean election of every caller that moves leadership
+(the controller's, tidelog_coordinator.leader_election; a reassignment's
+completion or cancel, tidelog_coordinator.reassignment). Then each one's
+`LogFigures` are compared, and the one holding the most leads rather than
+the first in assignment order, as Kafka's controller (KIP-966) elects among
+ISR members by their last epoch and log end: see `most_complete`.
 
 "Can serve" is each caller's to say from what it reads (a broker that is
 registered and does not list its log of the partition offline; the
@@ -84,6 +86,40 @@ def elect(
         for replica in replicas:
             if replica in can_serve:
                 return Election(replica, clean=False)
+    return None
+
+
+def elect_in_sync(
+    replicas: Sequence[int],
+    isr: Collection[int],
+    can_serve: Collection[int],
+    torn: Collection[int],
+    figures: Mapping[int, LogFigures] | None = None,
+    eligible: Collection[int] | None = None,
+) -> Election | None:
+    """The clean election of a partition with assignment `replicas` and ISR
+    `isr` (all of it, members outside `replicas` too), whose brokers in
+    `can_serve` can serve it and of which those in `torn` may have lost
+    their tail (module doc); None when no ISR member may lead yet:
+
+    - the first of `replicas` in the ISR that can serve and is not torn;
+    - none, and every ISR member can serve and is torn: the one of them in
+      `replicas` holding the most (`figures`; `most_complete`). Nobody has
+      more to wait for;
+    - else nobody: an ISR member that is away may return with more, and an
+      untorn one that cannot lead here (the leader of a reassignment that
+      drops it) is where the torn ones catch up from, becoming electable.
+
+    `eligible`: the ISR members that may lead (default: all of `isr`); the
+    controller sets aside those restarted since the state was written
+    (leader_election.decide). The unclean election is the caller's."""
+    candidates = [b for b in (isr if eligible is None else eligible) if b in can_serve]
+    untorn = set(can_serve) - set(torn)
+    elected = elect(replicas, candidates, untorn, unclean=False)
+    if elected is not None or not candidates:
+        return elected
+    if all(b in can_serve and b in torn for b in isr):
+        return elect(replicas, candidates, can_serve, unclean=False, figures=figures)
     return None
 
 

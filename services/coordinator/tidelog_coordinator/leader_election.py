@@ -90,7 +90,7 @@ from typing import Any
 import aetcd
 from tidelog.errors import InvalidConfigError
 from tidelog_server.cancellation import raise_if_cancelling
-from tidelog_server.election_rule import LogFigures, elect
+from tidelog_server.election_rule import LogFigures, elect, elect_in_sync
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.offline import offline_replicas
@@ -166,13 +166,10 @@ def decide(
         return None
     # The rule the describe path states too (election_rule): an ISR member
     # outside the assignment never leads, nor a torn one while another ISR
-    # member may still return.
-    elected = elect(replicas, live_isr, live - set(torn), unclean=False)
-    if elected is None and live_isr and set(isr) <= live:
-        # Every ISR member is back and each is torn (one replica, or all
-        # crashed together): none has more to wait for; the one whose log
-        # holds the most leads (election_rule.most_complete).
-        elected = elect(replicas, live_isr, live, unclean=False, figures=figures)
+    # member may still return; with every ISR member back and torn (one
+    # replica, or all crashed together), the one whose log holds the most.
+    # A reassignment moving leadership elects by the same function.
+    elected = elect_in_sync(replicas, isr, live, torn, figures, eligible=live_isr)
     if elected is None and unclean:
         # The first live replica, whatever its log (no ISR to choose from).
         elected = elect(replicas, (), live, unclean=True)

@@ -42,7 +42,7 @@ from tidelog_server.etcd.records import (
 )
 
 from tidelog_coordinator import reassignment as rules
-from tidelog_coordinator.leader_election import decide, read_live_brokers
+from tidelog_coordinator.leader_election import LiveBrokers, decide, read_live_brokers
 from tidelog_coordinator.metadata import MAX_PARTITIONS, TOPICS_READ_ONE_BY_ONE, MetadataManager
 from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
 
@@ -97,10 +97,6 @@ class PartitionAdmin:
         self.keys = metadata.keys
 
     # ------------------------------------------------------------ reads
-
-    async def _live(self) -> dict[int, int]:
-        """Live broker id -> create revision of its registration."""
-        return (await read_live_brokers(self.client, self.keys)).registered
 
     async def _topic(self, name: str) -> tuple[TopicAssignment, Any]:
         validate_topic_name(name)
@@ -251,7 +247,14 @@ class PartitionAdmin:
                 torn = brokers.torn_of(tp.topic, tp.partition)
                 figures = brokers.torn_figures_of(tp.topic, tp.partition)
                 return await self._elect_one(
-                    tp, topics.get(tp.topic), registered, read, offline, torn, figures
+                    tp,
+                    topics.get(tp.topic),
+                    registered,
+                    read,
+                    offline,
+                    torn,
+                    figures,
+                    brokers.starting,
                 )
 
         return list(await asyncio.gather(*(elect(tp) for tp in wanted)))
@@ -265,10 +268,13 @@ class PartitionAdmin:
         offline: frozenset[int] = frozenset(),
         torn: frozenset[int] = frozenset(),
         figures: Mapping[int, LogFigures] | None = None,
+        starting: frozenset[int] = frozenset(),
     ) -> ElectionResult:
         """One partition's election; `read` is its state as the caller read
         it (None: not there), used for the first attempt only; `offline`:
-        the brokers whose replica of it is offline."""
+        the brokers whose replica of it is offline; `starting`: the brokers
+        still opening their logs (not live for elections, as the
+        controller's: which of their logs are torn is not known yet)."""
         name = f"{tp.topic}-{tp.partition}"
         if topic is None or not 0 <= tp.partition < len(topic.replicas):
             return ElectionResult(
@@ -290,12 +296,13 @@ class PartitionAdmin:
                     ElectionNotNeededError(f"{name}: preferred replica {preferred} already leads"),
                 )
             restarted = {b for b, rev in registered.items() if rev > got.mod_revision}
-            new = decide(
-                replicas, state, set(registered), False, True, restarted, offline, torn, figures
-            )
+            live = set(registered) - starting
+            new = decide(replicas, state, live, False, True, restarted, offline, torn, figures)
             if new is None or new.leader != preferred:
                 if preferred not in registered:
                     why = "is not alive"
+                elif preferred in starting:
+                    why = "is still opening its logs (starting)"
                 elif preferred in offline:
                     why = "has its log offline (a storage failure; restart the broker)"
                 elif preferred in torn:
@@ -374,11 +381,31 @@ class PartitionAdmin:
                 check_capacity(name, [adding], hosted, capacity)
             replicas = new.replicas if new is not None else ongoing.original  # type: ignore[union-attr]
             state, state_kv = await self._state(tp)
-            new_state = rules.state_for_replicas(replicas, state, live)
+            # Who may lead is the controller's rule (reassignment_driver's
+            # too): not a broker still opening its logs, nor one whose log
+            # is offline, nor a torn one while another ISR member may have
+            # more.
+            brokers = await reads.brokers()
+            can_serve = set(live) - brokers.starting - brokers.offline_of(tp.topic, tp.partition)
+            torn = brokers.torn_of(tp.topic, tp.partition)
+            new_state = rules.state_for_replicas(
+                replicas,
+                state,
+                can_serve,
+                torn,
+                brokers.torn_figures_of(tp.topic, tp.partition),
+            )
             if new_state is None:
+                torn_isr = [b for b in replicas if b in state.isr and b in torn]
+                why = (
+                    f"; in-sync {torn_isr} may have lost the tail of their logs at a restart "
+                    "and lead only once caught up (or once every in-sync replica is back)"
+                    if torn_isr
+                    else ""
+                )
                 raise InvalidRequestError(
-                    f"{name}: none of the replicas {list(replicas)} is alive and in the ISR "
-                    f"{list(state.isr)}, so none could lead: "
+                    f"{name}: none of the replicas {list(replicas)} may lead now (the ISR is "
+                    f"{list(state.isr)}{why}): "
                     + ("wait for one to catch up" if new is None else "choose other replicas")
                 )
             reassignments = dict(topic.reassignments)
@@ -496,7 +523,7 @@ class ReassignmentReads:
 
     def __init__(self, admin: PartitionAdmin) -> None:
         self._admin = admin
-        self._live: dict[int, int] | None = None
+        self._brokers: LiveBrokers | None = None
         self._topics: dict[str, tuple[TopicAssignment, Any] | str] = {}
         self._capacity: tuple[dict[int, int], dict[int, int | None]] | None = None
 
@@ -518,9 +545,14 @@ class ReassignmentReads:
 
     async def live(self) -> dict[int, int]:
         """Live broker id -> create revision of its registration."""
-        if self._live is None:
-            self._live = await self._admin._live()
-        return self._live
+        return (await self.brokers()).registered
+
+    async def brokers(self) -> LiveBrokers:
+        """The broker registrations, as one read shows them (what an
+        election reads: offline and torn logs, starting brokers)."""
+        if self._brokers is None:
+            self._brokers = await read_live_brokers(self._admin.client, self._admin.keys)
+        return self._brokers
 
     async def capacity(self) -> tuple[dict[int, int], dict[int, int | None]]:
         """(replicas each broker hosts, each live broker's max_partitions)."""

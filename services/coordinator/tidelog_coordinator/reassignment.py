@@ -10,7 +10,11 @@ partition state together (so brokers never see one without the other):
 2. complete (`is_complete`, then `state_for_replicas(target)`), by the
    controller: once every target replica is in the ISR, the replicas become
    the target, the ISR is cut to it, and if the leader is leaving, the first
-   target replica that is alive and in the ISR leads in a new epoch.
+   target replica that is alive, in the ISR and not torn leads in a new
+   epoch (the controller's rule, election_rule.elect_in_sync: a replica
+   whose log may have lost its tail at a restart leads only when every ISR
+   member is back and torn, the one holding the most; else nobody does, and
+   the move waits until the torn ones caught up with the leader).
 
 Cancel restores `original` the same way (`state_for_replicas(original)`).
 No step removes a replica before the replicas that stay hold everything the
@@ -20,10 +24,10 @@ every record up to the high watermark.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 from tidelog.errors import InvalidRequestError
-from tidelog_server.election_rule import elect
+from tidelog_server.election_rule import LogFigures, elect_in_sync
 from tidelog_server.etcd.records import PartitionState, Reassignment
 
 #: Upper bound of a target replica list (also bounded by the live brokers).
@@ -69,20 +73,30 @@ def start(
 
 
 def state_for_replicas(
-    replicas: Sequence[int], state: PartitionState, live: Collection[int]
+    replicas: Sequence[int],
+    state: PartitionState,
+    live: Collection[int],
+    torn: Collection[int] = frozenset(),
+    figures: Mapping[int, LogFigures] | None = None,
 ) -> PartitionState | None:
     """The partition's state once its replicas are `replicas`: the ISR cut
-    to them; a leader not among them replaced by the first of them that is
-    alive and in the ISR, in a new epoch (fencing the old leader). The same
-    state when nothing changes; None when nobody could lead."""
+    to them; a leader not among them replaced, in a new epoch (fencing the
+    old leader), by the first of them that is alive (`live`: can serve it),
+    in the ISR and not `torn` (its broker lists its log torn:
+    LiveBrokers.torn_of), or with every ISR member back and torn by the one
+    holding the most (`figures`: LiveBrokers.torn_figures_of). The same
+    state when nothing changes; None when nobody may lead yet."""
     isr = tuple(b for b in state.isr if b in replicas)
     if state.leader >= 0 and state.leader in replicas:
         if isr == state.isr:
             return state
         return PartitionState(state.leader, state.leader_epoch, isr, state.version + 1)
-    # The controller's rule (election_rule), clean only: a reassignment
-    # never loses what only the ISR had.
-    elected = elect(replicas, isr, live, unclean=False)
+    # The controller's rule (election_rule.elect_in_sync), clean only: a
+    # reassignment never loses what only the ISR had. Whether every ISR
+    # member is back and torn is asked of the whole ISR, the leaving leader
+    # too: while it serves, the torn ones catch up from it and the move
+    # waits for that, rather than making the others truncate to a cut log.
+    elected = elect_in_sync(replicas, state.isr, live, torn, figures, eligible=isr)
     if elected is None:
         return None
     return PartitionState(elected.leader, state.leader_epoch + 1, isr, state.version + 1)

@@ -4,7 +4,10 @@ A pass reads every topic record with a reassignment in progress and each
 such partition's state; a partition whose target replicas are all in the ISR
 (`reassignment.is_complete`) gets, in one transaction, its replicas set to the
 target, the reassignment removed, and its state cut to the target (a leaving
-leader replaced by an in-sync target replica, in a new epoch). The
+leader replaced by an in-sync target replica, in a new epoch; by the
+controller's rule, so never by one whose log may have lost its tail while
+another ISR member may have more: then the move waits, logged once, and a
+later pass completes it). The
 transaction compares the topic record's and the state's mod revisions and
 the controller's election key, so it never overwrites a change made
 meanwhile (an ISR change, an election, a cancel) and a deposed controller
@@ -47,6 +50,10 @@ class ReassignmentDriver:
     def __init__(self, client: aetcd.Client, keys: Keys) -> None:
         self.client = client
         self.keys = keys
+        #: The partitions whose move waits for a leader (logged once, when
+        #: it starts waiting): their target replicas are all in sync, but
+        #: none may lead yet (`rules.state_for_replicas` gave None).
+        self.waiting: set[tuple[str, int]] = set()
 
     async def run(self, fence: Any) -> None:
         """Passes until cancelled; `fence` is the election's leader compare."""
@@ -69,8 +76,11 @@ class ReassignmentDriver:
         if not moving:
             return 0
         brokers = await read_live_brokers(self.client, self.keys)
-        live = set(brokers.registered)
+        # A broker still opening its logs has not said which are torn: not
+        # live for elections until it has (leader_election).
+        live = set(brokers.registered) - brokers.starting
         done = 0
+        waiting: set[tuple[str, int]] = set()
         for topic, topic_revision in moving:
             # One transaction per partition: each compares the topic record's
             # revision that the previous one wrote (so a change by anyone
@@ -83,11 +93,34 @@ class ReassignmentDriver:
                 state = PartitionState.decode(got.value)
                 if not rules.is_complete(reassignment, state):
                     continue
-                # A replica whose log is offline never leads (leader_election).
+                # A replica whose log is offline never leads, nor a torn one
+                # while another ISR member may have more (leader_election).
                 offline = brokers.offline_of(topic.name, partition)
-                new_state = rules.state_for_replicas(reassignment.target, state, live - offline)
+                torn = brokers.torn_of(topic.name, partition)
+                new_state = rules.state_for_replicas(
+                    reassignment.target,
+                    state,
+                    live - offline,
+                    torn,
+                    brokers.torn_figures_of(topic.name, partition),
+                )
                 if new_state is None:
-                    continue  # no target replica alive in the ISR: wait
+                    # Wait (the next pass decides again): a target replica
+                    # catches up, or an ISR member that is away returns.
+                    waiting.add((topic.name, partition))
+                    if (topic.name, partition) not in self.waiting:
+                        log.info(
+                            "%s-%d: reassignment waits: leader %d leaves, and none of the "
+                            "target replicas %s may lead yet (isr %s, torn %s, not live %s)",
+                            topic.name,
+                            partition,
+                            state.leader,
+                            list(reassignment.target),
+                            list(state.isr),
+                            sorted(torn),
+                            sorted(b for b in state.isr if b not in live - offline),
+                        )
+                    continue
                 replicas = list(topic.replicas)
                 replicas[partition] = reassignment.target
                 reassignments = dict(topic.reassignments)
@@ -113,7 +146,10 @@ class ReassignmentDriver:
                     failure=[],
                 )
                 if not ok:
-                    break  # the topic or the state changed: read again next pass
+                    # The topic or the state changed: read again next pass
+                    # (its partitions not reached yet keep their waiting).
+                    waiting |= {w for w in self.waiting if w[0] == topic.name}
+                    break
                 topic = completed
                 topic_revision = responses[0].response_put.header.revision
                 done += 1
@@ -127,4 +163,7 @@ class ReassignmentDriver:
                     new_state.leader,
                     list(new_state.isr),
                 )
+        # Partitions that stopped waiting (completed, cancelled, or not
+        # complete any more) log again if they wait again.
+        self.waiting = waiting
         return done

@@ -93,3 +93,16 @@ def test_of_torn_isr_members_all_back_the_one_holding_the_most_leads() -> None:
     # return (2 is down): the partition still waits.
     figures = {0: LogFigures(7, 120)}
     assert decide([0, 1, 2], both, {0, 1}, False, False, {0}, torn={0}, figures=figures) is None
+
+
+def test_a_torn_replica_does_not_lead_while_an_untorn_isr_member_restarted() -> None:
+    """Leader 2 restarted cleanly (its log whole, so not torn); follower 0,
+    back from a crash before the state was last written, is torn. Before,
+    0 led at once (2, restarted, was set aside and every ISR member was
+    back) and 2 truncated to 0's cut log. Now the leader is fenced and the
+    next pass, 2's restart being older than that state, elects 2."""
+    fenced = decide([0, 1, 2], state(2, 7, [2, 0]), {0, 1, 2}, False, False, {2}, torn={0})
+    assert fenced == PartitionState(-1, 8, (2, 0), 4)
+    assert decide([0, 1, 2], fenced, {0, 1, 2}, False, False, torn={0}) == PartitionState(
+        2, 9, (2, 0), 5
+    )
