@@ -46,13 +46,21 @@ class ReplicatedCluster:
     def bootstrap(self) -> str:
         return ",".join(b.address for b in self.brokers)
 
-    def start(self, count: int = 3, broker_settings: Sequence[str] = ()) -> None:
+    def start(
+        self,
+        count: int = 3,
+        broker_settings: Sequence[str] = (),
+        coordinator_session_ttl_s: int = SESSION_TTL_S,
+    ) -> None:
+        """`coordinator_session_ttl_s`: longer for a test that freezes the
+        coordinator (SIGSTOP) and needs it to be the controller still when
+        it resumes."""
         self.coordinator = start_coordinator(
             self.etcd.endpoint,
             self.root / "logs",
             prefix=self.prefix,
             coordinator_id="c0",
-            session_ttl_s=SESSION_TTL_S,
+            session_ttl_s=coordinator_session_ttl_s,
         )
         for broker_id in range(count):
             args = [
