@@ -54,6 +54,15 @@ longest log, not to the deepest cut. A broker of an older release
 publishes no figures: the first of them in placement order leads, as
 before.
 
+Eligible leader replicas (`PartitionState.elr`, KIP-966): an ISR member
+this controller removes (or that an election leaves out) while the ISR is
+below the topic's min.insync.replicas stays eligible, as election_rule says
+(`next_elr`, `elect_in_sync`): it leads when no untorn ISR member can, and
+a torn ISR member waits for it as for an ISR member. Without it, a leader
+removed in favour of a follower whose dead process's lease had not yet
+expired left that follower the only ISR member; it came back torn, led, and
+the others truncated to its cut (2.8 M acknowledged records in a soak).
+
 Every write is a transaction comparing the state key's mod revision (a write
 by the leader, such as an ISR change, in between makes the pass skip it; the
 next pass sees the new state) and the controller's election key (fencing).
