@@ -108,6 +108,7 @@ from dataclasses import dataclass
 import aetcd
 from tidelog.errors import StorageError, TidelogError
 from tidelog_server.atomic_files import write_atomically
+from tidelog_server.election_rule import next_elr
 from tidelog_server.etcd import (
     PrefixWatcher,
     Session,
@@ -1173,8 +1174,17 @@ class ClusterLink:
                 return False
             registrations[r] = (progress.registration, value_revision)
         staying = [r for r in isr if r in known.isr and r != self.broker.broker_id]
+        try:
+            min_isr = self.manager.logs.topic(replication.topic).config.min_insync_replicas
+        except TidelogError:
+            return False  # the topic is going: nothing to write
         written = dataclasses.replace(
-            current_state, isr=tuple(isr), version=current_state.version + 1
+            current_state,
+            isr=tuple(isr),
+            version=current_state.version + 1,
+            # Members leaving an ISR below min.insync.replicas stay eligible
+            # to lead (PartitionState.elr); reaching it again clears them.
+            elr=next_elr(current_state.isr, isr, current_state.elr, min_isr, replication.replicas),
         )
         if replication.proposed_isr is not isr:
             # A newer state ended the proposal meanwhile; the next one, even
@@ -1223,11 +1233,12 @@ class ClusterLink:
             )
             ok = await self._settle_isr_write(key, current, replication, isr)
         log.info(
-            "%s-%d: ISR %s -> %s %s",
+            "%s-%d: ISR %s -> %s%s %s",
             replication.topic,
             replication.partition,
             known.isr,
             isr,
+            f" (elr {list(written.elr)})" if written.elr or current_state.elr else "",
             "written"
             if ok
             else "not written (the state, or a registration it depends on, changed)",

@@ -211,9 +211,18 @@ class ReplicaManager:
         self, topic: str, partition: int, offset: int, leader_epoch: int, timeout_s: float
     ) -> None:
         """acks=all: return once the HW is past `offset` (the last offset of
-        the batches appended in `leader_epoch`). RequestTimedOutError after
-        timeout_s; NotLeaderOrFollowerError if leadership moved meanwhile
-        (the records may or may not survive: the producer retries)."""
+        the batches appended in `leader_epoch`) and the ISR is at least the
+        topic's min.insync.replicas. RequestTimedOutError after timeout_s;
+        NotLeaderOrFollowerError if leadership moved meanwhile (the records
+        may or may not survive: the producer retries).
+
+        The ISR is asked at the end too, not only at the append: a record
+        appended with the ISR at min.insync.replicas, and passed by the HW
+        only after the ISR shrank below it, is not on the members removed,
+        and those stay eligible to lead (PartitionState.elr): acknowledged,
+        it could be lost. Such a record is acknowledged once the ISR is
+        back at min.insync.replicas (a member joins only with every record
+        below the HW), as Kafka answers NOT_ENOUGH_REPLICAS_AFTER_APPEND."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         key = (topic, partition)
@@ -227,14 +236,15 @@ class ReplicaManager:
                 raise NotLeaderOrFollowerError(
                     f"leadership of {topic}-{partition} moved while waiting for acks=all"
                 )
-            if replication.high_watermark > offset:
+            min_isr = self._logs.partition_log(topic, partition).config.min_insync_replicas
+            if replication.high_watermark > offset and len(replication.isr) >= min_isr:
                 return
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise RequestTimedOutError(
                     f"{topic}-{partition}: in-sync replicas {replication.isr} did not confirm "
                     f"offset {offset} within {timeout_s * 1000:.0f} ms (high watermark "
-                    f"{replication.high_watermark})"
+                    f"{replication.high_watermark}, min.insync.replicas {min_isr})"
                 )
             await self._logs.wait_for_append([key], remaining)
 

@@ -24,6 +24,17 @@ completion or cancel, tidelog_coordinator.reassignment). Then each one's
 the first in assignment order, as Kafka's controller (KIP-966) elects among
 ISR members by their last epoch and log end: see `most_complete`.
 
+Eligible leader replicas (ELR, Kafka's KIP-966; `PartitionState.elr`):
+replicas removed from the ISR while it was below the topic's
+min.insync.replicas (`next_elr`, the one rule of every write that changes
+an ISR). No acks=all record is acknowledged while the ISR is below it, so
+an ELR member holds every acknowledged record, as an ISR member does: it
+counts as one for who may return with more and who may lead, after the
+untorn ISR members (`elect_in_sync`). Without it, an ISR shrunk below
+min.insync.replicas to a member that then came back torn let that member
+lead while the member removed held every acknowledged record, and the
+others truncated to its cut (2.8 M acknowledged records in a 900 s soak).
+
 "Can serve" is each caller's to say from what it reads (a broker that is
 registered and does not list its log of the partition offline; the
 controller also sets aside brokers that restarted since the state was
@@ -96,31 +107,64 @@ def elect_in_sync(
     torn: Collection[int],
     figures: Mapping[int, LogFigures] | None = None,
     eligible: Collection[int] | None = None,
+    elr: Collection[int] = (),
 ) -> Election | None:
-    """The clean election of a partition with assignment `replicas` and ISR
-    `isr` (all of it, members outside `replicas` too), whose brokers in
-    `can_serve` can serve it and of which those in `torn` may have lost
-    their tail (module doc); None when no ISR member may lead yet:
+    """The clean election of a partition with assignment `replicas`, ISR
+    `isr` (all of it, members outside `replicas` too) and eligible leader
+    replicas `elr` (module doc), whose brokers in `can_serve` can serve it
+    and of which those in `torn` may have lost their tail (module doc);
+    None when no ISR or ELR member may lead yet:
 
     - the first of `replicas` in the ISR that can serve and is not torn;
-    - none, and every ISR member can serve and is torn: the one of them in
-      `replicas` holding the most (`figures`; `most_complete`). Nobody has
-      more to wait for;
-    - else nobody: an ISR member that is away may return with more, and an
-      untorn one that cannot lead here (the leader of a reassignment that
-      drops it) is where the torn ones catch up from, becoming electable.
+    - none: the first of `replicas` in the ELR that can serve and is not
+      torn (it holds every acknowledged record: KIP-966);
+    - none, and every ISR and ELR member can serve and is torn: the one of
+      them in `replicas` holding the most (`figures`; `most_complete`).
+      Nobody has more to wait for;
+    - else nobody: an ISR or ELR member that is away may return with more,
+      and an untorn one that cannot lead here (the leader of a reassignment
+      that drops it) is where the torn ones catch up from, becoming
+      electable.
 
     `eligible`: the ISR members that may lead (default: all of `isr`); the
     controller sets aside those restarted since the state was written
-    (leader_election.decide). The unclean election is the caller's."""
+    (leader_election.decide). A leader from the ELR is not in the ISR: the
+    caller adds it (and `next_elr` takes it out of the ELR). The unclean
+    election is the caller's."""
     candidates = [b for b in (isr if eligible is None else eligible) if b in can_serve]
     untorn = set(can_serve) - set(torn)
     elected = elect(replicas, candidates, untorn, unclean=False)
-    if elected is not None or not candidates:
+    if elected is not None:
         return elected
-    if all(b in can_serve and b in torn for b in isr):
-        return elect(replicas, candidates, can_serve, unclean=False, figures=figures)
+    eligible_elr = [b for b in elr if b in can_serve and b not in isr]
+    elected = elect(replicas, eligible_elr, untorn, unclean=False)
+    if elected is not None or not (candidates or eligible_elr):
+        return elected
+    if all(b in can_serve and b in torn for b in (*isr, *elr)):
+        return elect(replicas, candidates + eligible_elr, can_serve, unclean=False, figures=figures)
     return None
+
+
+def next_elr(
+    old_isr: Collection[int],
+    new_isr: Collection[int],
+    old_elr: Collection[int],
+    min_isr: int,
+    replicas: Sequence[int],
+) -> tuple[int, ...]:
+    """The eligible leader replicas (module doc) after an ISR change from
+    `old_isr` to `new_isr` of a partition with ELR `old_elr`, whose topic's
+    min.insync.replicas is `min_isr` and whose assignment is `replicas`:
+    none once the new ISR reaches min.insync.replicas (records are
+    acknowledged without them again); else the old ELR and the members
+    removed now, less the new ISR, in assignment order (a replica leaving
+    the assignment leaves it too). Every write of a state with a new ISR
+    sets its ELR by this; one that drops the ELR elects as before it, which
+    may lose acknowledged records."""
+    if len(new_isr) >= min_isr:
+        return ()
+    kept = set(old_elr) | (set(old_isr) - set(new_isr))
+    return tuple(b for b in replicas if b in kept and b not in new_isr)
 
 
 def most_complete(candidates: Sequence[int], figures: Mapping[int, LogFigures]) -> int:

@@ -54,6 +54,15 @@ longest log, not to the deepest cut. A broker of an older release
 publishes no figures: the first of them in placement order leads, as
 before.
 
+Eligible leader replicas (`PartitionState.elr`, KIP-966): an ISR member
+this controller removes (or that an election leaves out) while the ISR is
+below the topic's min.insync.replicas stays eligible, as election_rule says
+(`next_elr`, `elect_in_sync`): it leads when no untorn ISR member can, and
+a torn ISR member waits for it as for an ISR member. Without it, a leader
+removed in favour of a follower whose dead process's lease had not yet
+expired left that follower the only ISR member; it came back torn, led, and
+the others truncated to its cut (2.8 M acknowledged records in a soak).
+
 Every write is a transaction comparing the state key's mod revision (a write
 by the leader, such as an ISR change, in between makes the pass skip it; the
 next pass sees the new state) and the controller's election key (fencing).
@@ -84,13 +93,13 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aetcd
 from tidelog.errors import InvalidConfigError
 from tidelog_server.cancellation import raise_if_cancelling
-from tidelog_server.election_rule import LogFigures, elect, elect_in_sync
+from tidelog_server.election_rule import LogFigures, elect, elect_in_sync, next_elr
 from tidelog_server.etcd import PrefixWatcher, WatchBatch, is_unavailable
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.offline import offline_replicas
@@ -127,6 +136,7 @@ def decide(
     offline: frozenset[int] | set[int] = frozenset(),
     torn: frozenset[int] | set[int] = frozenset(),
     figures: Mapping[int, LogFigures] | None = None,
+    min_isr: int = 1,
 ) -> PartitionState | None:
     """The new state of one partition, or None to leave it (pure; tested alone).
 
@@ -142,10 +152,19 @@ def decide(
     torn_figures_of): with every ISR member back and torn, the one holding
     the most leads; a replica without figures (an older broker) leaves the
     choice to placement order.
+    `min_isr`: the topic's min.insync.replicas (`topic_min_isr`): an ISR
+    member removed while the ISR is below it joins the eligible leader
+    replicas (`state.elr`; election_rule.next_elr), which may lead as ISR
+    members may (election_rule.elect_in_sync).
     """
     if offline:
         live = live - set(offline)
     leader, epoch, isr, version = state.leader, state.leader_epoch, list(state.isr), state.version
+
+    def written(leader: int, epoch: int, new_isr: list[int] | tuple[int, ...]) -> PartitionState:
+        elr = next_elr(isr, new_isr, state.elr, min_isr, replicas)
+        return PartitionState(leader, epoch, tuple(new_isr), version + 1, elr)
+
     steady = live - set(restarted)
     live_isr = [b for b in isr if b in steady]
     if leader < 0 or (leader not in steady and not live_isr):
@@ -160,27 +179,35 @@ def decide(
             and replicas[0] in live_isr
             and replicas[0] not in torn
         ):
-            return PartitionState(replicas[0], epoch + 1, tuple(live_isr), version + 1)
+            return written(replicas[0], epoch + 1, live_isr)
         if live_isr != isr:
-            return PartitionState(leader, epoch, tuple(live_isr), version + 1)
+            return written(leader, epoch, live_isr)
         return None
     # The rule the describe path states too (election_rule): an ISR member
     # outside the assignment never leads, nor a torn one while another ISR
     # member may still return; with every ISR member back and torn (one
     # replica, or all crashed together), the one whose log holds the most.
-    # A reassignment moving leadership elects by the same function.
-    elected = elect_in_sync(replicas, isr, live, torn, figures, eligible=live_isr)
+    # A reassignment moving leadership elects by the same function. An
+    # eligible leader replica (state.elr) holds every acknowledged record
+    # too: it leads when no untorn ISR member can, and while one of them is
+    # away, a torn ISR member does not (it may return with more).
+    elected = elect_in_sync(replicas, isr, live, torn, figures, eligible=live_isr, elr=state.elr)
     if elected is None and unclean:
         # The first live replica, whatever its log (no ISR to choose from).
         elected = elect(replicas, (), live, unclean=True)
     if elected is not None and elected.clean:
-        return PartitionState(elected.leader, epoch + 1, tuple(live_isr), version + 1)
+        if elected.leader in live_isr:
+            return written(elected.leader, epoch + 1, live_isr)
+        # From the ELR: it joins the ISR (and so leaves the ELR).
+        return written(elected.leader, epoch + 1, [elected.leader, *live_isr])
     if elected is not None:
-        # Unclean: what only the ISR had is lost; the new ISR is the leader.
+        # Unclean: what only the ISR had is lost; the new ISR is the leader,
+        # and no one else is known to hold every record it has (no ELR).
         return PartitionState(elected.leader, epoch + 1, (elected.leader,), version + 1)
     if leader != -1:
-        # Nobody may lead: fence the old leader, keep the ISR to wait for.
-        return PartitionState(-1, epoch + 1, tuple(isr), version + 1)
+        # Nobody may lead: fence the old leader, keep the ISR and ELR to
+        # wait for.
+        return replace(state, leader=-1, leader_epoch=epoch + 1, version=version + 1)
     return None
 
 
@@ -267,6 +294,7 @@ class LeaderElector:
             assignment = TopicAssignment.decode(kv.value)
             topics[assignment.name] = assignment
         unclean_of: dict[str, bool] = {}
+        min_isr_of: dict[str, int] = {}
         changes: list[_Change] = []
         for kv in await self.client.get_prefix(self.keys.all_partition_states):
             tp = self.keys.parse_partition_state_key(kv.key)
@@ -279,6 +307,7 @@ class LeaderElector:
             replicas = list(topic.replicas[partition]) if partition < len(topic.replicas) else []
             if tp.topic not in unclean_of:
                 unclean_of[tp.topic] = _unclean_election(topic)
+                min_isr_of[tp.topic] = topic_min_isr(topic)
             state = PartitionState.decode(kv.value)
             restarted = {b for b, rev in registered.items() if rev > kv.mod_revision}
             offline = brokers.offline_of(tp.topic, partition)
@@ -293,6 +322,7 @@ class LeaderElector:
                 offline,
                 torn,
                 brokers.torn_figures_of(tp.topic, partition),
+                min_isr_of[tp.topic],
             )
             if new is not None:
                 changes.append(_Change(f"{tp.topic}-{partition}", kv, state, new, offline))
@@ -312,7 +342,7 @@ class LeaderElector:
         for change in written:
             old, new = change.old, change.new
             log.info(
-                "%s: leader %s -> %s, epoch %s -> %s, isr %s -> %s (live brokers %s%s)",
+                "%s: leader %s -> %s, epoch %s -> %s, isr %s -> %s%s (live brokers %s%s)",
                 change.name,
                 old.leader,
                 new.leader,
@@ -320,6 +350,7 @@ class LeaderElector:
                 new.leader_epoch,
                 list(old.isr),
                 list(new.isr),
+                f", elr {list(old.elr)} -> {list(new.elr)}" if old.elr or new.elr else "",
                 sorted(live),
                 f"; offline replicas {sorted(change.offline)}" if change.offline else "",
             )
@@ -494,3 +525,21 @@ def _unclean_election(topic: TopicAssignment) -> bool:
         # rather than stop electing leaders.
         log.warning("topic %s has invalid configs; unclean election off", topic.name)
         return False
+
+
+def topic_min_isr(topic: TopicAssignment) -> int:
+    """The topic's own min.insync.replicas, which the eligible leader
+    replicas are kept by (`decide`). The coordinator knows no broker's
+    default: a topic without its own takes 1 here (no ELR is kept for it by
+    the controller's writes, as before ELR), whatever its brokers default
+    to. That is the safe side: brokers refuse acks=all below their
+    effective min.insync.replicas, never below, so an ELR kept by this one
+    holds every acknowledged record; one kept by a larger figure than the
+    brokers' would not (its members would miss records acknowledged while
+    the ISR was between the two)."""
+    try:
+        return parse_topic_configs(topic.configs).min_insync_replicas
+    except InvalidConfigError:
+        # As _unclean_election (its warning says the configs are invalid):
+        # 1, the smallest, for the reason above.
+        return 1

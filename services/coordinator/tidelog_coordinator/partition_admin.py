@@ -42,7 +42,12 @@ from tidelog_server.etcd.records import (
 )
 
 from tidelog_coordinator import reassignment as rules
-from tidelog_coordinator.leader_election import LiveBrokers, decide, read_live_brokers
+from tidelog_coordinator.leader_election import (
+    LiveBrokers,
+    decide,
+    read_live_brokers,
+    topic_min_isr,
+)
 from tidelog_coordinator.metadata import MAX_PARTITIONS, TOPICS_READ_ONE_BY_ONE, MetadataManager
 from tidelog_coordinator.placement import BrokerSlot, check_capacity, place_replicas
 
@@ -297,7 +302,18 @@ class PartitionAdmin:
                 )
             restarted = {b for b, rev in registered.items() if rev > got.mod_revision}
             live = set(registered) - starting
-            new = decide(replicas, state, live, False, True, restarted, offline, torn, figures)
+            new = decide(
+                replicas,
+                state,
+                live,
+                False,
+                True,
+                restarted,
+                offline,
+                torn,
+                figures,
+                topic_min_isr(topic),
+            )
             if new is None or new.leader != preferred:
                 if preferred not in registered:
                     why = "is not alive"
@@ -394,6 +410,7 @@ class PartitionAdmin:
                 can_serve,
                 torn,
                 brokers.torn_figures_of(tp.topic, tp.partition),
+                topic_min_isr(topic),
             )
             if new_state is None:
                 torn_isr = [b for b in replicas if b in state.isr and b in torn]

@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 
 from tidelog.errors import InvalidRequestError
-from tidelog_server.election_rule import LogFigures, elect_in_sync
+from tidelog_server.election_rule import LogFigures, elect_in_sync, next_elr
 from tidelog_server.etcd.records import PartitionState, Reassignment
 
 #: Upper bound of a target replica list (also bounded by the live brokers).
@@ -78,28 +78,39 @@ def state_for_replicas(
     live: Collection[int],
     torn: Collection[int] = frozenset(),
     figures: Mapping[int, LogFigures] | None = None,
+    min_isr: int = 1,
 ) -> PartitionState | None:
-    """The partition's state once its replicas are `replicas`: the ISR cut
-    to them; a leader not among them replaced, in a new epoch (fencing the
-    old leader), by the first of them that is alive (`live`: can serve it),
+    """The partition's state once its replicas are `replicas`: the ISR and
+    the eligible leader replicas cut to them (election_rule.next_elr, with
+    the topic's min.insync.replicas `min_isr`); a leader not among them
+    replaced, in a new epoch (fencing the old leader), by the first of them
+    that is alive (`live`: can serve it),
     in the ISR and not `torn` (its broker lists its log torn:
     LiveBrokers.torn_of), or with every ISR member back and torn by the one
-    holding the most (`figures`: LiveBrokers.torn_figures_of). The same
-    state when nothing changes; None when nobody may lead yet."""
+    holding the most (`figures`: LiveBrokers.torn_figures_of), or else by
+    an eligible leader replica as the controller's would. The same state
+    when nothing changes; None when nobody may lead yet."""
     isr = tuple(b for b in state.isr if b in replicas)
+    elr = next_elr(state.isr, isr, state.elr, min_isr, replicas)
     if state.leader >= 0 and state.leader in replicas:
-        if isr == state.isr:
+        if isr == state.isr and elr == state.elr:
             return state
-        return PartitionState(state.leader, state.leader_epoch, isr, state.version + 1)
+        return PartitionState(state.leader, state.leader_epoch, isr, state.version + 1, elr)
     # The controller's rule (election_rule.elect_in_sync), clean only: a
     # reassignment never loses what only the ISR had. Whether every ISR
     # member is back and torn is asked of the whole ISR, the leaving leader
     # too: while it serves, the torn ones catch up from it and the move
     # waits for that, rather than making the others truncate to a cut log.
-    elected = elect_in_sync(replicas, state.isr, live, torn, figures, eligible=isr)
+    # The ELR is asked whole too (a leaving member of it may return with
+    # every acknowledged record); only one that stays may lead.
+    elected = elect_in_sync(replicas, state.isr, live, torn, figures, eligible=isr, elr=state.elr)
     if elected is None:
         return None
-    return PartitionState(elected.leader, state.leader_epoch + 1, isr, state.version + 1)
+    if elected.leader not in isr:
+        # From the ELR: it joins the ISR and leaves the ELR.
+        isr = (elected.leader, *isr)
+        elr = next_elr(state.isr, isr, state.elr, min_isr, replicas)
+    return PartitionState(elected.leader, state.leader_epoch + 1, isr, state.version + 1, elr)
 
 
 def is_complete(reassignment: Reassignment, state: PartitionState) -> bool:

@@ -34,7 +34,7 @@ from tidelog_server.etcd.records import PartitionState, TopicAssignment
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_coordinator import reassignment as rules
-from tidelog_coordinator.leader_election import read_live_brokers
+from tidelog_coordinator.leader_election import read_live_brokers, topic_min_isr
 
 log = logging.getLogger("tidelog.coordinator.reassignment")
 flood = RateLimitedLog(log)
@@ -103,6 +103,7 @@ class ReassignmentDriver:
                     live - offline,
                     torn,
                     brokers.torn_figures_of(topic.name, partition),
+                    topic_min_isr(topic),
                 )
                 if new_state is None:
                     # Wait (the next pass decides again): a target replica

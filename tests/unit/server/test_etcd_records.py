@@ -8,6 +8,7 @@ import json
 from tidelog_server.etcd.records import (
     BrokerRegistration,
     CoordinatorRegistration,
+    PartitionState,
     TopicAssignment,
 )
 
@@ -131,3 +132,13 @@ def test_a_broker_registration_publishes_its_torn_logs_figures_apart() -> None:
     assert b"torn_figures" not in BrokerRegistration(1, "h", 1).encode()
     old = b'{"id":2,"host":"h","port":1,"torn_partitions":{"a":[0]}}'
     assert BrokerRegistration.decode(old).torn_figures == ()
+
+
+def test_a_partition_state_keeps_its_eligible_leader_replicas_and_omits_none() -> None:
+    # As an older release wrote it: no "elr", none eligible.
+    old = b'{"isr":[0,2],"leader":0,"leader_epoch":5,"version":9}'
+    assert PartitionState.decode(old) == PartitionState(0, 5, (0, 2), 9)
+    assert PartitionState(0, 5, (0, 2), 9).encode() == old
+    kept = PartitionState(0, 5, (0,), 10, elr=(2,))
+    assert PartitionState.decode(kept.encode()) == kept
+    assert b'"elr":[2]' in kept.encode()

@@ -17,12 +17,23 @@ class PartitionState:
 
     Written by the coordinator when it creates a topic or elects a leader, and
     by the leader when its ISR changes; `version` counts the writes.
+
+    `elr`: the eligible leader replicas (Kafka's KIP-966): replicas removed
+    from the ISR while it was below the topic's min.insync.replicas, kept
+    while it stays below (tidelog_server.election_rule.next_elr says what
+    every ISR change makes of it). No acks=all record is acknowledged while
+    the ISR is below min.insync.replicas, so each holds every record
+    acknowledged: it may lead as an ISR member may (election_rule.
+    elect_in_sync), and counts for neither the high watermark nor acks.
+    Left out when empty: the bytes an older release wrote, which means none
+    (an older release reading it ignores it, as it ignored the rule).
     """
 
     leader: int = -1
     leader_epoch: int = 0
     isr: tuple[int, ...] = ()
     version: int = 1
+    elr: tuple[int, ...] = ()
 
     @classmethod
     def decode(cls, value: bytes) -> PartitionState:
@@ -32,15 +43,18 @@ class PartitionState:
             leader_epoch=int(data.get("leader_epoch", 0)),
             isr=tuple(int(b) for b in data.get("isr", [])),
             version=int(data.get("version", 1)),
+            elr=tuple(int(b) for b in data.get("elr") or []),
         )
 
     def encode(self) -> bytes:
-        body = {
+        body: dict[str, object] = {
             "leader": self.leader,
             "leader_epoch": self.leader_epoch,
             "isr": list(self.isr),
             "version": self.version,
         }
+        if self.elr:
+            body["elr"] = list(self.elr)
         return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
 
 
