@@ -425,9 +425,9 @@ class PartitionDescription(_message.Message):
         a storage failure, or it could not be opened; until that broker
         restarts). The message names the leader (its id and
         address) and what happened. A partition without a live leader that no
-        replica can lead (every ISR member is in `offline_replicas`, and no
-        unclean election may pick another) is offline until one of them is
-        back, not until an election: the message says "<topic>-<partition> is
+        replica can lead (every ISR member and every eligible leader replica is
+        in `offline_replicas`, and no unclean election may pick another) is
+        offline until one of them is back, not until an election: the message says "<topic>-<partition> is
         offline", names each of those replicas, why it cannot serve and what
         brings it back (restart its broker once its disk is fixed; start a
         down broker again). Its code is STORAGE_ERROR when each of them is a
