@@ -157,6 +157,7 @@ def _description(topic: admin_pb2.TopicDescription) -> TopicDescription:
                 error=(error_from_code(p.error.code, p.error.message) if p.error.code else None),
                 offline_replicas=list(p.offline_replicas),
                 torn_replicas=list(p.torn_replicas),
+                eligible_leader_replicas=list(p.eligible_leader_replicas),
             )
             for p in sorted(topic.partitions, key=lambda p: p.partition)
         ],

@@ -263,6 +263,13 @@ class PartitionInfo:
     #: torn, the one holding the most leads). Empty when none is, and from
     #: servers older than this field.
     torn_replicas: list[int] = field(default_factory=list)
+    #: Eligible leader replicas (Kafka's KIP-966), in the order of
+    #: `replicas`: removed from the ISR while it was below the topic's
+    #: min.insync.replicas, so each holds every acknowledged record. When
+    #: no untorn ISR member can lead, an untorn one of them leads; a torn
+    #: ISR member is not elected while one of them is away. Empty when none
+    #: is, and from servers older than this field.
+    eligible_leader_replicas: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

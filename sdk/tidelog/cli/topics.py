@@ -335,6 +335,15 @@ def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
             (*row, _ids_cell(p.torn_replicas))
             for row, p in zip(rows, topic.partitions, strict=True)
         ]
+    if any(p.eligible_leader_replicas for p in topic.partitions):
+        # Eligible leader replicas (KIP-966): out of the ISR but holding
+        # every acknowledged record, so they may lead, and a torn ISR member
+        # waits for them.
+        header += ("elr",)
+        rows = [
+            (*row, _ids_cell(p.eligible_leader_replicas))
+            for row, p in zip(rows, topic.partitions, strict=True)
+        ]
     return [header, *rows]
 
 

@@ -387,6 +387,7 @@ class PartitionDescription(_message.Message):
     ERROR_FIELD_NUMBER: _builtins.int
     OFFLINE_REPLICAS_FIELD_NUMBER: _builtins.int
     TORN_REPLICAS_FIELD_NUMBER: _builtins.int
+    ELIGIBLE_LEADER_REPLICAS_FIELD_NUMBER: _builtins.int
     partition: _builtins.int
     leader_id: _builtins.int
     """-1 while the partition has no leader."""
@@ -424,9 +425,9 @@ class PartitionDescription(_message.Message):
         a storage failure, or it could not be opened; until that broker
         restarts). The message names the leader (its id and
         address) and what happened. A partition without a live leader that no
-        replica can lead (every ISR member is in `offline_replicas`, and no
-        unclean election may pick another) is offline until one of them is
-        back, not until an election: the message says "<topic>-<partition> is
+        replica can lead (every ISR member and every eligible leader replica is
+        in `offline_replicas`, and no unclean election may pick another) is
+        offline until one of them is back, not until an election: the message says "<topic>-<partition> is
         offline", names each of those replicas, why it cannot serve and what
         brings it back (restart its broker once its disk is fixed; start a
         down broker again). Its code is STORAGE_ERROR when each of them is a
@@ -460,6 +461,19 @@ class PartitionDescription(_message.Message):
         leads. Empty when none is, and from servers older than this field.
         """
 
+    @_builtins.property
+    def eligible_leader_replicas(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Eligible leader replicas (Kafka's KIP-966, as its
+        DescribeTopicPartitions names them): replicas removed from the ISR
+        while it was below the topic's min.insync.replicas, in the order of
+        `replicas`. No acks=all record is acknowledged while the ISR is below
+        it, so each holds every acknowledged record: when no untorn ISR member
+        can lead, an untorn one of them leads (and rejoins the ISR), and a torn
+        ISR member is not elected while one of them is away. Empty when none
+        is (the ISR is back at min.insync.replicas, or the topic does not set
+        it), and from servers older than this field.
+        """
+
     def __init__(
         self,
         *,
@@ -477,10 +491,11 @@ class PartitionDescription(_message.Message):
         error: _common_pb2.Error | None = ...,
         offline_replicas: _abc.Iterable[_builtins.int] | None = ...,
         torn_replicas: _abc.Iterable[_builtins.int] | None = ...,
+        eligible_leader_replicas: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["error", b"error"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "error", b"error", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "offline_replicas", b"offline_replicas", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes", "torn_replicas", b"torn_replicas"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["adding_replicas", b"adding_replicas", "eligible_leader_replicas", b"eligible_leader_replicas", "error", b"error", "high_watermark", b"high_watermark", "isr", b"isr", "leader_id", b"leader_id", "log_end_offset", b"log_end_offset", "log_start_offset", b"log_start_offset", "offline_replicas", b"offline_replicas", "partition", b"partition", "removing_replicas", b"removing_replicas", "replicas", b"replicas", "segment_count", b"segment_count", "size_bytes", b"size_bytes", "torn_replicas", b"torn_replicas"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

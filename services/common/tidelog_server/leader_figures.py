@@ -11,23 +11,25 @@ gets `PartitionDescription.error` naming its leader and what happened:
 
 - no leader (-1), or a leader that is not live (no registration, so no
   address), and no replica the controller may elect
-  (tidelog_server.election_rule): every ISR member is offline
-  (`PartitionDescription.offline_replicas`: its broker is not registered,
-  or it lists its log offline) or not one of the replicas (never elected),
-  and no unclean election can pick another replica. The partition is
-  offline (Kafka's offline partition): waiting for an election does not
-  bring it back, one of those replicas must (`offline_partition_error`).
-  STORAGE_ERROR when each of them is a live broker's offline log (the disk
-  must be fixed and the broker restarted: what its leader answered while it
-  still led); NOT_LEADER_OR_FOLLOWER, Kafka's LEADER_NOT_AVAILABLE, when a
-  broker of one of them is down (it leads again once started) or one is not
-  a replica (a reassignment must add it back). The message names each and
-  the remedy either way;
+  (tidelog_server.election_rule): every ISR member and every eligible
+  leader replica (`PartitionDescription.eligible_leader_replicas`, KIP-966)
+  is offline (`PartitionDescription.offline_replicas`: its broker is not
+  registered, or it lists its log offline) or not one of the replicas
+  (never elected), and no unclean election can pick another replica. The
+  partition is offline (Kafka's offline partition): waiting for an
+  election does not bring it back, one of those replicas must
+  (`offline_partition_error`). STORAGE_ERROR when each of them is a live
+  broker's offline log (the disk must be fixed and the broker restarted:
+  what its leader answered while it still led); NOT_LEADER_OR_FOLLOWER,
+  Kafka's LEADER_NOT_AVAILABLE, when a broker of one of them is down (it
+  leads again once started) or one is not a replica (a reassignment must
+  add it back). The message names each and the remedy either way;
 - no leader (-1) otherwise (an election is due): NOT_LEADER_OR_FOLLOWER,
-  retriable; when ISR members are torn (`PartitionDescription.
-  torn_replicas`: their log lost a damaged tail at their restart) while
-  others are not, the message says that the torn ones are not elected
-  while the others may return, naming both (`_torn_wait`);
+  retriable; when ISR members or eligible leader replicas are torn
+  (`PartitionDescription.torn_replicas`: their log lost a damaged tail at
+  their restart) while others of them are not, the message says that the
+  torn ones are not elected while the others may return, naming both
+  (`_torn_wait`);
 - a leader that is not live otherwise: NOT_LEADER_OR_FOLLOWER, retriable;
 - a leader that gave no answer of its own (tidelog_server.forwarding.
   unanswered: dropped the call, unavailable, past the deadline):
@@ -66,7 +68,7 @@ import grpc.aio
 from tidelog.errors import error_from_rpc
 from tidelog.v1 import admin_pb2, common_pb2
 
-from tidelog_server.election_rule import elect
+from tidelog_server.election_rule import elect, elect_in_sync
 from tidelog_server.forwarding import LOCAL_METADATA, unanswered
 
 #: What a PartitionDescription takes from its leader; -1 when unknown.
@@ -199,10 +201,13 @@ async def complete_from_leaders(
 
 
 def _torn_wait(partition: admin_pb2.PartitionDescription) -> str:
-    """Why a leaderless partition with torn ISR members waits, as a clause
-    of its error ("" when none is torn, or every ISR member is)."""
-    torn = [b for b in partition.isr if b in partition.torn_replicas]
-    others = [b for b in partition.isr if b not in partition.torn_replicas]
+    """Why a leaderless partition with torn ISR members or eligible leader
+    replicas waits, as a clause of its error ("" when none is torn, or all
+    of them are): the torn ones are not elected while the others may
+    return with more (election_rule.elect_in_sync)."""
+    members = _electable(partition)
+    torn = [b for b in members if b in partition.torn_replicas]
+    others = [b for b in members if b not in partition.torn_replicas]
     if not torn or not others:
         return ""
     lost = (
@@ -210,11 +215,31 @@ def _torn_wait(partition: admin_pb2.PartitionDescription) -> str:
         if len(torn) == 1
         else "may have lost the tails of their logs"
     )
+    isr = set(partition.isr)
     return (
-        f"; in-sync {_brokers(torn)} {lost} at restart and {'is' if len(torn) == 1 else 'are'} "
-        f"not elected while in-sync {_brokers(others)} may return (start "
+        f"; {_members(torn, isr)} {lost} at restart and {'is' if len(torn) == 1 else 'are'} "
+        f"not elected while {_members(others, isr)} may return (start "
         f"{'it' if len(others) == 1 else 'them'} again; {TORN_RUNBOOK})"
     )
+
+
+def _electable(partition: admin_pb2.PartitionDescription) -> list[int]:
+    """The ISR members, then the eligible leader replicas that are not in
+    it: whom a clean election picks from (election_rule.elect_in_sync)."""
+    isr = list(partition.isr)
+    return isr + [b for b in partition.eligible_leader_replicas if b not in isr]
+
+
+def _members(ids: Sequence[int], isr: set[int]) -> str:
+    """`ids` named with their role: "in-sync broker 1", "broker 3 (eligible
+    leader replica)", or both joined by "and"."""
+    in_sync = [b for b in ids if b in isr]
+    eligible = [b for b in ids if b not in isr]
+    named = [f"in-sync {_brokers(in_sync)}"] if in_sync else []
+    if eligible:
+        role = "eligible leader replica" if len(eligible) == 1 else "eligible leader replicas"
+        named.append(f"{_brokers(eligible)} ({role})")
+    return " and ".join(named)
 
 
 def _not_leading_error(
@@ -246,8 +271,12 @@ def offline_partition_error(
 
     Whether a replica may lead is tidelog_server.election_rule's, the rule
     the controller elects by: a replica can serve unless it is among
-    `partition.offline_replicas`. `address_of` tells a down broker (None)
-    from a live one whose log is offline, for the message."""
+    `partition.offline_replicas`; an eligible leader replica
+    (`partition.eligible_leader_replicas`) may lead as an ISR member may.
+    A torn one (`partition.torn_replicas`) is not offline for good: it leads
+    once the others are back, or every one of them is back and torn
+    (`_torn_wait` says so). `address_of` tells a down broker (None) from a
+    live one whose log is offline, for the message."""
     isr = list(partition.isr)
     if not isr:
         # No state yet (a topic just created: the controller has not elected
@@ -257,21 +286,29 @@ def offline_partition_error(
     offline = set(partition.offline_replicas)
     # A server older than offline_replicas lists none: all can serve.
     others = [b for b in replicas if b not in offline]
+    elr = [b for b in partition.eligible_leader_replicas if b not in isr]
     unclean = topic.configs.get(UNCLEAN_ELECTION) == "true"
-    if elect(replicas, isr, others, unclean) is not None:
-        return None  # an ISR member leads, or an unclean election picks one of `others`
-    # An ISR member outside the assignment (a hand-edited state) is never
+    # No torn replicas here: they wait, they are not offline for good.
+    if elect_in_sync(replicas, isr, others, (), elr=elr) is not None:
+        return None  # an ISR member leads, or else an eligible leader replica
+    if elect(replicas, (), others, unclean) is not None:
+        return None  # an unclean election picks one of `others`
+    members = _electable(partition)
+    # A member outside the assignment (a hand-edited state) is never
     # elected, however well it serves: a reassignment that adds it back is.
-    outside = [b for b in isr if b not in replicas]
-    down = {b for b in isr if b in replicas and address_of(b) is None}
+    outside = [b for b in members if b not in replicas]
+    down = {b for b in members if b in replicas and address_of(b) is None}
 
     def cause(b: int) -> str:
         if b in outside:
             return "not one of its replicas, never elected"
         return "down (not registered)" if b in down else "its log is offline"
 
-    causes = "; ".join(f"broker {b}: {cause(b)}" for b in isr)
-    log_offline = [b for b in isr if b in replicas and b not in down]
+    def role(b: int) -> str:
+        return "" if b in isr else " (eligible leader replica)"
+
+    causes = "; ".join(f"broker {b}{role(b)}: {cause(b)}" for b in members)
+    log_offline = [b for b in members if b in replicas and b not in down]
     remedies = []
     if log_offline:
         them = "them" if len(log_offline) > 1 else "it"
@@ -282,9 +319,10 @@ def offline_partition_error(
         remedies.append(f"reassign the partition to include {_brokers(outside)}")
     if others:
         no_other = f"{UNCLEAN_ELECTION} is false"
+        holders = "in-sync and eligible leader replicas" if elr else "in-sync replicas"
         remedies.append(
             f"or set {UNCLEAN_ELECTION}=true on topic {topic.name!r} to let "
-            f"{_brokers(others)} lead, losing the records only the in-sync replicas have"
+            f"{_brokers(others)} lead, losing the records only the {holders} have"
         )
     else:
         no_other = "no other replica can either"
@@ -298,7 +336,8 @@ def offline_partition_error(
     code = common_pb2.NOT_LEADER_OR_FOLLOWER if down or outside else common_pb2.STORAGE_ERROR
     return _error(
         code,
-        f"{topic.name}-{partition.partition} is offline: no in-sync replica can serve "
+        f"{topic.name}-{partition.partition} is offline: no in-sync "
+        f"{'or eligible leader ' if elr else ''}replica can serve "
         f"({causes}) and {no_other}, so it has no leader until one of them is back: "
         f"{'; '.join(remedies)} ({OFFLINE_LOG_RUNBOOK if log_offline else HEALTH_RUNBOOK}); "
         "its log figures are unknown",

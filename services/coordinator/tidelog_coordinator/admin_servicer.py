@@ -137,6 +137,7 @@ class AdminServicer(SecurityAdmin, admin_pb2_grpc.AdminServicer):
                                 removing_replicas=p.removing,
                                 offline_replicas=p.offline,
                                 torn_replicas=p.torn,
+                                eligible_leader_replicas=p.elr,
                             )
                             for p in item.partitions
                         ],

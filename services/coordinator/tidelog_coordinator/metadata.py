@@ -97,6 +97,9 @@ class PartitionRecord:
     #: and has neither caught up nor led since (LiveBrokers.torn_replicas): why a partition waits
     #: leaderless for another ISR member.
     torn: tuple[int, ...] = ()
+    #: The state's eligible leader replicas (PartitionState.elr, KIP-966):
+    #: removed from the ISR below min.insync.replicas, still electable.
+    elr: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +378,7 @@ class MetadataManager:
                         moving.removing if moving is not None else (),
                         brokers.offline_replicas(name, partition, replicas),
                         brokers.torn_replicas(name, partition, replicas),
+                        state.elr,
                     )
                 )
             out.append(TopicRecord(name, topic.topic_id, parts_out, dict(topic.configs)))

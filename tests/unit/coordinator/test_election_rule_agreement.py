@@ -8,7 +8,10 @@ count, what can serve).
 A table of every case on three replicas: each broker live, down (not
 registered) or live with its log of the partition offline; every ISR,
 including one with a broker outside the assignment (a hand-edited state,
-or one written around a reassignment); no leader or a down one; unclean
+or one written around a reassignment); every set of eligible leader
+replicas (`PartitionState.elr`, KIP-966) among the brokers outside the ISR,
+broker 4 too, which an election takes after the ISR members (an ELR member
+that can serve keeps a partition from being offline); no leader or a down one; unclean
 election on or off; the live brokers restarted since the state was
 written or not. The describe side gets what the coordinator answers
 DescribeTopics with (`LiveBrokers.offline_replicas`, the effective
@@ -35,25 +38,39 @@ BROKERS = (1, 2, 3, 4)
 LIVE, DOWN, LOG_OFFLINE = "live", "down", "log offline"
 
 
-def _cases() -> list[tuple[dict[int, str], tuple[int, ...], int, bool, bool]]:
+Case = tuple[dict[int, str], tuple[int, ...], tuple[int, ...], int, bool, bool]
+
+
+def _cases() -> list[Case]:
     cases = []
     for statuses in itertools.product((LIVE, DOWN, LOG_OFFLINE), repeat=len(BROKERS)):
         status = dict(zip(BROKERS, statuses, strict=True))
         for size in range(1, len(BROKERS) + 1):
             for isr in itertools.permutations(BROKERS, size):
-                down = [b for b in isr if status[b] == DOWN]
-                for leader in (-1, *down[:1]):
-                    for unclean in (False, True):
-                        for restarted in (False, True):
-                            cases.append((status, isr, leader, unclean, restarted))
+                rest = [b for b in BROKERS if b not in isr]
+                for elr in _subsets(rest):
+                    down = [b for b in isr if status[b] == DOWN]
+                    for leader in (-1, *down[:1]):
+                        for unclean in (False, True):
+                            for restarted in (False, True):
+                                cases.append((status, isr, elr, leader, unclean, restarted))
     return cases
 
 
+def _subsets(ids: list[int]) -> list[tuple[int, ...]]:
+    return [s for n in range(len(ids) + 1) for s in itertools.combinations(ids, n)]
+
+
 def _controller_elects_nobody(
-    status: dict[int, str], isr: tuple[int, ...], leader: int, unclean: bool, restarted: bool
+    status: dict[int, str],
+    isr: tuple[int, ...],
+    elr: tuple[int, ...],
+    leader: int,
+    unclean: bool,
+    restarted: bool,
 ) -> bool:
     brokers = _live_brokers(status, restarted)
-    state = PartitionState(leader, 7, isr, 11)
+    state = PartitionState(leader, 7, isr, 11, elr)
     live = set(brokers.registered)
     new = decide(
         list(REPLICAS),
@@ -68,7 +85,7 @@ def _controller_elects_nobody(
 
 
 def _describe_says_offline(
-    status: dict[int, str], isr: tuple[int, ...], leader: int, unclean: bool
+    status: dict[int, str], isr: tuple[int, ...], elr: tuple[int, ...], leader: int, unclean: bool
 ) -> bool:
     brokers = _live_brokers(status, restarted=False)
     topic = admin_pb2.TopicDescription(
@@ -80,6 +97,7 @@ def _describe_says_offline(
         leader_id=leader,
         replicas=REPLICAS,
         isr=isr,
+        eligible_leader_replicas=elr,
         offline_replicas=brokers.offline_replicas(TOPIC, 0, REPLICAS),
     )
     address_of = {b: f"127.0.0.1:{9000 + b}" for b in brokers.registered}.get
@@ -98,13 +116,16 @@ def _live_brokers(status: dict[int, str], restarted: bool) -> LiveBrokers:
 def test_describe_calls_a_partition_offline_exactly_when_the_controller_elects_nobody() -> None:
     cases = _cases()
     assert len(cases) > 10_000
+    assert sum(1 for case in cases if case[2]) > 10_000  # with eligible leader replicas
     disagreements = [
-        (status, isr, leader, unclean, restarted, elects_nobody)
-        for status, isr, leader, unclean, restarted in cases
-        if (elects_nobody := _controller_elects_nobody(status, isr, leader, unclean, restarted))
-        != _describe_says_offline(status, isr, leader, unclean)
+        (status, isr, elr, leader, unclean, restarted, elects_nobody)
+        for status, isr, elr, leader, unclean, restarted in cases
+        if (
+            elects_nobody := _controller_elects_nobody(status, isr, elr, leader, unclean, restarted)
+        )
+        != _describe_says_offline(status, isr, elr, leader, unclean)
     ]
     assert not disagreements, (
-        f"{len(disagreements)} of {len(cases)} disagree, e.g. (statuses, isr, leader, unclean, "
-        f"restarted, controller elects nobody): {disagreements[:5]}"
+        f"{len(disagreements)} of {len(cases)} disagree, e.g. (statuses, isr, elr, leader, "
+        f"unclean, restarted, controller elects nobody): {disagreements[:5]}"
     )

@@ -49,6 +49,8 @@ def _described(
     isr: Sequence[int],
     offline: Sequence[int],
     unclean: str = "false",
+    elr: Sequence[int] = (),
+    torn: Sequence[int] = (),
 ) -> admin_pb2.PartitionDescription:
     response = admin_pb2.DescribeTopicsResponse(
         topics=[
@@ -61,6 +63,8 @@ def _described(
                         replicas=replicas,
                         isr=isr,
                         offline_replicas=offline,
+                        eligible_leader_replicas=elr,
+                        torn_replicas=torn,
                     )
                 ],
                 configs={"unclean.leader.election.enable": unclean, "retention.ms": "1"},
@@ -146,6 +150,71 @@ def test_a_partition_an_election_will_lead_is_to_be_retried(
         f"{TOPIC}-0 has no leader right now (replicas {', '.join(map(str, replicas))}): "
         "its log figures are unknown; retry"
     )
+
+
+def test_a_live_untorn_eligible_leader_replica_keeps_the_partition_from_being_offline() -> None:
+    # ISR [3] is down; broker 1 (eligible, KIP-966) is live: the controller
+    # elects it. Before, describe called the partition offline.
+    p = _described(replicas=[1, 3], isr=[3], offline=[3], elr=[1])
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message == (
+        f"{TOPIC}-0 has no leader right now (replicas 1, 3): its log figures are unknown; retry"
+    )
+
+
+def test_eligible_leader_replicas_that_cannot_serve_are_named_in_the_offline_error() -> None:
+    p = _described(replicas=[1, 3, 0], isr=[3], offline=[3, 1], elr=[1])
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message == (
+        f"{TOPIC}-0 is offline: no in-sync or eligible leader replica can serve (broker 3: "
+        "down (not registered); broker 1 (eligible leader replica): its log is offline) and "
+        "unclean.leader.election.enable is false, so it has no leader until one of them is "
+        "back: fix the disk of broker 1 and restart it; start broker 3 again; or set "
+        f"unclean.leader.election.enable=true on topic {TOPIC!r} to let broker 0 lead, losing "
+        f"the records only the in-sync and eligible leader replicas have {RUNBOOK}; its log "
+        "figures are unknown"
+    )
+
+
+@pytest.mark.parametrize(
+    ("isr", "elr", "torn", "clause"),
+    [
+        # The torn ISR member waits for the away eligible one.
+        (
+            [1],
+            [2],
+            [1],
+            "; in-sync broker 1 may have lost the tail of its log at restart and "
+            "is not elected while broker 2 (eligible leader replica) may return (start it again;",
+        ),
+        # A torn eligible one waits for the away ISR member.
+        (
+            [3],
+            [2],
+            [2],
+            "; broker 2 (eligible leader replica) may have lost the tail of its "
+            "log at restart and is not elected while in-sync broker 3 may return (start it "
+            "again;",
+        ),
+        # Both away: torn ISR members wait for both.
+        (
+            [1, 3],
+            [4],
+            [1],
+            "; in-sync broker 1 may have lost the tail of its log at restart "
+            "and is not elected while in-sync broker 3 and broker 4 (eligible leader replica) "
+            "may return (start them again;",
+        ),
+    ],
+)
+def test_a_torn_member_waiting_for_others_says_whom_it_waits_for(
+    isr: list[int], elr: list[int], torn: list[int], clause: str
+) -> None:
+    p = _described(replicas=[1, 2, 3, 4], isr=isr, offline=[3, 4], elr=elr, torn=torn)
+    assert p.error.code == common_pb2.NOT_LEADER_OR_FOLLOWER
+    assert p.error.message.startswith(
+        f"{TOPIC}-0 has no leader right now (replicas 1, 2, 3, 4){clause}"
+    ), p.error.message
 
 
 def test_a_down_leader_without_an_in_sync_replica_that_can_serve_is_offline() -> None:
