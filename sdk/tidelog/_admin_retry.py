@@ -28,8 +28,9 @@ When the time is out, the last error is raised again, its message saying
 `default_api_timeout_ms` and how many attempts were made.
 
 Except: while no server of the client's has ever answered it (no attempt
-succeeded, none failed with a server's own answer), a call that reached no
-server (BrokerNotAvailableError) is raised at once, its message saying so:
+succeeded, none failed with a server's own answer or was dropped by one), a
+call that reached no server (BrokerNotAvailableError, not carried out) is
+raised at once, its message saying so:
 a bootstrap list none of whose addresses ever answered is most likely wrong
 (a typo, a port of another service), and `tidelog topics list` against it
 should say so at once, not after a minute. Kafka's AdminClient waits out
@@ -107,8 +108,8 @@ class AdminRetry:
                     cut_off=True,
                 ) from None
             except TidelogError as exc:
-                if not isinstance(exc, BrokerNotAvailableError):
-                    self._answered = True  # a server's own error
+                if not _reached_no_server(exc):
+                    self._answered = True  # a server's own error, or a call it dropped
                 elif not self._answered:
                     raise _never_answered(exc) from None
                 if not may_resend(exc, idempotent):
@@ -135,7 +136,15 @@ class AdminRetry:
         return error
 
 
-def _never_answered(error: BrokerNotAvailableError) -> BrokerNotAvailableError:
+def _reached_no_server(error: TidelogError) -> bool:
+    """Whether `error` says the call reached no server at all: no
+    connection could be made to any address (BrokerNotAvailableError,
+    surely not carried out). A call a server dropped (CANCELLED: also
+    BrokerNotAvailableError, but maybe carried out) reached one."""
+    return isinstance(error, BrokerNotAvailableError) and error.not_carried_out
+
+
+def _never_answered(error: TidelogError) -> TidelogError:
     """`error` saying that no server ever answered (module doc)."""
     error.message = (
         f"{error.message} (no server at these addresses has answered this client: "

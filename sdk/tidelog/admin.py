@@ -53,6 +53,7 @@ from tidelog.errors import (
     error_from_code,
     error_from_rpc,
     names_error_code,
+    never_connected,
 )
 from tidelog.group import OffsetAndMetadata
 from tidelog.types import (
@@ -516,6 +517,7 @@ class AsyncAdminClient(AsyncSecurityAdmin):
 
     async def _describe_cluster_once(self) -> ClusterDescription:
         last = ""
+        never_sent = True
         for address in self._cluster.any_address():
             try:
                 reply = await self._cluster.cluster_stub(address).DescribeCluster(
@@ -526,6 +528,7 @@ class AsyncAdminClient(AsyncSecurityAdmin):
                     return await self._standalone_description()
                 if exc.code() != grpc.StatusCode.UNAVAILABLE:
                     raise error_from_rpc(exc, address=address) from exc
+                never_sent = never_sent and never_connected(exc)
                 last = exc.details() or exc.code().name
                 continue
             return ClusterDescription(
@@ -537,9 +540,12 @@ class AsyncAdminClient(AsyncSecurityAdmin):
                 ],
                 coordinators=[(c.id, f"{c.host}:{c.port}") for c in reply.coordinators],
             )
-        raise BrokerNotAvailableError(
+        error = BrokerNotAvailableError(
             f"no broker answered at {', '.join(self._cluster.any_address())}: {last}"
         )
+        if never_sent:
+            error.surely_not_carried_out()  # no connection could be made
+        raise error
 
     async def _standalone_description(self) -> ClusterDescription:
         snapshot = await self._cluster.refresh()
