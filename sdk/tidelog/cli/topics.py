@@ -317,33 +317,25 @@ def partition_table(topic: TopicDescription) -> list[tuple[str, ...]]:
             )
             for row, p in zip(rows, topic.partitions, strict=True)
         ]
-    if any(p.offline_replicas for p in topic.partitions):
-        # Kafka's "Offline:": replicas that cannot serve, their broker
-        # down or their log taken offline by a storage failure (never
-        # elected, out of the ISR until their broker is back).
-        header += ("offline",)
-        rows = [
-            (*row, _ids_cell(p.offline_replicas))
-            for row, p in zip(rows, topic.partitions, strict=True)
-        ]
-    if any(p.torn_replicas for p in topic.partitions):
-        # Replicas that may have lost their tail in a crash: in the ISR but not
-        # elected while another ISR member may return, which is why a
-        # partition with live ISR members can wait leaderless.
-        header += ("torn",)
-        rows = [
-            (*row, _ids_cell(p.torn_replicas))
-            for row, p in zip(rows, topic.partitions, strict=True)
-        ]
-    if any(p.eligible_leader_replicas for p in topic.partitions):
-        # Eligible leader replicas (KIP-966): out of the ISR but holding
-        # every acknowledged record, so they may lead, and a torn ISR member
-        # waits for them.
-        header += ("elr",)
-        rows = [
-            (*row, _ids_cell(p.eligible_leader_replicas))
-            for row, p in zip(rows, topic.partitions, strict=True)
-        ]
+    # Broker lists shown only when some partition has one, each a column:
+    # Kafka's "Offline:" (replicas that cannot serve, their broker down or
+    # their log taken offline by a storage failure: never elected, out of
+    # the ISR until their broker is back); replicas that may have lost their
+    # tail in a crash (in the ISR but not elected while another ISR member
+    # may return, which is why a partition with live ISR members can wait
+    # leaderless); eligible leader replicas (KIP-966: out of the ISR but
+    # holding every acknowledged record, so they may lead, and a torn ISR
+    # member waits for them).
+    for name, ids_of in (
+        ("offline", lambda p: p.offline_replicas),
+        ("torn", lambda p: p.torn_replicas),
+        ("elr", lambda p: p.eligible_leader_replicas),
+    ):
+        if any(ids_of(p) for p in topic.partitions):
+            header += (name,)
+            rows = [
+                (*row, _ids_cell(ids_of(p))) for row, p in zip(rows, topic.partitions, strict=True)
+            ]
     return [header, *rows]
 
 
