@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from tidelog import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from tidelog import AdminClient, NewTopic, Producer
 from tidelog.records import LOG_OVERHEAD
 from tidelog.v1 import log_pb2, log_pb2_grpc
 
 from tests.support.coordinator import CoordinatorProcess, start_coordinator
 from tests.support.etcd import EtcdProcess
 from tests.support.processes import BrokerProcess, start_broker
+from tests.support.read_to_end import batches_to_end
 
 SESSION_TTL_S = 2
 #: Followers that stop fetching leave the ISR after this (tests: short).
@@ -366,33 +367,15 @@ def read_back(
     a loss, and a test that counted the records it never read as lost
     reported a loss that was not there."""
     out: dict[int, list[int]] = defaultdict(list)
-    tps = [TopicPartition(topic, p) for p in range(partitions)]
-    with Consumer(bootstrap_servers=bootstrap, enable_auto_commit=False) as consumer:
-        consumer.assign(tps)
-        consumer.seek_to_beginning(*tps)
-        ends = consumer.end_offsets(tps)
-        started = time.monotonic()
-        deadline = started + timeout_s
-        while not all(consumer.position(tp) >= ends[tp] for tp in tps):
-            if time.monotonic() > deadline:
-                behind = {
-                    tp.partition: f"{consumer.position(tp)}/{ends[tp]}"
-                    for tp in tps
-                    if consumer.position(tp) < ends[tp]
-                }
-                raise AssertionError(
-                    f"read back {sum(len(v) for v in out.values())} records of {topic} "
-                    f"in {timeout_s:.0f} s without reaching the end: position/end "
-                    f"per partition {behind}"
-                )
-            for batch in consumer.poll(timeout_ms=500, max_records=100_000).values():
-                for record in batch:
-                    partition, seq = record.value.decode().split(":")
-                    out[int(partition)].append(int(seq))
-        print(
-            f"read back {sum(len(v) for v in out.values())} records of {topic} "
-            f"in {time.monotonic() - started:.0f} s"
-        )
+    started = time.monotonic()
+    for _, batch in batches_to_end(bootstrap, topic, partitions, timeout_s, max_records=100_000):
+        for record in batch:
+            partition, seq = record.value.decode().split(":")
+            out[int(partition)].append(int(seq))
+    print(
+        f"read back {sum(len(v) for v in out.values())} records of {topic} "
+        f"in {time.monotonic() - started:.0f} s"
+    )
     return out
 
 

@@ -21,28 +21,23 @@ import asyncio
 import os
 import uuid
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from typing import Any
 
-import grpc.aio
 import pytest
 from tidelog.admin import _description
 from tidelog.cli.topics import partition_table
 from tidelog.records import encode_batch, iter_batches
 from tidelog.types import TopicDescription
-from tidelog.v1 import admin_pb2, admin_pb2_grpc
+from tidelog.v1 import admin_pb2
 from tidelog_broker.replica_state import Role
-from tidelog_coordinator.admin_servicer import AdminServicer
-from tidelog_coordinator.config import CoordinatorConfig
 from tidelog_coordinator.leader_election import LeaderElector
-from tidelog_coordinator.metadata import MetadataManager
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
 
+from tests.support.coordinator_describe import describe_topic
 from tests.support.etcd import EtcdProcess
-from tests.support.in_process_server import serving
 from tests.unit.broker.in_process_broker import InProcessBroker, eventually
 
 TOPIC = "t"
@@ -175,14 +170,7 @@ def test_a_torn_replica_is_listed_and_not_elected_until_the_other_isr_member_ret
 async def describe(client: Any, keys: Keys) -> admin_pb2.PartitionDescription:
     """TOPIC's partition 0 as a coordinator's DescribeTopics answers it over
     gRPC (the real servicer, on the test's etcd)."""
-    servicer = AdminServicer(MetadataManager(client, keys, CoordinatorConfig()))
-    added = partial(admin_pb2_grpc.add_AdminServicer_to_server, servicer)
-    async with serving(added) as address, grpc.aio.insecure_channel(address) as channel:
-        answer = await admin_pb2_grpc.AdminStub(channel).DescribeTopics(
-            admin_pb2.DescribeTopicsRequest(names=[TOPIC]), timeout=30
-        )
-    (topic,) = answer.topics
-    return topic.partitions[0]
+    return (await describe_topic(client, keys, TOPIC)).partitions[0]
 
 
 async def torn_incarnation(

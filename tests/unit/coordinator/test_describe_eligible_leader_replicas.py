@@ -17,24 +17,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from functools import partial
 from typing import Any
 
-import grpc.aio
 from tidelog.admin import _description
 from tidelog.cli.topics import partition_table
 from tidelog.types import TopicDescription
-from tidelog.v1 import admin_pb2, admin_pb2_grpc, common_pb2
-from tidelog_coordinator.admin_servicer import AdminServicer
-from tidelog_coordinator.config import CoordinatorConfig
+from tidelog.v1 import admin_pb2, common_pb2
 from tidelog_coordinator.leader_election import LeaderElector
-from tidelog_coordinator.metadata import MetadataManager
 from tidelog_server.etcd import connect
 from tidelog_server.etcd.keys import Keys
 from tidelog_server.etcd.records import BrokerRegistration, PartitionState, TopicAssignment
 
+from tests.support.coordinator_describe import describe_topic
 from tests.support.etcd import EtcdProcess
-from tests.support.in_process_server import serving
 
 TOPIC = "events"
 REPLICAS = (0, 1, 2)
@@ -75,14 +70,7 @@ def describe_then_elect(
 
 
 async def describe(client: Any, keys: Keys) -> admin_pb2.TopicDescription:
-    servicer = AdminServicer(MetadataManager(client, keys, CoordinatorConfig()))
-    added = partial(admin_pb2_grpc.add_AdminServicer_to_server, servicer)
-    async with serving(added) as address, grpc.aio.insecure_channel(address) as channel:
-        answer = await admin_pb2_grpc.AdminStub(channel).DescribeTopics(
-            admin_pb2.DescribeTopicsRequest(names=[TOPIC]), timeout=30
-        )
-    (topic,) = answer.topics
-    return topic
+    return await describe_topic(client, keys, TOPIC)
 
 
 def registered(broker: int, torn: bool = False) -> BrokerRegistration:
