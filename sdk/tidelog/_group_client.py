@@ -74,6 +74,11 @@ REVOKED = "revoked"
 LOST = "lost"
 ASSIGNED = "assigned"
 
+#: Pauses between lookups of the coordinators: from retry_backoff_ms (at
+#: least the minimum), doubling up to the maximum.
+DISCOVER_BACKOFF_MIN_S = 0.05
+DISCOVER_BACKOFF_MAX_S = 1.0
+
 
 class GroupEvent(NamedTuple):
     kind: str
@@ -170,7 +175,19 @@ class GroupClient:
 
     async def _start_membership(self, deadline: float) -> None:
         config = self._config
-        coordinators = await self._discover(deadline)
+        try:
+            coordinators = await self._discover(deadline)
+        except TidelogError as exc:
+            if not exc.retriable:
+                raise
+            # Looked for until the join's time ran out: the join timed out,
+            # as Kafka's does when it finds no coordinator; the last answer
+            # says why (no coordinator registered, no server answering).
+            raise TidelogTimeoutError(
+                f"no coordinator of group {self.group_id!r} was found within "
+                f"request_timeout_ms={config.request_timeout_ms}; "
+                f"last error: {type(exc).__name__}: {exc}"
+            ) from exc
         self.membership = GroupMembership(
             coordinators,
             self.group_id,
@@ -198,19 +215,27 @@ class GroupClient:
         self.left_for_poll_timeout = False
 
     async def _discover(self, deadline: float | None = None) -> list[str]:
-        """Coordinator addresses, retrying retriable errors (etcd restarting)
-        until `deadline` (default: request_timeout_ms from now)."""
+        """Coordinator addresses. A retriable error (no coordinator
+        registered yet, etcd restarting, no server answering) is asked
+        again after retry_backoff_ms, doubling up to DISCOVER_BACKOFF_MAX_S,
+        until `deadline` (default: request_timeout_ms from now), each
+        attempt waiting at most until then; the last error is raised."""
         timeout_s = self._config.request_timeout_ms / 1000
         if deadline is None:
             deadline = time.monotonic() + timeout_s
+        backoff_s = max(DISCOVER_BACKOFF_MIN_S, self._config.retry_backoff_ms / 1000)
         while True:
+            remaining_s = deadline - time.monotonic()
             try:
-                return await discover_coordinators(self._cluster, timeout_s)
+                return await discover_coordinators(
+                    self._cluster, max(DISCOVER_BACKOFF_MIN_S, min(timeout_s, remaining_s))
+                )
             except TidelogError as exc:
-                if not exc.retriable or time.monotonic() + 0.2 > deadline:
+                if not exc.retriable or time.monotonic() + backoff_s > deadline:
                     raise
                 log.info("finding the coordinators of group %r: %s; retrying", self.group_id, exc)
-                await asyncio.sleep(0.2)
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(DISCOVER_BACKOFF_MAX_S, backoff_s * 2)
 
     async def _rediscover(self) -> list[str]:
         """The coordinators asked for again, once: what the membership uses

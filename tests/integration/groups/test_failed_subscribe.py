@@ -1,22 +1,30 @@
 """A subscribe() whose join fails, against a real cluster (etcd, a
 coordinator, 3 brokers): the coordinator refuses it (a group id beyond its
-limit) or does not answer (frozen with SIGSTOP, undone in a `finally`)
-until request_timeout_ms. The call raises, and the consumer is left as
-before it, not subscribed and holding no membership: assign() reads, its
-commits are the standalone consumer's (AlterOffsets), and subscribe() can
-be called again. Both consumers: they share the group's calling side."""
+limit), does not answer (frozen with SIGSTOP, undone in a `finally`) until
+request_timeout_ms, or is not registered at all (frozen past its lease):
+a join that finds no coordinator in time raises TidelogTimeoutError naming
+the last answer; one that finds it meanwhile joins. A failed call leaves
+the consumer as before it, not subscribed and holding no membership:
+assign() reads, its commits are the standalone consumer's (AlterOffsets),
+and subscribe() can be called again. Both consumers: they share the
+group's calling side."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import threading
 import time
 from typing import Any
 
 import pytest
 from tidelog import AsyncConsumer, Consumer, TopicPartition
-from tidelog.errors import InvalidRequestError, TidelogTimeoutError
+from tidelog.errors import (
+    CoordinatorNotAvailableError,
+    InvalidRequestError,
+    TidelogTimeoutError,
+)
 
 from tests.integration.groups.conftest import create_topic, produce
 from tests.support.cluster import ClusterProcesses
@@ -103,6 +111,7 @@ class _Frozen:
     """The coordinator stopped (SIGSTOP) inside the block, continued after."""
 
     def __init__(self, cluster: ClusterProcesses) -> None:
+        self.cluster = cluster
         (self.pid,) = (c.pid for c in cluster.coordinators)
 
     def __enter__(self) -> None:
@@ -110,6 +119,10 @@ class _Frozen:
 
     def __exit__(self, *exc_info: object) -> None:
         os.kill(self.pid, signal.SIGCONT)
+        # Frozen for longer than its 3 s lease, it registers again under a
+        # new one: what follows tests the consumer, with a 3 s
+        # request_timeout_ms, not how soon a loaded machine lets it do so.
+        self.cluster.wait_registered(len(self.cluster.brokers))
 
 
 def _options() -> dict[str, Any]:
@@ -166,3 +179,72 @@ def test_a_blocking_subscribe_no_coordinator_answers_fails_then_assign_commits_a
         consumer.assign([])
         consumer.subscribe([topic])
         assert _read_everything_sync(consumer) >= {(0, o) for o in range(3, PER_PARTITION)}
+
+
+def _wait_unregistered(cluster: ClusterProcesses) -> None:
+    """Until no coordinator is registered: the frozen one's lease expired."""
+    deadline = time.monotonic() + 60
+    while cluster.describe().coordinators:
+        assert time.monotonic() < deadline, "the frozen coordinator's lease did not expire"
+        time.sleep(0.1)
+
+
+def test_a_subscribe_while_no_coordinator_is_registered_times_out_naming_the_cause(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """Frozen past its lease, the coordinator is no longer registered: every
+    lookup answers COORDINATOR_NOT_AVAILABLE, a retriable answer, so the join
+    looks again until request_timeout_ms and then raises the join's timeout
+    naming that cause (on main it raised the lookup's last answer itself,
+    CoordinatorNotAvailableError, what the frozen-coordinator tests above
+    met under load when the lease ran out before the lookup)."""
+    topic, group = names
+    create_topic(cluster, topic, PARTITIONS)
+
+    async def scenario() -> None:
+        async with AsyncConsumer(
+            bootstrap_servers=cluster.bootstrap, group_id=group, **_options()
+        ) as consumer:
+            with _Frozen(cluster):
+                _wait_unregistered(cluster)
+                with pytest.raises(
+                    TidelogTimeoutError,
+                    match=r"request_timeout_ms=3000; last error: "
+                    r"CoordinatorNotAvailableError: .*no coordinator is registered",
+                ) as raised:
+                    await consumer.subscribe([topic])
+                assert isinstance(raised.value.__cause__, CoordinatorNotAvailableError)
+            assert consumer.subscription() == set()
+            assert consumer._side.group.membership is None  # type: ignore[union-attr]
+
+    asyncio.run(scenario())
+
+
+def test_a_subscribe_waits_for_a_coordinator_that_registers_within_its_timeout(
+    cluster: ClusterProcesses, names: tuple[str, str]
+) -> None:
+    """The join's lookup is retried, not raised: a coordinator that registers
+    again while subscribe() looks for it (continued after its lease expired)
+    takes the member in."""
+    topic, group = names
+    create_topic(cluster, topic, PARTITIONS)
+    produce(cluster, topic, PARTITIONS, PER_PARTITION)
+    frozen = _Frozen(cluster)
+    thaw = threading.Timer(1.0, os.kill, (frozen.pid, signal.SIGCONT))
+    with Consumer(
+        bootstrap_servers=cluster.bootstrap,
+        group_id=group,
+        request_timeout_ms=60_000,
+        session_timeout_ms=60_000,
+    ) as consumer:
+        frozen.__enter__()
+        try:
+            _wait_unregistered(cluster)
+            thaw.start()
+            consumer.subscribe([topic])
+        finally:
+            thaw.cancel()
+            if thaw.ident is not None:
+                thaw.join()
+            frozen.__exit__()
+        assert _read_everything_sync(consumer) == _everything()
