@@ -88,8 +88,8 @@ func produceBatches(ctx context.Context, client pb.LogClient, topic string, part
 
 // retriable reports the partition errors after which sending the same batch
 // again cannot write it twice: the broker refused it before appending. (A
-// timeout of acks=all is not one: the batch may be in the log; only an
-// idempotent producer may send it again.)
+// timeout of acks=all is not one, nor NOT_ENOUGH_REPLICAS_AFTER_APPEND: the
+// batch may be in the log; only an idempotent producer may send it again.)
 func retriable(code pb.ErrorCode) bool {
 	return code == pb.ErrorCode_NOT_LEADER_OR_FOLLOWER || code == pb.ErrorCode_UNKNOWN_TOPIC_OR_PARTITION
 }

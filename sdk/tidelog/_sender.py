@@ -15,9 +15,10 @@ One `Sender` task per producer, on the producer's event loop. It:
   correlation_id (the broker answers in order); requests go out as bytes
   written by `_produce_wire` (the batches copied once);
 - resolves each batch's result from its PartitionProduceResult; a retriable
-  error (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS, UNKNOWN_TOPIC_OR_PARTITION,
-  timeouts, a dropped stream) refreshes metadata where a leader may have
-  moved and requeues the batch with exponential backoff (retry_backoff_ms
+  error (NOT_LEADER_OR_FOLLOWER, NOT_ENOUGH_REPLICAS,
+  NOT_ENOUGH_REPLICAS_AFTER_APPEND, UNKNOWN_TOPIC_OR_PARTITION, timeouts, a
+  dropped stream) refreshes metadata where a leader may have moved and
+  requeues the batch with exponential backoff (retry_backoff_ms
   doubling up to retry_backoff_max_ms, with jitter) until retries or
   delivery_timeout_ms run out, then fails it with an error that names the
   partition and the last error; other errors fail it at once;

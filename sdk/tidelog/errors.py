@@ -187,10 +187,24 @@ class InvalidReplicationFactorError(TidelogError):
 
 
 class NotEnoughReplicasError(TidelogError):
-    """Fewer in-sync replicas than min.insync.replicas."""
+    """acks=all: fewer in-sync replicas than min.insync.replicas; the batch
+    was not written."""
 
     retriable = True
     code_name = "NOT_ENOUGH_REPLICAS"
+    grpc_status = grpc.StatusCode.UNAVAILABLE
+
+
+class NotEnoughReplicasAfterAppendError(TidelogError):
+    """acks=all: the batch was written and the high watermark passed it, but
+    the ISR had shrunk below min.insync.replicas by then, so it is not
+    acknowledged (Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND). Retriable: an
+    idempotent producer's retry is answered with the original offsets, a
+    non-idempotent one's may write the batch a second time (at least once).
+    Not a NotEnoughReplicasError, which says that nothing was written."""
+
+    retriable = True
+    code_name = "NOT_ENOUGH_REPLICAS_AFTER_APPEND"
     grpc_status = grpc.StatusCode.UNAVAILABLE
 
 
@@ -481,6 +495,7 @@ for _cls in (
     InvalidPartitionsError,
     InvalidReplicationFactorError,
     NotEnoughReplicasError,
+    NotEnoughReplicasAfterAppendError,
     RequestTimedOutError,
     FencedLeaderEpochError,
     OutOfOrderSequenceError,

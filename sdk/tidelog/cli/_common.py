@@ -27,6 +27,7 @@ from tidelog.errors import (
     InvalidRequestError,
     InvalidTimestampError,
     InvalidTopicError,
+    NotEnoughReplicasAfterAppendError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
@@ -81,6 +82,7 @@ _UNAVAILABLE_ERRORS: tuple[type[TidelogError], ...] = (
     TidelogTimeoutError,
     RequestTimedOutError,
     NotEnoughReplicasError,
+    NotEnoughReplicasAfterAppendError,
     NotLeaderOrFollowerError,
 )
 _AUTH_CODES = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)

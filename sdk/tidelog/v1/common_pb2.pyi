@@ -50,7 +50,9 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     INVALID_REPLICATION_FACTOR: _ErrorCode.ValueType  # 11
     """The replication factor is not acceptable."""
     NOT_ENOUGH_REPLICAS: _ErrorCode.ValueType  # 12
-    """acks=all and fewer than min.insync.replicas are in sync (retriable)."""
+    """acks=all and fewer than min.insync.replicas are in sync: nothing was
+    written (retriable).
+    """
     REQUEST_TIMED_OUT: _ErrorCode.ValueType  # 13
     """The request did not complete in time (retriable)."""
     FENCED_LEADER_EPOCH: _ErrorCode.ValueType  # 14
@@ -106,6 +108,12 @@ class _ErrorCodeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_ErrorCode.V
     credentials sent without TLS, or no identity where anonymous clients are
     not allowed.
     """
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND: _ErrorCode.ValueType  # 36
+    """acks=all: the batch was written, and the high watermark passed it, but
+    the ISR had meanwhile shrunk below min.insync.replicas, so it is not
+    acknowledged (retriable; a non-idempotent producer's retry may write it
+    twice, an idempotent one's is answered with the original offsets).
+    """
 
 class ErrorCode(_ErrorCode, metaclass=_ErrorCodeEnumTypeWrapper):
     """Typed, per-partition outcome of a request. The names and meanings follow
@@ -141,7 +149,9 @@ INVALID_PARTITIONS: ErrorCode.ValueType  # 10
 INVALID_REPLICATION_FACTOR: ErrorCode.ValueType  # 11
 """The replication factor is not acceptable."""
 NOT_ENOUGH_REPLICAS: ErrorCode.ValueType  # 12
-"""acks=all and fewer than min.insync.replicas are in sync (retriable)."""
+"""acks=all and fewer than min.insync.replicas are in sync: nothing was
+written (retriable).
+"""
 REQUEST_TIMED_OUT: ErrorCode.ValueType  # 13
 """The request did not complete in time (retriable)."""
 FENCED_LEADER_EPOCH: ErrorCode.ValueType  # 14
@@ -196,6 +206,12 @@ SASL_AUTHENTICATION_FAILED: ErrorCode.ValueType  # 35
 """The client could not be authenticated: unknown user or wrong password,
 credentials sent without TLS, or no identity where anonymous clients are
 not allowed.
+"""
+NOT_ENOUGH_REPLICAS_AFTER_APPEND: ErrorCode.ValueType  # 36
+"""acks=all: the batch was written, and the high watermark passed it, but
+the ISR had meanwhile shrunk below min.insync.replicas, so it is not
+acknowledged (retriable; a non-idempotent producer's retry may write it
+twice, an idempotent one's is answered with the original offsets).
 """
 Global___ErrorCode: _TypeAlias = ErrorCode  # noqa: Y015
 

@@ -21,7 +21,11 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from tidelog import records
-from tidelog.errors import NotLeaderOrFollowerError, RequestTimedOutError
+from tidelog.errors import (
+    NotEnoughReplicasAfterAppendError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+)
 from tidelog_server.log_flood import RateLimitedLog
 
 from tidelog_broker.config import BrokerConfig
@@ -211,18 +215,31 @@ class ReplicaManager:
         self, topic: str, partition: int, offset: int, leader_epoch: int, timeout_s: float
     ) -> None:
         """acks=all: return once the HW is past `offset` (the last offset of
-        the batches appended in `leader_epoch`) and the ISR is at least the
-        topic's min.insync.replicas. RequestTimedOutError after timeout_s;
-        NotLeaderOrFollowerError if leadership moved meanwhile (the records
-        may or may not survive: the producer retries).
+        the batches appended in `leader_epoch`) with the ISR at least the
+        topic's min.insync.replicas. NotEnoughReplicasAfterAppendError as
+        soon as the HW is past it with the ISR below that; RequestTimedOutError
+        after timeout_s; NotLeaderOrFollowerError if leadership moved
+        meanwhile (the records may or may not survive). All three are
+        retriable: the producer sends the batch again.
 
         The ISR is asked at the end too, not only at the append: a record
         appended with the ISR at min.insync.replicas, and passed by the HW
         only after the ISR shrank below it, is not on the members removed,
         and those stay eligible to lead (PartitionState.elr): acknowledged,
-        it could be lost. Such a record is acknowledged once the ISR is
-        back at min.insync.replicas (a member joins only with every record
-        below the HW), as Kafka answers NOT_ENOUGH_REPLICAS_AFTER_APPEND."""
+        it could be lost. Such a record is not acknowledged: it is answered
+        NotEnoughReplicasAfterAppendError at once, as Kafka's DelayedProduce
+        answers NOT_ENOUGH_REPLICAS_AFTER_APPEND, rather than held until the
+        ISR is back or the request times out. An idempotent producer's retry
+        is a duplicate, answered with the original offsets once the ISR is
+        back at min.insync.replicas (refused NOT_ENOUGH_REPLICAS at the
+        append until then, then passed here again): a member rejoins only
+        with every record below the HW, so those are then on that many.
+
+        The ISR asked is the one applied from etcd, not the maximal ISR
+        (Kafka's check): a member whose joining is only proposed may yet be
+        refused, and would then be an eligible leader without the record.
+        A shrink still proposed keeps its member in the applied ISR, and the
+        HW counts that member, so this answers only after a shrink applied."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         key = (topic, partition)
@@ -237,8 +254,16 @@ class ReplicaManager:
                     f"leadership of {topic}-{partition} moved while waiting for acks=all"
                 )
             min_isr = self._logs.partition_log(topic, partition).config.min_insync_replicas
-            if replication.high_watermark > offset and len(replication.isr) >= min_isr:
-                return
+            if replication.high_watermark > offset:
+                if len(replication.isr) >= min_isr:
+                    return
+                raise NotEnoughReplicasAfterAppendError(
+                    f"{topic}-{partition}: offset {offset} was written, but the in-sync "
+                    f"replicas shrank to {replication.isr} before they confirmed it, below "
+                    f"min.insync.replicas {min_isr}: not acknowledged, retry (an idempotent "
+                    "producer's retry is answered with the original offsets, another "
+                    "producer's may write it twice)"
+                )
             remaining = deadline - loop.time()
             if remaining <= 0:
                 raise RequestTimedOutError(

@@ -16,6 +16,12 @@ pytestmark = pytest.mark.timeout(10)
         (common_pb2.NOT_LEADER_OR_FOLLOWER, errors.NotLeaderOrFollowerError, True),
         (common_pb2.UNKNOWN_TOPIC_OR_PARTITION, errors.UnknownTopicOrPartitionError, True),
         (common_pb2.REQUEST_TIMED_OUT, errors.RequestTimedOutError, True),
+        (common_pb2.NOT_ENOUGH_REPLICAS, errors.NotEnoughReplicasError, True),
+        (
+            common_pb2.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+            errors.NotEnoughReplicasAfterAppendError,
+            True,
+        ),
         (common_pb2.OFFSET_OUT_OF_RANGE, errors.OffsetOutOfRangeError, False),
         (common_pb2.MESSAGE_TOO_LARGE, errors.MessageTooLargeError, False),
         (common_pb2.TOPIC_ALREADY_EXISTS, errors.TopicAlreadyExistsError, False),

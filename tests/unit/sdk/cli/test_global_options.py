@@ -26,6 +26,7 @@ from tidelog.errors import (
     InvalidConfigError,
     InvalidTopicError,
     NonEmptyGroupError,
+    NotEnoughReplicasAfterAppendError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
@@ -85,6 +86,7 @@ def test_help_documents_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> No
         (GroupIdNotFoundError("gone"), EXIT_NOT_FOUND),
         (BrokerNotAvailableError("down"), EXIT_UNAVAILABLE),
         (RequestTimedOutError("slow"), EXIT_UNAVAILABLE),
+        (NotEnoughReplicasAfterAppendError("isr shrank"), EXIT_UNAVAILABLE),
         (NonEmptyGroupError("busy"), EXIT_ERROR),
     ],
 )
