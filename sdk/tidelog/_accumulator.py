@@ -12,6 +12,16 @@ are full, have waited `linger_ms`, or are flushed. This module owns:
   the smallest record (`RECORD_OVERHEAD` bytes), or a keyless record did not
   fit and moved on to the next sticky partition (Kafka closes a batch a record
   did not fit, too). Neither waits for `linger_ms`, whichever path appended;
+- holding a partition's next batch while one is in flight
+  (`linger_while_in_flight`, Nagle's algorithm for batches): a batch that is
+  not full, once its linger is over, waits while an earlier batch of its
+  partition is drained and not yet answered, taking the records that arrive
+  meanwhile; the answer (`resolved`) tells the sender to look again. A full
+  or flushed batch never waits, so a busy producer still pipelines up to
+  max_in_flight_requests requests. Under load this sends fewer, larger
+  requests: every request costs both ends CPU (a gRPC message each way, a
+  wake-up of the broker's and the consumer's threads), and on a shared
+  machine that CPU is what the tail latency waits for;
 - retries: a batch that failed with a retriable error waits here for its
   backoff, and its partition is *muted* (no later batch of it is drained)
   until the retry is resolved, so retries do not reorder that partition's
@@ -186,6 +196,7 @@ class ProducerBatch:
         "created",
         "encoded",
         "headers",
+        "in_flight",
         "keys",
         "lane",
         "lane_refused",
@@ -232,6 +243,9 @@ class ProducerBatch:
         self.lane: Lane | None = None
         #: A locked append closed a lane that had room for it: no more lanes.
         self.lane_refused = False
+        #: Handed to the sender and not yet answered (nor put back for a
+        #: retry): counted in the accumulator's `_in_flight`.
+        self.in_flight = False
 
     def __len__(self) -> int:
         return len(self.values)
@@ -280,9 +294,13 @@ class RecordAccumulator:
         partitioner: StickyPartitioner | None = None,
         clock: Callable[[], float] = time.monotonic,
         lane_max_record: int | None = None,
+        linger_while_in_flight: bool = True,
     ) -> None:
         """`lane_max_record`: open lanes for send(), whose records are at most
-        that many bytes (None: no lanes; nor without tidelog._cproduce)."""
+        that many bytes (None: no lanes; nor without tidelog._cproduce).
+        `linger_while_in_flight`: a batch that is not full is not drained
+        while an earlier batch of its partition is in flight (see the module
+        docstring); False: drained once its linger is over, as Kafka's."""
         self._batch_size = batch_size
         # A batch is full (sealed at once) when its size is above this: no
         # room is left for even the smallest record, RECORD_OVERHEAD bytes.
@@ -302,6 +320,10 @@ class RecordAccumulator:
         self._retries: dict[TopicPartition, list[ProducerBatch]] = {}
         self._muted: set[TopicPartition] = set()
         self._incomplete: dict[int, ProducerBatch] = {}
+        self._linger_while_in_flight = linger_while_in_flight
+        #: Batches of each partition handed to the sender and not yet
+        #: answered or put back for a retry (only partitions with some).
+        self._in_flight: dict[TopicPartition, int] = {}
         self._sequences: dict[tuple[str, int], int] = {}
         # The sticky partition of each topic, read on every keyless append.
         self._sticky_current: dict[str, int] = {}
@@ -778,6 +800,9 @@ class RecordAccumulator:
         when the next open batch's linger (or a retry's backoff) ends. With
         `new_batches` False only retries are taken (an idempotent producer
         waiting for its producer id), though sealed batches still expire.
+        An open batch whose linger is over but whose partition has a batch in
+        flight is held (`linger_while_in_flight`) and sets no deadline: the
+        answer wakes the sender (`resolved` returns True).
         """
         ready: list[ProducerBatch] = []
         expired: list[ProducerBatch] = []
@@ -806,23 +831,57 @@ class RecordAccumulator:
                     else:
                         ready.append(batch)
                 self._sealed = kept
-            if not new_batches:
-                return ready, expired, next_deadline
-            for by_partition in self._open.values():
-                for batch in list(by_partition.values()):
-                    deadline = batch.created + self._linger_s
-                    if batch.tp in muted:
-                        continue
-                    if deadline <= now:
-                        if batch.lane is not None:
-                            self._close_lane(batch)
-                        del by_partition[batch.partition]
-                        ready.append(batch)
-                    else:
-                        next_deadline = (
-                            deadline if next_deadline is None else min(next_deadline, deadline)
-                        )
+            if new_batches:
+                next_deadline = self._drain_open(now, ready, next_deadline)
+            self._take(ready)
         return ready, expired, next_deadline
+
+    def _drain_open(
+        self, now: float, ready: list[ProducerBatch], next_deadline: float | None
+    ) -> float | None:
+        """`drain`'s part for open batches (under the lock): those whose linger
+        is over and that are not held go to `ready`; returns the next deadline."""
+        muted = self._muted
+        held = self._in_flight if self._linger_while_in_flight else {}
+        for by_partition in self._open.values():
+            for batch in list(by_partition.values()):
+                deadline = batch.created + self._linger_s
+                if batch.tp in muted:
+                    continue
+                if deadline > now:
+                    next_deadline = (
+                        deadline if next_deadline is None else min(next_deadline, deadline)
+                    )
+                elif batch.tp not in held:  # else: goes at its partition's answer, or when full
+                    if batch.lane is not None:
+                        self._close_lane(batch)
+                    del by_partition[batch.partition]
+                    ready.append(batch)
+        return next_deadline
+
+    def _take(self, ready: list[ProducerBatch]) -> None:
+        """Count `ready` (drained, under the lock) as in flight."""
+        in_flight = self._in_flight
+        for batch in ready:
+            if not batch.in_flight:
+                batch.in_flight = True
+                in_flight[batch.tp] = in_flight.get(batch.tp, 0) + 1
+
+    def _returned(self, batch: ProducerBatch) -> bool:
+        """`batch` is no longer in flight (answered, failed or put back for a
+        retry; under the lock). True if it was its partition's last one in
+        flight and that partition has an open batch, which may have been held
+        for it."""
+        if not batch.in_flight:
+            return False
+        batch.in_flight = False
+        tp = batch.tp
+        left = self._in_flight[tp] - 1
+        if left:
+            self._in_flight[tp] = left
+            return False
+        del self._in_flight[tp]
+        return self._linger_while_in_flight and tp.partition in self._open.get(tp.topic, {})
 
     def sender_waits(self) -> bool:
         """The sender is about to sleep until woken (or its deadline): True
@@ -858,6 +917,7 @@ class RecordAccumulator:
         until they are resolved; keeps each partition's batches in order."""
         with self._lock:
             for batch in batches:
+                self._returned(batch)  # its partition is muted until it is resolved
                 batch.attempts += 1
                 batch.retry_at = retry_at
                 pending = self._retries.setdefault(batch.tp, [])
@@ -867,11 +927,13 @@ class RecordAccumulator:
 
     def resolved(self, batch: ProducerBatch) -> bool:
         """A batch succeeded or failed for good: free its memory, unmute.
-        Returns True when its partition was unmuted (batches held back may
-        now be drained: the sender must look again)."""
+        Returns True when its partition was unmuted, or its open batch was
+        held for this one (batches held back may now be drained: the sender
+        must look again)."""
         with self._lock:
             if self._incomplete.pop(id(batch), None) is None:
                 return False
+            released = self._returned(batch)
             self._buffered -= batch.size - BATCH_OVERHEAD
             tp = batch.tp
             # Unmute once no batch of this partition awaits a retry or is
@@ -886,7 +948,7 @@ class RecordAccumulator:
             else:
                 unmuted = False
             self._space.notify_all()
-            return unmuted
+            return unmuted or released
 
     def is_empty(self) -> bool:
         with self._lock:

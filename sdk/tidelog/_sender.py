@@ -569,8 +569,9 @@ class Sender:
     def _resolved(self, batch: ProducerBatch) -> None:
         unmuted = self._acc.resolved(batch)
         self.space_freed.set()
-        # Unmuted: batches sealed while its retries were out wait for a drain
-        # that nothing else would trigger once send() calls stop.
+        # Unmuted, or its partition's open batch held for it (linger while in
+        # flight): batches wait for a drain that nothing else would trigger
+        # once send() calls stop.
         if unmuted or self._closing or self._identity.reset_wanted:
             # close() waits for the run loop to see the accumulator empty.
             self.wake()

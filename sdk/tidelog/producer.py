@@ -170,6 +170,7 @@ class _ProducerCore:
         self.accumulator = RecordAccumulator(
             batch_size=config.batch_size,
             linger_ms=config.linger_ms,
+            linger_while_in_flight=config.linger_while_in_flight,
             buffer_memory=config.buffer_memory,
             wake=wake,
             # Lanes take keyless records to the sticky partition as they are.

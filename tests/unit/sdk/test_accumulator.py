@@ -22,7 +22,13 @@ class Clock:
         return self.now
 
 
-def make(batch_size: int = 1000, linger_ms: int = 5, buffer_memory: int = 1 << 20, clock=None):  # type: ignore[no-untyped-def]
+def make(  # type: ignore[no-untyped-def]
+    batch_size: int = 1000,
+    linger_ms: int = 5,
+    buffer_memory: int = 1 << 20,
+    clock=None,
+    linger_while_in_flight: bool = True,
+):
     wakes: list[int] = []
     clock = clock or Clock()
     acc = RecordAccumulator(
@@ -31,6 +37,7 @@ def make(batch_size: int = 1000, linger_ms: int = 5, buffer_memory: int = 1 << 2
         buffer_memory=buffer_memory,
         wake=lambda: wakes.append(1),
         clock=clock,
+        linger_while_in_flight=linger_while_in_flight,
     )
     return acc, wakes, clock
 
@@ -56,7 +63,8 @@ def test_records_of_a_partition_share_one_batch_until_full() -> None:
 
 
 def test_sender_is_woken_only_when_it_sleeps() -> None:
-    acc, wakes, clock = make(batch_size=200, linger_ms=0)
+    # (Partition 0's second batch would wait for its first's answer otherwise.)
+    acc, wakes, clock = make(batch_size=200, linger_ms=0, linger_while_in_flight=False)
     append(acc, partition=0)
     assert len(wakes) == 1  # asleep until its first drain: woken
     ready, _, _ = acc.drain(clock(), 120.0)
@@ -85,7 +93,7 @@ def test_seal_all_always_wakes_the_sender() -> None:
 
 
 def test_drain_returns_full_batches_at_once_and_open_ones_after_linger() -> None:
-    acc, _, clock = make(batch_size=100)
+    acc, _, clock = make(batch_size=100, linger_while_in_flight=False)
     for _ in range(3):
         append(acc, partition=0)  # fills partition 0's batch
     append(acc, partition=1)
@@ -96,6 +104,75 @@ def test_drain_returns_full_batches_at_once_and_open_ones_after_linger() -> None
     clock.now += 0.006
     ready, _, _ = acc.drain(clock(), 120.0)
     assert [b.tp for b in ready] == [TopicPartition("t", 0), TopicPartition("t", 1)]
+
+
+def test_a_partial_batch_waits_while_its_partition_has_a_batch_in_flight() -> None:
+    acc, _, clock = make(linger_ms=0)
+    append(acc, partition=0)
+    (first,), _, _ = acc.drain(clock(), 120.0)
+    append(acc, partition=0)
+    append(acc, partition=0)
+    append(acc, partition=1)
+    ready, _, deadline = acc.drain(clock(), 120.0)
+    # Partition 1 has nothing in flight; partition 0's batch is held, with no
+    # deadline: the sender sleeps until the answer.
+    assert [b.tp.partition for b in ready] == [1]
+    assert deadline is None
+    assert acc.sender_waits() is True
+    assert acc.resolved(first) is True  # its open batch was held: look again
+    (held,), _, _ = acc.drain(clock(), 120.0)
+    assert held.tp.partition == 0 and held.record_count() == 2
+    # Nothing of partition 0 is open now: answering the held batch needs no look.
+    assert acc.resolved(held) is False
+    assert acc.resolved(ready[0]) is False
+
+
+def test_a_full_or_flushed_batch_goes_while_its_partition_has_one_in_flight() -> None:
+    acc, _, clock = make(batch_size=100, linger_ms=0)
+    append(acc, partition=0)
+    acc.drain(clock(), 120.0)
+    for _ in range(3):
+        append(acc, partition=0)  # fills a batch (sealed) and opens the next
+    (full,), _, _ = acc.drain(clock(), 120.0)
+    assert full.record_count() == 2
+    acc.seal_all()  # flush
+    (flushed,), _, _ = acc.drain(clock(), 120.0)
+    assert flushed.record_count() == 1
+
+
+def test_a_batch_put_back_for_a_retry_holds_its_partition_until_resolved() -> None:
+    acc, _, clock = make(linger_ms=0)
+    append(acc, partition=0)
+    (first,), _, _ = acc.drain(clock(), 120.0)
+    append(acc, partition=0)
+    acc.requeue([first], retry_at=clock())
+    # Muted by the retry: only the retry goes, and it is in flight again.
+    (retried,), _, _ = acc.drain(clock(), 120.0)
+    assert retried is first
+    assert acc.drain(clock(), 120.0)[0] == []
+    assert acc.resolved(first) is True
+    (later,), _, _ = acc.drain(clock(), 120.0)
+    assert later is not first and later.record_count() == 1
+
+
+def test_a_batch_failed_before_it_was_answered_releases_its_partition() -> None:
+    acc, _, clock = make(linger_ms=0)
+    append(acc, partition=0)
+    (first,), _, _ = acc.drain(clock(), 120.0)
+    append(acc, partition=0)
+    assert acc.drain(clock(), 120.0)[0] == []
+    first.result.fail(ClosedError("gone"))
+    assert acc.resolved(first) is True
+    assert [b.record_count() for b in acc.drain(clock(), 120.0)[0]] == [1]
+
+
+def test_without_linger_while_in_flight_a_partial_batch_goes_at_its_linger() -> None:
+    acc, _, clock = make(linger_ms=0, linger_while_in_flight=False)
+    append(acc, partition=0)
+    (first,), _, _ = acc.drain(clock(), 120.0)
+    append(acc, partition=0)
+    assert [b.record_count() for b in acc.drain(clock(), 120.0)[0]] == [1]
+    assert acc.resolved(first) is False
 
 
 def test_encoded_batch_round_trips() -> None:
