@@ -144,6 +144,21 @@ the broker spends per fetch answer is taken from the client. Per-answer and per-
   of it per value on the client); with glibc's default allocator settings both took hundreds
   of page faults per thousand records, and now set their thresholds at start (the broker's
   `--malloc-tuning`, docs/operations.md; the SDK's, docs/python-sdk.md).
+- **End-to-end latency, requests per record**: at linger 0 the producer sent a request
+  whenever its loop was free, up to `max_in_flight_requests` (5) at once: at 10,000 records/s
+  ~2,300 requests/s of ~4.3 records each. It now keeps at most one partial batch of a
+  partition in flight (`linger_while_in_flight`, Nagle's algorithm for batches; full batches
+  still pipeline): ~2,000 requests/s of ~5 records, the broker's CPU per record ~5% lower, and
+  the p99 0.48x in two processes (4.88 -> 2.34 ms), 0.74x in one (3.71 -> 2.73), 0.82x with
+  asyncio (2.23 -> 1.83); p99.9 0.64x, 0.82x, 0.87x (`python -m bench.e2e_ab --base 5be224d`,
+  4 alternated rounds per layout, lower in 4 of 4 each). The p50 did not move with the
+  blocking clients and rose with asyncio (0.68 -> 0.83 ms): a record sent while its
+  partition's request is out waits for the answer. Why the tail moved so much more than the
+  CPU did is not traced; requests no longer queue behind each other on the broker's one
+  Produce stream, each appended and answered in turn. Produce throughput, whose batches are
+  full, did not move beyond the noise (paper_produce_batch50 with the option on and off in one
+  process, 8 alternated rounds: 794k against 820k records/s, 0.97x, within the run-to-run
+  spread of 717k-909k).
 - **End-to-end latency** (per hop: each record timed at send, the sender's drain, the gRPC
   write, the broker's Produce handler taking the request, its append, its fetch answer, the
   consumer loop's arrival and poll()). An append resolves the long-poll in the same call, but
