@@ -191,8 +191,10 @@ class ProducerConfig(CommonConfig):
     #: batches never wait, so a busy producer still pipelines
     #: max_in_flight_requests requests. Fewer, larger requests cost both
     #: ends less CPU: at 10,000 records/s with linger_ms=0 the end-to-end
-    #: p99 was about half (docs/python-sdk.md). False: a batch goes once its
-    #: linger is over, as Kafka's producer sends it.
+    #: p99 was about half (docs/python-sdk.md). The cost: a record may wait
+    #: up to one round trip of the previous request (with acks="all", its
+    #: replication too). False: a batch goes once its linger is over, as
+    #: Kafka's producer sends it.
     linger_while_in_flight: bool = True
     #: Target bytes of one batch (per partition). Kafka's default is 16 KB;
     #: ours is 256 KB because a gRPC message costs far more than a Kafka
