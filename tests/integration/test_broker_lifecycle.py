@@ -3,6 +3,8 @@ work (health, reflection), and topics are auto-created only when configured."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -134,3 +136,23 @@ def test_topics_are_not_auto_created_by_default(tmp_path: Path) -> None:
         assert [t.name for t in listed.topics] == []
     finally:
         broker.stop()
+
+
+def test_second_broker_on_the_same_data_dir_refuses_to_start(own_broker: BrokerProcess) -> None:
+    """The data directory's lock (Kafka's `.lock`): a second broker process
+    exits at once with an error naming the directory, its lock file and the
+    holder, and the first one serves on, its data untouched. (A SIGKILLed
+    broker leaves no stale lock: test_restart_keeps_all_data restarts one.)"""
+    produce(own_broker.address, "locked", 0, [b"kept"])
+    command = [
+        sys.executable, "-m", "tidelog_broker",
+        "--listen", "127.0.0.1:0",
+        "--data-dir", str(own_broker.data_dir),
+    ]  # fmt: skip
+    second = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert second.returncode == 1, second.stderr
+    assert str(own_broker.data_dir) in second.stderr
+    assert str(own_broker.data_dir / ".lock") in second.stderr
+    assert f"pid {own_broker.pid}" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert fetch_all(own_broker.address, "locked", 0) == [(0, b"kept")]

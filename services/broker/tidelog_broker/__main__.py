@@ -35,6 +35,7 @@ from tidelog_broker.config import (
     parse_settings,
     read_properties,
 )
+from tidelog_broker.data_dir_lock import DataDirLockedError
 from tidelog_broker.malloc_tuning import (
     MallocTuningError,
     apply_malloc_tuning,
@@ -205,7 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_file_limit()
     # SIGINT is handled inside serve(); this covers one before the loop is up.
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(serve(config, cluster, metrics_options(args)))
+        try:
+            return asyncio.run(serve(config, cluster, metrics_options(args)))
+        except DataDirLockedError as exc:
+            # Another broker runs on this data directory: its words, no traceback.
+            print(f"tidelog-broker: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 

@@ -4,9 +4,18 @@ Owns everything the broker knows about etcd (the PartitionManager knows
 nothing of it and only gets `host_partitions` / `drop_topic` calls):
 
 - registration: `<prefix>/brokers/ids/<id>` = {id, host, port, rack}, bound
-  to the broker's session lease (refreshed every TTL/3 by `Session`). A key
-  held by another live lease (this broker's previous incarnation, killed less
-  than a TTL ago, or a misconfigured twin) is waited out, not overwritten.
+  to the broker's session lease (refreshed every TTL/3 by `Session`). Each
+  session's lease is recorded in `<data-dir>/registration.json` (with the
+  prefix, broker id and cluster id) before it registers. A key held by
+  another live lease is waited out, not overwritten, unless that lease is
+  the one recorded there for this prefix, broker id and cluster: then its
+  holder is this broker's previous incarnation (killed less than a TTL ago),
+  since only a process holding the data directory's lock (data_dir_lock.py,
+  which the LogManager holds while open) writes that file, and we hold it
+  now; its lease is revoked and we register at once, so the controller
+  fences the dead incarnation now, not a TTL later (as Kafka's controller
+  fences a restarted broker's previous epoch). Any other holder (a
+  misconfigured twin with another data directory) is waited out.
   When etcd says the lease is gone (etcd lost its data, or a long outage
   outlived the TTL) a new session registers again: no restart needed;
 - which partitions it hosts, and in which role: it follows
@@ -104,10 +113,11 @@ import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import aetcd
 from tidelog.errors import StorageError, TidelogError
-from tidelog_server.atomic_files import write_atomically
+from tidelog_server.atomic_files import Durability, write_atomically
 from tidelog_server.election_rule import next_elr
 from tidelog_server.etcd import (
     PrefixWatcher,
@@ -138,6 +148,11 @@ flood = RateLimitedLog(log)
 #: Pause between attempts while etcd is unreachable or our id is taken.
 RETRY_DELAY_S = 0.5
 _META_FILE = "cluster.json"
+#: The lease of our latest session, so that the next incarnation knows it
+#: (`_record_lease`, `_is_previous_incarnation`).
+REGISTRATION_FILE = "registration.json"
+#: Leases it keeps, newest first (`_record_lease`).
+RECORDED_LEASES = 3
 #: Offline replicas listed in the registration at most: with topic names of
 #: up to 249 characters, ~260 KB, well within etcd's default request limit
 #: (1.5 MiB). Beyond it, the others leave the ISR only as lagging replicas
@@ -244,6 +259,11 @@ class ClusterLink:
         self._offline_changed = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._meta_path = broker.data_dir / _META_FILE
+        self._registration_path = broker.data_dir / REGISTRATION_FILE
+        #: What `registration.json` said at start: our previous incarnations'.
+        self._previous: dict[str, object] = {}
+        #: What it says now (what we last wrote).
+        self._recorded: dict[str, object] = {}
         self._local_ids: dict[str, str] = {}
         self._local_cluster_id = ""
         self._strays_checked = False
@@ -305,6 +325,7 @@ class ClusterLink:
         self.port = port
         self.internal_port = internal_port
         self._load_meta()
+        self._previous = self._recorded = self._load_recorded_lease()
         self._loop = asyncio.get_running_loop()
         self._tasks = [
             asyncio.create_task(self._registration(), name="broker-registration"),
@@ -450,6 +471,7 @@ class ClusterLink:
                 if self._session is None or self._session.lost.is_set():
                     self._session = await Session.create(self.client, self.cluster.session_ttl_s)
                 await self._ensure_cluster_id()
+                self._record_lease(self._session.lease_id)
                 if not await self._register(self._session):
                     await asyncio.sleep(RETRY_DELAY_S)
                     continue
@@ -485,11 +507,21 @@ class ClusterLink:
         key = self.keys.broker(self.broker.broker_id)
         tx = self.client.transactions
         value = self._registration_value()
-        ok, responses = await self.client.transaction(
-            compare=[tx.create(key) == 0],
-            success=[tx.put(key, value, lease=session.lease_id)],
-            failure=[tx.get(key)],
-        )
+
+        async def put_if_absent() -> tuple[bool, Any]:
+            ok, responses = await self.client.transaction(
+                compare=[tx.create(key) == 0],
+                success=[tx.put(key, value, lease=session.lease_id)],
+                failure=[tx.get(key)],
+            )
+            return ok, responses
+
+        ok, responses = await put_if_absent()
+        if not ok:
+            holder = responses[0][0][1]
+            if holder.lease != session.lease_id and self._is_previous_incarnation(holder.lease):
+                await self._revoke_previous_incarnation(holder.lease)
+                ok, responses = await put_if_absent()
         if ok:
             revision = responses[0].response_put.header.revision
         else:
@@ -512,6 +544,98 @@ class ClusterLink:
             self.registration_revision = revision
             await self._reconcile(full_listing=False)
         return True
+
+    # ------------------------------------------------------------ registration.json
+
+    def _record_lease(self, lease_id: int) -> None:
+        """Record `lease_id` as ours (see module doc), before it registers:
+        a kill between the registration and this write would leave the next
+        incarnation to wait out the lease. Written only while we hold the
+        data directory's lock (the LogManager took it at open). The leases
+        recorded before it (of this prefix, broker id and cluster) are kept,
+        RECORDED_LEASES in all: an incarnation killed after recording its
+        lease but before registering leaves the key to the one before it."""
+        earlier = [lease for lease in self._recorded_leases(self._recorded) if lease != lease_id]
+        record: dict[str, object] = {
+            "etcd_prefix": self.keys.prefix,
+            "broker_id": self.broker.broker_id,
+            "cluster_id": self.cluster_id,
+            "leases": [lease_id, *earlier][:RECORDED_LEASES],
+        }
+        if record == self._recorded:
+            return
+        try:
+            self._registration_path.parent.mkdir(parents=True, exist_ok=True)
+            # Rename only, no fsync: the record matters when this process
+            # died and its machine did not (SIGKILL, OOM kill, a crash): the
+            # page cache keeps the write and the rename is atomic to every
+            # other process. After a machine crash it may be lost or torn:
+            # read as absent, the next incarnation then waits out the old
+            # lease, as it did before there was a record (a reboot mostly
+            # outlasts the TTL anyway). An older record names a lease of
+            # ours too, so it can never make us revoke another's.
+            write_atomically(
+                self._registration_path,
+                json.dumps(record, sort_keys=True).encode("utf-8"),
+                Durability.NONE,
+            )
+        except OSError as exc:
+            log.error(
+                "cannot write %s: %s (a restart will wait out this lease's TTL)",
+                self._registration_path,
+                exc,
+            )
+            return
+        self._recorded = record
+
+    def _load_recorded_lease(self) -> dict[str, object]:
+        try:
+            raw = json.loads(self._registration_path.read_text())
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s: %s", self._registration_path, exc)
+            return {}
+        return raw if isinstance(raw, dict) else {}
+
+    def _recorded_leases(self, record: dict[str, object]) -> list[int]:
+        """The leases `record` lists, if it is of our prefix, broker id and
+        cluster (known only once `_ensure_cluster_id` ran); else none."""
+        leases = record.get("leases")
+        if (
+            not self.cluster_id
+            or record.get("etcd_prefix") != self.keys.prefix
+            or record.get("broker_id") != self.broker.broker_id
+            or record.get("cluster_id") != self.cluster_id
+            or not isinstance(leases, list)
+        ):
+            return []
+        return [lease for lease in leases if isinstance(lease, int)]
+
+    def _is_previous_incarnation(self, lease_id: int) -> bool:
+        """`lease_id` is one our data directory recorded, before this
+        process started, for this prefix, broker id and cluster: a previous
+        incarnation's (see module doc)."""
+        return lease_id in self._recorded_leases(self._previous)
+
+    async def _revoke_previous_incarnation(self, lease_id: int) -> None:
+        """Revoke our previous incarnation's lease: its registration (and
+        any key it bound to the lease) goes now, not a TTL later."""
+        log.info(
+            "broker id %d is registered by lease %x, which %s records as this broker's "
+            "previous incarnation's (it held this data directory's lock, which we hold "
+            "now): revoking that lease and registering at once",
+            self.broker.broker_id,
+            lease_id,
+            self._registration_path,
+        )
+        try:
+            await self.client.revoke_lease(lease_id)
+        except Exception as exc:
+            if is_unavailable(exc):
+                raise
+            # Gone meanwhile (it expired): the put that follows tells.
+            log.info("revoking lease %x: %s", lease_id, exc)
 
     async def _ensure_cluster_id(self) -> None:
         if self.cluster_id:

@@ -59,6 +59,7 @@ from tidelog_server.log_flood import RateLimitedLog
 from tidelog_server.topic_configs import TOPIC_CONFIGS, check_replication, validate_topic_configs
 
 from tidelog_broker.config import BrokerConfig
+from tidelog_broker.data_dir_lock import DataDirLock
 from tidelog_broker.resources import open_file_limit, partition_capacity
 from tidelog_broker.storage import (
     Clock,
@@ -276,6 +277,8 @@ class LogManager:
         # below (ClusterLink), not from topics.json, and are never auto-created.
         self._cluster_mode = cluster_mode
         self._store = TopicStore(config.data_dir)
+        #: Held from `open` to `close` (data_dir_lock.py).
+        self._dir_lock = DataDirLock(config.data_dir)
         self._topics: dict[str, Topic] = {}
         # Cluster mode: of each topic, the partitions whose logs
         # `host_partitions_off_loop` is opening (in worker threads): known,
@@ -350,10 +353,14 @@ class LogManager:
     # ------------------------------------------------------------ lifecycle
 
     def open(self) -> None:
-        """Open every topic's logs, running recovery where needed. If it
-        raises (out of descriptors or memory), every log it opened is closed
-        first."""
+        """Take the data directory's lock (DataDirLockedError: another
+        process holds it), then open every topic's logs, running recovery
+        where needed. If it raises (out of descriptors or memory), every log
+        it opened is closed first, and the lock let go."""
         self._config.data_dir.mkdir(parents=True, exist_ok=True)
+        # Before any file in it is read or written: two brokers on one data
+        # directory would tear each other's logs.
+        self._dir_lock.acquire()
         if self._cluster_mode:
             return
         try:
@@ -369,6 +376,7 @@ class LogManager:
             # but an embedding such as a test or a retry goes on); a close
             # that fails is logged, the open's error is the one raised.
             _log_failed_closes(self._close_topics(), "their next open recovers them")
+            self._dir_lock.release()
             raise
         for topic in self._topics.values():
             for partition_log in topic.logs:
@@ -410,6 +418,8 @@ class LogManager:
                     waiter.cancel()
         # After the logs: their flushes overlap the threads' last steps.
         self._wait_for_threads()
+        # Last: nothing of this manager writes in the directory any more.
+        self._dir_lock.release()
         _raise_first(failed, "their next open recovers them")
 
     def _close_topics(self) -> dict[TopicPartitionKey, Exception]:
