@@ -5,7 +5,8 @@ loopback port with a temp data dir (tests/support/processes.py), waits for
 its health check to answer SERVING, yields the BrokerProcess (use
 `.address`), and stops it by PID afterwards. One broker per test module keeps
 the suite fast; tests isolate themselves with unique topic names
-(`topic_name`).
+(`topic_name`). `own_broker` is a broker of one test alone, for tests
+that kill, restart or freeze it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ _topic_ids = itertools.count()
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     data_dir: Path = tmp_path_factory.mktemp("broker") / "data"
     process = start_broker(data_dir)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def own_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    """A broker of this test alone: it may kill, restart or freeze it."""
+    process = start_broker(tmp_path / "data")
     try:
         yield process
     finally:

@@ -10,8 +10,6 @@ import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import grpc
@@ -22,19 +20,9 @@ from tidelog.errors import InvalidProducerEpochError
 from tidelog.records import encode_batch, read_header
 from tidelog.v1 import cluster_pb2, cluster_pb2_grpc, common_pb2, log_pb2, log_pb2_grpc
 
-from tests.support.processes import BrokerProcess, start_broker
+from tests.support.processes import BrokerProcess
 
 pytestmark = pytest.mark.timeout(40)
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker this test may kill and restart."""
-    process = start_broker(tmp_path / "data")
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def create(address: str, name: str, partitions: int = 1) -> None:

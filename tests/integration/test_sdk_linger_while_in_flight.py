@@ -8,13 +8,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from tidelog import AdminClient, NewTopic, Producer
 
-from tests.support.processes import BrokerProcess, start_broker
+from tests.support.processes import BrokerProcess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,16 +21,6 @@ TOPIC = "held"
 LATER = 8
 #: Between two of them: time enough for the sender to send each on its own.
 GAP_S = 0.05
-
-
-@pytest.fixture
-def own_broker(tmp_path: Path) -> Iterator[BrokerProcess]:
-    """A broker this test freezes."""
-    process = start_broker(tmp_path / "data")
-    try:
-        yield process
-    finally:
-        process.stop()
 
 
 def _answered_requests(producer: Producer) -> int:
