@@ -74,10 +74,9 @@ REVOKED = "revoked"
 LOST = "lost"
 ASSIGNED = "assigned"
 
-#: Pauses between lookups of the coordinators: from retry_backoff_ms (at
-#: least the minimum), doubling up to the maximum.
+#: The shortest pause between lookups of the coordinators (and wait of one):
+#: retry_backoff_ms=0 must not spin on a cluster with no coordinator.
 DISCOVER_BACKOFF_MIN_S = 0.05
-DISCOVER_BACKOFF_MAX_S = 1.0
 
 
 class GroupEvent(NamedTuple):
@@ -217,13 +216,14 @@ class GroupClient:
     async def _discover(self, deadline: float | None = None) -> list[str]:
         """Coordinator addresses. A retriable error (no coordinator
         registered yet, etcd restarting, no server answering) is asked
-        again after retry_backoff_ms, doubling up to DISCOVER_BACKOFF_MAX_S,
+        again after retry_backoff_ms, doubling up to retry_backoff_max_ms,
         until `deadline` (default: request_timeout_ms from now), each
         attempt waiting at most until then; the last error is raised."""
         timeout_s = self._config.request_timeout_ms / 1000
         if deadline is None:
             deadline = time.monotonic() + timeout_s
         backoff_s = max(DISCOVER_BACKOFF_MIN_S, self._config.retry_backoff_ms / 1000)
+        max_backoff_s = max(backoff_s, self._config.retry_backoff_max_ms / 1000)
         while True:
             remaining_s = deadline - time.monotonic()
             try:
@@ -235,7 +235,7 @@ class GroupClient:
                     raise
                 log.info("finding the coordinators of group %r: %s; retrying", self.group_id, exc)
                 await asyncio.sleep(backoff_s)
-                backoff_s = min(DISCOVER_BACKOFF_MAX_S, backoff_s * 2)
+                backoff_s = min(max_backoff_s, backoff_s * 2)
 
     async def _rediscover(self) -> list[str]:
         """The coordinators asked for again, once: what the membership uses

@@ -398,6 +398,10 @@ class ConsumerConfig(CommonConfig):
     #: Iteration (`for record in consumer`) stops after this long without a
     #: record; None iterates forever (kafka-python's consumer_timeout_ms).
     consumer_timeout_ms: float | None = None
+    #: Upper bound of the backoff between lookups of a group's coordinator,
+    #: which doubles from retry_backoff_ms (Kafka's retry.backoff.max.ms and
+    #: default).
+    retry_backoff_max_ms: int = 1_000
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -408,6 +412,7 @@ class ConsumerConfig(CommonConfig):
             )
         _non_negative("fetch_min_bytes", self.fetch_min_bytes)
         _non_negative("fetch_max_wait_ms", self.fetch_max_wait_ms)
+        _non_negative("retry_backoff_max_ms", self.retry_backoff_max_ms)
         _positive("fetch_max_bytes", self.fetch_max_bytes)
         _positive("max_partition_fetch_bytes", self.max_partition_fetch_bytes)
         _positive("max_poll_records", self.max_poll_records)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from tidelog import AdminClient, Consumer, NewTopic, Producer
 
-from tests.support.etcd import EtcdProcess
+from tests.support.etcd import EtcdProcess, running_etcd
 from tests.support.processes import ServiceProcess, free_port, spawn_service
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -83,11 +83,8 @@ def scratch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path / "etcd")
-    try:
+    with running_etcd(tmp_path / "etcd") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def start(what: str, argv: list[str], log_dir: Path) -> ServiceProcess:

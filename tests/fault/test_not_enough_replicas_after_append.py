@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from collections import Counter
 from typing import Any
 
@@ -27,6 +26,7 @@ from tidelog import Producer
 from tidelog._sender import Sender
 
 from tests.fault.replication_support import ReplicatedCluster, read_back
+from tests.support.polling import read_until
 
 TOPIC = "after-append"
 COUNT = 200
@@ -50,15 +50,6 @@ class RetriedErrors:
             original(sender, batches, error)
 
         monkeypatch.setattr(Sender, "_retry_or_fail", retry_or_fail)
-
-
-def wait_until(check: Any, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.timeout(240)
@@ -87,10 +78,12 @@ def test_an_idempotent_batch_answered_after_append_is_written_once(
             stopped = True
             # Appended with the ISR still at two: it takes seconds to shrink.
             futures = [producer.send(TOPIC, b"0:%d" % i, partition=0) for i in range(1, COUNT)]
-            assert wait_until(
-                lambda: retried.errors["NotEnoughReplicasAfterAppendError"] > 0,
+            read_until(
+                lambda: dict(retried.errors),
+                lambda errors: errors.get("NotEnoughReplicasAfterAppendError", 0) > 0,
+                "a NOT_ENOUGH_REPLICAS_AFTER_APPEND answer (batches retried, by error)",
                 REQUEST_TIMEOUT_MS / 1000 / 3,
-            ), f"no NOT_ENOUGH_REPLICAS_AFTER_APPEND answer; retried for: {dict(retried.errors)}"
+            )
             assert not any(f.succeeded() for f in futures), "acknowledged below min ISR"
         finally:
             if stopped:

@@ -19,18 +19,21 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
-from tidelog_server.etcd import connect
+from tidelog_server.etcd import EtcdClient, connect
 from tidelog_server.etcd.keys import Keys
 
-from tests.support.etcd import EtcdProcess
+from tests.support.etcd import EtcdProcess, running_etcd
 from tests.support.polling import read_until
 from tests.support.processes import start_broker
 
 pytestmark = pytest.mark.timeout(180)
+
+T = TypeVar("T")
 
 PREFIX = "/reregistration"
 #: Long: a dead incarnation's lease outlives every deadline below by far.
@@ -46,71 +49,62 @@ REVOKING_LOG = "previous incarnation's"
 
 @pytest.fixture
 def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
-    process = EtcdProcess.start(tmp_path / "etcd")
-    try:
+    with running_etcd(tmp_path / "etcd") as process:
         yield process
-    finally:
-        process.stop()
 
 
 def broker_args(etcd: EtcdProcess) -> list[str]:
     return ["--etcd", etcd.endpoint, "--etcd-prefix", PREFIX, "--session-ttl-s", str(SESSION_TTL_S)]
 
 
-def registration_lease(etcd: EtcdProcess, broker_id: int = 0) -> int | None:
-    """The lease holding broker `broker_id`'s key; None: no key."""
+def on_etcd(etcd: EtcdProcess, operation: Callable[[EtcdClient], Awaitable[T]]) -> T:
+    """`operation(client)` on a client of `etcd` of its own, from this thread."""
 
-    async def read() -> int | None:
+    async def run() -> T:
         client = connect(etcd.endpoint)
         try:
-            got = await client.get(Keys(PREFIX).broker(broker_id))
-            return None if got is None else int(got.lease)
-        finally:
-            await client.close()
-
-    return asyncio.run(read())
-
-
-def lease_ttl(etcd: EtcdProcess, lease_id: int) -> int:
-    """What is left of `lease_id`, in seconds; -1: it is gone."""
-
-    async def read() -> int:
-        client = connect(etcd.endpoint)
-        try:
-            return int((await client.get_lease_info(lease_id, keys=False)).TTL)
-        finally:
-            await client.close()
-
-    return asyncio.run(read())
-
-
-def grant_and_put(etcd: EtcdProcess, broker_id: int) -> int:
-    """As a twin would: broker `broker_id`'s key under a lease of our own
-    (SESSION_TTL_S, not refreshed); its id."""
-
-    async def run() -> int:
-        client = connect(etcd.endpoint)
-        try:
-            lease = await client.lease(SESSION_TTL_S)
-            await client.put(
-                Keys(PREFIX).broker(broker_id), b'{"broker_id": 0, "twin": true}', lease=lease.id
-            )
-            return int(lease.id)
+            return await operation(client)
         finally:
             await client.close()
 
     return asyncio.run(run())
 
 
-def revoke(etcd: EtcdProcess, lease_id: int) -> None:
-    async def run() -> None:
-        client = connect(etcd.endpoint)
-        try:
-            await client.revoke_lease(lease_id)
-        finally:
-            await client.close()
+def registration_lease(etcd: EtcdProcess, broker_id: int = 0) -> int | None:
+    """The lease holding broker `broker_id`'s key; None: no key."""
 
-    asyncio.run(run())
+    async def read(client: EtcdClient) -> int | None:
+        got = await client.get(Keys(PREFIX).broker(broker_id))
+        return None if got is None else int(got.lease)
+
+    return on_etcd(etcd, read)
+
+
+def lease_ttl(etcd: EtcdProcess, lease_id: int) -> int:
+    """What is left of `lease_id`, in seconds; -1: it is gone."""
+
+    async def read(client: EtcdClient) -> int:
+        return int((await client.get_lease_info(lease_id, keys=False)).TTL)
+
+    return on_etcd(etcd, read)
+
+
+def grant_and_put(etcd: EtcdProcess, broker_id: int) -> int:
+    """As a twin would: broker `broker_id`'s key under a lease of our own
+    (SESSION_TTL_S, not refreshed); its id."""
+
+    async def run(client: EtcdClient) -> int:
+        lease = await client.lease(SESSION_TTL_S)
+        await client.put(
+            Keys(PREFIX).broker(broker_id), b'{"broker_id": 0, "twin": true}', lease=lease.id
+        )
+        return int(lease.id)
+
+    return on_etcd(etcd, run)
+
+
+def revoke(etcd: EtcdProcess, lease_id: int) -> None:
+    on_etcd(etcd, lambda client: client.revoke_lease(lease_id))
 
 
 def registered(etcd: EtcdProcess, deadline_s: float = DEADLINE_S) -> int:
